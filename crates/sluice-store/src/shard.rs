@@ -1,0 +1,53 @@
+use crate::layout::ShardId;
+use parking_lot::Mutex;
+use sluice_types::Object;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+/// One shard: the latest version of each key, plus the shard's version
+/// sequence.
+///
+/// Writers serialise on `write_lock` (it guards the version counter, so
+/// versions are assigned in the order objects become visible). Readers never
+/// touch it: `objects` is a lock-free map from key to an immutable
+/// `Arc<Object>` snapshot, swapped whole by the writer.
+pub struct Shard {
+    pub id: ShardId,
+    pub(crate) write_lock: Mutex<()>,
+    last_version: AtomicU64,
+    pub(crate) objects: papaya::HashMap<Arc<str>, Arc<Object>>,
+}
+
+impl Shard {
+    pub fn new(id: ShardId) -> Self {
+        Shard {
+            id,
+            write_lock: Mutex::new(()),
+            last_version: AtomicU64::new(0),
+            objects: papaya::HashMap::new(),
+        }
+    }
+
+    /// The latest version assigned in this shard (0 before the first put).
+    pub fn last_version(&self) -> u64 {
+        self.last_version.load(Ordering::Acquire)
+    }
+
+    pub(crate) fn set_last_version(&self, v: u64) {
+        self.last_version.store(v, Ordering::Release);
+    }
+
+    /// Latest object of a key (tombstones included). Lock-free.
+    pub fn latest(&self, key: &str) -> Option<Arc<Object>> {
+        self.objects.pin().get(key).cloned()
+    }
+
+    /// Number of keys held, tombstones included.
+    pub fn len(&self) -> usize {
+        self.objects.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}

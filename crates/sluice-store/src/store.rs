@@ -1,0 +1,638 @@
+use crate::clock::Clock;
+use crate::layout::{Layout, ShardId};
+use crate::shard::Shard;
+use arc_swap::ArcSwap;
+use bytes::Bytes;
+use parking_lot::Mutex;
+use sluice_types::key::path_covers;
+use sluice_types::object::fmt_version;
+use sluice_types::pool::validate_spec;
+use sluice_types::{
+    validate_key, Object, ObjectMeta, PoolMeta, PoolRouter, PoolSpec, PoolTable, PoolType,
+    PutResult, Result, SluiceError, VERSION_NONE,
+};
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+/// How the store is set up.
+#[derive(Clone, Debug)]
+pub struct StoreConfig {
+    pub layout: Layout,
+    pub max_key_bytes: usize,
+    /// Where the pool table is kept (written atomically on every change).
+    /// None keeps it in memory only (tests, embedded demos).
+    pub pool_table_path: Option<PathBuf>,
+    /// Pools created when no pool table exists yet.
+    pub default_pools: Vec<PoolSpec>,
+}
+
+impl Default for StoreConfig {
+    fn default() -> Self {
+        StoreConfig {
+            layout: Layout::default(),
+            max_key_bytes: 1024,
+            pool_table_path: None,
+            default_pools: vec![
+                PoolSpec {
+                    pathname: "/vol".into(),
+                    pool_type: Some(PoolType::Volatile),
+                    ..Default::default()
+                },
+                PoolSpec {
+                    pathname: "/trig".into(),
+                    pool_type: Some(PoolType::Trigger),
+                    ..Default::default()
+                },
+            ],
+        }
+    }
+}
+
+/// What kind of delivery an observer sees.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DeliveryKind {
+    /// A stored (ordered) put.
+    Put,
+    /// A trigger put: not stored, only delivered.
+    TriggerPut,
+    /// A remove (the object is the tombstone).
+    Remove,
+}
+
+/// One delivered object, as observers (watchers, lambdas) see it.
+pub struct Delivery<'a> {
+    pub pool: &'a PoolMeta,
+    pub shard: ShardId,
+    pub object: &'a Arc<Object>,
+    pub kind: DeliveryKind,
+}
+
+/// Hook point for everything that reacts to puts: watch subscriptions today,
+/// lambdas (issue "Compute next to data") next. Called on the writer's thread
+/// after the object is visible to readers; must not block.
+pub trait DeliveryObserver: Send + Sync {
+    fn on_delivery(&self, delivery: &Delivery<'_>);
+}
+
+/// Operation counters.
+#[derive(Debug, Default)]
+pub struct StoreStats {
+    pub puts: AtomicU64,
+    pub trigger_puts: AtomicU64,
+    pub removes: AtomicU64,
+    pub gets: AtomicU64,
+    pub list_keys: AtomicU64,
+    pub errors: AtomicU64,
+}
+
+impl StoreStats {
+    pub fn snapshot(&self) -> serde_json::Value {
+        let g = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        serde_json::json!({
+            "puts": g(&self.puts),
+            "trigger_puts": g(&self.trigger_puts),
+            "removes": g(&self.removes),
+            "gets": g(&self.gets),
+            "list_keys": g(&self.list_keys),
+            "errors": g(&self.errors),
+        })
+    }
+}
+
+/// The pool table with its compiled routers; replaced whole on change.
+struct PoolView {
+    table: PoolTable,
+    routers: HashMap<String, PoolRouter>,
+}
+
+impl PoolView {
+    fn new(table: PoolTable) -> Self {
+        let routers = table
+            .pools
+            .values()
+            .map(|p| (p.pathname.clone(), PoolRouter::new(p.clone())))
+            .collect();
+        PoolView { table, routers }
+    }
+}
+
+/// A node's store: the pool table and the shards it hosts.
+pub struct Store {
+    cfg: StoreConfig,
+    clock: Clock,
+    pools: ArcSwap<PoolView>,
+    pool_write: Mutex<()>,
+    shards: HashMap<ShardId, Arc<Shard>>,
+    observers: ArcSwap<Vec<Arc<dyn DeliveryObserver>>>,
+    pub stats: StoreStats,
+}
+
+/// Where an operation on a key goes.
+struct Routed {
+    view: Arc<PoolView>,
+    pool_path: String,
+    shard: Arc<Shard>,
+}
+
+impl Routed {
+    fn pool(&self) -> &PoolMeta {
+        &self.view.routers[&self.pool_path].pool
+    }
+}
+
+impl Store {
+    /// Opens the store: loads the pool table from `pool_table_path` when it
+    /// exists, else creates the default pools.
+    pub fn open(cfg: StoreConfig) -> Result<Store> {
+        cfg.layout
+            .validate()
+            .map_err(|reason| SluiceError::Internal { reason })?;
+        let shards = cfg
+            .layout
+            .all_shards()
+            .into_iter()
+            .map(|id| (id, Arc::new(Shard::new(id))))
+            .collect();
+        let store = Store {
+            clock: Clock::new(),
+            pools: ArcSwap::from_pointee(PoolView::new(PoolTable::default())),
+            pool_write: Mutex::new(()),
+            shards,
+            observers: ArcSwap::from_pointee(Vec::new()),
+            stats: StoreStats::default(),
+            cfg,
+        };
+        let loaded = match &store.cfg.pool_table_path {
+            Some(p) if p.exists() => {
+                let text = std::fs::read_to_string(p).map_err(|e| SluiceError::Io {
+                    reason: format!("reading pool table {}: {e}", p.display()),
+                })?;
+                let table: PoolTable = serde_json::from_str(&text).map_err(|e| SluiceError::Io {
+                    reason: format!("pool table {} is corrupt: {e}", p.display()),
+                })?;
+                store.pools.store(Arc::new(PoolView::new(table)));
+                true
+            }
+            _ => false,
+        };
+        if !loaded {
+            for spec in store.cfg.default_pools.clone() {
+                store.create_pool(&spec)?;
+            }
+        }
+        Ok(store)
+    }
+
+    pub fn layout(&self) -> &Layout {
+        &self.cfg.layout
+    }
+
+    pub fn clock(&self) -> &Clock {
+        &self.clock
+    }
+
+    pub fn shard(&self, id: ShardId) -> Option<&Arc<Shard>> {
+        self.shards.get(&id)
+    }
+
+    pub fn shards(&self) -> impl Iterator<Item = &Arc<Shard>> {
+        self.shards.values()
+    }
+
+    /// Registers an observer for every later delivery.
+    pub fn add_observer(&self, obs: Arc<dyn DeliveryObserver>) {
+        self.observers.rcu(|cur| {
+            let mut v = (**cur).clone();
+            v.push(obs.clone());
+            v
+        });
+    }
+
+    // ---- pools ---------------------------------------------------------
+
+    pub fn create_pool(&self, spec: &PoolSpec) -> Result<PoolMeta> {
+        let (pool_type, shard_count) = validate_spec(spec, self.cfg.max_key_bytes, |t, sg| {
+            self.cfg.layout.shards_of(t, sg)
+        })?;
+        let _g = self.pool_write.lock();
+        let mut table = self.pools.load().table.clone();
+        let meta = table.create(spec, pool_type, shard_count, self.clock.now_us())?;
+        self.commit_pools(table)?;
+        tracing::info!(pool = %meta.pathname, pool_type = %meta.pool_type, "pool created");
+        Ok(meta)
+    }
+
+    pub fn remove_pool(&self, path: &str) -> Result<PoolMeta> {
+        let _g = self.pool_write.lock();
+        let mut table = self.pools.load().table.clone();
+        let meta = table.remove(path)?;
+        self.commit_pools(table)?;
+        tracing::info!(pool = %path, "pool removed (soft delete)");
+        Ok(meta)
+    }
+
+    fn commit_pools(&self, table: PoolTable) -> Result<()> {
+        if let Some(path) = &self.cfg.pool_table_path {
+            write_atomically(path, &serde_json::to_vec_pretty(&table).map_err(|e| SluiceError::Internal { reason: e.to_string() })?)?;
+        }
+        self.pools.store(Arc::new(PoolView::new(table)));
+        Ok(())
+    }
+
+    pub fn list_pools(&self, include_deleted: bool) -> Vec<PoolMeta> {
+        self.pools.load().table.list(include_deleted)
+    }
+
+    pub fn pool_table(&self) -> PoolTable {
+        self.pools.load().table.clone()
+    }
+
+    pub fn pool_table_version(&self) -> u64 {
+        self.pools.load().table.version
+    }
+
+    pub fn get_pool(&self, path: &str) -> Result<PoolMeta> {
+        self.pools
+            .load()
+            .table
+            .get(path)
+            .cloned()
+            .ok_or_else(|| SluiceError::PoolNotFound {
+                pool: path.to_string(),
+            })
+    }
+
+    /// The pool a key belongs to (deleted pools included, flagged).
+    pub fn pool_of_key(&self, key: &str) -> Result<PoolMeta> {
+        validate_key(key, self.cfg.max_key_bytes)?;
+        self.pools
+            .load()
+            .table
+            .pool_of(key)
+            .cloned()
+            .ok_or_else(|| SluiceError::NoPool {
+                key: key.to_string(),
+            })
+    }
+
+    // ---- routing -------------------------------------------------------
+
+    /// Resolves key -> live pool -> shard, checking the caller's shard when
+    /// it routed itself (`claimed`), so a stale client gets `WrongShard`
+    /// rather than a silent misroute.
+    fn route(&self, key: &str, claimed: Option<u32>) -> Result<Routed> {
+        validate_key(key, self.cfg.max_key_bytes)?;
+        let view = self.pools.load_full();
+        let pool = view.table.live_pool_of(key)?;
+        let router = &view.routers[&pool.pathname];
+        let shard_idx = router.shard_of(key);
+        if let Some(c) = claimed {
+            if c != shard_idx {
+                return Err(SluiceError::WrongShard {
+                    key: key.to_string(),
+                    shard: c,
+                    expected: shard_idx,
+                    layout_version: self.cfg.layout.version,
+                });
+            }
+        }
+        let id = ShardId {
+            pool_type: pool.pool_type,
+            subgroup: pool.subgroup_index,
+            shard: shard_idx,
+        };
+        let shard = self
+            .shards
+            .get(&id)
+            .cloned()
+            .ok_or_else(|| SluiceError::UnknownShard {
+                subgroup: format!("{}/{}", id.pool_type, id.subgroup),
+                shard: id.shard,
+            })?;
+        let pool_path = pool.pathname.clone();
+        Ok(Routed {
+            view,
+            pool_path,
+            shard,
+        })
+    }
+
+    fn require_type(r: &Routed, key: &str, op: &str, allowed: &[PoolType]) -> Result<()> {
+        let pool = r.pool();
+        if allowed.contains(&pool.pool_type) {
+            return Ok(());
+        }
+        let hint = match pool.pool_type {
+            PoolType::Trigger => "; trigger pools store nothing (use trigger_put)",
+            PoolType::Persistent => "; persistent pools are not supported yet",
+            PoolType::Volatile => "",
+        };
+        Err(SluiceError::WrongPoolType {
+            op: op.to_string(),
+            key: key.to_string(),
+            pool: pool.pathname.clone(),
+            pool_type: pool.pool_type.to_string(),
+            hint: hint.to_string(),
+        })
+    }
+
+    fn count_err<T>(&self, r: Result<T>) -> Result<T> {
+        if r.is_err() {
+            self.stats.errors.fetch_add(1, Ordering::Relaxed);
+        }
+        r
+    }
+
+    fn deliver(&self, r: &Routed, object: &Arc<Object>, kind: DeliveryKind) {
+        let observers = self.observers.load();
+        if observers.is_empty() {
+            return;
+        }
+        let d = Delivery {
+            pool: r.pool(),
+            shard: r.shard.id,
+            object,
+            kind,
+        };
+        for o in observers.iter() {
+            o.on_delivery(&d);
+        }
+    }
+
+    // ---- writes --------------------------------------------------------
+
+    /// Stores a new version of `key`. With `expected = Some(v)`, the put
+    /// only applies if the key's current version is `v` (`VERSION_NONE`:
+    /// the key must not exist, or be removed).
+    pub fn put(&self, key: &str, value: Bytes, expected: Option<u64>, shard: Option<u32>) -> Result<PutResult> {
+        let r = self.write(key, Some(value), expected, shard);
+        self.count_err(r)
+    }
+
+    /// Writes a tombstone version: later gets report not-found.
+    pub fn remove(&self, key: &str, expected: Option<u64>, shard: Option<u32>) -> Result<PutResult> {
+        let r = self.write(key, None, expected, shard);
+        self.count_err(r)
+    }
+
+    fn write(&self, key: &str, value: Option<Bytes>, expected: Option<u64>, shard: Option<u32>) -> Result<PutResult> {
+        let op = if value.is_some() { "put" } else { "remove" };
+        let r = self.route(key, shard)?;
+        Self::require_type(&r, key, op, &[PoolType::Volatile])?;
+        let (object, kind) = {
+            let _w = r.shard.write_lock.lock();
+            let map = r.shard.objects.pin();
+            let prev = map.get(key);
+            let live = prev.filter(|o| !o.meta.tombstone);
+            let current = prev.map_or(VERSION_NONE, |o| o.meta.version);
+            if let Some(exp) = expected {
+                let ok = if exp == VERSION_NONE {
+                    live.is_none()
+                } else {
+                    exp == current
+                };
+                if !ok {
+                    return Err(SluiceError::VersionConflict {
+                        key: key.to_string(),
+                        expected: fmt_version(exp),
+                        current: if live.is_none() && prev.is_some() {
+                            format!("{} (removed)", current)
+                        } else {
+                            fmt_version(current)
+                        },
+                    });
+                }
+            }
+            if value.is_none() && live.is_none() {
+                return Err(SluiceError::NotFound {
+                    key: key.to_string(),
+                });
+            }
+            let previous_version = r.shard.last_version();
+            let version = previous_version + 1;
+            // Reuse the key allocation already in the map.
+            let key_arc: Arc<str> = prev.map_or_else(|| Arc::from(key), |o| o.key.clone());
+            let tombstone = value.is_none();
+            let object = Arc::new(Object {
+                key: key_arc.clone(),
+                meta: ObjectMeta {
+                    version,
+                    timestamp_us: self.clock.now_us(),
+                    previous_version,
+                    previous_version_by_key: current,
+                    tombstone,
+                },
+                value: value.unwrap_or_default(),
+            });
+            map.insert(key_arc, object.clone());
+            r.shard.set_last_version(version);
+            let kind = if tombstone {
+                DeliveryKind::Remove
+            } else {
+                DeliveryKind::Put
+            };
+            (object, kind)
+        };
+        let counter = if kind == DeliveryKind::Put {
+            &self.stats.puts
+        } else {
+            &self.stats.removes
+        };
+        counter.fetch_add(1, Ordering::Relaxed);
+        tracing::trace!(key, version = object.meta.version, op, "applied");
+        self.deliver(&r, &object, kind);
+        Ok(PutResult {
+            version: object.meta.version,
+            timestamp_us: object.meta.timestamp_us,
+        })
+    }
+
+    /// Delivers an object to observers without storing it. Works on every
+    /// pool type; the object has no version (`VERSION_NONE`).
+    pub fn trigger_put(&self, key: &str, value: Bytes, shard: Option<u32>) -> Result<u64> {
+        let res = (|| {
+            let r = self.route(key, shard)?;
+            let ts = self.clock.now_us();
+            let object = Arc::new(Object {
+                key: Arc::from(key),
+                meta: ObjectMeta {
+                    version: VERSION_NONE,
+                    timestamp_us: ts,
+                    previous_version: VERSION_NONE,
+                    previous_version_by_key: VERSION_NONE,
+                    tombstone: false,
+                },
+                value,
+            });
+            self.stats.trigger_puts.fetch_add(1, Ordering::Relaxed);
+            self.deliver(&r, &object, DeliveryKind::TriggerPut);
+            Ok(ts)
+        })();
+        self.count_err(res)
+    }
+
+    // ---- reads ---------------------------------------------------------
+
+    /// The latest version of a key, or the given version. Volatile pools
+    /// retain only the latest version; asking for another is
+    /// `VersionNotRetained`.
+    pub fn get(&self, key: &str, version: Option<u64>, shard: Option<u32>) -> Result<Arc<Object>> {
+        let res = (|| {
+            let r = self.route(key, shard)?;
+            Self::require_type(&r, key, "get", &[PoolType::Volatile])?;
+            self.stats.gets.fetch_add(1, Ordering::Relaxed);
+            let latest = r.shard.latest(key).ok_or_else(|| SluiceError::NotFound {
+                key: key.to_string(),
+            })?;
+            match version {
+                None => live(latest, key),
+                Some(v) if v == latest.meta.version => live(latest, key),
+                Some(v) if v > r.shard.last_version() => Err(SluiceError::VersionNotRetained {
+                    key: key.to_string(),
+                    reason: format!(
+                        "version {v} has not been written yet (the shard is at version {})",
+                        r.shard.last_version()
+                    ),
+                }),
+                Some(v) => Err(SluiceError::VersionNotRetained {
+                    key: key.to_string(),
+                    reason: format!(
+                        "version {v} is not retained: volatile pool {} keeps only the latest version ({})",
+                        r.pool_path, latest.meta.version
+                    ),
+                }),
+            }
+        })();
+        self.count_err(res)
+    }
+
+    /// The version of a key that was current at `timestamp_us`.
+    pub fn get_by_time(&self, key: &str, timestamp_us: u64, shard: Option<u32>) -> Result<Arc<Object>> {
+        let res = (|| {
+            let r = self.route(key, shard)?;
+            Self::require_type(&r, key, "get_by_time", &[PoolType::Volatile])?;
+            self.stats.gets.fetch_add(1, Ordering::Relaxed);
+            let latest = r.shard.latest(key).ok_or_else(|| SluiceError::NotFound {
+                key: key.to_string(),
+            })?;
+            if latest.meta.timestamp_us <= timestamp_us {
+                live(latest, key)
+            } else {
+                Err(SluiceError::VersionNotRetained {
+                    key: key.to_string(),
+                    reason: format!(
+                        "no retained version at {timestamp_us} µs: volatile pool {} keeps only the latest version, written at {} µs",
+                        r.pool_path, latest.meta.timestamp_us
+                    ),
+                })
+            }
+        })();
+        self.count_err(res)
+    }
+
+    /// Several keys of one shard; one result per key, in order.
+    pub fn multi_get(&self, keys: &[String], shard: Option<u32>) -> Vec<Result<Arc<Object>>> {
+        keys.iter().map(|k| self.get(k, None, shard)).collect()
+    }
+
+    /// Keys of a pool (not of pools nested inside it), optionally under a
+    /// prefix, from one shard or (`shard = None`) every shard of the pool.
+    /// Removed keys are not listed. Sorted.
+    pub fn list_keys(&self, pool: &str, prefix: Option<&str>, shard: Option<u32>) -> Result<Vec<String>> {
+        let res = (|| {
+            let view = self.pools.load_full();
+            let meta = match view.table.get(pool) {
+                Some(p) if !p.deleted => p,
+                Some(_) => {
+                    return Err(SluiceError::PoolDeleted {
+                        pool: pool.to_string(),
+                        key: pool.to_string(),
+                    })
+                }
+                None => {
+                    return Err(SluiceError::PoolNotFound {
+                        pool: pool.to_string(),
+                    })
+                }
+            };
+            if meta.pool_type != PoolType::Volatile {
+                return Err(SluiceError::WrongPoolType {
+                    op: "list keys of".into(),
+                    key: pool.to_string(),
+                    pool: pool.to_string(),
+                    pool_type: meta.pool_type.to_string(),
+                    hint: "; trigger pools store nothing".into(),
+                });
+            }
+            if let Some(p) = prefix {
+                if !p.starts_with(pool) {
+                    return Err(SluiceError::invalid_key(p, format!("prefix is outside pool {pool}")));
+                }
+            }
+            self.stats.list_keys.fetch_add(1, Ordering::Relaxed);
+            let shards: Vec<u32> = match shard {
+                Some(s) => vec![s],
+                None => (0..meta.shard_count).collect(),
+            };
+            let mut out = Vec::new();
+            for s in shards {
+                let id = ShardId {
+                    pool_type: meta.pool_type,
+                    subgroup: meta.subgroup_index,
+                    shard: s,
+                };
+                let Some(sh) = self.shards.get(&id) else {
+                    return Err(SluiceError::UnknownShard {
+                        subgroup: format!("{}/{}", id.pool_type, id.subgroup),
+                        shard: s,
+                    });
+                };
+                for (k, o) in sh.objects.pin().iter() {
+                    if o.meta.tombstone || !path_covers(pool, k) {
+                        continue;
+                    }
+                    if prefix.is_some_and(|p| !k.starts_with(p)) {
+                        continue;
+                    }
+                    // Skip keys that belong to a pool nested inside this one.
+                    if view.table.pool_of(k).map(|p| p.pathname.as_str()) != Some(pool) {
+                        continue;
+                    }
+                    out.push(k.to_string());
+                }
+            }
+            out.sort_unstable();
+            Ok(out)
+        })();
+        self.count_err(res)
+    }
+}
+
+fn live(o: Arc<Object>, key: &str) -> Result<Arc<Object>> {
+    if o.meta.tombstone {
+        Err(SluiceError::NotFound {
+            key: key.to_string(),
+        })
+    } else {
+        Ok(o)
+    }
+}
+
+/// Writes a file so a crash leaves either the old or the new contents.
+fn write_atomically(path: &std::path::Path, bytes: &[u8]) -> Result<()> {
+    use std::io::Write;
+    let io = |what: &str, e: std::io::Error| SluiceError::Io {
+        reason: format!("{what} {}: {e}", path.display()),
+    };
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir).map_err(|e| io("creating directory for", e))?;
+    }
+    let tmp = path.with_extension("tmp");
+    let mut f = std::fs::File::create(&tmp).map_err(|e| io("creating", e))?;
+    f.write_all(bytes).map_err(|e| io("writing", e))?;
+    f.sync_all().map_err(|e| io("syncing", e))?;
+    std::fs::rename(&tmp, path).map_err(|e| io("renaming into", e))?;
+    Ok(())
+}

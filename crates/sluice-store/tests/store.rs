@@ -1,0 +1,234 @@
+use bytes::Bytes;
+use proptest::prelude::*;
+use sluice_store::{Delivery, DeliveryKind, DeliveryObserver, Layout, Store, StoreConfig};
+use sluice_types::{PoolSpec, PoolType, SluiceError, VERSION_NONE};
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+fn store_with_shards(shards: u32) -> Store {
+    Store::open(StoreConfig {
+        layout: Layout {
+            version: 1,
+            volatile: vec![shards],
+            trigger: vec![1],
+            persistent: vec![],
+        },
+        ..Default::default()
+    })
+    .unwrap()
+}
+
+fn b(s: &str) -> Bytes {
+    Bytes::copy_from_slice(s.as_bytes())
+}
+
+#[test]
+fn put_get_versions_and_chains() {
+    let s = store_with_shards(1);
+    let r1 = s.put("/vol/a", b("1"), None, None).unwrap();
+    let r2 = s.put("/vol/b", b("2"), None, None).unwrap();
+    let r3 = s.put("/vol/a", b("3"), None, None).unwrap();
+    assert_eq!((r1.version, r2.version, r3.version), (1, 2, 3));
+    assert!(r1.timestamp_us < r2.timestamp_us && r2.timestamp_us < r3.timestamp_us);
+    let a = s.get("/vol/a", None, None).unwrap();
+    assert_eq!(a.value, b("3"));
+    assert_eq!(a.meta.previous_version, 2);
+    assert_eq!(a.meta.previous_version_by_key, 1);
+    assert_eq!(s.get("/vol/b", None, None).unwrap().meta.previous_version_by_key, VERSION_NONE);
+    assert_eq!(s.get("/vol/a", Some(3), None).unwrap().value, b("3"));
+    let e = s.get("/vol/a", Some(1), None).unwrap_err();
+    assert!(matches!(e, SluiceError::VersionNotRetained { .. }), "{e}");
+    let e = s.get("/vol/a", Some(99), None).unwrap_err();
+    assert!(e.to_string().contains("not been written yet"), "{e}");
+}
+
+#[test]
+fn conditional_put_reports_current_version() {
+    let s = store_with_shards(1);
+    s.put("/vol/k", b("a"), Some(VERSION_NONE), None).unwrap();
+    let e = s.put("/vol/k", b("b"), Some(VERSION_NONE), None).unwrap_err();
+    assert_eq!(
+        e,
+        SluiceError::VersionConflict { key: "/vol/k".into(), expected: "none".into(), current: "1".into() }
+    );
+    let e = s.put("/vol/k", b("b"), Some(7), None).unwrap_err();
+    assert!(e.to_string().contains("current version is 1"), "{e}");
+    let ok = s.put("/vol/k", b("b"), Some(1), None).unwrap();
+    assert_eq!(ok.version, 2);
+}
+
+#[test]
+fn remove_writes_tombstone() {
+    let s = store_with_shards(1);
+    s.put("/vol/k", b("a"), None, None).unwrap();
+    let rm = s.remove("/vol/k", None, None).unwrap();
+    assert_eq!(rm.version, 2);
+    assert!(matches!(s.get("/vol/k", None, None), Err(SluiceError::NotFound { .. })));
+    assert!(matches!(s.remove("/vol/k", None, None), Err(SluiceError::NotFound { .. })));
+    assert!(s.list_keys("/vol", None, None).unwrap().is_empty());
+    // "must not exist" holds again after a remove; the chain continues.
+    let r = s.put("/vol/k", b("c"), Some(VERSION_NONE), None).unwrap();
+    assert_eq!(s.get("/vol/k", None, None).unwrap().meta.previous_version_by_key, 2);
+    assert_eq!(r.version, 3);
+}
+
+#[test]
+fn pool_errors_name_key_and_pool() {
+    let s = store_with_shards(1);
+    let e = s.put("/nope/k", b("a"), None, None).unwrap_err();
+    assert!(matches!(&e, SluiceError::NoPool { key } if key == "/nope/k"));
+    let e = s.put("/trig/k", b("a"), None, None).unwrap_err();
+    assert!(e.to_string().contains("/trig") && e.to_string().contains("trigger_put"), "{e}");
+    let e = s.get("/trig/k", None, None).unwrap_err();
+    assert!(matches!(e, SluiceError::WrongPoolType { .. }));
+    s.remove_pool("/vol").unwrap();
+    let e = s.get("/vol/k", None, None).unwrap_err();
+    assert!(matches!(&e, SluiceError::PoolDeleted { pool, .. } if pool == "/vol"), "{e}");
+    let e = s
+        .create_pool(&PoolSpec { pathname: "/p".into(), pool_type: Some(PoolType::Persistent), ..Default::default() })
+        .unwrap_err();
+    assert!(matches!(e, SluiceError::NotSupported { .. }));
+    assert!(s.list_pools(false).iter().all(|p| p.pathname != "/p"));
+    let e = s.put("vol/x", b("a"), None, None).unwrap_err();
+    assert!(matches!(e, SluiceError::InvalidKey { .. }));
+}
+
+#[test]
+fn list_keys_excludes_nested_pools_and_filters_prefix() {
+    let s = store_with_shards(4);
+    s.create_pool(&PoolSpec { pathname: "/vol/inner".into(), pool_type: Some(PoolType::Volatile), ..Default::default() })
+        .unwrap();
+    for k in ["/vol/a1", "/vol/a2", "/vol/b", "/vol/inner/x"] {
+        s.put(k, b("v"), None, None).unwrap();
+    }
+    assert_eq!(s.list_keys("/vol", None, None).unwrap(), vec!["/vol/a1", "/vol/a2", "/vol/b"]);
+    assert_eq!(s.list_keys("/vol", Some("/vol/a"), None).unwrap(), vec!["/vol/a1", "/vol/a2"]);
+    assert_eq!(s.list_keys("/vol/inner", None, None).unwrap(), vec!["/vol/inner/x"]);
+    assert!(matches!(s.list_keys("/nope", None, None), Err(SluiceError::PoolNotFound { .. })));
+}
+
+#[test]
+fn wrong_shard_is_detected() {
+    let s = store_with_shards(4);
+    let pool = s.get_pool("/vol").unwrap();
+    let right = sluice_types::PoolRouter::new(pool).shard_of("/vol/x");
+    let wrong = (right + 1) % 4;
+    s.put("/vol/x", b("v"), None, Some(right)).unwrap();
+    let e = s.get("/vol/x", None, Some(wrong)).unwrap_err();
+    assert!(matches!(e, SluiceError::WrongShard { expected, .. } if expected == right));
+}
+
+#[derive(Default)]
+struct Recorder(Mutex<Vec<(String, DeliveryKind, u64)>>);
+impl DeliveryObserver for Recorder {
+    fn on_delivery(&self, d: &Delivery<'_>) {
+        self.0.lock().unwrap().push((d.object.key.to_string(), d.kind, d.object.meta.version));
+    }
+}
+
+#[test]
+fn observers_see_puts_triggers_and_removes() {
+    let s = store_with_shards(1);
+    let rec = Arc::new(Recorder::default());
+    s.add_observer(rec.clone());
+    s.put("/vol/a", b("1"), None, None).unwrap();
+    s.trigger_put("/trig/t", b("x"), None).unwrap();
+    s.trigger_put("/vol/a", b("y"), None).unwrap();
+    s.remove("/vol/a", None, None).unwrap();
+    let got = rec.0.lock().unwrap().clone();
+    assert_eq!(
+        got,
+        vec![
+            ("/vol/a".into(), DeliveryKind::Put, 1),
+            ("/trig/t".into(), DeliveryKind::TriggerPut, VERSION_NONE),
+            ("/vol/a".into(), DeliveryKind::TriggerPut, VERSION_NONE),
+            ("/vol/a".into(), DeliveryKind::Remove, 2),
+        ]
+    );
+    // A trigger put stored nothing.
+    assert_eq!(s.get("/vol/a", None, None).unwrap_err(), SluiceError::NotFound { key: "/vol/a".into() });
+}
+
+#[test]
+fn pool_table_survives_reopen() {
+    let dir = std::env::temp_dir().join(format!("sluice-store-test-{}", std::process::id()));
+    let path = dir.join("pools.json");
+    let _ = std::fs::remove_dir_all(&dir);
+    let cfg = StoreConfig { pool_table_path: Some(path.clone()), ..Default::default() };
+    {
+        let s = Store::open(cfg.clone()).unwrap();
+        s.create_pool(&PoolSpec { pathname: "/x".into(), pool_type: Some(PoolType::Volatile), ..Default::default() })
+            .unwrap();
+        s.remove_pool("/vol").unwrap();
+    }
+    let s = Store::open(cfg).unwrap();
+    let names: Vec<_> = s.list_pools(true).into_iter().map(|p| (p.pathname, p.deleted)).collect();
+    assert_eq!(names, vec![("/trig".into(), false), ("/vol".into(), true), ("/x".into(), false)]);
+    std::fs::write(&path, b"{ not json").unwrap();
+    let e = Store::open(StoreConfig { pool_table_path: Some(path), ..Default::default() }).err().unwrap();
+    assert!(e.to_string().contains("corrupt"), "{e}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn readers_never_see_torn_versions_under_concurrent_writes() {
+    let s = Arc::new(store_with_shards(1));
+    s.put("/vol/k", Bytes::from(vec![0u8; 256]), None, None).unwrap();
+    let writer = {
+        let s = s.clone();
+        std::thread::spawn(move || {
+            for i in 1..=20_000u32 {
+                let byte = (i % 251) as u8;
+                s.put("/vol/k", Bytes::from(vec![byte; 256]), None, None).unwrap();
+            }
+        })
+    };
+    let mut last = 0;
+    while !writer.is_finished() {
+        let o = s.get("/vol/k", None, None).unwrap();
+        let first = o.value[0];
+        assert!(o.value.iter().all(|b| *b == first), "torn value");
+        assert!(o.meta.version >= last, "version went backwards");
+        last = o.meta.version;
+    }
+    writer.join().unwrap();
+}
+
+proptest! {
+    /// Random puts and removes across keys and shards: versions are dense
+    /// and increasing per shard, and each key's previous_version_by_key is
+    /// the version the model saw last.
+    #[test]
+    fn version_chains_match_model(ops in proptest::collection::vec((0u8..6, any::<bool>()), 1..200)) {
+        let s = store_with_shards(3);
+        let router = sluice_types::PoolRouter::new(s.get_pool("/vol").unwrap());
+        let mut last_by_key: HashMap<String, (u64, bool)> = HashMap::new();
+        let mut last_by_shard: HashMap<u32, u64> = HashMap::new();
+        for (k, is_remove) in ops {
+            let key = format!("/vol/k{k}");
+            let shard = router.shard_of(&key);
+            let live = last_by_key.get(&key).is_some_and(|(_, l)| *l);
+            let res = if is_remove { s.remove(&key, None, None) } else { s.put(&key, Bytes::from(key.clone()), None, None) };
+            if is_remove && !live {
+                let is_nf = matches!(res, Err(SluiceError::NotFound { .. }));
+                prop_assert!(is_nf);
+                continue;
+            }
+            let r = res.unwrap();
+            let expected_version = last_by_shard.get(&shard).copied().unwrap_or(0) + 1;
+            prop_assert_eq!(r.version, expected_version);
+            last_by_shard.insert(shard, r.version);
+            let prev = last_by_key.get(&key).map_or(VERSION_NONE, |(v, _)| *v);
+            last_by_key.insert(key.clone(), (r.version, !is_remove));
+            if !is_remove {
+                let o = s.get(&key, None, None).unwrap();
+                prop_assert_eq!(o.meta.previous_version_by_key, prev);
+                prop_assert_eq!(o.meta.previous_version, r.version - 1);
+            }
+        }
+        let listed = s.list_keys("/vol", None, None).unwrap();
+        let mut live: Vec<_> = last_by_key.iter().filter(|(_, (_, l))| *l).map(|(k, _)| k.clone()).collect();
+        live.sort();
+        prop_assert_eq!(listed, live);
+    }
+}

@@ -1,0 +1,109 @@
+//! The typed error every Sluice layer returns and the wire carries.
+//!
+//! Each variant names the offending value and, where there is one, what to do.
+
+use serde::{Deserialize, Serialize};
+
+pub type Result<T, E = SluiceError> = std::result::Result<T, E>;
+
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error, Serialize, Deserialize)]
+#[serde(tag = "error", rename_all = "snake_case")]
+pub enum SluiceError {
+    #[error("invalid key {key:?}: {reason}")]
+    InvalidKey { key: String, reason: String },
+    #[error("no object pool covers key {key:?}; create one with `sluice pools create <path>`")]
+    NoPool { key: String },
+    #[error("object pool {pool:?} (for key {key:?}) is deleted; recreate it with `sluice pools create`")]
+    PoolDeleted { pool: String, key: String },
+    #[error("object pool {pool:?} already exists")]
+    PoolExists { pool: String },
+    #[error("object pool {pool:?} not found")]
+    PoolNotFound { pool: String },
+    #[error("invalid object pool {pool:?}: {reason}")]
+    InvalidPool { pool: String, reason: String },
+    #[error("cannot {op} key {key:?}: pool {pool:?} is a {pool_type} pool{hint}")]
+    WrongPoolType {
+        op: String,
+        key: String,
+        pool: String,
+        pool_type: String,
+        hint: String,
+    },
+    #[error("{what} is not supported yet")]
+    NotSupported { what: String },
+    #[error("key {key:?} not found")]
+    NotFound { key: String },
+    #[error("key {key:?}: {reason}")]
+    VersionNotRetained { key: String, reason: String },
+    #[error("conditional write on key {key:?} rejected: expected version {expected}, current version is {current}")]
+    VersionConflict {
+        key: String,
+        expected: String,
+        current: String,
+    },
+    #[error("value of {size} bytes exceeds the limit of {max} bytes (server setting limits.max_value_bytes)")]
+    ValueTooLarge { size: u64, max: u64 },
+    #[error("request metadata of {size} bytes exceeds the limit of {max} bytes")]
+    MetaTooLarge { size: u64, max: u64 },
+    #[error("{count} keys in one multi-get exceed the limit of {max}")]
+    TooManyKeys { count: u64, max: u64 },
+    #[error("more than {max} requests in flight on this connection; wait for replies before sending more")]
+    TooManyInFlight { max: u32 },
+    #[error("server is at its limit of {max} connections; retry later")]
+    TooManyConnections { max: u32 },
+    #[error("more than {max} watches on this connection")]
+    TooManyWatches { max: u32 },
+    #[error("key {key:?} belongs to shard {expected}, not shard {shard} (layout version {layout_version}); refresh the pool table")]
+    WrongShard {
+        key: String,
+        shard: u32,
+        expected: u32,
+        layout_version: u64,
+    },
+    #[error("shard {shard} of subgroup {subgroup} is not hosted on this node")]
+    UnknownShard { subgroup: String, shard: u32 },
+    #[error("protocol error: {reason}")]
+    Protocol { reason: String },
+    #[error("{what} timed out after {after_ms} ms")]
+    Timeout { what: String, after_ms: u64 },
+    #[error("connection error: {reason}")]
+    Connection { reason: String },
+    #[error("unavailable: {reason}")]
+    Unavailable { reason: String },
+    #[error("I/O error: {reason}")]
+    Io { reason: String },
+    #[error("internal error: {reason}")]
+    Internal { reason: String },
+}
+
+impl SluiceError {
+    pub fn invalid_key(key: &str, reason: impl Into<String>) -> Self {
+        SluiceError::InvalidKey {
+            key: key.to_string(),
+            reason: reason.into(),
+        }
+    }
+
+    pub fn protocol(reason: impl Into<String>) -> Self {
+        SluiceError::Protocol {
+            reason: reason.into(),
+        }
+    }
+
+    /// True when a client may retry the same request after refreshing its
+    /// cached pool table (the cache was stale, not the request wrong).
+    pub fn is_stale_routing(&self) -> bool {
+        matches!(
+            self,
+            SluiceError::WrongShard { .. } | SluiceError::NoPool { .. }
+        )
+    }
+}
+
+impl From<std::io::Error> for SluiceError {
+    fn from(e: std::io::Error) -> Self {
+        SluiceError::Io {
+            reason: e.to_string(),
+        }
+    }
+}

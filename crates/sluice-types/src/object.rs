@@ -1,0 +1,50 @@
+//! Objects and their version metadata.
+
+use bytes::Bytes;
+use serde::{Deserialize, Serialize};
+use std::sync::Arc;
+
+/// "No version": the key has never been written, or the object did not go
+/// through a shard's version sequence (a trigger put). In a conditional put,
+/// expecting `VERSION_NONE` means "the key must not exist".
+pub const VERSION_NONE: u64 = u64::MAX;
+
+/// Version metadata of one object version.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ObjectMeta {
+    /// Position in the shard's version sequence; strictly increasing per shard.
+    pub version: u64,
+    /// Microseconds since the Unix epoch; never goes backwards on a node.
+    pub timestamp_us: u64,
+    /// The shard's version before this one (shard-wide chain).
+    pub previous_version: u64,
+    /// This key's version before this one, or `VERSION_NONE`.
+    pub previous_version_by_key: u64,
+    /// True for the version a remove wrote.
+    pub tombstone: bool,
+}
+
+/// One version of one object. The value is shared, never copied: it is the
+/// slice of the socket read buffer the put arrived in.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Object {
+    pub key: Arc<str>,
+    pub meta: ObjectMeta,
+    pub value: Bytes,
+}
+
+/// What a successful put or remove returns.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PutResult {
+    pub version: u64,
+    pub timestamp_us: u64,
+}
+
+/// Formats a version for humans: `VERSION_NONE` reads as "none".
+pub fn fmt_version(v: u64) -> String {
+    if v == VERSION_NONE {
+        "none".to_string()
+    } else {
+        v.to_string()
+    }
+}

@@ -1,0 +1,327 @@
+//! Object pools: path prefixes with a type, a placement and a policy.
+
+use crate::error::{Result, SluiceError};
+use crate::key::{path_covers, validate_key};
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use std::fmt;
+
+/// How a pool keeps its objects.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum PoolType {
+    /// Latest version of each key, in memory.
+    Volatile,
+    /// Every version, on disk (issue "Persistent pools").
+    Persistent,
+    /// Nothing stored: a put only fires lambdas and watchers.
+    Trigger,
+}
+
+impl PoolType {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            PoolType::Volatile => "volatile",
+            PoolType::Persistent => "persistent",
+            PoolType::Trigger => "trigger",
+        }
+    }
+}
+
+impl fmt::Display for PoolType {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl std::str::FromStr for PoolType {
+    type Err = SluiceError;
+    fn from_str(s: &str) -> Result<Self> {
+        match s {
+            "volatile" => Ok(PoolType::Volatile),
+            "persistent" => Ok(PoolType::Persistent),
+            "trigger" => Ok(PoolType::Trigger),
+            other => Err(SluiceError::InvalidPool {
+                pool: String::new(),
+                reason: format!(
+                    "unknown pool type {other:?}; use volatile, persistent or trigger"
+                ),
+            }),
+        }
+    }
+}
+
+/// How keys map to shards.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ShardingPolicy {
+    /// hash(affinity key or key) mod shard count.
+    #[default]
+    Hash,
+}
+
+/// Access policy placeholder, filled by the security issue. Today every
+/// pool is `open`.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AccessPolicy {
+    #[serde(default)]
+    pub mode: String,
+}
+
+/// What a user asks for when creating a pool.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PoolSpec {
+    pub pathname: String,
+    pub pool_type: Option<PoolType>,
+    #[serde(default)]
+    pub subgroup_index: u32,
+    #[serde(default)]
+    pub affinity_set_regex: Option<String>,
+    /// Pinned keys: key -> shard index.
+    #[serde(default)]
+    pub object_locations: BTreeMap<String, u32>,
+    #[serde(default)]
+    pub access_policy: AccessPolicy,
+}
+
+/// A pool as the pool table holds it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PoolMeta {
+    pub pathname: String,
+    pub pool_type: PoolType,
+    pub subgroup_index: u32,
+    pub sharding_policy: ShardingPolicy,
+    /// Number of shards of the pool's subgroup at creation.
+    pub shard_count: u32,
+    pub affinity_set_regex: Option<String>,
+    pub object_locations: BTreeMap<String, u32>,
+    pub access_policy: AccessPolicy,
+    pub deleted: bool,
+    /// Pool table version at which this pool was created.
+    pub creation_version: u64,
+    pub creation_timestamp_us: u64,
+}
+
+/// Checks a pool spec against the layout: the pool's subgroup must exist and
+/// pinned locations must name existing shards. `shards_of_subgroup` returns
+/// the number of shards of a (type, subgroup) or None when there is no such
+/// subgroup.
+pub fn validate_spec(
+    spec: &PoolSpec,
+    max_key_bytes: usize,
+    shards_of_subgroup: impl Fn(PoolType, u32) -> Option<u32>,
+) -> Result<(PoolType, u32)> {
+    let invalid = |reason: String| SluiceError::InvalidPool {
+        pool: spec.pathname.clone(),
+        reason,
+    };
+    validate_key(&spec.pathname, max_key_bytes).map_err(|e| invalid(e.to_string()))?;
+    let pool_type = spec
+        .pool_type
+        .ok_or_else(|| invalid("pool_type is required".into()))?;
+    if pool_type == PoolType::Persistent {
+        return Err(SluiceError::NotSupported {
+            what: format!(
+                "persistent pool {:?}: persistent pools arrive with the persistent-pools feature; use --type volatile",
+                spec.pathname
+            ),
+        });
+    }
+    if let Some(re) = &spec.affinity_set_regex {
+        regex::Regex::new(re)
+            .map_err(|e| invalid(format!("affinity_set_regex {re:?} does not compile: {e}")))?;
+    }
+    let shards = shards_of_subgroup(pool_type, spec.subgroup_index).ok_or_else(|| {
+        invalid(format!(
+            "the layout has no {pool_type} subgroup {}",
+            spec.subgroup_index
+        ))
+    })?;
+    for (key, shard) in &spec.object_locations {
+        validate_key(key, max_key_bytes).map_err(|e| invalid(format!("object_locations: {e}")))?;
+        if !path_covers(&spec.pathname, key) {
+            return Err(invalid(format!(
+                "object_locations key {key:?} is outside the pool"
+            )));
+        }
+        if *shard >= shards {
+            return Err(invalid(format!(
+                "object_locations pins {key:?} to shard {shard}, but the subgroup has {shards} shards"
+            )));
+        }
+    }
+    Ok((pool_type, shards))
+}
+
+/// The pool table: every pool ever created, deleted ones included.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PoolTable {
+    /// Bumped by every create and remove.
+    pub version: u64,
+    pub pools: BTreeMap<String, PoolMeta>,
+}
+
+impl PoolTable {
+    /// The pool of a key: the longest pool path that covers it. A deleted
+    /// pool still resolves (so the error can say it is deleted).
+    pub fn pool_of(&self, key: &str) -> Option<&PoolMeta> {
+        // Walk the key's own prefixes from longest to shortest: O(depth) lookups.
+        let mut end = key.len();
+        loop {
+            if let Some(p) = self.pools.get(&key[..end]) {
+                return Some(p);
+            }
+            match key[..end].rfind('/') {
+                Some(0) | None => return None,
+                Some(i) => end = i,
+            }
+        }
+    }
+
+    /// Like `pool_of`, but a missing or deleted pool is an error naming the key.
+    pub fn live_pool_of(&self, key: &str) -> Result<&PoolMeta> {
+        match self.pool_of(key) {
+            None => Err(SluiceError::NoPool {
+                key: key.to_string(),
+            }),
+            Some(p) if p.deleted => Err(SluiceError::PoolDeleted {
+                pool: p.pathname.clone(),
+                key: key.to_string(),
+            }),
+            Some(p) => Ok(p),
+        }
+    }
+
+    pub fn get(&self, path: &str) -> Option<&PoolMeta> {
+        self.pools.get(path)
+    }
+
+    pub fn list(&self, include_deleted: bool) -> Vec<PoolMeta> {
+        self.pools
+            .values()
+            .filter(|p| include_deleted || !p.deleted)
+            .cloned()
+            .collect()
+    }
+
+    /// Inserts a new pool (or revives a deleted one at the same path).
+    pub fn create(&mut self, spec: &PoolSpec, pool_type: PoolType, shard_count: u32, now_us: u64) -> Result<PoolMeta> {
+        if let Some(existing) = self.pools.get(&spec.pathname) {
+            if !existing.deleted {
+                return Err(SluiceError::PoolExists {
+                    pool: spec.pathname.clone(),
+                });
+            }
+        }
+        self.version += 1;
+        let meta = PoolMeta {
+            pathname: spec.pathname.clone(),
+            pool_type,
+            subgroup_index: spec.subgroup_index,
+            sharding_policy: ShardingPolicy::Hash,
+            shard_count,
+            affinity_set_regex: spec.affinity_set_regex.clone(),
+            object_locations: spec.object_locations.clone(),
+            access_policy: spec.access_policy.clone(),
+            deleted: false,
+            creation_version: self.version,
+            creation_timestamp_us: now_us,
+        };
+        self.pools.insert(spec.pathname.clone(), meta.clone());
+        Ok(meta)
+    }
+
+    /// Soft delete: the pool stays in the table with `deleted = true`.
+    pub fn remove(&mut self, path: &str) -> Result<PoolMeta> {
+        match self.pools.get_mut(path) {
+            Some(p) if !p.deleted => {
+                p.deleted = true;
+                let out = p.clone();
+                self.version += 1;
+                Ok(out)
+            }
+            _ => Err(SluiceError::PoolNotFound {
+                pool: path.to_string(),
+            }),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn table(paths: &[&str]) -> PoolTable {
+        let mut t = PoolTable::default();
+        for p in paths {
+            let spec = PoolSpec {
+                pathname: p.to_string(),
+                pool_type: Some(PoolType::Volatile),
+                ..Default::default()
+            };
+            t.create(&spec, PoolType::Volatile, 1, 0).unwrap();
+        }
+        t
+    }
+
+    #[test]
+    fn longest_prefix_wins_on_segment_boundaries() {
+        let t = table(&["/a", "/a/b", "/ab"]);
+        assert_eq!(t.pool_of("/a/x").unwrap().pathname, "/a");
+        assert_eq!(t.pool_of("/a/b/x").unwrap().pathname, "/a/b");
+        assert_eq!(t.pool_of("/a/bc").unwrap().pathname, "/a");
+        assert_eq!(t.pool_of("/ab/x").unwrap().pathname, "/ab");
+        assert!(t.pool_of("/zz/x").is_none());
+    }
+
+    #[test]
+    fn deleted_pool_is_reported_and_can_be_recreated() {
+        let mut t = table(&["/a"]);
+        t.remove("/a").unwrap();
+        let e = t.live_pool_of("/a/k").unwrap_err();
+        assert!(matches!(e, SluiceError::PoolDeleted { .. }), "{e}");
+        assert!(matches!(t.remove("/a"), Err(SluiceError::PoolNotFound { .. })));
+        assert_eq!(t.list(false).len(), 0);
+        assert_eq!(t.list(true).len(), 1);
+        let spec = PoolSpec {
+            pathname: "/a".into(),
+            pool_type: Some(PoolType::Volatile),
+            ..Default::default()
+        };
+        let p = t.create(&spec, PoolType::Volatile, 1, 5).unwrap();
+        assert!(!p.deleted);
+        assert_eq!(p.creation_version, 3);
+        assert!(matches!(
+            t.create(&spec, PoolType::Volatile, 1, 5),
+            Err(SluiceError::PoolExists { .. })
+        ));
+    }
+
+    #[test]
+    fn spec_validation_names_the_problem() {
+        let shards = |t: PoolType, sg: u32| (t != PoolType::Persistent && sg == 0).then_some(2);
+        let mut spec = PoolSpec {
+            pathname: "/p".into(),
+            pool_type: Some(PoolType::Persistent),
+            ..Default::default()
+        };
+        let e = validate_spec(&spec, 1024, shards).unwrap_err();
+        assert!(matches!(e, SluiceError::NotSupported { .. }), "{e}");
+        spec.pool_type = Some(PoolType::Volatile);
+        spec.affinity_set_regex = Some("([".into());
+        assert!(validate_spec(&spec, 1024, shards).unwrap_err().to_string().contains("does not compile"));
+        spec.affinity_set_regex = None;
+        spec.subgroup_index = 3;
+        assert!(validate_spec(&spec, 1024, shards).unwrap_err().to_string().contains("no volatile subgroup 3"));
+        spec.subgroup_index = 0;
+        spec.object_locations.insert("/p/k".into(), 2);
+        assert!(validate_spec(&spec, 1024, shards).unwrap_err().to_string().contains("has 2 shards"));
+        spec.object_locations.clear();
+        spec.object_locations.insert("/q/k".into(), 0);
+        assert!(validate_spec(&spec, 1024, shards).unwrap_err().to_string().contains("outside the pool"));
+        spec.object_locations.clear();
+        spec.pathname = "p".into();
+        assert!(validate_spec(&spec, 1024, shards).unwrap_err().to_string().contains("start with '/'"));
+    }
+}
