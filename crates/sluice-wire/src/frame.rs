@@ -1,0 +1,133 @@
+use bytes::{Buf, Bytes, BytesMut};
+
+pub const MAGIC: u16 = 0x51CE;
+pub const HEADER_LEN: usize = 24;
+/// put_and_forget: the server sends no reply on success.
+pub const FLAG_NO_REPLY: u8 = 0x01;
+
+/// One decoded frame. `meta` and `value` share the read buffer's memory.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Frame {
+    pub opcode: u8,
+    pub flags: u8,
+    pub request_id: u64,
+    pub meta: Bytes,
+    pub value: Bytes,
+}
+
+/// Why the byte stream cannot be read as frames. After any of these the
+/// stream position is lost, so the connection must be closed.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum FrameError {
+    BadMagic(u16),
+    BadHeader { request_id: u64, reason: String },
+    TooLarge { request_id: u64, meta_len: u64, value_len: u64, max_meta: u64, max_value: u64 },
+}
+
+impl std::fmt::Display for FrameError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            FrameError::BadMagic(m) => write!(f, "bad frame magic {m:#06x} (expected {MAGIC:#06x}); is this a Sluice client?"),
+            FrameError::BadHeader { reason, .. } => write!(f, "bad frame header: {reason}"),
+            FrameError::TooLarge { meta_len, value_len, max_meta, max_value, .. } => write!(
+                f,
+                "frame too large: metadata {meta_len} bytes (max {max_meta}), value {value_len} bytes (max {max_value})"
+            ),
+        }
+    }
+}
+
+impl std::error::Error for FrameError {}
+
+impl FrameError {
+    /// The request id from the header, when it could be read, so the error
+    /// reply can be matched to its request.
+    pub fn request_id(&self) -> u64 {
+        match self {
+            FrameError::BadMagic(_) => 0,
+            FrameError::BadHeader { request_id, .. } | FrameError::TooLarge { request_id, .. } => *request_id,
+        }
+    }
+}
+
+/// Splits frames off a read buffer, enforcing size limits before buffering.
+#[derive(Clone, Copy, Debug)]
+pub struct FrameDecoder {
+    pub max_meta: u32,
+    pub max_value: u32,
+}
+
+impl FrameDecoder {
+    pub fn new(max_meta: u32, max_value: u32) -> Self {
+        FrameDecoder { max_meta, max_value }
+    }
+
+    /// Bytes the frame at the head of `buf` needs in total, once its header
+    /// is in; lets the reader reserve exactly once for a large frame.
+    pub fn needed(&self, buf: &[u8]) -> Option<usize> {
+        if buf.len() < HEADER_LEN {
+            return None;
+        }
+        let meta = u32::from_le_bytes([buf[4], buf[5], buf[6], buf[7]]) as usize;
+        let value = u32::from_le_bytes([buf[8], buf[9], buf[10], buf[11]]) as usize;
+        Some(HEADER_LEN + meta + value)
+    }
+
+    /// Takes one whole frame off the front of `buf`, or returns Ok(None)
+    /// when more bytes are needed. Never panics, whatever `buf` holds.
+    pub fn decode(&self, buf: &mut BytesMut) -> Result<Option<Frame>, FrameError> {
+        if buf.len() < 2 {
+            return Ok(None);
+        }
+        let magic = u16::from_le_bytes([buf[0], buf[1]]);
+        if magic != MAGIC {
+            return Err(FrameError::BadMagic(magic));
+        }
+        if buf.len() < HEADER_LEN {
+            return Ok(None);
+        }
+        let mut h = &buf[2..HEADER_LEN];
+        let opcode = h.get_u8();
+        let flags = h.get_u8();
+        let meta_len = h.get_u32_le();
+        let value_len = h.get_u32_le();
+        let reserved = h.get_u32_le();
+        let request_id = h.get_u64_le();
+        if flags & !FLAG_NO_REPLY != 0 || reserved != 0 {
+            return Err(FrameError::BadHeader {
+                request_id,
+                reason: format!("unknown flags {flags:#04x} or non-zero reserved field {reserved}"),
+            });
+        }
+        if meta_len > self.max_meta || value_len > self.max_value {
+            return Err(FrameError::TooLarge {
+                request_id,
+                meta_len: meta_len.into(),
+                value_len: value_len.into(),
+                max_meta: self.max_meta.into(),
+                max_value: self.max_value.into(),
+            });
+        }
+        let total = HEADER_LEN + meta_len as usize + value_len as usize;
+        if buf.len() < total {
+            return Ok(None);
+        }
+        let mut frame = buf.split_to(total);
+        frame.advance(HEADER_LEN);
+        let mut body = frame.freeze();
+        let meta = body.split_to(meta_len as usize);
+        Ok(Some(Frame { opcode, flags, request_id, meta, value: body }))
+    }
+}
+
+/// Writes a frame header.
+pub fn write_header(out: &mut BytesMut, opcode: u8, flags: u8, request_id: u64, meta_len: usize, value_len: usize) {
+    use bytes::BufMut;
+    out.put_u16_le(MAGIC);
+    out.put_u8(opcode);
+    out.put_u8(flags);
+    out.put_u32_le(meta_len as u32);
+    out.put_u32_le(value_len as u32);
+    out.put_u32_le(0);
+    out.put_u64_le(request_id);
+}

@@ -1,0 +1,481 @@
+//! Requests and responses, and their encoding into frames.
+
+use crate::codec::{MetaReader, MetaWriter};
+use crate::frame::{write_header, Frame, HEADER_LEN};
+use crate::out::OutQueue;
+use bytes::Bytes;
+use serde::{Deserialize, Serialize};
+use sluice_types::{Limits, ObjectMeta, PoolMeta, PoolSpec, PutResult, SluiceError};
+
+/// Opcodes.
+pub mod op {
+    pub const HELLO: u8 = 0x01;
+    pub const PING: u8 = 0x02;
+    pub const PUT: u8 = 0x03;
+    pub const TRIGGER_PUT: u8 = 0x04;
+    pub const REMOVE: u8 = 0x05;
+    pub const GET: u8 = 0x06;
+    pub const GET_BY_TIME: u8 = 0x07;
+    pub const GET_SIZE: u8 = 0x08;
+    pub const LIST_KEYS: u8 = 0x09;
+    pub const MULTI_GET: u8 = 0x0A;
+    pub const POOL_CREATE: u8 = 0x0B;
+    pub const POOL_REMOVE: u8 = 0x0C;
+    pub const POOL_LIST: u8 = 0x0D;
+    pub const POOL_GET: u8 = 0x0E;
+    pub const POOL_OF_KEY: u8 = 0x0F;
+    pub const WATCH: u8 = 0x10;
+    pub const UNWATCH: u8 = 0x11;
+    pub const STATS: u8 = 0x12;
+
+    pub const HELLO_OK: u8 = 0x81;
+    pub const PONG: u8 = 0x82;
+    pub const PUT_OK: u8 = 0x83;
+    pub const OBJECT: u8 = 0x84;
+    pub const SIZE: u8 = 0x85;
+    pub const KEYS: u8 = 0x86;
+    pub const OBJECTS: u8 = 0x87;
+    pub const POOL: u8 = 0x88;
+    pub const POOLS: u8 = 0x89;
+    pub const WATCH_OK: u8 = 0x8A;
+    pub const NOTIFY: u8 = 0x8B;
+    pub const OK: u8 = 0x8C;
+    pub const STATS_OK: u8 = 0x8D;
+    pub const ERROR: u8 = 0xFF;
+}
+
+/// What the server announces at connect.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ServerInfo {
+    pub protocol_version: u16,
+    pub node_id: u32,
+    pub limits: Limits,
+    pub layout_version: u64,
+    pub pool_table_version: u64,
+}
+
+/// An object on the wire.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct WireObject {
+    pub key: String,
+    pub meta: ObjectMeta,
+    pub value: Bytes,
+}
+
+/// Which delivery a watch notification reports.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum DeliveryKindWire {
+    Put = 1,
+    TriggerPut = 2,
+    Remove = 3,
+    /// The watcher fell behind and `meta.version` notifications were dropped.
+    Lagged = 4,
+}
+
+impl DeliveryKindWire {
+    fn from_u8(v: u8) -> Result<Self, SluiceError> {
+        Ok(match v {
+            1 => Self::Put,
+            2 => Self::TriggerPut,
+            3 => Self::Remove,
+            4 => Self::Lagged,
+            x => return Err(SluiceError::protocol(format!("unknown delivery kind {x}"))),
+        })
+    }
+}
+
+/// `shard` is `None` when the client leaves routing to the server.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Request {
+    Hello { protocol_version: u16, client_name: String },
+    Ping,
+    Put { key: String, shard: Option<u32>, expected: Option<u64>, value: Bytes },
+    TriggerPut { key: String, shard: Option<u32>, value: Bytes },
+    Remove { key: String, shard: Option<u32>, expected: Option<u64> },
+    Get { key: String, shard: Option<u32>, version: Option<u64> },
+    GetByTime { key: String, shard: Option<u32>, timestamp_us: u64 },
+    GetSize { key: String, shard: Option<u32>, version: Option<u64>, timestamp_us: Option<u64> },
+    ListKeys { pool: String, prefix: Option<String>, shard: Option<u32> },
+    MultiGet { shard: Option<u32>, keys: Vec<String> },
+    PoolCreate { spec: PoolSpec },
+    PoolRemove { path: String },
+    PoolList { include_deleted: bool },
+    PoolGet { path: String },
+    PoolOfKey { key: String },
+    Watch { prefix: String },
+    Unwatch { watch_id: u64 },
+    Stats,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Response {
+    HelloOk(ServerInfo),
+    Pong,
+    PutOk(PutResult),
+    Object(WireObject),
+    Size(u64),
+    Keys(Vec<String>),
+    Objects(Vec<Result<WireObject, SluiceError>>),
+    Pool(PoolMeta),
+    Pools(Vec<PoolMeta>),
+    WatchOk { watch_id: u64 },
+    Notify { kind: DeliveryKindWire, object: WireObject },
+    Ok,
+    Stats(String),
+    Error(SluiceError),
+}
+
+const SHARD_ANY: u32 = u32::MAX;
+
+fn shard_enc(s: Option<u32>) -> u32 {
+    s.unwrap_or(SHARD_ANY)
+}
+fn shard_dec(s: u32) -> Option<u32> {
+    (s != SHARD_ANY).then_some(s)
+}
+
+fn json<T: Serialize>(v: &T) -> String {
+    // Serialising our own plain structs cannot fail.
+    serde_json::to_string(v).unwrap_or_else(|e| format!("{{\"error\":\"internal\",\"reason\":\"{e}\"}}"))
+}
+
+fn from_json<T: for<'de> Deserialize<'de>>(s: &str) -> Result<T, SluiceError> {
+    serde_json::from_str(s).map_err(|e| SluiceError::protocol(format!("bad JSON body: {e}")))
+}
+
+/// Encodes one frame: header, then metadata written by `meta`, then value.
+fn frame(out: &mut OutQueue, opcode: u8, flags: u8, request_id: u64, value: Option<&Bytes>, meta: impl FnOnce(&mut MetaWriter)) {
+    let buf = out.buf();
+    let start = buf.len();
+    write_header(buf, opcode, flags, request_id, 0, 0);
+    meta(&mut MetaWriter(buf));
+    let meta_len = buf.len() - start - HEADER_LEN;
+    let value_len = value.map_or(0, |v| v.len());
+    buf[start + 4..start + 8].copy_from_slice(&(meta_len as u32).to_le_bytes());
+    buf[start + 8..start + 12].copy_from_slice(&(value_len as u32).to_le_bytes());
+    if let Some(v) = value {
+        out.push_value(v);
+    }
+}
+
+fn write_obj_meta(w: &mut MetaWriter, key: &str, m: &ObjectMeta) {
+    w.str(key)
+        .u64(m.version)
+        .u64(m.timestamp_us)
+        .u64(m.previous_version)
+        .u64(m.previous_version_by_key)
+        .u8(m.tombstone as u8);
+}
+
+fn read_obj_meta(r: &mut MetaReader) -> Result<(String, ObjectMeta), SluiceError> {
+    let key = r.str()?;
+    let meta = ObjectMeta {
+        version: r.u64()?,
+        timestamp_us: r.u64()?,
+        previous_version: r.u64()?,
+        previous_version_by_key: r.u64()?,
+        tombstone: r.bool()?,
+    };
+    Ok((key, meta))
+}
+
+/// Encodes an object response straight from the stored parts, so the
+/// server never builds an intermediate `WireObject`.
+pub fn encode_object(out: &mut OutQueue, request_id: u64, opcode: u8, prefix: Option<u8>, key: &str, meta: &ObjectMeta, value: &Bytes) {
+    frame(out, opcode, 0, request_id, Some(value), |w| {
+        if let Some(p) = prefix {
+            w.u8(p);
+        }
+        write_obj_meta(w, key, meta);
+    });
+}
+
+impl Request {
+    pub fn opcode(&self) -> u8 {
+        match self {
+            Request::Hello { .. } => op::HELLO,
+            Request::Ping => op::PING,
+            Request::Put { .. } => op::PUT,
+            Request::TriggerPut { .. } => op::TRIGGER_PUT,
+            Request::Remove { .. } => op::REMOVE,
+            Request::Get { .. } => op::GET,
+            Request::GetByTime { .. } => op::GET_BY_TIME,
+            Request::GetSize { .. } => op::GET_SIZE,
+            Request::ListKeys { .. } => op::LIST_KEYS,
+            Request::MultiGet { .. } => op::MULTI_GET,
+            Request::PoolCreate { .. } => op::POOL_CREATE,
+            Request::PoolRemove { .. } => op::POOL_REMOVE,
+            Request::PoolList { .. } => op::POOL_LIST,
+            Request::PoolGet { .. } => op::POOL_GET,
+            Request::PoolOfKey { .. } => op::POOL_OF_KEY,
+            Request::Watch { .. } => op::WATCH,
+            Request::Unwatch { .. } => op::UNWATCH,
+            Request::Stats => op::STATS,
+        }
+    }
+
+    pub fn encode(&self, out: &mut OutQueue, request_id: u64, flags: u8) {
+        let opc = self.opcode();
+        match self {
+            Request::Hello { protocol_version, client_name } => frame(out, opc, flags, request_id, None, |w| {
+                w.u16(*protocol_version).str(client_name);
+            }),
+            Request::Ping | Request::Stats => frame(out, opc, flags, request_id, None, |_| {}),
+            Request::Put { key, shard, expected, value } => frame(out, opc, flags, request_id, Some(value), |w| {
+                w.str(key).u32(shard_enc(*shard)).opt_u64(*expected);
+            }),
+            Request::TriggerPut { key, shard, value } => frame(out, opc, flags, request_id, Some(value), |w| {
+                w.str(key).u32(shard_enc(*shard));
+            }),
+            Request::Remove { key, shard, expected } => frame(out, opc, flags, request_id, None, |w| {
+                w.str(key).u32(shard_enc(*shard)).opt_u64(*expected);
+            }),
+            Request::Get { key, shard, version } => frame(out, opc, flags, request_id, None, |w| {
+                w.str(key).u32(shard_enc(*shard)).opt_u64(*version);
+            }),
+            Request::GetByTime { key, shard, timestamp_us } => frame(out, opc, flags, request_id, None, |w| {
+                w.str(key).u32(shard_enc(*shard)).u64(*timestamp_us);
+            }),
+            Request::GetSize { key, shard, version, timestamp_us } => frame(out, opc, flags, request_id, None, |w| {
+                w.str(key).u32(shard_enc(*shard)).opt_u64(*version).opt_u64(*timestamp_us);
+            }),
+            Request::ListKeys { pool, prefix, shard } => frame(out, opc, flags, request_id, None, |w| {
+                w.str(pool).opt_str(prefix.as_deref()).u32(shard_enc(*shard));
+            }),
+            Request::MultiGet { shard, keys } => frame(out, opc, flags, request_id, None, |w| {
+                w.u32(shard_enc(*shard)).u32(keys.len() as u32);
+                for k in keys {
+                    w.str(k);
+                }
+            }),
+            Request::PoolCreate { spec } => frame(out, opc, flags, request_id, None, |w| {
+                w.str(&json(spec));
+            }),
+            Request::PoolRemove { path } | Request::PoolGet { path } => frame(out, opc, flags, request_id, None, |w| {
+                w.str(path);
+            }),
+            Request::PoolList { include_deleted } => frame(out, opc, flags, request_id, None, |w| {
+                w.u8(*include_deleted as u8);
+            }),
+            Request::PoolOfKey { key } => frame(out, opc, flags, request_id, None, |w| {
+                w.str(key);
+            }),
+            Request::Watch { prefix } => frame(out, opc, flags, request_id, None, |w| {
+                w.str(prefix);
+            }),
+            Request::Unwatch { watch_id } => frame(out, opc, flags, request_id, None, |w| {
+                w.u64(*watch_id);
+            }),
+        }
+    }
+
+    /// Decodes a request frame. Requests without a value must not carry one.
+    pub fn decode(f: Frame) -> Result<Request, SluiceError> {
+        let mut r = MetaReader::new(f.meta);
+        let has_value = matches!(f.opcode, op::PUT | op::TRIGGER_PUT);
+        if !has_value && !f.value.is_empty() {
+            return Err(SluiceError::protocol(format!("opcode {:#04x} carries no value, got {} value bytes", f.opcode, f.value.len())));
+        }
+        let req = match f.opcode {
+            op::HELLO => Request::Hello { protocol_version: r.u16()?, client_name: r.str()? },
+            op::PING => Request::Ping,
+            op::STATS => Request::Stats,
+            op::PUT => Request::Put { key: r.str()?, shard: shard_dec(r.u32()?), expected: r.opt_u64()?, value: f.value },
+            op::TRIGGER_PUT => Request::TriggerPut { key: r.str()?, shard: shard_dec(r.u32()?), value: f.value },
+            op::REMOVE => Request::Remove { key: r.str()?, shard: shard_dec(r.u32()?), expected: r.opt_u64()? },
+            op::GET => Request::Get { key: r.str()?, shard: shard_dec(r.u32()?), version: r.opt_u64()? },
+            op::GET_BY_TIME => Request::GetByTime { key: r.str()?, shard: shard_dec(r.u32()?), timestamp_us: r.u64()? },
+            op::GET_SIZE => Request::GetSize {
+                key: r.str()?,
+                shard: shard_dec(r.u32()?),
+                version: r.opt_u64()?,
+                timestamp_us: r.opt_u64()?,
+            },
+            op::LIST_KEYS => Request::ListKeys { pool: r.str()?, prefix: r.opt_str()?, shard: shard_dec(r.u32()?) },
+            op::MULTI_GET => {
+                let shard = shard_dec(r.u32()?);
+                let n = r.u32()? as usize;
+                // Each key costs at least its 4-byte length prefix: bound the
+                // allocation by what the metadata can actually hold.
+                let mut keys = Vec::with_capacity(n.min(1 << 16));
+                for _ in 0..n {
+                    keys.push(r.str()?);
+                }
+                Request::MultiGet { shard, keys }
+            }
+            op::POOL_CREATE => Request::PoolCreate { spec: from_json(&r.str()?)? },
+            op::POOL_REMOVE => Request::PoolRemove { path: r.str()? },
+            op::POOL_LIST => Request::PoolList { include_deleted: r.bool()? },
+            op::POOL_GET => Request::PoolGet { path: r.str()? },
+            op::POOL_OF_KEY => Request::PoolOfKey { key: r.str()? },
+            op::WATCH => Request::Watch { prefix: r.str()? },
+            op::UNWATCH => Request::Unwatch { watch_id: r.u64()? },
+            other => return Err(SluiceError::protocol(format!("unknown request opcode {other:#04x}"))),
+        };
+        r.finish()?;
+        Ok(req)
+    }
+}
+
+impl Response {
+    pub fn encode(&self, out: &mut OutQueue, request_id: u64) {
+        match self {
+            Response::HelloOk(info) => frame(out, op::HELLO_OK, 0, request_id, None, |w| {
+                w.str(&json(info));
+            }),
+            Response::Pong => frame(out, op::PONG, 0, request_id, None, |_| {}),
+            Response::Ok => frame(out, op::OK, 0, request_id, None, |_| {}),
+            Response::PutOk(p) => Self::put_ok(out, request_id, p),
+            Response::Object(o) => encode_object(out, request_id, op::OBJECT, None, &o.key, &o.meta, &o.value),
+            Response::Notify { kind, object } => {
+                encode_object(out, request_id, op::NOTIFY, Some(*kind as u8), &object.key, &object.meta, &object.value)
+            }
+            Response::Size(n) => frame(out, op::SIZE, 0, request_id, None, |w| {
+                w.u64(*n);
+            }),
+            Response::Keys(keys) => frame(out, op::KEYS, 0, request_id, None, |w| {
+                w.u32(keys.len() as u32);
+                for k in keys {
+                    w.str(k);
+                }
+            }),
+            Response::Objects(items) => {
+                let parts: Vec<(Option<(&str, &ObjectMeta)>, Option<&SluiceError>, Option<&Bytes>)> = items
+                    .iter()
+                    .map(|i| match i {
+                        Ok(o) => (Some((o.key.as_str(), &o.meta)), None, Some(&o.value)),
+                        Err(e) => (None, Some(e), None),
+                    })
+                    .collect();
+                encode_objects(out, request_id, &parts);
+            }
+            Response::Pool(p) => frame(out, op::POOL, 0, request_id, None, |w| {
+                w.str(&json(p));
+            }),
+            Response::Pools(p) => frame(out, op::POOLS, 0, request_id, None, |w| {
+                w.str(&json(p));
+            }),
+            Response::WatchOk { watch_id } => frame(out, op::WATCH_OK, 0, request_id, None, |w| {
+                w.u64(*watch_id);
+            }),
+            Response::Stats(s) => frame(out, op::STATS_OK, 0, request_id, None, |w| {
+                w.str(s);
+            }),
+            Response::Error(e) => Self::error(out, request_id, e),
+        }
+    }
+
+    pub fn put_ok(out: &mut OutQueue, request_id: u64, p: &PutResult) {
+        frame(out, op::PUT_OK, 0, request_id, None, |w| {
+            w.u64(p.version).u64(p.timestamp_us);
+        });
+    }
+
+    pub fn error(out: &mut OutQueue, request_id: u64, e: &SluiceError) {
+        frame(out, op::ERROR, 0, request_id, None, |w| {
+            w.str(&json(e));
+        });
+    }
+
+    pub fn decode(f: Frame) -> Result<Response, SluiceError> {
+        let mut r = MetaReader::new(f.meta);
+        let has_value = matches!(f.opcode, op::OBJECT | op::NOTIFY | op::OBJECTS);
+        if !has_value && !f.value.is_empty() {
+            return Err(SluiceError::protocol(format!("response {:#04x} carries no value, got {} value bytes", f.opcode, f.value.len())));
+        }
+        let resp = match f.opcode {
+            op::HELLO_OK => Response::HelloOk(from_json(&r.str()?)?),
+            op::PONG => Response::Pong,
+            op::OK => Response::Ok,
+            op::PUT_OK => Response::PutOk(PutResult { version: r.u64()?, timestamp_us: r.u64()? }),
+            op::OBJECT => {
+                let (key, meta) = read_obj_meta(&mut r)?;
+                Response::Object(WireObject { key, meta, value: f.value })
+            }
+            op::NOTIFY => {
+                let kind = DeliveryKindWire::from_u8(r.u8()?)?;
+                let (key, meta) = read_obj_meta(&mut r)?;
+                Response::Notify { kind, object: WireObject { key, meta, value: f.value } }
+            }
+            op::SIZE => Response::Size(r.u64()?),
+            op::KEYS => {
+                let n = r.u32()? as usize;
+                let mut keys = Vec::with_capacity(n.min(1 << 16));
+                for _ in 0..n {
+                    keys.push(r.str()?);
+                }
+                Response::Keys(keys)
+            }
+            op::OBJECTS => {
+                let n = r.u32()? as usize;
+                let mut items = Vec::with_capacity(n.min(1 << 16));
+                let mut value = f.value;
+                for _ in 0..n {
+                    if r.bool()? {
+                        let (key, meta) = read_obj_meta(&mut r)?;
+                        let len = r.u64()?;
+                        if len > value.len() as u64 {
+                            return Err(SluiceError::protocol("multi-get value lengths exceed the value section"));
+                        }
+                        items.push(Ok(WireObject { key, meta, value: value.split_to(len as usize) }));
+                    } else {
+                        items.push(Err(from_json(&r.str()?)?));
+                    }
+                }
+                if !value.is_empty() {
+                    return Err(SluiceError::protocol("multi-get value section has trailing bytes"));
+                }
+                Response::Objects(items)
+            }
+            op::POOL => Response::Pool(from_json(&r.str()?)?),
+            op::POOLS => Response::Pools(from_json(&r.str()?)?),
+            op::WATCH_OK => Response::WatchOk { watch_id: r.u64()? },
+            op::STATS_OK => Response::Stats(r.str()?),
+            op::ERROR => Response::Error(from_json(&r.str()?)?),
+            other => return Err(SluiceError::protocol(format!("unknown response opcode {other:#04x}"))),
+        };
+        r.finish()?;
+        Ok(resp)
+    }
+}
+
+/// Encodes a multi-get reply from borrowed parts: per item either
+/// (key, meta, value) or an error. Values follow in order, unencoded.
+pub fn encode_objects(
+    out: &mut OutQueue,
+    request_id: u64,
+    items: &[(Option<(&str, &ObjectMeta)>, Option<&SluiceError>, Option<&Bytes>)],
+) {
+    let total: usize = items.iter().map(|(_, _, v)| v.map_or(0, |v| v.len())).sum();
+    let buf = out.buf();
+    let start = buf.len();
+    write_header(buf, op::OBJECTS, 0, request_id, 0, 0);
+    {
+        let mut w = MetaWriter(buf);
+        w.u32(items.len() as u32);
+        for (obj, err, v) in items {
+            match (obj, err) {
+                (Some((k, m)), _) => {
+                    w.u8(1);
+                    write_obj_meta(&mut w, k, m);
+                    w.u64(v.map_or(0, |v| v.len() as u64));
+                }
+                (None, Some(e)) => {
+                    w.u8(0).str(&json(*e));
+                }
+                (None, None) => {
+                    w.u8(0).str(&json(&SluiceError::Internal { reason: "empty multi-get item".into() }));
+                }
+            }
+        }
+    }
+    let meta_len = buf.len() - start - HEADER_LEN;
+    buf[start + 4..start + 8].copy_from_slice(&(meta_len as u32).to_le_bytes());
+    buf[start + 8..start + 12].copy_from_slice(&(total as u32).to_le_bytes());
+    for (_, _, v) in items {
+        if let Some(v) = v {
+            out.push_value(v);
+        }
+    }
+}

@@ -1,0 +1,92 @@
+use bytes::{Buf, Bytes, BytesMut};
+use std::collections::VecDeque;
+use std::io::IoSlice;
+
+/// Values at least this large are queued as their own chunk (no copy);
+/// smaller ones are copied next to their header so a burst of small replies
+/// leaves in one write.
+pub const ZERO_COPY_THRESHOLD: usize = 4096;
+
+/// Outgoing bytes as a list of chunks, written with vectored I/O.
+#[derive(Default)]
+pub struct OutQueue {
+    chunks: VecDeque<Bytes>,
+    cur: BytesMut,
+    len: usize,
+}
+
+impl OutQueue {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Buffer for headers and metadata of the frame being written.
+    pub fn buf(&mut self) -> &mut BytesMut {
+        &mut self.cur
+    }
+
+    /// Appends a value: copied when small, queued by reference when large.
+    pub fn push_value(&mut self, v: &Bytes) {
+        if v.len() < ZERO_COPY_THRESHOLD {
+            self.cur.extend_from_slice(v);
+        } else {
+            self.seal();
+            self.len += v.len();
+            self.chunks.push_back(v.clone());
+        }
+    }
+
+    fn seal(&mut self) {
+        if !self.cur.is_empty() {
+            let b = self.cur.split().freeze();
+            self.len += b.len();
+            self.chunks.push_back(b);
+        }
+    }
+
+    /// Total queued bytes.
+    pub fn len(&mut self) -> usize {
+        self.len + self.cur.len()
+    }
+
+    pub fn is_empty(&mut self) -> bool {
+        self.len() == 0
+    }
+
+    /// Fills `dst` with slices of the queued bytes; returns how many.
+    pub fn io_slices<'a>(&'a mut self, dst: &mut [IoSlice<'a>]) -> usize {
+        self.seal();
+        let mut n = 0;
+        for (slot, c) in dst.iter_mut().zip(self.chunks.iter()) {
+            *slot = IoSlice::new(c);
+            n += 1;
+        }
+        n
+    }
+
+    /// Drops `n` bytes that were written.
+    pub fn advance(&mut self, mut n: usize) {
+        self.len -= n.min(self.len);
+        while n > 0 {
+            let Some(front) = self.chunks.front_mut() else { break };
+            if n >= front.len() {
+                n -= front.len();
+                self.chunks.pop_front();
+            } else {
+                front.advance(n);
+                n = 0;
+            }
+        }
+    }
+
+    /// Everything queued as one contiguous buffer (tests, small tools).
+    pub fn to_bytes(&mut self) -> Bytes {
+        self.seal();
+        let mut out = BytesMut::with_capacity(self.len);
+        for c in self.chunks.drain(..) {
+            out.extend_from_slice(&c);
+        }
+        self.len = 0;
+        out.freeze()
+    }
+}
