@@ -1,1 +1,20 @@
+//! The Sluice node server.
+//!
+//! Accepts TCP connections, speaks the `sluice-wire` protocol and executes
+//! requests against a `sluice-store::Store`. Architecture invariants:
+//! - one task per connection reads, executes and writes: a request's reply
+//!   is written by the task that decoded it, with no hop between tasks on
+//!   the data path (the store's operations are non-blocking);
+//! - every per-connection resource is bounded (read buffer by the frame
+//!   limits, pipelined requests by `max_in_flight_per_conn`, watch queues by
+//!   `WATCH_QUEUE_LEN`), and breaking a bound costs only that connection;
+//! - nothing a client sends can panic the server.
 
+mod config;
+mod conn;
+mod server;
+mod watch;
+
+pub use config::{ServerConfig, Timeouts, DEFAULT_PORT};
+pub use server::{Server, ServerError};
+pub use watch::WATCH_QUEUE_LEN;

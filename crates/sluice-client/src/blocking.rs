@@ -1,0 +1,109 @@
+//! A synchronous wrapper for code without an async runtime (the CLI, scripts).
+
+use crate::client::{Client, ClientConfig, Notification, Watch};
+use bytes::Bytes;
+use sluice_types::{Object, PoolMeta, PoolSpec, PutResult, Result, SluiceError};
+use sluice_wire::ServerInfo;
+use std::time::Duration;
+
+/// Owns a small runtime and blocks on each call.
+pub struct BlockingClient {
+    rt: tokio::runtime::Runtime,
+    client: Client,
+}
+
+/// A blocking watch stream.
+pub struct BlockingWatch<'a> {
+    rt: &'a tokio::runtime::Runtime,
+    watch: Watch,
+}
+
+impl BlockingWatch<'_> {
+    /// The next notification, or None when the connection closed or
+    /// `timeout` passed.
+    pub fn next_timeout(&mut self, timeout: Duration) -> Option<Notification> {
+        self.rt.block_on(async { tokio::time::timeout(timeout, self.watch.next()).await.ok().flatten() })
+    }
+
+    /// The next notification; None when the connection closed.
+    pub fn next(&mut self) -> Option<Notification> {
+        self.rt.block_on(self.watch.next())
+    }
+}
+
+macro_rules! blocking {
+    ($( $(#[$m:meta])* fn $name:ident(&self $(, $arg:ident : $ty:ty)*) -> $ret:ty; )*) => {
+        $( $(#[$m])* pub fn $name(&self $(, $arg: $ty)*) -> $ret { self.rt.block_on(self.client.$name($($arg),*)) } )*
+    };
+}
+
+impl BlockingClient {
+    pub fn connect(addr: &str) -> Result<Self> {
+        Self::connect_with(ClientConfig { addr: addr.to_string(), ..Default::default() })
+    }
+
+    pub fn connect_with(cfg: ClientConfig) -> Result<Self> {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .map_err(|e| SluiceError::Internal { reason: format!("cannot start a runtime: {e}") })?;
+        let client = rt.block_on(Client::connect_with(cfg))?;
+        Ok(BlockingClient { rt, client })
+    }
+
+    /// The async client inside (shares connections).
+    pub fn async_client(&self) -> &Client {
+        &self.client
+    }
+
+    pub fn server_info(&self) -> &ServerInfo {
+        self.client.server_info()
+    }
+
+    pub fn put(&self, key: &str, value: impl Into<Bytes>) -> Result<PutResult> {
+        self.rt.block_on(self.client.put(key, value))
+    }
+
+    pub fn put_if_version(&self, key: &str, value: impl Into<Bytes>, expected_version: u64) -> Result<PutResult> {
+        self.rt.block_on(self.client.put_if_version(key, value, expected_version))
+    }
+
+    pub fn put_and_forget(&self, key: &str, value: impl Into<Bytes>) -> Result<()> {
+        self.rt.block_on(self.client.put_and_forget(key, value))
+    }
+
+    pub fn trigger_put(&self, key: &str, value: impl Into<Bytes>) -> Result<u64> {
+        self.rt.block_on(self.client.trigger_put(key, value))
+    }
+
+    pub fn multi_get(&self, keys: &[&str]) -> Result<Vec<Result<Object>>> {
+        self.rt.block_on(self.client.multi_get(keys))
+    }
+
+    pub fn list_keys(&self, pool: &str, prefix: Option<&str>) -> Result<Vec<String>> {
+        self.rt.block_on(self.client.list_keys(pool, prefix))
+    }
+
+    pub fn watch(&self, prefix: &str) -> Result<BlockingWatch<'_>> {
+        let watch = self.rt.block_on(self.client.watch(prefix))?;
+        Ok(BlockingWatch { rt: &self.rt, watch })
+    }
+
+    blocking! {
+        fn remove(&self, key: &str) -> Result<PutResult>;
+        fn remove_if_version(&self, key: &str, expected_version: u64) -> Result<PutResult>;
+        fn get(&self, key: &str) -> Result<Object>;
+        fn get_version(&self, key: &str, version: u64) -> Result<Object>;
+        fn get_by_time(&self, key: &str, timestamp_us: u64) -> Result<Object>;
+        fn get_size(&self, key: &str, version: Option<u64>, timestamp_us: Option<u64>) -> Result<u64>;
+        fn create_pool(&self, spec: PoolSpec) -> Result<PoolMeta>;
+        fn remove_pool(&self, path: &str) -> Result<PoolMeta>;
+        fn get_pool(&self, path: &str) -> Result<PoolMeta>;
+        fn pool_of_key(&self, key: &str) -> Result<PoolMeta>;
+        fn list_pools(&self, include_deleted: bool) -> Result<Vec<PoolMeta>>;
+        fn ping(&self) -> Result<Duration>;
+        fn stats(&self) -> Result<serde_json::Value>;
+        fn refresh_pools(&self) -> Result<()>;
+    }
+}

@@ -1,0 +1,468 @@
+use crate::conn::Conn;
+use arc_swap::{ArcSwap, ArcSwapOption};
+use bytes::Bytes;
+use sluice_types::{
+    validate_key, Object, PoolMeta, PoolRouter, PoolSpec, PoolTable, PutResult, Result, SluiceError,
+};
+use sluice_wire::{DeliveryKindWire, Request, Response, ServerInfo, WireObject};
+use std::collections::HashMap;
+use std::net::{SocketAddr, ToSocketAddrs};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tokio::sync::mpsc;
+
+/// How a client connects.
+#[derive(Clone, Debug)]
+pub struct ClientConfig {
+    /// `host:port` of a Sluice node.
+    pub addr: String,
+    /// Connections kept open to the node; requests are spread across them.
+    pub connections: usize,
+    pub connect_timeout: Duration,
+    /// How long a request may wait for its reply.
+    pub request_timeout: Duration,
+    /// Sent in the handshake; shows in server logs.
+    pub client_name: String,
+}
+
+impl Default for ClientConfig {
+    fn default() -> Self {
+        ClientConfig {
+            addr: format!("127.0.0.1:{}", 7420),
+            connections: 1,
+            connect_timeout: Duration::from_secs(3),
+            request_timeout: Duration::from_secs(10),
+            client_name: "sluice-client".into(),
+        }
+    }
+}
+
+/// A watch notification.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Notification {
+    pub kind: DeliveryKindWire,
+    /// For `Lagged`, `object.meta.version` counts the notifications the
+    /// server dropped because this watcher fell behind.
+    pub object: Object,
+}
+
+/// A stream of notifications for keys under a prefix. Dropping it (or
+/// calling [`Watch::cancel`]) ends the subscription.
+pub struct Watch {
+    pub(crate) rx: mpsc::Receiver<Response>,
+    pub(crate) id: u64,
+    pub(crate) conn: Arc<Conn>,
+    pub(crate) dropped: Arc<AtomicU64>,
+    pub(crate) timeout: Duration,
+}
+
+impl Watch {
+    /// The next notification; `None` when the connection closed.
+    pub async fn next(&mut self) -> Option<Notification> {
+        loop {
+            match self.rx.recv().await? {
+                Response::Notify { kind, object } => return Some(Notification { kind, object: to_object(object) }),
+                _ => continue, // the WATCH_OK reply
+            }
+        }
+    }
+
+    /// Notifications dropped on this side because they were not read fast enough.
+    pub fn dropped_locally(&self) -> u64 {
+        self.dropped.load(Ordering::Relaxed)
+    }
+
+    /// Ends the subscription on the server.
+    pub async fn cancel(self) -> Result<()> {
+        self.conn.close_stream(self.id);
+        self.conn.call(&Request::Unwatch { watch_id: self.id }, self.timeout).await.map(|_| ())
+    }
+}
+
+impl Drop for Watch {
+    fn drop(&mut self) {
+        self.conn.close_stream(self.id);
+    }
+}
+
+struct PoolCache {
+    table: PoolTable,
+    routers: HashMap<String, PoolRouter>,
+}
+
+struct Inner {
+    cfg: ClientConfig,
+    addr: SocketAddr,
+    slots: Vec<ArcSwapOption<Conn>>,
+    reconnect: tokio::sync::Mutex<()>,
+    rr: AtomicUsize,
+    pools: ArcSwap<PoolCache>,
+    info: ServerInfo,
+}
+
+/// An async Sluice client. Cheap to clone; clones share connections.
+#[derive(Clone)]
+pub struct Client {
+    inner: Arc<Inner>,
+}
+
+fn to_object(o: WireObject) -> Object {
+    Object { key: Arc::from(o.key), meta: o.meta, value: o.value }
+}
+
+fn unexpected(r: Response) -> SluiceError {
+    SluiceError::protocol(format!("unexpected reply {r:?}"))
+}
+
+impl Client {
+    /// Connects to `addr` (`host:port`) with default settings.
+    pub async fn connect(addr: &str) -> Result<Client> {
+        Self::connect_with(ClientConfig { addr: addr.to_string(), ..Default::default() }).await
+    }
+
+    pub async fn connect_with(cfg: ClientConfig) -> Result<Client> {
+        let addr = cfg
+            .addr
+            .to_socket_addrs()
+            .map_err(|e| SluiceError::Connection { reason: format!("bad address {:?}: {e}", cfg.addr) })?
+            .next()
+            .ok_or_else(|| SluiceError::Connection { reason: format!("address {:?} resolves to nothing", cfg.addr) })?;
+        let n = cfg.connections.max(1);
+        let first = Conn::connect(addr, &cfg.client_name, cfg.connect_timeout).await?;
+        let info = first.info.clone();
+        let slots: Vec<ArcSwapOption<Conn>> = (0..n).map(|_| ArcSwapOption::empty()).collect();
+        slots[0].store(Some(first));
+        for slot in slots.iter().skip(1) {
+            slot.store(Some(Conn::connect(addr, &cfg.client_name, cfg.connect_timeout).await?));
+        }
+        let client = Client {
+            inner: Arc::new(Inner {
+                cfg,
+                addr,
+                slots,
+                reconnect: tokio::sync::Mutex::new(()),
+                rr: AtomicUsize::new(0),
+                pools: ArcSwap::from_pointee(PoolCache { table: PoolTable::default(), routers: HashMap::new() }),
+                info,
+            }),
+        };
+        client.refresh_pools().await?;
+        Ok(client)
+    }
+
+    /// What the server announced at connect (limits, layout version).
+    pub fn server_info(&self) -> &ServerInfo {
+        &self.inner.info
+    }
+
+    /// A live connection, reconnecting a dead slot on demand.
+    async fn conn(&self) -> Result<Arc<Conn>> {
+        let n = self.inner.slots.len();
+        let i = self.inner.rr.fetch_add(1, Ordering::Relaxed) % n;
+        if let Some(c) = self.inner.slots[i].load_full() {
+            if c.is_alive() {
+                return Ok(c);
+            }
+        }
+        let _g = self.inner.reconnect.lock().await;
+        if let Some(c) = self.inner.slots[i].load_full() {
+            if c.is_alive() {
+                return Ok(c);
+            }
+        }
+        let c = Conn::connect(self.inner.addr, &self.inner.cfg.client_name, self.inner.cfg.connect_timeout).await?;
+        self.inner.slots[i].store(Some(c.clone()));
+        Ok(c)
+    }
+
+    async fn call(&self, req: &Request) -> Result<Response> {
+        self.conn().await?.call(req, self.inner.cfg.request_timeout).await
+    }
+
+    /// Reloads the cached pool table from the server.
+    pub async fn refresh_pools(&self) -> Result<()> {
+        let pools = match self.call(&Request::PoolList { include_deleted: true }).await? {
+            Response::Pools(p) => p,
+            other => return Err(unexpected(other)),
+        };
+        let mut table = PoolTable::default();
+        let mut routers = HashMap::new();
+        for p in pools {
+            routers.insert(p.pathname.clone(), PoolRouter::new(p.clone()));
+            table.pools.insert(p.pathname.clone(), p);
+        }
+        self.inner.pools.store(Arc::new(PoolCache { table, routers }));
+        Ok(())
+    }
+
+    /// The shard of `key` according to the cached pool table; refreshes
+    /// the cache once when the key's pool is unknown or deleted.
+    async fn route(&self, key: &str) -> Result<u32> {
+        validate_key(key, self.inner.info.limits.max_key_bytes as usize)?;
+        for attempt in 0..2 {
+            let cache = self.inner.pools.load();
+            match cache.table.live_pool_of(key) {
+                Ok(p) => return Ok(cache.routers[&p.pathname].shard_of(key)),
+                Err(e) if attempt == 1 => return Err(e),
+                Err(_) => {
+                    drop(cache);
+                    self.refresh_pools().await?;
+                }
+            }
+        }
+        unreachable!("the loop returns on its second pass")
+    }
+
+    /// Routes `key`, runs `make(shard)`, and on a stale-routing error
+    /// refreshes the pool table and retries once (the server applied nothing).
+    async fn routed(&self, key: &str, make: impl Fn(u32) -> Request) -> Result<Response> {
+        let shard = self.route(key).await?;
+        match self.call(&make(shard)).await {
+            Err(e) if e.is_stale_routing() => {
+                self.refresh_pools().await?;
+                let shard = self.route(key).await?;
+                self.call(&make(shard)).await
+            }
+            other => other,
+        }
+    }
+
+    fn check_value(&self, value: &Bytes) -> Result<()> {
+        let max = u64::from(self.inner.info.limits.max_value_bytes);
+        if value.len() as u64 > max {
+            return Err(SluiceError::ValueTooLarge { size: value.len() as u64, max });
+        }
+        Ok(())
+    }
+
+    async fn put_inner(&self, key: &str, value: Bytes, expected: Option<u64>) -> Result<PutResult> {
+        self.check_value(&value)?;
+        let r = self.routed(key, |shard| Request::Put { key: key.to_string(), shard: Some(shard), expected, value: value.clone() });
+        match r.await? {
+            Response::PutOk(p) => Ok(p),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    /// Stores a new version; returns its version and timestamp.
+    pub async fn put(&self, key: &str, value: impl Into<Bytes>) -> Result<PutResult> {
+        self.put_inner(key, value.into(), None).await
+    }
+
+    /// Stores a new version only if the key's current version is
+    /// `expected_version` (`VERSION_NONE`: only if the key does not exist).
+    /// Otherwise fails with `VersionConflict`, which names the current version.
+    pub async fn put_if_version(&self, key: &str, value: impl Into<Bytes>, expected_version: u64) -> Result<PutResult> {
+        self.put_inner(key, value.into(), Some(expected_version)).await
+    }
+
+    /// Sends a put and returns once it is written to the socket; the server
+    /// sends no reply, so a failure is only visible in the server's log.
+    pub async fn put_and_forget(&self, key: &str, value: impl Into<Bytes>) -> Result<()> {
+        let value = value.into();
+        self.check_value(&value)?;
+        let shard = self.route(key).await?;
+        self.conn().await?.send_forget(&Request::Put { key: key.to_string(), shard: Some(shard), expected: None, value }).await
+    }
+
+    /// Fires lambdas and watchers for `key` without storing anything;
+    /// returns the delivery timestamp.
+    pub async fn trigger_put(&self, key: &str, value: impl Into<Bytes>) -> Result<u64> {
+        let value = value.into();
+        self.check_value(&value)?;
+        match self.routed(key, |shard| Request::TriggerPut { key: key.to_string(), shard: Some(shard), value: value.clone() }).await? {
+            Response::PutOk(p) => Ok(p.timestamp_us),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    /// Writes a tombstone: later gets of `key` report not found.
+    pub async fn remove(&self, key: &str) -> Result<PutResult> {
+        self.remove_inner(key, None).await
+    }
+
+    /// Removes only if the key's current version is `expected_version`.
+    pub async fn remove_if_version(&self, key: &str, expected_version: u64) -> Result<PutResult> {
+        self.remove_inner(key, Some(expected_version)).await
+    }
+
+    async fn remove_inner(&self, key: &str, expected: Option<u64>) -> Result<PutResult> {
+        match self.routed(key, |shard| Request::Remove { key: key.to_string(), shard: Some(shard), expected }).await? {
+            Response::PutOk(p) => Ok(p),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    async fn object(&self, key: &str, make: impl Fn(u32) -> Request) -> Result<Object> {
+        match self.routed(key, make).await? {
+            Response::Object(o) => Ok(to_object(o)),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    /// The latest version of `key`.
+    pub async fn get(&self, key: &str) -> Result<Object> {
+        self.object(key, |shard| Request::Get { key: key.to_string(), shard: Some(shard), version: None }).await
+    }
+
+    /// A specific version of `key`.
+    pub async fn get_version(&self, key: &str, version: u64) -> Result<Object> {
+        self.object(key, |shard| Request::Get { key: key.to_string(), shard: Some(shard), version: Some(version) }).await
+    }
+
+    /// The version of `key` current at `timestamp_us` (µs since the epoch).
+    pub async fn get_by_time(&self, key: &str, timestamp_us: u64) -> Result<Object> {
+        self.object(key, |shard| Request::GetByTime { key: key.to_string(), shard: Some(shard), timestamp_us }).await
+    }
+
+    /// Size in bytes of the latest version (or of `version`, or of the
+    /// version current at `timestamp_us`) without transferring the value.
+    pub async fn get_size(&self, key: &str, version: Option<u64>, timestamp_us: Option<u64>) -> Result<u64> {
+        match self.routed(key, |shard| Request::GetSize { key: key.to_string(), shard: Some(shard), version, timestamp_us }).await? {
+            Response::Size(n) => Ok(n),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    /// Keys of `pool` (optionally under `prefix`), gathered from every shard, sorted.
+    pub async fn list_keys(&self, pool: &str, prefix: Option<&str>) -> Result<Vec<String>> {
+        let mut meta = self.inner.pools.load().table.get(pool).cloned();
+        if meta.is_none() {
+            self.refresh_pools().await?;
+            meta = self.inner.pools.load().table.get(pool).cloned();
+        }
+        let Some(meta) = meta else {
+            return Err(SluiceError::PoolNotFound { pool: pool.to_string() });
+        };
+        let mut calls = Vec::new();
+        for shard in 0..meta.shard_count.max(1) {
+            let req = Request::ListKeys { pool: pool.to_string(), prefix: prefix.map(str::to_string), shard: Some(shard) };
+            let c = self.clone();
+            calls.push(tokio::spawn(async move { c.call(&req).await }));
+        }
+        let mut keys = Vec::new();
+        for c in calls {
+            match c.await.map_err(|e| SluiceError::Internal { reason: e.to_string() })?? {
+                Response::Keys(k) => keys.extend(k),
+                other => return Err(unexpected(other)),
+            }
+        }
+        keys.sort_unstable();
+        Ok(keys)
+    }
+
+    /// The latest versions of several keys: one request per shard involved,
+    /// sent concurrently; one result per key, in the order given.
+    pub async fn multi_get(&self, keys: &[&str]) -> Result<Vec<Result<Object>>> {
+        let mut by_shard: HashMap<u32, Vec<usize>> = HashMap::new();
+        let mut out: Vec<Option<Result<Object>>> = vec![None; keys.len()];
+        for (i, k) in keys.iter().enumerate() {
+            match self.route(k).await {
+                Ok(s) => by_shard.entry(s).or_default().push(i),
+                Err(e) => out[i] = Some(Err(e)),
+            }
+        }
+        let mut calls = Vec::new();
+        for (shard, idx) in by_shard {
+            let req = Request::MultiGet { shard: Some(shard), keys: idx.iter().map(|i| keys[*i].to_string()).collect() };
+            let c = self.clone();
+            calls.push((idx, tokio::spawn(async move { c.call(&req).await })));
+        }
+        for (idx, call) in calls {
+            let items = match call.await.map_err(|e| SluiceError::Internal { reason: e.to_string() })?? {
+                Response::Objects(items) => items,
+                other => return Err(unexpected(other)),
+            };
+            if items.len() != idx.len() {
+                return Err(SluiceError::protocol(format!("multi-get asked for {} keys, got {}", idx.len(), items.len())));
+            }
+            for (i, item) in idx.into_iter().zip(items) {
+                out[i] = Some(item.map(to_object));
+            }
+        }
+        Ok(out.into_iter().map(|o| o.unwrap_or_else(|| Err(SluiceError::Internal { reason: "missing multi-get result".into() }))).collect())
+    }
+
+    async fn pool_call(&self, req: Request) -> Result<PoolMeta> {
+        match self.call(&req).await? {
+            Response::Pool(p) => Ok(p),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    /// Creates an object pool.
+    pub async fn create_pool(&self, spec: PoolSpec) -> Result<PoolMeta> {
+        let p = self.pool_call(Request::PoolCreate { spec }).await?;
+        self.refresh_pools().await?;
+        Ok(p)
+    }
+
+    /// Soft-deletes a pool (it stays listed with `deleted = true`).
+    pub async fn remove_pool(&self, path: &str) -> Result<PoolMeta> {
+        let p = self.pool_call(Request::PoolRemove { path: path.to_string() }).await?;
+        self.refresh_pools().await?;
+        Ok(p)
+    }
+
+    pub async fn get_pool(&self, path: &str) -> Result<PoolMeta> {
+        self.pool_call(Request::PoolGet { path: path.to_string() }).await
+    }
+
+    /// The pool `key` belongs to.
+    pub async fn pool_of_key(&self, key: &str) -> Result<PoolMeta> {
+        self.pool_call(Request::PoolOfKey { key: key.to_string() }).await
+    }
+
+    pub async fn list_pools(&self, include_deleted: bool) -> Result<Vec<PoolMeta>> {
+        match self.call(&Request::PoolList { include_deleted }).await? {
+            Response::Pools(p) => Ok(p),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    /// Subscribes to every delivery (put, trigger put, remove) of keys under `prefix`.
+    pub async fn watch(&self, prefix: &str) -> Result<Watch> {
+        let conn = self.conn().await?;
+        let (tx, mut rx) = mpsc::channel(sluice_server_queue_len());
+        let dropped = Arc::new(AtomicU64::new(0));
+        let id = conn.open_stream(&Request::Watch { prefix: prefix.to_string() }, tx, dropped.clone()).await?;
+        // The first reply says whether the watch was accepted.
+        let first = tokio::time::timeout(self.inner.cfg.request_timeout, rx.recv())
+            .await
+            .map_err(|_| SluiceError::Timeout { what: "watch".into(), after_ms: self.inner.cfg.request_timeout.as_millis() as u64 })?;
+        match first {
+            Some(Response::WatchOk { .. }) => {
+                Ok(Watch { rx, id, conn, dropped, timeout: self.inner.cfg.request_timeout })
+            }
+            Some(Response::Error(e)) => {
+                conn.close_stream(id);
+                Err(e)
+            }
+            Some(other) => Err(unexpected(other)),
+            None => Err(SluiceError::Connection { reason: "connection closed while opening the watch".into() }),
+        }
+    }
+
+    /// Round trip time of a PING.
+    pub async fn ping(&self) -> Result<Duration> {
+        let t = Instant::now();
+        match self.call(&Request::Ping).await? {
+            Response::Pong => Ok(t.elapsed()),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    /// Server counters as JSON.
+    pub async fn stats(&self) -> Result<serde_json::Value> {
+        match self.call(&Request::Stats).await? {
+            Response::Stats(s) => serde_json::from_str(&s).map_err(|e| SluiceError::protocol(e.to_string())),
+            other => Err(unexpected(other)),
+        }
+    }
+}
+
+/// Client-side queue for one watch; matches the server's per-connection queue.
+fn sluice_server_queue_len() -> usize {
+    4096
+}

@@ -1,0 +1,231 @@
+//! One pipelined connection: callers write frames under a short lock; a
+//! reader task matches replies to waiting callers by request id.
+
+use bytes::BytesMut;
+use parking_lot::Mutex;
+use sluice_types::{Result, SluiceError};
+use sluice_wire::{FrameDecoder, OutQueue, Request, Response, ServerInfo, PROTOCOL_VERSION};
+use std::collections::HashMap;
+use std::io::IoSlice;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
+use tokio::net::TcpStream;
+use tokio::sync::{mpsc, oneshot, Semaphore};
+
+pub(crate) enum Pending {
+    Once(oneshot::Sender<Result<Response>>),
+    /// Replies to a watch; the counter counts notices dropped because the
+    /// application did not drain its queue.
+    Stream(mpsc::Sender<Response>, Arc<AtomicU64>),
+}
+
+pub(crate) struct Conn {
+    writer: tokio::sync::Mutex<OwnedWriteHalf>,
+    pending: Mutex<HashMap<u64, Pending>>,
+    next_id: AtomicU64,
+    alive: AtomicBool,
+    /// Why the connection died, when the server said (e.g. too many connections).
+    fatal: Mutex<Option<SluiceError>>,
+    /// Keeps us under the server's announced in-flight limit.
+    pub(crate) in_flight: Semaphore,
+    pub(crate) info: ServerInfo,
+}
+
+fn conn_err(reason: impl Into<String>) -> SluiceError {
+    SluiceError::Connection { reason: reason.into() }
+}
+
+impl Conn {
+    pub(crate) async fn connect(addr: SocketAddr, name: &str, connect_timeout: Duration) -> Result<Arc<Conn>> {
+        let sock = tokio::time::timeout(connect_timeout, TcpStream::connect(addr))
+            .await
+            .map_err(|_| SluiceError::Timeout { what: format!("connecting to {addr}"), after_ms: connect_timeout.as_millis() as u64 })?
+            .map_err(|e| conn_err(format!("cannot connect to {addr}: {e} (is `sluice serve` running there?)")))?;
+        let _ = sock.set_nodelay(true);
+        let (mut rd, mut wr) = sock.into_split();
+        // Handshake synchronously, before the reader task exists.
+        let mut q = OutQueue::new();
+        Request::Hello { protocol_version: PROTOCOL_VERSION, client_name: name.to_string() }.encode(&mut q, 0, 0);
+        wr.write_all(&q.to_bytes()).await.map_err(|e| conn_err(format!("handshake with {addr}: {e}")))?;
+        // Before the handshake we accept the largest frame a server may send.
+        let decoder = FrameDecoder::new(u32::MAX, u32::MAX);
+        let mut buf = BytesMut::with_capacity(4096);
+        let info = tokio::time::timeout(connect_timeout, async {
+            loop {
+                if let Some(f) = decoder.decode(&mut buf).map_err(|e| SluiceError::protocol(e.to_string()))? {
+                    return match Response::decode(f)? {
+                        Response::HelloOk(info) => Ok(info),
+                        Response::Error(e) => Err(e),
+                        other => Err(SluiceError::protocol(format!("expected HELLO_OK, got {other:?}"))),
+                    };
+                }
+                if rd.read_buf(&mut buf).await.map_err(|e| conn_err(format!("handshake with {addr}: {e}")))? == 0 {
+                    return Err(conn_err(format!("{addr} closed the connection during the handshake")));
+                }
+            }
+        })
+        .await
+        .map_err(|_| SluiceError::Timeout { what: format!("handshake with {addr}"), after_ms: connect_timeout.as_millis() as u64 })??;
+        let conn = Arc::new(Conn {
+            writer: tokio::sync::Mutex::new(wr),
+            pending: Mutex::new(HashMap::new()),
+            next_id: AtomicU64::new(1),
+            alive: AtomicBool::new(true),
+            fatal: Mutex::new(None),
+            in_flight: Semaphore::new(info.limits.max_in_flight_per_conn as usize),
+            info,
+        });
+        let decoder = FrameDecoder::new(conn.info.limits.max_meta_bytes.saturating_mul(2), conn.info.limits.max_value_bytes.saturating_mul(2));
+        tokio::spawn(read_loop(conn.clone(), rd, buf, decoder));
+        Ok(conn)
+    }
+
+    pub(crate) fn is_alive(&self) -> bool {
+        self.alive.load(Ordering::Acquire)
+    }
+
+    fn dead_error(&self) -> SluiceError {
+        self.fatal.lock().clone().unwrap_or_else(|| conn_err("connection to the server closed"))
+    }
+
+    async fn send(&self, req: &Request, id: u64, flags: u8) -> Result<()> {
+        let mut q = OutQueue::new();
+        req.encode(&mut q, id, flags);
+        let mut w = self.writer.lock().await;
+        while !q.is_empty() {
+            let mut slots = [IoSlice::new(&[]); 16];
+            let n = q.io_slices(&mut slots);
+            match w.write_vectored(&slots[..n]).await {
+                Ok(0) | Err(_) => {
+                    self.alive.store(false, Ordering::Release);
+                    return Err(self.dead_error());
+                }
+                Ok(k) => q.advance(k),
+            }
+        }
+        Ok(())
+    }
+
+    /// Sends a request and waits for its reply.
+    pub(crate) async fn call(&self, req: &Request, timeout: Duration) -> Result<Response> {
+        if !self.is_alive() {
+            return Err(self.dead_error());
+        }
+        let _permit = self.in_flight.acquire().await.map_err(|_| conn_err("connection closed"))?;
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let (tx, rx) = oneshot::channel();
+        self.pending.lock().insert(id, Pending::Once(tx));
+        if let Err(e) = self.send(req, id, 0).await {
+            self.pending.lock().remove(&id);
+            return Err(e);
+        }
+        match tokio::time::timeout(timeout, rx).await {
+            Ok(Ok(r)) => r,
+            Ok(Err(_)) => Err(self.dead_error()),
+            Err(_) => {
+                self.pending.lock().remove(&id);
+                Err(SluiceError::Timeout { what: format!("request {id} ({:#04x})", req.opcode()), after_ms: timeout.as_millis() as u64 })
+            }
+        }
+    }
+
+    /// Sends a request whose replies keep coming (a watch); returns its id.
+    pub(crate) async fn open_stream(&self, req: &Request, tx: mpsc::Sender<Response>, dropped: Arc<AtomicU64>) -> Result<u64> {
+        if !self.is_alive() {
+            return Err(self.dead_error());
+        }
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        self.pending.lock().insert(id, Pending::Stream(tx, dropped));
+        if let Err(e) = self.send(req, id, 0).await {
+            self.pending.lock().remove(&id);
+            return Err(e);
+        }
+        Ok(id)
+    }
+
+    pub(crate) fn close_stream(&self, id: u64) {
+        self.pending.lock().remove(&id);
+    }
+
+    /// Sends without waiting for (or expecting) a reply.
+    pub(crate) async fn send_forget(&self, req: &Request) -> Result<()> {
+        if !self.is_alive() {
+            return Err(self.dead_error());
+        }
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        self.send(req, id, sluice_wire::FLAG_NO_REPLY).await
+    }
+}
+
+async fn read_loop(conn: Arc<Conn>, mut rd: OwnedReadHalf, mut buf: BytesMut, decoder: FrameDecoder) {
+    'outer: loop {
+        loop {
+            let frame = match decoder.decode(&mut buf) {
+                Ok(Some(f)) => f,
+                Ok(None) => break,
+                Err(e) => {
+                    *conn.fatal.lock() = Some(SluiceError::protocol(format!("server sent a bad frame: {e}")));
+                    break 'outer;
+                }
+            };
+            let id = frame.request_id;
+            let resp = Response::decode(frame);
+            if id == 0 {
+                // Connection-level error from the server (limits, timeouts).
+                if let Ok(Response::Error(e)) = resp {
+                    *conn.fatal.lock() = Some(e);
+                }
+                continue;
+            }
+            let mut pending = conn.pending.lock();
+            match pending.get(&id) {
+                Some(Pending::Once(_)) => {
+                    if let Some(Pending::Once(tx)) = pending.remove(&id) {
+                        let _ = tx.send(resp.and_then(|r| match r {
+                            Response::Error(e) => Err(e),
+                            other => Ok(other),
+                        }));
+                    }
+                }
+                Some(Pending::Stream(tx, dropped)) => {
+                    if let Ok(r) = resp {
+                        match tx.try_send(r) {
+                            Ok(()) => {}
+                            Err(mpsc::error::TrySendError::Full(_)) => {
+                                dropped.fetch_add(1, Ordering::Relaxed);
+                            }
+                            Err(mpsc::error::TrySendError::Closed(_)) => {
+                                pending.remove(&id);
+                            }
+                        }
+                    }
+                }
+                None => {} // the caller timed out and left
+            }
+        }
+        if buf.capacity() - buf.len() < 4096 {
+            buf.reserve(64 * 1024);
+        }
+        if let Some(need) = decoder.needed(&buf) {
+            if need > buf.capacity() {
+                buf.reserve(need - buf.len());
+            }
+        }
+        match rd.read_buf(&mut buf).await {
+            Ok(0) | Err(_) => break,
+            Ok(_) => {}
+        }
+    }
+    conn.alive.store(false, Ordering::Release);
+    // Fail every waiter now rather than at its timeout.
+    let err = conn.dead_error();
+    for (_, p) in conn.pending.lock().drain() {
+        if let Pending::Once(tx) = p {
+            let _ = tx.send(Err(err.clone()));
+        }
+    }
+}

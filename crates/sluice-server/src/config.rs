@@ -1,0 +1,142 @@
+use serde::{Deserialize, Serialize};
+use sluice_store::Layout;
+use sluice_types::{Limits, PoolSpec, PoolType};
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+/// The port `sluice serve` listens on by default.
+pub const DEFAULT_PORT: u16 = 7420;
+
+/// Per-connection time limits, in milliseconds.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Timeouts {
+    /// A new connection must complete the HELLO handshake within this.
+    pub handshake_ms: u64,
+    /// Once a frame's first byte arrives, the rest must arrive within this
+    /// (defeats slowloris clients).
+    pub frame_ms: u64,
+    /// Close connections idle this long; 0 keeps them open.
+    pub idle_ms: u64,
+    /// On shutdown, wait this long for connections to finish.
+    pub shutdown_grace_ms: u64,
+}
+
+impl Default for Timeouts {
+    fn default() -> Self {
+        Timeouts {
+            handshake_ms: 5_000,
+            frame_ms: 10_000,
+            idle_ms: 0,
+            shutdown_grace_ms: 5_000,
+        }
+    }
+}
+
+/// A node's configuration (the `sluice serve --config` TOML file).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ServerConfig {
+    pub node_id: u32,
+    /// Address to listen on.
+    pub listen: SocketAddr,
+    /// Where the node keeps its state (the pool table today).
+    pub data_dir: PathBuf,
+    /// Tokio worker threads; 0 means one per core.
+    pub worker_threads: usize,
+    pub limits: Limits,
+    pub timeouts: Timeouts,
+    /// Shard counts per pool type and subgroup.
+    pub layout: Layout,
+    /// Pools created when the data directory has no pool table yet.
+    pub default_pools: Vec<PoolSpec>,
+}
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        ServerConfig {
+            node_id: 0,
+            listen: SocketAddr::from(([127, 0, 0, 1], DEFAULT_PORT)),
+            data_dir: PathBuf::from("./sluice-data"),
+            worker_threads: 0,
+            limits: Limits::default(),
+            timeouts: Timeouts::default(),
+            layout: Layout::default(),
+            default_pools: vec![
+                PoolSpec {
+                    pathname: "/vol".into(),
+                    pool_type: Some(PoolType::Volatile),
+                    ..Default::default()
+                },
+                PoolSpec {
+                    pathname: "/trig".into(),
+                    pool_type: Some(PoolType::Trigger),
+                    ..Default::default()
+                },
+            ],
+        }
+    }
+}
+
+impl ServerConfig {
+    /// Parses a TOML config; errors name the line and field.
+    pub fn from_toml(text: &str) -> Result<Self, String> {
+        let cfg: ServerConfig = toml::from_str(text).map_err(|e| e.to_string())?;
+        cfg.validate()?;
+        Ok(cfg)
+    }
+
+    pub fn validate(&self) -> Result<(), String> {
+        self.layout.validate()?;
+        let l = &self.limits;
+        let checks = [
+            (l.max_key_bytes >= 2, "limits.max_key_bytes must be at least 2"),
+            (l.max_value_bytes >= 1, "limits.max_value_bytes must be at least 1"),
+            (
+                l.max_value_bytes <= u32::MAX - 1024,
+                "limits.max_value_bytes must be below 4 GiB",
+            ),
+            (l.max_meta_bytes >= 4096, "limits.max_meta_bytes must be at least 4096"),
+            (l.max_in_flight_per_conn >= 1, "limits.max_in_flight_per_conn must be at least 1"),
+            (l.max_connections >= 1, "limits.max_connections must be at least 1"),
+            (l.max_multi_get_keys >= 1, "limits.max_multi_get_keys must be at least 1"),
+            (self.timeouts.handshake_ms >= 1, "timeouts.handshake_ms must be at least 1"),
+            (self.timeouts.frame_ms >= 1, "timeouts.frame_ms must be at least 1"),
+        ];
+        for (ok, msg) in checks {
+            if !ok {
+                return Err(msg.to_string());
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_and_toml_overrides() {
+        let c = ServerConfig::from_toml(
+            "node_id = 3\nlisten = \"127.0.0.1:9000\"\n[limits]\nmax_value_bytes = 1024\n[layout]\nversion = 1\nvolatile = [4]\ntrigger = [1]\npersistent = []\n",
+        )
+        .unwrap();
+        assert_eq!(c.node_id, 3);
+        assert_eq!(c.limits.max_value_bytes, 1024);
+        assert_eq!(c.limits.max_key_bytes, Limits::default().max_key_bytes);
+        assert_eq!(c.layout.volatile, vec![4]);
+    }
+
+    #[test]
+    fn errors_name_the_field() {
+        let e = ServerConfig::from_toml("node_idd = 3\n").unwrap_err();
+        assert!(e.contains("node_idd"), "{e}");
+        let e = ServerConfig::from_toml("[limits]\nmax_connections = 0\n").unwrap_err();
+        assert!(e.contains("max_connections"), "{e}");
+        let e = ServerConfig::from_toml("[layout]\nvolatile = [0]\n").unwrap_err();
+        assert!(e.contains("layout.volatile[0]"), "{e}");
+        let e = ServerConfig::from_toml("listen = \"nope\"\n").unwrap_err();
+        assert!(e.contains("listen"), "{e}");
+    }
+}

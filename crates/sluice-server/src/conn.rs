@@ -1,0 +1,395 @@
+use crate::config::ServerConfig;
+use crate::server::ServerStats;
+use crate::watch::{Notice, WatchHub, WATCH_QUEUE_LEN};
+use bytes::{Bytes, BytesMut};
+use sluice_store::Store;
+use sluice_types::{SluiceError, VERSION_NONE};
+use sluice_wire::{
+    encode_object, encode_objects, op, Frame, FrameDecoder, FrameError, OutQueue, Request, Response, ServerInfo,
+    FLAG_NO_REPLY, PROTOCOL_VERSION,
+};
+use std::io::IoSlice;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+use tokio::sync::{mpsc, watch, Semaphore};
+
+/// Read buffer growth step; a frame larger than this gets one exact
+/// reservation once its header is in.
+const READ_CHUNK: usize = 64 * 1024;
+
+pub struct ConnCtx {
+    pub cfg: ServerConfig,
+    pub store: Arc<Store>,
+    pub watches: Arc<WatchHub>,
+    pub stats: ServerStats,
+    pub conn_slots: Arc<Semaphore>,
+    pub next_conn_id: AtomicU64,
+    pub shutdown_tx: watch::Sender<bool>,
+    pub shutdown_rx: watch::Receiver<bool>,
+}
+
+/// Why a connection ends.
+enum Close {
+    Eof,
+    Shutdown,
+    Io(std::io::Error),
+    /// Send this error (to this request id), then close.
+    Fatal(u64, SluiceError),
+}
+
+struct Conn {
+    id: u64,
+    ctx: Arc<ConnCtx>,
+    decoder: FrameDecoder,
+    out: OutQueue,
+    notify_tx: mpsc::Sender<Notice>,
+    handshaken: bool,
+}
+
+pub async fn serve_conn(ctx: Arc<ConnCtx>, mut sock: TcpStream, peer: SocketAddr) {
+    let id = ctx.next_conn_id.fetch_add(1, Ordering::Relaxed);
+    let (notify_tx, mut notify_rx) = mpsc::channel(WATCH_QUEUE_LEN);
+    let limits = &ctx.cfg.limits;
+    let mut conn = Conn {
+        id,
+        decoder: FrameDecoder::new(limits.max_meta_bytes, limits.max_value_bytes),
+        out: OutQueue::new(),
+        notify_tx,
+        handshaken: false,
+        ctx: ctx.clone(),
+    };
+    let span = tracing::debug_span!("conn", id, %peer);
+    let _e = span.enter();
+    let reason = conn.run(&mut sock, &mut notify_rx).await;
+    match reason {
+        Close::Eof | Close::Shutdown => tracing::debug!("connection closed"),
+        Close::Io(e) => tracing::debug!(error = %e, "connection I/O error"),
+        Close::Fatal(rid, e) => {
+            ctx.stats.protocol_errors.fetch_add(1, Ordering::Relaxed);
+            tracing::info!(error = %e, "closing connection after a protocol error");
+            conn.out = OutQueue::new();
+            Response::error(&mut conn.out, rid, &e);
+            let _ = tokio::time::timeout(Duration::from_secs(1), flush(&mut sock, &mut conn.out)).await;
+        }
+    }
+    ctx.watches.remove_conn(id);
+}
+
+async fn flush(sock: &mut TcpStream, out: &mut OutQueue) -> std::io::Result<()> {
+    while !out.is_empty() {
+        let mut slots = [IoSlice::new(&[]); 64];
+        let n = out.io_slices(&mut slots);
+        let written = sock.write_vectored(&slots[..n]).await?;
+        if written == 0 {
+            return Err(std::io::ErrorKind::WriteZero.into());
+        }
+        out.advance(written);
+    }
+    Ok(())
+}
+
+impl Conn {
+    async fn run(&mut self, sock: &mut TcpStream, notify_rx: &mut mpsc::Receiver<Notice>) -> Close {
+        let mut rbuf = BytesMut::with_capacity(READ_CHUNK);
+        let mut shutdown = self.ctx.shutdown_rx.clone();
+        let t = &self.ctx.cfg.timeouts;
+        let handshake = Duration::from_millis(t.handshake_ms);
+        let frame_to = Duration::from_millis(t.frame_ms);
+        let idle = (t.idle_ms > 0).then(|| Duration::from_millis(t.idle_ms));
+        let started = tokio::time::Instant::now();
+        // When the first byte of the (still partial) frame at the head of
+        // the buffer arrived: the whole frame is due `frame_ms` after it,
+        // however slowly it trickles in.
+        let mut frame_started: Option<tokio::time::Instant> = None;
+        loop {
+            // Make room: exactly enough for a large frame whose header is in,
+            // else another chunk.
+            let need = self.decoder.needed(&rbuf).unwrap_or(0);
+            if need > rbuf.capacity() {
+                rbuf.reserve(need - rbuf.len());
+            } else if rbuf.capacity() - rbuf.len() < 4096 {
+                rbuf.reserve(READ_CHUNK);
+            }
+            // A partial frame must complete promptly; an idle connection may wait.
+            let now = tokio::time::Instant::now();
+            let deadline = if !self.handshaken {
+                Some((started + handshake).saturating_duration_since(now))
+            } else if let Some(fs) = frame_started {
+                Some((fs + frame_to).saturating_duration_since(now))
+            } else {
+                idle
+            };
+            let read = async {
+                match deadline {
+                    Some(d) => tokio::time::timeout(d, sock.read_buf(&mut rbuf)).await.ok(),
+                    None => Some(sock.read_buf(&mut rbuf).await),
+                }
+            };
+            tokio::select! {
+                biased;
+                _ = shutdown.changed() => return Close::Shutdown,
+                r = read => match r {
+                    None => {
+                        let what = if self.handshaken { "reading a frame" } else { "handshake" };
+                        let after_ms = if self.handshaken { frame_to } else { handshake }.as_millis() as u64;
+                        if self.handshaken && rbuf.is_empty() {
+                            return Close::Eof; // idle timeout
+                        }
+                        return Close::Fatal(0, SluiceError::Timeout { what: what.into(), after_ms });
+                    }
+                    Some(Ok(0)) => {
+                        return if rbuf.is_empty() { Close::Eof } else {
+                            Close::Io(std::io::Error::new(std::io::ErrorKind::UnexpectedEof, "connection closed mid-frame"))
+                        };
+                    }
+                    Some(Ok(_)) => {
+                        match self.process(&mut rbuf) {
+                            Err(c) => return c,
+                            Ok(decoded) => {
+                                if rbuf.is_empty() {
+                                    frame_started = None;
+                                } else if decoded > 0 || frame_started.is_none() {
+                                    frame_started = Some(tokio::time::Instant::now());
+                                }
+                            }
+                        }
+                    }
+                    Some(Err(e)) => return Close::Io(e),
+                },
+                Some(n) = notify_rx.recv() => {
+                    self.encode_notice(n);
+                    while let Ok(n) = notify_rx.try_recv() {
+                        self.encode_notice(n);
+                        if self.out.len() > READ_CHUNK { break; }
+                    }
+                }
+            }
+            if let Err(e) = flush(sock, &mut self.out).await {
+                return Close::Io(e);
+            }
+        }
+    }
+
+    fn encode_notice(&mut self, n: Notice) {
+        let o = &n.object;
+        let mut meta = o.meta;
+        if n.kind == sluice_wire::DeliveryKindWire::Lagged {
+            meta.version = n.dropped;
+            encode_object(&mut self.out, n.watch_id, op::NOTIFY, Some(n.kind as u8), &o.key, &meta, &Bytes::new());
+        } else {
+            encode_object(&mut self.out, n.watch_id, op::NOTIFY, Some(n.kind as u8), &o.key, &meta, &o.value);
+        }
+    }
+
+    /// Decodes and executes every whole frame in `rbuf`.
+    /// Returns how many frames it decoded.
+    fn process(&mut self, rbuf: &mut BytesMut) -> Result<usize, Close> {
+        let max_in_flight = self.ctx.cfg.limits.max_in_flight_per_conn as usize;
+        let mut in_batch = 0usize;
+        loop {
+            let frame = match self.decoder.decode(rbuf) {
+                Ok(Some(f)) => f,
+                Ok(None) => return Ok(in_batch),
+                Err(e) => return Err(Close::Fatal(e.request_id(), frame_error(e))),
+            };
+            self.ctx.stats.requests.fetch_add(1, Ordering::Relaxed);
+            in_batch += 1;
+            if in_batch > max_in_flight {
+                Response::error(
+                    &mut self.out,
+                    frame.request_id,
+                    &SluiceError::TooManyInFlight { max: max_in_flight as u32 },
+                );
+                continue;
+            }
+            self.handle(frame)?;
+        }
+    }
+
+    fn handle(&mut self, frame: Frame) -> Result<(), Close> {
+        let rid = frame.request_id;
+        let no_reply = frame.flags & FLAG_NO_REPLY != 0;
+        let req = match Request::decode(frame) {
+            Ok(r) => r,
+            // The frame boundary is intact, so the connection survives.
+            Err(e) => {
+                self.ctx.stats.protocol_errors.fetch_add(1, Ordering::Relaxed);
+                Response::error(&mut self.out, rid, &e);
+                return Ok(());
+            }
+        };
+        if !self.handshaken {
+            return match req {
+                Request::Hello { protocol_version, client_name } => {
+                    if protocol_version != PROTOCOL_VERSION {
+                        return Err(Close::Fatal(
+                            rid,
+                            SluiceError::protocol(format!(
+                                "client speaks protocol version {protocol_version}, this server speaks {PROTOCOL_VERSION}; upgrade the older side"
+                            )),
+                        ));
+                    }
+                    tracing::debug!(client = %client_name, "handshake");
+                    self.handshaken = true;
+                    let info = ServerInfo {
+                        protocol_version: PROTOCOL_VERSION,
+                        node_id: self.ctx.cfg.node_id,
+                        limits: self.ctx.cfg.limits.clone(),
+                        layout_version: self.ctx.store.layout().version,
+                        pool_table_version: self.ctx.store.pool_table_version(),
+                    };
+                    Response::HelloOk(info).encode(&mut self.out, rid);
+                    Ok(())
+                }
+                _ => Err(Close::Fatal(rid, SluiceError::protocol("the first request on a connection must be HELLO"))),
+            };
+        }
+        self.execute(rid, no_reply, req);
+        Ok(())
+    }
+
+    fn execute(&mut self, rid: u64, no_reply: bool, req: Request) {
+        let store = &*self.ctx.store;
+        let out = &mut self.out;
+        let limits = &self.ctx.cfg.limits;
+        let reply_err = |out: &mut OutQueue, e: &SluiceError| Response::error(out, rid, e);
+        match req {
+            Request::Hello { .. } => reply_err(out, &SluiceError::protocol("HELLO sent twice")),
+            Request::Ping => Response::Pong.encode(out, rid),
+            Request::Put { key, shard, expected, value } => {
+                let span = tracing::trace_span!("put", key = %key);
+                let _e = span.enter();
+                match store.put(&key, value, expected, shard) {
+                    Ok(p) if !no_reply => Response::put_ok(out, rid, &p),
+                    Ok(_) => {}
+                    Err(e) if no_reply => tracing::debug!(key = %key, error = %e, "put_and_forget failed"),
+                    Err(e) => reply_err(out, &e),
+                }
+            }
+            Request::TriggerPut { key, shard, value } => match store.trigger_put(&key, value, shard) {
+                Ok(ts) if !no_reply => Response::put_ok(out, rid, &sluice_types::PutResult { version: VERSION_NONE, timestamp_us: ts }),
+                Ok(_) => {}
+                Err(e) if no_reply => tracing::debug!(key = %key, error = %e, "trigger_put failed"),
+                Err(e) => reply_err(out, &e),
+            },
+            Request::Remove { key, shard, expected } => match store.remove(&key, expected, shard) {
+                Ok(p) => Response::put_ok(out, rid, &p),
+                Err(e) => reply_err(out, &e),
+            },
+            Request::Get { key, shard, version } => match store.get(&key, version, shard) {
+                Ok(o) => encode_object(out, rid, op::OBJECT, None, &o.key, &o.meta, &o.value),
+                Err(e) => reply_err(out, &e),
+            },
+            Request::GetByTime { key, shard, timestamp_us } => match store.get_by_time(&key, timestamp_us, shard) {
+                Ok(o) => encode_object(out, rid, op::OBJECT, None, &o.key, &o.meta, &o.value),
+                Err(e) => reply_err(out, &e),
+            },
+            Request::GetSize { key, shard, version, timestamp_us } => {
+                let r = match timestamp_us {
+                    Some(ts) => store.get_by_time(&key, ts, shard),
+                    None => store.get(&key, version, shard),
+                };
+                match r {
+                    Ok(o) => Response::Size(o.value.len() as u64).encode(out, rid),
+                    Err(e) => reply_err(out, &e),
+                }
+            }
+            Request::ListKeys { pool, prefix, shard } => match store.list_keys(&pool, prefix.as_deref(), shard) {
+                Ok(keys) => Response::Keys(keys).encode(out, rid),
+                Err(e) => reply_err(out, &e),
+            },
+            Request::MultiGet { shard, keys } => {
+                if keys.len() > limits.max_multi_get_keys as usize {
+                    return reply_err(
+                        out,
+                        &SluiceError::TooManyKeys { count: keys.len() as u64, max: limits.max_multi_get_keys.into() },
+                    );
+                }
+                let results = store.multi_get(&keys, shard);
+                let items: Vec<_> = results
+                    .iter()
+                    .map(|r| match r {
+                        Ok(o) => (Some((&*o.key, &o.meta)), None, Some(&o.value)),
+                        Err(e) => (None, Some(e), None),
+                    })
+                    .collect();
+                encode_objects(out, rid, &items);
+            }
+            Request::PoolCreate { spec } => match store.create_pool(&spec) {
+                Ok(p) => Response::Pool(p).encode(out, rid),
+                Err(e) => reply_err(out, &e),
+            },
+            Request::PoolRemove { path } => match store.remove_pool(&path) {
+                Ok(p) => Response::Pool(p).encode(out, rid),
+                Err(e) => reply_err(out, &e),
+            },
+            Request::PoolList { include_deleted } => Response::Pools(store.list_pools(include_deleted)).encode(out, rid),
+            Request::PoolGet { path } => match store.get_pool(&path) {
+                Ok(p) => Response::Pool(p).encode(out, rid),
+                Err(e) => reply_err(out, &e),
+            },
+            Request::PoolOfKey { key } => match store.pool_of_key(&key) {
+                Ok(p) => Response::Pool(p).encode(out, rid),
+                Err(e) => reply_err(out, &e),
+            },
+            Request::Watch { prefix } => {
+                let max = limits.max_watches_per_conn;
+                if self.ctx.watches.count_for(self.id) >= max as usize {
+                    return reply_err(out, &SluiceError::TooManyWatches { max });
+                }
+                if let Err(e) = sluice_types::validate_key(&prefix, limits.max_key_bytes as usize) {
+                    return reply_err(out, &e);
+                }
+                // Reply before registering so WATCH_OK precedes the first notice.
+                Response::WatchOk { watch_id: rid }.encode(out, rid);
+                self.ctx.watches.add(self.id, rid, prefix, self.notify_tx.clone());
+            }
+            Request::Unwatch { watch_id } => {
+                if self.ctx.watches.remove(self.id, watch_id) {
+                    Response::Ok.encode(out, rid)
+                } else {
+                    reply_err(out, &SluiceError::NotFound { key: format!("watch {watch_id}") })
+                }
+            }
+            Request::Stats => {
+                let s = &self.ctx.stats;
+                let g = |a: &AtomicU64| a.load(Ordering::Relaxed);
+                let shards: Vec<_> = store
+                    .shards()
+                    .map(|sh| serde_json::json!({"shard": sh.id.to_string(), "keys": sh.len(), "last_version": sh.last_version()}))
+                    .collect();
+                let v = serde_json::json!({
+                    "node_id": self.ctx.cfg.node_id,
+                    "store": store.stats.snapshot(),
+                    "shards": shards,
+                    "connections": {
+                        "open": g(&s.connections_open),
+                        "accepted": g(&s.connections_accepted),
+                        "rejected": g(&s.connections_rejected),
+                    },
+                    "requests": g(&s.requests),
+                    "protocol_errors": g(&s.protocol_errors),
+                    "watches": self.ctx.watches.len(),
+                });
+                Response::Stats(v.to_string()).encode(out, rid)
+            }
+        }
+    }
+}
+
+fn frame_error(e: FrameError) -> SluiceError {
+    match e {
+        FrameError::TooLarge { meta_len, value_len, max_meta, max_value, .. } => {
+            if value_len > max_value {
+                SluiceError::ValueTooLarge { size: value_len, max: max_value }
+            } else {
+                SluiceError::MetaTooLarge { size: meta_len, max: max_meta }
+            }
+        }
+        other => SluiceError::protocol(other.to_string()),
+    }
+}

@@ -1,0 +1,149 @@
+use crate::config::ServerConfig;
+use crate::conn::{serve_conn, ConnCtx};
+use crate::watch::WatchHub;
+use sluice_store::{Store, StoreConfig};
+use sluice_types::SluiceError;
+use sluice_wire::{OutQueue, Response};
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::io::AsyncWriteExt;
+use tokio::net::TcpListener;
+use tokio::sync::{watch, Semaphore};
+
+#[derive(Debug, thiserror::Error)]
+pub enum ServerError {
+    #[error("invalid configuration: {0}")]
+    Config(String),
+    #[error("cannot listen on {addr}: {source} (is another sluice running? pick another address with --listen)")]
+    Bind { addr: SocketAddr, source: std::io::Error },
+    #[error("cannot open the store in {dir}: {source}")]
+    Store { dir: String, source: SluiceError },
+}
+
+/// Counters shared by every connection.
+#[derive(Default)]
+pub struct ServerStats {
+    pub connections_accepted: AtomicU64,
+    pub connections_rejected: AtomicU64,
+    pub connections_open: AtomicU64,
+    pub protocol_errors: AtomicU64,
+    pub requests: AtomicU64,
+}
+
+/// A bound, not yet running, node.
+pub struct Server {
+    listener: TcpListener,
+    ctx: Arc<ConnCtx>,
+}
+
+impl Server {
+    /// Opens the store in `cfg.data_dir` and binds the listener.
+    pub async fn bind(cfg: ServerConfig) -> Result<Server, ServerError> {
+        cfg.validate().map_err(ServerError::Config)?;
+        let store = Store::open(StoreConfig {
+            layout: cfg.layout.clone(),
+            max_key_bytes: cfg.limits.max_key_bytes as usize,
+            pool_table_path: Some(cfg.data_dir.join("pools.json")),
+            default_pools: cfg.default_pools.clone(),
+        })
+        .map_err(|source| ServerError::Store {
+            dir: cfg.data_dir.display().to_string(),
+            source,
+        })?;
+        Self::bind_with_store(cfg, Arc::new(store)).await
+    }
+
+    /// Binds a listener in front of an existing store (embedded use: the
+    /// demo, benchmarks, and later the lambda runtime).
+    pub async fn bind_with_store(cfg: ServerConfig, store: Arc<Store>) -> Result<Server, ServerError> {
+        cfg.validate().map_err(ServerError::Config)?;
+        let listener = TcpListener::bind(cfg.listen)
+            .await
+            .map_err(|source| ServerError::Bind { addr: cfg.listen, source })?;
+        let watches = Arc::new(WatchHub::default());
+        store.add_observer(watches.clone());
+        let (shutdown_tx, shutdown_rx) = watch::channel(false);
+        let ctx = Arc::new(ConnCtx {
+            conn_slots: Arc::new(Semaphore::new(cfg.limits.max_connections as usize)),
+            cfg,
+            store,
+            watches,
+            stats: ServerStats::default(),
+            next_conn_id: AtomicU64::new(1),
+            shutdown_tx,
+            shutdown_rx,
+        });
+        Ok(Server { listener, ctx })
+    }
+
+    pub fn local_addr(&self) -> SocketAddr {
+        self.listener.local_addr().unwrap_or(self.ctx.cfg.listen)
+    }
+
+    pub fn store(&self) -> &Arc<Store> {
+        &self.ctx.store
+    }
+
+    /// Serves until `shutdown` completes, then stops accepting, tells every
+    /// connection to finish the requests it has read, and waits for them
+    /// (at most `timeouts.shutdown_grace_ms`).
+    pub async fn run(self, shutdown: impl Future<Output = ()>) {
+        let ctx = self.ctx;
+        let mut conns = tokio::task::JoinSet::new();
+        tokio::pin!(shutdown);
+        loop {
+            tokio::select! {
+                _ = &mut shutdown => break,
+                accepted = self.listener.accept() => {
+                    let (mut sock, peer) = match accepted {
+                        Ok(x) => x,
+                        Err(e) => {
+                            // EMFILE and friends: back off instead of spinning.
+                            tracing::warn!(error = %e, "accept failed");
+                            tokio::time::sleep(Duration::from_millis(50)).await;
+                            continue;
+                        }
+                    };
+                    let _ = sock.set_nodelay(true);
+                    match ctx.conn_slots.clone().try_acquire_owned() {
+                        Ok(permit) => {
+                            ctx.stats.connections_accepted.fetch_add(1, Ordering::Relaxed);
+                            let ctx = ctx.clone();
+                            conns.spawn(async move {
+                                ctx.stats.connections_open.fetch_add(1, Ordering::Relaxed);
+                                serve_conn(ctx.clone(), sock, peer).await;
+                                ctx.stats.connections_open.fetch_sub(1, Ordering::Relaxed);
+                                drop(permit);
+                            });
+                        }
+                        Err(_) => {
+                            ctx.stats.connections_rejected.fetch_add(1, Ordering::Relaxed);
+                            let max = ctx.cfg.limits.max_connections;
+                            tokio::spawn(async move {
+                                let mut q = OutQueue::new();
+                                Response::error(&mut q, 0, &SluiceError::TooManyConnections { max });
+                                let b = q.to_bytes();
+                                let _ = tokio::time::timeout(Duration::from_secs(1), sock.write_all(&b)).await;
+                            });
+                        }
+                    }
+                }
+                Some(_) = conns.join_next(), if !conns.is_empty() => {}
+            }
+        }
+        tracing::info!(open = conns.len(), "shutting down: draining connections");
+        let _ = ctx.shutdown_tx.send(true);
+        let grace = Duration::from_millis(ctx.cfg.timeouts.shutdown_grace_ms);
+        let drained = tokio::time::timeout(grace, async {
+            while conns.join_next().await.is_some() {}
+        })
+        .await;
+        if drained.is_err() {
+            tracing::warn!(open = conns.len(), "connections still open after the grace period; closing them");
+            conns.abort_all();
+        }
+    }
+}
