@@ -1,1 +1,60 @@
-fn main(){}
+//! `sluice`: the one binary. `serve` runs a node; the client commands talk
+//! to one; `shell` is an interactive prompt; `bench` measures; `demo` runs
+//! an embedded node with a small workload.
+
+mod bench;
+mod commands;
+mod demo;
+mod serve;
+mod shell;
+
+use clap::{Parser, Subcommand};
+use std::process::ExitCode;
+
+#[derive(Parser)]
+#[command(name = "sluice", version, about = "Sluice: AI inference pipelines next to their data")]
+struct Cli {
+    /// Node to talk to (host:port).
+    #[arg(long, global = true, env = "SLUICE_ADDR", default_value = "127.0.0.1:7420")]
+    addr: String,
+    /// Print machine-readable JSON instead of human output.
+    #[arg(long, global = true)]
+    json: bool,
+    /// Per-request timeout in milliseconds.
+    #[arg(long, global = true, default_value_t = 10_000)]
+    timeout_ms: u64,
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Run a node (defaults: 127.0.0.1:7420, ./sluice-data, pools /vol and /trig).
+    Serve(serve::ServeArgs),
+    /// Interactive prompt: type client commands without the `sluice` prefix.
+    Shell,
+    /// Measure latency and throughput against a loopback TCP baseline.
+    Bench(bench::BenchArgs),
+    /// Start an embedded node and run a short demo workload.
+    Demo(demo::DemoArgs),
+    #[command(flatten)]
+    Client(commands::ClientCmd),
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.cmd {
+        Cmd::Serve(a) => serve::run(a),
+        Cmd::Bench(a) => bench::run(a, &cli.addr, cli.json),
+        Cmd::Demo(a) => demo::run(a),
+        Cmd::Shell => shell::run(&cli.addr, cli.timeout_ms, cli.json),
+        Cmd::Client(c) => commands::run_once(&cli.addr, cli.timeout_ms, cli.json, c),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}

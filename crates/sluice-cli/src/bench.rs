@@ -1,0 +1,673 @@
+//! `sluice bench`: latency (HDR histograms: p50/p99/p999) and throughput of
+//! put / get / trigger_put, closed-loop with N clients and open-loop at a
+//! fixed rate, each next to a raw loopback TCP baseline measured in the same
+//! run (and optionally next to redis-server with the same harness).
+
+use anyhow::{bail, Context, Result};
+use bytes::Bytes;
+use hdrhistogram::Histogram;
+use serde::Serialize;
+use sluice_client::{Client, ClientConfig};
+use std::io::{BufRead, BufReader, IsTerminal, Read, Write};
+use std::net::{SocketAddr, TcpListener};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+#[derive(clap::Args)]
+pub struct BenchArgs {
+    #[command(subcommand)]
+    what: Option<BenchWhat>,
+    #[command(flatten)]
+    core: CoreArgs,
+}
+
+#[derive(clap::Subcommand)]
+enum BenchWhat {
+    /// put/get/trigger_put latency and throughput (the default).
+    Core(CoreArgs),
+    /// RSS of a node holding many objects.
+    Memory(MemoryArgs),
+}
+
+#[derive(clap::Args, Clone)]
+pub struct CoreArgs {
+    /// Benchmark this running node instead of starting one.
+    #[arg(long)]
+    server: Option<String>,
+    /// Value sizes in bytes.
+    #[arg(long, value_delimiter = ',', default_value = "1024,10240,1048576")]
+    sizes: Vec<usize>,
+    /// Operations to measure: put, get, trigger.
+    #[arg(long, value_delimiter = ',', default_value = "put,get,trigger")]
+    ops: Vec<String>,
+    /// Concurrent clients (one connection each) in the throughput phase.
+    #[arg(long, default_value_t = 16)]
+    clients: usize,
+    /// Length of each measurement phase.
+    #[arg(long, default_value_t = 2000)]
+    duration_ms: u64,
+    /// Open-loop rate in ops/s (0: half the closed-loop single-client rate).
+    #[arg(long, default_value_t = 0)]
+    rate: u64,
+    /// Also measure redis-server at this address (SET/GET) with the same harness.
+    #[arg(long)]
+    redis: Option<String>,
+    /// Write the results as JSON to this file.
+    #[arg(long)]
+    out: Option<std::path::PathBuf>,
+}
+
+#[derive(clap::Args, Clone)]
+pub struct MemoryArgs {
+    #[arg(long, default_value_t = 1_000_000)]
+    objects: u64,
+    #[arg(long, default_value_t = 1024)]
+    size: usize,
+}
+
+pub fn run(a: BenchArgs, _addr: &str, json: bool) -> Result<()> {
+    match a.what {
+        Some(BenchWhat::Memory(m)) => memory(m, json),
+        Some(BenchWhat::Core(c)) => core(c, json),
+        None => core(a.core, json),
+    }
+}
+
+// ---------------------------------------------------------------- helpers
+
+/// A `sluice serve` child process on a free port, killed on drop.
+pub struct ChildNode {
+    child: Child,
+    pub addr: String,
+    dir: std::path::PathBuf,
+}
+
+impl ChildNode {
+    pub fn start(extra: &[&str]) -> Result<ChildNode> {
+        let exe = std::env::current_exe().context("finding the sluice binary")?;
+        let dir = std::env::temp_dir().join(format!("sluice-bench-{}-{}", std::process::id(), Instant::now().elapsed().as_nanos()));
+        let mut child = Command::new(exe)
+            .args(["serve", "--listen", "127.0.0.1:0", "--data-dir"])
+            .arg(&dir)
+            .args(extra)
+            .env("SLUICE_LOG", "warn")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .context("starting `sluice serve`")?;
+        let stdout = child.stdout.take().context("no stdout")?;
+        let mut line = String::new();
+        BufReader::new(stdout).read_line(&mut line)?;
+        let addr = line
+            .split("listening on ")
+            .nth(1)
+            .and_then(|s| s.split_whitespace().next())
+            .with_context(|| format!("unexpected first line from sluice serve: {line:?}"))?
+            .to_string();
+        Ok(ChildNode { child, addr, dir })
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+}
+
+impl Drop for ChildNode {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// One line of progress on stderr: redrawn when stderr is a terminal,
+/// printed once per phase otherwise.
+struct Progress {
+    stop: Arc<AtomicBool>,
+    handle: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Progress {
+    fn start(label: String, total: Duration, ops: Arc<AtomicU64>) -> Progress {
+        let stop = Arc::new(AtomicBool::new(false));
+        let tty = std::io::stderr().is_terminal();
+        if !tty {
+            eprintln!("  running {label} for {} ms", total.as_millis());
+        }
+        let s = stop.clone();
+        let handle = tty.then(|| {
+            std::thread::spawn(move || {
+                let t0 = Instant::now();
+                while !s.load(Ordering::Relaxed) {
+                    let frac = (t0.elapsed().as_secs_f64() / total.as_secs_f64()).min(1.0);
+                    let bar = "#".repeat((frac * 30.0) as usize);
+                    eprint!("\r  {label:<40} [{bar:<30}] {:>3.0}% {:>9} ops", frac * 100.0, ops.load(Ordering::Relaxed));
+                    std::thread::sleep(Duration::from_millis(100));
+                }
+                eprint!("\r{:100}\r", "");
+            })
+        });
+        Progress { stop, handle }
+    }
+}
+
+impl Drop for Progress {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(h) = self.handle.take() {
+            let _ = h.join();
+        }
+    }
+}
+
+fn hist() -> Histogram<u64> {
+    // 1 ns .. 100 s at 3 significant digits.
+    Histogram::new_with_bounds(1, 100_000_000_000, 3).expect("static histogram bounds are valid")
+}
+
+#[derive(Serialize, Clone, Debug)]
+pub struct Row {
+    pub target: String,
+    pub op: String,
+    pub size: usize,
+    pub mode: String,
+    pub clients: usize,
+    pub ops_per_s: f64,
+    pub p50_us: f64,
+    pub p99_us: f64,
+    pub p999_us: f64,
+    pub count: u64,
+    pub errors: u64,
+}
+
+fn row(target: &str, op: &str, size: usize, mode: &str, clients: usize, h: &Histogram<u64>, elapsed: Duration, errors: u64) -> Row {
+    let us = |q: f64| h.value_at_quantile(q) as f64 / 1000.0;
+    Row {
+        target: target.into(),
+        op: op.into(),
+        size,
+        mode: mode.into(),
+        clients,
+        ops_per_s: h.len() as f64 / elapsed.as_secs_f64(),
+        p50_us: us(0.5),
+        p99_us: us(0.99),
+        p999_us: us(0.999),
+        count: h.len(),
+        errors,
+    }
+}
+
+/// Something that does one operation per call.
+trait Op: Send + 'static {
+    fn call(&mut self, i: u64) -> impl std::future::Future<Output = Result<()>> + Send;
+}
+
+/// Runs `clients` closed-loop workers for `dur`.
+async fn closed_loop<O: Op>(mut workers: Vec<O>, dur: Duration, label: String) -> (Histogram<u64>, Duration, u64) {
+    let ops = Arc::new(AtomicU64::new(0));
+    let _p = Progress::start(label, dur, ops.clone());
+    let start = Instant::now();
+    let deadline = start + dur;
+    let mut tasks = Vec::new();
+    for mut w in workers.drain(..) {
+        let ops = ops.clone();
+        tasks.push(tokio::spawn(async move {
+            let mut h = hist();
+            let mut errors = 0u64;
+            let mut i = 0u64;
+            while Instant::now() < deadline {
+                let t = Instant::now();
+                match w.call(i).await {
+                    Ok(()) => {
+                        let _ = h.record(t.elapsed().as_nanos() as u64);
+                    }
+                    Err(_) => errors += 1,
+                }
+                i += 1;
+                ops.fetch_add(1, Ordering::Relaxed);
+            }
+            (h, errors)
+        }));
+    }
+    let mut all = hist();
+    let mut errors = 0;
+    for t in tasks {
+        if let Ok((h, e)) = t.await {
+            let _ = all.add(&h);
+            errors += e;
+        }
+    }
+    (all, start.elapsed(), errors)
+}
+
+/// Issues operations at a fixed rate regardless of completions; latency
+/// counts from the intended send time, so queueing is not hidden
+/// (no coordinated omission).
+async fn open_loop<O: Op + Clone + Sync>(worker: O, rate: u64, dur: Duration, label: String) -> (Histogram<u64>, Duration, u64) {
+    let ops = Arc::new(AtomicU64::new(0));
+    let _p = Progress::start(label, dur, ops.clone());
+    let start = tokio::time::Instant::now();
+    let n = (rate as f64 * dur.as_secs_f64()) as u64;
+    let interval = Duration::from_secs_f64(1.0 / rate.max(1) as f64);
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    let errors = Arc::new(AtomicU64::new(0));
+    // Bound outstanding operations: past this the system is saturated and
+    // the remaining sends are counted as errors rather than piling up.
+    let slots = Arc::new(tokio::sync::Semaphore::new(4096));
+    for i in 0..n {
+        let intended = start + interval * i as u32;
+        tokio::time::sleep_until(intended).await;
+        let Ok(permit) = slots.clone().try_acquire_owned() else {
+            errors.fetch_add(1, Ordering::Relaxed);
+            continue;
+        };
+        let mut w = worker.clone();
+        let tx = tx.clone();
+        let errors = errors.clone();
+        let ops = ops.clone();
+        tokio::spawn(async move {
+            match w.call(i).await {
+                Ok(()) => {
+                    let _ = tx.send(intended.elapsed().as_nanos() as u64);
+                }
+                Err(_) => {
+                    errors.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+            ops.fetch_add(1, Ordering::Relaxed);
+            drop(permit);
+        });
+    }
+    drop(tx);
+    let mut h = hist();
+    while let Some(v) = rx.recv().await {
+        let _ = h.record(v);
+    }
+    (h, start.elapsed(), errors.load(Ordering::Relaxed))
+}
+
+// ---------------------------------------------------------------- workers
+
+#[derive(Clone)]
+struct SluiceOp {
+    client: Client,
+    op: &'static str,
+    value: Bytes,
+    prefix: String,
+}
+
+const KEYS_PER_SIZE: u64 = 64;
+
+impl Op for SluiceOp {
+    async fn call(&mut self, i: u64) -> Result<()> {
+        let key = format!("{}/{}", self.prefix, i % KEYS_PER_SIZE);
+        match self.op {
+            "put" => self.client.put(&key, self.value.clone()).await.map(|_| ())?,
+            "get" => {
+                let o = self.client.get(&key).await?;
+                if o.value.len() != self.value.len() {
+                    bail!("short read");
+                }
+            }
+            _ => self.client.trigger_put(&key, self.value.clone()).await.map(|_| ())?,
+        }
+        Ok(())
+    }
+}
+
+/// Raw loopback TCP: send `req` bytes, read `resp` bytes back.
+struct RawOp {
+    sock: tokio::net::TcpStream,
+    req: Vec<u8>,
+    resp: Vec<u8>,
+}
+
+impl Op for RawOp {
+    async fn call(&mut self, _i: u64) -> Result<()> {
+        self.sock.write_all(&self.req).await?;
+        self.sock.read_exact(&mut self.resp).await?;
+        Ok(())
+    }
+}
+
+/// Echo-like server for the baseline: reads an 8-byte header
+/// (request length, response length), the request, then writes the response.
+fn baseline_server() -> Result<SocketAddr> {
+    let l = TcpListener::bind("127.0.0.1:0")?;
+    let addr = l.local_addr()?;
+    std::thread::spawn(move || {
+        for s in l.incoming().flatten() {
+            std::thread::spawn(move || {
+                let mut s = s;
+                let _ = s.set_nodelay(true);
+                let mut buf = vec![0u8; 1 << 16];
+                let mut out: Vec<u8> = Vec::new();
+                loop {
+                    let mut hdr = [0u8; 8];
+                    if s.read_exact(&mut hdr).is_err() {
+                        return;
+                    }
+                    let req = u32::from_le_bytes([hdr[0], hdr[1], hdr[2], hdr[3]]) as usize;
+                    let resp = u32::from_le_bytes([hdr[4], hdr[5], hdr[6], hdr[7]]) as usize;
+                    let mut left = req;
+                    while left > 0 {
+                        let n = left.min(buf.len());
+                        if s.read_exact(&mut buf[..n]).is_err() {
+                            return;
+                        }
+                        left -= n;
+                    }
+                    out.resize(resp, 7);
+                    if s.write_all(&out).is_err() {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    Ok(addr)
+}
+
+async fn raw_op(addr: SocketAddr, req_payload: usize, resp_len: usize) -> Result<RawOp> {
+    let sock = tokio::net::TcpStream::connect(addr).await?;
+    sock.set_nodelay(true)?;
+    let mut req = Vec::with_capacity(8 + req_payload);
+    req.extend_from_slice(&(req_payload as u32).to_le_bytes());
+    req.extend_from_slice(&(resp_len as u32).to_le_bytes());
+    req.resize(8 + req_payload, 1);
+    Ok(RawOp { sock, req, resp: vec![0; resp_len] })
+}
+
+/// A minimal RESP client for SET/GET against redis-server.
+struct RedisOp {
+    sock: tokio::net::TcpStream,
+    op: &'static str,
+    value: Vec<u8>,
+    prefix: String,
+    buf: Vec<u8>,
+}
+
+impl RedisOp {
+    async fn read_reply(&mut self) -> Result<()> {
+        // Replies: +OK\r\n, or $<len>\r\n<data>\r\n.
+        self.buf.clear();
+        let mut byte = [0u8; 1];
+        loop {
+            self.sock.read_exact(&mut byte).await?;
+            self.buf.push(byte[0]);
+            if self.buf.ends_with(b"\r\n") {
+                break;
+            }
+        }
+        match self.buf[0] {
+            b'+' => Ok(()),
+            b'$' => {
+                let n: i64 = std::str::from_utf8(&self.buf[1..self.buf.len() - 2])?.parse()?;
+                if n < 0 {
+                    bail!("redis: nil");
+                }
+                let mut data = vec![0u8; n as usize + 2];
+                self.sock.read_exact(&mut data).await?;
+                Ok(())
+            }
+            _ => bail!("redis error: {}", String::from_utf8_lossy(&self.buf)),
+        }
+    }
+}
+
+impl Op for RedisOp {
+    async fn call(&mut self, i: u64) -> Result<()> {
+        let key = format!("{}/{}", self.prefix, i % KEYS_PER_SIZE);
+        let mut cmd = Vec::with_capacity(self.value.len() + 64);
+        if self.op == "put" {
+            write!(cmd, "*3\r\n$3\r\nSET\r\n${}\r\n{key}\r\n${}\r\n", key.len(), self.value.len())?;
+            cmd.extend_from_slice(&self.value);
+            cmd.extend_from_slice(b"\r\n");
+        } else {
+            write!(cmd, "*2\r\n$3\r\nGET\r\n${}\r\n{key}\r\n", key.len())?;
+        }
+        self.sock.write_all(&cmd).await?;
+        self.read_reply().await
+    }
+}
+
+async fn redis_op(addr: &str, op: &'static str, size: usize) -> Result<RedisOp> {
+    let sock = tokio::net::TcpStream::connect(addr).await.with_context(|| format!("connecting to redis at {addr}"))?;
+    sock.set_nodelay(true)?;
+    Ok(RedisOp { sock, op, value: vec![b'x'; size], prefix: format!("/bench/{size}"), buf: Vec::new() })
+}
+
+// ---------------------------------------------------------------- core
+
+fn fmt_size(n: usize) -> String {
+    if n >= 1 << 20 && n % (1 << 20) == 0 {
+        format!("{}MB", n >> 20)
+    } else if n >= 1024 && n % 1024 == 0 {
+        format!("{}KB", n >> 10)
+    } else {
+        format!("{n}B")
+    }
+}
+
+fn core(a: CoreArgs, json: bool) -> Result<()> {
+    let node = match &a.server {
+        Some(_) => None,
+        None => Some(ChildNode::start(&[])?),
+    };
+    let addr = a.server.clone().or_else(|| node.as_ref().map(|n| n.addr.clone())).context("no server")?;
+    let base = baseline_server()?;
+    let dur = Duration::from_millis(a.duration_ms);
+    eprintln!("sluice bench: node {addr}, baseline loopback echo {base}, {} ms per phase", a.duration_ms);
+    let mut rows: Vec<Row> = Vec::new();
+    for &size in &a.sizes {
+        for op in &a.ops {
+            let op: &'static str = match op.as_str() {
+                "put" => "put",
+                "get" => "get",
+                "trigger" | "trigger_put" => "trigger_put",
+                other => bail!("unknown op {other:?}; use put, get, trigger"),
+            };
+            // Request/response payloads of the equivalent raw exchange.
+            let (req, resp) = if op == "get" { (32, size) } else { (size, 16) };
+            let label = |what: &str, c: usize| format!("{op} {} {what} c={c}", fmt_size(size));
+            // Latency: one client, current-thread runtime (no cross-thread wakeups
+            // on either side of the comparison).
+            let rt1 = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+            let rtn = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
+            let mk_clients = |rt: &tokio::runtime::Runtime, n: usize| -> Result<Vec<SluiceOp>> {
+                rt.block_on(async {
+                    let mut v = Vec::new();
+                    for c in 0..n {
+                        let client = Client::connect_with(ClientConfig { addr: addr.clone(), client_name: "bench".into(), ..Default::default() }).await?;
+                        let prefix = if op == "put" { format!("/vol/bench/put/{size}/{c}") } else if op == "get" { format!("/vol/bench/{size}") } else { format!("/trig/bench/{size}") };
+                        v.push(SluiceOp { client, op, value: Bytes::from(vec![b'x'; size]), prefix });
+                    }
+                    if op == "get" {
+                        for i in 0..KEYS_PER_SIZE {
+                            v[0].client.put(&format!("/vol/bench/{size}/{i}"), Bytes::from(vec![b'x'; size])).await?;
+                        }
+                    }
+                    Ok::<_, anyhow::Error>(v)
+                })
+            };
+            let w = mk_clients(&rt1, 1)?;
+            let one = w[0].clone();
+            let (h, el, e) = rt1.block_on(closed_loop(w, dur, label("closed", 1)));
+            let lat = row("sluice", op, size, "closed", 1, &h, el, e);
+            let rb = rt1.block_on(async { raw_op(base, req, resp).await })?;
+            let (h, el, e) = rt1.block_on(closed_loop(vec![rb], dur, format!("baseline {} closed c=1", fmt_size(size))));
+            let blat = row("loopback", op, size, "closed", 1, &h, el, e);
+            // Open loop at a fixed rate.
+            let rate = if a.rate > 0 { a.rate } else { ((lat.ops_per_s / 2.0) as u64).max(10) };
+            let (h, el, e) = rt1.block_on(open_loop(one, rate, dur, format!("{op} {} open {rate}/s", fmt_size(size))));
+            let mut open = row("sluice", op, size, &format!("open@{rate}/s"), 1, &h, el, e);
+            open.ops_per_s = h.len() as f64 / dur.as_secs_f64();
+            drop(rt1);
+            // Throughput: N clients, one connection each.
+            let w = mk_clients(&rtn, a.clients)?;
+            let (h, el, e) = rtn.block_on(closed_loop(w, dur, label("closed", a.clients)));
+            let thr = row("sluice", op, size, "closed", a.clients, &h, el, e);
+            let rbs = rtn.block_on(async {
+                let mut v = Vec::new();
+                for _ in 0..a.clients {
+                    v.push(raw_op(base, req, resp).await?);
+                }
+                Ok::<_, anyhow::Error>(v)
+            })?;
+            let (h, el, e) = rtn.block_on(closed_loop(rbs, dur, format!("baseline {} closed c={}", fmt_size(size), a.clients)));
+            let bthr = row("loopback", op, size, "closed", a.clients, &h, el, e);
+            rows.extend([lat, blat, open, thr, bthr]);
+            if let (Some(r), "put" | "get") = (&a.redis, op) {
+                let redis_ops = |n: usize, rt: &tokio::runtime::Runtime| {
+                    rt.block_on(async {
+                        let mut v = Vec::new();
+                        for _ in 0..n {
+                            v.push(redis_op(r, op, size).await?);
+                        }
+                        if op == "get" {
+                            let mut w = redis_op(r, "put", size).await?;
+                            for i in 0..KEYS_PER_SIZE {
+                                w.call(i).await?;
+                            }
+                        }
+                        Ok::<_, anyhow::Error>(v)
+                    })
+                };
+                let rt1 = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+                let w = redis_ops(1, &rt1)?;
+                let (h, el, e) = rt1.block_on(closed_loop(w, dur, format!("redis {op} {} c=1", fmt_size(size))));
+                rows.push(row("redis", op, size, "closed", 1, &h, el, e));
+                let w = redis_ops(a.clients, &rtn)?;
+                let (h, el, e) = rtn.block_on(closed_loop(w, dur, format!("redis {op} {} c={}", fmt_size(size), a.clients)));
+                rows.push(row("redis", op, size, "closed", a.clients, &h, el, e));
+            }
+        }
+    }
+    report(&rows, json, a.out.as_deref())?;
+    drop(node);
+    Ok(())
+}
+
+fn report(rows: &[Row], json: bool, out: Option<&std::path::Path>) -> Result<()> {
+    if let Some(p) = out {
+        std::fs::write(p, serde_json::to_vec_pretty(rows)?).with_context(|| format!("writing {}", p.display()))?;
+    }
+    if json {
+        println!("{}", serde_json::to_string_pretty(rows)?);
+        return Ok(());
+    }
+    println!(
+        "{:<9} {:<12} {:>6} {:<14} {:>3} {:>11} {:>9} {:>9} {:>9} {:>7} {:>9}",
+        "target", "op", "size", "mode", "c", "ops/s", "p50 µs", "p99 µs", "p999 µs", "errors", "vs base"
+    );
+    for r in rows {
+        // Ratio to the loopback row of the same op, size and client count.
+        let base = rows.iter().find(|b| b.target == "loopback" && b.op == r.op && b.size == r.size && b.clients == r.clients);
+        let ratio = match base {
+            Some(b) if r.target != "loopback" && r.clients == 1 => format!("{:.2}x p50", r.p50_us / b.p50_us),
+            Some(b) if r.target != "loopback" => format!("{:.2}x tput", r.ops_per_s / b.ops_per_s),
+            _ => String::new(),
+        };
+        println!(
+            "{:<9} {:<12} {:>6} {:<14} {:>3} {:>11.0} {:>9.1} {:>9.1} {:>9.1} {:>7} {:>9}",
+            r.target, r.op, fmt_size(r.size), r.mode, r.clients, r.ops_per_s, r.p50_us, r.p99_us, r.p999_us, r.errors, ratio
+        );
+    }
+    for r in rows.iter().filter(|r| r.target == "redis" && r.clients > 1) {
+        if let Some(s) = rows.iter().find(|s| s.target == "sluice" && s.op == r.op && s.size == r.size && s.clients == r.clients) {
+            println!(
+                "sluice/redis {} {} c={}: throughput {:.2}x, p50 {:.2}x",
+                r.op,
+                fmt_size(r.size),
+                r.clients,
+                s.ops_per_s / r.ops_per_s,
+                s.p50_us / r.p50_us
+            );
+        }
+    }
+    Ok(())
+}
+
+// ---------------------------------------------------------------- memory
+
+fn rss_kib(pid: u32) -> Result<u64> {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
+    s.lines()
+        .find_map(|l| l.strip_prefix("VmRSS:").and_then(|v| v.split_whitespace().next()?.parse().ok()))
+        .context("no VmRSS in /proc status")
+}
+
+fn memory(m: MemoryArgs, json: bool) -> Result<()> {
+    let node = ChildNode::start(&[])?;
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
+    let before = rss_kib(node.pid())?;
+    let ops = Arc::new(AtomicU64::new(0));
+    let t0 = Instant::now();
+    let clients = 4u64;
+    rt.block_on(async {
+        let _p = Progress::start(format!("put {} x {}", m.objects, fmt_size(m.size)), Duration::from_secs(30), ops.clone());
+        let mut tasks = Vec::new();
+        for c in 0..clients {
+            let client = Client::connect(&node.addr).await?;
+            let ops = ops.clone();
+            let (n, size) = (m.objects, m.size);
+            tasks.push(tokio::spawn(async move {
+                let value = Bytes::from(vec![b'm'; size]);
+                let mut i = c;
+                let mut inflight = tokio::task::JoinSet::new();
+                while i < n {
+                    let cl = client.clone();
+                    let v = value.clone();
+                    inflight.spawn(async move { cl.put(&format!("/vol/mem/{i:08}"), v).await });
+                    if inflight.len() >= 64 {
+                        if let Some(r) = inflight.join_next().await {
+                            r??;
+                        }
+                    }
+                    ops.fetch_add(1, Ordering::Relaxed);
+                    i += clients;
+                }
+                while let Some(r) = inflight.join_next().await {
+                    r??;
+                }
+                Ok::<_, anyhow::Error>(())
+            }));
+        }
+        for t in tasks {
+            t.await??;
+        }
+        Ok::<_, anyhow::Error>(())
+    })?;
+    let load_s = t0.elapsed().as_secs_f64();
+    let after = rss_kib(node.pid())?;
+    let per_obj = (after.saturating_sub(before) as f64 * 1024.0) / m.objects as f64;
+    let v = serde_json::json!({
+        "objects": m.objects,
+        "value_bytes": m.size,
+        "rss_before_kib": before,
+        "rss_after_kib": after,
+        "rss_after_gib": after as f64 / (1024.0 * 1024.0),
+        "bytes_per_object": per_obj,
+        "overhead_bytes_per_object": per_obj - m.size as f64,
+        "load_seconds": load_s,
+    });
+    if json {
+        println!("{}", serde_json::to_string_pretty(&v)?);
+    } else {
+        println!(
+            "{} objects of {}: node RSS {:.3} GiB ({} KiB before), {:.0} B/object ({:.0} B overhead), loaded in {:.1} s",
+            m.objects,
+            fmt_size(m.size),
+            after as f64 / (1024.0 * 1024.0),
+            before,
+            per_obj,
+            per_obj - m.size as f64,
+            load_s
+        );
+    }
+    Ok(())
+}
+

@@ -1,0 +1,419 @@
+//! Client commands, shared by the command line and `sluice shell`.
+
+use anyhow::{bail, Context, Result};
+use bytes::Bytes;
+use serde_json::json;
+use sluice_client::{BlockingClient, ClientConfig, Object, PoolMeta, PoolSpec, PoolType, VERSION_NONE};
+use std::io::{Read, Write};
+use std::path::PathBuf;
+use std::time::Duration;
+
+#[derive(clap::Subcommand, Debug)]
+pub enum ClientCmd {
+    /// Store a value: from VALUE, --file, or standard input.
+    Put {
+        key: String,
+        value: Option<String>,
+        #[arg(long, conflicts_with = "value")]
+        file: Option<PathBuf>,
+        /// Only if the key's current version is this (`none`: only if absent).
+        #[arg(long)]
+        expect_version: Option<String>,
+        /// put_and_forget: do not wait for the acknowledgement.
+        #[arg(long)]
+        forget: bool,
+    },
+    /// Fire lambdas and watchers without storing (trigger put).
+    Trigger {
+        key: String,
+        value: Option<String>,
+        #[arg(long, conflicts_with = "value")]
+        file: Option<PathBuf>,
+    },
+    /// Print a value (latest, --version V, or --at TIMESTAMP_US).
+    Get {
+        key: String,
+        #[arg(long)]
+        version: Option<u64>,
+        #[arg(long, conflicts_with = "version")]
+        at: Option<u64>,
+        /// Write the value to a file instead of standard output.
+        #[arg(long)]
+        out: Option<PathBuf>,
+        /// Print version metadata instead of the value.
+        #[arg(long)]
+        meta: bool,
+    },
+    /// The version current at a timestamp (µs since the Unix epoch).
+    GetByTime { key: String, timestamp_us: u64 },
+    /// Get several keys at once.
+    Mget { keys: Vec<String> },
+    /// Remove a key (writes a tombstone version).
+    Rm {
+        key: String,
+        #[arg(long)]
+        expect_version: Option<String>,
+    },
+    /// List the keys of a pool.
+    Ls {
+        pool: String,
+        #[arg(long)]
+        prefix: Option<String>,
+    },
+    /// Size of a value in bytes.
+    Size {
+        key: String,
+        #[arg(long)]
+        version: Option<u64>,
+        #[arg(long, conflicts_with = "version")]
+        at: Option<u64>,
+    },
+    /// Manage object pools.
+    #[command(subcommand)]
+    Pools(PoolsCmd),
+    /// Print notifications for keys under a prefix.
+    Watch {
+        prefix: String,
+        /// Stop after this many notifications.
+        #[arg(long)]
+        count: Option<u64>,
+    },
+    /// Server counters.
+    Stats,
+    /// Round trip time to the node.
+    Ping,
+}
+
+#[derive(clap::Subcommand, Debug)]
+pub enum PoolsCmd {
+    /// Create a pool.
+    Create {
+        path: String,
+        #[arg(long = "type", value_parser = ["volatile", "persistent", "trigger"])]
+        pool_type: String,
+        /// Affinity set regex: keys whose matches are equal share a shard.
+        #[arg(long)]
+        affinity: Option<String>,
+        #[arg(long, default_value_t = 0)]
+        subgroup: u32,
+        /// Pin a key to a shard: KEY=SHARD (repeatable).
+        #[arg(long = "pin")]
+        pins: Vec<String>,
+    },
+    /// Remove (soft-delete) a pool.
+    Rm { path: String },
+    /// List pools.
+    Ls {
+        /// Include deleted pools.
+        #[arg(long)]
+        all: bool,
+    },
+    /// Show one pool.
+    Show { path: String },
+    /// Which pool a key belongs to.
+    Find { key: String },
+}
+
+pub fn connect(addr: &str, timeout_ms: u64) -> Result<BlockingClient> {
+    BlockingClient::connect_with(ClientConfig {
+        addr: addr.to_string(),
+        request_timeout: Duration::from_millis(timeout_ms),
+        client_name: "sluice-cli".into(),
+        ..Default::default()
+    })
+    .with_context(|| format!("connecting to {addr}"))
+}
+
+pub fn run_once(addr: &str, timeout_ms: u64, json: bool, cmd: ClientCmd) -> Result<()> {
+    let c = connect(addr, timeout_ms)?;
+    let stdout = std::io::stdout();
+    let mut out = stdout.lock();
+    execute(&c, cmd, json, &mut out, true)
+}
+
+fn parse_expect(s: &Option<String>) -> Result<Option<u64>> {
+    match s.as_deref() {
+        None => Ok(None),
+        Some("none") => Ok(Some(VERSION_NONE)),
+        Some(v) => v
+            .parse()
+            .map(Some)
+            .with_context(|| format!("--expect-version {v:?} is not a version number or `none`")),
+    }
+}
+
+fn read_value(value: Option<String>, file: Option<PathBuf>, stdin_ok: bool) -> Result<Bytes> {
+    match (value, file) {
+        (Some(v), _) => Ok(Bytes::from(v)),
+        (None, Some(f)) => Ok(Bytes::from(std::fs::read(&f).with_context(|| format!("reading {}", f.display()))?)),
+        (None, None) if stdin_ok => {
+            let mut buf = Vec::new();
+            std::io::stdin().read_to_end(&mut buf).context("reading the value from standard input")?;
+            Ok(Bytes::from(buf))
+        }
+        (None, None) => bail!("give a value or --file"),
+    }
+}
+
+fn version_str(v: u64) -> String {
+    if v == VERSION_NONE {
+        "none".into()
+    } else {
+        v.to_string()
+    }
+}
+
+fn object_json(o: &Object, with_value: bool) -> serde_json::Value {
+    let mut j = json!({
+        "key": &*o.key,
+        "version": o.meta.version,
+        "timestamp_us": o.meta.timestamp_us,
+        "previous_version": o.meta.previous_version,
+        "previous_version_by_key": if o.meta.previous_version_by_key == VERSION_NONE { serde_json::Value::Null } else { o.meta.previous_version_by_key.into() },
+        "size": o.value.len(),
+    });
+    if with_value {
+        match std::str::from_utf8(&o.value) {
+            Ok(s) => j["value"] = s.into(),
+            Err(_) => j["value_hex"] = o.value.iter().map(|b| format!("{b:02x}")).collect::<String>().into(),
+        }
+    }
+    j
+}
+
+fn pool_line(p: &PoolMeta) -> String {
+    format!(
+        "{:<24} {:<10} subgroup={} shards={} affinity={} pinned={}{}",
+        p.pathname,
+        p.pool_type,
+        p.subgroup_index,
+        p.shard_count,
+        p.affinity_set_regex.as_deref().unwrap_or("-"),
+        p.object_locations.len(),
+        if p.deleted { " (deleted)" } else { "" }
+    )
+}
+
+fn print_json(out: &mut dyn Write, v: &serde_json::Value) -> Result<()> {
+    writeln!(out, "{}", serde_json::to_string_pretty(v)?)?;
+    Ok(())
+}
+
+/// Runs one client command. `stdin_ok` is false in the shell, where
+/// standard input carries commands, not values.
+pub fn execute(c: &BlockingClient, cmd: ClientCmd, json: bool, out: &mut dyn Write, stdin_ok: bool) -> Result<()> {
+    match cmd {
+        ClientCmd::Put { key, value, file, expect_version, forget } => {
+            let v = read_value(value, file, stdin_ok)?;
+            if forget {
+                c.put_and_forget(&key, v)?;
+                if json {
+                    print_json(out, &json!({"key": key, "sent": true}))?;
+                } else {
+                    writeln!(out, "sent {key} (not acknowledged)")?;
+                }
+                return Ok(());
+            }
+            let r = match parse_expect(&expect_version)? {
+                Some(e) => c.put_if_version(&key, v, e)?,
+                None => c.put(&key, v)?,
+            };
+            if json {
+                print_json(out, &json!({"key": key, "version": r.version, "timestamp_us": r.timestamp_us}))?;
+            } else {
+                writeln!(out, "{key} version {} timestamp_us {}", r.version, r.timestamp_us)?;
+            }
+        }
+        ClientCmd::Trigger { key, value, file } => {
+            let ts = c.trigger_put(&key, read_value(value, file, stdin_ok)?)?;
+            if json {
+                print_json(out, &json!({"key": key, "timestamp_us": ts}))?;
+            } else {
+                writeln!(out, "triggered {key} at {ts}")?;
+            }
+        }
+        ClientCmd::Get { key, version, at, out: file, meta } => {
+            let o = match (version, at) {
+                (Some(v), _) => c.get_version(&key, v)?,
+                (None, Some(ts)) => c.get_by_time(&key, ts)?,
+                (None, None) => c.get(&key)?,
+            };
+            if let Some(f) = file {
+                std::fs::write(&f, &o.value).with_context(|| format!("writing {}", f.display()))?;
+            }
+            if json {
+                print_json(out, &object_json(&o, !meta))?;
+            } else if meta {
+                writeln!(
+                    out,
+                    "{} version {} timestamp_us {} previous_version {} previous_version_by_key {} size {}",
+                    o.key,
+                    o.meta.version,
+                    o.meta.timestamp_us,
+                    o.meta.previous_version,
+                    version_str(o.meta.previous_version_by_key),
+                    o.value.len()
+                )?;
+            } else {
+                out.write_all(&o.value)?;
+                if o.value.last() != Some(&b'\n') && std::str::from_utf8(&o.value).is_ok() {
+                    writeln!(out)?;
+                }
+            }
+        }
+        ClientCmd::GetByTime { key, timestamp_us } => {
+            return execute(c, ClientCmd::Get { key, version: None, at: Some(timestamp_us), out: None, meta: false }, json, out, stdin_ok)
+        }
+        ClientCmd::Mget { keys } => {
+            let refs: Vec<&str> = keys.iter().map(String::as_str).collect();
+            let res = c.multi_get(&refs)?;
+            if json {
+                let items: Vec<_> = keys
+                    .iter()
+                    .zip(&res)
+                    .map(|(k, r)| match r {
+                        Ok(o) => object_json(o, true),
+                        Err(e) => json!({"key": k, "error": e.to_string()}),
+                    })
+                    .collect();
+                print_json(out, &serde_json::Value::Array(items))?;
+            } else {
+                for (k, r) in keys.iter().zip(res) {
+                    match r {
+                        Ok(o) => writeln!(out, "{k}\tversion {}\t{}", o.meta.version, String::from_utf8_lossy(&o.value))?,
+                        Err(e) => writeln!(out, "{k}\terror: {e}")?,
+                    }
+                }
+            }
+        }
+        ClientCmd::Rm { key, expect_version } => {
+            let r = match parse_expect(&expect_version)? {
+                Some(e) => c.remove_if_version(&key, e)?,
+                None => c.remove(&key)?,
+            };
+            if json {
+                print_json(out, &json!({"key": key, "version": r.version, "timestamp_us": r.timestamp_us, "removed": true}))?;
+            } else {
+                writeln!(out, "removed {key} (tombstone version {})", r.version)?;
+            }
+        }
+        ClientCmd::Ls { pool, prefix } => {
+            let keys = c.list_keys(&pool, prefix.as_deref())?;
+            if json {
+                print_json(out, &json!(keys))?;
+            } else {
+                for k in keys {
+                    writeln!(out, "{k}")?;
+                }
+            }
+        }
+        ClientCmd::Size { key, version, at } => {
+            let n = c.get_size(&key, version, at)?;
+            if json {
+                print_json(out, &json!({"key": key, "size": n}))?;
+            } else {
+                writeln!(out, "{n}")?;
+            }
+        }
+        ClientCmd::Pools(p) => pools(c, p, json, out)?,
+        ClientCmd::Watch { prefix, count } => {
+            let mut w = c.watch(&prefix)?;
+            if !json {
+                writeln!(out, "watching {prefix} (Ctrl-C to stop)")?;
+            }
+            out.flush()?;
+            let mut seen = 0u64;
+            while count.is_none_or(|n| seen < n) {
+                let Some(n) = w.next() else { bail!("connection closed") };
+                seen += 1;
+                let kind = serde_json::to_value(n.kind)?;
+                if json {
+                    let mut j = object_json(&n.object, true);
+                    j["kind"] = kind;
+                    writeln!(out, "{}", serde_json::to_string(&j)?)?;
+                } else {
+                    writeln!(
+                        out,
+                        "{} {} version {} {}",
+                        kind.as_str().unwrap_or("?"),
+                        n.object.key,
+                        version_str(n.object.meta.version),
+                        String::from_utf8_lossy(&n.object.value)
+                    )?;
+                }
+                out.flush()?;
+            }
+        }
+        ClientCmd::Stats => {
+            let s = c.stats()?;
+            print_json(out, &s)?;
+        }
+        ClientCmd::Ping => {
+            let rtt = c.ping()?;
+            if json {
+                print_json(out, &json!({"rtt_us": rtt.as_micros() as u64}))?;
+            } else {
+                writeln!(out, "pong from node {} in {} µs", c.server_info().node_id, rtt.as_micros())?;
+            }
+        }
+    }
+    Ok(())
+}
+
+fn pools(c: &BlockingClient, cmd: PoolsCmd, json: bool, out: &mut dyn Write) -> Result<()> {
+    let show = |out: &mut dyn Write, p: &PoolMeta| -> Result<()> {
+        if json {
+            print_json(out, &serde_json::to_value(p)?)
+        } else {
+            writeln!(out, "{}", pool_line(p))?;
+            Ok(())
+        }
+    };
+    match cmd {
+        PoolsCmd::Create { path, pool_type, affinity, subgroup, pins } => {
+            let mut locations = std::collections::BTreeMap::new();
+            for pin in pins {
+                let (k, s) = pin.rsplit_once('=').with_context(|| format!("--pin {pin:?} is not KEY=SHARD"))?;
+                let shard: u32 = s.parse().with_context(|| format!("--pin {pin:?}: shard {s:?} is not a number"))?;
+                locations.insert(k.to_string(), shard);
+            }
+            let pool_type: PoolType = pool_type.parse()?;
+            let p = c.create_pool(PoolSpec {
+                pathname: path,
+                pool_type: Some(pool_type),
+                subgroup_index: subgroup,
+                affinity_set_regex: affinity,
+                object_locations: locations,
+                ..Default::default()
+            })?;
+            show(out, &p)?;
+        }
+        PoolsCmd::Rm { path } => {
+            let p = c.remove_pool(&path)?;
+            show(out, &p)?;
+        }
+        PoolsCmd::Ls { all } => {
+            let ps = c.list_pools(all)?;
+            if json {
+                print_json(out, &serde_json::to_value(&ps)?)?;
+            } else {
+                for p in ps {
+                    writeln!(out, "{}", pool_line(&p))?;
+                }
+            }
+        }
+        PoolsCmd::Show { path } => {
+            let p = c.get_pool(&path)?;
+            if json {
+                print_json(out, &serde_json::to_value(&p)?)?;
+            } else {
+                writeln!(out, "{}", toml::to_string_pretty(&p).unwrap_or_else(|_| pool_line(&p)))?;
+            }
+        }
+        PoolsCmd::Find { key } => {
+            let p = c.pool_of_key(&key)?;
+            show(out, &p)?;
+        }
+    }
+    Ok(())
+}

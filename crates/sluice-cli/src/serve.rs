@@ -1,0 +1,88 @@
+use anyhow::{Context, Result};
+use sluice_server::{Server, ServerConfig};
+use std::io::Write;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+#[derive(clap::Args)]
+pub struct ServeArgs {
+    /// TOML config file (see examples/node.toml); flags override it.
+    #[arg(long)]
+    config: Option<PathBuf>,
+    /// Address to listen on (port 0 picks a free port and prints it).
+    #[arg(long)]
+    listen: Option<SocketAddr>,
+    /// Data directory.
+    #[arg(long)]
+    data_dir: Option<PathBuf>,
+    #[arg(long)]
+    node_id: Option<u32>,
+}
+
+pub fn init_tracing() {
+    let filter = tracing_subscriber::EnvFilter::try_from_env("SLUICE_LOG").unwrap_or_else(|_| "info".into());
+    let _ = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).try_init();
+}
+
+pub fn load_config(a: &ServeArgs) -> Result<ServerConfig> {
+    let mut cfg = match &a.config {
+        Some(p) => {
+            let text = std::fs::read_to_string(p).with_context(|| format!("reading config {}", p.display()))?;
+            ServerConfig::from_toml(&text).map_err(|e| anyhow::anyhow!("config {}: {e}", p.display()))?
+        }
+        None => ServerConfig::default(),
+    };
+    if let Some(l) = a.listen {
+        cfg.listen = l;
+    }
+    if let Some(d) = &a.data_dir {
+        cfg.data_dir = d.clone();
+    }
+    if let Some(n) = a.node_id {
+        cfg.node_id = n;
+    }
+    cfg.validate().map_err(|e| anyhow::anyhow!("invalid configuration: {e}"))?;
+    Ok(cfg)
+}
+
+pub fn run(a: ServeArgs) -> Result<()> {
+    init_tracing();
+    let cfg = load_config(&a)?;
+    let mut rt = tokio::runtime::Builder::new_multi_thread();
+    if cfg.worker_threads > 0 {
+        rt.worker_threads(cfg.worker_threads);
+    }
+    let rt = rt.enable_all().build().context("starting the runtime")?;
+    rt.block_on(async move {
+        let data_dir = cfg.data_dir.clone();
+        let node_id = cfg.node_id;
+        let server = Server::bind(cfg).await?;
+        // Scripts and tests read this line to learn the port.
+        println!(
+            "sluice: node {node_id} listening on {} (data dir {})",
+            server.local_addr(),
+            data_dir.display()
+        );
+        let _ = std::io::stdout().flush();
+        server.run(shutdown_signal()).await;
+        tracing::info!("stopped");
+        Ok(())
+    })
+}
+
+/// Completes on SIGINT or SIGTERM.
+async fn shutdown_signal() {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut term = match signal(SignalKind::terminate()) {
+        Ok(s) => s,
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot listen for SIGTERM; only Ctrl-C stops the node");
+            let _ = tokio::signal::ctrl_c().await;
+            return;
+        }
+    };
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => tracing::info!("SIGINT received"),
+        _ = term.recv() => tracing::info!("SIGTERM received"),
+    }
+}
