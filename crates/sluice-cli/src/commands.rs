@@ -238,8 +238,8 @@ pub fn execute(c: &BlockingClient, cmd: ClientCmd, json: bool, out: &mut dyn Wri
                 (None, Some(ts)) => c.get_by_time(&key, ts)?,
                 (None, None) => c.get(&key)?,
             };
-            if let Some(f) = file {
-                std::fs::write(&f, &o.value).with_context(|| format!("writing {}", f.display()))?;
+            if let Some(f) = &file {
+                std::fs::write(f, &o.value).with_context(|| format!("writing {}", f.display()))?;
             }
             if json {
                 print_json(out, &object_json(&o, !meta))?;
@@ -254,6 +254,8 @@ pub fn execute(c: &BlockingClient, cmd: ClientCmd, json: bool, out: &mut dyn Wri
                     version_str(o.meta.previous_version_by_key),
                     o.value.len()
                 )?;
+            } else if let Some(f) = file {
+                writeln!(out, "wrote {} bytes of {} version {} to {}", o.value.len(), o.key, o.meta.version, f.display())?;
             } else {
                 out.write_all(&o.value)?;
                 if o.value.last() != Some(&b'\n') && std::str::from_utf8(&o.value).is_ok() {
