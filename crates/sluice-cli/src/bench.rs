@@ -88,7 +88,11 @@ pub struct ChildNode {
 impl ChildNode {
     pub fn start(extra: &[&str]) -> Result<ChildNode> {
         let exe = std::env::current_exe().context("finding the sluice binary")?;
-        let dir = std::env::temp_dir().join(format!("sluice-bench-{}-{}", std::process::id(), Instant::now().elapsed().as_nanos()));
+        let dir = std::env::temp_dir().join(format!(
+            "sluice-bench-{}-{}",
+            std::process::id(),
+            Instant::now().elapsed().as_nanos()
+        ));
         let mut child = Command::new(exe)
             .args(["serve", "--listen", "127.0.0.1:0", "--data-dir"])
             .arg(&dir)
@@ -144,7 +148,11 @@ impl Progress {
                 while !s.load(Ordering::Relaxed) {
                     let frac = (t0.elapsed().as_secs_f64() / total.as_secs_f64()).min(1.0);
                     let bar = "#".repeat((frac * 30.0) as usize);
-                    eprint!("\r  {label:<40} [{bar:<30}] {:>3.0}% {:>9} ops", frac * 100.0, ops.load(Ordering::Relaxed));
+                    eprint!(
+                        "\r  {label:<40} [{bar:<30}] {:>3.0}% {:>9} ops",
+                        frac * 100.0,
+                        ops.load(Ordering::Relaxed)
+                    );
                     std::thread::sleep(Duration::from_millis(100));
                 }
                 eprint!("\r{:100}\r", "");
@@ -181,9 +189,19 @@ pub struct Row {
     pub p999_us: f64,
     pub count: u64,
     pub errors: u64,
+    /// Open loop only: how late the pacer issued operations (p99).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub pacing_lag_p99_us: Option<f64>,
 }
 
-fn row(target: &str, op: &str, size: usize, mode: &str, clients: usize, h: &Histogram<u64>, elapsed: Duration, errors: u64) -> Row {
+fn row(
+    target: &str,
+    op: &str,
+    size: usize,
+    mode: &str,
+    clients: usize,
+    (h, elapsed, errors): (&Histogram<u64>, Duration, u64),
+) -> Row {
     let us = |q: f64| h.value_at_quantile(q) as f64 / 1000.0;
     Row {
         target: target.into(),
@@ -197,6 +215,7 @@ fn row(target: &str, op: &str, size: usize, mode: &str, clients: usize, h: &Hist
         p999_us: us(0.999),
         count: h.len(),
         errors,
+        pacing_lag_p99_us: None,
     }
 }
 
@@ -206,7 +225,11 @@ trait Op: Send + 'static {
 }
 
 /// Runs `clients` closed-loop workers for `dur`.
-async fn closed_loop<O: Op>(mut workers: Vec<O>, dur: Duration, label: String) -> (Histogram<u64>, Duration, u64) {
+async fn closed_loop<O: Op>(
+    mut workers: Vec<O>,
+    dur: Duration,
+    label: String,
+) -> (Histogram<u64>, Duration, u64) {
     let ops = Arc::new(AtomicU64::new(0));
     let _p = Progress::start(label, dur, ops.clone());
     let start = Instant::now();
@@ -243,23 +266,44 @@ async fn closed_loop<O: Op>(mut workers: Vec<O>, dur: Duration, label: String) -
     (all, start.elapsed(), errors)
 }
 
-/// Issues operations at a fixed rate regardless of completions; latency
-/// counts from the intended send time, so queueing is not hidden
-/// (no coordinated omission).
-async fn open_loop<O: Op + Clone + Sync>(worker: O, rate: u64, dur: Duration, label: String) -> (Histogram<u64>, Duration, u64) {
+/// Issues operations at a fixed rate regardless of completions (open
+/// loop). A pacer thread holds the schedule with OS sleeps (tokio's timer
+/// ticks at 1 ms, too coarse for 10k ops/s); each operation is timed from
+/// the moment it is issued, and how late the pacer issued it is reported
+/// separately (`pacing_lag_p99_us`), so a schedule that slipped is visible.
+async fn open_loop<O: Op + Clone + Sync>(
+    worker: O,
+    rate: u64,
+    dur: Duration,
+    label: String,
+) -> (Histogram<u64>, Duration, u64, f64) {
     let ops = Arc::new(AtomicU64::new(0));
     let _p = Progress::start(label, dur, ops.clone());
-    let start = tokio::time::Instant::now();
     let n = (rate as f64 * dur.as_secs_f64()) as u64;
     let interval = Duration::from_secs_f64(1.0 / rate.max(1) as f64);
+    let (tick_tx, mut tick_rx) = tokio::sync::mpsc::unbounded_channel::<u64>();
+    let start = Instant::now();
+    let pacer = std::thread::spawn(move || {
+        let mut lag = hist();
+        for i in 0..n {
+            let intended = start + interval * i as u32;
+            let now = Instant::now();
+            if intended > now {
+                std::thread::sleep(intended - now);
+            }
+            let _ = lag.record(intended.elapsed().as_nanos() as u64 + 1);
+            if tick_tx.send(i).is_err() {
+                break;
+            }
+        }
+        lag
+    });
     let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
     let errors = Arc::new(AtomicU64::new(0));
     // Bound outstanding operations: past this the system is saturated and
-    // the remaining sends are counted as errors rather than piling up.
+    // further sends count as errors rather than piling up without limit.
     let slots = Arc::new(tokio::sync::Semaphore::new(4096));
-    for i in 0..n {
-        let intended = start + interval * i as u32;
-        tokio::time::sleep_until(intended).await;
+    while let Some(i) = tick_rx.recv().await {
         let Ok(permit) = slots.clone().try_acquire_owned() else {
             errors.fetch_add(1, Ordering::Relaxed);
             continue;
@@ -269,9 +313,10 @@ async fn open_loop<O: Op + Clone + Sync>(worker: O, rate: u64, dur: Duration, la
         let errors = errors.clone();
         let ops = ops.clone();
         tokio::spawn(async move {
+            let t = Instant::now();
             match w.call(i).await {
                 Ok(()) => {
-                    let _ = tx.send(intended.elapsed().as_nanos() as u64);
+                    let _ = tx.send(t.elapsed().as_nanos() as u64);
                 }
                 Err(_) => {
                     errors.fetch_add(1, Ordering::Relaxed);
@@ -286,7 +331,11 @@ async fn open_loop<O: Op + Clone + Sync>(worker: O, rate: u64, dur: Duration, la
     while let Some(v) = rx.recv().await {
         let _ = h.record(v);
     }
-    (h, start.elapsed(), errors.load(Ordering::Relaxed))
+    let lag = pacer
+        .join()
+        .map(|l| l.value_at_quantile(0.99) as f64 / 1000.0)
+        .unwrap_or(f64::NAN);
+    (h, start.elapsed(), errors.load(Ordering::Relaxed), lag)
 }
 
 // ---------------------------------------------------------------- workers
@@ -305,14 +354,22 @@ impl Op for SluiceOp {
     async fn call(&mut self, i: u64) -> Result<()> {
         let key = format!("{}/{}", self.prefix, i % KEYS_PER_SIZE);
         match self.op {
-            "put" => self.client.put(&key, self.value.clone()).await.map(|_| ())?,
+            "put" => self
+                .client
+                .put(&key, self.value.clone())
+                .await
+                .map(|_| ())?,
             "get" => {
                 let o = self.client.get(&key).await?;
                 if o.value.len() != self.value.len() {
                     bail!("short read");
                 }
             }
-            _ => self.client.trigger_put(&key, self.value.clone()).await.map(|_| ())?,
+            _ => self
+                .client
+                .trigger_put(&key, self.value.clone())
+                .await
+                .map(|_| ())?,
         }
         Ok(())
     }
@@ -378,7 +435,11 @@ async fn raw_op(addr: SocketAddr, req_payload: usize, resp_len: usize) -> Result
     req.extend_from_slice(&(req_payload as u32).to_le_bytes());
     req.extend_from_slice(&(resp_len as u32).to_le_bytes());
     req.resize(8 + req_payload, 1);
-    Ok(RawOp { sock, req, resp: vec![0; resp_len] })
+    Ok(RawOp {
+        sock,
+        req,
+        resp: vec![0; resp_len],
+    })
 }
 
 /// A minimal RESP client for SET/GET against redis-server.
@@ -423,7 +484,12 @@ impl Op for RedisOp {
         let key = format!("{}/{}", self.prefix, i % KEYS_PER_SIZE);
         let mut cmd = Vec::with_capacity(self.value.len() + 64);
         if self.op == "put" {
-            write!(cmd, "*3\r\n$3\r\nSET\r\n${}\r\n{key}\r\n${}\r\n", key.len(), self.value.len())?;
+            write!(
+                cmd,
+                "*3\r\n$3\r\nSET\r\n${}\r\n{key}\r\n${}\r\n",
+                key.len(),
+                self.value.len()
+            )?;
             cmd.extend_from_slice(&self.value);
             cmd.extend_from_slice(b"\r\n");
         } else {
@@ -435,17 +501,25 @@ impl Op for RedisOp {
 }
 
 async fn redis_op(addr: &str, op: &'static str, size: usize) -> Result<RedisOp> {
-    let sock = tokio::net::TcpStream::connect(addr).await.with_context(|| format!("connecting to redis at {addr}"))?;
+    let sock = tokio::net::TcpStream::connect(addr)
+        .await
+        .with_context(|| format!("connecting to redis at {addr}"))?;
     sock.set_nodelay(true)?;
-    Ok(RedisOp { sock, op, value: vec![b'x'; size], prefix: format!("/bench/{size}"), buf: Vec::new() })
+    Ok(RedisOp {
+        sock,
+        op,
+        value: vec![b'x'; size],
+        prefix: format!("/bench/{size}"),
+        buf: Vec::new(),
+    })
 }
 
 // ---------------------------------------------------------------- core
 
 fn fmt_size(n: usize) -> String {
-    if n >= 1 << 20 && n % (1 << 20) == 0 {
+    if n >= 1 << 20 && n.is_multiple_of(1 << 20) {
         format!("{}MB", n >> 20)
-    } else if n >= 1024 && n % 1024 == 0 {
+    } else if n >= 1024 && n.is_multiple_of(1024) {
         format!("{}KB", n >> 10)
     } else {
         format!("{n}B")
@@ -457,10 +531,17 @@ fn core(a: CoreArgs, json: bool) -> Result<()> {
         Some(_) => None,
         None => Some(ChildNode::start(&[])?),
     };
-    let addr = a.server.clone().or_else(|| node.as_ref().map(|n| n.addr.clone())).context("no server")?;
+    let addr = a
+        .server
+        .clone()
+        .or_else(|| node.as_ref().map(|n| n.addr.clone()))
+        .context("no server")?;
     let base = baseline_server()?;
     let dur = Duration::from_millis(a.duration_ms);
-    eprintln!("sluice bench: node {addr}, baseline loopback echo {base}, {} ms per phase", a.duration_ms);
+    eprintln!(
+        "sluice bench: node {addr}, baseline loopback echo {base}, {} ms per phase",
+        a.duration_ms
+    );
     let mut rows: Vec<Row> = Vec::new();
     for &size in &a.sizes {
         for op in &a.ops {
@@ -475,19 +556,45 @@ fn core(a: CoreArgs, json: bool) -> Result<()> {
             let label = |what: &str, c: usize| format!("{op} {} {what} c={c}", fmt_size(size));
             // Latency: one client, current-thread runtime (no cross-thread wakeups
             // on either side of the comparison).
-            let rt1 = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
-            let rtn = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
+            let rt1 = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()?;
+            let rtn = tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(2)
+                .enable_all()
+                .build()?;
             let mk_clients = |rt: &tokio::runtime::Runtime, n: usize| -> Result<Vec<SluiceOp>> {
                 rt.block_on(async {
                     let mut v = Vec::new();
                     for c in 0..n {
-                        let client = Client::connect_with(ClientConfig { addr: addr.clone(), client_name: "bench".into(), ..Default::default() }).await?;
-                        let prefix = if op == "put" { format!("/vol/bench/put/{size}/{c}") } else if op == "get" { format!("/vol/bench/{size}") } else { format!("/trig/bench/{size}") };
-                        v.push(SluiceOp { client, op, value: Bytes::from(vec![b'x'; size]), prefix });
+                        let client = Client::connect_with(ClientConfig {
+                            addr: addr.clone(),
+                            client_name: "bench".into(),
+                            ..Default::default()
+                        })
+                        .await?;
+                        let prefix = if op == "put" {
+                            format!("/vol/bench/put/{size}/{c}")
+                        } else if op == "get" {
+                            format!("/vol/bench/{size}")
+                        } else {
+                            format!("/trig/bench/{size}")
+                        };
+                        v.push(SluiceOp {
+                            client,
+                            op,
+                            value: Bytes::from(vec![b'x'; size]),
+                            prefix,
+                        });
                     }
                     if op == "get" {
                         for i in 0..KEYS_PER_SIZE {
-                            v[0].client.put(&format!("/vol/bench/{size}/{i}"), Bytes::from(vec![b'x'; size])).await?;
+                            v[0].client
+                                .put(
+                                    &format!("/vol/bench/{size}/{i}"),
+                                    Bytes::from(vec![b'x'; size]),
+                                )
+                                .await?;
                         }
                     }
                     Ok::<_, anyhow::Error>(v)
@@ -496,20 +603,41 @@ fn core(a: CoreArgs, json: bool) -> Result<()> {
             let w = mk_clients(&rt1, 1)?;
             let one = w[0].clone();
             let (h, el, e) = rt1.block_on(closed_loop(w, dur, label("closed", 1)));
-            let lat = row("sluice", op, size, "closed", 1, &h, el, e);
+            let lat = row("sluice", op, size, "closed", 1, (&h, el, e));
             let rb = rt1.block_on(async { raw_op(base, req, resp).await })?;
-            let (h, el, e) = rt1.block_on(closed_loop(vec![rb], dur, format!("baseline {} closed c=1", fmt_size(size))));
-            let blat = row("loopback", op, size, "closed", 1, &h, el, e);
+            let (h, el, e) = rt1.block_on(closed_loop(
+                vec![rb],
+                dur,
+                format!("baseline {} closed c=1", fmt_size(size)),
+            ));
+            let blat = row("loopback", op, size, "closed", 1, (&h, el, e));
             // Open loop at a fixed rate.
-            let rate = if a.rate > 0 { a.rate } else { ((lat.ops_per_s / 2.0) as u64).max(10) };
-            let (h, el, e) = rt1.block_on(open_loop(one, rate, dur, format!("{op} {} open {rate}/s", fmt_size(size))));
-            let mut open = row("sluice", op, size, &format!("open@{rate}/s"), 1, &h, el, e);
+            let rate = if a.rate > 0 {
+                a.rate
+            } else {
+                ((lat.ops_per_s / 2.0) as u64).max(10)
+            };
+            let (h, el, e, lag) = rt1.block_on(open_loop(
+                one,
+                rate,
+                dur,
+                format!("{op} {} open {rate}/s", fmt_size(size)),
+            ));
+            let mut open = row(
+                "sluice",
+                op,
+                size,
+                &format!("open@{rate}/s"),
+                1,
+                (&h, el, e),
+            );
             open.ops_per_s = h.len() as f64 / dur.as_secs_f64();
+            open.pacing_lag_p99_us = Some(lag);
             drop(rt1);
             // Throughput: N clients, one connection each.
             let w = mk_clients(&rtn, a.clients)?;
             let (h, el, e) = rtn.block_on(closed_loop(w, dur, label("closed", a.clients)));
-            let thr = row("sluice", op, size, "closed", a.clients, &h, el, e);
+            let thr = row("sluice", op, size, "closed", a.clients, (&h, el, e));
             let rbs = rtn.block_on(async {
                 let mut v = Vec::new();
                 for _ in 0..a.clients {
@@ -517,8 +645,12 @@ fn core(a: CoreArgs, json: bool) -> Result<()> {
                 }
                 Ok::<_, anyhow::Error>(v)
             })?;
-            let (h, el, e) = rtn.block_on(closed_loop(rbs, dur, format!("baseline {} closed c={}", fmt_size(size), a.clients)));
-            let bthr = row("loopback", op, size, "closed", a.clients, &h, el, e);
+            let (h, el, e) = rtn.block_on(closed_loop(
+                rbs,
+                dur,
+                format!("baseline {} closed c={}", fmt_size(size), a.clients),
+            ));
+            let bthr = row("loopback", op, size, "closed", a.clients, (&h, el, e));
             rows.extend([lat, blat, open, thr, bthr]);
             if let (Some(r), "put" | "get") = (&a.redis, op) {
                 let redis_ops = |n: usize, rt: &tokio::runtime::Runtime| {
@@ -536,13 +668,23 @@ fn core(a: CoreArgs, json: bool) -> Result<()> {
                         Ok::<_, anyhow::Error>(v)
                     })
                 };
-                let rt1 = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+                let rt1 = tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()?;
                 let w = redis_ops(1, &rt1)?;
-                let (h, el, e) = rt1.block_on(closed_loop(w, dur, format!("redis {op} {} c=1", fmt_size(size))));
-                rows.push(row("redis", op, size, "closed", 1, &h, el, e));
+                let (h, el, e) = rt1.block_on(closed_loop(
+                    w,
+                    dur,
+                    format!("redis {op} {} c=1", fmt_size(size)),
+                ));
+                rows.push(row("redis", op, size, "closed", 1, (&h, el, e)));
                 let w = redis_ops(a.clients, &rtn)?;
-                let (h, el, e) = rtn.block_on(closed_loop(w, dur, format!("redis {op} {} c={}", fmt_size(size), a.clients)));
-                rows.push(row("redis", op, size, "closed", a.clients, &h, el, e));
+                let (h, el, e) = rtn.block_on(closed_loop(
+                    w,
+                    dur,
+                    format!("redis {op} {} c={}", fmt_size(size), a.clients),
+                ));
+                rows.push(row("redis", op, size, "closed", a.clients, (&h, el, e)));
             }
         }
     }
@@ -553,7 +695,8 @@ fn core(a: CoreArgs, json: bool) -> Result<()> {
 
 fn report(rows: &[Row], json: bool, out: Option<&std::path::Path>) -> Result<()> {
     if let Some(p) = out {
-        std::fs::write(p, serde_json::to_vec_pretty(rows)?).with_context(|| format!("writing {}", p.display()))?;
+        std::fs::write(p, serde_json::to_vec_pretty(rows)?)
+            .with_context(|| format!("writing {}", p.display()))?;
     }
     if json {
         println!("{}", serde_json::to_string_pretty(rows)?);
@@ -561,23 +704,58 @@ fn report(rows: &[Row], json: bool, out: Option<&std::path::Path>) -> Result<()>
     }
     println!(
         "{:<9} {:<12} {:>6} {:<14} {:>3} {:>11} {:>9} {:>9} {:>9} {:>7} {:>9}",
-        "target", "op", "size", "mode", "c", "ops/s", "p50 µs", "p99 µs", "p999 µs", "errors", "vs base"
+        "target",
+        "op",
+        "size",
+        "mode",
+        "c",
+        "ops/s",
+        "p50 µs",
+        "p99 µs",
+        "p999 µs",
+        "errors",
+        "vs base"
     );
     for r in rows {
         // Ratio to the loopback row of the same op, size and client count.
-        let base = rows.iter().find(|b| b.target == "loopback" && b.op == r.op && b.size == r.size && b.clients == r.clients);
+        let base = rows.iter().find(|b| {
+            b.target == "loopback" && b.op == r.op && b.size == r.size && b.clients == r.clients
+        });
         let ratio = match base {
-            Some(b) if r.target != "loopback" && r.clients == 1 => format!("{:.2}x p50", r.p50_us / b.p50_us),
+            Some(b) if r.target != "loopback" && r.clients == 1 => {
+                format!("{:.2}x p50", r.p50_us / b.p50_us)
+            }
             Some(b) if r.target != "loopback" => format!("{:.2}x tput", r.ops_per_s / b.ops_per_s),
             _ => String::new(),
         };
         println!(
             "{:<9} {:<12} {:>6} {:<14} {:>3} {:>11.0} {:>9.1} {:>9.1} {:>9.1} {:>7} {:>9}",
-            r.target, r.op, fmt_size(r.size), r.mode, r.clients, r.ops_per_s, r.p50_us, r.p99_us, r.p999_us, r.errors, ratio
+            r.target,
+            r.op,
+            fmt_size(r.size),
+            r.mode,
+            r.clients,
+            r.ops_per_s,
+            r.p50_us,
+            r.p99_us,
+            r.p999_us,
+            r.errors,
+            ratio
+        );
+    }
+    for r in rows.iter().filter(|r| r.pacing_lag_p99_us.is_some()) {
+        println!(
+            "open loop {} {} at {}: pacing lag p99 {:.1} µs",
+            r.op,
+            fmt_size(r.size),
+            r.mode,
+            r.pacing_lag_p99_us.unwrap_or(0.0)
         );
     }
     for r in rows.iter().filter(|r| r.target == "redis" && r.clients > 1) {
-        if let Some(s) = rows.iter().find(|s| s.target == "sluice" && s.op == r.op && s.size == r.size && s.clients == r.clients) {
+        if let Some(s) = rows.iter().find(|s| {
+            s.target == "sluice" && s.op == r.op && s.size == r.size && s.clients == r.clients
+        }) {
             println!(
                 "sluice/redis {} {} c={}: throughput {:.2}x, p50 {:.2}x",
                 r.op,
@@ -596,19 +774,29 @@ fn report(rows: &[Row], json: bool, out: Option<&std::path::Path>) -> Result<()>
 fn rss_kib(pid: u32) -> Result<u64> {
     let s = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
     s.lines()
-        .find_map(|l| l.strip_prefix("VmRSS:").and_then(|v| v.split_whitespace().next()?.parse().ok()))
+        .find_map(|l| {
+            l.strip_prefix("VmRSS:")
+                .and_then(|v| v.split_whitespace().next()?.parse().ok())
+        })
         .context("no VmRSS in /proc status")
 }
 
 fn memory(m: MemoryArgs, json: bool) -> Result<()> {
     let node = ChildNode::start(&[])?;
-    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
     let before = rss_kib(node.pid())?;
     let ops = Arc::new(AtomicU64::new(0));
     let t0 = Instant::now();
     let clients = 4u64;
     rt.block_on(async {
-        let _p = Progress::start(format!("put {} x {}", m.objects, fmt_size(m.size)), Duration::from_secs(30), ops.clone());
+        let _p = Progress::start(
+            format!("put {} x {}", m.objects, fmt_size(m.size)),
+            Duration::from_secs(30),
+            ops.clone(),
+        );
         let mut tasks = Vec::new();
         for c in 0..clients {
             let client = Client::connect(&node.addr).await?;
@@ -670,4 +858,3 @@ fn memory(m: MemoryArgs, json: bool) -> Result<()> {
     }
     Ok(())
 }
-

@@ -3,7 +3,9 @@
 use anyhow::{bail, Context, Result};
 use bytes::Bytes;
 use serde_json::json;
-use sluice_client::{BlockingClient, ClientConfig, Object, PoolMeta, PoolSpec, PoolType, VERSION_NONE};
+use sluice_client::{
+    BlockingClient, ClientConfig, Object, PoolMeta, PoolSpec, PoolType, VERSION_NONE,
+};
 use std::io::{Read, Write};
 use std::path::PathBuf;
 use std::time::Duration;
@@ -145,10 +147,14 @@ fn parse_expect(s: &Option<String>) -> Result<Option<u64>> {
 fn read_value(value: Option<String>, file: Option<PathBuf>, stdin_ok: bool) -> Result<Bytes> {
     match (value, file) {
         (Some(v), _) => Ok(Bytes::from(v)),
-        (None, Some(f)) => Ok(Bytes::from(std::fs::read(&f).with_context(|| format!("reading {}", f.display()))?)),
+        (None, Some(f)) => Ok(Bytes::from(
+            std::fs::read(&f).with_context(|| format!("reading {}", f.display()))?,
+        )),
         (None, None) if stdin_ok => {
             let mut buf = Vec::new();
-            std::io::stdin().read_to_end(&mut buf).context("reading the value from standard input")?;
+            std::io::stdin()
+                .read_to_end(&mut buf)
+                .context("reading the value from standard input")?;
             Ok(Bytes::from(buf))
         }
         (None, None) => bail!("give a value or --file"),
@@ -175,7 +181,14 @@ fn object_json(o: &Object, with_value: bool) -> serde_json::Value {
     if with_value {
         match std::str::from_utf8(&o.value) {
             Ok(s) => j["value"] = s.into(),
-            Err(_) => j["value_hex"] = o.value.iter().map(|b| format!("{b:02x}")).collect::<String>().into(),
+            Err(_) => {
+                j["value_hex"] = o
+                    .value
+                    .iter()
+                    .map(|b| format!("{b:02x}"))
+                    .collect::<String>()
+                    .into()
+            }
         }
     }
     j
@@ -201,9 +214,21 @@ fn print_json(out: &mut dyn Write, v: &serde_json::Value) -> Result<()> {
 
 /// Runs one client command. `stdin_ok` is false in the shell, where
 /// standard input carries commands, not values.
-pub fn execute(c: &BlockingClient, cmd: ClientCmd, json: bool, out: &mut dyn Write, stdin_ok: bool) -> Result<()> {
+pub fn execute(
+    c: &BlockingClient,
+    cmd: ClientCmd,
+    json: bool,
+    out: &mut dyn Write,
+    stdin_ok: bool,
+) -> Result<()> {
     match cmd {
-        ClientCmd::Put { key, value, file, expect_version, forget } => {
+        ClientCmd::Put {
+            key,
+            value,
+            file,
+            expect_version,
+            forget,
+        } => {
             let v = read_value(value, file, stdin_ok)?;
             if forget {
                 c.put_and_forget(&key, v)?;
@@ -219,9 +244,16 @@ pub fn execute(c: &BlockingClient, cmd: ClientCmd, json: bool, out: &mut dyn Wri
                 None => c.put(&key, v)?,
             };
             if json {
-                print_json(out, &json!({"key": key, "version": r.version, "timestamp_us": r.timestamp_us}))?;
+                print_json(
+                    out,
+                    &json!({"key": key, "version": r.version, "timestamp_us": r.timestamp_us}),
+                )?;
             } else {
-                writeln!(out, "{key} version {} timestamp_us {}", r.version, r.timestamp_us)?;
+                writeln!(
+                    out,
+                    "{key} version {} timestamp_us {}",
+                    r.version, r.timestamp_us
+                )?;
             }
         }
         ClientCmd::Trigger { key, value, file } => {
@@ -232,7 +264,13 @@ pub fn execute(c: &BlockingClient, cmd: ClientCmd, json: bool, out: &mut dyn Wri
                 writeln!(out, "triggered {key} at {ts}")?;
             }
         }
-        ClientCmd::Get { key, version, at, out: file, meta } => {
+        ClientCmd::Get {
+            key,
+            version,
+            at,
+            out: file,
+            meta,
+        } => {
             let o = match (version, at) {
                 (Some(v), _) => c.get_version(&key, v)?,
                 (None, Some(ts)) => c.get_by_time(&key, ts)?,
@@ -255,7 +293,14 @@ pub fn execute(c: &BlockingClient, cmd: ClientCmd, json: bool, out: &mut dyn Wri
                     o.value.len()
                 )?;
             } else if let Some(f) = file {
-                writeln!(out, "wrote {} bytes of {} version {} to {}", o.value.len(), o.key, o.meta.version, f.display())?;
+                writeln!(
+                    out,
+                    "wrote {} bytes of {} version {} to {}",
+                    o.value.len(),
+                    o.key,
+                    o.meta.version,
+                    f.display()
+                )?;
             } else {
                 out.write_all(&o.value)?;
                 if o.value.last() != Some(&b'\n') && std::str::from_utf8(&o.value).is_ok() {
@@ -264,7 +309,19 @@ pub fn execute(c: &BlockingClient, cmd: ClientCmd, json: bool, out: &mut dyn Wri
             }
         }
         ClientCmd::GetByTime { key, timestamp_us } => {
-            return execute(c, ClientCmd::Get { key, version: None, at: Some(timestamp_us), out: None, meta: false }, json, out, stdin_ok)
+            return execute(
+                c,
+                ClientCmd::Get {
+                    key,
+                    version: None,
+                    at: Some(timestamp_us),
+                    out: None,
+                    meta: false,
+                },
+                json,
+                out,
+                stdin_ok,
+            )
         }
         ClientCmd::Mget { keys } => {
             let refs: Vec<&str> = keys.iter().map(String::as_str).collect();
@@ -282,19 +339,30 @@ pub fn execute(c: &BlockingClient, cmd: ClientCmd, json: bool, out: &mut dyn Wri
             } else {
                 for (k, r) in keys.iter().zip(res) {
                     match r {
-                        Ok(o) => writeln!(out, "{k}\tversion {}\t{}", o.meta.version, String::from_utf8_lossy(&o.value))?,
+                        Ok(o) => writeln!(
+                            out,
+                            "{k}\tversion {}\t{}",
+                            o.meta.version,
+                            String::from_utf8_lossy(&o.value)
+                        )?,
                         Err(e) => writeln!(out, "{k}\terror: {e}")?,
                     }
                 }
             }
         }
-        ClientCmd::Rm { key, expect_version } => {
+        ClientCmd::Rm {
+            key,
+            expect_version,
+        } => {
             let r = match parse_expect(&expect_version)? {
                 Some(e) => c.remove_if_version(&key, e)?,
                 None => c.remove(&key)?,
             };
             if json {
-                print_json(out, &json!({"key": key, "version": r.version, "timestamp_us": r.timestamp_us, "removed": true}))?;
+                print_json(
+                    out,
+                    &json!({"key": key, "version": r.version, "timestamp_us": r.timestamp_us, "removed": true}),
+                )?;
             } else {
                 writeln!(out, "removed {key} (tombstone version {})", r.version)?;
             }
@@ -326,7 +394,9 @@ pub fn execute(c: &BlockingClient, cmd: ClientCmd, json: bool, out: &mut dyn Wri
             out.flush()?;
             let mut seen = 0u64;
             while count.is_none_or(|n| seen < n) {
-                let Some(n) = w.next() else { bail!("connection closed") };
+                let Some(n) = w.next() else {
+                    bail!("connection closed")
+                };
                 seen += 1;
                 let kind = serde_json::to_value(n.kind)?;
                 if json {
@@ -355,7 +425,12 @@ pub fn execute(c: &BlockingClient, cmd: ClientCmd, json: bool, out: &mut dyn Wri
             if json {
                 print_json(out, &json!({"rtt_us": rtt.as_micros() as u64}))?;
             } else {
-                writeln!(out, "pong from node {} in {} µs", c.server_info().node_id, rtt.as_micros())?;
+                writeln!(
+                    out,
+                    "pong from node {} in {} µs",
+                    c.server_info().node_id,
+                    rtt.as_micros()
+                )?;
             }
         }
     }
@@ -372,11 +447,21 @@ fn pools(c: &BlockingClient, cmd: PoolsCmd, json: bool, out: &mut dyn Write) -> 
         }
     };
     match cmd {
-        PoolsCmd::Create { path, pool_type, affinity, subgroup, pins } => {
+        PoolsCmd::Create {
+            path,
+            pool_type,
+            affinity,
+            subgroup,
+            pins,
+        } => {
             let mut locations = std::collections::BTreeMap::new();
             for pin in pins {
-                let (k, s) = pin.rsplit_once('=').with_context(|| format!("--pin {pin:?} is not KEY=SHARD"))?;
-                let shard: u32 = s.parse().with_context(|| format!("--pin {pin:?}: shard {s:?} is not a number"))?;
+                let (k, s) = pin
+                    .rsplit_once('=')
+                    .with_context(|| format!("--pin {pin:?} is not KEY=SHARD"))?;
+                let shard: u32 = s
+                    .parse()
+                    .with_context(|| format!("--pin {pin:?}: shard {s:?} is not a number"))?;
                 locations.insert(k.to_string(), shard);
             }
             let pool_type: PoolType = pool_type.parse()?;
@@ -409,7 +494,11 @@ fn pools(c: &BlockingClient, cmd: PoolsCmd, json: bool, out: &mut dyn Write) -> 
             if json {
                 print_json(out, &serde_json::to_value(&p)?)?;
             } else {
-                writeln!(out, "{}", toml::to_string_pretty(&p).unwrap_or_else(|_| pool_line(&p)))?;
+                writeln!(
+                    out,
+                    "{}",
+                    toml::to_string_pretty(&p).unwrap_or_else(|_| pool_line(&p))
+                )?;
             }
         }
         PoolsCmd::Find { key } => {

@@ -12,10 +12,19 @@ use clap::{Parser, Subcommand};
 use std::process::ExitCode;
 
 #[derive(Parser)]
-#[command(name = "sluice", version, about = "Sluice: AI inference pipelines next to their data")]
+#[command(
+    name = "sluice",
+    version,
+    about = "Sluice: AI inference pipelines next to their data"
+)]
 struct Cli {
     /// Node to talk to (host:port).
-    #[arg(long, global = true, env = "SLUICE_ADDR", default_value = "127.0.0.1:7420")]
+    #[arg(
+        long,
+        global = true,
+        env = "SLUICE_ADDR",
+        default_value = "127.0.0.1:7420"
+    )]
     addr: String,
     /// Print machine-readable JSON instead of human output.
     #[arg(long, global = true)]

@@ -20,15 +20,21 @@ pub struct ServeArgs {
 }
 
 pub fn init_tracing() {
-    let filter = tracing_subscriber::EnvFilter::try_from_env("SLUICE_LOG").unwrap_or_else(|_| "info".into());
-    let _ = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).try_init();
+    let filter =
+        tracing_subscriber::EnvFilter::try_from_env("SLUICE_LOG").unwrap_or_else(|_| "info".into());
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .try_init();
 }
 
 pub fn load_config(a: &ServeArgs) -> Result<ServerConfig> {
     let mut cfg = match &a.config {
         Some(p) => {
-            let text = std::fs::read_to_string(p).with_context(|| format!("reading config {}", p.display()))?;
-            ServerConfig::from_toml(&text).map_err(|e| anyhow::anyhow!("config {}: {e}", p.display()))?
+            let text = std::fs::read_to_string(p)
+                .with_context(|| format!("reading config {}", p.display()))?;
+            ServerConfig::from_toml(&text)
+                .map_err(|e| anyhow::anyhow!("config {}: {e}", p.display()))?
         }
         None => ServerConfig::default(),
     };
@@ -41,7 +47,8 @@ pub fn load_config(a: &ServeArgs) -> Result<ServerConfig> {
     if let Some(n) = a.node_id {
         cfg.node_id = n;
     }
-    cfg.validate().map_err(|e| anyhow::anyhow!("invalid configuration: {e}"))?;
+    cfg.validate()
+        .map_err(|e| anyhow::anyhow!("invalid configuration: {e}"))?;
     Ok(cfg)
 }
 

@@ -63,7 +63,11 @@ pub fn run(addr: &str, timeout_ms: u64, json: bool) -> Result<()> {
     let stdout = std::io::stdout();
     let mut out = stdout.lock();
     if interactive {
-        writeln!(out, "connected to {addr} (node {}). Type `help`, `quit` to leave.", c.server_info().node_id)?;
+        writeln!(
+            out,
+            "connected to {addr} (node {}). Type `help`, `quit` to leave.",
+            c.server_info().node_id
+        )?;
     }
     let stdin = std::io::stdin();
     let mut lines = stdin.lock().lines();
@@ -105,9 +109,18 @@ mod tests {
 
     #[test]
     fn splits_with_quotes_and_escapes() {
-        assert_eq!(split_words(r#"put /vol/a "hello world""#).unwrap(), vec!["put", "/vol/a", "hello world"]);
-        assert_eq!(split_words(r"put /vol/a it\'s").unwrap(), vec!["put", "/vol/a", "it's"]);
-        assert_eq!(split_words("put /vol/a ''").unwrap(), vec!["put", "/vol/a", ""]);
+        assert_eq!(
+            split_words(r#"put /vol/a "hello world""#).unwrap(),
+            vec!["put", "/vol/a", "hello world"]
+        );
+        assert_eq!(
+            split_words(r"put /vol/a it\'s").unwrap(),
+            vec!["put", "/vol/a", "it's"]
+        );
+        assert_eq!(
+            split_words("put /vol/a ''").unwrap(),
+            vec!["put", "/vol/a", ""]
+        );
         assert!(split_words("put 'x").is_err());
         assert!(split_words("   ").unwrap().is_empty());
     }

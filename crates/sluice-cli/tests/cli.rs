@@ -19,7 +19,11 @@ struct Node {
 fn temp_dir(tag: &str) -> PathBuf {
     use std::sync::atomic::{AtomicU32, Ordering};
     static N: AtomicU32 = AtomicU32::new(0);
-    let d = std::env::temp_dir().join(format!("sluice-cli-{tag}-{}-{}", std::process::id(), N.fetch_add(1, Ordering::Relaxed)));
+    let d = std::env::temp_dir().join(format!(
+        "sluice-cli-{tag}-{}-{}",
+        std::process::id(),
+        N.fetch_add(1, Ordering::Relaxed)
+    ));
     let _ = std::fs::remove_dir_all(&d);
     std::fs::create_dir_all(&d).unwrap();
     d
@@ -55,8 +59,20 @@ fn spawn_node(cwd: &Path, args: &[&str]) -> Result<Node, String> {
     loop {
         match rx.recv_timeout(Duration::from_secs(20)) {
             Ok(l) if l.contains("listening on") => {
-                let addr = l.split("listening on ").nth(1).unwrap().split_whitespace().next().unwrap().to_string();
-                return Ok(Node { child, addr, dir: cwd.to_path_buf(), lines: rx });
+                let addr = l
+                    .split("listening on ")
+                    .nth(1)
+                    .unwrap()
+                    .split_whitespace()
+                    .next()
+                    .unwrap()
+                    .to_string();
+                return Ok(Node {
+                    child,
+                    addr,
+                    dir: cwd.to_path_buf(),
+                    lines: rx,
+                });
             }
             Ok(l) => seen.push(l),
             Err(_) => {
@@ -70,7 +86,16 @@ fn spawn_node(cwd: &Path, args: &[&str]) -> Result<Node, String> {
 
 fn start_node() -> Node {
     let dir = temp_dir("node");
-    spawn_node(&dir, &["--listen", "127.0.0.1:0", "--data-dir", dir.join("data").to_str().unwrap()]).unwrap()
+    spawn_node(
+        &dir,
+        &[
+            "--listen",
+            "127.0.0.1:0",
+            "--data-dir",
+            dir.join("data").to_str().unwrap(),
+        ],
+    )
+    .unwrap()
 }
 
 impl Node {
@@ -99,14 +124,22 @@ impl Node {
     /// Runs a command that must succeed; returns its stdout.
     fn ok(&self, args: &[&str]) -> String {
         let o = self.sluice(args);
-        assert!(o.status.success(), "sluice {args:?} failed: {}", String::from_utf8_lossy(&o.stderr));
+        assert!(
+            o.status.success(),
+            "sluice {args:?} failed: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
         String::from_utf8(o.stdout).unwrap()
     }
 
     /// Runs a command that must fail; returns its stderr.
     fn fails(&self, args: &[&str]) -> String {
         let o = self.sluice(args);
-        assert!(!o.status.success(), "sluice {args:?} should fail: {}", String::from_utf8_lossy(&o.stdout));
+        assert!(
+            !o.status.success(),
+            "sluice {args:?} should fail: {}",
+            String::from_utf8_lossy(&o.stdout)
+        );
         String::from_utf8(o.stderr).unwrap()
     }
 
@@ -137,11 +170,15 @@ impl Drop for Node {
 #[test]
 fn put_get_versions_and_values_from_args_files_and_stdin() {
     let n = start_node();
-    assert!(n.ok(&["put", "/vol/a", "hello"]).contains("/vol/a version 1"));
+    assert!(n
+        .ok(&["put", "/vol/a", "hello"])
+        .contains("/vol/a version 1"));
     assert_eq!(n.ok(&["get", "/vol/a"]), "hello\n");
     let f = n.dir.join("value.bin");
     std::fs::write(&f, [0u8, 159, 146, 150]).unwrap();
-    assert!(n.ok(&["put", "/vol/bin", "--file", f.to_str().unwrap()]).contains("version 2"));
+    assert!(n
+        .ok(&["put", "/vol/bin", "--file", f.to_str().unwrap()])
+        .contains("version 2"));
     let out = n.dir.join("out.bin");
     n.ok(&["get", "/vol/bin", "--out", out.to_str().unwrap()]);
     assert_eq!(std::fs::read(&out).unwrap(), vec![0u8, 159, 146, 150]);
@@ -153,17 +190,24 @@ fn put_get_versions_and_values_from_args_files_and_stdin() {
     assert_eq!(j["version"], 2);
     n.ok(&["put", "/vol/a", "world"]);
     let meta = n.ok(&["get", "/vol/a", "--meta"]);
-    assert!(meta.contains("version 4") && meta.contains("previous_version_by_key 1"), "{meta}");
+    assert!(
+        meta.contains("version 4") && meta.contains("previous_version_by_key 1"),
+        "{meta}"
+    );
     assert_eq!(n.ok(&["get", "/vol/a", "--version", "4"]), "world\n");
     let e = n.fails(&["get", "/vol/a", "--version", "1"]);
     assert!(e.contains("keeps only the latest version"), "{e}");
     assert_eq!(n.ok(&["size", "/vol/a"]), "5\n");
-    let j: serde_json::Value = serde_json::from_str(&n.ok(&["--json", "put", "/vol/t", "x"])).unwrap();
+    let j: serde_json::Value =
+        serde_json::from_str(&n.ok(&["--json", "put", "/vol/t", "x"])).unwrap();
     let ts = j["timestamp_us"].as_u64().unwrap();
     assert_eq!(n.ok(&["get-by-time", "/vol/t", &ts.to_string()]), "x\n");
     let e = n.fails(&["get-by-time", "/vol/t", &(ts - 1).to_string()]);
     assert!(e.contains("no retained version"), "{e}");
-    assert_eq!(n.ok(&["get", "/vol/t", "--at", &(ts + 10).to_string()]), "x\n");
+    assert_eq!(
+        n.ok(&["get", "/vol/t", "--at", &(ts + 10).to_string()]),
+        "x\n"
+    );
 }
 
 #[test]
@@ -173,16 +217,26 @@ fn conditional_put_remove_list_and_mget() {
     let e = n.fails(&["put", "/vol/k", "v2", "--expect-version", "none"]);
     assert!(e.contains("current version is 1"), "{e}");
     let e = n.fails(&["put", "/vol/k", "v2", "--expect-version", "7"]);
-    assert!(e.contains("expected version 7, current version is 1"), "{e}");
+    assert!(
+        e.contains("expected version 7, current version is 1"),
+        "{e}"
+    );
     n.ok(&["put", "/vol/k", "v2", "--expect-version", "1"]);
     let e = n.fails(&["put", "/vol/k", "v3", "--expect-version", "abc"]);
     assert!(e.contains("not a version number"), "{e}");
     n.ok(&["put", "/vol/k2", "x"]);
     n.ok(&["put", "/vol/other", "y"]);
     assert_eq!(n.ok(&["ls", "/vol"]), "/vol/k\n/vol/k2\n/vol/other\n");
-    assert_eq!(n.ok(&["ls", "/vol", "--prefix", "/vol/k"]), "/vol/k\n/vol/k2\n");
+    assert_eq!(
+        n.ok(&["ls", "/vol", "--prefix", "/vol/k"]),
+        "/vol/k\n/vol/k2\n"
+    );
     let m = n.ok(&["mget", "/vol/k", "/vol/nope", "/vol/k2"]);
-    assert!(m.contains("/vol/k\tversion 2\tv2") && m.contains("/vol/nope\terror: key \"/vol/nope\" not found"), "{m}");
+    assert!(
+        m.contains("/vol/k\tversion 2\tv2")
+            && m.contains("/vol/nope\terror: key \"/vol/nope\" not found"),
+        "{m}"
+    );
     assert!(n.ok(&["rm", "/vol/k"]).contains("tombstone version 5"));
     let e = n.fails(&["get", "/vol/k"]);
     assert!(e.contains("not found"), "{e}");
@@ -197,21 +251,50 @@ fn conditional_put_remove_list_and_mget() {
 fn pools_commands_and_errors() {
     let n = start_node();
     let ls = n.ok(&["pools", "ls"]);
-    assert!(ls.contains("/trig") && ls.contains("trigger") && ls.contains("/vol") && ls.contains("volatile"), "{ls}");
-    n.ok(&["pools", "create", "/positions", "--type", "volatile", "--affinity", "/[a-zA-Z0-9]+_[0-9]+_", "--pin", "/positions/pinned=0"]);
-    let j: serde_json::Value = serde_json::from_str(&n.ok(&["--json", "pools", "show", "/positions"])).unwrap();
+    assert!(
+        ls.contains("/trig")
+            && ls.contains("trigger")
+            && ls.contains("/vol")
+            && ls.contains("volatile"),
+        "{ls}"
+    );
+    n.ok(&[
+        "pools",
+        "create",
+        "/positions",
+        "--type",
+        "volatile",
+        "--affinity",
+        "/[a-zA-Z0-9]+_[0-9]+_",
+        "--pin",
+        "/positions/pinned=0",
+    ]);
+    let j: serde_json::Value =
+        serde_json::from_str(&n.ok(&["--json", "pools", "show", "/positions"])).unwrap();
     assert_eq!(j["affinity_set_regex"], "/[a-zA-Z0-9]+_[0-9]+_");
     assert_eq!(j["object_locations"]["/positions/pinned"], 0);
     assert_eq!(j["deleted"], false);
-    assert!(n.ok(&["pools", "find", "/positions/little3_7_42"]).starts_with("/positions"));
+    assert!(n
+        .ok(&["pools", "find", "/positions/little3_7_42"])
+        .starts_with("/positions"));
     n.ok(&["put", "/positions/little3_7_42", "p"]);
     let e = n.fails(&["pools", "create", "/positions", "--type", "volatile"]);
     assert!(e.contains("already exists"), "{e}");
     let e = n.fails(&["pools", "create", "/p", "--type", "persistent"]);
     assert!(e.contains("not supported yet"), "{e}");
-    let e = n.fails(&["pools", "create", "/bad", "--type", "volatile", "--affinity", "(["]);
+    let e = n.fails(&[
+        "pools",
+        "create",
+        "/bad",
+        "--type",
+        "volatile",
+        "--affinity",
+        "([",
+    ]);
     assert!(e.contains("does not compile"), "{e}");
-    let e = n.fails(&["pools", "create", "/bad", "--type", "volatile", "--pin", "nonsense"]);
+    let e = n.fails(&[
+        "pools", "create", "/bad", "--type", "volatile", "--pin", "nonsense",
+    ]);
     assert!(e.contains("KEY=SHARD"), "{e}");
     let e = n.fails(&["pools", "create", "/bad", "--type", "weird"]);
     assert!(e.contains("weird"), "{e}");
@@ -223,7 +306,10 @@ fn pools_commands_and_errors() {
     let e = n.fails(&["pools", "rm", "/positions"]);
     assert!(e.contains("not found"), "{e}");
     let e = n.fails(&["put", "/nowhere/x", "v"]);
-    assert!(e.contains("no object pool covers key \"/nowhere/x\""), "{e}");
+    assert!(
+        e.contains("no object pool covers key \"/nowhere/x\""),
+        "{e}"
+    );
     let e = n.fails(&["put", "relative/key", "v"]);
     assert!(e.contains("must start with '/'"), "{e}");
     let e = n.fails(&["get", "/trig/x"]);
@@ -241,12 +327,22 @@ fn watch_receives_trigger_puts_and_shell_runs_commands() {
         .spawn()
         .unwrap();
     let mut lines = BufReader::new(w.stdout.take().unwrap()).lines();
-    assert!(lines.next().unwrap().unwrap().starts_with("watching /trig/cam"));
+    assert!(lines
+        .next()
+        .unwrap()
+        .unwrap()
+        .starts_with("watching /trig/cam"));
     n.ok(&["trigger", "/trig/cam/1", "frame-1"]);
     n.ok(&["trigger", "/trig/other", "not-watched"]);
     n.ok(&["trigger", "/trig/cam/2", "frame-2"]);
-    assert_eq!(lines.next().unwrap().unwrap(), "trigger_put /trig/cam/1 version none frame-1");
-    assert_eq!(lines.next().unwrap().unwrap(), "trigger_put /trig/cam/2 version none frame-2");
+    assert_eq!(
+        lines.next().unwrap().unwrap(),
+        "trigger_put /trig/cam/1 version none frame-1"
+    );
+    assert_eq!(
+        lines.next().unwrap().unwrap(),
+        "trigger_put /trig/cam/2 version none frame-2"
+    );
     assert!(w.wait().unwrap().success());
 
     let script = b"put /vol/s 'hello shell'\nget /vol/s\nget /vol/missing\nbogus\n--json size /vol/s\nquit\nput /vol/never x\n";
@@ -255,10 +351,16 @@ fn watch_receives_trigger_puts_and_shell_runs_commands() {
     let out = String::from_utf8(o.stdout).unwrap();
     assert!(out.contains("/vol/s version 1"), "{out}");
     assert!(out.contains("hello shell\n"), "{out}");
-    assert!(out.contains("error: key \"/vol/missing\" not found"), "{out}");
+    assert!(
+        out.contains("error: key \"/vol/missing\" not found"),
+        "{out}"
+    );
     assert!(out.contains("unrecognized subcommand 'bogus'"), "{out}");
     assert!(out.contains("\"size\": 11"), "{out}");
-    assert!(n.fails(&["get", "/vol/never"]).contains("not found"), "quit stops the shell");
+    assert!(
+        n.fails(&["get", "/vol/never"]).contains("not found"),
+        "quit stops the shell"
+    );
 }
 
 #[test]
@@ -277,12 +379,23 @@ fn bad_configs_and_unreachable_nodes_are_clear_errors() {
     let dir = temp_dir("cfg");
     let cfg = dir.join("node.toml");
     std::fs::write(&cfg, "node_id = 1\n[limits]\nmax_value_bytez = 5\n").unwrap();
-    let o = Command::new(BIN).args(["serve", "--config", cfg.to_str().unwrap()]).current_dir(&dir).output().unwrap();
+    let o = Command::new(BIN)
+        .args(["serve", "--config", cfg.to_str().unwrap()])
+        .current_dir(&dir)
+        .output()
+        .unwrap();
     assert!(!o.status.success());
     let e = String::from_utf8_lossy(&o.stderr);
-    assert!(e.contains("max_value_bytez") && e.contains("node.toml"), "{e}");
+    assert!(
+        e.contains("max_value_bytez") && e.contains("node.toml"),
+        "{e}"
+    );
     // A good config file is honoured (limits travel to the client in the handshake).
-    std::fs::write(&cfg, "node_id = 7\nlisten = \"127.0.0.1:0\"\n[limits]\nmax_value_bytes = 8\n").unwrap();
+    std::fs::write(
+        &cfg,
+        "node_id = 7\nlisten = \"127.0.0.1:0\"\n[limits]\nmax_value_bytes = 8\n",
+    )
+    .unwrap();
     let n = spawn_node(&dir, &["--config", cfg.to_str().unwrap()]).unwrap();
     assert!(n.ok(&["ping"]).starts_with("pong from node 7"));
     let e = n.fails(&["put", "/vol/big", "123456789"]);
@@ -292,10 +405,16 @@ fn bad_configs_and_unreachable_nodes_are_clear_errors() {
     let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let free = l.local_addr().unwrap().to_string();
     drop(l);
-    let o = Command::new(BIN).args(["--addr", &free, "get", "/vol/a"]).output().unwrap();
+    let o = Command::new(BIN)
+        .args(["--addr", &free, "get", "/vol/a"])
+        .output()
+        .unwrap();
     assert!(!o.status.success());
     let e = String::from_utf8_lossy(&o.stderr);
-    assert!(e.contains("cannot connect") && e.contains("sluice serve"), "{e}");
+    assert!(
+        e.contains("cannot connect") && e.contains("sluice serve"),
+        "{e}"
+    );
 }
 
 #[test]
@@ -312,7 +431,10 @@ fn default_serve_uses_documented_port_and_data_dir() {
     assert_eq!(n.addr, "127.0.0.1:7420");
     assert!(dir.join("sluice-data/pools.json").exists());
     // No --addr: the CLI's default reaches the default node.
-    let o = Command::new(BIN).args(["put", "/vol/a", "hello"]).output().unwrap();
+    let o = Command::new(BIN)
+        .args(["put", "/vol/a", "hello"])
+        .output()
+        .unwrap();
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     let o = Command::new(BIN).args(["get", "/vol/a"]).output().unwrap();
     assert_eq!(String::from_utf8_lossy(&o.stdout), "hello\n");
@@ -320,8 +442,18 @@ fn default_serve_uses_documented_port_and_data_dir() {
 
 #[test]
 fn demo_runs() {
-    let o = Command::new(BIN).args(["demo", "--objects", "300"]).output().unwrap();
+    let o = Command::new(BIN)
+        .args(["demo", "--objects", "300"])
+        .output()
+        .unwrap();
     let out = String::from_utf8_lossy(&o.stdout);
-    assert!(o.status.success(), "{out}\n{}", String::from_utf8_lossy(&o.stderr));
-    assert!(out.contains("300 results stored") && out.contains("demo finished"), "{out}");
+    assert!(
+        o.status.success(),
+        "{out}\n{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    assert!(
+        out.contains("300 results stored") && out.contains("demo finished"),
+        "{out}"
+    );
 }

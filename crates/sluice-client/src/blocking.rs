@@ -22,11 +22,20 @@ impl BlockingWatch<'_> {
     /// The next notification, or None when the connection closed or
     /// `timeout` passed.
     pub fn next_timeout(&mut self, timeout: Duration) -> Option<Notification> {
-        self.rt.block_on(async { tokio::time::timeout(timeout, self.watch.next()).await.ok().flatten() })
+        self.rt.block_on(async {
+            tokio::time::timeout(timeout, self.watch.next())
+                .await
+                .ok()
+                .flatten()
+        })
     }
+}
+
+impl Iterator for BlockingWatch<'_> {
+    type Item = Notification;
 
     /// The next notification; None when the connection closed.
-    pub fn next(&mut self) -> Option<Notification> {
+    fn next(&mut self) -> Option<Notification> {
         self.rt.block_on(self.watch.next())
     }
 }
@@ -39,7 +48,10 @@ macro_rules! blocking {
 
 impl BlockingClient {
     pub fn connect(addr: &str) -> Result<Self> {
-        Self::connect_with(ClientConfig { addr: addr.to_string(), ..Default::default() })
+        Self::connect_with(ClientConfig {
+            addr: addr.to_string(),
+            ..Default::default()
+        })
     }
 
     pub fn connect_with(cfg: ClientConfig) -> Result<Self> {
@@ -47,7 +59,9 @@ impl BlockingClient {
             .worker_threads(1)
             .enable_all()
             .build()
-            .map_err(|e| SluiceError::Internal { reason: format!("cannot start a runtime: {e}") })?;
+            .map_err(|e| SluiceError::Internal {
+                reason: format!("cannot start a runtime: {e}"),
+            })?;
         let client = rt.block_on(Client::connect_with(cfg))?;
         Ok(BlockingClient { rt, client })
     }
@@ -65,8 +79,14 @@ impl BlockingClient {
         self.rt.block_on(self.client.put(key, value))
     }
 
-    pub fn put_if_version(&self, key: &str, value: impl Into<Bytes>, expected_version: u64) -> Result<PutResult> {
-        self.rt.block_on(self.client.put_if_version(key, value, expected_version))
+    pub fn put_if_version(
+        &self,
+        key: &str,
+        value: impl Into<Bytes>,
+        expected_version: u64,
+    ) -> Result<PutResult> {
+        self.rt
+            .block_on(self.client.put_if_version(key, value, expected_version))
     }
 
     pub fn put_and_forget(&self, key: &str, value: impl Into<Bytes>) -> Result<()> {
@@ -87,7 +107,10 @@ impl BlockingClient {
 
     pub fn watch(&self, prefix: &str) -> Result<BlockingWatch<'_>> {
         let watch = self.rt.block_on(self.client.watch(prefix))?;
-        Ok(BlockingWatch { rt: &self.rt, watch })
+        Ok(BlockingWatch {
+            rt: &self.rt,
+            watch,
+        })
     }
 
     blocking! {

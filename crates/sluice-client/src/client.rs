@@ -62,7 +62,12 @@ impl Watch {
     pub async fn next(&mut self) -> Option<Notification> {
         loop {
             match self.rx.recv().await? {
-                Response::Notify { kind, object } => return Some(Notification { kind, object: to_object(object) }),
+                Response::Notify { kind, object } => {
+                    return Some(Notification {
+                        kind,
+                        object: to_object(object),
+                    })
+                }
                 _ => continue, // the WATCH_OK reply
             }
         }
@@ -76,7 +81,10 @@ impl Watch {
     /// Ends the subscription on the server.
     pub async fn cancel(self) -> Result<()> {
         self.conn.close_stream(self.id);
-        self.conn.call(&Request::Unwatch { watch_id: self.id }, self.timeout).await.map(|_| ())
+        self.conn
+            .call(&Request::Unwatch { watch_id: self.id }, self.timeout)
+            .await
+            .map(|_| ())
     }
 }
 
@@ -108,7 +116,11 @@ pub struct Client {
 }
 
 fn to_object(o: WireObject) -> Object {
-    Object { key: Arc::from(o.key), meta: o.meta, value: o.value }
+    Object {
+        key: Arc::from(o.key),
+        meta: o.meta,
+        value: o.value,
+    }
 }
 
 fn unexpected(r: Response) -> SluiceError {
@@ -118,23 +130,33 @@ fn unexpected(r: Response) -> SluiceError {
 impl Client {
     /// Connects to `addr` (`host:port`) with default settings.
     pub async fn connect(addr: &str) -> Result<Client> {
-        Self::connect_with(ClientConfig { addr: addr.to_string(), ..Default::default() }).await
+        Self::connect_with(ClientConfig {
+            addr: addr.to_string(),
+            ..Default::default()
+        })
+        .await
     }
 
     pub async fn connect_with(cfg: ClientConfig) -> Result<Client> {
         let addr = cfg
             .addr
             .to_socket_addrs()
-            .map_err(|e| SluiceError::Connection { reason: format!("bad address {:?}: {e}", cfg.addr) })?
+            .map_err(|e| SluiceError::Connection {
+                reason: format!("bad address {:?}: {e}", cfg.addr),
+            })?
             .next()
-            .ok_or_else(|| SluiceError::Connection { reason: format!("address {:?} resolves to nothing", cfg.addr) })?;
+            .ok_or_else(|| SluiceError::Connection {
+                reason: format!("address {:?} resolves to nothing", cfg.addr),
+            })?;
         let n = cfg.connections.max(1);
         let first = Conn::connect(addr, &cfg.client_name, cfg.connect_timeout).await?;
         let info = first.info.clone();
         let slots: Vec<ArcSwapOption<Conn>> = (0..n).map(|_| ArcSwapOption::empty()).collect();
         slots[0].store(Some(first));
         for slot in slots.iter().skip(1) {
-            slot.store(Some(Conn::connect(addr, &cfg.client_name, cfg.connect_timeout).await?));
+            slot.store(Some(
+                Conn::connect(addr, &cfg.client_name, cfg.connect_timeout).await?,
+            ));
         }
         let client = Client {
             inner: Arc::new(Inner {
@@ -143,7 +165,10 @@ impl Client {
                 slots,
                 reconnect: tokio::sync::Mutex::new(()),
                 rr: AtomicUsize::new(0),
-                pools: ArcSwap::from_pointee(PoolCache { table: PoolTable::default(), routers: HashMap::new() }),
+                pools: ArcSwap::from_pointee(PoolCache {
+                    table: PoolTable::default(),
+                    routers: HashMap::new(),
+                }),
                 info,
             }),
         };
@@ -171,18 +196,31 @@ impl Client {
                 return Ok(c);
             }
         }
-        let c = Conn::connect(self.inner.addr, &self.inner.cfg.client_name, self.inner.cfg.connect_timeout).await?;
+        let c = Conn::connect(
+            self.inner.addr,
+            &self.inner.cfg.client_name,
+            self.inner.cfg.connect_timeout,
+        )
+        .await?;
         self.inner.slots[i].store(Some(c.clone()));
         Ok(c)
     }
 
     async fn call(&self, req: &Request) -> Result<Response> {
-        self.conn().await?.call(req, self.inner.cfg.request_timeout).await
+        self.conn()
+            .await?
+            .call(req, self.inner.cfg.request_timeout)
+            .await
     }
 
     /// Reloads the cached pool table from the server.
     pub async fn refresh_pools(&self) -> Result<()> {
-        let pools = match self.call(&Request::PoolList { include_deleted: true }).await? {
+        let pools = match self
+            .call(&Request::PoolList {
+                include_deleted: true,
+            })
+            .await?
+        {
             Response::Pools(p) => p,
             other => return Err(unexpected(other)),
         };
@@ -192,7 +230,9 @@ impl Client {
             routers.insert(p.pathname.clone(), PoolRouter::new(p.clone()));
             table.pools.insert(p.pathname.clone(), p);
         }
-        self.inner.pools.store(Arc::new(PoolCache { table, routers }));
+        self.inner
+            .pools
+            .store(Arc::new(PoolCache { table, routers }));
         Ok(())
     }
 
@@ -231,14 +271,22 @@ impl Client {
     fn check_value(&self, value: &Bytes) -> Result<()> {
         let max = u64::from(self.inner.info.limits.max_value_bytes);
         if value.len() as u64 > max {
-            return Err(SluiceError::ValueTooLarge { size: value.len() as u64, max });
+            return Err(SluiceError::ValueTooLarge {
+                size: value.len() as u64,
+                max,
+            });
         }
         Ok(())
     }
 
     async fn put_inner(&self, key: &str, value: Bytes, expected: Option<u64>) -> Result<PutResult> {
         self.check_value(&value)?;
-        let r = self.routed(key, |shard| Request::Put { key: key.to_string(), shard: Some(shard), expected, value: value.clone() });
+        let r = self.routed(key, |shard| Request::Put {
+            key: key.to_string(),
+            shard: Some(shard),
+            expected,
+            value: value.clone(),
+        });
         match r.await? {
             Response::PutOk(p) => Ok(p),
             other => Err(unexpected(other)),
@@ -253,8 +301,14 @@ impl Client {
     /// Stores a new version only if the key's current version is
     /// `expected_version` (`VERSION_NONE`: only if the key does not exist).
     /// Otherwise fails with `VersionConflict`, which names the current version.
-    pub async fn put_if_version(&self, key: &str, value: impl Into<Bytes>, expected_version: u64) -> Result<PutResult> {
-        self.put_inner(key, value.into(), Some(expected_version)).await
+    pub async fn put_if_version(
+        &self,
+        key: &str,
+        value: impl Into<Bytes>,
+        expected_version: u64,
+    ) -> Result<PutResult> {
+        self.put_inner(key, value.into(), Some(expected_version))
+            .await
     }
 
     /// Sends a put and returns once it is written to the socket; the server
@@ -263,7 +317,15 @@ impl Client {
         let value = value.into();
         self.check_value(&value)?;
         let shard = self.route(key).await?;
-        self.conn().await?.send_forget(&Request::Put { key: key.to_string(), shard: Some(shard), expected: None, value }).await
+        self.conn()
+            .await?
+            .send_forget(&Request::Put {
+                key: key.to_string(),
+                shard: Some(shard),
+                expected: None,
+                value,
+            })
+            .await
     }
 
     /// Fires lambdas and watchers for `key` without storing anything;
@@ -271,7 +333,14 @@ impl Client {
     pub async fn trigger_put(&self, key: &str, value: impl Into<Bytes>) -> Result<u64> {
         let value = value.into();
         self.check_value(&value)?;
-        match self.routed(key, |shard| Request::TriggerPut { key: key.to_string(), shard: Some(shard), value: value.clone() }).await? {
+        match self
+            .routed(key, |shard| Request::TriggerPut {
+                key: key.to_string(),
+                shard: Some(shard),
+                value: value.clone(),
+            })
+            .await?
+        {
             Response::PutOk(p) => Ok(p.timestamp_us),
             other => Err(unexpected(other)),
         }
@@ -288,7 +357,14 @@ impl Client {
     }
 
     async fn remove_inner(&self, key: &str, expected: Option<u64>) -> Result<PutResult> {
-        match self.routed(key, |shard| Request::Remove { key: key.to_string(), shard: Some(shard), expected }).await? {
+        match self
+            .routed(key, |shard| Request::Remove {
+                key: key.to_string(),
+                shard: Some(shard),
+                expected,
+            })
+            .await?
+        {
             Response::PutOk(p) => Ok(p),
             other => Err(unexpected(other)),
         }
@@ -303,23 +379,51 @@ impl Client {
 
     /// The latest version of `key`.
     pub async fn get(&self, key: &str) -> Result<Object> {
-        self.object(key, |shard| Request::Get { key: key.to_string(), shard: Some(shard), version: None }).await
+        self.object(key, |shard| Request::Get {
+            key: key.to_string(),
+            shard: Some(shard),
+            version: None,
+        })
+        .await
     }
 
     /// A specific version of `key`.
     pub async fn get_version(&self, key: &str, version: u64) -> Result<Object> {
-        self.object(key, |shard| Request::Get { key: key.to_string(), shard: Some(shard), version: Some(version) }).await
+        self.object(key, |shard| Request::Get {
+            key: key.to_string(),
+            shard: Some(shard),
+            version: Some(version),
+        })
+        .await
     }
 
     /// The version of `key` current at `timestamp_us` (µs since the epoch).
     pub async fn get_by_time(&self, key: &str, timestamp_us: u64) -> Result<Object> {
-        self.object(key, |shard| Request::GetByTime { key: key.to_string(), shard: Some(shard), timestamp_us }).await
+        self.object(key, |shard| Request::GetByTime {
+            key: key.to_string(),
+            shard: Some(shard),
+            timestamp_us,
+        })
+        .await
     }
 
     /// Size in bytes of the latest version (or of `version`, or of the
     /// version current at `timestamp_us`) without transferring the value.
-    pub async fn get_size(&self, key: &str, version: Option<u64>, timestamp_us: Option<u64>) -> Result<u64> {
-        match self.routed(key, |shard| Request::GetSize { key: key.to_string(), shard: Some(shard), version, timestamp_us }).await? {
+    pub async fn get_size(
+        &self,
+        key: &str,
+        version: Option<u64>,
+        timestamp_us: Option<u64>,
+    ) -> Result<u64> {
+        match self
+            .routed(key, |shard| Request::GetSize {
+                key: key.to_string(),
+                shard: Some(shard),
+                version,
+                timestamp_us,
+            })
+            .await?
+        {
             Response::Size(n) => Ok(n),
             other => Err(unexpected(other)),
         }
@@ -333,17 +437,25 @@ impl Client {
             meta = self.inner.pools.load().table.get(pool).cloned();
         }
         let Some(meta) = meta else {
-            return Err(SluiceError::PoolNotFound { pool: pool.to_string() });
+            return Err(SluiceError::PoolNotFound {
+                pool: pool.to_string(),
+            });
         };
         let mut calls = Vec::new();
         for shard in 0..meta.shard_count.max(1) {
-            let req = Request::ListKeys { pool: pool.to_string(), prefix: prefix.map(str::to_string), shard: Some(shard) };
+            let req = Request::ListKeys {
+                pool: pool.to_string(),
+                prefix: prefix.map(str::to_string),
+                shard: Some(shard),
+            };
             let c = self.clone();
             calls.push(tokio::spawn(async move { c.call(&req).await }));
         }
         let mut keys = Vec::new();
         for c in calls {
-            match c.await.map_err(|e| SluiceError::Internal { reason: e.to_string() })?? {
+            match c.await.map_err(|e| SluiceError::Internal {
+                reason: e.to_string(),
+            })?? {
                 Response::Keys(k) => keys.extend(k),
                 other => return Err(unexpected(other)),
             }
@@ -365,23 +477,41 @@ impl Client {
         }
         let mut calls = Vec::new();
         for (shard, idx) in by_shard {
-            let req = Request::MultiGet { shard: Some(shard), keys: idx.iter().map(|i| keys[*i].to_string()).collect() };
+            let req = Request::MultiGet {
+                shard: Some(shard),
+                keys: idx.iter().map(|i| keys[*i].to_string()).collect(),
+            };
             let c = self.clone();
             calls.push((idx, tokio::spawn(async move { c.call(&req).await })));
         }
         for (idx, call) in calls {
-            let items = match call.await.map_err(|e| SluiceError::Internal { reason: e.to_string() })?? {
+            let items = match call.await.map_err(|e| SluiceError::Internal {
+                reason: e.to_string(),
+            })?? {
                 Response::Objects(items) => items,
                 other => return Err(unexpected(other)),
             };
             if items.len() != idx.len() {
-                return Err(SluiceError::protocol(format!("multi-get asked for {} keys, got {}", idx.len(), items.len())));
+                return Err(SluiceError::protocol(format!(
+                    "multi-get asked for {} keys, got {}",
+                    idx.len(),
+                    items.len()
+                )));
             }
             for (i, item) in idx.into_iter().zip(items) {
                 out[i] = Some(item.map(to_object));
             }
         }
-        Ok(out.into_iter().map(|o| o.unwrap_or_else(|| Err(SluiceError::Internal { reason: "missing multi-get result".into() }))).collect())
+        Ok(out
+            .into_iter()
+            .map(|o| {
+                o.unwrap_or_else(|| {
+                    Err(SluiceError::Internal {
+                        reason: "missing multi-get result".into(),
+                    })
+                })
+            })
+            .collect())
     }
 
     async fn pool_call(&self, req: Request) -> Result<PoolMeta> {
@@ -400,18 +530,28 @@ impl Client {
 
     /// Soft-deletes a pool (it stays listed with `deleted = true`).
     pub async fn remove_pool(&self, path: &str) -> Result<PoolMeta> {
-        let p = self.pool_call(Request::PoolRemove { path: path.to_string() }).await?;
+        let p = self
+            .pool_call(Request::PoolRemove {
+                path: path.to_string(),
+            })
+            .await?;
         self.refresh_pools().await?;
         Ok(p)
     }
 
     pub async fn get_pool(&self, path: &str) -> Result<PoolMeta> {
-        self.pool_call(Request::PoolGet { path: path.to_string() }).await
+        self.pool_call(Request::PoolGet {
+            path: path.to_string(),
+        })
+        .await
     }
 
     /// The pool `key` belongs to.
     pub async fn pool_of_key(&self, key: &str) -> Result<PoolMeta> {
-        self.pool_call(Request::PoolOfKey { key: key.to_string() }).await
+        self.pool_call(Request::PoolOfKey {
+            key: key.to_string(),
+        })
+        .await
     }
 
     pub async fn list_pools(&self, include_deleted: bool) -> Result<Vec<PoolMeta>> {
@@ -426,21 +566,38 @@ impl Client {
         let conn = self.conn().await?;
         let (tx, mut rx) = mpsc::channel(sluice_server_queue_len());
         let dropped = Arc::new(AtomicU64::new(0));
-        let id = conn.open_stream(&Request::Watch { prefix: prefix.to_string() }, tx, dropped.clone()).await?;
+        let id = conn
+            .open_stream(
+                &Request::Watch {
+                    prefix: prefix.to_string(),
+                },
+                tx,
+                dropped.clone(),
+            )
+            .await?;
         // The first reply says whether the watch was accepted.
         let first = tokio::time::timeout(self.inner.cfg.request_timeout, rx.recv())
             .await
-            .map_err(|_| SluiceError::Timeout { what: "watch".into(), after_ms: self.inner.cfg.request_timeout.as_millis() as u64 })?;
+            .map_err(|_| SluiceError::Timeout {
+                what: "watch".into(),
+                after_ms: self.inner.cfg.request_timeout.as_millis() as u64,
+            })?;
         match first {
-            Some(Response::WatchOk { .. }) => {
-                Ok(Watch { rx, id, conn, dropped, timeout: self.inner.cfg.request_timeout })
-            }
+            Some(Response::WatchOk { .. }) => Ok(Watch {
+                rx,
+                id,
+                conn,
+                dropped,
+                timeout: self.inner.cfg.request_timeout,
+            }),
             Some(Response::Error(e)) => {
                 conn.close_stream(id);
                 Err(e)
             }
             Some(other) => Err(unexpected(other)),
-            None => Err(SluiceError::Connection { reason: "connection closed while opening the watch".into() }),
+            None => Err(SluiceError::Connection {
+                reason: "connection closed while opening the watch".into(),
+            }),
         }
     }
 
@@ -456,7 +613,9 @@ impl Client {
     /// Server counters as JSON.
     pub async fn stats(&self) -> Result<serde_json::Value> {
         match self.call(&Request::Stats).await? {
-            Response::Stats(s) => serde_json::from_str(&s).map_err(|e| SluiceError::protocol(e.to_string())),
+            Response::Stats(s) => {
+                serde_json::from_str(&s).map_err(|e| SluiceError::protocol(e.to_string()))
+            }
             other => Err(unexpected(other)),
         }
     }

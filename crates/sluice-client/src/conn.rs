@@ -36,40 +36,74 @@ pub(crate) struct Conn {
 }
 
 fn conn_err(reason: impl Into<String>) -> SluiceError {
-    SluiceError::Connection { reason: reason.into() }
+    SluiceError::Connection {
+        reason: reason.into(),
+    }
 }
 
 impl Conn {
-    pub(crate) async fn connect(addr: SocketAddr, name: &str, connect_timeout: Duration) -> Result<Arc<Conn>> {
+    pub(crate) async fn connect(
+        addr: SocketAddr,
+        name: &str,
+        connect_timeout: Duration,
+    ) -> Result<Arc<Conn>> {
         let sock = tokio::time::timeout(connect_timeout, TcpStream::connect(addr))
             .await
-            .map_err(|_| SluiceError::Timeout { what: format!("connecting to {addr}"), after_ms: connect_timeout.as_millis() as u64 })?
-            .map_err(|e| conn_err(format!("cannot connect to {addr}: {e} (is `sluice serve` running there?)")))?;
+            .map_err(|_| SluiceError::Timeout {
+                what: format!("connecting to {addr}"),
+                after_ms: connect_timeout.as_millis() as u64,
+            })?
+            .map_err(|e| {
+                conn_err(format!(
+                    "cannot connect to {addr}: {e} (is `sluice serve` running there?)"
+                ))
+            })?;
         let _ = sock.set_nodelay(true);
         let (mut rd, mut wr) = sock.into_split();
         // Handshake synchronously, before the reader task exists.
         let mut q = OutQueue::new();
-        Request::Hello { protocol_version: PROTOCOL_VERSION, client_name: name.to_string() }.encode(&mut q, 0, 0);
-        wr.write_all(&q.to_bytes()).await.map_err(|e| conn_err(format!("handshake with {addr}: {e}")))?;
+        Request::Hello {
+            protocol_version: PROTOCOL_VERSION,
+            client_name: name.to_string(),
+        }
+        .encode(&mut q, 0, 0);
+        wr.write_all(&q.to_bytes())
+            .await
+            .map_err(|e| conn_err(format!("handshake with {addr}: {e}")))?;
         // Before the handshake we accept the largest frame a server may send.
         let decoder = FrameDecoder::new(u32::MAX, u32::MAX);
         let mut buf = BytesMut::with_capacity(4096);
         let info = tokio::time::timeout(connect_timeout, async {
             loop {
-                if let Some(f) = decoder.decode(&mut buf).map_err(|e| SluiceError::protocol(e.to_string()))? {
+                if let Some(f) = decoder
+                    .decode(&mut buf)
+                    .map_err(|e| SluiceError::protocol(e.to_string()))?
+                {
                     return match Response::decode(f)? {
                         Response::HelloOk(info) => Ok(info),
                         Response::Error(e) => Err(e),
-                        other => Err(SluiceError::protocol(format!("expected HELLO_OK, got {other:?}"))),
+                        other => Err(SluiceError::protocol(format!(
+                            "expected HELLO_OK, got {other:?}"
+                        ))),
                     };
                 }
-                if rd.read_buf(&mut buf).await.map_err(|e| conn_err(format!("handshake with {addr}: {e}")))? == 0 {
-                    return Err(conn_err(format!("{addr} closed the connection during the handshake")));
+                if rd
+                    .read_buf(&mut buf)
+                    .await
+                    .map_err(|e| conn_err(format!("handshake with {addr}: {e}")))?
+                    == 0
+                {
+                    return Err(conn_err(format!(
+                        "{addr} closed the connection during the handshake"
+                    )));
                 }
             }
         })
         .await
-        .map_err(|_| SluiceError::Timeout { what: format!("handshake with {addr}"), after_ms: connect_timeout.as_millis() as u64 })??;
+        .map_err(|_| SluiceError::Timeout {
+            what: format!("handshake with {addr}"),
+            after_ms: connect_timeout.as_millis() as u64,
+        })??;
         let conn = Arc::new(Conn {
             writer: tokio::sync::Mutex::new(wr),
             pending: Mutex::new(HashMap::new()),
@@ -79,7 +113,10 @@ impl Conn {
             in_flight: Semaphore::new(info.limits.max_in_flight_per_conn as usize),
             info,
         });
-        let decoder = FrameDecoder::new(conn.info.limits.max_meta_bytes.saturating_mul(2), conn.info.limits.max_value_bytes.saturating_mul(2));
+        let decoder = FrameDecoder::new(
+            conn.info.limits.max_meta_bytes.saturating_mul(2),
+            conn.info.limits.max_value_bytes.saturating_mul(2),
+        );
         tokio::spawn(read_loop(conn.clone(), rd, buf, decoder));
         Ok(conn)
     }
@@ -89,7 +126,10 @@ impl Conn {
     }
 
     fn dead_error(&self) -> SluiceError {
-        self.fatal.lock().clone().unwrap_or_else(|| conn_err("connection to the server closed"))
+        self.fatal
+            .lock()
+            .clone()
+            .unwrap_or_else(|| conn_err("connection to the server closed"))
     }
 
     async fn send(&self, req: &Request, id: u64, flags: u8) -> Result<()> {
@@ -115,7 +155,11 @@ impl Conn {
         if !self.is_alive() {
             return Err(self.dead_error());
         }
-        let _permit = self.in_flight.acquire().await.map_err(|_| conn_err("connection closed"))?;
+        let _permit = self
+            .in_flight
+            .acquire()
+            .await
+            .map_err(|_| conn_err("connection closed"))?;
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let (tx, rx) = oneshot::channel();
         self.pending.lock().insert(id, Pending::Once(tx));
@@ -128,13 +172,21 @@ impl Conn {
             Ok(Err(_)) => Err(self.dead_error()),
             Err(_) => {
                 self.pending.lock().remove(&id);
-                Err(SluiceError::Timeout { what: format!("request {id} ({:#04x})", req.opcode()), after_ms: timeout.as_millis() as u64 })
+                Err(SluiceError::Timeout {
+                    what: format!("request {id} ({:#04x})", req.opcode()),
+                    after_ms: timeout.as_millis() as u64,
+                })
             }
         }
     }
 
     /// Sends a request whose replies keep coming (a watch); returns its id.
-    pub(crate) async fn open_stream(&self, req: &Request, tx: mpsc::Sender<Response>, dropped: Arc<AtomicU64>) -> Result<u64> {
+    pub(crate) async fn open_stream(
+        &self,
+        req: &Request,
+        tx: mpsc::Sender<Response>,
+        dropped: Arc<AtomicU64>,
+    ) -> Result<u64> {
         if !self.is_alive() {
             return Err(self.dead_error());
         }
@@ -161,14 +213,21 @@ impl Conn {
     }
 }
 
-async fn read_loop(conn: Arc<Conn>, mut rd: OwnedReadHalf, mut buf: BytesMut, decoder: FrameDecoder) {
+async fn read_loop(
+    conn: Arc<Conn>,
+    mut rd: OwnedReadHalf,
+    mut buf: BytesMut,
+    decoder: FrameDecoder,
+) {
     'outer: loop {
         loop {
             let frame = match decoder.decode(&mut buf) {
                 Ok(Some(f)) => f,
                 Ok(None) => break,
                 Err(e) => {
-                    *conn.fatal.lock() = Some(SluiceError::protocol(format!("server sent a bad frame: {e}")));
+                    *conn.fatal.lock() = Some(SluiceError::protocol(format!(
+                        "server sent a bad frame: {e}"
+                    )));
                     break 'outer;
                 }
             };

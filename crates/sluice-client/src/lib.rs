@@ -16,5 +16,7 @@ mod conn;
 
 pub use blocking::{BlockingClient, BlockingWatch};
 pub use client::{Client, ClientConfig, Notification, Watch};
-pub use sluice_types::{Object, ObjectMeta, PoolMeta, PoolSpec, PoolType, PutResult, SluiceError, VERSION_NONE};
+pub use sluice_types::{
+    Object, ObjectMeta, PoolMeta, PoolSpec, PoolType, PutResult, SluiceError, VERSION_NONE,
+};
 pub use sluice_wire::{DeliveryKindWire as NotificationKind, ServerInfo};

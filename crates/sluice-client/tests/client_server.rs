@@ -1,7 +1,9 @@
 //! The client SDK against a real server on a loopback port.
 
 use bytes::Bytes;
-use sluice_client::{Client, ClientConfig, NotificationKind, PoolSpec, PoolType, SluiceError, VERSION_NONE};
+use sluice_client::{
+    Client, ClientConfig, NotificationKind, PoolSpec, PoolType, SluiceError, VERSION_NONE,
+};
 use sluice_server::{Server, ServerConfig};
 use sluice_store::Layout;
 use std::net::SocketAddr;
@@ -27,15 +29,28 @@ impl Drop for TempDir {
 fn temp_dir() -> TempDir {
     use std::sync::atomic::{AtomicU32, Ordering};
     static N: AtomicU32 = AtomicU32::new(0);
-    let p = std::env::temp_dir().join(format!("sluice-ct-{}-{}", std::process::id(), N.fetch_add(1, Ordering::Relaxed)));
+    let p = std::env::temp_dir().join(format!(
+        "sluice-ct-{}-{}",
+        std::process::id(),
+        N.fetch_add(1, Ordering::Relaxed)
+    ));
     let _ = std::fs::remove_dir_all(&p);
     TempDir(p)
 }
 
 async fn start(tweak: impl FnOnce(&mut ServerConfig)) -> TestServer {
     let dir = temp_dir();
-    let mut cfg = ServerConfig { listen: "127.0.0.1:0".parse().unwrap(), data_dir: dir.0.clone(), ..Default::default() };
-    cfg.layout = Layout { version: 1, volatile: vec![4], trigger: vec![2], persistent: vec![] };
+    let mut cfg = ServerConfig {
+        listen: "127.0.0.1:0".parse().unwrap(),
+        data_dir: dir.0.clone(),
+        ..Default::default()
+    };
+    cfg.layout = Layout {
+        version: 1,
+        volatile: vec![4],
+        trigger: vec![2],
+        persistent: vec![],
+    };
     tweak(&mut cfg);
     let server = Server::bind(cfg).await.unwrap();
     let addr = server.local_addr();
@@ -43,7 +58,12 @@ async fn start(tweak: impl FnOnce(&mut ServerConfig)) -> TestServer {
     let done = tokio::spawn(server.run(async {
         let _ = rx.await;
     }));
-    TestServer { addr, stop: Some(tx), done, _dir: dir }
+    TestServer {
+        addr,
+        stop: Some(tx),
+        done,
+        _dir: dir,
+    }
 }
 
 impl TestServer {
@@ -52,7 +72,10 @@ impl TestServer {
     }
     async fn stop(mut self) {
         let _ = self.stop.take().unwrap().send(());
-        tokio::time::timeout(Duration::from_secs(10), &mut self.done).await.expect("server stops").unwrap();
+        tokio::time::timeout(Duration::from_secs(10), &mut self.done)
+            .await
+            .expect("server stops")
+            .unwrap();
     }
 }
 
@@ -66,16 +89,42 @@ async fn put_get_versions_conditional_remove() {
     let o = c.get("/vol/a").await.unwrap();
     assert_eq!(&o.value[..], b"two");
     assert_eq!(o.meta.previous_version_by_key, p1.version);
-    assert_eq!(c.get_version("/vol/a", p2.version).await.unwrap().value, Bytes::from("two"));
-    assert!(matches!(c.get_version("/vol/a", p1.version).await, Err(SluiceError::VersionNotRetained { .. })));
-    assert_eq!(c.get_by_time("/vol/a", p2.timestamp_us).await.unwrap().meta.version, p2.version);
+    assert_eq!(
+        c.get_version("/vol/a", p2.version).await.unwrap().value,
+        Bytes::from("two")
+    );
+    assert!(matches!(
+        c.get_version("/vol/a", p1.version).await,
+        Err(SluiceError::VersionNotRetained { .. })
+    ));
+    assert_eq!(
+        c.get_by_time("/vol/a", p2.timestamp_us)
+            .await
+            .unwrap()
+            .meta
+            .version,
+        p2.version
+    );
     assert_eq!(c.get_size("/vol/a", None, None).await.unwrap(), 3);
-    let e = c.put_if_version("/vol/a", "three", p1.version).await.unwrap_err();
-    assert!(matches!(&e, SluiceError::VersionConflict { current, .. } if *current == p2.version.to_string()), "{e}");
-    c.put_if_version("/vol/a", "three", p2.version).await.unwrap();
-    c.put_if_version("/vol/new", "x", VERSION_NONE).await.unwrap();
+    let e = c
+        .put_if_version("/vol/a", "three", p1.version)
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&e, SluiceError::VersionConflict { current, .. } if *current == p2.version.to_string()),
+        "{e}"
+    );
+    c.put_if_version("/vol/a", "three", p2.version)
+        .await
+        .unwrap();
+    c.put_if_version("/vol/new", "x", VERSION_NONE)
+        .await
+        .unwrap();
     c.remove("/vol/a").await.unwrap();
-    assert!(matches!(c.get("/vol/a").await, Err(SluiceError::NotFound { .. })));
+    assert!(matches!(
+        c.get("/vol/a").await,
+        Err(SluiceError::NotFound { .. })
+    ));
     s.stop().await;
 }
 
@@ -88,10 +137,21 @@ async fn routing_list_and_multi_get_across_shards() {
         c.put(k, k.clone()).await.unwrap();
     }
     let stats = c.stats().await.unwrap();
-    let used = stats["shards"].as_array().unwrap().iter().filter(|s| s["keys"].as_u64().unwrap() > 0).count();
-    assert!(used >= 3, "40 keys spread over the 4 volatile shards: {stats}");
+    let used = stats["shards"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|s| s["keys"].as_u64().unwrap() > 0)
+        .count();
+    assert!(
+        used >= 3,
+        "40 keys spread over the 4 volatile shards: {stats}"
+    );
     assert_eq!(c.list_keys("/vol", None).await.unwrap(), keys);
-    assert_eq!(c.list_keys("/vol", Some("/vol/k1")).await.unwrap().len(), 10);
+    assert_eq!(
+        c.list_keys("/vol", Some("/vol/k1")).await.unwrap().len(),
+        10
+    );
     let want: Vec<&str> = vec!["/vol/k03", "/vol/missing", "/vol/k39", "/nopool/x"];
     let got = c.multi_get(&want).await.unwrap();
     assert_eq!(&got[0].as_ref().unwrap().value[..], b"/vol/k03");
@@ -114,27 +174,64 @@ async fn pools_lifecycle_and_stale_cache() {
     };
     let p = a.create_pool(spec.clone()).await.unwrap();
     assert_eq!(p.shard_count, 4);
-    assert!(matches!(a.create_pool(spec).await, Err(SluiceError::PoolExists { .. })));
+    assert!(matches!(
+        a.create_pool(spec).await,
+        Err(SluiceError::PoolExists { .. })
+    ));
     // b's cache predates the pool: it refreshes on its own.
     b.put("/positions/little3_7_42", "p").await.unwrap();
-    assert_eq!(a.pool_of_key("/positions/little3_7_42").await.unwrap().pathname, "/positions");
+    assert_eq!(
+        a.pool_of_key("/positions/little3_7_42")
+            .await
+            .unwrap()
+            .pathname,
+        "/positions"
+    );
     a.remove_pool("/positions").await.unwrap();
     let e = b.get("/positions/little3_7_42").await.unwrap_err();
-    assert!(matches!(&e, SluiceError::PoolDeleted { pool, .. } if pool == "/positions"), "{e}");
-    assert!(a.list_pools(false).await.unwrap().iter().all(|p| p.pathname != "/positions"));
-    assert!(a.list_pools(true).await.unwrap().iter().any(|p| p.pathname == "/positions" && p.deleted));
+    assert!(
+        matches!(&e, SluiceError::PoolDeleted { pool, .. } if pool == "/positions"),
+        "{e}"
+    );
+    assert!(a
+        .list_pools(false)
+        .await
+        .unwrap()
+        .iter()
+        .all(|p| p.pathname != "/positions"));
+    assert!(a
+        .list_pools(true)
+        .await
+        .unwrap()
+        .iter()
+        .any(|p| p.pathname == "/positions" && p.deleted));
     let e = a
-        .create_pool(PoolSpec { pathname: "/p".into(), pool_type: Some(PoolType::Persistent), ..Default::default() })
+        .create_pool(PoolSpec {
+            pathname: "/p".into(),
+            pool_type: Some(PoolType::Persistent),
+            ..Default::default()
+        })
         .await
         .unwrap_err();
     assert!(matches!(e, SluiceError::NotSupported { .. }));
     let e = a
-        .create_pool(PoolSpec { pathname: "/bad".into(), pool_type: Some(PoolType::Volatile), affinity_set_regex: Some("(".into()), ..Default::default() })
+        .create_pool(PoolSpec {
+            pathname: "/bad".into(),
+            pool_type: Some(PoolType::Volatile),
+            affinity_set_regex: Some("(".into()),
+            ..Default::default()
+        })
         .await
         .unwrap_err();
     assert!(e.to_string().contains("does not compile"), "{e}");
-    assert!(matches!(a.get("/trig/x").await, Err(SluiceError::WrongPoolType { .. })));
-    assert!(matches!(a.put("/elsewhere/x", "v").await, Err(SluiceError::NoPool { .. })));
+    assert!(matches!(
+        a.get("/trig/x").await,
+        Err(SluiceError::WrongPoolType { .. })
+    ));
+    assert!(matches!(
+        a.put("/elsewhere/x", "v").await,
+        Err(SluiceError::NoPool { .. })
+    ));
     s.stop().await;
 }
 
@@ -148,12 +245,27 @@ async fn watch_sees_puts_triggers_removes_in_order() {
     c.trigger_put("/trig/go", "fire").await.unwrap();
     c.put("/vol/other", "ignored").await.unwrap();
     c.remove("/vol/w1").await.unwrap();
-    let n1 = tokio::time::timeout(Duration::from_secs(5), w.next()).await.unwrap().unwrap();
-    assert_eq!((n1.kind, &*n1.object.key, &n1.object.value[..]), (NotificationKind::Put, "/vol/w1", &b"a"[..]));
-    let n2 = tokio::time::timeout(Duration::from_secs(5), w.next()).await.unwrap().unwrap();
+    let n1 = tokio::time::timeout(Duration::from_secs(5), w.next())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        (n1.kind, &*n1.object.key, &n1.object.value[..]),
+        (NotificationKind::Put, "/vol/w1", &b"a"[..])
+    );
+    let n2 = tokio::time::timeout(Duration::from_secs(5), w.next())
+        .await
+        .unwrap()
+        .unwrap();
     assert_eq!(n2.kind, NotificationKind::Remove);
-    let n3 = tokio::time::timeout(Duration::from_secs(5), t.next()).await.unwrap().unwrap();
-    assert_eq!((n3.kind, &n3.object.value[..]), (NotificationKind::TriggerPut, &b"fire"[..]));
+    let n3 = tokio::time::timeout(Duration::from_secs(5), t.next())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        (n3.kind, &n3.object.value[..]),
+        (NotificationKind::TriggerPut, &b"fire"[..])
+    );
     w.cancel().await.unwrap();
     s.stop().await;
 }
@@ -161,7 +273,13 @@ async fn watch_sees_puts_triggers_removes_in_order() {
 #[tokio::test]
 async fn put_and_forget_lands_and_pipelining_keeps_order_per_key() {
     let s = start(|_| {}).await;
-    let c = Client::connect_with(ClientConfig { addr: s.addr.to_string(), connections: 2, ..Default::default() }).await.unwrap();
+    let c = Client::connect_with(ClientConfig {
+        addr: s.addr.to_string(),
+        connections: 2,
+        ..Default::default()
+    })
+    .await
+    .unwrap();
     for i in 0..100 {
         c.put_and_forget("/vol/f", format!("{i}")).await.unwrap();
     }
@@ -169,7 +287,9 @@ async fn put_and_forget_lands_and_pipelining_keeps_order_per_key() {
     let mut hs = Vec::new();
     for i in 0..500 {
         let c = c.clone();
-        hs.push(tokio::spawn(async move { c.put(&format!("/vol/p{i}"), vec![1u8; 100]).await }));
+        hs.push(tokio::spawn(async move {
+            c.put(&format!("/vol/p{i}"), vec![1u8; 100]).await
+        }));
     }
     for h in hs {
         h.await.unwrap().unwrap();
@@ -179,10 +299,15 @@ async fn put_and_forget_lands_and_pipelining_keeps_order_per_key() {
     let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
     loop {
         let keys = c.list_keys("/vol", Some("/vol/f")).await.unwrap();
-        if keys == vec!["/vol/f".to_string()] && c.stats().await.unwrap()["store"]["puts"].as_u64().unwrap() >= 600 {
+        if keys == vec!["/vol/f".to_string()]
+            && c.stats().await.unwrap()["store"]["puts"].as_u64().unwrap() >= 600
+        {
             break;
         }
-        assert!(tokio::time::Instant::now() < deadline, "forgotten puts did not land");
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "forgotten puts did not land"
+        );
         tokio::task::yield_now().await;
     }
     s.stop().await;
@@ -193,25 +318,51 @@ async fn oversized_values_are_typed_errors_on_both_sides() {
     let s = start(|c| c.limits.max_value_bytes = 1000).await;
     let c = s.client().await;
     let e = c.put("/vol/big", vec![0u8; 1001]).await.unwrap_err();
-    assert_eq!(e, SluiceError::ValueTooLarge { size: 1001, max: 1000 });
+    assert_eq!(
+        e,
+        SluiceError::ValueTooLarge {
+            size: 1001,
+            max: 1000
+        }
+    );
     c.put("/vol/ok", vec![0u8; 1000]).await.unwrap();
     // A raw client that ignores the limit gets the error and loses only its connection.
     let mut raw = handshake(s.addr).await;
     let mut q = sluice_wire::OutQueue::new();
-    sluice_wire::Request::Put { key: "/vol/big".into(), shard: None, expected: None, value: Bytes::from(vec![0u8; 5000]) }.encode(&mut q, 7, 0);
+    sluice_wire::Request::Put {
+        key: "/vol/big".into(),
+        shard: None,
+        expected: None,
+        value: Bytes::from(vec![0u8; 5000]),
+    }
+    .encode(&mut q, 7, 0);
     raw.write_all(&q.to_bytes()).await.unwrap();
     let (rid, resp) = read_response(&mut raw).await.unwrap();
     assert_eq!(rid, 7);
-    assert!(matches!(resp, sluice_wire::Response::Error(SluiceError::ValueTooLarge { size: 5000, max: 1000 })));
+    assert!(matches!(
+        resp,
+        sluice_wire::Response::Error(SluiceError::ValueTooLarge {
+            size: 5000,
+            max: 1000
+        })
+    ));
     assert!(read_response(&mut raw).await.is_none(), "connection closed");
-    assert_eq!(c.get_size("/vol/ok", None, None).await.unwrap(), 1000, "others unaffected");
+    assert_eq!(
+        c.get_size("/vol/ok", None, None).await.unwrap(),
+        1000,
+        "others unaffected"
+    );
     s.stop().await;
 }
 
 async fn handshake(addr: SocketAddr) -> Raw {
     let mut sock = raw(addr).await;
     let mut q = sluice_wire::OutQueue::new();
-    sluice_wire::Request::Hello { protocol_version: sluice_wire::PROTOCOL_VERSION, client_name: "raw".into() }.encode(&mut q, 1, 0);
+    sluice_wire::Request::Hello {
+        protocol_version: sluice_wire::PROTOCOL_VERSION,
+        client_name: "raw".into(),
+    }
+    .encode(&mut q, 1, 0);
     sock.write_all(&q.to_bytes()).await.unwrap();
     let (_, r) = read_response(&mut sock).await.unwrap();
     assert!(matches!(r, sluice_wire::Response::HelloOk(_)));
@@ -231,7 +382,10 @@ impl Raw {
 }
 
 async fn raw(addr: SocketAddr) -> Raw {
-    Raw { sock: TcpStream::connect(addr).await.unwrap(), buf: bytes::BytesMut::new() }
+    Raw {
+        sock: TcpStream::connect(addr).await.unwrap(),
+        buf: bytes::BytesMut::new(),
+    }
 }
 
 /// Reads one response; None on EOF.
@@ -242,7 +396,10 @@ async fn read_response(r: &mut Raw) -> Option<(u64, sluice_wire::Response)> {
             let id = f.request_id;
             return Some((id, sluice_wire::Response::decode(f).unwrap()));
         }
-        match tokio::time::timeout(Duration::from_secs(10), r.sock.read_buf(&mut r.buf)).await.expect("server answers") {
+        match tokio::time::timeout(Duration::from_secs(10), r.sock.read_buf(&mut r.buf))
+            .await
+            .expect("server answers")
+        {
             Ok(0) | Err(_) => return None,
             Ok(_) => {}
         }
@@ -261,9 +418,14 @@ async fn hostile_clients_cost_only_their_connection() {
 
     // Garbage bytes: told why, then closed.
     let mut g = raw(s.addr).await;
-    g.write_all(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n").await.unwrap();
+    g.write_all(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+        .await
+        .unwrap();
     let (_, r) = read_response(&mut g).await.unwrap();
-    assert!(matches!(r, sluice_wire::Response::Error(SluiceError::Protocol { ref reason }) if reason.contains("magic")), "{r:?}");
+    assert!(
+        matches!(r, sluice_wire::Response::Error(SluiceError::Protocol { ref reason }) if reason.contains("magic")),
+        "{r:?}"
+    );
 
     // No handshake: first request must be HELLO.
     let mut n = raw(s.addr).await;
@@ -271,7 +433,9 @@ async fn hostile_clients_cost_only_their_connection() {
     sluice_wire::Request::Ping.encode(&mut q, 3, 0);
     n.write_all(&q.to_bytes()).await.unwrap();
     let (_, r) = read_response(&mut n).await.unwrap();
-    assert!(matches!(r, sluice_wire::Response::Error(SluiceError::Protocol { ref reason }) if reason.contains("HELLO")));
+    assert!(
+        matches!(r, sluice_wire::Response::Error(SluiceError::Protocol { ref reason }) if reason.contains("HELLO"))
+    );
 
     // Huge length prefix: refused before anything is buffered.
     let mut h = handshake(s.addr).await;
@@ -285,13 +449,22 @@ async fn hostile_clients_cost_only_their_connection() {
     h.write_all(&hdr).await.unwrap();
     let (rid, r) = read_response(&mut h).await.unwrap();
     assert_eq!(rid, 9);
-    assert!(matches!(r, sluice_wire::Response::Error(SluiceError::MetaTooLarge { .. })), "{r:?}");
+    assert!(
+        matches!(
+            r,
+            sluice_wire::Response::Error(SluiceError::MetaTooLarge { .. })
+        ),
+        "{r:?}"
+    );
 
     // Slowloris: half a frame, then silence.
     let mut sl = handshake(s.addr).await;
     sl.write_all(&hdr[..10]).await.unwrap();
     let (_, r) = read_response(&mut sl).await.unwrap();
-    assert!(matches!(r, sluice_wire::Response::Error(SluiceError::Timeout { .. })), "{r:?}");
+    assert!(
+        matches!(r, sluice_wire::Response::Error(SluiceError::Timeout { .. })),
+        "{r:?}"
+    );
 
     // Truncated metadata inside a well-formed frame: an error reply, and the
     // connection stays usable.
@@ -309,7 +482,14 @@ async fn hostile_clients_cost_only_their_connection() {
     bad.extend_from_slice(&q.to_bytes());
     t.write_all(&bad).await.unwrap();
     let (rid, r) = read_response(&mut t).await.unwrap();
-    assert!(rid == 11 && matches!(r, sluice_wire::Response::Error(SluiceError::Protocol { .. })), "{r:?}");
+    assert!(
+        rid == 11
+            && matches!(
+                r,
+                sluice_wire::Response::Error(SluiceError::Protocol { .. })
+            ),
+        "{r:?}"
+    );
     let (rid, r) = read_response(&mut t).await.unwrap();
     assert!(rid == 12 && r == sluice_wire::Response::Pong);
 
@@ -334,7 +514,9 @@ async fn connection_and_in_flight_limits() {
     let mut hs = Vec::new();
     for i in 0..50 {
         let a = a.clone();
-        hs.push(tokio::spawn(async move { a.put(&format!("/vol/i{i}"), "v").await }));
+        hs.push(tokio::spawn(async move {
+            a.put(&format!("/vol/i{i}"), "v").await
+        }));
     }
     for h in hs {
         h.await.unwrap().unwrap();
@@ -389,15 +571,27 @@ fn blocking_client_works_outside_a_runtime() {
 #[tokio::test]
 async fn server_restart_keeps_pools_and_client_reconnects() {
     let dir = temp_dir();
-    let mk = |listen: SocketAddr| ServerConfig { listen, data_dir: dir.0.clone(), ..Default::default() };
-    let server = Server::bind(mk("127.0.0.1:0".parse().unwrap())).await.unwrap();
+    let mk = |listen: SocketAddr| ServerConfig {
+        listen,
+        data_dir: dir.0.clone(),
+        ..Default::default()
+    };
+    let server = Server::bind(mk("127.0.0.1:0".parse().unwrap()))
+        .await
+        .unwrap();
     let addr = server.local_addr();
     let (tx, rx) = oneshot::channel::<()>();
     let h = tokio::spawn(server.run(async {
         let _ = rx.await;
     }));
     let c = Client::connect(&addr.to_string()).await.unwrap();
-    c.create_pool(PoolSpec { pathname: "/kept".into(), pool_type: Some(PoolType::Volatile), ..Default::default() }).await.unwrap();
+    c.create_pool(PoolSpec {
+        pathname: "/kept".into(),
+        pool_type: Some(PoolType::Volatile),
+        ..Default::default()
+    })
+    .await
+    .unwrap();
     tx.send(()).unwrap();
     h.await.unwrap();
     let err = c.ping().await.unwrap_err();

@@ -90,18 +90,42 @@ impl ServerConfig {
         self.layout.validate()?;
         let l = &self.limits;
         let checks = [
-            (l.max_key_bytes >= 2, "limits.max_key_bytes must be at least 2"),
-            (l.max_value_bytes >= 1, "limits.max_value_bytes must be at least 1"),
+            (
+                l.max_key_bytes >= 2,
+                "limits.max_key_bytes must be at least 2",
+            ),
+            (
+                l.max_value_bytes >= 1,
+                "limits.max_value_bytes must be at least 1",
+            ),
             (
                 l.max_value_bytes <= u32::MAX - 1024,
                 "limits.max_value_bytes must be below 4 GiB",
             ),
-            (l.max_meta_bytes >= 4096, "limits.max_meta_bytes must be at least 4096"),
-            (l.max_in_flight_per_conn >= 1, "limits.max_in_flight_per_conn must be at least 1"),
-            (l.max_connections >= 1, "limits.max_connections must be at least 1"),
-            (l.max_multi_get_keys >= 1, "limits.max_multi_get_keys must be at least 1"),
-            (self.timeouts.handshake_ms >= 1, "timeouts.handshake_ms must be at least 1"),
-            (self.timeouts.frame_ms >= 1, "timeouts.frame_ms must be at least 1"),
+            (
+                l.max_meta_bytes >= 4096,
+                "limits.max_meta_bytes must be at least 4096",
+            ),
+            (
+                l.max_in_flight_per_conn >= 1,
+                "limits.max_in_flight_per_conn must be at least 1",
+            ),
+            (
+                l.max_connections >= 1,
+                "limits.max_connections must be at least 1",
+            ),
+            (
+                l.max_multi_get_keys >= 1,
+                "limits.max_multi_get_keys must be at least 1",
+            ),
+            (
+                self.timeouts.handshake_ms >= 1,
+                "timeouts.handshake_ms must be at least 1",
+            ),
+            (
+                self.timeouts.frame_ms >= 1,
+                "timeouts.frame_ms must be at least 1",
+            ),
         ];
         for (ok, msg) in checks {
             if !ok {

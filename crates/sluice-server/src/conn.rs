@@ -5,8 +5,8 @@ use bytes::{Bytes, BytesMut};
 use sluice_store::Store;
 use sluice_types::{SluiceError, VERSION_NONE};
 use sluice_wire::{
-    encode_object, encode_objects, op, Frame, FrameDecoder, FrameError, OutQueue, Request, Response, ServerInfo,
-    FLAG_NO_REPLY, PROTOCOL_VERSION,
+    encode_object, encode_objects, op, Frame, FrameDecoder, FrameError, OutQueue, Request,
+    Response, ServerInfo, FLAG_NO_REPLY, PROTOCOL_VERSION,
 };
 use std::io::IoSlice;
 use std::net::SocketAddr;
@@ -38,7 +38,7 @@ enum Close {
     Shutdown,
     Io(std::io::Error),
     /// Send this error (to this request id), then close.
-    Fatal(u64, SluiceError),
+    Fatal(u64, Box<SluiceError>),
 }
 
 struct Conn {
@@ -73,7 +73,8 @@ pub async fn serve_conn(ctx: Arc<ConnCtx>, mut sock: TcpStream, peer: SocketAddr
             tracing::info!(error = %e, "closing connection after a protocol error");
             conn.out = OutQueue::new();
             Response::error(&mut conn.out, rid, &e);
-            let _ = tokio::time::timeout(Duration::from_secs(1), flush(&mut sock, &mut conn.out)).await;
+            let _ =
+                tokio::time::timeout(Duration::from_secs(1), flush(&mut sock, &mut conn.out)).await;
         }
     }
     ctx.watches.remove_conn(id);
@@ -139,7 +140,7 @@ impl Conn {
                         if self.handshaken && rbuf.is_empty() {
                             return Close::Eof; // idle timeout
                         }
-                        return Close::Fatal(0, SluiceError::Timeout { what: what.into(), after_ms });
+                        return Close::Fatal(0, Box::new(SluiceError::Timeout { what: what.into(), after_ms }));
                     }
                     Some(Ok(0)) => {
                         return if rbuf.is_empty() { Close::Eof } else {
@@ -179,9 +180,25 @@ impl Conn {
         let mut meta = o.meta;
         if n.kind == sluice_wire::DeliveryKindWire::Lagged {
             meta.version = n.dropped;
-            encode_object(&mut self.out, n.watch_id, op::NOTIFY, Some(n.kind as u8), &o.key, &meta, &Bytes::new());
+            encode_object(
+                &mut self.out,
+                n.watch_id,
+                op::NOTIFY,
+                Some(n.kind as u8),
+                &o.key,
+                &meta,
+                &Bytes::new(),
+            );
         } else {
-            encode_object(&mut self.out, n.watch_id, op::NOTIFY, Some(n.kind as u8), &o.key, &meta, &o.value);
+            encode_object(
+                &mut self.out,
+                n.watch_id,
+                op::NOTIFY,
+                Some(n.kind as u8),
+                &o.key,
+                &meta,
+                &o.value,
+            );
         }
     }
 
@@ -194,7 +211,7 @@ impl Conn {
             let frame = match self.decoder.decode(rbuf) {
                 Ok(Some(f)) => f,
                 Ok(None) => return Ok(in_batch),
-                Err(e) => return Err(Close::Fatal(e.request_id(), frame_error(e))),
+                Err(e) => return Err(Close::Fatal(e.request_id(), Box::new(frame_error(e)))),
             };
             self.ctx.stats.requests.fetch_add(1, Ordering::Relaxed);
             in_batch += 1;
@@ -202,7 +219,9 @@ impl Conn {
                 Response::error(
                     &mut self.out,
                     frame.request_id,
-                    &SluiceError::TooManyInFlight { max: max_in_flight as u32 },
+                    &SluiceError::TooManyInFlight {
+                        max: max_in_flight as u32,
+                    },
                 );
                 continue;
             }
@@ -217,21 +236,25 @@ impl Conn {
             Ok(r) => r,
             // The frame boundary is intact, so the connection survives.
             Err(e) => {
-                self.ctx.stats.protocol_errors.fetch_add(1, Ordering::Relaxed);
+                self.ctx
+                    .stats
+                    .protocol_errors
+                    .fetch_add(1, Ordering::Relaxed);
                 Response::error(&mut self.out, rid, &e);
                 return Ok(());
             }
         };
         if !self.handshaken {
             return match req {
-                Request::Hello { protocol_version, client_name } => {
+                Request::Hello {
+                    protocol_version,
+                    client_name,
+                } => {
                     if protocol_version != PROTOCOL_VERSION {
                         return Err(Close::Fatal(
-                            rid,
-                            SluiceError::protocol(format!(
+                            rid, Box::new(SluiceError::protocol(format!(
                                 "client speaks protocol version {protocol_version}, this server speaks {PROTOCOL_VERSION}; upgrade the older side"
-                            )),
-                        ));
+                            )),)));
                     }
                     tracing::debug!(client = %client_name, "handshake");
                     self.handshaken = true;
@@ -245,7 +268,12 @@ impl Conn {
                     Response::HelloOk(info).encode(&mut self.out, rid);
                     Ok(())
                 }
-                _ => Err(Close::Fatal(rid, SluiceError::protocol("the first request on a connection must be HELLO"))),
+                _ => Err(Close::Fatal(
+                    rid,
+                    Box::new(SluiceError::protocol(
+                        "the first request on a connection must be HELLO",
+                    )),
+                )),
             };
         }
         self.execute(rid, no_reply, req);
@@ -260,35 +288,70 @@ impl Conn {
         match req {
             Request::Hello { .. } => reply_err(out, &SluiceError::protocol("HELLO sent twice")),
             Request::Ping => Response::Pong.encode(out, rid),
-            Request::Put { key, shard, expected, value } => {
+            Request::Put {
+                key,
+                shard,
+                expected,
+                value,
+            } => {
                 let span = tracing::trace_span!("put", key = %key);
                 let _e = span.enter();
                 match store.put(&key, value, expected, shard) {
                     Ok(p) if !no_reply => Response::put_ok(out, rid, &p),
                     Ok(_) => {}
-                    Err(e) if no_reply => tracing::debug!(key = %key, error = %e, "put_and_forget failed"),
+                    Err(e) if no_reply => {
+                        tracing::debug!(key = %key, error = %e, "put_and_forget failed")
+                    }
                     Err(e) => reply_err(out, &e),
                 }
             }
-            Request::TriggerPut { key, shard, value } => match store.trigger_put(&key, value, shard) {
-                Ok(ts) if !no_reply => Response::put_ok(out, rid, &sluice_types::PutResult { version: VERSION_NONE, timestamp_us: ts }),
-                Ok(_) => {}
-                Err(e) if no_reply => tracing::debug!(key = %key, error = %e, "trigger_put failed"),
-                Err(e) => reply_err(out, &e),
-            },
-            Request::Remove { key, shard, expected } => match store.remove(&key, expected, shard) {
+            Request::TriggerPut { key, shard, value } => {
+                match store.trigger_put(&key, value, shard) {
+                    Ok(ts) if !no_reply => Response::put_ok(
+                        out,
+                        rid,
+                        &sluice_types::PutResult {
+                            version: VERSION_NONE,
+                            timestamp_us: ts,
+                        },
+                    ),
+                    Ok(_) => {}
+                    Err(e) if no_reply => {
+                        tracing::debug!(key = %key, error = %e, "trigger_put failed")
+                    }
+                    Err(e) => reply_err(out, &e),
+                }
+            }
+            Request::Remove {
+                key,
+                shard,
+                expected,
+            } => match store.remove(&key, expected, shard) {
                 Ok(p) => Response::put_ok(out, rid, &p),
                 Err(e) => reply_err(out, &e),
             },
-            Request::Get { key, shard, version } => match store.get(&key, version, shard) {
+            Request::Get {
+                key,
+                shard,
+                version,
+            } => match store.get(&key, version, shard) {
                 Ok(o) => encode_object(out, rid, op::OBJECT, None, &o.key, &o.meta, &o.value),
                 Err(e) => reply_err(out, &e),
             },
-            Request::GetByTime { key, shard, timestamp_us } => match store.get_by_time(&key, timestamp_us, shard) {
+            Request::GetByTime {
+                key,
+                shard,
+                timestamp_us,
+            } => match store.get_by_time(&key, timestamp_us, shard) {
                 Ok(o) => encode_object(out, rid, op::OBJECT, None, &o.key, &o.meta, &o.value),
                 Err(e) => reply_err(out, &e),
             },
-            Request::GetSize { key, shard, version, timestamp_us } => {
+            Request::GetSize {
+                key,
+                shard,
+                version,
+                timestamp_us,
+            } => {
                 let r = match timestamp_us {
                     Some(ts) => store.get_by_time(&key, ts, shard),
                     None => store.get(&key, version, shard),
@@ -298,7 +361,11 @@ impl Conn {
                     Err(e) => reply_err(out, &e),
                 }
             }
-            Request::ListKeys { pool, prefix, shard } => match store.list_keys(&pool, prefix.as_deref(), shard) {
+            Request::ListKeys {
+                pool,
+                prefix,
+                shard,
+            } => match store.list_keys(&pool, prefix.as_deref(), shard) {
                 Ok(keys) => Response::Keys(keys).encode(out, rid),
                 Err(e) => reply_err(out, &e),
             },
@@ -306,15 +373,22 @@ impl Conn {
                 if keys.len() > limits.max_multi_get_keys as usize {
                     return reply_err(
                         out,
-                        &SluiceError::TooManyKeys { count: keys.len() as u64, max: limits.max_multi_get_keys.into() },
+                        &SluiceError::TooManyKeys {
+                            count: keys.len() as u64,
+                            max: limits.max_multi_get_keys.into(),
+                        },
                     );
                 }
                 let results = store.multi_get(&keys, shard);
                 let items: Vec<_> = results
                     .iter()
                     .map(|r| match r {
-                        Ok(o) => (Some((&*o.key, &o.meta)), None, Some(&o.value)),
-                        Err(e) => (None, Some(e), None),
+                        Ok(o) => sluice_wire::MultiGetItem::Found {
+                            key: &o.key,
+                            meta: &o.meta,
+                            value: &o.value,
+                        },
+                        Err(e) => sluice_wire::MultiGetItem::Failed(e),
                     })
                     .collect();
                 encode_objects(out, rid, &items);
@@ -327,7 +401,9 @@ impl Conn {
                 Ok(p) => Response::Pool(p).encode(out, rid),
                 Err(e) => reply_err(out, &e),
             },
-            Request::PoolList { include_deleted } => Response::Pools(store.list_pools(include_deleted)).encode(out, rid),
+            Request::PoolList { include_deleted } => {
+                Response::Pools(store.list_pools(include_deleted)).encode(out, rid)
+            }
             Request::PoolGet { path } => match store.get_pool(&path) {
                 Ok(p) => Response::Pool(p).encode(out, rid),
                 Err(e) => reply_err(out, &e),
@@ -346,13 +422,20 @@ impl Conn {
                 }
                 // Reply before registering so WATCH_OK precedes the first notice.
                 Response::WatchOk { watch_id: rid }.encode(out, rid);
-                self.ctx.watches.add(self.id, rid, prefix, self.notify_tx.clone());
+                self.ctx
+                    .watches
+                    .add(self.id, rid, prefix, self.notify_tx.clone());
             }
             Request::Unwatch { watch_id } => {
                 if self.ctx.watches.remove(self.id, watch_id) {
                     Response::Ok.encode(out, rid)
                 } else {
-                    reply_err(out, &SluiceError::NotFound { key: format!("watch {watch_id}") })
+                    reply_err(
+                        out,
+                        &SluiceError::NotFound {
+                            key: format!("watch {watch_id}"),
+                        },
+                    )
                 }
             }
             Request::Stats => {
@@ -383,11 +466,23 @@ impl Conn {
 
 fn frame_error(e: FrameError) -> SluiceError {
     match e {
-        FrameError::TooLarge { meta_len, value_len, max_meta, max_value, .. } => {
+        FrameError::TooLarge {
+            meta_len,
+            value_len,
+            max_meta,
+            max_value,
+            ..
+        } => {
             if value_len > max_value {
-                SluiceError::ValueTooLarge { size: value_len, max: max_value }
+                SluiceError::ValueTooLarge {
+                    size: value_len,
+                    max: max_value,
+                }
             } else {
-                SluiceError::MetaTooLarge { size: meta_len, max: max_meta }
+                SluiceError::MetaTooLarge {
+                    size: meta_len,
+                    max: max_meta,
+                }
             }
         }
         other => SluiceError::protocol(other.to_string()),

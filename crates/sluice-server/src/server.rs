@@ -18,7 +18,10 @@ pub enum ServerError {
     #[error("invalid configuration: {0}")]
     Config(String),
     #[error("cannot listen on {addr}: {source} (is another sluice running? pick another address with --listen)")]
-    Bind { addr: SocketAddr, source: std::io::Error },
+    Bind {
+        addr: SocketAddr,
+        source: std::io::Error,
+    },
     #[error("cannot open the store in {dir}: {source}")]
     Store { dir: String, source: SluiceError },
 }
@@ -58,11 +61,17 @@ impl Server {
 
     /// Binds a listener in front of an existing store (embedded use: the
     /// demo, benchmarks, and later the lambda runtime).
-    pub async fn bind_with_store(cfg: ServerConfig, store: Arc<Store>) -> Result<Server, ServerError> {
+    pub async fn bind_with_store(
+        cfg: ServerConfig,
+        store: Arc<Store>,
+    ) -> Result<Server, ServerError> {
         cfg.validate().map_err(ServerError::Config)?;
         let listener = TcpListener::bind(cfg.listen)
             .await
-            .map_err(|source| ServerError::Bind { addr: cfg.listen, source })?;
+            .map_err(|source| ServerError::Bind {
+                addr: cfg.listen,
+                source,
+            })?;
         let watches = Arc::new(WatchHub::default());
         store.add_observer(watches.clone());
         let (shutdown_tx, shutdown_rx) = watch::channel(false);
@@ -137,12 +146,13 @@ impl Server {
         tracing::info!(open = conns.len(), "shutting down: draining connections");
         let _ = ctx.shutdown_tx.send(true);
         let grace = Duration::from_millis(ctx.cfg.timeouts.shutdown_grace_ms);
-        let drained = tokio::time::timeout(grace, async {
-            while conns.join_next().await.is_some() {}
-        })
-        .await;
+        let drained =
+            tokio::time::timeout(grace, async { while conns.join_next().await.is_some() {} }).await;
         if drained.is_err() {
-            tracing::warn!(open = conns.len(), "connections still open after the grace period; closing them");
+            tracing::warn!(
+                open = conns.len(),
+                "connections still open after the grace period; closing them"
+            );
             conns.abort_all();
         }
     }

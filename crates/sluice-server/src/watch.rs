@@ -60,7 +60,11 @@ impl WatchHub {
     }
 
     pub fn count_for(&self, conn_id: u64) -> usize {
-        self.entries.read().iter().filter(|x| x.conn_id == conn_id).count()
+        self.entries
+            .read()
+            .iter()
+            .filter(|x| x.conn_id == conn_id)
+            .count()
     }
 
     pub fn len(&self) -> usize {
@@ -79,7 +83,10 @@ impl DeliveryObserver for WatchHub {
             DeliveryKind::TriggerPut => DeliveryKindWire::TriggerPut,
             DeliveryKind::Remove => DeliveryKindWire::Remove,
         };
-        for e in entries.iter().filter(|e| d.object.key.starts_with(e.prefix.as_str())) {
+        for e in entries
+            .iter()
+            .filter(|e| d.object.key.starts_with(e.prefix.as_str()))
+        {
             let lost = e.dropped.load(Ordering::Relaxed);
             if lost > 0 {
                 let lag = Notice {

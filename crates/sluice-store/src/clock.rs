@@ -28,10 +28,12 @@ impl Clock {
         let mut prev = self.last_us.load(Ordering::Relaxed);
         loop {
             let next = wall.max(prev + 1);
-            match self
-                .last_us
-                .compare_exchange_weak(prev, next, Ordering::AcqRel, Ordering::Relaxed)
-            {
+            match self.last_us.compare_exchange_weak(
+                prev,
+                next,
+                Ordering::AcqRel,
+                Ordering::Relaxed,
+            ) {
                 Ok(_) => return next,
                 Err(p) => prev = p,
             }

@@ -169,9 +169,10 @@ impl Store {
                 let text = std::fs::read_to_string(p).map_err(|e| SluiceError::Io {
                     reason: format!("reading pool table {}: {e}", p.display()),
                 })?;
-                let table: PoolTable = serde_json::from_str(&text).map_err(|e| SluiceError::Io {
-                    reason: format!("pool table {} is corrupt: {e}", p.display()),
-                })?;
+                let table: PoolTable =
+                    serde_json::from_str(&text).map_err(|e| SluiceError::Io {
+                        reason: format!("pool table {} is corrupt: {e}", p.display()),
+                    })?;
                 store.pools.store(Arc::new(PoolView::new(table)));
                 true
             }
@@ -235,7 +236,12 @@ impl Store {
 
     fn commit_pools(&self, table: PoolTable) -> Result<()> {
         if let Some(path) = &self.cfg.pool_table_path {
-            write_atomically(path, &serde_json::to_vec_pretty(&table).map_err(|e| SluiceError::Internal { reason: e.to_string() })?)?;
+            write_atomically(
+                path,
+                &serde_json::to_vec_pretty(&table).map_err(|e| SluiceError::Internal {
+                    reason: e.to_string(),
+                })?,
+            )?;
         }
         self.pools.store(Arc::new(PoolView::new(table)));
         Ok(())
@@ -366,18 +372,35 @@ impl Store {
     /// Stores a new version of `key`. With `expected = Some(v)`, the put
     /// only applies if the key's current version is `v` (`VERSION_NONE`:
     /// the key must not exist, or be removed).
-    pub fn put(&self, key: &str, value: Bytes, expected: Option<u64>, shard: Option<u32>) -> Result<PutResult> {
+    pub fn put(
+        &self,
+        key: &str,
+        value: Bytes,
+        expected: Option<u64>,
+        shard: Option<u32>,
+    ) -> Result<PutResult> {
         let r = self.write(key, Some(value), expected, shard);
         self.count_err(r)
     }
 
     /// Writes a tombstone version: later gets report not-found.
-    pub fn remove(&self, key: &str, expected: Option<u64>, shard: Option<u32>) -> Result<PutResult> {
+    pub fn remove(
+        &self,
+        key: &str,
+        expected: Option<u64>,
+        shard: Option<u32>,
+    ) -> Result<PutResult> {
         let r = self.write(key, None, expected, shard);
         self.count_err(r)
     }
 
-    fn write(&self, key: &str, value: Option<Bytes>, expected: Option<u64>, shard: Option<u32>) -> Result<PutResult> {
+    fn write(
+        &self,
+        key: &str,
+        value: Option<Bytes>,
+        expected: Option<u64>,
+        shard: Option<u32>,
+    ) -> Result<PutResult> {
         let op = if value.is_some() { "put" } else { "remove" };
         let r = self.route(key, shard)?;
         Self::require_type(&r, key, op, &[PoolType::Volatile])?;
@@ -509,7 +532,12 @@ impl Store {
     }
 
     /// The version of a key that was current at `timestamp_us`.
-    pub fn get_by_time(&self, key: &str, timestamp_us: u64, shard: Option<u32>) -> Result<Arc<Object>> {
+    pub fn get_by_time(
+        &self,
+        key: &str,
+        timestamp_us: u64,
+        shard: Option<u32>,
+    ) -> Result<Arc<Object>> {
         let res = (|| {
             let r = self.route(key, shard)?;
             Self::require_type(&r, key, "get_by_time", &[PoolType::Volatile])?;
@@ -540,7 +568,12 @@ impl Store {
     /// Keys of a pool (not of pools nested inside it), optionally under a
     /// prefix, from one shard or (`shard = None`) every shard of the pool.
     /// Removed keys are not listed. Sorted.
-    pub fn list_keys(&self, pool: &str, prefix: Option<&str>, shard: Option<u32>) -> Result<Vec<String>> {
+    pub fn list_keys(
+        &self,
+        pool: &str,
+        prefix: Option<&str>,
+        shard: Option<u32>,
+    ) -> Result<Vec<String>> {
         let res = (|| {
             let view = self.pools.load_full();
             let meta = match view.table.get(pool) {
@@ -568,7 +601,10 @@ impl Store {
             }
             if let Some(p) = prefix {
                 if !p.starts_with(pool) {
-                    return Err(SluiceError::invalid_key(p, format!("prefix is outside pool {pool}")));
+                    return Err(SluiceError::invalid_key(
+                        p,
+                        format!("prefix is outside pool {pool}"),
+                    ));
                 }
             }
             self.stats.list_keys.fetch_add(1, Ordering::Relaxed);

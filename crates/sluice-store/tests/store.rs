@@ -34,7 +34,13 @@ fn put_get_versions_and_chains() {
     assert_eq!(a.value, b("3"));
     assert_eq!(a.meta.previous_version, 2);
     assert_eq!(a.meta.previous_version_by_key, 1);
-    assert_eq!(s.get("/vol/b", None, None).unwrap().meta.previous_version_by_key, VERSION_NONE);
+    assert_eq!(
+        s.get("/vol/b", None, None)
+            .unwrap()
+            .meta
+            .previous_version_by_key,
+        VERSION_NONE
+    );
     assert_eq!(s.get("/vol/a", Some(3), None).unwrap().value, b("3"));
     let e = s.get("/vol/a", Some(1), None).unwrap_err();
     assert!(matches!(e, SluiceError::VersionNotRetained { .. }), "{e}");
@@ -46,10 +52,16 @@ fn put_get_versions_and_chains() {
 fn conditional_put_reports_current_version() {
     let s = store_with_shards(1);
     s.put("/vol/k", b("a"), Some(VERSION_NONE), None).unwrap();
-    let e = s.put("/vol/k", b("b"), Some(VERSION_NONE), None).unwrap_err();
+    let e = s
+        .put("/vol/k", b("b"), Some(VERSION_NONE), None)
+        .unwrap_err();
     assert_eq!(
         e,
-        SluiceError::VersionConflict { key: "/vol/k".into(), expected: "none".into(), current: "1".into() }
+        SluiceError::VersionConflict {
+            key: "/vol/k".into(),
+            expected: "none".into(),
+            current: "1".into()
+        }
     );
     let e = s.put("/vol/k", b("b"), Some(7), None).unwrap_err();
     assert!(e.to_string().contains("current version is 1"), "{e}");
@@ -63,12 +75,24 @@ fn remove_writes_tombstone() {
     s.put("/vol/k", b("a"), None, None).unwrap();
     let rm = s.remove("/vol/k", None, None).unwrap();
     assert_eq!(rm.version, 2);
-    assert!(matches!(s.get("/vol/k", None, None), Err(SluiceError::NotFound { .. })));
-    assert!(matches!(s.remove("/vol/k", None, None), Err(SluiceError::NotFound { .. })));
+    assert!(matches!(
+        s.get("/vol/k", None, None),
+        Err(SluiceError::NotFound { .. })
+    ));
+    assert!(matches!(
+        s.remove("/vol/k", None, None),
+        Err(SluiceError::NotFound { .. })
+    ));
     assert!(s.list_keys("/vol", None, None).unwrap().is_empty());
     // "must not exist" holds again after a remove; the chain continues.
     let r = s.put("/vol/k", b("c"), Some(VERSION_NONE), None).unwrap();
-    assert_eq!(s.get("/vol/k", None, None).unwrap().meta.previous_version_by_key, 2);
+    assert_eq!(
+        s.get("/vol/k", None, None)
+            .unwrap()
+            .meta
+            .previous_version_by_key,
+        2
+    );
     assert_eq!(r.version, 3);
 }
 
@@ -78,14 +102,24 @@ fn pool_errors_name_key_and_pool() {
     let e = s.put("/nope/k", b("a"), None, None).unwrap_err();
     assert!(matches!(&e, SluiceError::NoPool { key } if key == "/nope/k"));
     let e = s.put("/trig/k", b("a"), None, None).unwrap_err();
-    assert!(e.to_string().contains("/trig") && e.to_string().contains("trigger_put"), "{e}");
+    assert!(
+        e.to_string().contains("/trig") && e.to_string().contains("trigger_put"),
+        "{e}"
+    );
     let e = s.get("/trig/k", None, None).unwrap_err();
     assert!(matches!(e, SluiceError::WrongPoolType { .. }));
     s.remove_pool("/vol").unwrap();
     let e = s.get("/vol/k", None, None).unwrap_err();
-    assert!(matches!(&e, SluiceError::PoolDeleted { pool, .. } if pool == "/vol"), "{e}");
+    assert!(
+        matches!(&e, SluiceError::PoolDeleted { pool, .. } if pool == "/vol"),
+        "{e}"
+    );
     let e = s
-        .create_pool(&PoolSpec { pathname: "/p".into(), pool_type: Some(PoolType::Persistent), ..Default::default() })
+        .create_pool(&PoolSpec {
+            pathname: "/p".into(),
+            pool_type: Some(PoolType::Persistent),
+            ..Default::default()
+        })
         .unwrap_err();
     assert!(matches!(e, SluiceError::NotSupported { .. }));
     assert!(s.list_pools(false).iter().all(|p| p.pathname != "/p"));
@@ -96,15 +130,31 @@ fn pool_errors_name_key_and_pool() {
 #[test]
 fn list_keys_excludes_nested_pools_and_filters_prefix() {
     let s = store_with_shards(4);
-    s.create_pool(&PoolSpec { pathname: "/vol/inner".into(), pool_type: Some(PoolType::Volatile), ..Default::default() })
-        .unwrap();
+    s.create_pool(&PoolSpec {
+        pathname: "/vol/inner".into(),
+        pool_type: Some(PoolType::Volatile),
+        ..Default::default()
+    })
+    .unwrap();
     for k in ["/vol/a1", "/vol/a2", "/vol/b", "/vol/inner/x"] {
         s.put(k, b("v"), None, None).unwrap();
     }
-    assert_eq!(s.list_keys("/vol", None, None).unwrap(), vec!["/vol/a1", "/vol/a2", "/vol/b"]);
-    assert_eq!(s.list_keys("/vol", Some("/vol/a"), None).unwrap(), vec!["/vol/a1", "/vol/a2"]);
-    assert_eq!(s.list_keys("/vol/inner", None, None).unwrap(), vec!["/vol/inner/x"]);
-    assert!(matches!(s.list_keys("/nope", None, None), Err(SluiceError::PoolNotFound { .. })));
+    assert_eq!(
+        s.list_keys("/vol", None, None).unwrap(),
+        vec!["/vol/a1", "/vol/a2", "/vol/b"]
+    );
+    assert_eq!(
+        s.list_keys("/vol", Some("/vol/a"), None).unwrap(),
+        vec!["/vol/a1", "/vol/a2"]
+    );
+    assert_eq!(
+        s.list_keys("/vol/inner", None, None).unwrap(),
+        vec!["/vol/inner/x"]
+    );
+    assert!(matches!(
+        s.list_keys("/nope", None, None),
+        Err(SluiceError::PoolNotFound { .. })
+    ));
 }
 
 #[test]
@@ -122,7 +172,10 @@ fn wrong_shard_is_detected() {
 struct Recorder(Mutex<Vec<(String, DeliveryKind, u64)>>);
 impl DeliveryObserver for Recorder {
     fn on_delivery(&self, d: &Delivery<'_>) {
-        self.0.lock().unwrap().push((d.object.key.to_string(), d.kind, d.object.meta.version));
+        self.0
+            .lock()
+            .unwrap()
+            .push((d.object.key.to_string(), d.kind, d.object.meta.version));
     }
 }
 
@@ -146,7 +199,12 @@ fn observers_see_puts_triggers_and_removes() {
         ]
     );
     // A trigger put stored nothing.
-    assert_eq!(s.get("/vol/a", None, None).unwrap_err(), SluiceError::NotFound { key: "/vol/a".into() });
+    assert_eq!(
+        s.get("/vol/a", None, None).unwrap_err(),
+        SluiceError::NotFound {
+            key: "/vol/a".into()
+        }
+    );
 }
 
 #[test]
@@ -154,18 +212,41 @@ fn pool_table_survives_reopen() {
     let dir = std::env::temp_dir().join(format!("sluice-store-test-{}", std::process::id()));
     let path = dir.join("pools.json");
     let _ = std::fs::remove_dir_all(&dir);
-    let cfg = StoreConfig { pool_table_path: Some(path.clone()), ..Default::default() };
+    let cfg = StoreConfig {
+        pool_table_path: Some(path.clone()),
+        ..Default::default()
+    };
     {
         let s = Store::open(cfg.clone()).unwrap();
-        s.create_pool(&PoolSpec { pathname: "/x".into(), pool_type: Some(PoolType::Volatile), ..Default::default() })
-            .unwrap();
+        s.create_pool(&PoolSpec {
+            pathname: "/x".into(),
+            pool_type: Some(PoolType::Volatile),
+            ..Default::default()
+        })
+        .unwrap();
         s.remove_pool("/vol").unwrap();
     }
     let s = Store::open(cfg).unwrap();
-    let names: Vec<_> = s.list_pools(true).into_iter().map(|p| (p.pathname, p.deleted)).collect();
-    assert_eq!(names, vec![("/trig".into(), false), ("/vol".into(), true), ("/x".into(), false)]);
+    let names: Vec<_> = s
+        .list_pools(true)
+        .into_iter()
+        .map(|p| (p.pathname, p.deleted))
+        .collect();
+    assert_eq!(
+        names,
+        vec![
+            ("/trig".into(), false),
+            ("/vol".into(), true),
+            ("/x".into(), false)
+        ]
+    );
     std::fs::write(&path, b"{ not json").unwrap();
-    let e = Store::open(StoreConfig { pool_table_path: Some(path), ..Default::default() }).err().unwrap();
+    let e = Store::open(StoreConfig {
+        pool_table_path: Some(path),
+        ..Default::default()
+    })
+    .err()
+    .unwrap();
     assert!(e.to_string().contains("corrupt"), "{e}");
     let _ = std::fs::remove_dir_all(&dir);
 }
@@ -173,13 +254,15 @@ fn pool_table_survives_reopen() {
 #[test]
 fn readers_never_see_torn_versions_under_concurrent_writes() {
     let s = Arc::new(store_with_shards(1));
-    s.put("/vol/k", Bytes::from(vec![0u8; 256]), None, None).unwrap();
+    s.put("/vol/k", Bytes::from(vec![0u8; 256]), None, None)
+        .unwrap();
     let writer = {
         let s = s.clone();
         std::thread::spawn(move || {
             for i in 1..=20_000u32 {
                 let byte = (i % 251) as u8;
-                s.put("/vol/k", Bytes::from(vec![byte; 256]), None, None).unwrap();
+                s.put("/vol/k", Bytes::from(vec![byte; 256]), None, None)
+                    .unwrap();
             }
         })
     };

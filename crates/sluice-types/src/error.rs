@@ -13,7 +13,9 @@ pub enum SluiceError {
     InvalidKey { key: String, reason: String },
     #[error("no object pool covers key {key:?}; create one with `sluice pools create <path>`")]
     NoPool { key: String },
-    #[error("object pool {pool:?} (for key {key:?}) is deleted; recreate it with `sluice pools create`")]
+    #[error(
+        "object pool {pool:?} (for key {key:?}) is deleted; recreate it with `sluice pools create`"
+    )]
     PoolDeleted { pool: String, key: String },
     #[error("object pool {pool:?} already exists")]
     PoolExists { pool: String },

@@ -43,9 +43,7 @@ impl std::str::FromStr for PoolType {
             "trigger" => Ok(PoolType::Trigger),
             other => Err(SluiceError::InvalidPool {
                 pool: String::new(),
-                reason: format!(
-                    "unknown pool type {other:?}; use volatile, persistent or trigger"
-                ),
+                reason: format!("unknown pool type {other:?}; use volatile, persistent or trigger"),
             }),
         }
     }
@@ -206,7 +204,13 @@ impl PoolTable {
     }
 
     /// Inserts a new pool (or revives a deleted one at the same path).
-    pub fn create(&mut self, spec: &PoolSpec, pool_type: PoolType, shard_count: u32, now_us: u64) -> Result<PoolMeta> {
+    pub fn create(
+        &mut self,
+        spec: &PoolSpec,
+        pool_type: PoolType,
+        shard_count: u32,
+        now_us: u64,
+    ) -> Result<PoolMeta> {
         if let Some(existing) = self.pools.get(&spec.pathname) {
             if !existing.deleted {
                 return Err(SluiceError::PoolExists {
@@ -281,7 +285,10 @@ mod tests {
         t.remove("/a").unwrap();
         let e = t.live_pool_of("/a/k").unwrap_err();
         assert!(matches!(e, SluiceError::PoolDeleted { .. }), "{e}");
-        assert!(matches!(t.remove("/a"), Err(SluiceError::PoolNotFound { .. })));
+        assert!(matches!(
+            t.remove("/a"),
+            Err(SluiceError::PoolNotFound { .. })
+        ));
         assert_eq!(t.list(false).len(), 0);
         assert_eq!(t.list(true).len(), 1);
         let spec = PoolSpec {
@@ -310,18 +317,33 @@ mod tests {
         assert!(matches!(e, SluiceError::NotSupported { .. }), "{e}");
         spec.pool_type = Some(PoolType::Volatile);
         spec.affinity_set_regex = Some("([".into());
-        assert!(validate_spec(&spec, 1024, shards).unwrap_err().to_string().contains("does not compile"));
+        assert!(validate_spec(&spec, 1024, shards)
+            .unwrap_err()
+            .to_string()
+            .contains("does not compile"));
         spec.affinity_set_regex = None;
         spec.subgroup_index = 3;
-        assert!(validate_spec(&spec, 1024, shards).unwrap_err().to_string().contains("no volatile subgroup 3"));
+        assert!(validate_spec(&spec, 1024, shards)
+            .unwrap_err()
+            .to_string()
+            .contains("no volatile subgroup 3"));
         spec.subgroup_index = 0;
         spec.object_locations.insert("/p/k".into(), 2);
-        assert!(validate_spec(&spec, 1024, shards).unwrap_err().to_string().contains("has 2 shards"));
+        assert!(validate_spec(&spec, 1024, shards)
+            .unwrap_err()
+            .to_string()
+            .contains("has 2 shards"));
         spec.object_locations.clear();
         spec.object_locations.insert("/q/k".into(), 0);
-        assert!(validate_spec(&spec, 1024, shards).unwrap_err().to_string().contains("outside the pool"));
+        assert!(validate_spec(&spec, 1024, shards)
+            .unwrap_err()
+            .to_string()
+            .contains("outside the pool"));
         spec.object_locations.clear();
         spec.pathname = "p".into();
-        assert!(validate_spec(&spec, 1024, shards).unwrap_err().to_string().contains("start with '/'"));
+        assert!(validate_spec(&spec, 1024, shards)
+            .unwrap_err()
+            .to_string()
+            .contains("start with '/'"));
     }
 }

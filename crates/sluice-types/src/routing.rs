@@ -81,7 +81,10 @@ mod tests {
     fn affinity_groups_related_keys() {
         let r = router(Some("/[a-zA-Z0-9]+_[0-9]+_"), 16);
         assert_eq!(r.affinity_key("/positions/little3_7_42"), "/little3_7_");
-        assert_eq!(r.shard_of("/positions/little3_7_42"), r.shard_of("/positions/little3_7_99"));
+        assert_eq!(
+            r.shard_of("/positions/little3_7_42"),
+            r.shard_of("/positions/little3_7_99")
+        );
         assert_eq!(r.affinity_key("/positions/nomatch"), "/positions/nomatch");
         assert_eq!(r.shard_of("/positions/pinned"), 3);
     }

@@ -89,7 +89,11 @@ impl MetaReader {
         }
     }
     pub fn opt_u64(&mut self) -> Result<Option<u64>, SluiceError> {
-        Ok(if self.bool()? { Some(self.u64()?) } else { None })
+        Ok(if self.bool()? {
+            Some(self.u64()?)
+        } else {
+            None
+        })
     }
     pub fn bytes(&mut self) -> Result<Bytes, SluiceError> {
         let n = self.u32()? as usize;
@@ -103,15 +107,23 @@ impl MetaReader {
     }
     pub fn str(&mut self) -> Result<String, SluiceError> {
         let b = self.bytes()?;
-        String::from_utf8(b.to_vec()).map_err(|_| SluiceError::protocol("string is not valid UTF-8"))
+        String::from_utf8(b.to_vec())
+            .map_err(|_| SluiceError::protocol("string is not valid UTF-8"))
     }
     pub fn opt_str(&mut self) -> Result<Option<String>, SluiceError> {
-        Ok(if self.bool()? { Some(self.str()?) } else { None })
+        Ok(if self.bool()? {
+            Some(self.str()?)
+        } else {
+            None
+        })
     }
     /// Call after the last field: trailing bytes mean a mismatched encoder.
     pub fn finish(&self) -> Result<(), SluiceError> {
         if self.buf.has_remaining() {
-            return Err(SluiceError::protocol(format!("{} unexpected trailing metadata bytes", self.buf.remaining())));
+            return Err(SluiceError::protocol(format!(
+                "{} unexpected trailing metadata bytes",
+                self.buf.remaining()
+            )));
         }
         Ok(())
     }

@@ -20,8 +20,17 @@ pub struct Frame {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum FrameError {
     BadMagic(u16),
-    BadHeader { request_id: u64, reason: String },
-    TooLarge { request_id: u64, meta_len: u64, value_len: u64, max_meta: u64, max_value: u64 },
+    BadHeader {
+        request_id: u64,
+        reason: String,
+    },
+    TooLarge {
+        request_id: u64,
+        meta_len: u64,
+        value_len: u64,
+        max_meta: u64,
+        max_value: u64,
+    },
 }
 
 impl std::fmt::Display for FrameError {
@@ -45,7 +54,9 @@ impl FrameError {
     pub fn request_id(&self) -> u64 {
         match self {
             FrameError::BadMagic(_) => 0,
-            FrameError::BadHeader { request_id, .. } | FrameError::TooLarge { request_id, .. } => *request_id,
+            FrameError::BadHeader { request_id, .. } | FrameError::TooLarge { request_id, .. } => {
+                *request_id
+            }
         }
     }
 }
@@ -59,7 +70,10 @@ pub struct FrameDecoder {
 
 impl FrameDecoder {
     pub fn new(max_meta: u32, max_value: u32) -> Self {
-        FrameDecoder { max_meta, max_value }
+        FrameDecoder {
+            max_meta,
+            max_value,
+        }
     }
 
     /// Bytes the frame at the head of `buf` needs in total, once its header
@@ -116,12 +130,25 @@ impl FrameDecoder {
         frame.advance(HEADER_LEN);
         let mut body = frame.freeze();
         let meta = body.split_to(meta_len as usize);
-        Ok(Some(Frame { opcode, flags, request_id, meta, value: body }))
+        Ok(Some(Frame {
+            opcode,
+            flags,
+            request_id,
+            meta,
+            value: body,
+        }))
     }
 }
 
 /// Writes a frame header.
-pub fn write_header(out: &mut BytesMut, opcode: u8, flags: u8, request_id: u64, meta_len: usize, value_len: usize) {
+pub fn write_header(
+    out: &mut BytesMut,
+    opcode: u8,
+    flags: u8,
+    request_id: u64,
+    meta_len: usize,
+    value_len: usize,
+) {
     use bytes::BufMut;
     out.put_u16_le(MAGIC);
     out.put_u8(opcode);

@@ -26,7 +26,10 @@ mod out;
 
 pub use codec::{MetaReader, MetaWriter};
 pub use frame::{Frame, FrameDecoder, FrameError, FLAG_NO_REPLY, HEADER_LEN, MAGIC};
-pub use message::{encode_object, encode_objects, op, DeliveryKindWire, Request, Response, ServerInfo, WireObject};
+pub use message::{
+    encode_object, encode_objects, op, DeliveryKindWire, MultiGetItem, Request, Response,
+    ServerInfo, WireObject,
+};
 pub use out::OutQueue;
 
 /// Protocol version spoken by this build; the handshake rejects others.

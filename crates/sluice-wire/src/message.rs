@@ -88,23 +88,73 @@ impl DeliveryKindWire {
 /// `shard` is `None` when the client leaves routing to the server.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Request {
-    Hello { protocol_version: u16, client_name: String },
+    Hello {
+        protocol_version: u16,
+        client_name: String,
+    },
     Ping,
-    Put { key: String, shard: Option<u32>, expected: Option<u64>, value: Bytes },
-    TriggerPut { key: String, shard: Option<u32>, value: Bytes },
-    Remove { key: String, shard: Option<u32>, expected: Option<u64> },
-    Get { key: String, shard: Option<u32>, version: Option<u64> },
-    GetByTime { key: String, shard: Option<u32>, timestamp_us: u64 },
-    GetSize { key: String, shard: Option<u32>, version: Option<u64>, timestamp_us: Option<u64> },
-    ListKeys { pool: String, prefix: Option<String>, shard: Option<u32> },
-    MultiGet { shard: Option<u32>, keys: Vec<String> },
-    PoolCreate { spec: PoolSpec },
-    PoolRemove { path: String },
-    PoolList { include_deleted: bool },
-    PoolGet { path: String },
-    PoolOfKey { key: String },
-    Watch { prefix: String },
-    Unwatch { watch_id: u64 },
+    Put {
+        key: String,
+        shard: Option<u32>,
+        expected: Option<u64>,
+        value: Bytes,
+    },
+    TriggerPut {
+        key: String,
+        shard: Option<u32>,
+        value: Bytes,
+    },
+    Remove {
+        key: String,
+        shard: Option<u32>,
+        expected: Option<u64>,
+    },
+    Get {
+        key: String,
+        shard: Option<u32>,
+        version: Option<u64>,
+    },
+    GetByTime {
+        key: String,
+        shard: Option<u32>,
+        timestamp_us: u64,
+    },
+    GetSize {
+        key: String,
+        shard: Option<u32>,
+        version: Option<u64>,
+        timestamp_us: Option<u64>,
+    },
+    ListKeys {
+        pool: String,
+        prefix: Option<String>,
+        shard: Option<u32>,
+    },
+    MultiGet {
+        shard: Option<u32>,
+        keys: Vec<String>,
+    },
+    PoolCreate {
+        spec: PoolSpec,
+    },
+    PoolRemove {
+        path: String,
+    },
+    PoolList {
+        include_deleted: bool,
+    },
+    PoolGet {
+        path: String,
+    },
+    PoolOfKey {
+        key: String,
+    },
+    Watch {
+        prefix: String,
+    },
+    Unwatch {
+        watch_id: u64,
+    },
     Stats,
 }
 
@@ -119,8 +169,13 @@ pub enum Response {
     Objects(Vec<Result<WireObject, SluiceError>>),
     Pool(PoolMeta),
     Pools(Vec<PoolMeta>),
-    WatchOk { watch_id: u64 },
-    Notify { kind: DeliveryKindWire, object: WireObject },
+    WatchOk {
+        watch_id: u64,
+    },
+    Notify {
+        kind: DeliveryKindWire,
+        object: WireObject,
+    },
     Ok,
     Stats(String),
     Error(SluiceError),
@@ -137,7 +192,8 @@ fn shard_dec(s: u32) -> Option<u32> {
 
 fn json<T: Serialize>(v: &T) -> String {
     // Serialising our own plain structs cannot fail.
-    serde_json::to_string(v).unwrap_or_else(|e| format!("{{\"error\":\"internal\",\"reason\":\"{e}\"}}"))
+    serde_json::to_string(v)
+        .unwrap_or_else(|e| format!("{{\"error\":\"internal\",\"reason\":\"{e}\"}}"))
 }
 
 fn from_json<T: for<'de> Deserialize<'de>>(s: &str) -> Result<T, SluiceError> {
@@ -145,7 +201,14 @@ fn from_json<T: for<'de> Deserialize<'de>>(s: &str) -> Result<T, SluiceError> {
 }
 
 /// Encodes one frame: header, then metadata written by `meta`, then value.
-fn frame(out: &mut OutQueue, opcode: u8, flags: u8, request_id: u64, value: Option<&Bytes>, meta: impl FnOnce(&mut MetaWriter)) {
+fn frame(
+    out: &mut OutQueue,
+    opcode: u8,
+    flags: u8,
+    request_id: u64,
+    value: Option<&Bytes>,
+    meta: impl FnOnce(&mut MetaWriter),
+) {
     let buf = out.buf();
     let start = buf.len();
     write_header(buf, opcode, flags, request_id, 0, 0);
@@ -182,7 +245,15 @@ fn read_obj_meta(r: &mut MetaReader) -> Result<(String, ObjectMeta), SluiceError
 
 /// Encodes an object response straight from the stored parts, so the
 /// server never builds an intermediate `WireObject`.
-pub fn encode_object(out: &mut OutQueue, request_id: u64, opcode: u8, prefix: Option<u8>, key: &str, meta: &ObjectMeta, value: &Bytes) {
+pub fn encode_object(
+    out: &mut OutQueue,
+    request_id: u64,
+    opcode: u8,
+    prefix: Option<u8>,
+    key: &str,
+    meta: &ObjectMeta,
+    value: &Bytes,
+) {
     frame(out, opcode, 0, request_id, Some(value), |w| {
         if let Some(p) = prefix {
             w.u8(p);
@@ -218,30 +289,66 @@ impl Request {
     pub fn encode(&self, out: &mut OutQueue, request_id: u64, flags: u8) {
         let opc = self.opcode();
         match self {
-            Request::Hello { protocol_version, client_name } => frame(out, opc, flags, request_id, None, |w| {
+            Request::Hello {
+                protocol_version,
+                client_name,
+            } => frame(out, opc, flags, request_id, None, |w| {
                 w.u16(*protocol_version).str(client_name);
             }),
             Request::Ping | Request::Stats => frame(out, opc, flags, request_id, None, |_| {}),
-            Request::Put { key, shard, expected, value } => frame(out, opc, flags, request_id, Some(value), |w| {
+            Request::Put {
+                key,
+                shard,
+                expected,
+                value,
+            } => frame(out, opc, flags, request_id, Some(value), |w| {
                 w.str(key).u32(shard_enc(*shard)).opt_u64(*expected);
             }),
-            Request::TriggerPut { key, shard, value } => frame(out, opc, flags, request_id, Some(value), |w| {
-                w.str(key).u32(shard_enc(*shard));
-            }),
-            Request::Remove { key, shard, expected } => frame(out, opc, flags, request_id, None, |w| {
+            Request::TriggerPut { key, shard, value } => {
+                frame(out, opc, flags, request_id, Some(value), |w| {
+                    w.str(key).u32(shard_enc(*shard));
+                })
+            }
+            Request::Remove {
+                key,
+                shard,
+                expected,
+            } => frame(out, opc, flags, request_id, None, |w| {
                 w.str(key).u32(shard_enc(*shard)).opt_u64(*expected);
             }),
-            Request::Get { key, shard, version } => frame(out, opc, flags, request_id, None, |w| {
+            Request::Get {
+                key,
+                shard,
+                version,
+            } => frame(out, opc, flags, request_id, None, |w| {
                 w.str(key).u32(shard_enc(*shard)).opt_u64(*version);
             }),
-            Request::GetByTime { key, shard, timestamp_us } => frame(out, opc, flags, request_id, None, |w| {
+            Request::GetByTime {
+                key,
+                shard,
+                timestamp_us,
+            } => frame(out, opc, flags, request_id, None, |w| {
                 w.str(key).u32(shard_enc(*shard)).u64(*timestamp_us);
             }),
-            Request::GetSize { key, shard, version, timestamp_us } => frame(out, opc, flags, request_id, None, |w| {
-                w.str(key).u32(shard_enc(*shard)).opt_u64(*version).opt_u64(*timestamp_us);
+            Request::GetSize {
+                key,
+                shard,
+                version,
+                timestamp_us,
+            } => frame(out, opc, flags, request_id, None, |w| {
+                w.str(key)
+                    .u32(shard_enc(*shard))
+                    .opt_u64(*version)
+                    .opt_u64(*timestamp_us);
             }),
-            Request::ListKeys { pool, prefix, shard } => frame(out, opc, flags, request_id, None, |w| {
-                w.str(pool).opt_str(prefix.as_deref()).u32(shard_enc(*shard));
+            Request::ListKeys {
+                pool,
+                prefix,
+                shard,
+            } => frame(out, opc, flags, request_id, None, |w| {
+                w.str(pool)
+                    .opt_str(prefix.as_deref())
+                    .u32(shard_enc(*shard));
             }),
             Request::MultiGet { shard, keys } => frame(out, opc, flags, request_id, None, |w| {
                 w.u32(shard_enc(*shard)).u32(keys.len() as u32);
@@ -252,12 +359,16 @@ impl Request {
             Request::PoolCreate { spec } => frame(out, opc, flags, request_id, None, |w| {
                 w.str(&json(spec));
             }),
-            Request::PoolRemove { path } | Request::PoolGet { path } => frame(out, opc, flags, request_id, None, |w| {
-                w.str(path);
-            }),
-            Request::PoolList { include_deleted } => frame(out, opc, flags, request_id, None, |w| {
-                w.u8(*include_deleted as u8);
-            }),
+            Request::PoolRemove { path } | Request::PoolGet { path } => {
+                frame(out, opc, flags, request_id, None, |w| {
+                    w.str(path);
+                })
+            }
+            Request::PoolList { include_deleted } => {
+                frame(out, opc, flags, request_id, None, |w| {
+                    w.u8(*include_deleted as u8);
+                })
+            }
             Request::PoolOfKey { key } => frame(out, opc, flags, request_id, None, |w| {
                 w.str(key);
             }),
@@ -275,24 +386,56 @@ impl Request {
         let mut r = MetaReader::new(f.meta);
         let has_value = matches!(f.opcode, op::PUT | op::TRIGGER_PUT);
         if !has_value && !f.value.is_empty() {
-            return Err(SluiceError::protocol(format!("opcode {:#04x} carries no value, got {} value bytes", f.opcode, f.value.len())));
+            return Err(SluiceError::protocol(format!(
+                "opcode {:#04x} carries no value, got {} value bytes",
+                f.opcode,
+                f.value.len()
+            )));
         }
         let req = match f.opcode {
-            op::HELLO => Request::Hello { protocol_version: r.u16()?, client_name: r.str()? },
+            op::HELLO => Request::Hello {
+                protocol_version: r.u16()?,
+                client_name: r.str()?,
+            },
             op::PING => Request::Ping,
             op::STATS => Request::Stats,
-            op::PUT => Request::Put { key: r.str()?, shard: shard_dec(r.u32()?), expected: r.opt_u64()?, value: f.value },
-            op::TRIGGER_PUT => Request::TriggerPut { key: r.str()?, shard: shard_dec(r.u32()?), value: f.value },
-            op::REMOVE => Request::Remove { key: r.str()?, shard: shard_dec(r.u32()?), expected: r.opt_u64()? },
-            op::GET => Request::Get { key: r.str()?, shard: shard_dec(r.u32()?), version: r.opt_u64()? },
-            op::GET_BY_TIME => Request::GetByTime { key: r.str()?, shard: shard_dec(r.u32()?), timestamp_us: r.u64()? },
+            op::PUT => Request::Put {
+                key: r.str()?,
+                shard: shard_dec(r.u32()?),
+                expected: r.opt_u64()?,
+                value: f.value,
+            },
+            op::TRIGGER_PUT => Request::TriggerPut {
+                key: r.str()?,
+                shard: shard_dec(r.u32()?),
+                value: f.value,
+            },
+            op::REMOVE => Request::Remove {
+                key: r.str()?,
+                shard: shard_dec(r.u32()?),
+                expected: r.opt_u64()?,
+            },
+            op::GET => Request::Get {
+                key: r.str()?,
+                shard: shard_dec(r.u32()?),
+                version: r.opt_u64()?,
+            },
+            op::GET_BY_TIME => Request::GetByTime {
+                key: r.str()?,
+                shard: shard_dec(r.u32()?),
+                timestamp_us: r.u64()?,
+            },
             op::GET_SIZE => Request::GetSize {
                 key: r.str()?,
                 shard: shard_dec(r.u32()?),
                 version: r.opt_u64()?,
                 timestamp_us: r.opt_u64()?,
             },
-            op::LIST_KEYS => Request::ListKeys { pool: r.str()?, prefix: r.opt_str()?, shard: shard_dec(r.u32()?) },
+            op::LIST_KEYS => Request::ListKeys {
+                pool: r.str()?,
+                prefix: r.opt_str()?,
+                shard: shard_dec(r.u32()?),
+            },
             op::MULTI_GET => {
                 let shard = shard_dec(r.u32()?);
                 let n = r.u32()? as usize;
@@ -304,14 +447,22 @@ impl Request {
                 }
                 Request::MultiGet { shard, keys }
             }
-            op::POOL_CREATE => Request::PoolCreate { spec: from_json(&r.str()?)? },
+            op::POOL_CREATE => Request::PoolCreate {
+                spec: from_json(&r.str()?)?,
+            },
             op::POOL_REMOVE => Request::PoolRemove { path: r.str()? },
-            op::POOL_LIST => Request::PoolList { include_deleted: r.bool()? },
+            op::POOL_LIST => Request::PoolList {
+                include_deleted: r.bool()?,
+            },
             op::POOL_GET => Request::PoolGet { path: r.str()? },
             op::POOL_OF_KEY => Request::PoolOfKey { key: r.str()? },
             op::WATCH => Request::Watch { prefix: r.str()? },
             op::UNWATCH => Request::Unwatch { watch_id: r.u64()? },
-            other => return Err(SluiceError::protocol(format!("unknown request opcode {other:#04x}"))),
+            other => {
+                return Err(SluiceError::protocol(format!(
+                    "unknown request opcode {other:#04x}"
+                )))
+            }
         };
         r.finish()?;
         Ok(req)
@@ -327,10 +478,18 @@ impl Response {
             Response::Pong => frame(out, op::PONG, 0, request_id, None, |_| {}),
             Response::Ok => frame(out, op::OK, 0, request_id, None, |_| {}),
             Response::PutOk(p) => Self::put_ok(out, request_id, p),
-            Response::Object(o) => encode_object(out, request_id, op::OBJECT, None, &o.key, &o.meta, &o.value),
-            Response::Notify { kind, object } => {
-                encode_object(out, request_id, op::NOTIFY, Some(*kind as u8), &object.key, &object.meta, &object.value)
+            Response::Object(o) => {
+                encode_object(out, request_id, op::OBJECT, None, &o.key, &o.meta, &o.value)
             }
+            Response::Notify { kind, object } => encode_object(
+                out,
+                request_id,
+                op::NOTIFY,
+                Some(*kind as u8),
+                &object.key,
+                &object.meta,
+                &object.value,
+            ),
             Response::Size(n) => frame(out, op::SIZE, 0, request_id, None, |w| {
                 w.u64(*n);
             }),
@@ -341,11 +500,15 @@ impl Response {
                 }
             }),
             Response::Objects(items) => {
-                let parts: Vec<(Option<(&str, &ObjectMeta)>, Option<&SluiceError>, Option<&Bytes>)> = items
+                let parts: Vec<MultiGetItem<'_>> = items
                     .iter()
                     .map(|i| match i {
-                        Ok(o) => (Some((o.key.as_str(), &o.meta)), None, Some(&o.value)),
-                        Err(e) => (None, Some(e), None),
+                        Ok(o) => MultiGetItem::Found {
+                            key: &o.key,
+                            meta: &o.meta,
+                            value: &o.value,
+                        },
+                        Err(e) => MultiGetItem::Failed(e),
                     })
                     .collect();
                 encode_objects(out, request_id, &parts);
@@ -382,21 +545,39 @@ impl Response {
         let mut r = MetaReader::new(f.meta);
         let has_value = matches!(f.opcode, op::OBJECT | op::NOTIFY | op::OBJECTS);
         if !has_value && !f.value.is_empty() {
-            return Err(SluiceError::protocol(format!("response {:#04x} carries no value, got {} value bytes", f.opcode, f.value.len())));
+            return Err(SluiceError::protocol(format!(
+                "response {:#04x} carries no value, got {} value bytes",
+                f.opcode,
+                f.value.len()
+            )));
         }
         let resp = match f.opcode {
             op::HELLO_OK => Response::HelloOk(from_json(&r.str()?)?),
             op::PONG => Response::Pong,
             op::OK => Response::Ok,
-            op::PUT_OK => Response::PutOk(PutResult { version: r.u64()?, timestamp_us: r.u64()? }),
+            op::PUT_OK => Response::PutOk(PutResult {
+                version: r.u64()?,
+                timestamp_us: r.u64()?,
+            }),
             op::OBJECT => {
                 let (key, meta) = read_obj_meta(&mut r)?;
-                Response::Object(WireObject { key, meta, value: f.value })
+                Response::Object(WireObject {
+                    key,
+                    meta,
+                    value: f.value,
+                })
             }
             op::NOTIFY => {
                 let kind = DeliveryKindWire::from_u8(r.u8()?)?;
                 let (key, meta) = read_obj_meta(&mut r)?;
-                Response::Notify { kind, object: WireObject { key, meta, value: f.value } }
+                Response::Notify {
+                    kind,
+                    object: WireObject {
+                        key,
+                        meta,
+                        value: f.value,
+                    },
+                }
             }
             op::SIZE => Response::Size(r.u64()?),
             op::KEYS => {
@@ -416,15 +597,23 @@ impl Response {
                         let (key, meta) = read_obj_meta(&mut r)?;
                         let len = r.u64()?;
                         if len > value.len() as u64 {
-                            return Err(SluiceError::protocol("multi-get value lengths exceed the value section"));
+                            return Err(SluiceError::protocol(
+                                "multi-get value lengths exceed the value section",
+                            ));
                         }
-                        items.push(Ok(WireObject { key, meta, value: value.split_to(len as usize) }));
+                        items.push(Ok(WireObject {
+                            key,
+                            meta,
+                            value: value.split_to(len as usize),
+                        }));
                     } else {
                         items.push(Err(from_json(&r.str()?)?));
                     }
                 }
                 if !value.is_empty() {
-                    return Err(SluiceError::protocol("multi-get value section has trailing bytes"));
+                    return Err(SluiceError::protocol(
+                        "multi-get value section has trailing bytes",
+                    ));
                 }
                 Response::Objects(items)
             }
@@ -433,39 +622,52 @@ impl Response {
             op::WATCH_OK => Response::WatchOk { watch_id: r.u64()? },
             op::STATS_OK => Response::Stats(r.str()?),
             op::ERROR => Response::Error(from_json(&r.str()?)?),
-            other => return Err(SluiceError::protocol(format!("unknown response opcode {other:#04x}"))),
+            other => {
+                return Err(SluiceError::protocol(format!(
+                    "unknown response opcode {other:#04x}"
+                )))
+            }
         };
         r.finish()?;
         Ok(resp)
     }
 }
 
-/// Encodes a multi-get reply from borrowed parts: per item either
-/// (key, meta, value) or an error. Values follow in order, unencoded.
-pub fn encode_objects(
-    out: &mut OutQueue,
-    request_id: u64,
-    items: &[(Option<(&str, &ObjectMeta)>, Option<&SluiceError>, Option<&Bytes>)],
-) {
-    let total: usize = items.iter().map(|(_, _, v)| v.map_or(0, |v| v.len())).sum();
+/// One entry of a multi-get reply, borrowed from wherever it lives.
+pub enum MultiGetItem<'a> {
+    Found {
+        key: &'a str,
+        meta: &'a ObjectMeta,
+        value: &'a Bytes,
+    },
+    Failed(&'a SluiceError),
+}
+
+/// Encodes a multi-get reply: per item either the object or its error.
+/// Values follow in order, unencoded.
+pub fn encode_objects(out: &mut OutQueue, request_id: u64, items: &[MultiGetItem<'_>]) {
+    let total: usize = items
+        .iter()
+        .map(|i| match i {
+            MultiGetItem::Found { value, .. } => value.len(),
+            MultiGetItem::Failed(_) => 0,
+        })
+        .sum();
     let buf = out.buf();
     let start = buf.len();
     write_header(buf, op::OBJECTS, 0, request_id, 0, 0);
     {
         let mut w = MetaWriter(buf);
         w.u32(items.len() as u32);
-        for (obj, err, v) in items {
-            match (obj, err) {
-                (Some((k, m)), _) => {
+        for item in items {
+            match item {
+                MultiGetItem::Found { key, meta, value } => {
                     w.u8(1);
-                    write_obj_meta(&mut w, k, m);
-                    w.u64(v.map_or(0, |v| v.len() as u64));
+                    write_obj_meta(&mut w, key, meta);
+                    w.u64(value.len() as u64);
                 }
-                (None, Some(e)) => {
+                MultiGetItem::Failed(e) => {
                     w.u8(0).str(&json(*e));
-                }
-                (None, None) => {
-                    w.u8(0).str(&json(&SluiceError::Internal { reason: "empty multi-get item".into() }));
                 }
             }
         }
@@ -473,9 +675,9 @@ pub fn encode_objects(
     let meta_len = buf.len() - start - HEADER_LEN;
     buf[start + 4..start + 8].copy_from_slice(&(meta_len as u32).to_le_bytes());
     buf[start + 8..start + 12].copy_from_slice(&(total as u32).to_le_bytes());
-    for (_, _, v) in items {
-        if let Some(v) = v {
-            out.push_value(v);
+    for item in items {
+        if let MultiGetItem::Found { value, .. } = item {
+            out.push_value(value);
         }
     }
 }

@@ -68,7 +68,9 @@ impl OutQueue {
     pub fn advance(&mut self, mut n: usize) {
         self.len -= n.min(self.len);
         while n > 0 {
-            let Some(front) = self.chunks.front_mut() else { break };
+            let Some(front) = self.chunks.front_mut() else {
+                break;
+            };
             if n >= front.len() {
                 n -= front.len();
                 self.chunks.pop_front();

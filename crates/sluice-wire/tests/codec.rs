@@ -7,9 +7,14 @@
 use bytes::{Bytes, BytesMut};
 use proptest::prelude::*;
 use sluice_types::{ObjectMeta, PoolSpec, PoolType, PutResult, SluiceError};
-use sluice_wire::{DeliveryKindWire, FrameDecoder, FrameError, OutQueue, Request, Response, WireObject, HEADER_LEN};
+use sluice_wire::{
+    DeliveryKindWire, FrameDecoder, FrameError, OutQueue, Request, Response, WireObject, HEADER_LEN,
+};
 
-const DEC: FrameDecoder = FrameDecoder { max_meta: 1 << 20, max_value: 1 << 24 };
+const DEC: FrameDecoder = FrameDecoder {
+    max_meta: 1 << 20,
+    max_value: 1 << 24,
+};
 
 fn roundtrip_req(r: &Request, id: u64) -> Request {
     let mut q = OutQueue::new();
@@ -37,13 +42,20 @@ fn arb_opt_shard() -> impl Strategy<Value = Option<u32>> {
 }
 
 fn arb_meta() -> impl Strategy<Value = ObjectMeta> {
-    (any::<u64>(), any::<u64>(), any::<u64>(), any::<u64>(), any::<bool>()).prop_map(|(a, b, c, d, t)| ObjectMeta {
-        version: a,
-        timestamp_us: b,
-        previous_version: c,
-        previous_version_by_key: d,
-        tombstone: t,
-    })
+    (
+        any::<u64>(),
+        any::<u64>(),
+        any::<u64>(),
+        any::<u64>(),
+        any::<bool>(),
+    )
+        .prop_map(|(a, b, c, d, t)| ObjectMeta {
+            version: a,
+            timestamp_us: b,
+            previous_version: c,
+            previous_version_by_key: d,
+            tombstone: t,
+        })
 }
 
 fn arb_value() -> impl Strategy<Value = Bytes> {
@@ -55,24 +67,81 @@ fn arb_value() -> impl Strategy<Value = Bytes> {
 
 fn arb_request() -> impl Strategy<Value = Request> {
     prop_oneof![
-        (any::<u16>(), "[a-z]{0,10}").prop_map(|(v, n)| Request::Hello { protocol_version: v, client_name: n }),
+        (any::<u16>(), "[a-z]{0,10}").prop_map(|(v, n)| Request::Hello {
+            protocol_version: v,
+            client_name: n
+        }),
         Just(Request::Ping),
         Just(Request::Stats),
-        (arb_key(), arb_opt_shard(), proptest::option::of(any::<u64>()), arb_value())
-            .prop_map(|(key, shard, expected, value)| Request::Put { key, shard, expected, value }),
-        (arb_key(), arb_opt_shard(), arb_value()).prop_map(|(key, shard, value)| Request::TriggerPut { key, shard, value }),
-        (arb_key(), arb_opt_shard(), proptest::option::of(any::<u64>()))
-            .prop_map(|(key, shard, expected)| Request::Remove { key, shard, expected }),
-        (arb_key(), arb_opt_shard(), proptest::option::of(any::<u64>()))
-            .prop_map(|(key, shard, version)| Request::Get { key, shard, version }),
-        (arb_key(), arb_opt_shard(), any::<u64>()).prop_map(|(key, shard, timestamp_us)| Request::GetByTime { key, shard, timestamp_us }),
-        (arb_key(), arb_opt_shard(), proptest::option::of(any::<u64>()), proptest::option::of(any::<u64>()))
-            .prop_map(|(key, shard, version, timestamp_us)| Request::GetSize { key, shard, version, timestamp_us }),
-        (arb_key(), proptest::option::of(arb_key()), arb_opt_shard())
-            .prop_map(|(pool, prefix, shard)| Request::ListKeys { pool, prefix, shard }),
-        (arb_opt_shard(), proptest::collection::vec(arb_key(), 0..8)).prop_map(|(shard, keys)| Request::MultiGet { shard, keys }),
+        (
+            arb_key(),
+            arb_opt_shard(),
+            proptest::option::of(any::<u64>()),
+            arb_value()
+        )
+            .prop_map(|(key, shard, expected, value)| Request::Put {
+                key,
+                shard,
+                expected,
+                value
+            }),
+        (arb_key(), arb_opt_shard(), arb_value())
+            .prop_map(|(key, shard, value)| Request::TriggerPut { key, shard, value }),
+        (
+            arb_key(),
+            arb_opt_shard(),
+            proptest::option::of(any::<u64>())
+        )
+            .prop_map(|(key, shard, expected)| Request::Remove {
+                key,
+                shard,
+                expected
+            }),
+        (
+            arb_key(),
+            arb_opt_shard(),
+            proptest::option::of(any::<u64>())
+        )
+            .prop_map(|(key, shard, version)| Request::Get {
+                key,
+                shard,
+                version
+            }),
+        (arb_key(), arb_opt_shard(), any::<u64>()).prop_map(|(key, shard, timestamp_us)| {
+            Request::GetByTime {
+                key,
+                shard,
+                timestamp_us,
+            }
+        }),
+        (
+            arb_key(),
+            arb_opt_shard(),
+            proptest::option::of(any::<u64>()),
+            proptest::option::of(any::<u64>())
+        )
+            .prop_map(|(key, shard, version, timestamp_us)| Request::GetSize {
+                key,
+                shard,
+                version,
+                timestamp_us
+            }),
+        (arb_key(), proptest::option::of(arb_key()), arb_opt_shard()).prop_map(
+            |(pool, prefix, shard)| Request::ListKeys {
+                pool,
+                prefix,
+                shard
+            }
+        ),
+        (arb_opt_shard(), proptest::collection::vec(arb_key(), 0..8))
+            .prop_map(|(shard, keys)| Request::MultiGet { shard, keys }),
         (arb_key(), proptest::option::of("[a-z_]{1,5}")).prop_map(|(p, re)| Request::PoolCreate {
-            spec: PoolSpec { pathname: p, pool_type: Some(PoolType::Trigger), affinity_set_regex: re, ..Default::default() }
+            spec: PoolSpec {
+                pathname: p,
+                pool_type: Some(PoolType::Trigger),
+                affinity_set_regex: re,
+                ..Default::default()
+            }
         }),
         arb_key().prop_map(|path| Request::PoolRemove { path }),
         any::<bool>().prop_map(|include_deleted| Request::PoolList { include_deleted }),
@@ -84,31 +153,52 @@ fn arb_request() -> impl Strategy<Value = Request> {
 }
 
 fn arb_object() -> impl Strategy<Value = WireObject> {
-    (arb_key(), arb_meta(), arb_value()).prop_map(|(key, meta, value)| WireObject { key, meta, value })
+    (arb_key(), arb_meta(), arb_value()).prop_map(|(key, meta, value)| WireObject {
+        key,
+        meta,
+        value,
+    })
 }
 
 fn arb_response() -> impl Strategy<Value = Response> {
     prop_oneof![
         Just(Response::Pong),
         Just(Response::Ok),
-        (any::<u64>(), any::<u64>()).prop_map(|(version, timestamp_us)| Response::PutOk(PutResult { version, timestamp_us })),
+        (any::<u64>(), any::<u64>()).prop_map(|(version, timestamp_us)| Response::PutOk(
+            PutResult {
+                version,
+                timestamp_us
+            }
+        )),
         arb_object().prop_map(Response::Object),
         any::<u64>().prop_map(Response::Size),
         proptest::collection::vec(arb_key(), 0..6).prop_map(Response::Keys),
         proptest::collection::vec(
-            prop_oneof![arb_object().prop_map(Ok), arb_key().prop_map(|key| Err(SluiceError::NotFound { key }))],
+            prop_oneof![
+                arb_object().prop_map(Ok),
+                arb_key().prop_map(|key| Err(SluiceError::NotFound { key }))
+            ],
             0..6
         )
         .prop_map(Response::Objects),
         any::<u64>().prop_map(|watch_id| Response::WatchOk { watch_id }),
-        (arb_object(), prop_oneof![Just(DeliveryKindWire::Put), Just(DeliveryKindWire::TriggerPut), Just(DeliveryKindWire::Lagged)])
+        (
+            arb_object(),
+            prop_oneof![
+                Just(DeliveryKindWire::Put),
+                Just(DeliveryKindWire::TriggerPut),
+                Just(DeliveryKindWire::Lagged)
+            ]
+        )
             .prop_map(|(object, kind)| Response::Notify { kind, object }),
         "[a-z ]{0,20}".prop_map(Response::Stats),
-        (any::<u64>(), "[a-z]{1,4}").prop_map(|(m, k)| Response::Error(SluiceError::VersionConflict {
-            key: k,
-            expected: m.to_string(),
-            current: "3".into()
-        })),
+        (any::<u64>(), "[a-z]{1,4}").prop_map(|(m, k)| Response::Error(
+            SluiceError::VersionConflict {
+                key: k,
+                expected: m.to_string(),
+                current: "3".into()
+            }
+        )),
     ]
 }
 
@@ -201,7 +291,10 @@ fn oversized_and_bad_headers_are_typed_errors() {
     let mut b = BytesMut::new();
     sluice_wire_header(&mut b, 0x03, 0);
     b[3] = 0x80; // unknown flag
-    assert!(matches!(DEC.decode(&mut b), Err(FrameError::BadHeader { .. })));
+    assert!(matches!(
+        DEC.decode(&mut b),
+        Err(FrameError::BadHeader { .. })
+    ));
     // A frame that is still arriving is not an error.
     let mut b = BytesMut::new();
     sluice_wire_header(&mut b, 0x03, 10);
@@ -213,14 +306,25 @@ fn oversized_and_bad_headers_are_typed_errors() {
 fn value_bytes_are_not_copied_by_the_decoder() {
     let mut q = OutQueue::new();
     let value = Bytes::from(vec![5u8; 10_000]);
-    Request::Put { key: "/vol/a".into(), shard: Some(0), expected: None, value: value.clone() }.encode(&mut q, 1, 0);
+    Request::Put {
+        key: "/vol/a".into(),
+        shard: Some(0),
+        expected: None,
+        value: value.clone(),
+    }
+    .encode(&mut q, 1, 0);
     let wire = q.to_bytes();
     let mut buf = BytesMut::from(&wire[..]);
     let base = buf.as_ptr() as usize;
     let f = DEC.decode(&mut buf).unwrap().unwrap();
     let at = f.value.as_ptr() as usize;
-    assert!(at > base && at < base + wire.len(), "value is a slice of the read buffer");
-    let Request::Put { value: v, .. } = Request::decode(f).unwrap() else { panic!() };
+    assert!(
+        at > base && at < base + wire.len(),
+        "value is a slice of the read buffer"
+    );
+    let Request::Put { value: v, .. } = Request::decode(f).unwrap() else {
+        panic!()
+    };
     assert_eq!(v.as_ptr() as usize, at, "decoded value is the same memory");
     assert_eq!(v, value);
 }
@@ -231,9 +335,16 @@ fn corpus_dir() -> std::path::PathBuf {
 
 #[test]
 fn corpus_and_its_mutations_never_panic() {
-    let mut files: Vec<_> = std::fs::read_dir(corpus_dir()).unwrap().map(|e| e.unwrap().path()).collect();
+    let mut files: Vec<_> = std::fs::read_dir(corpus_dir())
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
     files.sort();
-    assert!(files.len() >= 10, "corpus is missing: {} files", files.len());
+    assert!(
+        files.len() >= 10,
+        "corpus is missing: {} files",
+        files.len()
+    );
     let mut decoded = 0;
     let mut rng = 0x2545F4914F6CDD1Du64;
     for f in &files {
@@ -259,7 +370,10 @@ fn corpus_and_its_mutations_never_panic() {
             decode_all(&m);
         }
     }
-    assert!(decoded >= files.len() / 2, "most seeds are valid frames ({decoded})");
+    assert!(
+        decoded >= files.len() / 2,
+        "most seeds are valid frames ({decoded})"
+    );
 }
 
 #[test]
@@ -268,19 +382,65 @@ fn regenerate_corpus() {
     let dir = corpus_dir();
     std::fs::create_dir_all(&dir).unwrap();
     let reqs = vec![
-        Request::Hello { protocol_version: 1, client_name: "seed".into() },
+        Request::Hello {
+            protocol_version: 1,
+            client_name: "seed".into(),
+        },
         Request::Ping,
-        Request::Put { key: "/vol/a".into(), shard: Some(0), expected: Some(3), value: Bytes::from_static(b"hello") },
-        Request::TriggerPut { key: "/trig/t".into(), shard: None, value: Bytes::from_static(b"x") },
-        Request::Remove { key: "/vol/a".into(), shard: Some(1), expected: None },
-        Request::Get { key: "/vol/a".into(), shard: Some(0), version: Some(2) },
-        Request::GetByTime { key: "/vol/a".into(), shard: Some(0), timestamp_us: 1_700_000_000_000_000 },
-        Request::GetSize { key: "/vol/a".into(), shard: None, version: None, timestamp_us: Some(5) },
-        Request::ListKeys { pool: "/vol".into(), prefix: Some("/vol/a".into()), shard: None },
-        Request::MultiGet { shard: Some(0), keys: vec!["/vol/a".into(), "/vol/b".into()] },
-        Request::PoolCreate { spec: PoolSpec { pathname: "/p".into(), pool_type: Some(PoolType::Volatile), ..Default::default() } },
-        Request::PoolList { include_deleted: true },
-        Request::Watch { prefix: "/vol".into() },
+        Request::Put {
+            key: "/vol/a".into(),
+            shard: Some(0),
+            expected: Some(3),
+            value: Bytes::from_static(b"hello"),
+        },
+        Request::TriggerPut {
+            key: "/trig/t".into(),
+            shard: None,
+            value: Bytes::from_static(b"x"),
+        },
+        Request::Remove {
+            key: "/vol/a".into(),
+            shard: Some(1),
+            expected: None,
+        },
+        Request::Get {
+            key: "/vol/a".into(),
+            shard: Some(0),
+            version: Some(2),
+        },
+        Request::GetByTime {
+            key: "/vol/a".into(),
+            shard: Some(0),
+            timestamp_us: 1_700_000_000_000_000,
+        },
+        Request::GetSize {
+            key: "/vol/a".into(),
+            shard: None,
+            version: None,
+            timestamp_us: Some(5),
+        },
+        Request::ListKeys {
+            pool: "/vol".into(),
+            prefix: Some("/vol/a".into()),
+            shard: None,
+        },
+        Request::MultiGet {
+            shard: Some(0),
+            keys: vec!["/vol/a".into(), "/vol/b".into()],
+        },
+        Request::PoolCreate {
+            spec: PoolSpec {
+                pathname: "/p".into(),
+                pool_type: Some(PoolType::Volatile),
+                ..Default::default()
+            },
+        },
+        Request::PoolList {
+            include_deleted: true,
+        },
+        Request::Watch {
+            prefix: "/vol".into(),
+        },
     ];
     for (i, r) in reqs.iter().enumerate() {
         let mut q = OutQueue::new();
@@ -289,8 +449,20 @@ fn regenerate_corpus() {
     }
     let mut q = OutQueue::new();
     Response::Objects(vec![
-        Ok(WireObject { key: "/vol/a".into(), meta: ObjectMeta { version: 1, timestamp_us: 2, previous_version: 0, previous_version_by_key: u64::MAX, tombstone: false }, value: Bytes::from_static(b"v") }),
-        Err(SluiceError::NotFound { key: "/vol/b".into() }),
+        Ok(WireObject {
+            key: "/vol/a".into(),
+            meta: ObjectMeta {
+                version: 1,
+                timestamp_us: 2,
+                previous_version: 0,
+                previous_version_by_key: u64::MAX,
+                tombstone: false,
+            },
+            value: Bytes::from_static(b"v"),
+        }),
+        Err(SluiceError::NotFound {
+            key: "/vol/b".into(),
+        }),
     ])
     .encode(&mut q, 3);
     std::fs::write(dir.join("resp-objects.bin"), q.to_bytes()).unwrap();
