@@ -20,6 +20,7 @@ impl fmt::Display for ShardId {
 /// The shard layout: for each pool type, the shard count of each subgroup.
 /// A single node hosts every shard; the cluster issue assigns members.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
 pub struct Layout {
     pub version: u64,
     /// Shard counts of the volatile subgroups, by subgroup index.

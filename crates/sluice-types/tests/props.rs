@@ -4,8 +4,11 @@ use sluice_types::{validate_key, PoolRouter, PoolSpec, PoolTable, PoolType};
 
 fn path() -> impl Strategy<Value = String> {
     // Few distinct segments so pools and keys overlap often.
-    proptest::collection::vec(prop_oneof![Just("a"), Just("b"), Just("ab"), Just("c")], 1..4)
-        .prop_map(|segs| format!("/{}", segs.join("/")))
+    proptest::collection::vec(
+        prop_oneof![Just("a"), Just("b"), Just("ab"), Just("c")],
+        1..4,
+    )
+    .prop_map(|segs| format!("/{}", segs.join("/")))
 }
 
 proptest! {
@@ -56,7 +59,10 @@ proptest! {
 fn systor_table1_affinity_keys() {
     let text = include_str!("data/affinity_table1.tsv");
     let mut rows = 0;
-    for line in text.lines().filter(|l| !l.starts_with('#') && !l.trim().is_empty()) {
+    for line in text
+        .lines()
+        .filter(|l| !l.starts_with('#') && !l.trim().is_empty())
+    {
         let cols: Vec<&str> = line.split('\t').collect();
         assert_eq!(cols.len(), 4, "bad fixture line {line:?}");
         let (pool, regex, key, affinity) = (cols[0], cols[1], cols[2], cols[3]);
