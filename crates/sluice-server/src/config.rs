@@ -1,6 +1,6 @@
 use serde::{Deserialize, Serialize};
 use sluice_store::Layout;
-use sluice_types::{Limits, PoolSpec, PoolType};
+use sluice_types::{Limits, PoolSpec};
 use std::net::SocketAddr;
 use std::path::PathBuf;
 
@@ -62,18 +62,7 @@ impl Default for ServerConfig {
             limits: Limits::default(),
             timeouts: Timeouts::default(),
             layout: Layout::default(),
-            default_pools: vec![
-                PoolSpec {
-                    pathname: "/vol".into(),
-                    pool_type: Some(PoolType::Volatile),
-                    ..Default::default()
-                },
-                PoolSpec {
-                    pathname: "/trig".into(),
-                    pool_type: Some(PoolType::Trigger),
-                    ..Default::default()
-                },
-            ],
+            default_pools: sluice_types::pool::default_pools(),
         }
     }
 }

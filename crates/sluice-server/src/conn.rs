@@ -334,18 +334,12 @@ impl Conn {
                 key,
                 shard,
                 version,
-            } => match store.get(&key, version, shard) {
-                Ok(o) => encode_object(out, rid, op::OBJECT, None, &o.key, &o.meta, &o.value),
-                Err(e) => reply_err(out, &e),
-            },
+            } => reply_object(out, rid, store.get(&key, version, shard)),
             Request::GetByTime {
                 key,
                 shard,
                 timestamp_us,
-            } => match store.get_by_time(&key, timestamp_us, shard) {
-                Ok(o) => encode_object(out, rid, op::OBJECT, None, &o.key, &o.meta, &o.value),
-                Err(e) => reply_err(out, &e),
-            },
+            } => reply_object(out, rid, store.get_by_time(&key, timestamp_us, shard)),
             Request::GetSize {
                 key,
                 shard,
@@ -461,6 +455,13 @@ impl Conn {
                 Response::Stats(v.to_string()).encode(out, rid)
             }
         }
+    }
+}
+
+fn reply_object(out: &mut OutQueue, rid: u64, r: Result<Arc<sluice_types::Object>, SluiceError>) {
+    match r {
+        Ok(o) => encode_object(out, rid, op::OBJECT, None, &o.key, &o.meta, &o.value),
+        Err(e) => Response::error(out, rid, &e),
     }
 }
 

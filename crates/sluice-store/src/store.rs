@@ -34,18 +34,7 @@ impl Default for StoreConfig {
             layout: Layout::default(),
             max_key_bytes: 1024,
             pool_table_path: None,
-            default_pools: vec![
-                PoolSpec {
-                    pathname: "/vol".into(),
-                    pool_type: Some(PoolType::Volatile),
-                    ..Default::default()
-                },
-                PoolSpec {
-                    pathname: "/trig".into(),
-                    pool_type: Some(PoolType::Trigger),
-                    ..Default::default()
-                },
-            ],
+            default_pools: sluice_types::pool::default_pools(),
         }
     }
 }

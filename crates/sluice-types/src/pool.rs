@@ -101,6 +101,18 @@ pub struct PoolMeta {
     pub creation_timestamp_us: u64,
 }
 
+/// The pools a fresh node creates: `/vol` (volatile) and `/trig` (trigger).
+pub fn default_pools() -> Vec<PoolSpec> {
+    [("/vol", PoolType::Volatile), ("/trig", PoolType::Trigger)]
+        .into_iter()
+        .map(|(path, t)| PoolSpec {
+            pathname: path.into(),
+            pool_type: Some(t),
+            ..Default::default()
+        })
+        .collect()
+}
+
 /// Checks a pool spec against the layout: the pool's subgroup must exist and
 /// pinned locations must name existing shards. `shards_of_subgroup` returns
 /// the number of shards of a (type, subgroup) or None when there is no such
