@@ -5,6 +5,7 @@
 mod bench;
 mod commands;
 mod demo;
+mod plan;
 mod serve;
 mod shell;
 
@@ -46,6 +47,8 @@ enum Cmd {
     Bench(bench::BenchArgs),
     /// Start an embedded node and run a short demo workload.
     Demo(demo::DemoArgs),
+    /// Choose models and workers for an inference workflow at minimum cost.
+    Plan(plan::PlanArgs),
     #[command(flatten)]
     Client(commands::ClientCmd),
 }
@@ -56,6 +59,7 @@ fn main() -> ExitCode {
         Cmd::Serve(a) => serve::run(a),
         Cmd::Bench(a) => bench::run(a, &cli.addr, cli.json),
         Cmd::Demo(a) => demo::run(a),
+        Cmd::Plan(a) => plan::run(a, cli.json),
         Cmd::Shell => shell::run(&cli.addr, cli.timeout_ms, cli.json),
         Cmd::Client(c) => commands::run_once(&cli.addr, cli.timeout_ms, cli.json, c),
     };

@@ -1,0 +1,310 @@
+//! Runs every planner on a problem and renders the result as a table,
+//! JSON or Graphviz.
+
+use crate::assign::{heuristic, polish};
+use crate::baselines::{self, Baseline};
+use crate::error::{PlanError, Result};
+use crate::exhaustive;
+use crate::problem::{OpKind, Plan, Problem};
+use crate::select::beam_search;
+use serde::Serialize;
+use std::fmt::Write as _;
+use std::time::Instant;
+
+#[derive(Clone, Debug)]
+pub struct PlanOptions {
+    pub seed: u64,
+    pub exhaustive: bool,
+}
+
+impl Default for PlanOptions {
+    fn default() -> Self {
+        PlanOptions {
+            seed: 42,
+            exhaustive: false,
+        }
+    }
+}
+
+#[derive(Serialize)]
+pub struct PlanReport {
+    pub problem: String,
+    pub accuracy_target: f64,
+    pub seed: u64,
+    /// Model selections the beam search kept.
+    pub model_selections: usize,
+    /// The plan Sluice recommends (best of everything below, polished).
+    pub plan: Plan,
+    /// The paper's heuristic alone (beam search + Algorithm 1).
+    pub paper_heuristic: Plan,
+    pub first_fit: Option<Plan>,
+    pub best_fit: Option<Plan>,
+    pub exhaustive: Option<Plan>,
+    /// Why the exhaustive search did not run, when it was asked for.
+    pub exhaustive_note: Option<String>,
+    pub optimizer_ms: f64,
+    pub exhaustive_ms: Option<f64>,
+}
+
+/// Plans `p`: the paper's heuristic, our extended heuristic, the polish,
+/// the baselines and (optionally) the exhaustive optimum.
+pub fn plan_all(p: &Problem, opt: &PlanOptions) -> Result<PlanReport> {
+    let t0 = Instant::now();
+    let selections = beam_search(p);
+    if selections.is_empty() {
+        return Err(PlanError::Infeasible {
+            target: p.accuracy_target,
+            reason:
+                "no combination of model variants reaches it according to the accuracy profiles"
+                    .into(),
+        });
+    }
+    let paper = heuristic(p, &selections, opt.seed, false).ok_or_else(|| PlanError::Infeasible {
+        target: p.accuracy_target,
+        reason: "the workers cannot carry the input rates with any accurate-enough model selection under A2".into(),
+    })?;
+    let mut best = polish(p, &paper);
+    if let Some(ext) = heuristic(p, &selections, opt.seed, true) {
+        let ext = polish(p, &ext);
+        if ext.total_cost < best.total_cost - 1e-12 {
+            best = ext;
+        }
+    }
+    let optimizer_ms = t0.elapsed().as_secs_f64() * 1000.0;
+    let (mut exhaustive, mut exhaustive_note, mut exhaustive_ms) = (None, None, None);
+    if opt.exhaustive {
+        let t1 = Instant::now();
+        match exhaustive::optimum(p, Some(best.total_cost)) {
+            Ok(Some(o)) => exhaustive = Some(o),
+            // Nothing strictly cheaper than the heuristic exists: it is optimal.
+            Ok(None) => exhaustive = Some(best.clone()),
+            Err(e @ PlanError::TooLarge { .. }) => exhaustive_note = Some(e.to_string()),
+            Err(e) => return Err(e),
+        }
+        exhaustive_ms = Some(t1.elapsed().as_secs_f64() * 1000.0);
+    }
+    Ok(PlanReport {
+        problem: p.name.clone(),
+        accuracy_target: p.accuracy_target,
+        seed: opt.seed,
+        model_selections: selections.len(),
+        plan: best,
+        paper_heuristic: paper,
+        first_fit: baselines::run(p, Baseline::FirstFit),
+        best_fit: baselines::run(p, Baseline::BestFit),
+        exhaustive,
+        exhaustive_note,
+        optimizer_ms,
+        exhaustive_ms,
+    })
+}
+
+/// A plan as JSON with names instead of indices.
+pub fn plan_json(p: &Problem, plan: &Plan) -> serde_json::Value {
+    let rates = p.rates();
+    let ops: Vec<_> = p
+        .compute_ops()
+        .into_iter()
+        .map(|v| {
+            let m = plan.models[v].unwrap_or(0);
+            let workers: Vec<_> = plan.assignment[v]
+                .iter()
+                .map(|&(w, load)| {
+                    serde_json::json!({
+                        "worker": p.workers[w].name,
+                        "tier": p.workers[w].tier,
+                        "throughput_rps": p.throughput(v, m, w),
+                        "load_rps": load,
+                        "share": if rates[v] > 0.0 { load / rates[v] } else { 0.0 },
+                    })
+                })
+                .collect();
+            let capacity: f64 = plan.assignment[v]
+                .iter()
+                .map(|&(w, _)| p.throughput(v, m, w))
+                .sum();
+            serde_json::json!({
+                "operator": p.operators[v].name,
+                "model": p.operators[v].variants[m].name,
+                "input_rate_rps": rates[v],
+                "throughput_rps": capacity,
+                "workers": workers,
+            })
+        })
+        .collect();
+    serde_json::json!({
+        "accuracy": plan.accuracy,
+        "compute_cost_per_hour": plan.compute_cost,
+        "comm_cost_per_hour": plan.comm_cost,
+        "total_cost_per_hour": plan.total_cost,
+        "a2_holds": p.satisfies_a2(&plan.assignment),
+        "operators": ops,
+    })
+}
+
+pub fn report_json(p: &Problem, r: &PlanReport) -> serde_json::Value {
+    let opt = |x: &Option<Plan>| x.as_ref().map(|pl| plan_json(p, pl));
+    serde_json::json!({
+        "problem": r.problem,
+        "accuracy_target": r.accuracy_target,
+        "seed": r.seed,
+        "model_selections": r.model_selections,
+        "plan": plan_json(p, &r.plan),
+        "paper_heuristic": plan_json(p, &r.paper_heuristic),
+        "first_fit": opt(&r.first_fit),
+        "best_fit": opt(&r.best_fit),
+        "exhaustive": opt(&r.exhaustive),
+        "exhaustive_note": r.exhaustive_note,
+        "optimizer_ms": r.optimizer_ms,
+        "exhaustive_ms": r.exhaustive_ms,
+    })
+}
+
+/// Human-readable report.
+pub fn render_table(p: &Problem, r: &PlanReport) -> String {
+    let mut s = String::new();
+    let plan = &r.plan;
+    let rates = p.rates();
+    let _ = writeln!(
+        s,
+        "plan for {} (accuracy target {}, seed {})",
+        r.problem, r.accuracy_target, r.seed
+    );
+    let _ = writeln!(
+        s,
+        "{:<22} {:<32} {:>9} {:>10}  workers (load rps / throughput rps, tier)",
+        "operator", "model", "rate", "capacity"
+    );
+    for v in p.compute_ops() {
+        let m = plan.models[v].unwrap_or(0);
+        let cap: f64 = plan.assignment[v]
+            .iter()
+            .map(|&(w, _)| p.throughput(v, m, w))
+            .sum();
+        let ws: Vec<String> = plan.assignment[v]
+            .iter()
+            .map(|&(w, l)| {
+                format!(
+                    "{} ({:.2}/{:.2}, t{})",
+                    p.workers[w].name,
+                    l,
+                    p.throughput(v, m, w),
+                    p.workers[w].tier
+                )
+            })
+            .collect();
+        let _ = writeln!(
+            s,
+            "{:<22} {:<32} {:>9.2} {:>10.2}  {}",
+            p.operators[v].name,
+            p.operators[v].variants[m].name,
+            rates[v],
+            cap,
+            ws.join(", ")
+        );
+    }
+    let _ = writeln!(
+        s,
+        "accuracy {:.3}   compute {:.4}/h   communication {:.4}/h   total {:.4}/h   (A2 {})",
+        plan.accuracy,
+        plan.compute_cost,
+        plan.comm_cost,
+        plan.total_cost,
+        if p.satisfies_a2(&plan.assignment) {
+            "holds"
+        } else {
+            "VIOLATED"
+        }
+    );
+    let _ = writeln!(s, "\ncomparison (total cost per hour):");
+    let mut line = |name: &str, pl: Option<&Plan>| {
+        let _ = match pl {
+            Some(pl) => writeln!(
+                s,
+                "  {:<34} {:>9.4}  (compute {:.4}, comm {:.4}, accuracy {:.2}{})",
+                name,
+                pl.total_cost,
+                pl.compute_cost,
+                pl.comm_cost,
+                pl.accuracy,
+                if p.satisfies_a2(&pl.assignment) {
+                    ""
+                } else {
+                    ", breaks A2"
+                }
+            ),
+            None => writeln!(s, "  {name:<34} infeasible"),
+        };
+    };
+    line("sluice plan", Some(&r.plan));
+    line("paper heuristic (beam + Alg. 1)", Some(&r.paper_heuristic));
+    line("first fit, most accurate models", r.first_fit.as_ref());
+    line("best fit, most accurate models", r.best_fit.as_ref());
+    if r.exhaustive.is_some() {
+        line("exhaustive optimum (A2)", r.exhaustive.as_ref());
+    }
+    if let Some(n) = &r.exhaustive_note {
+        let _ = writeln!(s, "  exhaustive: {n}");
+    }
+    let _ = writeln!(
+        s,
+        "optimizer time {:.2} ms ({} model selections)",
+        r.optimizer_ms, r.model_selections
+    );
+    if let Some(ms) = r.exhaustive_ms {
+        let _ = writeln!(s, "exhaustive time {ms:.1} ms");
+    }
+    s
+}
+
+/// Graphviz drawing of a plan: operators with their model and workers,
+/// edges labelled with their traffic.
+pub fn render_dot(p: &Problem, plan: &Plan) -> String {
+    let rates = p.rates();
+    let mut s = String::from(
+        "digraph plan {\n  rankdir=LR;\n  node [shape=box, fontname=\"Helvetica\"];\n",
+    );
+    for (v, o) in p.operators.iter().enumerate() {
+        let label = match o.kind {
+            OpKind::Source => format!("{}\\n{:.1} rps", o.name, rates[v]),
+            OpKind::Compute => {
+                let m = plan.models[v].unwrap_or(0);
+                let ws: Vec<String> = plan.assignment[v]
+                    .iter()
+                    .map(|&(w, l)| format!("{} {:.1}", p.workers[w].name, l))
+                    .collect();
+                format!("{}\\n{}\\n{}", o.name, o.variants[m].name, ws.join("\\n"))
+            }
+        };
+        let shape = if o.kind == OpKind::Source {
+            "ellipse"
+        } else {
+            "box"
+        };
+        let _ = writeln!(
+            s,
+            "  n{v} [label=\"{}\", shape={shape}];",
+            label.replace('"', "'")
+        );
+    }
+    for (ei, e) in p.edges.iter().enumerate() {
+        let name = |v: usize| {
+            plan.models[v].map_or("default".to_string(), |m| {
+                p.operators[v].variants[m].name.clone()
+            })
+        };
+        let kbps = rates[e.from] * e.ratio * p.message_kb(ei, &name(e.from), &name(e.to));
+        let _ = writeln!(
+            s,
+            "  n{} -> n{} [label=\"{:.1} KB/s\"];",
+            e.from, e.to, kbps
+        );
+    }
+    let _ = writeln!(
+        s,
+        "  label=\"total {:.4}/h (compute {:.4}, comm {:.4}), accuracy {:.2}\";",
+        plan.total_cost, plan.compute_cost, plan.comm_cost, plan.accuracy
+    );
+    s.push_str("}\n");
+    s
+}
