@@ -30,6 +30,21 @@ enum BenchWhat {
     Core(CoreArgs),
     /// RSS of a node holding many objects.
     Memory(MemoryArgs),
+    /// Optimizer time of `sluice plan` on generated instances.
+    Plan(PlanBenchArgs),
+}
+
+#[derive(clap::Args, Clone)]
+pub struct PlanBenchArgs {
+    /// Worker counts to generate (the paper's small..xlarge).
+    #[arg(long, value_delimiter = ',', default_value = "5,9,15,30")]
+    workers: Vec<usize>,
+    /// Instances per size.
+    #[arg(long, default_value_t = 20)]
+    instances: u64,
+    /// Run the exhaustive search up to this many workers, for the optimality gap.
+    #[arg(long, default_value_t = 9)]
+    exhaustive_max_workers: usize,
 }
 
 #[derive(clap::Args, Clone)]
@@ -71,6 +86,7 @@ pub struct MemoryArgs {
 pub fn run(a: BenchArgs, _addr: &str, json: bool) -> Result<()> {
     match a.what {
         Some(BenchWhat::Memory(m)) => memory(m, json),
+        Some(BenchWhat::Plan(p)) => plan_bench(p, json),
         Some(BenchWhat::Core(c)) => core(c, json),
         None => core(a.core, json),
     }
@@ -855,6 +871,102 @@ fn memory(m: MemoryArgs, json: bool) -> Result<()> {
             per_obj - m.size as f64,
             load_s
         );
+    }
+    Ok(())
+}
+
+// ---------------------------------------------------------------- plan
+
+fn plan_bench(a: PlanBenchArgs, json: bool) -> Result<()> {
+    use sluice_plan::gen::{generate, GenSpec};
+    use sluice_plan::{plan_all, PlanOptions};
+    let mut out = Vec::new();
+    if !json {
+        println!(
+            "{:>7} {:>9} {:>9} {:>12} {:>12} {:>12} {:>14} {:>12}",
+            "workers",
+            "instances",
+            "feasible",
+            "plan p50 ms",
+            "plan max ms",
+            "exh. p50 ms",
+            "gap to opt p50",
+            "gap max"
+        );
+    }
+    for &w in &a.workers {
+        let mut times = Vec::new();
+        let mut ex_times = Vec::new();
+        let mut gaps = Vec::new();
+        let mut feasible = 0;
+        for seed in 1..=a.instances {
+            // Three operators for the smallest infrastructure, five otherwise.
+            let spec = GenSpec {
+                workers: w,
+                tiers: if w >= 9 { 3 } else { 2 },
+                first_layer: if w < 9 { 1 } else { 2 },
+                middle_layer: true,
+                variants: 3,
+            };
+            let p = generate(seed, &spec);
+            let exhaustive = w <= a.exhaustive_max_workers;
+            let t = Instant::now();
+            let r = plan_all(
+                &p,
+                &PlanOptions {
+                    seed,
+                    exhaustive: false,
+                },
+            );
+            times.push(t.elapsed().as_secs_f64() * 1000.0);
+            let Ok(r) = r else { continue };
+            feasible += 1;
+            if exhaustive {
+                let t = Instant::now();
+                if let Ok(Some(o)) = sluice_plan::exhaustive::optimum(&p, Some(r.plan.total_cost))
+                    .map(|o| o.or(Some(r.plan.clone())))
+                {
+                    gaps.push(r.plan.total_cost / o.total_cost - 1.0);
+                }
+                ex_times.push(t.elapsed().as_secs_f64() * 1000.0);
+            }
+        }
+        let med = |v: &mut Vec<f64>| {
+            v.sort_by(f64::total_cmp);
+            v.get(v.len() / 2).copied().unwrap_or(f64::NAN)
+        };
+        let max = |v: &Vec<f64>| v.iter().copied().fold(f64::NAN, f64::max);
+        let row = serde_json::json!({
+            "workers": w,
+            "instances": a.instances,
+            "feasible": feasible,
+            "plan_ms_p50": med(&mut times),
+            "plan_ms_max": max(&times),
+            "exhaustive_ms_p50": med(&mut ex_times),
+            "gap_to_optimum_p50": med(&mut gaps),
+            "gap_to_optimum_max": max(&gaps),
+        });
+        if !json {
+            let f = |k: &str, scale: f64, unit: &str| match row[k].as_f64() {
+                Some(x) if x.is_finite() => format!("{:.2}{unit}", x * scale),
+                _ => "-".to_string(),
+            };
+            println!(
+                "{:>7} {:>9} {:>9} {:>12} {:>12} {:>12} {:>14} {:>12}",
+                w,
+                a.instances,
+                feasible,
+                f("plan_ms_p50", 1.0, ""),
+                f("plan_ms_max", 1.0, ""),
+                f("exhaustive_ms_p50", 1.0, ""),
+                f("gap_to_optimum_p50", 100.0, "%"),
+                f("gap_to_optimum_max", 100.0, "%")
+            );
+        }
+        out.push(row);
+    }
+    if json {
+        println!("{}", serde_json::to_string_pretty(&out)?);
     }
     Ok(())
 }

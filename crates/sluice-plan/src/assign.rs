@@ -11,9 +11,10 @@
 //! Beyond the paper (never worse: the paper's result is always computed
 //! and the best plan wins):
 //! - closing branches: at every step of the greedy chain we also emit the
-//!   candidate that closes the remaining rate with the single cheapest
-//!   worker able to cover it (a best-fit finish), so one large-but-cheap
-//!   worker can replace two small ones;
+//!   candidates that close the remaining rate with each of the `CLOSERS`
+//!   cheapest single workers able to cover it (best-fit finishes), so one large-but-cheap worker can
+//!   replace two small ones and the beam sees placements that leave the
+//!   right workers free for later operators;
 //! - polish: a local search over the final plan that re-orders how load is
 //!   filled over an operator's workers (which changes traffic, hence cost),
 //!   drops superfluous workers and swaps a worker for an unused one, taking
@@ -21,6 +22,10 @@
 
 use crate::problem::{fill, permutations, Assignment, Models, Plan, Problem};
 use crate::rng::Rng;
+
+/// Closing branches emitted per step of the greedy chain: the cheapest
+/// few single workers that cover the remaining rate.
+const CLOSERS: usize = 3;
 
 #[derive(Clone, Debug)]
 struct Partial {
@@ -51,19 +56,32 @@ fn unit_cost(
     p.worker_cost(w) / t + comm
 }
 
-/// One greedy fill (plus closing branches when `extended`) of operator `v`
-/// from workers of tiers `lo..=hi`.
-fn candidates(
-    p: &Problem,
-    v: usize,
-    m: usize,
-    base: &Partial,
-    lo: usize,
-    hi: usize,
-    models: &Models,
-    rates: &[f64],
+/// What stays fixed while one operator's candidates are generated.
+struct Ctx<'a> {
+    p: &'a Problem,
+    models: &'a Models,
+    rates: &'a [f64],
     extended: bool,
+}
+
+/// One greedy fill (plus closing branches when `extended`) of operator `v`
+/// from workers of the given tiers.
+fn candidates(
+    ctx: &Ctx<'_>,
+    v: usize,
+    base: &Partial,
+    tiers: std::ops::RangeInclusive<usize>,
 ) -> Vec<Partial> {
+    let Ctx {
+        p,
+        models,
+        rates,
+        extended,
+    } = *ctx;
+    let Some(m) = models[v] else {
+        return Vec::new();
+    };
+    let (lo, hi) = (*tiers.start(), *tiers.end());
     let rate = rates[v];
     let mut scratch = base.a.clone();
     let mut avail: Vec<(f64, usize)> = (0..p.workers.len())
@@ -91,23 +109,23 @@ fn candidates(
             break;
         }
         if extended {
-            // Close the gap with the one worker (among the rest) that covers
-            // it at the lowest total cost for the remaining load.
-            let closer = avail[i..]
+            // Close the gap with any one worker (among the rest) that covers
+            // it; the beam keeps the cheapest of these branches.
+            let mut closers: Vec<(f64, usize)> = avail[i..]
                 .iter()
-                .filter(|&&(_, x)| p.throughput(v, m, x) + 1e-12 >= rem)
-                .min_by(|a, b| {
-                    let c = |&(u, x): &(f64, usize)| {
-                        p.worker_cost(x) + (u - p.worker_cost(x) / p.throughput(v, m, x)) * rem
-                    };
-                    c(a).total_cmp(&c(b)).then(a.1.cmp(&b.1))
-                });
-            if let Some(&(_, x)) = closer {
-                if x != w {
-                    let mut alt = chosen.clone();
-                    alt.push(x);
-                    out.push(finish(&alt));
-                }
+                .filter(|&&(_, x)| x != w && p.throughput(v, m, x) + 1e-12 >= rem)
+                .map(|&(unit, x)| {
+                    (
+                        p.worker_cost(x) + (unit - p.worker_cost(x) / p.throughput(v, m, x)) * rem,
+                        x,
+                    )
+                })
+                .collect();
+            closers.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
+            for &(_, x) in closers.iter().take(CLOSERS) {
+                let mut alt = chosen.clone();
+                alt.push(x);
+                out.push(finish(&alt));
             }
         }
         chosen.push(w);
@@ -126,6 +144,12 @@ fn candidates(
 /// best complete assignment, or None when the workers cannot carry the load.
 pub fn algorithm1(p: &Problem, models: &Models, order: &[usize], extended: bool) -> Option<Plan> {
     let rates = p.rates();
+    let ctx = Ctx {
+        p,
+        models,
+        rates,
+        extended,
+    };
     let beam_width = p.settings.assign_beam.max(1);
     let mut beam = vec![Partial {
         a: vec![Vec::new(); p.operators.len()],
@@ -133,12 +157,14 @@ pub fn algorithm1(p: &Problem, models: &Models, order: &[usize], extended: bool)
         cost: 0.0,
     }];
     for &v in order {
-        let Some(m) = models[v] else { continue };
+        if models[v].is_none() {
+            continue;
+        }
         let mut next: Vec<Partial> = Vec::new();
         for b in &beam {
             let lo = p.min_tier_allowed(v, &b.a);
             for hi in lo..p.tiers.len() {
-                next.extend(candidates(p, v, m, b, lo, hi, models, &rates, extended));
+                next.extend(candidates(&ctx, v, b, lo..=hi));
             }
         }
         next.sort_by(|a, b| a.cost.total_cmp(&b.cost));
@@ -220,8 +246,118 @@ fn refill(
     b
 }
 
-/// Local search over a plan; returns a plan that is never worse.
+/// Tries every exchange of two workers between two operators and every
+/// move of one worker to another operator (appended last in its fill
+/// order); applies the best strict improvement that keeps the plan valid.
+fn exchange_or_move(
+    p: &Problem,
+    models: &Models,
+    a: &mut Assignment,
+    best: &mut f64,
+    rates: &[f64],
+) -> bool {
+    let ops = p.compute_ops();
+    let mut found: Option<(f64, Assignment)> = None;
+    let mut consider = |b: Assignment| {
+        let t = total(p, models, &b);
+        if t < *best - 1e-12
+            && found.as_ref().is_none_or(|(f, _)| t < *f)
+            && feasible(p, models, &b)
+        {
+            found = Some((t, b));
+        }
+    };
+    for &u in &ops {
+        for &v in &ops {
+            if u == v {
+                continue;
+            }
+            let wu: Vec<usize> = a[u].iter().map(|&(w, _)| w).collect();
+            let wv: Vec<usize> = a[v].iter().map(|&(w, _)| w).collect();
+            for i in 0..wu.len() {
+                // Move wu[i] to v.
+                let mut ou = wu.clone();
+                let x = ou.remove(i);
+                let mut ov = wv.clone();
+                ov.push(x);
+                let b = refill(
+                    p,
+                    models,
+                    &refill(p, models, a, u, &ou, rates),
+                    v,
+                    &ov,
+                    rates,
+                );
+                consider(b);
+                // Exchange wu[i] with each of v's workers (u < v: each pair once).
+                if u < v {
+                    for j in 0..wv.len() {
+                        let mut ou = wu.clone();
+                        let mut ov = wv.clone();
+                        std::mem::swap(&mut ou[i], &mut ov[j]);
+                        let b = refill(
+                            p,
+                            models,
+                            &refill(p, models, a, u, &ou, rates),
+                            v,
+                            &ov,
+                            rates,
+                        );
+                        consider(b);
+                    }
+                }
+            }
+        }
+    }
+    match found {
+        Some((t, b)) => {
+            *a = b;
+            *best = t;
+            true
+        }
+        None => false,
+    }
+}
+
+/// Local search over a plan; returns a plan that is never worse. Besides
+/// the assignment moves, tries every other variant of each operator on the
+/// same workers (kept when accurate enough, feasible and cheaper).
 pub fn polish(p: &Problem, plan: &Plan) -> Plan {
+    let mut cur = polish_assignment(p, plan);
+    for _ in 0..20 {
+        let mut next: Option<Plan> = None;
+        for v in p.compute_ops() {
+            for m in 0..p.operators[v].variants.len() {
+                if Some(m) == cur.models[v] {
+                    continue;
+                }
+                let mut models = cur.models.clone();
+                models[v] = Some(m);
+                if crate::accuracy::accuracy(p, &models) < p.accuracy_target - 1e-9 {
+                    continue;
+                }
+                let order: Vec<usize> = cur.assignment[v].iter().map(|&(w, _)| w).collect();
+                let a = refill(p, &models, &cur.assignment, v, &order, p.rates());
+                if !feasible(p, &models, &a) {
+                    continue;
+                }
+                let cand = polish_assignment(p, &p.plan(models, a));
+                if cand.total_cost < cur.total_cost - 1e-12
+                    && next.as_ref().is_none_or(|n| cand.total_cost < n.total_cost)
+                {
+                    next = Some(cand);
+                }
+            }
+        }
+        match next {
+            Some(n) => cur = n,
+            None => break,
+        }
+    }
+    cur
+}
+
+fn polish_assignment(p: &Problem, plan: &Plan) -> Plan {
     let models = &plan.models;
     let rates = p.rates();
     let mut a = plan.assignment.clone();
@@ -239,7 +375,7 @@ pub fn polish(p: &Problem, plan: &Plan) -> Plan {
                     .collect()
             };
             for o in orders {
-                let b = refill(p, models, &a, v, &o, &rates);
+                let b = refill(p, models, &a, v, &o, rates);
                 let t = total(p, models, &b);
                 if t < best - 1e-12 && feasible(p, models, &b) {
                     a = b;
@@ -252,7 +388,7 @@ pub fn polish(p: &Problem, plan: &Plan) -> Plan {
             for i in 0..ws.len() {
                 let mut o = ws.clone();
                 o.remove(i);
-                let b = refill(p, models, &a, v, &o, &rates);
+                let b = refill(p, models, &a, v, &o, rates);
                 let t = total(p, models, &b);
                 if t < best - 1e-12 && feasible(p, models, &b) {
                     a = b;
@@ -268,7 +404,7 @@ pub fn polish(p: &Problem, plan: &Plan) -> Plan {
                 for x in (0..p.workers.len()).filter(|x| !used.contains(x)) {
                     let mut o = ws.clone();
                     o[i] = x;
-                    let b = refill(p, models, &a, v, &o, &rates);
+                    let b = refill(p, models, &a, v, &o, rates);
                     let t = total(p, models, &b);
                     if t < best - 1e-12 && feasible(p, models, &b) {
                         a = b;
@@ -278,6 +414,10 @@ pub fn polish(p: &Problem, plan: &Plan) -> Plan {
                     }
                 }
             }
+        }
+        // 4. Exchange two workers between operators; 5. move one over.
+        if !improved {
+            improved = exchange_or_move(p, models, &mut a, &mut best, rates);
         }
         if !improved {
             break;

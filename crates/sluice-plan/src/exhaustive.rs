@@ -10,7 +10,7 @@ use crate::problem::{fill, permutations, Assignment, Models, Plan, Problem};
 use crate::select::all_feasible;
 
 /// Search states above which `--exhaustive` refuses.
-pub const STATE_LIMIT: f64 = 5e8;
+pub const STATE_LIMIT: f64 = 5e9;
 
 /// Estimated states: selections × (operators + 1)^workers.
 pub fn estimate_states(p: &Problem, selections: usize) -> f64 {
@@ -128,7 +128,7 @@ pub fn optimum(p: &Problem, upper_bound: Option<f64>) -> Result<Option<Plan>> {
             p,
             models,
             ops: p.compute_ops(),
-            rates: p.rates(),
+            rates: p.rates().to_vec(),
             choice: vec![None; p.workers.len()],
             best: None,
             bound,

@@ -236,6 +236,7 @@ pub fn generate(seed: u64, g: &GenSpec) -> Problem {
             comm_scale: 0.1,
             ..Settings::default()
         },
+        rates_cache: Default::default(),
     };
     // Target: between the worst and best achievable accuracy.
     let mut accs: Vec<f64> = Vec::new();

@@ -632,7 +632,7 @@ impl Builder {
         for (name, cost, tier) in &self.workers {
             let tier = tier
                 .ok_or_else(|| invalid("tiers", format!("worker {name:?} belongs to no tier")))?;
-            if !(*cost >= 0.0) {
+            if cost.is_nan() || *cost < 0.0 {
                 return Err(invalid(
                     "workers",
                     format!("worker {name:?} has a negative cost"),
@@ -679,7 +679,7 @@ impl Builder {
                         .iter()
                         .position(|x| &x.name == w)
                         .expect("workers checked while reading");
-                    if !(*l > 0.0) {
+                    if l.is_nan() || *l <= 0.0 {
                         return Err(invalid(
                             "latency_ms",
                             format!("{name}/{var} on {w}: latency must be positive"),
@@ -843,6 +843,7 @@ impl Builder {
             message_kb,
             end_to_end,
             settings,
+            rates_cache: Default::default(),
         };
         if p.topo_order().len() != p.operators.len() {
             return Err(invalid("edges", "the workflow graph has a cycle".into()));

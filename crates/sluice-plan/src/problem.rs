@@ -122,6 +122,10 @@ pub struct Problem {
     pub message_kb: HashMap<(usize, String, String), f64>,
     pub end_to_end: Option<EndToEnd>,
     pub settings: Settings,
+    /// Input rates, computed once (they depend only on the graph and the
+    /// source rates, which do not change after loading).
+    #[serde(skip)]
+    pub rates_cache: std::sync::OnceLock<Vec<f64>>,
 }
 
 /// A model per operator (None for sources), by variant index.
@@ -188,7 +192,11 @@ impl Problem {
     /// Input rate of every operator: sources have theirs; an operator
     /// receives the largest of its parents' rates × ratio (inputs of a
     /// multi-input operator are aligned streams that it joins).
-    pub fn rates(&self) -> Vec<f64> {
+    pub fn rates(&self) -> &[f64] {
+        self.rates_cache.get_or_init(|| self.compute_rates())
+    }
+
+    fn compute_rates(&self) -> Vec<f64> {
         let mut rate = vec![0.0; self.operators.len()];
         for v in self.topo_order() {
             rate[v] = match self.operators[v].rate {
@@ -319,7 +327,7 @@ impl Problem {
         let comm = self
             .compute_ops()
             .into_iter()
-            .map(|v| self.comm_into(v, models, a, &rates))
+            .map(|v| self.comm_into(v, models, a, rates))
             .sum();
         (compute, comm)
     }

@@ -11,6 +11,10 @@ use serde::Serialize;
 use std::fmt::Write as _;
 use std::time::Instant;
 
+/// Model-selection spaces up to this size are enumerated whole for the
+/// extended heuristic (beyond the paper's beam of `model_beam`).
+pub const WIDE_SELECTION_LIMIT: f64 = 256.0;
+
 #[derive(Clone, Debug)]
 pub struct PlanOptions {
     pub seed: u64,
@@ -64,7 +68,22 @@ pub fn plan_all(p: &Problem, opt: &PlanOptions) -> Result<PlanReport> {
         reason: "the workers cannot carry the input rates with any accurate-enough model selection under A2".into(),
     })?;
     let mut best = polish(p, &paper);
-    if let Some(ext) = heuristic(p, &selections, opt.seed, true) {
+    // Beyond the paper: the cost proxy ranks selections only roughly, so
+    // when the selection space is small, place every accurate-enough one.
+    let mut wide = selections.clone();
+    let space: f64 = p
+        .compute_ops()
+        .iter()
+        .map(|&v| p.operators[v].variants.len() as f64)
+        .product();
+    if space <= WIDE_SELECTION_LIMIT {
+        for s in crate::select::all_feasible(p) {
+            if !wide.contains(&s) {
+                wide.push(s);
+            }
+        }
+    }
+    if let Some(ext) = heuristic(p, &wide, opt.seed, true) {
         let ext = polish(p, &ext);
         if ext.total_cost < best.total_cost - 1e-12 {
             best = ext;
