@@ -459,39 +459,77 @@ fn demo_runs() {
 }
 
 fn repo_path(rel: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..").join(rel)
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../..")
+        .join(rel)
 }
 
 #[test]
 fn plan_on_fixture_and_example_with_json_dot_and_export() {
     let fixture = repo_path("../shared/fixtures/jellybean-vqa");
-    let o = Command::new(BIN).args(["plan", fixture.to_str().unwrap(), "--exhaustive"]).output().unwrap();
+    let o = Command::new(BIN)
+        .args(["plan", fixture.to_str().unwrap(), "--exhaustive"])
+        .output()
+        .unwrap();
     let out = String::from_utf8_lossy(&o.stdout);
-    assert!(o.status.success(), "{out}{}", String::from_utf8_lossy(&o.stderr));
-    assert!(out.contains("resnet18") && out.contains("wav2vec2-large-960h-lv60-self"), "{out}");
-    assert!(out.contains("total 7.4850/h") && out.contains("exhaustive optimum (A2)               7.4850"), "{out}");
+    assert!(
+        o.status.success(),
+        "{out}{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    assert!(
+        out.contains("resnet18") && out.contains("wav2vec2-large-960h-lv60-self"),
+        "{out}"
+    );
+    assert!(
+        out.contains("total 7.4850/h")
+            && out.contains("exhaustive optimum (A2)               7.4850"),
+        "{out}"
+    );
 
-    let o = Command::new(BIN).args(["--json", "plan", fixture.to_str().unwrap()]).output().unwrap();
+    let o = Command::new(BIN)
+        .args(["--json", "plan", fixture.to_str().unwrap()])
+        .output()
+        .unwrap();
     let j: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
     assert!(j["plan"]["total_cost_per_hour"].as_f64().unwrap() <= 7.5088);
     assert_eq!(j["plan"]["a2_holds"], true);
     assert_eq!(j["plan"]["operators"].as_array().unwrap().len(), 3);
 
     let example = repo_path("examples/plan/traffic.toml");
-    let o = Command::new(BIN).args(["plan", example.to_str().unwrap(), "--dot"]).output().unwrap();
+    let o = Command::new(BIN)
+        .args(["plan", example.to_str().unwrap(), "--dot"])
+        .output()
+        .unwrap();
     let dot = String::from_utf8_lossy(&o.stdout);
-    assert!(dot.starts_with("digraph plan {") && dot.contains("->") && dot.contains("KB/s"), "{dot}");
+    assert!(
+        dot.starts_with("digraph plan {") && dot.contains("->") && dot.contains("KB/s"),
+        "{dot}"
+    );
 
     let dir = temp_dir("export");
-    let o = Command::new(BIN).args(["plan", example.to_str().unwrap(), "--export", dir.to_str().unwrap()]).output().unwrap();
+    let o = Command::new(BIN)
+        .args([
+            "plan",
+            example.to_str().unwrap(),
+            "--export",
+            dir.to_str().unwrap(),
+        ])
+        .output()
+        .unwrap();
     assert!(o.status.success());
     for f in ["layout.toml", "dfgs.json", "pools.txt"] {
         assert!(dir.join(f).exists(), "{f}");
     }
-    assert!(std::fs::read_to_string(dir.join("pools.txt")).unwrap().contains("sluice pools create /plan/detect --type trigger"));
+    assert!(std::fs::read_to_string(dir.join("pools.txt"))
+        .unwrap()
+        .contains("sluice pools create /plan/detect --type trigger"));
     let _ = std::fs::remove_dir_all(&dir);
 
-    let o = Command::new(BIN).args(["plan", "/no/such/input.toml"]).output().unwrap();
+    let o = Command::new(BIN)
+        .args(["plan", "/no/such/input.toml"])
+        .output()
+        .unwrap();
     assert!(!o.status.success());
     assert!(String::from_utf8_lossy(&o.stderr).contains("/no/such/input.toml"));
 }

@@ -506,6 +506,16 @@ pub fn load_file(path: &Path) -> Result<Problem> {
     }
     for (i, o) in spec.operators.iter().enumerate() {
         for inp in &o.inputs {
+            if !b.ops.iter().any(|x| &x.0 == inp) {
+                return Err(with_line(
+                    PlanError::Field {
+                        file: file.clone(),
+                        field: format!("operators[{i}].inputs"),
+                        reason: format!("unknown operator {inp:?} (not a source or an operator)"),
+                    },
+                    &text,
+                ));
+            }
             let ratio = o.ratios.get(inp).copied().unwrap_or(1.0);
             b.edges.push((inp.clone(), o.name.clone(), ratio));
         }
@@ -520,11 +530,14 @@ pub fn load_file(path: &Path) -> Result<Problem> {
         for (j, v) in o.variants.iter().enumerate() {
             for (w, l) in &v.latency_ms {
                 if b.worker(w).is_none() {
-                    return Err(PlanError::Field {
-                        file: file.clone(),
-                        field: format!("operators[{i}].variants[{j}].latency_ms"),
-                        reason: format!("unknown worker {w:?}"),
-                    });
+                    return Err(with_line(
+                        PlanError::Field {
+                            file: file.clone(),
+                            field: format!("operators[{i}].variants[{j}].latency_ms"),
+                            reason: format!("unknown worker {w:?}"),
+                        },
+                        &text,
+                    ));
                 }
                 b.latency
                     .push((o.name.clone(), v.name.clone(), w.clone(), *l));
@@ -566,20 +579,50 @@ pub fn load_file(path: &Path) -> Result<Problem> {
                 .collect(),
         )
     });
-    let mut p = b.build(
-        file.clone(),
-        &spec.sink,
-        spec.accuracy_target,
-        settings,
-        e2e,
-        &file,
-    )?;
+    let mut p = b
+        .build(
+            file.clone(),
+            &spec.sink,
+            spec.accuracy_target,
+            settings,
+            e2e,
+            &file,
+        )
+        .map_err(|e| with_line(e, &text))?;
     p.name = if spec.name.is_empty() {
         file
     } else {
         spec.name
     };
     Ok(p)
+}
+
+/// Semantic errors in our file format name a field path; add the line
+/// where the offending (quoted) name first appears, so an editor can jump there.
+fn with_line(e: PlanError, text: &str) -> PlanError {
+    match e {
+        PlanError::Field {
+            file,
+            field,
+            reason,
+        } => {
+            let needle = reason.split('"').nth(1).map(|n| format!("\"{n}\""));
+            match needle.and_then(|n| text.lines().position(|l| l.contains(&n))) {
+                Some(i) => PlanError::Input {
+                    file,
+                    line: i + 1,
+                    field,
+                    reason,
+                },
+                None => PlanError::Field {
+                    file,
+                    field,
+                    reason,
+                },
+            }
+        }
+        other => other,
+    }
 }
 
 // ------------------------------------------------------------ shared builder

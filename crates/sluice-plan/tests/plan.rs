@@ -273,6 +273,22 @@ fn input_errors_name_file_line_and_field() {
         e.contains("operators[0].variants[0].latency_ms") && e.contains("jetson-z"),
         "{e}"
     );
+    let line = text.lines().position(|l| l.contains("jetson-z")).unwrap() + 1;
+    assert!(e.contains(&format!("worker.toml:{line}:")), "{e}");
+    // An edge from an unknown operator.
+    let text = std::fs::read_to_string(example()).unwrap().replacen(
+        "inputs = [\"detect\"]",
+        "inputs = [\"detekt\"]",
+        1,
+    );
+    let e = load(&write_tmp("edge.toml", &text))
+        .unwrap_err()
+        .to_string();
+    let line = text.lines().position(|l| l.contains("detekt")).unwrap() + 1;
+    assert!(
+        e.contains(&format!("edge.toml:{line}:")) && e.contains("unknown operator \"detekt\""),
+        "{e}"
+    );
     // A JellyBean directory with a bad number: file, line and column name.
     let dir = std::env::temp_dir().join(format!("sluice-plan-jb-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
@@ -342,8 +358,23 @@ proptest! {
 fn generated_small_instances_are_mostly_feasible() {
     let mut feasible = 0;
     for seed in 0..30 {
-        let p = generate(seed, &GenSpec { workers: 6, tiers: 2, first_layer: 1, middle_layer: seed % 2 == 0, variants: 2 });
-        if let Ok(r) = plan_all(&p, &PlanOptions { seed, exhaustive: true }) {
+        let p = generate(
+            seed,
+            &GenSpec {
+                workers: 6,
+                tiers: 2,
+                first_layer: 1,
+                middle_layer: seed % 2 == 0,
+                variants: 2,
+            },
+        );
+        if let Ok(r) = plan_all(
+            &p,
+            &PlanOptions {
+                seed,
+                exhaustive: true,
+            },
+        ) {
             feasible += 1;
             assert_valid(&p, &r.plan);
             assert!(r.plan.total_cost >= r.exhaustive.unwrap().total_cost - 1e-9);
