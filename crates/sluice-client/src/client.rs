@@ -2,7 +2,8 @@ use crate::conn::Conn;
 use arc_swap::{ArcSwap, ArcSwapOption};
 use bytes::Bytes;
 use sluice_types::{
-    validate_key, Object, PoolMeta, PoolRouter, PoolSpec, PoolTable, PutResult, Result, SluiceError,
+    validate_key, Object, PoolMeta, PoolRouter, PoolSpec, PoolTable, PutResult, Result,
+    SluiceError, Trace,
 };
 use sluice_wire::{DeliveryKindWire, Request, Response, ServerInfo, WireObject};
 use std::collections::HashMap;
@@ -115,11 +116,24 @@ pub struct Client {
     inner: Arc<Inner>,
 }
 
+fn new_trace(id: u64) -> Trace {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_micros() as u64)
+        .unwrap_or(0);
+    Trace {
+        id,
+        client_sent_us: now,
+        hops: Vec::new(),
+    }
+}
+
 fn to_object(o: WireObject) -> Object {
     Object {
         key: Arc::from(o.key),
         meta: o.meta,
         value: o.value,
+        trace: o.trace.map(Arc::new),
     }
 }
 
@@ -279,13 +293,20 @@ impl Client {
         Ok(())
     }
 
-    async fn put_inner(&self, key: &str, value: Bytes, expected: Option<u64>) -> Result<PutResult> {
+    async fn put_inner(
+        &self,
+        key: &str,
+        value: Bytes,
+        expected: Option<u64>,
+        trace: Option<Trace>,
+    ) -> Result<PutResult> {
         self.check_value(&value)?;
         let r = self.routed(key, |shard| Request::Put {
             key: key.to_string(),
             shard: Some(shard),
             expected,
             value: value.clone(),
+            trace: trace.clone(),
         });
         match r.await? {
             Response::PutOk(p) => Ok(p),
@@ -295,7 +316,20 @@ impl Client {
 
     /// Stores a new version; returns its version and timestamp.
     pub async fn put(&self, key: &str, value: impl Into<Bytes>) -> Result<PutResult> {
-        self.put_inner(key, value.into(), None).await
+        self.put_inner(key, value.into(), None, None).await
+    }
+
+    /// A put that starts a latency trace (id `trace_id`, sent now): every
+    /// lambda stage the object flows through adds a hop, and the objects it
+    /// produces carry the trace on.
+    pub async fn put_traced(
+        &self,
+        key: &str,
+        value: impl Into<Bytes>,
+        trace_id: u64,
+    ) -> Result<PutResult> {
+        self.put_inner(key, value.into(), None, Some(new_trace(trace_id)))
+            .await
     }
 
     /// Stores a new version only if the key's current version is
@@ -307,7 +341,7 @@ impl Client {
         value: impl Into<Bytes>,
         expected_version: u64,
     ) -> Result<PutResult> {
-        self.put_inner(key, value.into(), Some(expected_version))
+        self.put_inner(key, value.into(), Some(expected_version), None)
             .await
     }
 
@@ -324,6 +358,7 @@ impl Client {
                 shard: Some(shard),
                 expected: None,
                 value,
+                trace: None,
             })
             .await
     }
@@ -331,13 +366,33 @@ impl Client {
     /// Fires lambdas and watchers for `key` without storing anything;
     /// returns the delivery timestamp.
     pub async fn trigger_put(&self, key: &str, value: impl Into<Bytes>) -> Result<u64> {
-        let value = value.into();
+        self.trigger_put_inner(key, value.into(), None).await
+    }
+
+    /// A trigger put that starts a latency trace (see `put_traced`).
+    pub async fn trigger_put_traced(
+        &self,
+        key: &str,
+        value: impl Into<Bytes>,
+        trace_id: u64,
+    ) -> Result<u64> {
+        self.trigger_put_inner(key, value.into(), Some(new_trace(trace_id)))
+            .await
+    }
+
+    async fn trigger_put_inner(
+        &self,
+        key: &str,
+        value: Bytes,
+        trace: Option<Trace>,
+    ) -> Result<u64> {
         self.check_value(&value)?;
         match self
             .routed(key, |shard| Request::TriggerPut {
                 key: key.to_string(),
                 shard: Some(shard),
                 value: value.clone(),
+                trace: trace.clone(),
             })
             .await?
         {

@@ -5,7 +5,7 @@ use bytes::{Bytes, BytesMut};
 use sluice_store::Store;
 use sluice_types::{SluiceError, VERSION_NONE};
 use sluice_wire::{
-    encode_object, encode_objects, op, Frame, FrameDecoder, FrameError, OutQueue, Request,
+    encode_object, encode_objects, op, Frame, FrameDecoder, FrameError, ObjRef, OutQueue, Request,
     Response, ServerInfo, FLAG_NO_REPLY, PROTOCOL_VERSION,
 };
 use std::io::IoSlice;
@@ -177,29 +177,22 @@ impl Conn {
 
     fn encode_notice(&mut self, n: Notice) {
         let o = &n.object;
+        let mut r = ObjRef::of(o);
         let mut meta = o.meta;
+        let empty = Bytes::new();
         if n.kind == sluice_wire::DeliveryKindWire::Lagged {
+            // A lag notice carries the number dropped in `version`, no value.
             meta.version = n.dropped;
-            encode_object(
-                &mut self.out,
-                n.watch_id,
-                op::NOTIFY,
-                Some(n.kind as u8),
-                &o.key,
-                &meta,
-                &Bytes::new(),
-            );
-        } else {
-            encode_object(
-                &mut self.out,
-                n.watch_id,
-                op::NOTIFY,
-                Some(n.kind as u8),
-                &o.key,
-                &meta,
-                &o.value,
-            );
+            r.meta = &meta;
+            r.value = &empty;
         }
+        encode_object(
+            &mut self.out,
+            n.watch_id,
+            op::NOTIFY,
+            Some(n.kind as u8),
+            &r,
+        );
     }
 
     /// Decodes and executes every whole frame in `rbuf`.
@@ -293,10 +286,11 @@ impl Conn {
                 shard,
                 expected,
                 value,
+                trace,
             } => {
                 let span = tracing::trace_span!("put", key = %key);
                 let _e = span.enter();
-                match store.put(&key, value, expected, shard) {
+                match store.put_traced(&key, value, expected, shard, trace.map(Arc::new)) {
                     Ok(p) if !no_reply => Response::put_ok(out, rid, &p),
                     Ok(_) => {}
                     Err(e) if no_reply => {
@@ -305,23 +299,26 @@ impl Conn {
                     Err(e) => reply_err(out, &e),
                 }
             }
-            Request::TriggerPut { key, shard, value } => {
-                match store.trigger_put(&key, value, shard) {
-                    Ok(ts) if !no_reply => Response::put_ok(
-                        out,
-                        rid,
-                        &sluice_types::PutResult {
-                            version: VERSION_NONE,
-                            timestamp_us: ts,
-                        },
-                    ),
-                    Ok(_) => {}
-                    Err(e) if no_reply => {
-                        tracing::debug!(key = %key, error = %e, "trigger_put failed")
-                    }
-                    Err(e) => reply_err(out, &e),
+            Request::TriggerPut {
+                key,
+                shard,
+                value,
+                trace,
+            } => match store.trigger_put_traced(&key, value, shard, trace.map(Arc::new)) {
+                Ok(ts) if !no_reply => Response::put_ok(
+                    out,
+                    rid,
+                    &sluice_types::PutResult {
+                        version: VERSION_NONE,
+                        timestamp_us: ts,
+                    },
+                ),
+                Ok(_) => {}
+                Err(e) if no_reply => {
+                    tracing::debug!(key = %key, error = %e, "trigger_put failed")
                 }
-            }
+                Err(e) => reply_err(out, &e),
+            },
             Request::Remove {
                 key,
                 shard,
@@ -377,11 +374,7 @@ impl Conn {
                 let items: Vec<_> = results
                     .iter()
                     .map(|r| match r {
-                        Ok(o) => sluice_wire::MultiGetItem::Found {
-                            key: &o.key,
-                            meta: &o.meta,
-                            value: &o.value,
-                        },
+                        Ok(o) => sluice_wire::MultiGetItem::Found(ObjRef::of(o)),
                         Err(e) => sluice_wire::MultiGetItem::Failed(e),
                     })
                     .collect();
@@ -460,7 +453,7 @@ impl Conn {
 
 fn reply_object(out: &mut OutQueue, rid: u64, r: Result<Arc<sluice_types::Object>, SluiceError>) {
     match r {
-        Ok(o) => encode_object(out, rid, op::OBJECT, None, &o.key, &o.meta, &o.value),
+        Ok(o) => encode_object(out, rid, op::OBJECT, None, &ObjRef::of(&o)),
         Err(e) => Response::error(out, rid, &e),
     }
 }

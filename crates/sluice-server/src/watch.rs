@@ -73,26 +73,43 @@ impl WatchHub {
 }
 
 impl DeliveryObserver for WatchHub {
-    fn on_delivery(&self, d: &Delivery<'_>) {
+    fn on_delivery(&self, d: &Delivery<'_>) -> sluice_types::Result<()> {
+        self.publish(d.object, d.kind.into_wire());
+        Ok(())
+    }
+}
+
+trait IntoWire {
+    fn into_wire(self) -> DeliveryKindWire;
+}
+
+impl IntoWire for DeliveryKind {
+    fn into_wire(self) -> DeliveryKindWire {
+        match self {
+            DeliveryKind::Put => DeliveryKindWire::Put,
+            DeliveryKind::TriggerPut => DeliveryKindWire::TriggerPut,
+            DeliveryKind::Remove => DeliveryKindWire::Remove,
+        }
+    }
+}
+
+impl WatchHub {
+    /// Queues `object` for every watch whose prefix covers its key.
+    pub fn publish(&self, object: &Arc<Object>, kind: DeliveryKindWire) {
         let entries = self.entries.read();
         if entries.is_empty() {
             return;
         }
-        let kind = match d.kind {
-            DeliveryKind::Put => DeliveryKindWire::Put,
-            DeliveryKind::TriggerPut => DeliveryKindWire::TriggerPut,
-            DeliveryKind::Remove => DeliveryKindWire::Remove,
-        };
         for e in entries
             .iter()
-            .filter(|e| d.object.key.starts_with(e.prefix.as_str()))
+            .filter(|e| object.key.starts_with(e.prefix.as_str()))
         {
             let lost = e.dropped.load(Ordering::Relaxed);
             if lost > 0 {
                 let lag = Notice {
                     watch_id: e.watch_id,
                     kind: DeliveryKindWire::Lagged,
-                    object: d.object.clone(),
+                    object: object.clone(),
                     dropped: lost,
                 };
                 if e.tx.try_send(lag).is_ok() {
@@ -105,7 +122,7 @@ impl DeliveryObserver for WatchHub {
             let n = Notice {
                 watch_id: e.watch_id,
                 kind,
-                object: d.object.clone(),
+                object: object.clone(),
                 dropped: 0,
             };
             if e.tx.try_send(n).is_err() {

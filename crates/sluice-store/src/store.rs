@@ -9,7 +9,7 @@ use sluice_types::object::fmt_version;
 use sluice_types::pool::validate_spec;
 use sluice_types::{
     validate_key, Object, ObjectMeta, PoolMeta, PoolRouter, PoolSpec, PoolTable, PoolType,
-    PutResult, Result, SluiceError, VERSION_NONE,
+    PutResult, Result, SluiceError, Trace, VERSION_NONE,
 };
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -58,11 +58,13 @@ pub struct Delivery<'a> {
     pub kind: DeliveryKind,
 }
 
-/// Hook point for everything that reacts to puts: watch subscriptions today,
-/// lambdas (issue "Compute next to data") next. Called on the writer's thread
-/// after the object is visible to readers; must not block.
+/// Hook point for everything that reacts to puts: watch subscriptions and
+/// the lambda dispatcher. Called on the writer's thread after the object is
+/// visible to readers; must not block. An error (e.g. a full upcall queue)
+/// fails a trigger put, which stored nothing and can be retried; for a
+/// stored put it is logged and counted by the observer, and the put stands.
 pub trait DeliveryObserver: Send + Sync {
-    fn on_delivery(&self, delivery: &Delivery<'_>);
+    fn on_delivery(&self, delivery: &Delivery<'_>) -> Result<()>;
 }
 
 /// Operation counters.
@@ -340,20 +342,21 @@ impl Store {
         r
     }
 
-    fn deliver(&self, r: &Routed, object: &Arc<Object>, kind: DeliveryKind) {
+    fn deliver(&self, r: &Routed, object: &Arc<Object>, kind: DeliveryKind) -> Result<()> {
         let observers = self.observers.load();
-        if observers.is_empty() {
-            return;
-        }
         let d = Delivery {
             pool: r.pool(),
             shard: r.shard.id,
             object,
             kind,
         };
+        let mut first_err = None;
         for o in observers.iter() {
-            o.on_delivery(&d);
+            if let Err(e) = o.on_delivery(&d) {
+                first_err.get_or_insert(e);
+            }
         }
+        first_err.map_or(Ok(()), Err)
     }
 
     // ---- writes --------------------------------------------------------
@@ -368,7 +371,19 @@ impl Store {
         expected: Option<u64>,
         shard: Option<u32>,
     ) -> Result<PutResult> {
-        let r = self.write(key, Some(value), expected, shard);
+        self.put_traced(key, value, expected, shard, None)
+    }
+
+    /// `put` carrying a latency trace on the stored object.
+    pub fn put_traced(
+        &self,
+        key: &str,
+        value: Bytes,
+        expected: Option<u64>,
+        shard: Option<u32>,
+        trace: Option<Arc<Trace>>,
+    ) -> Result<PutResult> {
+        let r = self.write(key, Some(value), expected, shard, trace);
         self.count_err(r)
     }
 
@@ -379,7 +394,7 @@ impl Store {
         expected: Option<u64>,
         shard: Option<u32>,
     ) -> Result<PutResult> {
-        let r = self.write(key, None, expected, shard);
+        let r = self.write(key, None, expected, shard, None);
         self.count_err(r)
     }
 
@@ -389,6 +404,7 @@ impl Store {
         value: Option<Bytes>,
         expected: Option<u64>,
         shard: Option<u32>,
+        trace: Option<Arc<Trace>>,
     ) -> Result<PutResult> {
         let op = if value.is_some() { "put" } else { "remove" };
         let r = self.route(key, shard)?;
@@ -437,6 +453,7 @@ impl Store {
                     tombstone,
                 },
                 value: value.unwrap_or_default(),
+                trace,
             });
             map.insert(key_arc, object.clone());
             r.shard.set_last_version(version);
@@ -454,7 +471,11 @@ impl Store {
         };
         counter.fetch_add(1, Ordering::Relaxed);
         tracing::trace!(key, version = object.meta.version, op, "applied");
-        self.deliver(&r, &object, kind);
+        if let Err(e) = self.deliver(&r, &object, kind) {
+            // The put is stored; a lambda that could not be queued is
+            // counted by the dispatcher.
+            tracing::debug!(key, error = %e, "delivery after put failed");
+        }
         Ok(PutResult {
             version: object.meta.version,
             timestamp_us: object.meta.timestamp_us,
@@ -464,6 +485,19 @@ impl Store {
     /// Delivers an object to observers without storing it. Works on every
     /// pool type; the object has no version (`VERSION_NONE`).
     pub fn trigger_put(&self, key: &str, value: Bytes, shard: Option<u32>) -> Result<u64> {
+        self.trigger_put_traced(key, value, shard, None)
+    }
+
+    /// `trigger_put` carrying a latency trace. Fails when an observer could
+    /// not take the object (e.g. the upcall queue is full): nothing was
+    /// stored, so the caller may retry.
+    pub fn trigger_put_traced(
+        &self,
+        key: &str,
+        value: Bytes,
+        shard: Option<u32>,
+        trace: Option<Arc<Trace>>,
+    ) -> Result<u64> {
         let res = (|| {
             let r = self.route(key, shard)?;
             let ts = self.clock.now_us();
@@ -477,9 +511,10 @@ impl Store {
                     tombstone: false,
                 },
                 value,
+                trace,
             });
             self.stats.trigger_puts.fetch_add(1, Ordering::Relaxed);
-            self.deliver(&r, &object, DeliveryKind::TriggerPut);
+            self.deliver(&r, &object, DeliveryKind::TriggerPut)?;
             Ok(ts)
         })();
         self.count_err(res)

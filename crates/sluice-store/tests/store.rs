@@ -171,11 +171,12 @@ fn wrong_shard_is_detected() {
 #[derive(Default)]
 struct Recorder(Mutex<Vec<(String, DeliveryKind, u64)>>);
 impl DeliveryObserver for Recorder {
-    fn on_delivery(&self, d: &Delivery<'_>) {
+    fn on_delivery(&self, d: &Delivery<'_>) -> sluice_types::Result<()> {
         self.0
             .lock()
             .unwrap()
             .push((d.object.key.to_string(), d.kind, d.object.meta.version));
+        Ok(())
     }
 }
 

@@ -14,6 +14,6 @@ pub mod routing;
 pub use error::{Result, SluiceError};
 pub use key::validate_key;
 pub use limits::Limits;
-pub use object::{Object, ObjectMeta, PutResult, VERSION_NONE};
+pub use object::{Hop, Object, ObjectMeta, PutResult, Trace, TRACE_HOPS_MAX, VERSION_NONE};
 pub use pool::{PoolMeta, PoolSpec, PoolTable, PoolType, ShardingPolicy};
 pub use routing::{fnv1a64, PoolRouter};

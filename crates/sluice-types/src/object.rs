@@ -31,7 +31,36 @@ pub struct Object {
     pub key: Arc<str>,
     pub meta: ObjectMeta,
     pub value: Bytes,
+    /// Latency trace, when the writer asked for one (pipelines, benchmarks).
+    pub trace: Option<Arc<Trace>>,
 }
+
+/// A latency trace carried by an object through a pipeline: when the
+/// client sent it, then one hop per stage (lambda) it went through. All
+/// times are microseconds since the Unix epoch on the node's clock.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Trace {
+    pub id: u64,
+    pub client_sent_us: u64,
+    pub hops: Vec<Hop>,
+}
+
+/// One stage of a traced pipeline.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Hop {
+    /// The vertex (pathname) that ran.
+    pub stage: String,
+    /// Delivered to the stage's dispatcher and queued.
+    pub enqueued_us: u64,
+    /// Picked up by an upcall worker.
+    pub started_us: u64,
+    /// The lambda emitted its output (end of compute).
+    pub emitted_us: u64,
+}
+
+/// Upper bound on hops kept in a trace (a cycle in a data flow graph must
+/// not grow objects without limit).
+pub const TRACE_HOPS_MAX: usize = 64;
 
 /// What a successful put or remove returns.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]

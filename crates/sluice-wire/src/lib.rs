@@ -27,7 +27,7 @@ mod out;
 pub use codec::{MetaReader, MetaWriter};
 pub use frame::{Frame, FrameDecoder, FrameError, FLAG_NO_REPLY, HEADER_LEN, MAGIC};
 pub use message::{
-    encode_object, encode_objects, op, DeliveryKindWire, MultiGetItem, Request, Response,
+    encode_object, encode_objects, op, DeliveryKindWire, MultiGetItem, ObjRef, Request, Response,
     ServerInfo, WireObject,
 };
 pub use out::OutQueue;

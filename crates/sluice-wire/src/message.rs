@@ -5,7 +5,9 @@ use crate::frame::{write_header, Frame, HEADER_LEN};
 use crate::out::OutQueue;
 use bytes::Bytes;
 use serde::{Deserialize, Serialize};
-use sluice_types::{Limits, ObjectMeta, PoolMeta, PoolSpec, PutResult, SluiceError};
+use sluice_types::{
+    Hop, Limits, ObjectMeta, PoolMeta, PoolSpec, PutResult, SluiceError, Trace, TRACE_HOPS_MAX,
+};
 
 /// Opcodes.
 pub mod op {
@@ -60,6 +62,28 @@ pub struct WireObject {
     pub key: String,
     pub meta: ObjectMeta,
     pub value: Bytes,
+    pub trace: Option<Trace>,
+}
+
+/// An object to encode, borrowed from wherever it lives (the store's
+/// `Arc<Object>`, a `WireObject`).
+#[derive(Clone, Copy)]
+pub struct ObjRef<'a> {
+    pub key: &'a str,
+    pub meta: &'a ObjectMeta,
+    pub value: &'a Bytes,
+    pub trace: Option<&'a Trace>,
+}
+
+impl<'a> ObjRef<'a> {
+    pub fn of(o: &'a sluice_types::Object) -> Self {
+        ObjRef {
+            key: &o.key,
+            meta: &o.meta,
+            value: &o.value,
+            trace: o.trace.as_deref(),
+        }
+    }
 }
 
 /// Which delivery a watch notification reports.
@@ -71,6 +95,8 @@ pub enum DeliveryKindWire {
     Remove = 3,
     /// The watcher fell behind and `meta.version` notifications were dropped.
     Lagged = 4,
+    /// Published by a `notify` lambda.
+    Notify = 5,
 }
 
 impl DeliveryKindWire {
@@ -80,6 +106,7 @@ impl DeliveryKindWire {
             2 => Self::TriggerPut,
             3 => Self::Remove,
             4 => Self::Lagged,
+            5 => Self::Notify,
             x => return Err(SluiceError::protocol(format!("unknown delivery kind {x}"))),
         })
     }
@@ -98,11 +125,13 @@ pub enum Request {
         shard: Option<u32>,
         expected: Option<u64>,
         value: Bytes,
+        trace: Option<Trace>,
     },
     TriggerPut {
         key: String,
         shard: Option<u32>,
         value: Bytes,
+        trace: Option<Trace>,
     },
     Remove {
         key: String,
@@ -222,16 +251,66 @@ fn frame(
     }
 }
 
-fn write_obj_meta(w: &mut MetaWriter, key: &str, m: &ObjectMeta) {
-    w.str(key)
+fn write_trace(w: &mut MetaWriter, t: Option<&Trace>) {
+    match t {
+        None => {
+            w.u8(0);
+        }
+        Some(t) => {
+            w.u8(1)
+                .u64(t.id)
+                .u64(t.client_sent_us)
+                .u32(t.hops.len() as u32);
+            for h in &t.hops {
+                w.str(&h.stage)
+                    .u64(h.enqueued_us)
+                    .u64(h.started_us)
+                    .u64(h.emitted_us);
+            }
+        }
+    }
+}
+
+fn read_trace(r: &mut MetaReader) -> Result<Option<Trace>, SluiceError> {
+    if !r.bool()? {
+        return Ok(None);
+    }
+    let id = r.u64()?;
+    let client_sent_us = r.u64()?;
+    let n = r.u32()? as usize;
+    if n > TRACE_HOPS_MAX {
+        return Err(SluiceError::protocol(format!(
+            "trace has {n} hops, the limit is {TRACE_HOPS_MAX}"
+        )));
+    }
+    let mut hops = Vec::with_capacity(n);
+    for _ in 0..n {
+        hops.push(Hop {
+            stage: r.str()?,
+            enqueued_us: r.u64()?,
+            started_us: r.u64()?,
+            emitted_us: r.u64()?,
+        });
+    }
+    Ok(Some(Trace {
+        id,
+        client_sent_us,
+        hops,
+    }))
+}
+
+fn write_obj_meta(w: &mut MetaWriter, o: &ObjRef<'_>) {
+    let m = o.meta;
+    w.str(o.key)
         .u64(m.version)
         .u64(m.timestamp_us)
         .u64(m.previous_version)
         .u64(m.previous_version_by_key)
         .u8(m.tombstone as u8);
+    write_trace(w, o.trace);
 }
 
-fn read_obj_meta(r: &mut MetaReader) -> Result<(String, ObjectMeta), SluiceError> {
+fn read_obj_meta(r: &mut MetaReader) -> Result<(String, ObjectMeta, Option<Trace>), SluiceError> {
     let key = r.str()?;
     let meta = ObjectMeta {
         version: r.u64()?,
@@ -240,7 +319,8 @@ fn read_obj_meta(r: &mut MetaReader) -> Result<(String, ObjectMeta), SluiceError
         previous_version_by_key: r.u64()?,
         tombstone: r.bool()?,
     };
-    Ok((key, meta))
+    let trace = read_trace(r)?;
+    Ok((key, meta, trace))
 }
 
 /// Encodes an object response straight from the stored parts, so the
@@ -250,16 +330,25 @@ pub fn encode_object(
     request_id: u64,
     opcode: u8,
     prefix: Option<u8>,
-    key: &str,
-    meta: &ObjectMeta,
-    value: &Bytes,
+    o: &ObjRef<'_>,
 ) {
-    frame(out, opcode, 0, request_id, Some(value), |w| {
+    frame(out, opcode, 0, request_id, Some(o.value), |w| {
         if let Some(p) = prefix {
             w.u8(p);
         }
-        write_obj_meta(w, key, meta);
+        write_obj_meta(w, o);
     });
+}
+
+impl WireObject {
+    pub fn as_ref(&self) -> ObjRef<'_> {
+        ObjRef {
+            key: &self.key,
+            meta: &self.meta,
+            value: &self.value,
+            trace: self.trace.as_ref(),
+        }
+    }
 }
 
 impl Request {
@@ -301,14 +390,20 @@ impl Request {
                 shard,
                 expected,
                 value,
+                trace,
             } => frame(out, opc, flags, request_id, Some(value), |w| {
                 w.str(key).u32(shard_enc(*shard)).opt_u64(*expected);
+                write_trace(w, trace.as_ref());
             }),
-            Request::TriggerPut { key, shard, value } => {
-                frame(out, opc, flags, request_id, Some(value), |w| {
-                    w.str(key).u32(shard_enc(*shard));
-                })
-            }
+            Request::TriggerPut {
+                key,
+                shard,
+                value,
+                trace,
+            } => frame(out, opc, flags, request_id, Some(value), |w| {
+                w.str(key).u32(shard_enc(*shard));
+                write_trace(w, trace.as_ref());
+            }),
             Request::Remove {
                 key,
                 shard,
@@ -403,11 +498,13 @@ impl Request {
                 key: r.str()?,
                 shard: shard_dec(r.u32()?),
                 expected: r.opt_u64()?,
+                trace: read_trace(&mut r)?,
                 value: f.value,
             },
             op::TRIGGER_PUT => Request::TriggerPut {
                 key: r.str()?,
                 shard: shard_dec(r.u32()?),
+                trace: read_trace(&mut r)?,
                 value: f.value,
             },
             op::REMOVE => Request::Remove {
@@ -478,17 +575,13 @@ impl Response {
             Response::Pong => frame(out, op::PONG, 0, request_id, None, |_| {}),
             Response::Ok => frame(out, op::OK, 0, request_id, None, |_| {}),
             Response::PutOk(p) => Self::put_ok(out, request_id, p),
-            Response::Object(o) => {
-                encode_object(out, request_id, op::OBJECT, None, &o.key, &o.meta, &o.value)
-            }
+            Response::Object(o) => encode_object(out, request_id, op::OBJECT, None, &o.as_ref()),
             Response::Notify { kind, object } => encode_object(
                 out,
                 request_id,
                 op::NOTIFY,
                 Some(*kind as u8),
-                &object.key,
-                &object.meta,
-                &object.value,
+                &object.as_ref(),
             ),
             Response::Size(n) => frame(out, op::SIZE, 0, request_id, None, |w| {
                 w.u64(*n);
@@ -503,11 +596,7 @@ impl Response {
                 let parts: Vec<MultiGetItem<'_>> = items
                     .iter()
                     .map(|i| match i {
-                        Ok(o) => MultiGetItem::Found {
-                            key: &o.key,
-                            meta: &o.meta,
-                            value: &o.value,
-                        },
+                        Ok(o) => MultiGetItem::Found(o.as_ref()),
                         Err(e) => MultiGetItem::Failed(e),
                     })
                     .collect();
@@ -560,22 +649,24 @@ impl Response {
                 timestamp_us: r.u64()?,
             }),
             op::OBJECT => {
-                let (key, meta) = read_obj_meta(&mut r)?;
+                let (key, meta, trace) = read_obj_meta(&mut r)?;
                 Response::Object(WireObject {
                     key,
                     meta,
                     value: f.value,
+                    trace,
                 })
             }
             op::NOTIFY => {
                 let kind = DeliveryKindWire::from_u8(r.u8()?)?;
-                let (key, meta) = read_obj_meta(&mut r)?;
+                let (key, meta, trace) = read_obj_meta(&mut r)?;
                 Response::Notify {
                     kind,
                     object: WireObject {
                         key,
                         meta,
                         value: f.value,
+                        trace,
                     },
                 }
             }
@@ -594,7 +685,7 @@ impl Response {
                 let mut value = f.value;
                 for _ in 0..n {
                     if r.bool()? {
-                        let (key, meta) = read_obj_meta(&mut r)?;
+                        let (key, meta, trace) = read_obj_meta(&mut r)?;
                         let len = r.u64()?;
                         if len > value.len() as u64 {
                             return Err(SluiceError::protocol(
@@ -605,6 +696,7 @@ impl Response {
                             key,
                             meta,
                             value: value.split_to(len as usize),
+                            trace,
                         }));
                     } else {
                         items.push(Err(from_json(&r.str()?)?));
@@ -635,11 +727,7 @@ impl Response {
 
 /// One entry of a multi-get reply, borrowed from wherever it lives.
 pub enum MultiGetItem<'a> {
-    Found {
-        key: &'a str,
-        meta: &'a ObjectMeta,
-        value: &'a Bytes,
-    },
+    Found(ObjRef<'a>),
     Failed(&'a SluiceError),
 }
 
@@ -649,7 +737,7 @@ pub fn encode_objects(out: &mut OutQueue, request_id: u64, items: &[MultiGetItem
     let total: usize = items
         .iter()
         .map(|i| match i {
-            MultiGetItem::Found { value, .. } => value.len(),
+            MultiGetItem::Found(o) => o.value.len(),
             MultiGetItem::Failed(_) => 0,
         })
         .sum();
@@ -661,10 +749,10 @@ pub fn encode_objects(out: &mut OutQueue, request_id: u64, items: &[MultiGetItem
         w.u32(items.len() as u32);
         for item in items {
             match item {
-                MultiGetItem::Found { key, meta, value } => {
+                MultiGetItem::Found(o) => {
                     w.u8(1);
-                    write_obj_meta(&mut w, key, meta);
-                    w.u64(value.len() as u64);
+                    write_obj_meta(&mut w, o);
+                    w.u64(o.value.len() as u64);
                 }
                 MultiGetItem::Failed(e) => {
                     w.u8(0).str(&json(*e));
@@ -676,8 +764,8 @@ pub fn encode_objects(out: &mut OutQueue, request_id: u64, items: &[MultiGetItem
     buf[start + 4..start + 8].copy_from_slice(&(meta_len as u32).to_le_bytes());
     buf[start + 8..start + 12].copy_from_slice(&(total as u32).to_le_bytes());
     for item in items {
-        if let MultiGetItem::Found { value, .. } = item {
-            out.push_value(value);
+        if let MultiGetItem::Found(o) = item {
+            out.push_value(o.value);
         }
     }
 }

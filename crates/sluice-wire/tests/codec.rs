@@ -6,7 +6,7 @@
 
 use bytes::{Bytes, BytesMut};
 use proptest::prelude::*;
-use sluice_types::{ObjectMeta, PoolSpec, PoolType, PutResult, SluiceError};
+use sluice_types::{Hop, ObjectMeta, PoolSpec, PoolType, PutResult, SluiceError, Trace};
 use sluice_wire::{
     DeliveryKindWire, FrameDecoder, FrameError, OutQueue, Request, Response, WireObject, HEADER_LEN,
 };
@@ -65,6 +65,37 @@ fn arb_value() -> impl Strategy<Value = Bytes> {
     ]
 }
 
+fn arb_trace() -> impl Strategy<Value = Option<Trace>> {
+    proptest::option::of(
+        (
+            any::<u64>(),
+            any::<u64>(),
+            proptest::collection::vec(
+                (
+                    "(/[a-z]{1,5}){1,2}",
+                    any::<u64>(),
+                    any::<u64>(),
+                    any::<u64>(),
+                ),
+                0..4,
+            ),
+        )
+            .prop_map(|(id, sent, hops)| Trace {
+                id,
+                client_sent_us: sent,
+                hops: hops
+                    .into_iter()
+                    .map(|(stage, enqueued_us, started_us, emitted_us)| Hop {
+                        stage,
+                        enqueued_us,
+                        started_us,
+                        emitted_us,
+                    })
+                    .collect(),
+            }),
+    )
+}
+
 fn arb_request() -> impl Strategy<Value = Request> {
     prop_oneof![
         (any::<u16>(), "[a-z]{0,10}").prop_map(|(v, n)| Request::Hello {
@@ -77,16 +108,24 @@ fn arb_request() -> impl Strategy<Value = Request> {
             arb_key(),
             arb_opt_shard(),
             proptest::option::of(any::<u64>()),
-            arb_value()
+            arb_value(),
+            arb_trace()
         )
-            .prop_map(|(key, shard, expected, value)| Request::Put {
+            .prop_map(|(key, shard, expected, value, trace)| Request::Put {
                 key,
                 shard,
                 expected,
-                value
+                value,
+                trace
             }),
-        (arb_key(), arb_opt_shard(), arb_value())
-            .prop_map(|(key, shard, value)| Request::TriggerPut { key, shard, value }),
+        (arb_key(), arb_opt_shard(), arb_value(), arb_trace()).prop_map(
+            |(key, shard, value, trace)| Request::TriggerPut {
+                key,
+                shard,
+                value,
+                trace
+            }
+        ),
         (
             arb_key(),
             arb_opt_shard(),
@@ -153,10 +192,13 @@ fn arb_request() -> impl Strategy<Value = Request> {
 }
 
 fn arb_object() -> impl Strategy<Value = WireObject> {
-    (arb_key(), arb_meta(), arb_value()).prop_map(|(key, meta, value)| WireObject {
-        key,
-        meta,
-        value,
+    (arb_key(), arb_meta(), arb_value(), arb_trace()).prop_map(|(key, meta, value, trace)| {
+        WireObject {
+            key,
+            meta,
+            value,
+            trace,
+        }
     })
 }
 
@@ -311,6 +353,7 @@ fn value_bytes_are_not_copied_by_the_decoder() {
         shard: Some(0),
         expected: None,
         value: value.clone(),
+        trace: None,
     }
     .encode(&mut q, 1, 0);
     let wire = q.to_bytes();
@@ -392,11 +435,22 @@ fn regenerate_corpus() {
             shard: Some(0),
             expected: Some(3),
             value: Bytes::from_static(b"hello"),
+            trace: None,
         },
         Request::TriggerPut {
             key: "/trig/t".into(),
             shard: None,
             value: Bytes::from_static(b"x"),
+            trace: Some(Trace {
+                id: 9,
+                client_sent_us: 1,
+                hops: vec![Hop {
+                    stage: "/a".into(),
+                    enqueued_us: 2,
+                    started_us: 3,
+                    emitted_us: 4,
+                }],
+            }),
         },
         Request::Remove {
             key: "/vol/a".into(),
@@ -459,6 +513,7 @@ fn regenerate_corpus() {
                 tombstone: false,
             },
             value: Bytes::from_static(b"v"),
+            trace: None,
         }),
         Err(SluiceError::NotFound {
             key: "/vol/b".into(),
