@@ -80,10 +80,23 @@ pub enum ClientCmd {
         #[arg(long)]
         count: Option<u64>,
     },
+    /// Manage data flow graphs (lambdas) on the node.
+    #[command(subcommand)]
+    Dfg(DfgCmd),
     /// Server counters.
     Stats,
     /// Round trip time to the node.
     Ping,
+}
+
+#[derive(clap::Subcommand, Debug)]
+pub enum DfgCmd {
+    /// Load graphs from a dfgs.json file (replaces graphs with the same id).
+    Apply { file: PathBuf },
+    /// List applied graphs with per-lambda counters.
+    Ls,
+    /// Remove a graph by id.
+    Rm { id: String },
 }
 
 #[derive(clap::Subcommand, Debug)]
@@ -414,6 +427,48 @@ pub fn execute(
                     )?;
                 }
                 out.flush()?;
+            }
+        }
+        ClientCmd::Dfg(DfgCmd::Apply { file }) => {
+            let text = std::fs::read_to_string(&file).with_context(|| format!("reading {}", file.display()))?;
+            let r = c.dfg_apply(&text).with_context(|| format!("applying {}", file.display()))?;
+            if json {
+                print_json(out, &r)?;
+            } else {
+                let ids: Vec<&str> = r["applied"].as_array().into_iter().flatten().filter_map(|v| v.as_str()).collect();
+                writeln!(out, "applied {}", ids.join(", "))?;
+            }
+        }
+        ClientCmd::Dfg(DfgCmd::Ls) => {
+            let r = c.dfg_list()?;
+            if json {
+                print_json(out, &r)?;
+            } else {
+                for g in r.as_array().into_iter().flatten() {
+                    writeln!(out, "{} {}", g["id"].as_str().unwrap_or("?"), g["desc"].as_str().unwrap_or(""))?;
+                    for st in g["status"].as_array().into_iter().flatten() {
+                        writeln!(
+                            out,
+                            "  {:<28} {:<8} calls {} emitted {} failures {} panics {} dropped {}{}",
+                            st["vertex"].as_str().unwrap_or("?"),
+                            st["udl"].as_str().unwrap_or("?"),
+                            st["calls"],
+                            st["emitted"],
+                            st["failures"],
+                            st["panics"],
+                            st["dropped"],
+                            st["last_error"].as_str().map(|e| format!("  last error: {e}")).unwrap_or_default()
+                        )?;
+                    }
+                }
+            }
+        }
+        ClientCmd::Dfg(DfgCmd::Rm { id }) => {
+            c.dfg_remove(&id)?;
+            if json {
+                print_json(out, &json!({"removed": id}))?;
+            } else {
+                writeln!(out, "removed {id}")?;
             }
         }
         ClientCmd::Stats => {

@@ -127,6 +127,9 @@ impl BlockingClient {
         fn list_pools(&self, include_deleted: bool) -> Result<Vec<PoolMeta>>;
         fn ping(&self) -> Result<Duration>;
         fn stats(&self) -> Result<serde_json::Value>;
+        fn dfg_apply(&self, text: &str) -> Result<serde_json::Value>;
+        fn dfg_list(&self) -> Result<serde_json::Value>;
+        fn dfg_remove(&self, id: &str) -> Result<()>;
         fn refresh_pools(&self) -> Result<()>;
     }
 }

@@ -665,6 +665,33 @@ impl Client {
         }
     }
 
+    /// Applies a data flow graph file (`dfgs.json` shape) on the node;
+    /// returns `{"applied": [ids]}`. An invalid file changes nothing and
+    /// fails with `InvalidDfg` naming the JSON path of the bad field.
+    pub async fn dfg_apply(&self, text: &str) -> Result<serde_json::Value> {
+        self.json_call(&Request::DfgApply { text: text.to_string() }).await
+    }
+
+    /// The graphs applied on the node, with per-UDL counters.
+    pub async fn dfg_list(&self) -> Result<serde_json::Value> {
+        self.json_call(&Request::DfgList).await
+    }
+
+    /// Removes a graph; its in-flight upcalls finish.
+    pub async fn dfg_remove(&self, id: &str) -> Result<()> {
+        match self.call(&Request::DfgRemove { id: id.to_string() }).await? {
+            Response::Ok => Ok(()),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    async fn json_call(&self, req: &Request) -> Result<serde_json::Value> {
+        match self.call(req).await? {
+            Response::Json(s) => serde_json::from_str(&s).map_err(|e| SluiceError::protocol(e.to_string())),
+            other => Err(unexpected(other)),
+        }
+    }
+
     /// Server counters as JSON.
     pub async fn stats(&self) -> Result<serde_json::Value> {
         match self.call(&Request::Stats).await? {

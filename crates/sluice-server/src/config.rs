@@ -33,6 +33,23 @@ impl Default for Timeouts {
     }
 }
 
+/// Upcall workers for lambdas.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ComputeConfig {
+    /// Upcall worker threads; 0 means one per core.
+    pub workers: usize,
+    /// Upcalls queued per worker before deliveries are refused
+    /// (a trigger put then fails with `unavailable`; retry).
+    pub queue_len: usize,
+}
+
+impl Default for ComputeConfig {
+    fn default() -> Self {
+        ComputeConfig { workers: 0, queue_len: 1024 }
+    }
+}
+
 /// A node's configuration (the `sluice serve --config` TOML file).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -46,6 +63,7 @@ pub struct ServerConfig {
     pub worker_threads: usize,
     pub limits: Limits,
     pub timeouts: Timeouts,
+    pub compute: ComputeConfig,
     /// Shard counts per pool type and subgroup.
     pub layout: Layout,
     /// Pools created when the data directory has no pool table yet.
@@ -61,6 +79,7 @@ impl Default for ServerConfig {
             worker_threads: 0,
             limits: Limits::default(),
             timeouts: Timeouts::default(),
+            compute: ComputeConfig::default(),
             layout: Layout::default(),
             default_pools: sluice_types::pool::default_pools(),
         }

@@ -25,6 +25,7 @@ pub struct ConnCtx {
     pub cfg: ServerConfig,
     pub store: Arc<Store>,
     pub watches: Arc<WatchHub>,
+    pub engine: Arc<sluice_compute::Engine>,
     pub stats: ServerStats,
     pub conn_slots: Arc<Semaphore>,
     pub next_conn_id: AtomicU64,
@@ -425,6 +426,15 @@ impl Conn {
                     )
                 }
             }
+            Request::DfgApply { text } => match self.ctx.engine.apply(&text) {
+                Ok(ids) => Response::Json(serde_json::json!({ "applied": ids }).to_string()).encode(out, rid),
+                Err(e) => reply_err(out, &SluiceError::InvalidDfg { path: e.path, reason: e.reason }),
+            },
+            Request::DfgList => Response::Json(self.ctx.engine.list().to_string()).encode(out, rid),
+            Request::DfgRemove { id } => match self.ctx.engine.remove(&id) {
+                Ok(()) => Response::Ok.encode(out, rid),
+                Err(e) => reply_err(out, &e),
+            },
             Request::Stats => {
                 let s = &self.ctx.stats;
                 let g = |a: &AtomicU64| a.load(Ordering::Relaxed);
@@ -444,6 +454,7 @@ impl Conn {
                     "requests": g(&s.requests),
                     "protocol_errors": g(&s.protocol_errors),
                     "watches": self.ctx.watches.len(),
+                    "compute": self.ctx.engine.stats(),
                 });
                 Response::Stats(v.to_string()).encode(out, rid)
             }

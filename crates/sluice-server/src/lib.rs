@@ -15,6 +15,7 @@ mod conn;
 mod server;
 mod watch;
 
-pub use config::{ServerConfig, Timeouts, DEFAULT_PORT};
+pub use config::{ComputeConfig, ServerConfig, Timeouts, DEFAULT_PORT};
+pub use sluice_compute::{Engine, Registry};
 pub use server::{Server, ServerError};
 pub use watch::WATCH_QUEUE_LEN;

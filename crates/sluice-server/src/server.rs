@@ -1,6 +1,7 @@
 use crate::config::ServerConfig;
 use crate::conn::{serve_conn, ConnCtx};
 use crate::watch::WatchHub;
+use sluice_compute::{Engine, EngineConfig, Registry};
 use sluice_store::{Store, StoreConfig};
 use sluice_types::SluiceError;
 use sluice_wire::{OutQueue, Response};
@@ -56,7 +57,7 @@ impl Server {
             dir: cfg.data_dir.display().to_string(),
             source,
         })?;
-        Self::bind_with_store(cfg, Arc::new(store)).await
+        Self::bind_with(cfg, Arc::new(store), Registry::builtin()).await
     }
 
     /// Binds a listener in front of an existing store (embedded use: the
@@ -64,6 +65,16 @@ impl Server {
     pub async fn bind_with_store(
         cfg: ServerConfig,
         store: Arc<Store>,
+    ) -> Result<Server, ServerError> {
+        Self::bind_with(cfg, store, Registry::builtin()).await
+    }
+
+    /// Binds a node with a custom UDL registry (your own lambdas; see
+    /// `examples/custom-udl`).
+    pub async fn bind_with(
+        cfg: ServerConfig,
+        store: Arc<Store>,
+        registry: Registry,
     ) -> Result<Server, ServerError> {
         cfg.validate().map_err(ServerError::Config)?;
         let listener = TcpListener::bind(cfg.listen)
@@ -74,12 +85,30 @@ impl Server {
             })?;
         let watches = Arc::new(WatchHub::default());
         store.add_observer(watches.clone());
+        let engine = Engine::start(
+            &store,
+            registry,
+            EngineConfig {
+                node_id: cfg.node_id,
+                workers: cfg.compute.workers,
+                queue_len: cfg.compute.queue_len,
+                persist_path: Some(cfg.data_dir.join("dfgs.json")),
+            },
+            Some(watches.clone() as Arc<dyn sluice_compute::Publisher>),
+            None,
+        );
+        match engine.load_persisted() {
+            Ok(0) => {}
+            Ok(n) => tracing::info!(graphs = n, "data flow graphs restored"),
+            Err(e) => tracing::warn!(error = %e, "stored data flow graphs are invalid; starting without them"),
+        }
         let (shutdown_tx, shutdown_rx) = watch::channel(false);
         let ctx = Arc::new(ConnCtx {
             conn_slots: Arc::new(Semaphore::new(cfg.limits.max_connections as usize)),
             cfg,
             store,
             watches,
+            engine,
             stats: ServerStats::default(),
             next_conn_id: AtomicU64::new(1),
             shutdown_tx,
@@ -94,6 +123,10 @@ impl Server {
 
     pub fn store(&self) -> &Arc<Store> {
         &self.ctx.store
+    }
+
+    pub fn engine(&self) -> &Arc<Engine> {
+        &self.ctx.engine
     }
 
     /// Serves until `shutdown` completes, then stops accepting, tells every

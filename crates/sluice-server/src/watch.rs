@@ -131,3 +131,9 @@ impl WatchHub {
         }
     }
 }
+
+impl sluice_compute::Publisher for WatchHub {
+    fn publish(&self, object: &Arc<Object>) {
+        WatchHub::publish(self, object, DeliveryKindWire::Notify);
+    }
+}

@@ -64,6 +64,8 @@ pub enum SluiceError {
     },
     #[error("shard {shard} of subgroup {subgroup} is not hosted on this node")]
     UnknownShard { subgroup: String, shard: u32 },
+    #[error("invalid data flow graph at {path}: {reason}")]
+    InvalidDfg { path: String, reason: String },
     #[error("protocol error: {reason}")]
     Protocol { reason: String },
     #[error("{what} timed out after {after_ms} ms")]

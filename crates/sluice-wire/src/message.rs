@@ -29,6 +29,9 @@ pub mod op {
     pub const WATCH: u8 = 0x10;
     pub const UNWATCH: u8 = 0x11;
     pub const STATS: u8 = 0x12;
+    pub const DFG_APPLY: u8 = 0x13;
+    pub const DFG_LIST: u8 = 0x14;
+    pub const DFG_REMOVE: u8 = 0x15;
 
     pub const HELLO_OK: u8 = 0x81;
     pub const PONG: u8 = 0x82;
@@ -43,6 +46,7 @@ pub mod op {
     pub const NOTIFY: u8 = 0x8B;
     pub const OK: u8 = 0x8C;
     pub const STATS_OK: u8 = 0x8D;
+    pub const JSON: u8 = 0x8E;
     pub const ERROR: u8 = 0xFF;
 }
 
@@ -185,6 +189,14 @@ pub enum Request {
         watch_id: u64,
     },
     Stats,
+    /// Apply a data flow graph file (JSON text, `dfgs.json` shape).
+    DfgApply {
+        text: String,
+    },
+    DfgList,
+    DfgRemove {
+        id: String,
+    },
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -207,6 +219,8 @@ pub enum Response {
     },
     Ok,
     Stats(String),
+    /// A JSON document (DFG listings and apply results).
+    Json(String),
     Error(SluiceError),
 }
 
@@ -372,6 +386,9 @@ impl Request {
             Request::Watch { .. } => op::WATCH,
             Request::Unwatch { .. } => op::UNWATCH,
             Request::Stats => op::STATS,
+            Request::DfgApply { .. } => op::DFG_APPLY,
+            Request::DfgList => op::DFG_LIST,
+            Request::DfgRemove { .. } => op::DFG_REMOVE,
         }
     }
 
@@ -384,7 +401,15 @@ impl Request {
             } => frame(out, opc, flags, request_id, None, |w| {
                 w.u16(*protocol_version).str(client_name);
             }),
-            Request::Ping | Request::Stats => frame(out, opc, flags, request_id, None, |_| {}),
+            Request::Ping | Request::Stats | Request::DfgList => {
+                frame(out, opc, flags, request_id, None, |_| {})
+            }
+            Request::DfgApply { text } => frame(out, opc, flags, request_id, None, |w| {
+                w.str(text);
+            }),
+            Request::DfgRemove { id } => frame(out, opc, flags, request_id, None, |w| {
+                w.str(id);
+            }),
             Request::Put {
                 key,
                 shard,
@@ -494,6 +519,9 @@ impl Request {
             },
             op::PING => Request::Ping,
             op::STATS => Request::Stats,
+            op::DFG_APPLY => Request::DfgApply { text: r.str()? },
+            op::DFG_LIST => Request::DfgList,
+            op::DFG_REMOVE => Request::DfgRemove { id: r.str()? },
             op::PUT => Request::Put {
                 key: r.str()?,
                 shard: shard_dec(r.u32()?),
@@ -611,6 +639,9 @@ impl Response {
             Response::WatchOk { watch_id } => frame(out, op::WATCH_OK, 0, request_id, None, |w| {
                 w.u64(*watch_id);
             }),
+            Response::Json(s) => frame(out, op::JSON, 0, request_id, None, |w| {
+                w.str(s);
+            }),
             Response::Stats(s) => frame(out, op::STATS_OK, 0, request_id, None, |w| {
                 w.str(s);
             }),
@@ -713,6 +744,7 @@ impl Response {
             op::POOLS => Response::Pools(from_json(&r.str()?)?),
             op::WATCH_OK => Response::WatchOk { watch_id: r.u64()? },
             op::STATS_OK => Response::Stats(r.str()?),
+            op::JSON => Response::Json(r.str()?),
             op::ERROR => Response::Error(from_json(&r.str()?)?),
             other => {
                 return Err(SluiceError::protocol(format!(

@@ -188,6 +188,9 @@ fn arb_request() -> impl Strategy<Value = Request> {
         arb_key().prop_map(|key| Request::PoolOfKey { key }),
         arb_key().prop_map(|prefix| Request::Watch { prefix }),
         any::<u64>().prop_map(|watch_id| Request::Unwatch { watch_id }),
+        Just(Request::DfgList),
+        "[a-z{}\\[\\]\":]{0,30}".prop_map(|text| Request::DfgApply { text }),
+        "[a-z]{1,8}".prop_map(|id| Request::DfgRemove { id }),
     ]
 }
 
@@ -234,6 +237,7 @@ fn arb_response() -> impl Strategy<Value = Response> {
         )
             .prop_map(|(object, kind)| Response::Notify { kind, object }),
         "[a-z ]{0,20}".prop_map(Response::Stats),
+        "[a-z ]{0,20}".prop_map(Response::Json),
         (any::<u64>(), "[a-z]{1,4}").prop_map(|(m, k)| Response::Error(
             SluiceError::VersionConflict {
                 key: k,

@@ -1,0 +1,65 @@
+//! Built-in UDLs: `relay`, `log`, `notify`, `onnx`.
+
+use crate::udl::{Context, Emitter, Registry, Udl, UdlError, Upcall};
+use serde_json::Value;
+use std::sync::Arc;
+
+pub fn register_all(r: &mut Registry) {
+    r.register("relay", |_: &Value, _: &Context| Ok(Arc::new(Relay) as Arc<dyn Udl>));
+    r.register("log", |c: &Value, _: &Context| {
+        let prefix = c.get("prefix").and_then(Value::as_str).unwrap_or("udl").to_string();
+        Ok(Arc::new(Log { prefix }) as Arc<dyn Udl>)
+    });
+    r.register("notify", |c: &Value, _: &Context| {
+        let topic = c
+            .get("topic")
+            .and_then(Value::as_str)
+            .ok_or("notify needs {\"topic\": \"/path\"}: clients `sluice watch` that path")?;
+        sluice_types::validate_key(topic, 1024).map_err(|e| format!("topic: {e}"))?;
+        Ok(Arc::new(Notify { topic: topic.to_string() }) as Arc<dyn Udl>)
+    });
+    r.register("onnx", |c: &Value, ctx: &Context| crate::onnx::OnnxUdl::from_config(c, ctx).map(|u| Arc::new(u) as Arc<dyn Udl>));
+}
+
+/// Forwards the object unchanged (the no-op stage of a pipeline): same key
+/// suffix, same bytes (shared, not copied).
+pub struct Relay;
+
+impl Udl for Relay {
+    fn handle(&self, call: &Upcall<'_>, emit: &mut Emitter<'_>, _: &Context) -> Result<(), UdlError> {
+        emit.emit(call.key_suffix(), call.object.value.clone())
+    }
+}
+
+/// Prints each object (key, version, size, and the value when it is short
+/// text) to the node's standard output and log.
+pub struct Log {
+    prefix: String,
+}
+
+impl Udl for Log {
+    fn handle(&self, call: &Upcall<'_>, _: &mut Emitter<'_>, _: &Context) -> Result<(), UdlError> {
+        let o = call.object;
+        let text = match std::str::from_utf8(&o.value) {
+            Ok(s) if s.len() <= 120 => s.to_string(),
+            _ => format!("<{} bytes>", o.value.len()),
+        };
+        println!("[{}] {} version {} {}", self.prefix, o.key, sluice_types::object::fmt_version(o.meta.version), text);
+        tracing::info!(key = %o.key, version = o.meta.version, size = o.value.len(), "log UDL");
+        Ok(())
+    }
+}
+
+/// Publishes each object to clients watching `topic` (pub/sub): the
+/// notification's key is `topic` + the key's suffix under the vertex.
+pub struct Notify {
+    topic: String,
+}
+
+impl Udl for Notify {
+    fn handle(&self, call: &Upcall<'_>, emit: &mut Emitter<'_>, ctx: &Context) -> Result<(), UdlError> {
+        let key = crate::udl::join_key(&self.topic, call.key_suffix());
+        ctx.publish(&emit.derive(&key, call.object.value.clone()));
+        Ok(())
+    }
+}

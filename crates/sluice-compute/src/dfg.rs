@@ -1,0 +1,276 @@
+//! Data flow graphs in the shape of Cascade's `dfgs.json`:
+//!
+//! ```json
+//! [{ "id": "demo", "desc": "…",
+//!    "graph": [{ "pathname": "/demo/frames",
+//!                "user_defined_logic_list": ["onnx"],
+//!                "user_defined_logic_config_list": [{ "model_key": "/models/filter" }],
+//!                "user_defined_logic_stateful_list": ["stateless"],
+//!                "user_defined_logic_hook_list": ["trigger"],
+//!                "shard_dispatcher_list": ["one"],
+//!                "destinations": [{ "/demo/digits": "trigger_put" }] }] }]
+//! ```
+//!
+//! Lists are per UDL of the vertex; all but `user_defined_logic_list` are
+//! optional (defaults: config `{}`, `stateless`, hook `both`, dispatcher
+//! `one`, no destinations). The file may also be an object
+//! `{"udl_aliases": {"<uuid>": "relay"}, "graphs": [...]}`. A graph is
+//! rejected whole, with the JSON path of the first bad field.
+
+use crate::udl::{DestMode, Registry};
+use serde_json::{json, Value};
+use sluice_types::validate_key;
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{path}: {reason}")]
+pub struct DfgError {
+    pub path: String,
+    pub reason: String,
+}
+
+fn err(path: &str, reason: impl Into<String>) -> DfgError {
+    DfgError { path: path.to_string(), reason: reason.into() }
+}
+
+/// Per-vertex dispatch policy of a UDL.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Policy {
+    /// Round-robin over the upcall workers.
+    Stateless,
+    /// FIFO per key: the same key always runs on the same worker, in order.
+    Stateful,
+    /// Everything on one worker, in delivery order.
+    SingleThreaded,
+}
+
+/// Which deliveries fire the UDL.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Hook {
+    Trigger,
+    Ordered,
+    Both,
+}
+
+/// Which members of the object's shard run the UDL.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ShardDispatcher {
+    One,
+    All,
+}
+
+#[derive(Clone, Debug)]
+pub struct VertexUdl {
+    pub name: String,
+    pub config: Value,
+    pub policy: Policy,
+    pub hook: Hook,
+    pub dispatcher: ShardDispatcher,
+    pub destinations: Vec<(String, DestMode)>,
+}
+
+#[derive(Clone, Debug)]
+pub struct Vertex {
+    pub pathname: String,
+    pub udls: Vec<VertexUdl>,
+}
+
+#[derive(Clone, Debug)]
+pub struct Graph {
+    pub id: String,
+    pub desc: String,
+    pub vertices: Vec<Vertex>,
+}
+
+#[derive(Clone, Debug)]
+pub struct DfgFile {
+    pub graphs: Vec<Graph>,
+}
+
+fn list<'a>(v: &'a Value, field: &str, path: &str, n: usize) -> Result<Option<&'a Vec<Value>>, DfgError> {
+    match v.get(field) {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::Array(a)) => {
+            if a.len() != n {
+                return Err(err(
+                    &format!("{path}.{field}"),
+                    format!("has {} entries but user_defined_logic_list has {n}", a.len()),
+                ));
+            }
+            Ok(Some(a))
+        }
+        Some(_) => Err(err(&format!("{path}.{field}"), "must be a list")),
+    }
+}
+
+fn str_at<'a>(v: &'a Value, path: &str) -> Result<&'a str, DfgError> {
+    v.as_str().ok_or_else(|| err(path, "must be a string"))
+}
+
+impl DfgFile {
+    /// Parses and validates a DFG file; UDL names must resolve in `registry`.
+    pub fn parse(text: &str, registry: &Registry) -> Result<DfgFile, DfgError> {
+        let root: Value = serde_json::from_str(text).map_err(|e| err("$", format!("not valid JSON: {e}")))?;
+        let mut registry = registry.clone();
+        let graphs = match &root {
+            Value::Array(_) => &root,
+            Value::Object(o) => {
+                if let Some(a) = o.get("udl_aliases") {
+                    let a = a.as_object().ok_or_else(|| err("$.udl_aliases", "must be an object"))?;
+                    for (k, v) in a {
+                        registry.alias(k, str_at(v, &format!("$.udl_aliases.{k}"))?);
+                    }
+                }
+                o.get("graphs").ok_or_else(|| err("$", "an object DFG file needs a \"graphs\" list"))?
+            }
+            _ => return Err(err("$", "a DFG file is a list of graphs")),
+        };
+        let graphs = graphs.as_array().ok_or_else(|| err("$.graphs", "must be a list"))?;
+        let mut out = Vec::new();
+        for (gi, g) in graphs.iter().enumerate() {
+            let gp = format!("$[{gi}]");
+            let id = str_at(g.get("id").ok_or_else(|| err(&gp, "missing \"id\""))?, &format!("{gp}.id"))?.to_string();
+            if id.is_empty() {
+                return Err(err(&format!("{gp}.id"), "must not be empty"));
+            }
+            if out.iter().any(|x: &Graph| x.id == id) {
+                return Err(err(&format!("{gp}.id"), format!("duplicate graph id {id:?}")));
+            }
+            let desc = g.get("desc").and_then(Value::as_str).unwrap_or("").to_string();
+            let verts = g.get("graph").ok_or_else(|| err(&gp, "missing \"graph\" (the list of vertices)"))?;
+            let verts = verts.as_array().ok_or_else(|| err(&format!("{gp}.graph"), "must be a list"))?;
+            let mut vertices = Vec::new();
+            for (vi, v) in verts.iter().enumerate() {
+                vertices.push(parse_vertex(v, &format!("{gp}.graph[{vi}]"), &registry)?);
+            }
+            out.push(Graph { id, desc, vertices });
+        }
+        Ok(DfgFile { graphs: out })
+    }
+}
+
+fn parse_vertex(v: &Value, vp: &str, registry: &Registry) -> Result<Vertex, DfgError> {
+    let pathname = str_at(v.get("pathname").ok_or_else(|| err(vp, "missing \"pathname\""))?, &format!("{vp}.pathname"))?;
+    validate_key(pathname, 1024).map_err(|e| err(&format!("{vp}.pathname"), e.to_string()))?;
+    let names = v
+        .get("user_defined_logic_list")
+        .ok_or_else(|| err(vp, "missing \"user_defined_logic_list\""))?
+        .as_array()
+        .ok_or_else(|| err(&format!("{vp}.user_defined_logic_list"), "must be a list"))?;
+    if names.is_empty() {
+        return Err(err(&format!("{vp}.user_defined_logic_list"), "names no UDL"));
+    }
+    let n = names.len();
+    let configs = list(v, "user_defined_logic_config_list", vp, n)?;
+    let stateful = list(v, "user_defined_logic_stateful_list", vp, n)?;
+    let hooks = list(v, "user_defined_logic_hook_list", vp, n)?;
+    let dispatchers = list(v, "shard_dispatcher_list", vp, n)?;
+    let dests = list(v, "destinations", vp, n)?;
+    let mut udls = Vec::new();
+    for i in 0..n {
+        let np = format!("{vp}.user_defined_logic_list[{i}]");
+        let raw = str_at(&names[i], &np)?;
+        let name = registry
+            .resolve(raw)
+            .ok_or_else(|| err(&np, format!("unknown UDL {raw:?}; registered: {}", registry.names().join(", "))))?
+            .to_string();
+        let config = configs.map_or(Value::Object(Default::default()), |c| c[i].clone());
+        if !config.is_object() {
+            return Err(err(&format!("{vp}.user_defined_logic_config_list[{i}]"), "must be an object"));
+        }
+        let policy = match stateful.map(|s| &s[i]) {
+            None => Policy::Stateless,
+            Some(s) => match str_at(s, &format!("{vp}.user_defined_logic_stateful_list[{i}]"))? {
+                "stateless" => Policy::Stateless,
+                "stateful" => Policy::Stateful,
+                "singlethreaded" | "single_threaded" => Policy::SingleThreaded,
+                other => {
+                    return Err(err(
+                        &format!("{vp}.user_defined_logic_stateful_list[{i}]"),
+                        format!("unknown policy {other:?}; use stateless, stateful or singlethreaded"),
+                    ))
+                }
+            },
+        };
+        let hook = match hooks.map(|s| &s[i]) {
+            None => Hook::Both,
+            Some(s) => match str_at(s, &format!("{vp}.user_defined_logic_hook_list[{i}]"))? {
+                "trigger" => Hook::Trigger,
+                "ordered" => Hook::Ordered,
+                "both" => Hook::Both,
+                other => {
+                    return Err(err(
+                        &format!("{vp}.user_defined_logic_hook_list[{i}]"),
+                        format!("unknown hook {other:?}; use trigger, ordered or both"),
+                    ))
+                }
+            },
+        };
+        let dispatcher = match dispatchers.map(|s| &s[i]) {
+            None => ShardDispatcher::One,
+            Some(s) => match str_at(s, &format!("{vp}.shard_dispatcher_list[{i}]"))? {
+                "one" => ShardDispatcher::One,
+                "all" => ShardDispatcher::All,
+                other => {
+                    return Err(err(&format!("{vp}.shard_dispatcher_list[{i}]"), format!("unknown dispatcher {other:?}; use one or all")))
+                }
+            },
+        };
+        let mut destinations = Vec::new();
+        if let Some(d) = dests.map(|d| &d[i]) {
+            let dp = format!("{vp}.destinations[{i}]");
+            let d = d.as_object().ok_or_else(|| err(&dp, "must be an object {\"/pool\": \"put\"|\"trigger_put\"}"))?;
+            for (pool, mode) in d {
+                validate_key(pool, 1024).map_err(|e| err(&format!("{dp}.{pool}"), e.to_string()))?;
+                let mode = match str_at(mode, &format!("{dp}.{pool}"))? {
+                    "put" => DestMode::Put,
+                    "trigger_put" => DestMode::TriggerPut,
+                    other => return Err(err(&format!("{dp}.{pool}"), format!("unknown mode {other:?}; use put or trigger_put"))),
+                };
+                destinations.push((pool.clone(), mode));
+            }
+        }
+        udls.push(VertexUdl { name, config, policy, hook, dispatcher, destinations });
+    }
+    Ok(Vertex { pathname: pathname.to_string(), udls })
+}
+
+impl Graph {
+    /// The graph back in `dfgs.json` shape (for listing and persistence).
+    pub fn to_json(&self) -> Value {
+        let verts: Vec<Value> = self
+            .vertices
+            .iter()
+            .map(|v| {
+                let f = |g: &dyn Fn(&VertexUdl) -> Value| Value::Array(v.udls.iter().map(g).collect());
+                json!({
+                    "pathname": v.pathname,
+                    "user_defined_logic_list": f(&|u| json!(u.name)),
+                    "user_defined_logic_config_list": f(&|u| u.config.clone()),
+                    "user_defined_logic_stateful_list": f(&|u| json!(match u.policy {
+                        Policy::Stateless => "stateless",
+                        Policy::Stateful => "stateful",
+                        Policy::SingleThreaded => "singlethreaded",
+                    })),
+                    "user_defined_logic_hook_list": f(&|u| json!(match u.hook {
+                        Hook::Trigger => "trigger",
+                        Hook::Ordered => "ordered",
+                        Hook::Both => "both",
+                    })),
+                    "shard_dispatcher_list": f(&|u| json!(match u.dispatcher {
+                        ShardDispatcher::One => "one",
+                        ShardDispatcher::All => "all",
+                    })),
+                    "destinations": f(&|u| {
+                        let m: serde_json::Map<String, Value> = u
+                            .destinations
+                            .iter()
+                            .map(|(p, m)| (p.clone(), json!(if *m == DestMode::Put { "put" } else { "trigger_put" })))
+                            .collect();
+                        Value::Object(m)
+                    }),
+                })
+            })
+            .collect();
+        json!({"id": self.id, "desc": self.desc, "graph": verts})
+    }
+}

@@ -1,0 +1,415 @@
+//! The dispatcher and the upcall worker pool.
+
+use crate::dfg::{DfgError, DfgFile, Graph, Hook, Policy, ShardDispatcher};
+use crate::trie::PrefixTrie;
+use crate::udl::{Context, DestMode, Emitter, Registry, Udl, Upcall};
+use arc_swap::ArcSwap;
+use hdrhistogram::Histogram;
+use parking_lot::Mutex;
+use serde_json::{json, Value};
+use sluice_store::{Clock, Delivery, DeliveryKind, DeliveryObserver, ShardId, Store};
+use sluice_types::{fnv1a64, Object, Result, SluiceError};
+use std::collections::BTreeMap;
+use std::panic::AssertUnwindSafe;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::mpsc::{sync_channel, Receiver, SyncSender, TrySendError};
+use std::sync::{Arc, Weak};
+use std::time::Instant;
+
+/// Pushes objects to watching clients (the server's watch hub).
+pub trait Publisher: Send + Sync {
+    fn publish(&self, object: &Arc<Object>);
+}
+
+/// Which member of a shard this node is, for the `one` shard dispatcher.
+/// A single node is member 0 of 1 for every shard.
+pub trait Membership: Send + Sync {
+    /// (this node's index among the shard's members, member count).
+    fn position(&self, shard: ShardId) -> (usize, usize);
+}
+
+struct SingleNode;
+impl Membership for SingleNode {
+    fn position(&self, _: ShardId) -> (usize, usize) {
+        (0, 1)
+    }
+}
+
+#[derive(Clone, Debug)]
+pub struct EngineConfig {
+    pub node_id: u32,
+    /// Upcall worker threads (0: one per core).
+    pub workers: usize,
+    /// Upcalls queued per worker before deliveries are refused.
+    pub queue_len: usize,
+    /// Where applied graphs are kept across restarts.
+    pub persist_path: Option<PathBuf>,
+}
+
+impl Default for EngineConfig {
+    fn default() -> Self {
+        EngineConfig { node_id: 0, workers: 0, queue_len: 1024, persist_path: None }
+    }
+}
+
+/// Counters of one vertex-UDL.
+#[derive(Default)]
+struct EntryStats {
+    calls: AtomicU64,
+    failures: AtomicU64,
+    panics: AtomicU64,
+    dropped: AtomicU64,
+    emitted: AtomicU64,
+    last_error: Mutex<Option<String>>,
+}
+
+/// One UDL of one vertex, instantiated.
+struct Entry {
+    graph: String,
+    vertex: String,
+    name: String,
+    udl: Arc<dyn Udl>,
+    policy: Policy,
+    hook: Hook,
+    dispatcher: ShardDispatcher,
+    destinations: Vec<(String, DestMode)>,
+    stats: EntryStats,
+}
+
+struct Job {
+    entry: Arc<Entry>,
+    object: Arc<Object>,
+    pool: Arc<str>,
+    enqueued_us: u64,
+    enqueued_at: Instant,
+}
+
+#[derive(Default)]
+struct Table {
+    trie: PrefixTrie<Arc<Entry>>,
+}
+
+#[derive(Default)]
+struct Stats {
+    upcalls: AtomicU64,
+    failures: AtomicU64,
+    panics: AtomicU64,
+    dropped: AtomicU64,
+}
+
+/// The compute engine of a node: a store observer that dispatches
+/// deliveries to UDLs on upcall worker threads.
+pub struct Engine {
+    cfg: EngineConfig,
+    ctx: Arc<Context>,
+    registry: Registry,
+    table: ArcSwap<Table>,
+    graphs: Mutex<BTreeMap<String, (Graph, Vec<Arc<Entry>>)>>,
+    workers: Vec<SyncSender<Job>>,
+    rr: AtomicUsize,
+    membership: Arc<dyn Membership>,
+    stats: Arc<Stats>,
+    /// Match + enqueue + dequeue time, per worker, in nanoseconds.
+    dispatch_ns: Arc<Vec<Mutex<Histogram<u64>>>>,
+}
+
+impl Engine {
+    /// Starts the worker threads and registers the engine on `store`.
+    pub fn start(
+        store: &Arc<Store>,
+        registry: Registry,
+        cfg: EngineConfig,
+        publisher: Option<Arc<dyn Publisher>>,
+        membership: Option<Arc<dyn Membership>>,
+    ) -> Arc<Engine> {
+        let n = if cfg.workers == 0 { std::thread::available_parallelism().map_or(2, |n| n.get()) } else { cfg.workers };
+        let ctx = Arc::new(Context::new(Arc::downgrade(store), publisher, cfg.node_id));
+        let stats = Arc::new(Stats::default());
+        let hist = || Mutex::new(Histogram::new_with_bounds(1, 60_000_000_000, 3).expect("static histogram bounds are valid"));
+        let dispatch_ns: Arc<Vec<Mutex<Histogram<u64>>>> = Arc::new((0..n).map(|_| hist()).collect());
+        let mut workers = Vec::with_capacity(n);
+        for id in 0..n {
+            let (tx, rx) = sync_channel::<Job>(cfg.queue_len.max(1));
+            workers.push(tx);
+            let ctx = ctx.clone();
+            let stats = stats.clone();
+            let dispatch_ns = dispatch_ns.clone();
+            let node_id = cfg.node_id;
+            std::thread::Builder::new()
+                .name(format!("sluice-upcall-{id}"))
+                .spawn(move || worker_loop(id, rx, ctx, stats, dispatch_ns, node_id))
+                .expect("spawning an upcall worker thread");
+        }
+        let engine = Arc::new(Engine {
+            cfg,
+            ctx,
+            registry,
+            table: ArcSwap::from_pointee(Table::default()),
+            graphs: Mutex::new(BTreeMap::new()),
+            workers,
+            rr: AtomicUsize::new(0),
+            membership: membership.unwrap_or_else(|| Arc::new(SingleNode)),
+            stats,
+            dispatch_ns,
+        });
+        store.add_observer(engine.clone());
+        engine
+    }
+
+    /// Loads the graphs persisted by an earlier run, if any.
+    pub fn load_persisted(&self) -> std::result::Result<usize, DfgError> {
+        let Some(p) = &self.cfg.persist_path else { return Ok(0) };
+        let Ok(text) = std::fs::read_to_string(p) else { return Ok(0) };
+        self.apply(&text).map(|ids| ids.len())
+    }
+
+    pub fn context(&self) -> &Context {
+        &self.ctx
+    }
+
+    pub fn worker_count(&self) -> usize {
+        self.workers.len()
+    }
+
+    /// Validates a DFG file, instantiates its UDLs and swaps it in (graphs
+    /// with the same id are replaced). Returns the applied ids. Nothing
+    /// changes when any part is invalid.
+    pub fn apply(&self, text: &str) -> std::result::Result<Vec<String>, DfgError> {
+        let file = DfgFile::parse(text, &self.registry)?;
+        let mut built = Vec::new();
+        for (gi, g) in file.graphs.iter().enumerate() {
+            let mut entries = Vec::new();
+            for (vi, v) in g.vertices.iter().enumerate() {
+                for (ui, u) in v.udls.iter().enumerate() {
+                    let factory = self.registry.factory(&u.name).ok_or_else(|| DfgError {
+                        path: format!("$[{gi}].graph[{vi}].user_defined_logic_list[{ui}]"),
+                        reason: format!("unknown UDL {:?}", u.name),
+                    })?;
+                    let udl = factory.create(&u.config, &self.ctx).map_err(|reason| DfgError {
+                        path: format!("$[{gi}].graph[{vi}].user_defined_logic_config_list[{ui}]"),
+                        reason,
+                    })?;
+                    entries.push(Arc::new(Entry {
+                        graph: g.id.clone(),
+                        vertex: v.pathname.clone(),
+                        name: u.name.clone(),
+                        udl,
+                        policy: u.policy,
+                        hook: u.hook,
+                        dispatcher: u.dispatcher,
+                        destinations: u.destinations.clone(),
+                        stats: EntryStats::default(),
+                    }));
+                }
+            }
+            built.push((g.clone(), entries));
+        }
+        let mut graphs = self.graphs.lock();
+        let ids: Vec<String> = built.iter().map(|(g, _)| g.id.clone()).collect();
+        for (g, entries) in built {
+            graphs.insert(g.id.clone(), (g, entries));
+        }
+        self.install(&graphs);
+        tracing::info!(graphs = ?ids, "data flow graphs applied");
+        Ok(ids)
+    }
+
+    /// Removes a graph; its in-flight upcalls finish.
+    pub fn remove(&self, id: &str) -> Result<()> {
+        let mut graphs = self.graphs.lock();
+        if graphs.remove(id).is_none() {
+            return Err(SluiceError::NotFound { key: format!("data flow graph {id:?}") });
+        }
+        self.install(&graphs);
+        tracing::info!(graph = id, "data flow graph removed");
+        Ok(())
+    }
+
+    fn install(&self, graphs: &BTreeMap<String, (Graph, Vec<Arc<Entry>>)>) {
+        let mut t = Table::default();
+        for (_, entries) in graphs.values() {
+            for e in entries {
+                t.trie.insert(&e.vertex.clone(), e.clone());
+            }
+        }
+        self.table.store(Arc::new(t));
+        if let Some(p) = &self.cfg.persist_path {
+            let all: Vec<Value> = graphs.values().map(|(g, _)| g.to_json()).collect();
+            let tmp = p.with_extension("tmp");
+            let res = serde_json::to_vec_pretty(&all)
+                .map_err(std::io::Error::other)
+                .and_then(|b| std::fs::write(&tmp, b))
+                .and_then(|_| std::fs::rename(&tmp, p));
+            if let Err(e) = res {
+                tracing::warn!(path = %p.display(), error = %e, "cannot persist data flow graphs");
+            }
+        }
+    }
+
+    /// The applied graphs with per-UDL counters.
+    pub fn list(&self) -> Value {
+        let graphs = self.graphs.lock();
+        let out: Vec<Value> = graphs
+            .values()
+            .map(|(g, entries)| {
+                let mut j = g.to_json();
+                let status: Vec<Value> = entries
+                    .iter()
+                    .map(|e| {
+                        let s = &e.stats;
+                        json!({
+                            "vertex": e.vertex,
+                            "udl": e.name,
+                            "calls": s.calls.load(Ordering::Relaxed),
+                            "emitted": s.emitted.load(Ordering::Relaxed),
+                            "failures": s.failures.load(Ordering::Relaxed),
+                            "panics": s.panics.load(Ordering::Relaxed),
+                            "dropped": s.dropped.load(Ordering::Relaxed),
+                            "last_error": *s.last_error.lock(),
+                        })
+                    })
+                    .collect();
+                j["status"] = Value::Array(status);
+                j
+            })
+            .collect();
+        Value::Array(out)
+    }
+
+    /// Engine counters, with the dispatch overhead (match + enqueue +
+    /// dequeue) percentiles.
+    pub fn stats(&self) -> Value {
+        let mut all = Histogram::<u64>::new_with_bounds(1, 60_000_000_000, 3).expect("static histogram bounds are valid");
+        for h in self.dispatch_ns.iter() {
+            let _ = all.add(&*h.lock());
+        }
+        let us = |q: f64| all.value_at_quantile(q) as f64 / 1000.0;
+        let g = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        json!({
+            "workers": self.workers.len(),
+            "queue_len": self.cfg.queue_len,
+            "graphs": self.graphs.lock().len(),
+            "upcalls": g(&self.stats.upcalls),
+            "failures": g(&self.stats.failures),
+            "panics": g(&self.stats.panics),
+            "dropped": g(&self.stats.dropped),
+            "dispatch_overhead_us": {
+                "count": all.len(),
+                "p50": us(0.5),
+                "p99": us(0.99),
+                "p999": us(0.999),
+            },
+        })
+    }
+
+    /// Clears the dispatch-overhead histograms (benchmarks call this
+    /// between phases).
+    pub fn reset_dispatch_stats(&self) {
+        for h in self.dispatch_ns.iter() {
+            h.lock().reset();
+        }
+    }
+}
+
+impl DeliveryObserver for Engine {
+    fn on_delivery(&self, d: &Delivery<'_>) -> Result<()> {
+        let table = self.table.load();
+        if table.trie.is_empty() || d.kind == DeliveryKind::Remove {
+            return Ok(());
+        }
+        let t0 = Instant::now();
+        let mut matches = Vec::new();
+        table.trie.matches(&d.object.key, &mut matches);
+        if matches.is_empty() {
+            return Ok(());
+        }
+        let enqueued_us = Clock::wall_us();
+        let pool: Arc<str> = Arc::from(d.pool.pathname.as_str());
+        let mut first_err = None;
+        for entry in matches {
+            let fires = match (entry.hook, d.kind) {
+                (Hook::Both, _) => true,
+                (Hook::Trigger, DeliveryKind::TriggerPut) => true,
+                (Hook::Ordered, DeliveryKind::Put) => true,
+                _ => false,
+            };
+            if !fires {
+                continue;
+            }
+            if entry.dispatcher == ShardDispatcher::One {
+                let (me, n) = self.membership.position(d.shard);
+                if n > 1 && (fnv1a64(d.object.key.as_bytes()) % n as u64) as usize != me {
+                    continue;
+                }
+            }
+            let n = self.workers.len();
+            let w = match entry.policy {
+                Policy::Stateless => self.rr.fetch_add(1, Ordering::Relaxed) % n,
+                Policy::Stateful => (fnv1a64(d.object.key.as_bytes()) % n as u64) as usize,
+                Policy::SingleThreaded => 0,
+            };
+            let job = Job { entry: entry.clone(), object: d.object.clone(), pool: pool.clone(), enqueued_us, enqueued_at: t0 };
+            match self.workers[w].try_send(job) {
+                Ok(()) => {}
+                Err(TrySendError::Full(_)) | Err(TrySendError::Disconnected(_)) => {
+                    self.stats.dropped.fetch_add(1, Ordering::Relaxed);
+                    entry.stats.dropped.fetch_add(1, Ordering::Relaxed);
+                    tracing::warn!(key = %d.object.key, vertex = %entry.vertex, udl = %entry.name, worker = w, "upcall queue full; upcall refused");
+                    first_err.get_or_insert(SluiceError::Unavailable {
+                        reason: format!(
+                            "upcall queue of worker {w} is full ({} queued) for vertex {} ({}); slow down or retry",
+                            self.cfg.queue_len, entry.vertex, entry.name
+                        ),
+                    });
+                }
+            }
+        }
+        first_err.map_or(Ok(()), Err)
+    }
+}
+
+fn worker_loop(id: usize, rx: Receiver<Job>, ctx: Arc<Context>, stats: Arc<Stats>, dispatch_ns: Arc<Vec<Mutex<Histogram<u64>>>>, node_id: u32) {
+    while let Ok(job) = rx.recv() {
+        let waited = job.enqueued_at.elapsed().as_nanos() as u64;
+        let _ = dispatch_ns[id].lock().record(waited.max(1));
+        let started_us = Clock::wall_us();
+        let e = &job.entry;
+        let call = Upcall {
+            sender: node_id,
+            pool: &job.pool,
+            key: &job.object.key,
+            object: &job.object,
+            vertex: &e.vertex,
+            worker_id: id,
+        };
+        let mut emitter = Emitter::new(&ctx, &e.destinations, &job.object, &e.vertex, job.enqueued_us, started_us);
+        stats.upcalls.fetch_add(1, Ordering::Relaxed);
+        e.stats.calls.fetch_add(1, Ordering::Relaxed);
+        let result = std::panic::catch_unwind(AssertUnwindSafe(|| e.udl.handle(&call, &mut emitter, &ctx)));
+        e.stats.emitted.fetch_add(emitter.emitted() as u64, Ordering::Relaxed);
+        match result {
+            Ok(Ok(())) => {}
+            Ok(Err(err)) => {
+                stats.failures.fetch_add(1, Ordering::Relaxed);
+                e.stats.failures.fetch_add(1, Ordering::Relaxed);
+                tracing::warn!(key = %job.object.key, vertex = %e.vertex, udl = %e.name, graph = %e.graph, error = %err, "UDL failed");
+                *e.stats.last_error.lock() = Some(format!("{}: {err}", job.object.key));
+            }
+            Err(panic) => {
+                let msg = panic
+                    .downcast_ref::<&str>()
+                    .map(|s| s.to_string())
+                    .or_else(|| panic.downcast_ref::<String>().cloned())
+                    .unwrap_or_else(|| "non-string panic".into());
+                stats.panics.fetch_add(1, Ordering::Relaxed);
+                e.stats.panics.fetch_add(1, Ordering::Relaxed);
+                tracing::error!(key = %job.object.key, vertex = %e.vertex, udl = %e.name, panic = %msg, "UDL panicked; worker continues");
+                *e.stats.last_error.lock() = Some(format!("{}: panic: {msg}", job.object.key));
+            }
+        }
+    }
+}
+
+/// Weak handle for places that must not keep the engine alive.
+pub type EngineRef = Weak<Engine>;

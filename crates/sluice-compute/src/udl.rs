@@ -1,0 +1,256 @@
+//! The UDL API: what a lambda sees and what it can do.
+
+use crate::engine::Publisher;
+use bytes::Bytes;
+use serde_json::Value;
+use sluice_store::Store;
+use sluice_types::{Hop, Object, PutResult, SluiceError, Trace, TRACE_HOPS_MAX};
+use std::collections::HashMap;
+use std::sync::{Arc, Weak};
+
+/// Why a UDL call failed. Counted, logged with the key, kept as the
+/// vertex's `last_error`; never fatal to the worker.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum UdlError {
+    #[error("{0}")]
+    Failed(String),
+    #[error(transparent)]
+    Store(#[from] SluiceError),
+}
+
+/// One upcall: the object that triggered it and where it came from.
+pub struct Upcall<'a> {
+    /// Node that delivered the object (this node).
+    pub sender: u32,
+    /// Pathname of the object's pool.
+    pub pool: &'a str,
+    pub key: &'a str,
+    pub object: &'a Arc<Object>,
+    /// The vertex (prefix) that matched.
+    pub vertex: &'a str,
+    /// Index of the upcall worker thread running this call.
+    pub worker_id: usize,
+}
+
+impl Upcall<'_> {
+    /// The key below the vertex's pathname (`/v/x/1` under `/v` → `/x/1`),
+    /// the natural suffix to emit under.
+    pub fn key_suffix(&self) -> &str {
+        self.key.strip_prefix(self.vertex).unwrap_or(self.key)
+    }
+}
+
+/// A user-defined lambda. `handle` runs on an upcall worker thread; it may
+/// block briefly (inference) but should not wait on other upcalls.
+pub trait Udl: Send + Sync {
+    fn handle(&self, call: &Upcall<'_>, emit: &mut Emitter<'_>, ctx: &Context) -> Result<(), UdlError>;
+}
+
+/// Builds a UDL instance from its vertex config.
+pub trait UdlFactory: Send + Sync {
+    fn create(&self, config: &Value, ctx: &Context) -> Result<Arc<dyn Udl>, String>;
+}
+
+impl<F> UdlFactory for F
+where
+    F: Fn(&Value, &Context) -> Result<Arc<dyn Udl>, String> + Send + Sync,
+{
+    fn create(&self, config: &Value, ctx: &Context) -> Result<Arc<dyn Udl>, String> {
+        self(config, ctx)
+    }
+}
+
+/// UDLs by name (and Cascade UUID aliases). A node is built with a registry;
+/// add your own UDLs with `register` (see `examples/custom-udl`).
+#[derive(Clone, Default)]
+pub struct Registry {
+    factories: HashMap<String, Arc<dyn UdlFactory>>,
+    aliases: HashMap<String, String>,
+}
+
+impl Registry {
+    /// relay, log, notify and onnx.
+    pub fn builtin() -> Registry {
+        let mut r = Registry::default();
+        crate::builtin::register_all(&mut r);
+        r
+    }
+
+    pub fn register(&mut self, name: &str, factory: impl UdlFactory + 'static) -> &mut Self {
+        self.factories.insert(name.to_string(), Arc::new(factory));
+        self
+    }
+
+    /// Maps a Cascade UDL UUID (or any other name) to a registered name.
+    pub fn alias(&mut self, alias: &str, name: &str) -> &mut Self {
+        self.aliases.insert(alias.to_string(), name.to_string());
+        self
+    }
+
+    /// The registered name for `name_or_alias`, if any.
+    pub fn resolve(&self, name_or_alias: &str) -> Option<&str> {
+        let n = self.aliases.get(name_or_alias).map_or(name_or_alias, String::as_str);
+        self.factories.get_key_value(n).map(|(k, _)| k.as_str())
+    }
+
+    pub fn factory(&self, name: &str) -> Option<&Arc<dyn UdlFactory>> {
+        self.factories.get(name)
+    }
+
+    pub fn names(&self) -> Vec<String> {
+        let mut v: Vec<String> = self.factories.keys().cloned().collect();
+        v.sort();
+        v
+    }
+}
+
+/// What a UDL can do with the store on its node. Gets of objects on this
+/// node return the stored `Arc<Object>`: the bytes are shared, not copied
+/// or deserialized.
+pub struct Context {
+    pub(crate) store: Weak<Store>,
+    pub(crate) publisher: Option<Arc<dyn Publisher>>,
+    pub node_id: u32,
+}
+
+impl Context {
+    pub fn new(store: Weak<Store>, publisher: Option<Arc<dyn Publisher>>, node_id: u32) -> Self {
+        Context { store, publisher, node_id }
+    }
+
+    fn store(&self) -> Result<Arc<Store>, SluiceError> {
+        self.store.upgrade().ok_or_else(|| SluiceError::Unavailable { reason: "the node is shutting down".into() })
+    }
+
+    pub fn get(&self, key: &str) -> Result<Arc<Object>, SluiceError> {
+        self.store()?.get(key, None, None)
+    }
+
+    pub fn put(&self, key: &str, value: Bytes) -> Result<PutResult, SluiceError> {
+        self.store()?.put(key, value, None, None)
+    }
+
+    pub fn trigger_put(&self, key: &str, value: Bytes) -> Result<u64, SluiceError> {
+        self.store()?.trigger_put(key, value, None)
+    }
+
+    pub fn list_keys(&self, pool: &str, prefix: Option<&str>) -> Result<Vec<String>, SluiceError> {
+        self.store()?.list_keys(pool, prefix, None)
+    }
+
+    /// Pushes an object to the clients watching its key's prefix.
+    pub fn publish(&self, object: &Arc<Object>) {
+        if let Some(p) = &self.publisher {
+            p.publish(object);
+        }
+    }
+}
+
+/// How an emitted object is written at a destination.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum DestMode {
+    Put,
+    TriggerPut,
+}
+
+/// Sends a UDL's outputs onward. Every emit goes to each destination of the
+/// vertex; the new object carries the input's trace plus this stage's hop.
+pub struct Emitter<'a> {
+    ctx: &'a Context,
+    destinations: &'a [(String, DestMode)],
+    source: &'a Arc<Object>,
+    stage: &'a str,
+    enqueued_us: u64,
+    started_us: u64,
+    emitted: usize,
+}
+
+/// Joins a destination pathname and a key suffix with exactly one '/'.
+pub fn join_key(dest: &str, suffix: &str) -> String {
+    match (dest.ends_with('/'), suffix.starts_with('/')) {
+        (true, true) => format!("{dest}{}", &suffix[1..]),
+        (false, false) if !suffix.is_empty() => format!("{dest}/{suffix}"),
+        _ => format!("{dest}{suffix}"),
+    }
+}
+
+impl<'a> Emitter<'a> {
+    pub fn new(
+        ctx: &'a Context,
+        destinations: &'a [(String, DestMode)],
+        source: &'a Arc<Object>,
+        stage: &'a str,
+        enqueued_us: u64,
+        started_us: u64,
+    ) -> Self {
+        Emitter { ctx, destinations, source, stage, enqueued_us, started_us, emitted: 0 }
+    }
+
+    /// How many objects this call emitted.
+    pub fn emitted(&self) -> usize {
+        self.emitted
+    }
+
+    fn next_trace(&self) -> Option<Arc<Trace>> {
+        self.source.trace.as_ref().map(|t| {
+            let mut t = (**t).clone();
+            if t.hops.len() < TRACE_HOPS_MAX {
+                t.hops.push(Hop {
+                    stage: self.stage.to_string(),
+                    enqueued_us: self.enqueued_us,
+                    started_us: self.started_us,
+                    emitted_us: sluice_store::Clock::wall_us(),
+                });
+            }
+            Arc::new(t)
+        })
+    }
+
+    /// Emits `value` under `key_suffix` to every destination of the vertex.
+    pub fn emit(&mut self, key_suffix: &str, value: Bytes) -> Result<(), UdlError> {
+        let dests = self.destinations;
+        for (dest, mode) in dests {
+            self.emit_to(dest, *mode, key_suffix, value.clone())?;
+        }
+        Ok(())
+    }
+
+    /// Emits to one explicit destination (for UDLs that route, like the
+    /// onnx gate's reject path). On this node it is a direct store call:
+    /// no network, and `value` is shared, not copied.
+    pub fn emit_to(&mut self, dest: &str, mode: DestMode, key_suffix: &str, value: Bytes) -> Result<(), UdlError> {
+        let store = self.ctx.store()?;
+        let key = join_key(dest, key_suffix);
+        let trace = self.next_trace();
+        match mode {
+            DestMode::Put => {
+                store.put_traced(&key, value, None, None, trace)?;
+            }
+            DestMode::TriggerPut => {
+                store.trigger_put_traced(&key, value, None, trace)?;
+            }
+        }
+        self.emitted += 1;
+        Ok(())
+    }
+
+    /// A new object derived from the input (same trace plus this hop), for
+    /// UDLs that publish rather than put.
+    pub fn derive(&self, key: &str, value: Bytes) -> Arc<Object> {
+        Arc::new(Object { key: Arc::from(key), meta: self.source.meta, value, trace: self.next_trace() })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::join_key;
+
+    #[test]
+    fn join_key_uses_one_separator() {
+        assert_eq!(join_key("/out", "/a"), "/out/a");
+        assert_eq!(join_key("/out/", "/a"), "/out/a");
+        assert_eq!(join_key("/out", "a"), "/out/a");
+        assert_eq!(join_key("/out", ""), "/out");
+    }
+}
