@@ -430,12 +430,20 @@ pub fn execute(
             }
         }
         ClientCmd::Dfg(DfgCmd::Apply { file }) => {
-            let text = std::fs::read_to_string(&file).with_context(|| format!("reading {}", file.display()))?;
-            let r = c.dfg_apply(&text).with_context(|| format!("applying {}", file.display()))?;
+            let text = std::fs::read_to_string(&file)
+                .with_context(|| format!("reading {}", file.display()))?;
+            let r = c
+                .dfg_apply(&text)
+                .with_context(|| format!("applying {}", file.display()))?;
             if json {
                 print_json(out, &r)?;
             } else {
-                let ids: Vec<&str> = r["applied"].as_array().into_iter().flatten().filter_map(|v| v.as_str()).collect();
+                let ids: Vec<&str> = r["applied"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .filter_map(|v| v.as_str())
+                    .collect();
                 writeln!(out, "applied {}", ids.join(", "))?;
             }
         }
@@ -445,7 +453,12 @@ pub fn execute(
                 print_json(out, &r)?;
             } else {
                 for g in r.as_array().into_iter().flatten() {
-                    writeln!(out, "{} {}", g["id"].as_str().unwrap_or("?"), g["desc"].as_str().unwrap_or(""))?;
+                    writeln!(
+                        out,
+                        "{} {}",
+                        g["id"].as_str().unwrap_or("?"),
+                        g["desc"].as_str().unwrap_or("")
+                    )?;
                     for st in g["status"].as_array().into_iter().flatten() {
                         writeln!(
                             out,
@@ -457,7 +470,10 @@ pub fn execute(
                             st["failures"],
                             st["panics"],
                             st["dropped"],
-                            st["last_error"].as_str().map(|e| format!("  last error: {e}")).unwrap_or_default()
+                            st["last_error"]
+                                .as_str()
+                                .map(|e| format!("  last error: {e}"))
+                                .unwrap_or_default()
                         )?;
                     }
                 }

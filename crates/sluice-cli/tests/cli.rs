@@ -441,9 +441,18 @@ fn default_serve_uses_documented_port_and_data_dir() {
 }
 
 #[test]
-fn demo_runs() {
+fn demo_pipeline_matches_offline_accuracy() {
+    let dir = temp_dir("demo");
+    let svg = dir.join("chart.svg");
     let o = Command::new(BIN)
-        .args(["demo", "--objects", "300"])
+        .args([
+            "demo",
+            "--rate",
+            "2000",
+            "--check",
+            "--svg",
+            svg.to_str().unwrap(),
+        ])
         .output()
         .unwrap();
     let out = String::from_utf8_lossy(&o.stdout);
@@ -452,10 +461,24 @@ fn demo_runs() {
         "{out}\n{}",
         String::from_utf8_lossy(&o.stderr)
     );
-    assert!(
-        out.contains("300 results stored") && out.contains("demo finished"),
-        "{out}"
+    let offline: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(repo_path("demo/offline_metrics.json")).unwrap(),
+    )
+    .unwrap();
+    let want = format!(
+        "({}/{} correct)",
+        offline["offline_pipeline_correct"], offline["images"]
     );
+    assert!(out.contains(&want), "expected {want} in:\n{out}");
+    for stage in ["/demo/frames", "/demo/digits", "/demo/labels"] {
+        assert!(out.contains(stage), "{out}");
+    }
+    let chart = std::fs::read_to_string(&svg).unwrap();
+    assert!(
+        chart.starts_with("<svg") && chart.contains("compute"),
+        "{chart}"
+    );
+    let _ = std::fs::remove_dir_all(dir);
 }
 
 fn repo_path(rel: &str) -> PathBuf {

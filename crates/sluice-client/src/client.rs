@@ -669,7 +669,10 @@ impl Client {
     /// returns `{"applied": [ids]}`. An invalid file changes nothing and
     /// fails with `InvalidDfg` naming the JSON path of the bad field.
     pub async fn dfg_apply(&self, text: &str) -> Result<serde_json::Value> {
-        self.json_call(&Request::DfgApply { text: text.to_string() }).await
+        self.json_call(&Request::DfgApply {
+            text: text.to_string(),
+        })
+        .await
     }
 
     /// The graphs applied on the node, with per-UDL counters.
@@ -679,7 +682,10 @@ impl Client {
 
     /// Removes a graph; its in-flight upcalls finish.
     pub async fn dfg_remove(&self, id: &str) -> Result<()> {
-        match self.call(&Request::DfgRemove { id: id.to_string() }).await? {
+        match self
+            .call(&Request::DfgRemove { id: id.to_string() })
+            .await?
+        {
             Response::Ok => Ok(()),
             other => Err(unexpected(other)),
         }
@@ -687,7 +693,9 @@ impl Client {
 
     async fn json_call(&self, req: &Request) -> Result<serde_json::Value> {
         match self.call(req).await? {
-            Response::Json(s) => serde_json::from_str(&s).map_err(|e| SluiceError::protocol(e.to_string())),
+            Response::Json(s) => {
+                serde_json::from_str(&s).map_err(|e| SluiceError::protocol(e.to_string()))
+            }
             other => Err(unexpected(other)),
         }
     }

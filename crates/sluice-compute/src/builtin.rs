@@ -5,9 +5,15 @@ use serde_json::Value;
 use std::sync::Arc;
 
 pub fn register_all(r: &mut Registry) {
-    r.register("relay", |_: &Value, _: &Context| Ok(Arc::new(Relay) as Arc<dyn Udl>));
+    r.register("relay", |_: &Value, _: &Context| {
+        Ok(Arc::new(Relay) as Arc<dyn Udl>)
+    });
     r.register("log", |c: &Value, _: &Context| {
-        let prefix = c.get("prefix").and_then(Value::as_str).unwrap_or("udl").to_string();
+        let prefix = c
+            .get("prefix")
+            .and_then(Value::as_str)
+            .unwrap_or("udl")
+            .to_string();
         Ok(Arc::new(Log { prefix }) as Arc<dyn Udl>)
     });
     r.register("notify", |c: &Value, _: &Context| {
@@ -16,9 +22,13 @@ pub fn register_all(r: &mut Registry) {
             .and_then(Value::as_str)
             .ok_or("notify needs {\"topic\": \"/path\"}: clients `sluice watch` that path")?;
         sluice_types::validate_key(topic, 1024).map_err(|e| format!("topic: {e}"))?;
-        Ok(Arc::new(Notify { topic: topic.to_string() }) as Arc<dyn Udl>)
+        Ok(Arc::new(Notify {
+            topic: topic.to_string(),
+        }) as Arc<dyn Udl>)
     });
-    r.register("onnx", |c: &Value, ctx: &Context| crate::onnx::OnnxUdl::from_config(c, ctx).map(|u| Arc::new(u) as Arc<dyn Udl>));
+    r.register("onnx", |c: &Value, ctx: &Context| {
+        crate::onnx::OnnxUdl::from_config(c, ctx).map(|u| Arc::new(u) as Arc<dyn Udl>)
+    });
 }
 
 /// Forwards the object unchanged (the no-op stage of a pipeline): same key
@@ -26,7 +36,12 @@ pub fn register_all(r: &mut Registry) {
 pub struct Relay;
 
 impl Udl for Relay {
-    fn handle(&self, call: &Upcall<'_>, emit: &mut Emitter<'_>, _: &Context) -> Result<(), UdlError> {
+    fn handle(
+        &self,
+        call: &Upcall<'_>,
+        emit: &mut Emitter<'_>,
+        _: &Context,
+    ) -> Result<(), UdlError> {
         emit.emit(call.key_suffix(), call.object.value.clone())
     }
 }
@@ -44,7 +59,13 @@ impl Udl for Log {
             Ok(s) if s.len() <= 120 => s.to_string(),
             _ => format!("<{} bytes>", o.value.len()),
         };
-        println!("[{}] {} version {} {}", self.prefix, o.key, sluice_types::object::fmt_version(o.meta.version), text);
+        println!(
+            "[{}] {} version {} {}",
+            self.prefix,
+            o.key,
+            sluice_types::object::fmt_version(o.meta.version),
+            text
+        );
         tracing::info!(key = %o.key, version = o.meta.version, size = o.value.len(), "log UDL");
         Ok(())
     }
@@ -57,7 +78,12 @@ pub struct Notify {
 }
 
 impl Udl for Notify {
-    fn handle(&self, call: &Upcall<'_>, emit: &mut Emitter<'_>, ctx: &Context) -> Result<(), UdlError> {
+    fn handle(
+        &self,
+        call: &Upcall<'_>,
+        emit: &mut Emitter<'_>,
+        ctx: &Context,
+    ) -> Result<(), UdlError> {
         let key = crate::udl::join_key(&self.topic, call.key_suffix());
         ctx.publish(&emit.derive(&key, call.object.value.clone()));
         Ok(())

@@ -29,7 +29,10 @@ pub struct DfgError {
 }
 
 fn err(path: &str, reason: impl Into<String>) -> DfgError {
-    DfgError { path: path.to_string(), reason: reason.into() }
+    DfgError {
+        path: path.to_string(),
+        reason: reason.into(),
+    }
 }
 
 /// Per-vertex dispatch policy of a UDL.
@@ -86,14 +89,22 @@ pub struct DfgFile {
     pub graphs: Vec<Graph>,
 }
 
-fn list<'a>(v: &'a Value, field: &str, path: &str, n: usize) -> Result<Option<&'a Vec<Value>>, DfgError> {
+fn list<'a>(
+    v: &'a Value,
+    field: &str,
+    path: &str,
+    n: usize,
+) -> Result<Option<&'a Vec<Value>>, DfgError> {
     match v.get(field) {
         None | Some(Value::Null) => Ok(None),
         Some(Value::Array(a)) => {
             if a.len() != n {
                 return Err(err(
                     &format!("{path}.{field}"),
-                    format!("has {} entries but user_defined_logic_list has {n}", a.len()),
+                    format!(
+                        "has {} entries but user_defined_logic_list has {n}",
+                        a.len()
+                    ),
                 ));
             }
             Ok(Some(a))
@@ -109,35 +120,56 @@ fn str_at<'a>(v: &'a Value, path: &str) -> Result<&'a str, DfgError> {
 impl DfgFile {
     /// Parses and validates a DFG file; UDL names must resolve in `registry`.
     pub fn parse(text: &str, registry: &Registry) -> Result<DfgFile, DfgError> {
-        let root: Value = serde_json::from_str(text).map_err(|e| err("$", format!("not valid JSON: {e}")))?;
+        let root: Value =
+            serde_json::from_str(text).map_err(|e| err("$", format!("not valid JSON: {e}")))?;
         let mut registry = registry.clone();
         let graphs = match &root {
             Value::Array(_) => &root,
             Value::Object(o) => {
                 if let Some(a) = o.get("udl_aliases") {
-                    let a = a.as_object().ok_or_else(|| err("$.udl_aliases", "must be an object"))?;
+                    let a = a
+                        .as_object()
+                        .ok_or_else(|| err("$.udl_aliases", "must be an object"))?;
                     for (k, v) in a {
                         registry.alias(k, str_at(v, &format!("$.udl_aliases.{k}"))?);
                     }
                 }
-                o.get("graphs").ok_or_else(|| err("$", "an object DFG file needs a \"graphs\" list"))?
+                o.get("graphs")
+                    .ok_or_else(|| err("$", "an object DFG file needs a \"graphs\" list"))?
             }
             _ => return Err(err("$", "a DFG file is a list of graphs")),
         };
-        let graphs = graphs.as_array().ok_or_else(|| err("$.graphs", "must be a list"))?;
+        let graphs = graphs
+            .as_array()
+            .ok_or_else(|| err("$.graphs", "must be a list"))?;
         let mut out = Vec::new();
         for (gi, g) in graphs.iter().enumerate() {
             let gp = format!("$[{gi}]");
-            let id = str_at(g.get("id").ok_or_else(|| err(&gp, "missing \"id\""))?, &format!("{gp}.id"))?.to_string();
+            let id = str_at(
+                g.get("id").ok_or_else(|| err(&gp, "missing \"id\""))?,
+                &format!("{gp}.id"),
+            )?
+            .to_string();
             if id.is_empty() {
                 return Err(err(&format!("{gp}.id"), "must not be empty"));
             }
             if out.iter().any(|x: &Graph| x.id == id) {
-                return Err(err(&format!("{gp}.id"), format!("duplicate graph id {id:?}")));
+                return Err(err(
+                    &format!("{gp}.id"),
+                    format!("duplicate graph id {id:?}"),
+                ));
             }
-            let desc = g.get("desc").and_then(Value::as_str).unwrap_or("").to_string();
-            let verts = g.get("graph").ok_or_else(|| err(&gp, "missing \"graph\" (the list of vertices)"))?;
-            let verts = verts.as_array().ok_or_else(|| err(&format!("{gp}.graph"), "must be a list"))?;
+            let desc = g
+                .get("desc")
+                .and_then(Value::as_str)
+                .unwrap_or("")
+                .to_string();
+            let verts = g
+                .get("graph")
+                .ok_or_else(|| err(&gp, "missing \"graph\" (the list of vertices)"))?;
+            let verts = verts
+                .as_array()
+                .ok_or_else(|| err(&format!("{gp}.graph"), "must be a list"))?;
             let mut vertices = Vec::new();
             for (vi, v) in verts.iter().enumerate() {
                 vertices.push(parse_vertex(v, &format!("{gp}.graph[{vi}]"), &registry)?);
@@ -149,7 +181,11 @@ impl DfgFile {
 }
 
 fn parse_vertex(v: &Value, vp: &str, registry: &Registry) -> Result<Vertex, DfgError> {
-    let pathname = str_at(v.get("pathname").ok_or_else(|| err(vp, "missing \"pathname\""))?, &format!("{vp}.pathname"))?;
+    let pathname = str_at(
+        v.get("pathname")
+            .ok_or_else(|| err(vp, "missing \"pathname\""))?,
+        &format!("{vp}.pathname"),
+    )?;
     validate_key(pathname, 1024).map_err(|e| err(&format!("{vp}.pathname"), e.to_string()))?;
     let names = v
         .get("user_defined_logic_list")
@@ -157,7 +193,10 @@ fn parse_vertex(v: &Value, vp: &str, registry: &Registry) -> Result<Vertex, DfgE
         .as_array()
         .ok_or_else(|| err(&format!("{vp}.user_defined_logic_list"), "must be a list"))?;
     if names.is_empty() {
-        return Err(err(&format!("{vp}.user_defined_logic_list"), "names no UDL"));
+        return Err(err(
+            &format!("{vp}.user_defined_logic_list"),
+            "names no UDL",
+        ));
     }
     let n = names.len();
     let configs = list(v, "user_defined_logic_config_list", vp, n)?;
@@ -171,25 +210,38 @@ fn parse_vertex(v: &Value, vp: &str, registry: &Registry) -> Result<Vertex, DfgE
         let raw = str_at(&names[i], &np)?;
         let name = registry
             .resolve(raw)
-            .ok_or_else(|| err(&np, format!("unknown UDL {raw:?}; registered: {}", registry.names().join(", "))))?
+            .ok_or_else(|| {
+                err(
+                    &np,
+                    format!(
+                        "unknown UDL {raw:?}; registered: {}",
+                        registry.names().join(", ")
+                    ),
+                )
+            })?
             .to_string();
         let config = configs.map_or(Value::Object(Default::default()), |c| c[i].clone());
         if !config.is_object() {
-            return Err(err(&format!("{vp}.user_defined_logic_config_list[{i}]"), "must be an object"));
+            return Err(err(
+                &format!("{vp}.user_defined_logic_config_list[{i}]"),
+                "must be an object",
+            ));
         }
         let policy = match stateful.map(|s| &s[i]) {
             None => Policy::Stateless,
-            Some(s) => match str_at(s, &format!("{vp}.user_defined_logic_stateful_list[{i}]"))? {
-                "stateless" => Policy::Stateless,
-                "stateful" => Policy::Stateful,
-                "singlethreaded" | "single_threaded" => Policy::SingleThreaded,
-                other => {
-                    return Err(err(
+            Some(s) => {
+                match str_at(s, &format!("{vp}.user_defined_logic_stateful_list[{i}]"))? {
+                    "stateless" => Policy::Stateless,
+                    "stateful" => Policy::Stateful,
+                    "singlethreaded" | "single_threaded" => Policy::SingleThreaded,
+                    other => return Err(err(
                         &format!("{vp}.user_defined_logic_stateful_list[{i}]"),
-                        format!("unknown policy {other:?}; use stateless, stateful or singlethreaded"),
-                    ))
+                        format!(
+                            "unknown policy {other:?}; use stateless, stateful or singlethreaded"
+                        ),
+                    )),
                 }
-            },
+            }
         };
         let hook = match hooks.map(|s| &s[i]) {
             None => Hook::Both,
@@ -211,27 +263,51 @@ fn parse_vertex(v: &Value, vp: &str, registry: &Registry) -> Result<Vertex, DfgE
                 "one" => ShardDispatcher::One,
                 "all" => ShardDispatcher::All,
                 other => {
-                    return Err(err(&format!("{vp}.shard_dispatcher_list[{i}]"), format!("unknown dispatcher {other:?}; use one or all")))
+                    return Err(err(
+                        &format!("{vp}.shard_dispatcher_list[{i}]"),
+                        format!("unknown dispatcher {other:?}; use one or all"),
+                    ))
                 }
             },
         };
         let mut destinations = Vec::new();
         if let Some(d) = dests.map(|d| &d[i]) {
             let dp = format!("{vp}.destinations[{i}]");
-            let d = d.as_object().ok_or_else(|| err(&dp, "must be an object {\"/pool\": \"put\"|\"trigger_put\"}"))?;
+            let d = d.as_object().ok_or_else(|| {
+                err(
+                    &dp,
+                    "must be an object {\"/pool\": \"put\"|\"trigger_put\"}",
+                )
+            })?;
             for (pool, mode) in d {
-                validate_key(pool, 1024).map_err(|e| err(&format!("{dp}.{pool}"), e.to_string()))?;
+                validate_key(pool, 1024)
+                    .map_err(|e| err(&format!("{dp}.{pool}"), e.to_string()))?;
                 let mode = match str_at(mode, &format!("{dp}.{pool}"))? {
                     "put" => DestMode::Put,
                     "trigger_put" => DestMode::TriggerPut,
-                    other => return Err(err(&format!("{dp}.{pool}"), format!("unknown mode {other:?}; use put or trigger_put"))),
+                    other => {
+                        return Err(err(
+                            &format!("{dp}.{pool}"),
+                            format!("unknown mode {other:?}; use put or trigger_put"),
+                        ))
+                    }
                 };
                 destinations.push((pool.clone(), mode));
             }
         }
-        udls.push(VertexUdl { name, config, policy, hook, dispatcher, destinations });
+        udls.push(VertexUdl {
+            name,
+            config,
+            policy,
+            hook,
+            dispatcher,
+            destinations,
+        });
     }
-    Ok(Vertex { pathname: pathname.to_string(), udls })
+    Ok(Vertex {
+        pathname: pathname.to_string(),
+        udls,
+    })
 }
 
 impl Graph {

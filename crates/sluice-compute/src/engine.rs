@@ -49,7 +49,12 @@ pub struct EngineConfig {
 
 impl Default for EngineConfig {
     fn default() -> Self {
-        EngineConfig { node_id: 0, workers: 0, queue_len: 1024, persist_path: None }
+        EngineConfig {
+            node_id: 0,
+            workers: 0,
+            queue_len: 1024,
+            persist_path: None,
+        }
     }
 }
 
@@ -123,11 +128,21 @@ impl Engine {
         publisher: Option<Arc<dyn Publisher>>,
         membership: Option<Arc<dyn Membership>>,
     ) -> Arc<Engine> {
-        let n = if cfg.workers == 0 { std::thread::available_parallelism().map_or(2, |n| n.get()) } else { cfg.workers };
+        let n = if cfg.workers == 0 {
+            std::thread::available_parallelism().map_or(2, |n| n.get())
+        } else {
+            cfg.workers
+        };
         let ctx = Arc::new(Context::new(Arc::downgrade(store), publisher, cfg.node_id));
         let stats = Arc::new(Stats::default());
-        let hist = || Mutex::new(Histogram::new_with_bounds(1, 60_000_000_000, 3).expect("static histogram bounds are valid"));
-        let dispatch_ns: Arc<Vec<Mutex<Histogram<u64>>>> = Arc::new((0..n).map(|_| hist()).collect());
+        let hist = || {
+            Mutex::new(
+                Histogram::new_with_bounds(1, 60_000_000_000, 3)
+                    .expect("static histogram bounds are valid"),
+            )
+        };
+        let dispatch_ns: Arc<Vec<Mutex<Histogram<u64>>>> =
+            Arc::new((0..n).map(|_| hist()).collect());
         let mut workers = Vec::with_capacity(n);
         for id in 0..n {
             let (tx, rx) = sync_channel::<Job>(cfg.queue_len.max(1));
@@ -159,8 +174,12 @@ impl Engine {
 
     /// Loads the graphs persisted by an earlier run, if any.
     pub fn load_persisted(&self) -> std::result::Result<usize, DfgError> {
-        let Some(p) = &self.cfg.persist_path else { return Ok(0) };
-        let Ok(text) = std::fs::read_to_string(p) else { return Ok(0) };
+        let Some(p) = &self.cfg.persist_path else {
+            return Ok(0);
+        };
+        let Ok(text) = std::fs::read_to_string(p) else {
+            return Ok(0);
+        };
         self.apply(&text).map(|ids| ids.len())
     }
 
@@ -186,10 +205,14 @@ impl Engine {
                         path: format!("$[{gi}].graph[{vi}].user_defined_logic_list[{ui}]"),
                         reason: format!("unknown UDL {:?}", u.name),
                     })?;
-                    let udl = factory.create(&u.config, &self.ctx).map_err(|reason| DfgError {
-                        path: format!("$[{gi}].graph[{vi}].user_defined_logic_config_list[{ui}]"),
-                        reason,
-                    })?;
+                    let udl = factory
+                        .create(&u.config, &self.ctx)
+                        .map_err(|reason| DfgError {
+                            path: format!(
+                                "$[{gi}].graph[{vi}].user_defined_logic_config_list[{ui}]"
+                            ),
+                            reason,
+                        })?;
                     entries.push(Arc::new(Entry {
                         graph: g.id.clone(),
                         vertex: v.pathname.clone(),
@@ -219,7 +242,9 @@ impl Engine {
     pub fn remove(&self, id: &str) -> Result<()> {
         let mut graphs = self.graphs.lock();
         if graphs.remove(id).is_none() {
-            return Err(SluiceError::NotFound { key: format!("data flow graph {id:?}") });
+            return Err(SluiceError::NotFound {
+                key: format!("data flow graph {id:?}"),
+            });
         }
         self.install(&graphs);
         tracing::info!(graph = id, "data flow graph removed");
@@ -280,7 +305,8 @@ impl Engine {
     /// Engine counters, with the dispatch overhead (match + enqueue +
     /// dequeue) percentiles.
     pub fn stats(&self) -> Value {
-        let mut all = Histogram::<u64>::new_with_bounds(1, 60_000_000_000, 3).expect("static histogram bounds are valid");
+        let mut all = Histogram::<u64>::new_with_bounds(1, 60_000_000_000, 3)
+            .expect("static histogram bounds are valid");
         for h in self.dispatch_ns.iter() {
             let _ = all.add(&*h.lock());
         }
@@ -349,7 +375,13 @@ impl DeliveryObserver for Engine {
                 Policy::Stateful => (fnv1a64(d.object.key.as_bytes()) % n as u64) as usize,
                 Policy::SingleThreaded => 0,
             };
-            let job = Job { entry: entry.clone(), object: d.object.clone(), pool: pool.clone(), enqueued_us, enqueued_at: t0 };
+            let job = Job {
+                entry: entry.clone(),
+                object: d.object.clone(),
+                pool: pool.clone(),
+                enqueued_us,
+                enqueued_at: t0,
+            };
             match self.workers[w].try_send(job) {
                 Ok(()) => {}
                 Err(TrySendError::Full(_)) | Err(TrySendError::Disconnected(_)) => {
@@ -369,7 +401,14 @@ impl DeliveryObserver for Engine {
     }
 }
 
-fn worker_loop(id: usize, rx: Receiver<Job>, ctx: Arc<Context>, stats: Arc<Stats>, dispatch_ns: Arc<Vec<Mutex<Histogram<u64>>>>, node_id: u32) {
+fn worker_loop(
+    id: usize,
+    rx: Receiver<Job>,
+    ctx: Arc<Context>,
+    stats: Arc<Stats>,
+    dispatch_ns: Arc<Vec<Mutex<Histogram<u64>>>>,
+    node_id: u32,
+) {
     while let Ok(job) = rx.recv() {
         let waited = job.enqueued_at.elapsed().as_nanos() as u64;
         let _ = dispatch_ns[id].lock().record(waited.max(1));
@@ -383,11 +422,21 @@ fn worker_loop(id: usize, rx: Receiver<Job>, ctx: Arc<Context>, stats: Arc<Stats
             vertex: &e.vertex,
             worker_id: id,
         };
-        let mut emitter = Emitter::new(&ctx, &e.destinations, &job.object, &e.vertex, job.enqueued_us, started_us);
+        let mut emitter = Emitter::new(
+            &ctx,
+            &e.destinations,
+            &job.object,
+            &e.vertex,
+            job.enqueued_us,
+            started_us,
+        );
         stats.upcalls.fetch_add(1, Ordering::Relaxed);
         e.stats.calls.fetch_add(1, Ordering::Relaxed);
-        let result = std::panic::catch_unwind(AssertUnwindSafe(|| e.udl.handle(&call, &mut emitter, &ctx)));
-        e.stats.emitted.fetch_add(emitter.emitted() as u64, Ordering::Relaxed);
+        let result =
+            std::panic::catch_unwind(AssertUnwindSafe(|| e.udl.handle(&call, &mut emitter, &ctx)));
+        e.stats
+            .emitted
+            .fetch_add(emitter.emitted() as u64, Ordering::Relaxed);
         match result {
             Ok(Ok(())) => {}
             Ok(Err(err)) => {

@@ -59,16 +59,24 @@ pub fn load_model(bytes: &[u8], shape: &[usize]) -> Result<Plan, String> {
 
 /// Runs a plan on one input; returns the first output, flattened.
 pub fn run_model(plan: &Plan, shape: &[usize], input: Vec<f32>) -> Result<Vec<f32>, String> {
-    let t = Tensor::from_shape(shape, &input).map_err(|e| format!("input does not match shape {shape:?}: {e}"))?;
-    let out = plan.run(tvec!(t.into())).map_err(|e| format!("inference failed: {e}"))?;
+    let t = Tensor::from_shape(shape, &input)
+        .map_err(|e| format!("input does not match shape {shape:?}: {e}"))?;
+    let out = plan
+        .run(tvec!(t.into()))
+        .map_err(|e| format!("inference failed: {e}"))?;
     let first = out.first().ok_or("the model produced no output")?;
-    let view = first.to_plain_array_view::<f32>().map_err(|e| format!("output is not f32: {e}"))?;
+    let view = first
+        .to_plain_array_view::<f32>()
+        .map_err(|e| format!("output is not f32: {e}"))?;
     Ok(view.iter().copied().collect())
 }
 
 impl OnnxUdl {
     pub fn from_config(c: &Value, ctx: &Context) -> Result<Self, String> {
-        let model_key = c.get("model_key").and_then(Value::as_str).ok_or("onnx needs \"model_key\": the key of the model object")?;
+        let model_key = c
+            .get("model_key")
+            .and_then(Value::as_str)
+            .ok_or("onnx needs \"model_key\": the key of the model object")?;
         sluice_types::validate_key(model_key, 1024).map_err(|e| format!("model_key: {e}"))?;
         let shape = match c.get("input_shape") {
             None => None,
@@ -76,11 +84,20 @@ impl OnnxUdl {
                 s.as_array()
                     .ok_or("input_shape must be a list of dimensions")?
                     .iter()
-                    .map(|d| d.as_u64().filter(|d| *d > 0).map(|d| d as usize).ok_or("input_shape dimensions are positive integers"))
+                    .map(|d| {
+                        d.as_u64()
+                            .filter(|d| *d > 0)
+                            .map(|d| d as usize)
+                            .ok_or("input_shape dimensions are positive integers")
+                    })
                     .collect::<Result<Vec<usize>, _>>()?,
             ),
         };
-        let npy = match c.get("input_format").and_then(Value::as_str).unwrap_or("f32") {
+        let npy = match c
+            .get("input_format")
+            .and_then(Value::as_str)
+            .unwrap_or("f32")
+        {
             "f32" => false,
             "npy" => true,
             other => return Err(format!("input_format {other:?}: use f32 or npy")),
@@ -95,8 +112,16 @@ impl OnnxUdl {
             other => return Err(format!("mode {other:?}: use tensor, argmax or gate")),
         };
         let threshold = c.get("threshold").and_then(Value::as_f64).unwrap_or(0.5) as f32;
-        let reject_destination = c.get("reject_destination").and_then(Value::as_str).map(str::to_string);
-        let reject_value = Bytes::from(c.get("reject_value").and_then(Value::as_str).unwrap_or("rejected").to_string());
+        let reject_destination = c
+            .get("reject_destination")
+            .and_then(Value::as_str)
+            .map(str::to_string);
+        let reject_value = Bytes::from(
+            c.get("reject_value")
+                .and_then(Value::as_str)
+                .unwrap_or("rejected")
+                .to_string(),
+        );
         let udl = OnnxUdl {
             model_key: model_key.to_string(),
             shape,
@@ -110,24 +135,29 @@ impl OnnxUdl {
         // When the model is already stored, load it now so a bad model is
         // reported in the apply reply, not only at the first upcall.
         if let (Ok(obj), Some(shape)) = (ctx.get(model_key), &udl.shape) {
-            let plan = load_model(&obj.value, shape).map_err(|e| format!("model {model_key} (version {}): {e}", obj.meta.version))?;
+            let plan = load_model(&obj.value, shape)
+                .map_err(|e| format!("model {model_key} (version {}): {e}", obj.meta.version))?;
             *udl.cache.lock() = Some((obj.meta.version, plan));
         }
         Ok(udl)
     }
 
     fn plan(&self, ctx: &Context, shape: &[usize]) -> Result<Plan, UdlError> {
-        let obj = ctx
-            .get(&self.model_key)
-            .map_err(|e| UdlError::Failed(format!("model {} is not available: {e}", self.model_key)))?;
+        let obj = ctx.get(&self.model_key).map_err(|e| {
+            UdlError::Failed(format!("model {} is not available: {e}", self.model_key))
+        })?;
         let mut cache = self.cache.lock();
         if let Some((v, plan)) = cache.as_ref() {
             if *v == obj.meta.version {
                 return Ok(plan.clone());
             }
         }
-        let plan = load_model(&obj.value, shape)
-            .map_err(|e| UdlError::Failed(format!("model {} (version {}) failed to load: {e}", self.model_key, obj.meta.version)))?;
+        let plan = load_model(&obj.value, shape).map_err(|e| {
+            UdlError::Failed(format!(
+                "model {} (version {}) failed to load: {e}",
+                self.model_key, obj.meta.version
+            ))
+        })?;
         tracing::info!(model = %self.model_key, version = obj.meta.version, "onnx model loaded");
         *cache = Some((obj.meta.version, plan.clone()));
         Ok(plan)
@@ -135,7 +165,12 @@ impl OnnxUdl {
 }
 
 impl Udl for OnnxUdl {
-    fn handle(&self, call: &Upcall<'_>, emit: &mut Emitter<'_>, ctx: &Context) -> Result<(), UdlError> {
+    fn handle(
+        &self,
+        call: &Upcall<'_>,
+        emit: &mut Emitter<'_>,
+        ctx: &Context,
+    ) -> Result<(), UdlError> {
         let value = &call.object.value;
         let (shape, input) = if self.npy {
             crate::npy::parse_f32(value).map_err(UdlError::Failed)?
@@ -150,7 +185,13 @@ impl Udl for OnnxUdl {
                     n * 4
                 )));
             }
-            (shape, value.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect())
+            (
+                shape,
+                value
+                    .chunks_exact(4)
+                    .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+                    .collect(),
+            )
         };
         let plan = self.plan(ctx, &shape)?;
         let out = run_model(&plan, &shape, input).map_err(UdlError::Failed)?;
@@ -164,7 +205,12 @@ impl Udl for OnnxUdl {
                 emit.emit(suffix, Bytes::from(b))
             }
             Mode::Argmax => {
-                let best = out.iter().enumerate().max_by(|a, b| a.1.total_cmp(b.1)).map(|(i, _)| i).ok_or_else(|| UdlError::Failed("empty output".into()))?;
+                let best = out
+                    .iter()
+                    .enumerate()
+                    .max_by(|a, b| a.1.total_cmp(b.1))
+                    .map(|(i, _)| i)
+                    .ok_or_else(|| UdlError::Failed("empty output".into()))?;
                 emit.emit(suffix, Bytes::from(best.to_string()))
             }
             Mode::Gate => {

@@ -19,13 +19,19 @@ struct Node<T> {
 
 impl<T> Default for Node<T> {
     fn default() -> Self {
-        Node { children: HashMap::new(), values: Vec::new() }
+        Node {
+            children: HashMap::new(),
+            values: Vec::new(),
+        }
     }
 }
 
 impl<T> Default for PrefixTrie<T> {
     fn default() -> Self {
-        PrefixTrie { root: Node::default(), len: 0 }
+        PrefixTrie {
+            root: Node::default(),
+            len: 0,
+        }
     }
 }
 

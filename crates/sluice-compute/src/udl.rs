@@ -43,7 +43,12 @@ impl Upcall<'_> {
 /// A user-defined lambda. `handle` runs on an upcall worker thread; it may
 /// block briefly (inference) but should not wait on other upcalls.
 pub trait Udl: Send + Sync {
-    fn handle(&self, call: &Upcall<'_>, emit: &mut Emitter<'_>, ctx: &Context) -> Result<(), UdlError>;
+    fn handle(
+        &self,
+        call: &Upcall<'_>,
+        emit: &mut Emitter<'_>,
+        ctx: &Context,
+    ) -> Result<(), UdlError>;
 }
 
 /// Builds a UDL instance from its vertex config.
@@ -89,7 +94,10 @@ impl Registry {
 
     /// The registered name for `name_or_alias`, if any.
     pub fn resolve(&self, name_or_alias: &str) -> Option<&str> {
-        let n = self.aliases.get(name_or_alias).map_or(name_or_alias, String::as_str);
+        let n = self
+            .aliases
+            .get(name_or_alias)
+            .map_or(name_or_alias, String::as_str);
         self.factories.get_key_value(n).map(|(k, _)| k.as_str())
     }
 
@@ -115,11 +123,19 @@ pub struct Context {
 
 impl Context {
     pub fn new(store: Weak<Store>, publisher: Option<Arc<dyn Publisher>>, node_id: u32) -> Self {
-        Context { store, publisher, node_id }
+        Context {
+            store,
+            publisher,
+            node_id,
+        }
     }
 
     fn store(&self) -> Result<Arc<Store>, SluiceError> {
-        self.store.upgrade().ok_or_else(|| SluiceError::Unavailable { reason: "the node is shutting down".into() })
+        self.store
+            .upgrade()
+            .ok_or_else(|| SluiceError::Unavailable {
+                reason: "the node is shutting down".into(),
+            })
     }
 
     pub fn get(&self, key: &str) -> Result<Arc<Object>, SluiceError> {
@@ -184,7 +200,15 @@ impl<'a> Emitter<'a> {
         enqueued_us: u64,
         started_us: u64,
     ) -> Self {
-        Emitter { ctx, destinations, source, stage, enqueued_us, started_us, emitted: 0 }
+        Emitter {
+            ctx,
+            destinations,
+            source,
+            stage,
+            enqueued_us,
+            started_us,
+            emitted: 0,
+        }
     }
 
     /// How many objects this call emitted.
@@ -219,7 +243,13 @@ impl<'a> Emitter<'a> {
     /// Emits to one explicit destination (for UDLs that route, like the
     /// onnx gate's reject path). On this node it is a direct store call:
     /// no network, and `value` is shared, not copied.
-    pub fn emit_to(&mut self, dest: &str, mode: DestMode, key_suffix: &str, value: Bytes) -> Result<(), UdlError> {
+    pub fn emit_to(
+        &mut self,
+        dest: &str,
+        mode: DestMode,
+        key_suffix: &str,
+        value: Bytes,
+    ) -> Result<(), UdlError> {
         let store = self.ctx.store()?;
         let key = join_key(dest, key_suffix);
         let trace = self.next_trace();
@@ -238,7 +268,12 @@ impl<'a> Emitter<'a> {
     /// A new object derived from the input (same trace plus this hop), for
     /// UDLs that publish rather than put.
     pub fn derive(&self, key: &str, value: Bytes) -> Arc<Object> {
-        Arc::new(Object { key: Arc::from(key), meta: self.source.meta, value, trace: self.next_trace() })
+        Arc::new(Object {
+            key: Arc::from(key),
+            meta: self.source.meta,
+            value,
+            trace: self.next_trace(),
+        })
     }
 }
 

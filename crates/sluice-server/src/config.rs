@@ -46,7 +46,10 @@ pub struct ComputeConfig {
 
 impl Default for ComputeConfig {
     fn default() -> Self {
-        ComputeConfig { workers: 0, queue_len: 1024 }
+        ComputeConfig {
+            workers: 0,
+            queue_len: 1024,
+        }
     }
 }
 

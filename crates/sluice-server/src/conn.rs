@@ -427,8 +427,15 @@ impl Conn {
                 }
             }
             Request::DfgApply { text } => match self.ctx.engine.apply(&text) {
-                Ok(ids) => Response::Json(serde_json::json!({ "applied": ids }).to_string()).encode(out, rid),
-                Err(e) => reply_err(out, &SluiceError::InvalidDfg { path: e.path, reason: e.reason }),
+                Ok(ids) => Response::Json(serde_json::json!({ "applied": ids }).to_string())
+                    .encode(out, rid),
+                Err(e) => reply_err(
+                    out,
+                    &SluiceError::InvalidDfg {
+                        path: e.path,
+                        reason: e.reason,
+                    },
+                ),
             },
             Request::DfgList => Response::Json(self.ctx.engine.list().to_string()).encode(out, rid),
             Request::DfgRemove { id } => match self.ctx.engine.remove(&id) {

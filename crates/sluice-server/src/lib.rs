@@ -16,6 +16,6 @@ mod server;
 mod watch;
 
 pub use config::{ComputeConfig, ServerConfig, Timeouts, DEFAULT_PORT};
-pub use sluice_compute::{Engine, Registry};
 pub use server::{Server, ServerError};
+pub use sluice_compute::{Engine, Registry};
 pub use watch::WATCH_QUEUE_LEN;

@@ -100,7 +100,9 @@ impl Server {
         match engine.load_persisted() {
             Ok(0) => {}
             Ok(n) => tracing::info!(graphs = n, "data flow graphs restored"),
-            Err(e) => tracing::warn!(error = %e, "stored data flow graphs are invalid; starting without them"),
+            Err(e) => {
+                tracing::warn!(error = %e, "stored data flow graphs are invalid; starting without them")
+            }
         }
         let (shutdown_tx, shutdown_rx) = watch::channel(false);
         let ctx = Arc::new(ConnCtx {

@@ -1,0 +1,632 @@
+//! The compute engine in-process: a store, the engine, and lambdas.
+
+use bytes::Bytes;
+use parking_lot::Mutex;
+use serde_json::{json, Value};
+use sluice_compute::engine::{Engine, EngineConfig, Membership};
+use sluice_compute::udl::{Context, Emitter, Registry, Udl, UdlError, Upcall};
+use sluice_store::{Layout, ShardId, Store, StoreConfig};
+use sluice_types::{PoolSpec, PoolType, SluiceError};
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+fn store() -> Arc<Store> {
+    let s = Store::open(StoreConfig {
+        layout: Layout {
+            version: 1,
+            volatile: vec![2],
+            trigger: vec![1],
+            persistent: vec![],
+        },
+        ..Default::default()
+    })
+    .unwrap();
+    for (p, t) in [
+        ("/in", PoolType::Trigger),
+        ("/mid", PoolType::Trigger),
+        ("/out", PoolType::Volatile),
+        ("/models", PoolType::Volatile),
+    ] {
+        s.create_pool(&PoolSpec {
+            pathname: p.into(),
+            pool_type: Some(t),
+            ..Default::default()
+        })
+        .unwrap();
+    }
+    Arc::new(s)
+}
+
+fn engine_with(
+    s: &Arc<Store>,
+    reg: Registry,
+    workers: usize,
+    queue: usize,
+    membership: Option<Arc<dyn Membership>>,
+) -> Arc<Engine> {
+    Engine::start(
+        s,
+        reg,
+        EngineConfig {
+            node_id: 0,
+            workers,
+            queue_len: queue,
+            persist_path: None,
+        },
+        None,
+        membership,
+    )
+}
+
+/// Waits (bounded) for a condition; never a blind sleep.
+fn wait_for(what: &str, mut cond: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !cond() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+fn count(s: &Store, pool: &str) -> usize {
+    s.list_keys(pool, None, None).map(|k| k.len()).unwrap_or(0)
+}
+
+/// Records (key, value, worker) of every call.
+#[derive(Default)]
+struct Recorder {
+    calls: Mutex<Vec<(String, String, usize)>>,
+}
+
+impl Udl for Recorder {
+    fn handle(&self, call: &Upcall<'_>, _: &mut Emitter<'_>, _: &Context) -> Result<(), UdlError> {
+        let v = String::from_utf8_lossy(&call.object.value).into_owned();
+        if v == "boom" {
+            panic!("asked to explode");
+        }
+        if v == "fail" {
+            return Err(UdlError::Failed("asked to fail".into()));
+        }
+        self.calls
+            .lock()
+            .push((call.key.to_string(), v, call.worker_id));
+        Ok(())
+    }
+}
+
+fn registry_with(rec: &Arc<Recorder>) -> Registry {
+    let mut r = Registry::builtin();
+    let rec = rec.clone();
+    r.register("record", move |_: &Value, _: &Context| {
+        Ok(rec.clone() as Arc<dyn Udl>)
+    });
+    r
+}
+
+fn graph(id: &str, vertices: Value) -> String {
+    json!([{ "id": id, "graph": vertices }]).to_string()
+}
+
+#[test]
+fn relay_chain_short_circuits_without_copying() {
+    let s = store();
+    let e = engine_with(&s, Registry::builtin(), 2, 64, None);
+    e.apply(&graph("chain", json!([
+        { "pathname": "/in", "user_defined_logic_list": ["relay"], "destinations": [{ "/mid": "trigger_put" }] },
+        { "pathname": "/mid", "user_defined_logic_list": ["relay"], "destinations": [{ "/out": "put" }] }
+    ])))
+    .unwrap();
+    let value = Bytes::from(vec![7u8; 10_000]);
+    s.trigger_put("/in/a/b", value.clone(), None).unwrap();
+    wait_for("the relayed object", || {
+        s.get("/out/a/b", None, None).is_ok()
+    });
+    let out = s.get("/out/a/b", None, None).unwrap();
+    assert_eq!(out.value, value);
+    assert_eq!(
+        out.value.as_ptr(),
+        value.as_ptr(),
+        "the bytes travelled through two stages uncopied"
+    );
+    let st = e.stats();
+    assert_eq!(st["upcalls"], 2);
+    assert!(st["dispatch_overhead_us"]["count"].as_u64().unwrap() >= 2);
+}
+
+#[test]
+fn stateful_policy_keeps_fifo_order_per_key_under_load() {
+    let s = store();
+    let rec = Arc::new(Recorder::default());
+    let e = engine_with(&s, registry_with(&rec), 4, 100_000, None);
+    e.apply(&graph(
+        "fifo",
+        json!([{ "pathname": "/in", "user_defined_logic_list": ["record"],
+        "user_defined_logic_stateful_list": ["stateful"] }]),
+    ))
+    .unwrap();
+    let writers: Vec<_> = (0..4)
+        .map(|t| {
+            let s = s.clone();
+            std::thread::spawn(move || {
+                for i in 0..500u32 {
+                    let key = format!("/in/k{}", (t * 3 + i) % 10);
+                    // Each writer owns its own sequence per key: t*1_000_000 + i.
+                    s.trigger_put(&key, Bytes::from(format!("{t}:{i}")), None)
+                        .unwrap();
+                }
+            })
+        })
+        .collect();
+    for w in writers {
+        w.join().unwrap();
+    }
+    wait_for("2000 upcalls", || rec.calls.lock().len() == 2000);
+    let calls = rec.calls.lock();
+    let mut per_key_worker: HashMap<&str, usize> = HashMap::new();
+    let mut last: HashMap<(&str, &str), u32> = HashMap::new();
+    for (k, v, w) in calls.iter() {
+        assert_eq!(
+            *per_key_worker.entry(k).or_insert(*w),
+            *w,
+            "key {k} moved between workers"
+        );
+        let (t, i) = v.split_once(':').unwrap();
+        let i: u32 = i.parse().unwrap();
+        if let Some(prev) = last.insert((k, t), i) {
+            assert!(i > prev, "key {k}: writer {t}'s {i} ran after {prev}");
+        }
+    }
+}
+
+#[test]
+fn stateless_spreads_and_singlethreaded_serializes() {
+    let s = store();
+    let rec = Arc::new(Recorder::default());
+    let e = engine_with(&s, registry_with(&rec), 3, 10_000, None);
+    e.apply(&graph(
+        "rr",
+        json!([{ "pathname": "/in/rr", "user_defined_logic_list": ["record"] }]),
+    ))
+    .unwrap();
+    for i in 0..30 {
+        s.trigger_put(&format!("/in/rr/{i}"), Bytes::from("x"), None)
+            .unwrap();
+    }
+    wait_for("30 upcalls", || rec.calls.lock().len() == 30);
+    let mut workers: Vec<usize> = rec.calls.lock().iter().map(|c| c.2).collect();
+    workers.sort_unstable();
+    workers.dedup();
+    assert_eq!(workers, vec![0, 1, 2], "round-robin uses every worker");
+    rec.calls.lock().clear();
+    e.apply(&graph(
+        "rr",
+        json!([{ "pathname": "/in/st", "user_defined_logic_list": ["record"],
+        "user_defined_logic_stateful_list": ["singlethreaded"] }]),
+    ))
+    .unwrap();
+    for i in 0..200 {
+        s.trigger_put(
+            &format!("/in/st/{}", i % 7),
+            Bytes::from(i.to_string()),
+            None,
+        )
+        .unwrap();
+    }
+    wait_for("200 upcalls", || rec.calls.lock().len() == 200);
+    let calls = rec.calls.lock();
+    assert!(calls.iter().all(|c| c.2 == 0));
+    let order: Vec<u32> = calls.iter().map(|c| c.1.parse().unwrap()).collect();
+    assert_eq!(
+        order,
+        (0..200).collect::<Vec<_>>(),
+        "one worker, delivery order"
+    );
+}
+
+#[test]
+fn hooks_select_trigger_or_ordered_puts() {
+    let s = store();
+    let rec = Arc::new(Recorder::default());
+    let e = engine_with(&s, registry_with(&rec), 1, 64, None);
+    e.apply(&graph("hooks", json!([
+        { "pathname": "/out/t", "user_defined_logic_list": ["record"], "user_defined_logic_hook_list": ["trigger"] },
+        { "pathname": "/out/o", "user_defined_logic_list": ["record"], "user_defined_logic_hook_list": ["ordered"] },
+        { "pathname": "/out/b", "user_defined_logic_list": ["record"], "user_defined_logic_hook_list": ["both"] }
+    ])))
+    .unwrap();
+    for p in ["/out/t", "/out/o", "/out/b"] {
+        s.put(&format!("{p}/put"), Bytes::from("p"), None, None)
+            .unwrap();
+        s.trigger_put(&format!("{p}/trig"), Bytes::from("t"), None)
+            .unwrap();
+    }
+    s.remove("/out/b/put", None, None).unwrap();
+    wait_for("4 upcalls", || rec.calls.lock().len() >= 4);
+    let mut keys: Vec<String> = rec.calls.lock().iter().map(|c| c.0.clone()).collect();
+    keys.sort();
+    assert_eq!(
+        keys,
+        vec!["/out/b/put", "/out/b/trig", "/out/o/put", "/out/t/trig"],
+        "removes fire nothing"
+    );
+}
+
+struct SecondOfTwo;
+impl Membership for SecondOfTwo {
+    fn position(&self, _: ShardId) -> (usize, usize) {
+        (1, 2)
+    }
+}
+
+#[test]
+fn shard_dispatcher_one_runs_on_one_member_all_on_every_member() {
+    let s = store();
+    let rec = Arc::new(Recorder::default());
+    let e = engine_with(
+        &s,
+        registry_with(&rec),
+        1,
+        1024,
+        Some(Arc::new(SecondOfTwo)),
+    );
+    e.apply(&graph("disp", json!([
+        { "pathname": "/in/one", "user_defined_logic_list": ["record"], "shard_dispatcher_list": ["one"] },
+        { "pathname": "/in/all", "user_defined_logic_list": ["record"], "shard_dispatcher_list": ["all"] }
+    ])))
+    .unwrap();
+    let mut mine = 0;
+    for i in 0..100 {
+        let k = format!("/in/one/{i}");
+        if sluice_types::fnv1a64(k.as_bytes()) % 2 == 1 {
+            mine += 1;
+        }
+        s.trigger_put(&k, Bytes::from("x"), None).unwrap();
+        s.trigger_put(&format!("/in/all/{i}"), Bytes::from("x"), None)
+            .unwrap();
+    }
+    wait_for("upcalls", || rec.calls.lock().len() == 100 + mine);
+    let calls = rec.calls.lock();
+    assert_eq!(
+        calls.iter().filter(|c| c.0.starts_with("/in/all/")).count(),
+        100
+    );
+    assert_eq!(
+        calls.iter().filter(|c| c.0.starts_with("/in/one/")).count(),
+        mine
+    );
+    assert!(
+        mine > 20 && mine < 80,
+        "member 1 of 2 runs about half: {mine}"
+    );
+}
+
+#[test]
+fn invalid_graphs_are_rejected_whole_with_the_json_path() {
+    let s = store();
+    let e = engine_with(&s, Registry::builtin(), 1, 16, None);
+    let cases = [
+        ("not json", "$", "not valid JSON"),
+        (r#"{"x": 1}"#, "$", "graphs"),
+        (r#"[{"graph": []}]"#, "$[0]", "missing \"id\""),
+        (
+            r#"[{"id": "g", "graph": [{"pathname": "in", "user_defined_logic_list": ["relay"]}]}]"#,
+            "$[0].graph[0].pathname",
+            "start with '/'",
+        ),
+        (
+            r#"[{"id": "g", "graph": [{"pathname": "/in", "user_defined_logic_list": ["nope"]}]}]"#,
+            "$[0].graph[0].user_defined_logic_list[0]",
+            "unknown UDL \"nope\"",
+        ),
+        (
+            r#"[{"id": "g", "graph": [{"pathname": "/in", "user_defined_logic_list": ["relay"], "user_defined_logic_hook_list": ["always"]}]}]"#,
+            "$[0].graph[0].user_defined_logic_hook_list[0]",
+            "unknown hook",
+        ),
+        (
+            r#"[{"id": "g", "graph": [{"pathname": "/in", "user_defined_logic_list": ["relay"], "user_defined_logic_stateful_list": ["x", "y"]}]}]"#,
+            "$[0].graph[0].user_defined_logic_stateful_list",
+            "has 2 entries",
+        ),
+        (
+            r#"[{"id": "g", "graph": [{"pathname": "/in", "user_defined_logic_list": ["relay"], "destinations": [{"/out": "post"}]}]}]"#,
+            "$[0].graph[0].destinations[0]./out",
+            "unknown mode",
+        ),
+        (
+            r#"[{"id": "g", "graph": [{"pathname": "/in", "user_defined_logic_list": ["onnx"], "user_defined_logic_config_list": [{}]}]}]"#,
+            "$[0].graph[0].user_defined_logic_config_list[0]",
+            "model_key",
+        ),
+        (
+            r#"[{"id": "g", "graph": [{"pathname": "/in", "user_defined_logic_list": ["relay"]}]}, {"id": "g", "graph": []}]"#,
+            "$[1].id",
+            "duplicate",
+        ),
+    ];
+    for (text, path, why) in cases {
+        let err = e.apply(text).unwrap_err();
+        assert_eq!(err.path, path, "{text}: {err}");
+        assert!(err.reason.contains(why), "{text}: {err}");
+    }
+    assert_eq!(e.list(), json!([]), "nothing was applied");
+    // Cascade UUIDs map through an alias table.
+    e.apply(r#"{"udl_aliases": {"48e60f7c-8500-11eb-8755-0242ac110002": "relay"}, "graphs": [{"id": "u", "graph": [{"pathname": "/in", "user_defined_logic_list": ["48e60f7c-8500-11eb-8755-0242ac110002"]}]}]}"#).unwrap();
+    assert_eq!(
+        e.list()[0]["graph"][0]["user_defined_logic_list"][0],
+        "relay"
+    );
+    e.remove("u").unwrap();
+    assert!(matches!(e.remove("u"), Err(SluiceError::NotFound { .. })));
+}
+
+#[test]
+fn live_graph_replacement_under_load_loses_and_duplicates_nothing() {
+    let s = store();
+    let e = engine_with(&s, Registry::builtin(), 2, 100_000, None);
+    let g = |dest: &str| {
+        graph(
+            "live",
+            json!([{ "pathname": "/in", "user_defined_logic_list": ["relay"], "destinations": [{ dest: "put" }] }]),
+        )
+    };
+    e.apply(&g("/out/a")).unwrap();
+    let n = 3000;
+    let writer = {
+        let s = s.clone();
+        std::thread::spawn(move || {
+            for i in 0..n {
+                s.trigger_put(&format!("/in/{i}"), Bytes::from(i.to_string()), None)
+                    .unwrap();
+            }
+        })
+    };
+    wait_for("some traffic under the first graph", || {
+        count(&s, "/out") > 100
+    });
+    e.apply(&g("/out/b")).unwrap();
+    writer.join().unwrap();
+    let total = || {
+        s.list_keys("/out", Some("/out/a"), None).unwrap().len()
+            + s.list_keys("/out", Some("/out/b"), None).unwrap().len()
+    };
+    wait_for("every upcall", || total() == n);
+    let a: std::collections::HashSet<String> = s
+        .list_keys("/out", Some("/out/a"), None)
+        .unwrap()
+        .into_iter()
+        .map(|k| k[6..].to_string())
+        .collect();
+    let b: std::collections::HashSet<String> = s
+        .list_keys("/out", Some("/out/b"), None)
+        .unwrap()
+        .into_iter()
+        .map(|k| k[6..].to_string())
+        .collect();
+    assert!(a.is_disjoint(&b), "no object ran under both graphs");
+    assert_eq!(a.len() + b.len(), n);
+    assert!(!b.is_empty(), "the new graph took over");
+    assert_eq!(e.stats()["upcalls"], n as u64);
+}
+
+#[test]
+fn panicking_and_failing_udls_are_counted_and_workers_survive() {
+    let s = store();
+    let rec = Arc::new(Recorder::default());
+    let e = engine_with(&s, registry_with(&rec), 1, 64, None);
+    e.apply(&graph(
+        "p",
+        json!([{ "pathname": "/in", "user_defined_logic_list": ["record"] }]),
+    ))
+    .unwrap();
+    s.trigger_put("/in/1", Bytes::from("boom"), None).unwrap();
+    s.trigger_put("/in/2", Bytes::from("fail"), None).unwrap();
+    s.trigger_put("/in/3", Bytes::from("fine"), None).unwrap();
+    wait_for("the healthy call after a panic", || {
+        rec.calls.lock().len() == 1
+    });
+    let st = e.stats();
+    assert_eq!(
+        (st["panics"].as_u64(), st["failures"].as_u64()),
+        (Some(1), Some(1))
+    );
+    let status = &e.list()[0]["status"][0];
+    assert_eq!(status["panics"], 1);
+    assert!(status["last_error"]
+        .as_str()
+        .unwrap()
+        .contains("/in/2: asked to fail"));
+}
+
+/// Blocks each call until released, to fill the queue.
+struct Gate(Mutex<()>);
+impl Udl for Gate {
+    fn handle(&self, _: &Upcall<'_>, _: &mut Emitter<'_>, _: &Context) -> Result<(), UdlError> {
+        let _g = self.0.lock();
+        Ok(())
+    }
+}
+
+#[test]
+fn a_full_queue_refuses_trigger_puts_with_a_typed_error() {
+    let s = store();
+    let gate = Arc::new(Gate(Mutex::new(())));
+    let mut reg = Registry::builtin();
+    let g2 = gate.clone();
+    reg.register("gate", move |_: &Value, _: &Context| {
+        Ok(g2.clone() as Arc<dyn Udl>)
+    });
+    let e = engine_with(&s, reg, 1, 2, None);
+    e.apply(&graph(
+        "q",
+        json!([{ "pathname": "/in", "user_defined_logic_list": ["gate"] }]),
+    ))
+    .unwrap();
+    let held = gate.0.lock();
+    let mut refused = None;
+    for i in 0..10 {
+        if let Err(err) = s.trigger_put(&format!("/in/{i}"), Bytes::from("x"), None) {
+            refused = Some((i, err));
+            break;
+        }
+    }
+    let (i, err) = refused.expect("the bounded queue fills");
+    assert!(
+        i <= 3,
+        "1 running + 2 queued at most before refusing, refused at {i}"
+    );
+    assert!(
+        matches!(&err, SluiceError::Unavailable { reason } if reason.contains("full")),
+        "{err}"
+    );
+    drop(held);
+    wait_for("the queue to drain", || {
+        e.stats()["upcalls"].as_u64() == Some(i as u64)
+    });
+    assert_eq!(e.stats()["dropped"], 1);
+    s.trigger_put("/in/again", Bytes::from("x"), None).unwrap();
+}
+
+const FILTER: &[u8] = include_bytes!("../../../demo/filter.onnx");
+const CLASSIFIER: &[u8] = include_bytes!("../../../demo/classifier.onnx");
+const IMAGES: &[u8] = include_bytes!("../../../demo/images.f32");
+
+#[test]
+fn onnx_runs_models_from_the_store_and_swaps_them_live() {
+    let s = store();
+    let e = engine_with(&s, Registry::builtin(), 2, 100_000, None);
+    s.put("/models/m", Bytes::from_static(FILTER), None, None)
+        .unwrap();
+    e.apply(&graph(
+        "onnx",
+        json!([{ "pathname": "/in", "user_defined_logic_list": ["onnx"],
+        "user_defined_logic_config_list": [{ "model_key": "/models/m", "input_shape": [1, 64] }],
+        "destinations": [{ "/out": "put" }] }]),
+    ))
+    .unwrap();
+    let img = |i: usize| Bytes::copy_from_slice(&IMAGES[i * 256..(i + 1) * 256]);
+    let n = 400;
+    let (half_tx, half_rx) = std::sync::mpsc::channel();
+    let (go_tx, go_rx) = std::sync::mpsc::channel::<()>();
+    let writer = {
+        let s = s.clone();
+        std::thread::spawn(move || {
+            for i in 0..n {
+                if i == n / 2 {
+                    half_tx.send(()).unwrap();
+                    go_rx.recv().unwrap();
+                }
+                s.trigger_put(&format!("/in/{i:04}"), img(i % 400), None)
+                    .unwrap();
+            }
+        })
+    };
+    half_rx.recv().unwrap();
+    // The first model has served at least one request; many of the first
+    // half may still be queued when the new version lands.
+    wait_for("an output of the first model", || count(&s, "/out") >= 1);
+    // Live upgrade: a new version of the model key (here a different model,
+    // so each output tells which one ran).
+    s.put("/models/m", Bytes::from_static(CLASSIFIER), None, None)
+        .unwrap();
+    go_tx.send(()).unwrap();
+    writer.join().unwrap();
+    wait_for("every inference", || count(&s, "/out") == n);
+    let size = |i: usize| {
+        s.get(&format!("/out/{i:04}"), None, None)
+            .unwrap()
+            .value
+            .len()
+    };
+    let first: Vec<usize> = (0..n / 2).map(size).collect();
+    assert!(
+        first.iter().all(|&z| z == 4 || z == 40),
+        "in-flight inputs ran under one model or the other"
+    );
+    assert!(
+        first.contains(&4),
+        "the first model served before the upgrade"
+    );
+    assert!(
+        (n / 2..n).all(|i| size(i) == 40),
+        "every input after the upgrade ran on the new model"
+    );
+    // Probabilities from the classifier sum to 1.
+    let o = s.get(&format!("/out/{:04}", n - 1), None, None).unwrap();
+    let p: f32 = o
+        .value
+        .chunks_exact(4)
+        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+        .sum();
+    assert!((p - 1.0).abs() < 1e-4, "{p}");
+    assert_eq!(e.stats()["failures"], 0);
+}
+
+#[test]
+fn onnx_errors_are_clear_in_apply_logs_and_metrics() {
+    let s = store();
+    let e = engine_with(&s, Registry::builtin(), 1, 64, None);
+    s.put(
+        "/models/bad",
+        Bytes::from_static(b"not a model"),
+        None,
+        None,
+    )
+    .unwrap();
+    let err = e
+        .apply(&graph("bad", json!([{ "pathname": "/in", "user_defined_logic_list": ["onnx"],
+            "user_defined_logic_config_list": [{ "model_key": "/models/bad", "input_shape": [1, 64] }] }])))
+        .unwrap_err();
+    assert!(
+        err.reason.contains("/models/bad") && err.reason.contains("not a loadable ONNX model"),
+        "{err}"
+    );
+    // A model that appears broken only later: counted, kept as last_error.
+    e.apply(&graph("late", json!([{ "pathname": "/in", "user_defined_logic_list": ["onnx"],
+        "user_defined_logic_config_list": [{ "model_key": "/models/late", "input_shape": [1, 64] }] }])))
+        .unwrap();
+    s.trigger_put("/in/x", Bytes::from(vec![0u8; 256]), None)
+        .unwrap();
+    wait_for("the failed call", || e.stats()["failures"] == 1);
+    s.put("/models/late", Bytes::from_static(b"garbage"), None, None)
+        .unwrap();
+    s.trigger_put("/in/y", Bytes::from(vec![0u8; 256]), None)
+        .unwrap();
+    s.trigger_put("/in/z", Bytes::from(vec![0u8; 3]), None)
+        .unwrap();
+    wait_for("three failures", || e.stats()["failures"] == 3);
+    let status = &e.list()[0]["status"][0];
+    let last = status["last_error"].as_str().unwrap();
+    assert!(
+        last.contains("does not match shape") || last.contains("failed to load"),
+        "{last}"
+    );
+}
+
+#[test]
+fn onnx_accepts_npy_inputs_and_argmax_mode() {
+    let s = store();
+    let e = engine_with(&s, Registry::builtin(), 1, 64, None);
+    s.put("/models/c", Bytes::from_static(CLASSIFIER), None, None)
+        .unwrap();
+    e.apply(&graph("npy", json!([{ "pathname": "/in", "user_defined_logic_list": ["onnx"],
+        "user_defined_logic_config_list": [{ "model_key": "/models/c", "input_format": "npy", "mode": "argmax" }],
+        "destinations": [{ "/out": "put" }] }])))
+    .unwrap();
+    let floats: Vec<f32> = IMAGES[..256]
+        .chunks_exact(4)
+        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+        .collect();
+    s.trigger_put(
+        "/in/img",
+        Bytes::from(sluice_compute::npy::write_f32(&[1, 64], &floats)),
+        None,
+    )
+    .unwrap();
+    wait_for("the label", || s.get("/out/img", None, None).is_ok());
+    let label: u32 = String::from_utf8(s.get("/out/img", None, None).unwrap().value.to_vec())
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!(label < 10);
+}
