@@ -205,7 +205,7 @@ async fn demo(a: DemoArgs) -> Result<()> {
                 Some(note.object),
             ),
         );
-        if results.len() % 20 == 0 || results.len() == n {
+        if results.len().is_multiple_of(20) || results.len() == n {
             let frac = results.len() as f64 / n as f64;
             if tty {
                 eprint!(

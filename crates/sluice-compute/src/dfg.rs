@@ -229,19 +229,19 @@ fn parse_vertex(v: &Value, vp: &str, registry: &Registry) -> Result<Vertex, DfgE
         }
         let policy = match stateful.map(|s| &s[i]) {
             None => Policy::Stateless,
-            Some(s) => {
-                match str_at(s, &format!("{vp}.user_defined_logic_stateful_list[{i}]"))? {
-                    "stateless" => Policy::Stateless,
-                    "stateful" => Policy::Stateful,
-                    "singlethreaded" | "single_threaded" => Policy::SingleThreaded,
-                    other => return Err(err(
+            Some(s) => match str_at(s, &format!("{vp}.user_defined_logic_stateful_list[{i}]"))? {
+                "stateless" => Policy::Stateless,
+                "stateful" => Policy::Stateful,
+                "singlethreaded" | "single_threaded" => Policy::SingleThreaded,
+                other => {
+                    return Err(err(
                         &format!("{vp}.user_defined_logic_stateful_list[{i}]"),
                         format!(
                             "unknown policy {other:?}; use stateless, stateful or singlethreaded"
                         ),
-                    )),
+                    ))
                 }
-            }
+            },
         };
         let hook = match hooks.map(|s| &s[i]) {
             None => Hook::Both,

@@ -82,6 +82,9 @@ struct Entry {
     stats: EntryStats,
 }
 
+/// Applied graphs by id, with their instantiated UDLs.
+type Graphs = BTreeMap<String, (Graph, Vec<Arc<Entry>>)>;
+
 struct Job {
     entry: Arc<Entry>,
     object: Arc<Object>,
@@ -110,7 +113,7 @@ pub struct Engine {
     ctx: Arc<Context>,
     registry: Registry,
     table: ArcSwap<Table>,
-    graphs: Mutex<BTreeMap<String, (Graph, Vec<Arc<Entry>>)>>,
+    graphs: Mutex<Graphs>,
     workers: Vec<SyncSender<Job>>,
     rr: AtomicUsize,
     membership: Arc<dyn Membership>,
@@ -251,7 +254,7 @@ impl Engine {
         Ok(())
     }
 
-    fn install(&self, graphs: &BTreeMap<String, (Graph, Vec<Arc<Entry>>)>) {
+    fn install(&self, graphs: &Graphs) {
         let mut t = Table::default();
         for (_, entries) in graphs.values() {
             for e in entries {
@@ -354,12 +357,12 @@ impl DeliveryObserver for Engine {
         let pool: Arc<str> = Arc::from(d.pool.pathname.as_str());
         let mut first_err = None;
         for entry in matches {
-            let fires = match (entry.hook, d.kind) {
-                (Hook::Both, _) => true,
-                (Hook::Trigger, DeliveryKind::TriggerPut) => true,
-                (Hook::Ordered, DeliveryKind::Put) => true,
-                _ => false,
-            };
+            let fires = matches!(
+                (entry.hook, d.kind),
+                (Hook::Both, _)
+                    | (Hook::Trigger, DeliveryKind::TriggerPut)
+                    | (Hook::Ordered, DeliveryKind::Put)
+            );
             if !fires {
                 continue;
             }
