@@ -32,6 +32,27 @@ enum BenchWhat {
     Memory(MemoryArgs),
     /// Optimizer time of `sluice plan` on generated instances.
     Plan(PlanBenchArgs),
+    /// No-op lambda pipelines of 1..4 relay stages (Cascade's Fig. 7).
+    Pipeline(PipelineArgs),
+}
+
+#[derive(clap::Args, Clone)]
+pub struct PipelineArgs {
+    /// Benchmark this running node instead of starting one.
+    #[arg(long)]
+    server: Option<String>,
+    /// Value sizes in bytes.
+    #[arg(long, value_delimiter = ',', default_value = "10240,1048576")]
+    sizes: Vec<usize>,
+    /// Most relay stages.
+    #[arg(long, default_value_t = 4)]
+    max_stages: usize,
+    /// Length of each measurement phase.
+    #[arg(long, default_value_t = 1500)]
+    duration_ms: u64,
+    /// Requests in flight in the throughput phase.
+    #[arg(long, default_value_t = 32)]
+    window: usize,
 }
 
 #[derive(clap::Args, Clone)]
@@ -87,6 +108,7 @@ pub fn run(a: BenchArgs, _addr: &str, json: bool) -> Result<()> {
     match a.what {
         Some(BenchWhat::Memory(m)) => memory(m, json),
         Some(BenchWhat::Plan(p)) => plan_bench(p, json),
+        Some(BenchWhat::Pipeline(p)) => pipeline_bench(p, json),
         Some(BenchWhat::Core(c)) => core(c, json),
         None => core(a.core, json),
     }
@@ -968,5 +990,151 @@ fn plan_bench(a: PlanBenchArgs, json: bool) -> Result<()> {
     if json {
         println!("{}", serde_json::to_string_pretty(&out)?);
     }
+    Ok(())
+}
+
+// ---------------------------------------------------------------- pipeline
+
+/// DFG of `stages` relays: /bench/{mode}/s0 -> s1 -> ... -> s{stages}.
+fn relay_chain(mode: &str, stages: usize) -> String {
+    let dest_mode = if mode == "put" { "put" } else { "trigger_put" };
+    let verts: Vec<serde_json::Value> = (0..stages)
+        .map(|i| {
+            serde_json::json!({
+                "pathname": format!("/bench/{mode}/s{i}"),
+                "user_defined_logic_list": ["relay"],
+                "destinations": [{ format!("/bench/{mode}/s{}", i + 1): dest_mode }]
+            })
+        })
+        .collect();
+    serde_json::json!([{ "id": "bench-pipeline", "graph": verts }]).to_string()
+}
+
+fn pipeline_bench(a: PipelineArgs, json: bool) -> Result<()> {
+    use sluice_client::{PoolSpec, PoolType};
+    let node = match &a.server {
+        Some(_) => None,
+        None => Some(ChildNode::start(&[])?),
+    };
+    let addr = a
+        .server
+        .clone()
+        .or_else(|| node.as_ref().map(|n| n.addr.clone()))
+        .context("no server")?;
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    let dur = Duration::from_millis(a.duration_ms);
+    let mut rows = Vec::new();
+    rt.block_on(async {
+        let c = Client::connect(&addr).await?;
+        // Stage pools: trigger pools for the trigger-put chain, volatile
+        // pools for the put chain (the first hop is always a trigger put).
+        for i in 0..=a.max_stages {
+            for (mode, t) in [("trigger", PoolType::Trigger), ("put", if i == 0 { PoolType::Trigger } else { PoolType::Volatile })] {
+                let spec = PoolSpec { pathname: format!("/bench/{mode}/s{i}"), pool_type: Some(t), ..Default::default() };
+                match c.create_pool(spec).await {
+                    Ok(_) | Err(sluice_client::SluiceError::PoolExists { .. }) => {}
+                    Err(e) => return Err(anyhow::Error::from(e)),
+                }
+            }
+        }
+        let mut dispatch_10k = None;
+        for &size in &a.sizes {
+            let value = Bytes::from(vec![b'p'; size]);
+            for mode in ["trigger", "put"] {
+                for stages in 0..=a.max_stages {
+                    if stages == 0 && mode == "put" {
+                        continue; // the 0-stage baseline is the same for both
+                    }
+                    if stages > 0 {
+                        c.dfg_apply(&relay_chain(mode, stages)).await?;
+                    } else {
+                        let _ = c.dfg_remove("bench-pipeline").await;
+                    }
+                    let input = format!("/bench/{mode}/s0/x");
+                    let mut watch = c.watch(&format!("/bench/{mode}/s{stages}")).await?;
+                    // Warm up (model-free, but lets caches and buffers settle).
+                    for _ in 0..20 {
+                        c.trigger_put(&input, value.clone()).await?;
+                        watch.next().await.context("watch closed")?;
+                    }
+                    // Latency: one at a time.
+                    let ops = Arc::new(AtomicU64::new(0));
+                    let _p = Progress::start(format!("pipeline {mode} {} stages={stages}", fmt_size(size)), dur, ops.clone());
+                    let mut h = hist();
+                    let t0 = Instant::now();
+                    while t0.elapsed() < dur {
+                        let t = Instant::now();
+                        c.trigger_put(&input, value.clone()).await?;
+                        watch.next().await.context("watch closed")?;
+                        let _ = h.record(t.elapsed().as_nanos() as u64);
+                        ops.fetch_add(1, Ordering::Relaxed);
+                    }
+                    drop(_p);
+                    // Throughput: keep `window` objects in the pipeline.
+                    let t1 = Instant::now();
+                    let mut sent = 0u64;
+                    let mut done = 0u64;
+                    while t1.elapsed() < dur {
+                        while sent - done < a.window as u64 {
+                            c.trigger_put(&input, value.clone()).await?;
+                            sent += 1;
+                        }
+                        watch.next().await.context("watch closed")?;
+                        done += 1;
+                    }
+                    let tput = done as f64 / t1.elapsed().as_secs_f64();
+                    while done < sent {
+                        watch.next().await.context("watch closed")?;
+                        done += 1;
+                    }
+                    let us = |q: f64| h.value_at_quantile(q) as f64 / 1000.0;
+                    rows.push(serde_json::json!({
+                        "size": size, "link": mode, "stages": stages,
+                        "p50_us": us(0.5), "p99_us": us(0.99), "p999_us": us(0.999),
+                        "count": h.len(), "max_tput_per_s": tput,
+                    }));
+                }
+            }
+            if size == 10240 {
+                let st = c.stats().await?;
+                dispatch_10k = Some(st["compute"]["dispatch_overhead_us"].clone());
+            }
+        }
+        let _ = c.dfg_remove("bench-pipeline").await;
+        if json {
+            println!("{}", serde_json::to_string_pretty(&serde_json::json!({"rows": rows, "dispatch_overhead_10kb_us": dispatch_10k}))?);
+            return Ok(());
+        }
+        println!("{:>6} {:<8} {:>6} {:>10} {:>10} {:>10} {:>12} {:>16}", "size", "link", "stages", "p50 µs", "p99 µs", "p999 µs", "max tput/s", "stage adds ×base");
+        for r in &rows {
+            let size = r["size"].as_u64().unwrap_or(0) as usize;
+            let stages = r["stages"].as_u64().unwrap_or(0);
+            let base = rows.iter().find(|b| b["size"] == r["size"] && b["stages"] == 0).and_then(|b| b["p50_us"].as_f64()).unwrap_or(f64::NAN);
+            let prev = rows
+                .iter()
+                .find(|b| b["size"] == r["size"] && b["stages"].as_u64() == Some(stages.saturating_sub(1)) && (stages == 1 || b["link"] == r["link"]))
+                .and_then(|b| b["p50_us"].as_f64())
+                .unwrap_or(f64::NAN);
+            let adds = if stages == 0 { "(baseline)".to_string() } else { format!("{:.2}", (r["p50_us"].as_f64().unwrap_or(0.0) - prev) / base) };
+            println!(
+                "{:>6} {:<8} {:>6} {:>10.1} {:>10.1} {:>10.1} {:>12.0} {:>16}",
+                fmt_size(size),
+                r["link"].as_str().unwrap_or(""),
+                stages,
+                r["p50_us"].as_f64().unwrap_or(0.0),
+                r["p99_us"].as_f64().unwrap_or(0.0),
+                r["p999_us"].as_f64().unwrap_or(0.0),
+                r["max_tput_per_s"].as_f64().unwrap_or(0.0),
+                adds
+            );
+        }
+        if let Some(d) = dispatch_10k {
+            println!("dispatch overhead (match + enqueue + dequeue) over the 10KB runs: p50 {} µs, p99 {} µs ({} upcalls)", d["p50"], d["p99"], d["count"]);
+        }
+        Ok(())
+    })?;
+    drop(node);
     Ok(())
 }

@@ -556,3 +556,55 @@ fn plan_on_fixture_and_example_with_json_dot_and_export() {
     assert!(!o.status.success());
     assert!(String::from_utf8_lossy(&o.stderr).contains("/no/such/input.toml"));
 }
+
+#[test]
+fn dfg_apply_ls_rm_on_a_running_node() {
+    let n = start_node();
+    n.ok(&["pools", "create", "/out", "--type", "volatile"]);
+    let f = n.dir.join("dfg.json");
+    std::fs::write(
+        &f,
+        r#"[{"id": "echo", "desc": "relay /trig/in to /out",
+            "graph": [{"pathname": "/trig/in", "user_defined_logic_list": ["relay"],
+                       "destinations": [{"/out": "put"}]}]}]"#,
+    )
+    .unwrap();
+    assert_eq!(
+        n.ok(&["dfg", "apply", f.to_str().unwrap()]),
+        "applied echo\n"
+    );
+    let mut w = Command::new(BIN)
+        .args(["--addr", &n.addr, "watch", "/out", "--count", "1"])
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(w.stdout.take().unwrap()).lines();
+    assert!(lines.next().unwrap().unwrap().starts_with("watching /out"));
+    n.ok(&["trigger", "/trig/in/a", "payload"]);
+    assert!(
+        lines
+            .next()
+            .unwrap()
+            .unwrap()
+            .starts_with("put /out/a version"),
+        "the relay stored the object"
+    );
+    assert!(w.wait().unwrap().success());
+    assert_eq!(n.ok(&["get", "/out/a"]), "payload\n");
+    let ls = n.ok(&["dfg", "ls"]);
+    assert!(
+        ls.contains("echo relay /trig/in to /out") && ls.contains("calls 1 emitted 1"),
+        "{ls}"
+    );
+    // Invalid graphs are rejected whole with the JSON path.
+    std::fs::write(&f, r#"[{"id": "bad", "graph": [{"pathname": "/trig/x", "user_defined_logic_list": ["relay"], "user_defined_logic_hook_list": ["sometimes"]}]}]"#).unwrap();
+    let e = n.fails(&["dfg", "apply", f.to_str().unwrap()]);
+    assert!(
+        e.contains("$[0].graph[0].user_defined_logic_hook_list[0]") && e.contains("sometimes"),
+        "{e}"
+    );
+    n.ok(&["dfg", "rm", "echo"]);
+    assert_eq!(n.ok(&["--json", "dfg", "ls"]).trim(), "[]");
+    let e = n.fails(&["dfg", "rm", "echo"]);
+    assert!(e.contains("not found"), "{e}");
+}
