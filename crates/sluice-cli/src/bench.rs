@@ -1089,6 +1089,7 @@ fn pipeline_bench(a: PipelineArgs, json: bool) -> Result<()> {
                         watch.next().await.context("watch closed")?;
                         done += 1;
                     }
+                    watch.cancel().await?;
                     let us = |q: f64| h.value_at_quantile(q) as f64 / 1000.0;
                     rows.push(serde_json::json!({
                         "size": size, "link": mode, "stages": stages,

@@ -56,6 +56,9 @@ pub struct Watch {
     pub(crate) conn: Arc<Conn>,
     pub(crate) dropped: Arc<AtomicU64>,
     pub(crate) timeout: Duration,
+    /// Runtime to send the unwatch from when the watch is dropped.
+    pub(crate) handle: tokio::runtime::Handle,
+    pub(crate) cancelled: bool,
 }
 
 impl Watch {
@@ -80,7 +83,8 @@ impl Watch {
     }
 
     /// Ends the subscription on the server.
-    pub async fn cancel(self) -> Result<()> {
+    pub async fn cancel(mut self) -> Result<()> {
+        self.cancelled = true;
         self.conn.close_stream(self.id);
         self.conn
             .call(&Request::Unwatch { watch_id: self.id }, self.timeout)
@@ -90,8 +94,17 @@ impl Watch {
 }
 
 impl Drop for Watch {
+    /// Dropping a watch also ends it on the server, so the node stops
+    /// pushing (possibly large) notifications nobody reads.
     fn drop(&mut self) {
         self.conn.close_stream(self.id);
+        if !self.cancelled {
+            let conn = self.conn.clone();
+            let id = self.id;
+            self.handle.spawn(async move {
+                let _ = conn.send_forget(&Request::Unwatch { watch_id: id }).await;
+            });
+        }
     }
 }
 
@@ -644,6 +657,8 @@ impl Client {
                 conn,
                 dropped,
                 timeout: self.inner.cfg.request_timeout,
+                handle: tokio::runtime::Handle::current(),
+                cancelled: false,
             }),
             Some(Response::Error(e)) => {
                 conn.close_stream(id);
