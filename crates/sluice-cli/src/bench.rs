@@ -564,16 +564,21 @@ fn fmt_size(n: usize) -> String {
     }
 }
 
+/// The node to benchmark: `--server ADDR`, or a fresh `sluice serve` child
+/// (kept alive as long as the returned handle).
+fn node_or_server(server: &Option<String>) -> Result<(Option<ChildNode>, String)> {
+    match server {
+        Some(addr) => Ok((None, addr.clone())),
+        None => {
+            let n = ChildNode::start(&[])?;
+            let addr = n.addr.clone();
+            Ok((Some(n), addr))
+        }
+    }
+}
+
 fn core(a: CoreArgs, json: bool) -> Result<()> {
-    let node = match &a.server {
-        Some(_) => None,
-        None => Some(ChildNode::start(&[])?),
-    };
-    let addr = a
-        .server
-        .clone()
-        .or_else(|| node.as_ref().map(|n| n.addr.clone()))
-        .context("no server")?;
+    let (node, addr) = node_or_server(&a.server)?;
     let base = baseline_server()?;
     let dur = Duration::from_millis(a.duration_ms);
     eprintln!(
@@ -1012,15 +1017,7 @@ fn relay_chain(mode: &str, stages: usize) -> String {
 
 fn pipeline_bench(a: PipelineArgs, json: bool) -> Result<()> {
     use sluice_client::{PoolSpec, PoolType};
-    let node = match &a.server {
-        Some(_) => None,
-        None => Some(ChildNode::start(&[])?),
-    };
-    let addr = a
-        .server
-        .clone()
-        .or_else(|| node.as_ref().map(|n| n.addr.clone()))
-        .context("no server")?;
+    let (node, addr) = node_or_server(&a.server)?;
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;

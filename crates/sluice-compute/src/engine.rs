@@ -435,6 +435,16 @@ fn worker_loop(
         );
         stats.upcalls.fetch_add(1, Ordering::Relaxed);
         e.stats.calls.fetch_add(1, Ordering::Relaxed);
+        let span = tracing::debug_span!(
+            "upcall",
+            key = %job.object.key,
+            version = job.object.meta.version,
+            vertex = %e.vertex,
+            udl = %e.name,
+            worker = id,
+            trace_id = job.object.trace.as_ref().map(|t| t.id)
+        );
+        let _entered = span.enter();
         let result =
             std::panic::catch_unwind(AssertUnwindSafe(|| e.udl.handle(&call, &mut emitter, &ctx)));
         e.stats

@@ -272,6 +272,10 @@ fn exchange_or_move(
             if u == v {
                 continue;
             }
+            // Re-fills u and v with the given worker orders.
+            let both = |ou: &[usize], ov: &[usize]| {
+                refill(p, models, &refill(p, models, a, u, ou, rates), v, ov, rates)
+            };
             let wu: Vec<usize> = a[u].iter().map(|&(w, _)| w).collect();
             let wv: Vec<usize> = a[v].iter().map(|&(w, _)| w).collect();
             for i in 0..wu.len() {
@@ -280,30 +284,14 @@ fn exchange_or_move(
                 let x = ou.remove(i);
                 let mut ov = wv.clone();
                 ov.push(x);
-                let b = refill(
-                    p,
-                    models,
-                    &refill(p, models, a, u, &ou, rates),
-                    v,
-                    &ov,
-                    rates,
-                );
-                consider(b);
+                consider(both(&ou, &ov));
                 // Exchange wu[i] with each of v's workers (u < v: each pair once).
                 if u < v {
                     for j in 0..wv.len() {
                         let mut ou = wu.clone();
                         let mut ov = wv.clone();
                         std::mem::swap(&mut ou[i], &mut ov[j]);
-                        let b = refill(
-                            p,
-                            models,
-                            &refill(p, models, a, u, &ou, rates),
-                            v,
-                            &ov,
-                            rates,
-                        );
-                        consider(b);
+                        consider(both(&ou, &ov));
                     }
                 }
             }

@@ -212,29 +212,23 @@ impl Problem {
 
     /// A topological order (Kahn's algorithm, lowest index first).
     pub fn topo_order(&self) -> Vec<usize> {
-        let n = self.operators.len();
-        let mut indeg = vec![0usize; n];
-        for e in &self.edges {
-            indeg[e.to] += 1;
-        }
-        let mut ready: Vec<usize> = (0..n).filter(|&i| indeg[i] == 0).collect();
-        let mut out = Vec::with_capacity(n);
-        while let Some(v) = ready.first().copied() {
-            ready.remove(0);
-            out.push(v);
-            for e in self.edges.iter().filter(|e| e.from == v) {
-                indeg[e.to] -= 1;
-                if indeg[e.to] == 0 {
-                    ready.push(e.to);
-                    ready.sort_unstable();
-                }
-            }
-        }
-        out
+        self.topo_by(|ready| {
+            let (i, _) = ready
+                .iter()
+                .enumerate()
+                .min_by_key(|(_, v)| **v)
+                .expect("ready is not empty");
+            i
+        })
     }
 
     /// A uniformly chosen ready node at each step: a random topological order.
     pub fn random_topo_order(&self, rng: &mut crate::rng::Rng) -> Vec<usize> {
+        self.topo_by(|ready| rng.below(ready.len()))
+    }
+
+    /// Kahn's algorithm; `pick` chooses which ready node comes next.
+    fn topo_by(&self, mut pick: impl FnMut(&[usize]) -> usize) -> Vec<usize> {
         let n = self.operators.len();
         let mut indeg = vec![0usize; n];
         for e in &self.edges {
@@ -243,7 +237,7 @@ impl Problem {
         let mut ready: Vec<usize> = (0..n).filter(|&i| indeg[i] == 0).collect();
         let mut out = Vec::with_capacity(n);
         while !ready.is_empty() {
-            let v = ready.swap_remove(rng.below(ready.len()));
+            let v = ready.swap_remove(pick(&ready));
             out.push(v);
             for e in self.edges.iter().filter(|e| e.from == v) {
                 indeg[e.to] -= 1;
