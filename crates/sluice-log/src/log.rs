@@ -1,0 +1,377 @@
+use crate::fs::{Fs, SegmentFile};
+use crate::record::{decode, Decode, Record, KEY_MAX, RECORD_HEADER};
+use bytes::{Bytes, BytesMut};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+const MAGIC: &[u8; 8] = b"SLUICELG";
+const FORMAT_VERSION: u32 = 1;
+/// magic + format version + segment id + crc32c of the preceding 20 bytes.
+pub const SEGMENT_HEADER: usize = 8 + 4 + 8 + 4;
+
+/// When appends reach the disk.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SyncPolicy {
+    /// fsync before an append returns (the default for persistent pools).
+    Always,
+    /// Appends return after the write; `sync_due` turns true once the
+    /// oldest unsynced append is this old, and the caller (the group
+    /// committer) calls `sync` and only then acknowledges the batch.
+    Batch { max_delay: Duration },
+    /// Never fsync; the OS writes back when it likes. Unsafe on power loss.
+    Never,
+}
+
+#[derive(Clone, Debug)]
+pub struct LogOptions {
+    /// A segment rolls over once it would exceed this size.
+    pub segment_bytes_max: u64,
+    pub sync: SyncPolicy,
+}
+
+impl Default for LogOptions {
+    fn default() -> Self {
+        LogOptions {
+            segment_bytes_max: 64 << 20,
+            sync: SyncPolicy::Always,
+        }
+    }
+}
+
+/// Where a record lives.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Location {
+    pub segment: u64,
+    pub offset: u64,
+    pub len: u32,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum LogError {
+    #[error("{op} {file}: {source}")]
+    Io {
+        op: &'static str,
+        file: String,
+        source: std::io::Error,
+    },
+    #[error("{file} is corrupt at offset {offset}: {reason}; the log will not open until the file is repaired or removed")]
+    Corrupt {
+        file: String,
+        offset: u64,
+        reason: String,
+    },
+    #[error("record for key of {len} bytes exceeds the limit of {KEY_MAX}")]
+    KeyTooLong { len: usize },
+    #[error(
+        "the log stopped accepting writes after an I/O error it could not undo ({0}); reopen it"
+    )]
+    Poisoned(String),
+}
+
+impl LogError {
+    /// True for "no space left on device".
+    pub fn is_disk_full(&self) -> bool {
+        matches!(self, LogError::Io { source, .. } if source.raw_os_error() == Some(28))
+    }
+}
+
+type Result<T> = std::result::Result<T, LogError>;
+
+/// What opening a log found.
+#[derive(Debug, Default)]
+pub struct Recovered {
+    /// Every record, in log order.
+    pub records: Vec<(Location, Record)>,
+    /// A torn tail that was cut off: (file, offset, bytes removed).
+    pub truncated_tail: Option<(String, u64, u64)>,
+    pub segments: usize,
+    pub bytes: u64,
+    pub elapsed: Duration,
+}
+
+pub struct Log {
+    dir: PathBuf,
+    fs: Arc<dyn Fs>,
+    opts: LogOptions,
+    active: Box<dyn SegmentFile>,
+    active_id: u64,
+    active_len: u64,
+    /// Oldest append not yet fsynced (Batch/Never policies).
+    unsynced_since: Option<Instant>,
+    poisoned: Option<String>,
+    buf: BytesMut,
+}
+
+fn seg_path(dir: &Path, id: u64) -> PathBuf {
+    dir.join(format!("seg-{id:016x}.log"))
+}
+
+fn header(id: u64) -> Vec<u8> {
+    let mut h = Vec::with_capacity(SEGMENT_HEADER);
+    h.extend_from_slice(MAGIC);
+    h.extend_from_slice(&FORMAT_VERSION.to_le_bytes());
+    h.extend_from_slice(&id.to_le_bytes());
+    let crc = crc32c::crc32c(&h);
+    h.extend_from_slice(&crc.to_le_bytes());
+    h
+}
+
+fn io(op: &'static str, file: &Path) -> impl FnOnce(std::io::Error) -> LogError {
+    let file = file.display().to_string();
+    move |source| LogError::Io { op, file, source }
+}
+
+impl Log {
+    /// Opens (or creates) the log in `dir`, replaying every record.
+    pub fn open(dir: &Path, fs: Arc<dyn Fs>, opts: LogOptions) -> Result<(Log, Recovered)> {
+        let t0 = Instant::now();
+        let mut ids: Vec<u64> = fs
+            .list(dir)
+            .map_err(io("listing", dir))?
+            .into_iter()
+            .filter_map(|p| {
+                let n = p.file_name()?.to_str()?;
+                u64::from_str_radix(n.strip_prefix("seg-")?.strip_suffix(".log")?, 16).ok()
+            })
+            .collect();
+        ids.sort_unstable();
+        let mut rec = Recovered {
+            segments: ids.len(),
+            ..Default::default()
+        };
+        let mut last_len = SEGMENT_HEADER as u64;
+        for (i, &id) in ids.iter().enumerate() {
+            let path = seg_path(dir, id);
+            let file = path.display().to_string();
+            let newest = i + 1 == ids.len();
+            let data = Bytes::from(fs.read_all(&path).map_err(io("reading", &path))?);
+            rec.bytes += data.len() as u64;
+            if data.len() < SEGMENT_HEADER {
+                if newest {
+                    // Crashed while creating the segment: start it afresh.
+                    let mut f = fs.open_append(&path).map_err(io("opening", &path))?;
+                    f.truncate(0).map_err(io("truncating", &path))?;
+                    f.append(&header(id)).map_err(io("writing", &path))?;
+                    f.sync().map_err(io("syncing", &path))?;
+                    rec.truncated_tail = Some((file, 0, data.len() as u64));
+                    last_len = SEGMENT_HEADER as u64;
+                    continue;
+                }
+                return Err(LogError::Corrupt {
+                    file,
+                    offset: 0,
+                    reason: "segment header is truncated".into(),
+                });
+            }
+            if data[..SEGMENT_HEADER] != header(id)[..] {
+                return Err(LogError::Corrupt {
+                    file,
+                    offset: 0,
+                    reason: "bad segment header (magic, version, id or checksum)".into(),
+                });
+            }
+            let mut off = SEGMENT_HEADER;
+            loop {
+                if off == data.len() {
+                    break;
+                }
+                match decode(&data.slice(off..)) {
+                    Ok((r, n)) => {
+                        rec.records.push((
+                            Location {
+                                segment: id,
+                                offset: off as u64,
+                                len: n as u32,
+                            },
+                            r,
+                        ));
+                        off += n;
+                    }
+                    Err(e) => {
+                        // Only the newest segment's last record may be torn:
+                        // nothing was acknowledged after it.
+                        let declared = u32::from_le_bytes(
+                            data.get(off..off + 4)
+                                .map_or([0; 4], |b| [b[0], b[1], b[2], b[3]]),
+                        ) as usize;
+                        let is_last = matches!(e, Decode::Short)
+                            || off + RECORD_HEADER + declared >= data.len();
+                        if newest && is_last {
+                            let mut f = fs.open_append(&path).map_err(io("opening", &path))?;
+                            f.truncate(off as u64).map_err(io("truncating", &path))?;
+                            f.sync().map_err(io("syncing", &path))?;
+                            tracing::warn!(file = %file, offset = off, bytes = data.len() - off, "truncated a torn record at the end of the log");
+                            rec.truncated_tail =
+                                Some((file.clone(), off as u64, (data.len() - off) as u64));
+                            break;
+                        }
+                        let reason = match e {
+                            Decode::Short => {
+                                "record runs past the end of a sealed segment".to_string()
+                            }
+                            Decode::Bad(r) => r,
+                        };
+                        return Err(LogError::Corrupt {
+                            file,
+                            offset: off as u64,
+                            reason,
+                        });
+                    }
+                }
+            }
+            last_len = off as u64;
+        }
+        let (active_id, active_len) = match ids.last() {
+            Some(&id) => (id, last_len),
+            None => {
+                let path = seg_path(dir, 0);
+                let mut f = fs.open_append(&path).map_err(io("creating", &path))?;
+                f.append(&header(0)).map_err(io("writing", &path))?;
+                f.sync().map_err(io("syncing", &path))?;
+                fs.sync_dir(dir).map_err(io("syncing directory", dir))?;
+                (0, SEGMENT_HEADER as u64)
+            }
+        };
+        let path = seg_path(dir, active_id);
+        let active = fs.open_append(&path).map_err(io("opening", &path))?;
+        rec.elapsed = t0.elapsed();
+        let log = Log {
+            dir: dir.to_path_buf(),
+            fs,
+            opts,
+            active,
+            active_id,
+            active_len,
+            unsynced_since: None,
+            poisoned: None,
+            buf: BytesMut::new(),
+        };
+        Ok((log, rec))
+    }
+
+    fn roll(&mut self) -> Result<()> {
+        self.sync()?;
+        let id = self.active_id + 1;
+        let path = seg_path(&self.dir, id);
+        let mut f = self.fs.open_append(&path).map_err(io("creating", &path))?;
+        f.append(&header(id)).map_err(io("writing", &path))?;
+        f.sync().map_err(io("syncing", &path))?;
+        self.fs
+            .sync_dir(&self.dir)
+            .map_err(io("syncing directory", &self.dir))?;
+        self.active = f;
+        self.active_id = id;
+        self.active_len = SEGMENT_HEADER as u64;
+        Ok(())
+    }
+
+    /// Appends records as one write; returns where each landed. With
+    /// `SyncPolicy::Always` they are on disk when this returns. On error
+    /// nothing of this call remains in the log.
+    pub fn append(&mut self, records: &[Record]) -> Result<Vec<Location>> {
+        if let Some(p) = &self.poisoned {
+            return Err(LogError::Poisoned(p.clone()));
+        }
+        if let Some(r) = records.iter().find(|r| r.key.len() > KEY_MAX) {
+            return Err(LogError::KeyTooLong { len: r.key.len() });
+        }
+        let total: u64 = records.iter().map(|r| r.encoded_len() as u64).sum();
+        if self.active_len > SEGMENT_HEADER as u64
+            && self.active_len + total > self.opts.segment_bytes_max
+        {
+            self.roll()?;
+        }
+        self.buf.clear();
+        let mut locs = Vec::with_capacity(records.len());
+        for r in records {
+            let offset = self.active_len + self.buf.len() as u64;
+            r.encode(&mut self.buf);
+            locs.push(Location {
+                segment: self.active_id,
+                offset,
+                len: r.encoded_len() as u32,
+            });
+        }
+        let path = seg_path(&self.dir, self.active_id);
+        if let Err(e) = self.active.append(&self.buf) {
+            // Undo a partial write so the next append starts on a record boundary.
+            if let Err(t) = self.active.truncate(self.active_len) {
+                self.poisoned = Some(format!("{e}; then truncating {}: {t}", path.display()));
+            }
+            return Err(LogError::Io {
+                op: "appending to",
+                file: path.display().to_string(),
+                source: e,
+            });
+        }
+        let before = self.active_len;
+        self.active_len += self.buf.len() as u64;
+        match self.opts.sync {
+            SyncPolicy::Always => {
+                if let Err(e) = self.active.sync() {
+                    // The bytes may or may not be durable; they were never
+                    // acknowledged, so drop them.
+                    self.active_len = before;
+                    if let Err(t) = self.active.truncate(before) {
+                        self.poisoned = Some(format!("fsync failed ({e}); then truncating: {t}"));
+                    }
+                    return Err(LogError::Io {
+                        op: "syncing",
+                        file: path.display().to_string(),
+                        source: e,
+                    });
+                }
+            }
+            SyncPolicy::Batch { .. } | SyncPolicy::Never => {
+                self.unsynced_since.get_or_insert_with(Instant::now);
+            }
+        }
+        Ok(locs)
+    }
+
+    /// Whether a `Batch` log has appends older than its delay unsynced.
+    pub fn sync_due(&self) -> bool {
+        match (self.opts.sync, self.unsynced_since) {
+            (SyncPolicy::Batch { max_delay }, Some(t)) => t.elapsed() >= max_delay,
+            _ => false,
+        }
+    }
+
+    /// fsyncs the active segment.
+    pub fn sync(&mut self) -> Result<()> {
+        if self.unsynced_since.is_none() {
+            return Ok(());
+        }
+        let path = seg_path(&self.dir, self.active_id);
+        self.active.sync().map_err(io("syncing", &path))?;
+        self.unsynced_since = None;
+        Ok(())
+    }
+
+    /// Reads one record back (checksum verified).
+    pub fn read(&self, loc: Location) -> Result<Record> {
+        let path = seg_path(&self.dir, loc.segment);
+        let data = self
+            .fs
+            .read_at(&path, loc.offset, loc.len as usize)
+            .map_err(io("reading", &path))?;
+        match decode(&Bytes::from(data)) {
+            Ok((r, _)) => Ok(r),
+            Err(Decode::Short) => Err(LogError::Corrupt {
+                file: path.display().to_string(),
+                offset: loc.offset,
+                reason: "record is truncated".into(),
+            }),
+            Err(Decode::Bad(reason)) => Err(LogError::Corrupt {
+                file: path.display().to_string(),
+                offset: loc.offset,
+                reason,
+            }),
+        }
+    }
+
+    pub fn active_segment(&self) -> u64 {
+        self.active_id
+    }
+}

@@ -1,0 +1,110 @@
+use bytes::{BufMut, Bytes, BytesMut};
+
+/// What a record says happened.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RecordKind {
+    Put = 1,
+    Remove = 2,
+}
+
+/// One logged write.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Record {
+    pub kind: RecordKind,
+    pub version: u64,
+    pub timestamp_us: u64,
+    /// The key's previous version (the backpointer), `u64::MAX` for none.
+    pub prev_version_by_key: u64,
+    pub key: String,
+    pub value: Bytes,
+}
+
+/// len + crc.
+pub const RECORD_HEADER: usize = 8;
+const BODY_FIXED: usize = 1 + 8 + 8 + 8 + 2;
+/// Keys are bounded so a length field can never ask for more.
+pub const KEY_MAX: usize = u16::MAX as usize;
+
+impl Record {
+    pub fn encoded_len(&self) -> usize {
+        RECORD_HEADER + BODY_FIXED + self.key.len() + self.value.len()
+    }
+
+    pub fn encode(&self, out: &mut BytesMut) {
+        let body_len = BODY_FIXED + self.key.len() + self.value.len();
+        out.reserve(RECORD_HEADER + body_len);
+        let start = out.len();
+        out.put_u32_le(body_len as u32);
+        out.put_u32_le(0);
+        out.put_u8(self.kind as u8);
+        out.put_u64_le(self.version);
+        out.put_u64_le(self.timestamp_us);
+        out.put_u64_le(self.prev_version_by_key);
+        out.put_u16_le(self.key.len() as u16);
+        out.put_slice(self.key.as_bytes());
+        out.put_slice(&self.value);
+        let crc = crc32c::crc32c(&out[start + RECORD_HEADER..]);
+        out[start + 4..start + 8].copy_from_slice(&crc.to_le_bytes());
+    }
+}
+
+/// Why bytes at an offset are not a record.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Decode {
+    /// Fewer bytes remain than the record needs (a torn write).
+    Short,
+    /// The checksum or the structure is wrong.
+    Bad(String),
+}
+
+/// Decodes the record at the start of `buf`; returns it and its length.
+/// `value` is a slice of `buf` (no copy).
+pub fn decode(buf: &Bytes) -> Result<(Record, usize), Decode> {
+    if buf.len() < RECORD_HEADER {
+        return Err(Decode::Short);
+    }
+    let body_len = u32::from_le_bytes([buf[0], buf[1], buf[2], buf[3]]) as usize;
+    let crc = u32::from_le_bytes([buf[4], buf[5], buf[6], buf[7]]);
+    if body_len < BODY_FIXED {
+        return Err(Decode::Bad(format!(
+            "record length {body_len} is below the minimum {BODY_FIXED}"
+        )));
+    }
+    if buf.len() < RECORD_HEADER + body_len {
+        return Err(Decode::Short);
+    }
+    let body = &buf[RECORD_HEADER..RECORD_HEADER + body_len];
+    let actual = crc32c::crc32c(body);
+    if actual != crc {
+        return Err(Decode::Bad(format!(
+            "checksum mismatch (stored {crc:#010x}, computed {actual:#010x})"
+        )));
+    }
+    let kind = match body[0] {
+        1 => RecordKind::Put,
+        2 => RecordKind::Remove,
+        k => return Err(Decode::Bad(format!("unknown record kind {k}"))),
+    };
+    let u64_at = |i: usize| u64::from_le_bytes(body[i..i + 8].try_into().expect("8 bytes"));
+    let key_len = u16::from_le_bytes([body[25], body[26]]) as usize;
+    if BODY_FIXED + key_len > body_len {
+        return Err(Decode::Bad(format!(
+            "key length {key_len} runs past the record"
+        )));
+    }
+    let key = std::str::from_utf8(&body[BODY_FIXED..BODY_FIXED + key_len])
+        .map_err(|_| Decode::Bad("key is not UTF-8".into()))?
+        .to_string();
+    let value = buf.slice(RECORD_HEADER + BODY_FIXED + key_len..RECORD_HEADER + body_len);
+    Ok((
+        Record {
+            kind,
+            version: u64_at(1),
+            timestamp_us: u64_at(9),
+            prev_version_by_key: u64_at(17),
+            key,
+            value,
+        },
+        RECORD_HEADER + body_len,
+    ))
+}

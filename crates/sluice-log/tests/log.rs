@@ -1,0 +1,241 @@
+use bytes::Bytes;
+use proptest::prelude::*;
+use sluice_log::{FaultFs, Fs, Log, LogError, LogOptions, RealFs, Record, RecordKind, SyncPolicy};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+fn dir(tag: &str) -> PathBuf {
+    use std::sync::atomic::{AtomicU32, Ordering};
+    static N: AtomicU32 = AtomicU32::new(0);
+    let d = std::env::temp_dir().join(format!(
+        "sluice-log-{tag}-{}-{}",
+        std::process::id(),
+        N.fetch_add(1, Ordering::Relaxed)
+    ));
+    let _ = std::fs::remove_dir_all(&d);
+    d
+}
+
+fn rec(v: u64, key: &str, value: &[u8]) -> Record {
+    Record {
+        kind: RecordKind::Put,
+        version: v,
+        timestamp_us: 1_000 + v,
+        prev_version_by_key: v.wrapping_sub(1),
+        key: key.to_string(),
+        value: Bytes::copy_from_slice(value),
+    }
+}
+
+fn open(d: &std::path::Path, fs: Arc<dyn Fs>, opts: LogOptions) -> (Log, sluice_log::Recovered) {
+    Log::open(d, fs, opts).unwrap()
+}
+
+fn segments(d: &std::path::Path) -> Vec<PathBuf> {
+    let mut v: Vec<PathBuf> = std::fs::read_dir(d)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    v.sort();
+    v
+}
+
+#[test]
+fn records_survive_reopen_and_segments_roll_over() {
+    let d = dir("roll");
+    let opts = LogOptions {
+        segment_bytes_max: 4096,
+        sync: SyncPolicy::Always,
+    };
+    let (mut log, r) = open(&d, Arc::new(RealFs), opts.clone());
+    assert!(r.records.is_empty());
+    let mut locs = Vec::new();
+    for v in 1..=100u64 {
+        locs.extend(
+            log.append(&[rec(v, &format!("/p/k{}", v % 7), &[v as u8; 100])])
+                .unwrap(),
+        );
+    }
+    assert!(segments(&d).len() > 1, "rolled over at 4 KiB");
+    assert_eq!(log.read(locs[41]).unwrap(), rec(42, "/p/k0", &[42u8; 100]));
+    drop(log);
+    let (log, r) = open(&d, Arc::new(RealFs), opts);
+    assert_eq!(r.records.len(), 100);
+    assert!(r.truncated_tail.is_none());
+    for (i, (loc, record)) in r.records.iter().enumerate() {
+        assert_eq!(*loc, locs[i]);
+        assert_eq!(record.version, i as u64 + 1);
+    }
+    assert_eq!(
+        log.read(locs[99]).unwrap().value,
+        Bytes::from(vec![100u8; 100])
+    );
+}
+
+#[test]
+fn a_torn_tail_is_truncated_and_appends_continue() {
+    let d = dir("torn");
+    let (mut log, _) = open(&d, Arc::new(RealFs), LogOptions::default());
+    log.append(&[rec(1, "/p/a", b"one"), rec(2, "/p/b", b"two")])
+        .unwrap();
+    drop(log);
+    // A crash in the middle of writing record 3: only part of it landed.
+    let seg = segments(&d).pop().unwrap();
+    let mut partial = bytes::BytesMut::new();
+    rec(3, "/p/c", b"three").encode(&mut partial);
+    let mut data = std::fs::read(&seg).unwrap();
+    let good_len = data.len();
+    data.extend_from_slice(&partial[..partial.len() - 3]);
+    std::fs::write(&seg, &data).unwrap();
+    let (mut log, r) = open(&d, Arc::new(RealFs), LogOptions::default());
+    assert_eq!(r.records.len(), 2);
+    let (_, off, removed) = r.truncated_tail.clone().unwrap();
+    assert_eq!(
+        (off as usize, removed as usize),
+        (good_len, partial.len() - 3)
+    );
+    assert_eq!(std::fs::metadata(&seg).unwrap().len() as usize, good_len);
+    log.append(&[rec(3, "/p/c", b"three")]).unwrap();
+    drop(log);
+    assert_eq!(
+        open(&d, Arc::new(RealFs), LogOptions::default())
+            .1
+            .records
+            .len(),
+        3
+    );
+}
+
+#[test]
+fn corruption_in_the_middle_is_reported_with_file_and_offset() {
+    let d = dir("corrupt");
+    let (mut log, _) = open(&d, Arc::new(RealFs), LogOptions::default());
+    let locs = log
+        .append(&[
+            rec(1, "/p/a", b"aaaa"),
+            rec(2, "/p/b", b"bbbb"),
+            rec(3, "/p/c", b"cccc"),
+        ])
+        .unwrap();
+    drop(log);
+    let seg = segments(&d).pop().unwrap();
+    let mut data = std::fs::read(&seg).unwrap();
+    let flip = locs[1].offset as usize + locs[1].len as usize - 2; // inside record 2's value
+    data[flip] ^= 0xff;
+    std::fs::write(&seg, &data).unwrap();
+    match Log::open(&d, Arc::new(RealFs), LogOptions::default()) {
+        Err(e @ LogError::Corrupt { .. }) => {
+            let msg = e.to_string();
+            assert!(
+                msg.contains(&seg.display().to_string())
+                    && msg.contains(&format!("offset {}", locs[1].offset)),
+                "{msg}"
+            );
+            assert!(msg.contains("checksum mismatch"), "{msg}");
+        }
+        Err(other) => panic!("{other}"),
+        Ok(_) => panic!("opened a corrupt log"),
+    }
+    // Nothing was truncated: the bytes after the bad record are intact.
+    assert_eq!(std::fs::read(&seg).unwrap().len(), data.len());
+}
+
+#[test]
+fn a_bad_segment_header_refuses_to_open() {
+    let d = dir("hdr");
+    let (mut log, _) = open(&d, Arc::new(RealFs), LogOptions::default());
+    log.append(&[rec(1, "/p/a", b"x")]).unwrap();
+    drop(log);
+    let seg = segments(&d).pop().unwrap();
+    let mut data = std::fs::read(&seg).unwrap();
+    data[0] = b'X';
+    std::fs::write(&seg, &data).unwrap();
+    let e = Log::open(&d, Arc::new(RealFs), LogOptions::default())
+        .err()
+        .unwrap();
+    assert!(e.to_string().contains("bad segment header"), "{e}");
+}
+
+#[test]
+fn short_writes_enospc_and_fsync_failures_lose_nothing_acknowledged() {
+    let d = dir("faults");
+    let fs = FaultFs::default();
+    let (mut log, _) = open(&d, Arc::new(fs.clone()), LogOptions::default());
+    log.append(&[rec(1, "/p/a", b"kept")]).unwrap();
+
+    fs.faults.lock().unwrap().short_write = Some(10);
+    let e = log.append(&[rec(2, "/p/b", b"lost")]).unwrap_err();
+    assert!(e.to_string().contains("injected short write"), "{e}");
+    log.append(&[rec(3, "/p/c", b"after short write")]).unwrap();
+
+    fs.faults.lock().unwrap().space_left = Some(20);
+    let e = log.append(&[rec(4, "/p/d", &[0u8; 100])]).unwrap_err();
+    assert!(e.is_disk_full(), "{e}");
+    fs.faults.lock().unwrap().space_left = None;
+
+    fs.faults.lock().unwrap().fail_sync = true;
+    let e = log.append(&[rec(5, "/p/e", b"not durable")]).unwrap_err();
+    assert!(e.to_string().contains("injected fsync failure"), "{e}");
+    fs.faults.lock().unwrap().fail_sync = false;
+    log.append(&[rec(6, "/p/f", b"durable")]).unwrap();
+    drop(log);
+
+    let (_, r) = open(&d, Arc::new(RealFs), LogOptions::default());
+    let versions: Vec<u64> = r.records.iter().map(|(_, x)| x.version).collect();
+    assert_eq!(versions, vec![1, 3, 6], "exactly the acknowledged appends");
+    assert!(
+        r.truncated_tail.is_none(),
+        "failed appends were undone at once"
+    );
+}
+
+#[test]
+fn batch_policy_reports_when_a_sync_is_due() {
+    let d = dir("batch");
+    let opts = LogOptions {
+        sync: SyncPolicy::Batch {
+            max_delay: Duration::from_millis(5),
+        },
+        ..Default::default()
+    };
+    let (mut log, _) = open(&d, Arc::new(RealFs), opts);
+    assert!(!log.sync_due());
+    log.append(&[rec(1, "/p/a", b"x")]).unwrap();
+    let t = std::time::Instant::now();
+    while !log.sync_due() {
+        assert!(t.elapsed() < Duration::from_secs(5));
+        std::hint::spin_loop();
+    }
+    log.sync().unwrap();
+    assert!(!log.sync_due());
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 32, ..ProptestConfig::default() })]
+    #[test]
+    fn random_records_roundtrip_across_reopen(
+        recs in proptest::collection::vec(("(/[a-z]{1,6}){1,3}", proptest::collection::vec(any::<u8>(), 0..300), any::<bool>()), 1..60),
+        seg_max in 256u64..4096,
+    ) {
+        let d = dir("prop");
+        let opts = LogOptions { segment_bytes_max: seg_max, sync: SyncPolicy::Never };
+        let (mut log, _) = open(&d, Arc::new(RealFs), opts.clone());
+        let mut want = Vec::new();
+        for (i, (k, v, remove)) in recs.into_iter().enumerate() {
+            let mut r = rec(i as u64 + 1, &k, &v);
+            if remove {
+                r.kind = RecordKind::Remove;
+                r.value = Bytes::new();
+            }
+            log.append(std::slice::from_ref(&r)).unwrap();
+            want.push(r);
+        }
+        log.sync().unwrap();
+        drop(log);
+        let (_, got) = open(&d, Arc::new(RealFs), opts);
+        let got: Vec<Record> = got.records.into_iter().map(|(_, r)| r).collect();
+        prop_assert_eq!(got, want);
+        let _ = std::fs::remove_dir_all(&d);
+    }
+}
