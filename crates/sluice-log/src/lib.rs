@@ -28,7 +28,9 @@
 mod fs;
 mod log;
 mod record;
+pub mod versioned;
 
 pub use fs::{FaultFs, Faults, Fs, RealFs, SegmentFile};
 pub use log::{Location, Log, LogError, LogOptions, Recovered, SyncPolicy};
 pub use record::{Record, RecordKind};
+pub use versioned::{Entry, History, HistoryError, Range};

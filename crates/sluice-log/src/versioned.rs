@@ -1,0 +1,274 @@
+//! A versioned key/value history over the log: every version of every key
+//! on disk, the latest value of each key in memory, and the indexes that
+//! answer reads by version and by time (issue #6 groundwork; not yet
+//! behind a pool type).
+//!
+//! Indexes, rebuilt from the log on open:
+//! - per key, its version chain (oldest first) with each version's
+//!   timestamp, location and backpointer;
+//! - shard-wide, version → key (dense, in log order), which is also the
+//!   time index since versions and timestamps grow together.
+
+use crate::fs::Fs;
+use crate::log::{Location, Log, LogError, LogOptions, Recovered};
+use crate::record::{Record, RecordKind};
+use bytes::Bytes;
+use std::collections::{BTreeMap, HashMap};
+use std::path::Path;
+use std::sync::Arc;
+
+/// One version of a key, as the index knows it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Entry {
+    pub version: u64,
+    pub timestamp_us: u64,
+    pub prev_version_by_key: u64,
+    pub tombstone: bool,
+    pub loc: Location,
+}
+
+/// Bounds of a history read.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Range {
+    /// Versions `from..=to`.
+    Versions { from: u64, to: u64 },
+    /// Timestamps `from..=to` (µs).
+    Times { from: u64, to: u64 },
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum HistoryError {
+    #[error(transparent)]
+    Log(#[from] LogError),
+    #[error("version {version} is not above the last version {last}: versions must increase")]
+    VersionOrder { version: u64, last: u64 },
+    #[error("timestamp {timestamp_us} is below the last timestamp {last}: timestamps must not go backwards")]
+    TimeOrder { timestamp_us: u64, last: u64 },
+}
+
+pub struct History {
+    log: Log,
+    chains: HashMap<String, Vec<Entry>>,
+    /// version → key, in order (versions are dense per shard but we do not
+    /// rely on it).
+    by_version: BTreeMap<u64, String>,
+    /// Latest live value of each key.
+    latest: HashMap<String, Bytes>,
+    last_version: u64,
+    last_timestamp_us: u64,
+}
+
+impl History {
+    pub fn open(
+        dir: &Path,
+        fs: Arc<dyn Fs>,
+        opts: LogOptions,
+    ) -> Result<(History, Recovered), HistoryError> {
+        let (log, mut rec) = Log::open(dir, fs, opts)?;
+        let mut h = History {
+            log,
+            chains: HashMap::new(),
+            by_version: BTreeMap::new(),
+            latest: HashMap::new(),
+            last_version: 0,
+            last_timestamp_us: 0,
+        };
+        for (loc, r) in std::mem::take(&mut rec.records) {
+            h.index(loc, r);
+        }
+        Ok((h, rec))
+    }
+
+    fn index(&mut self, loc: Location, r: Record) {
+        let tombstone = r.kind == RecordKind::Remove;
+        let e = Entry {
+            version: r.version,
+            timestamp_us: r.timestamp_us,
+            prev_version_by_key: r.prev_version_by_key,
+            tombstone,
+            loc,
+        };
+        self.chains.entry(r.key.clone()).or_default().push(e);
+        self.by_version.insert(r.version, r.key.clone());
+        if tombstone {
+            self.latest.remove(&r.key);
+        } else {
+            self.latest.insert(r.key, r.value);
+        }
+        self.last_version = self.last_version.max(r.version);
+        self.last_timestamp_us = self.last_timestamp_us.max(r.timestamp_us);
+    }
+
+    pub fn last_version(&self) -> u64 {
+        self.last_version
+    }
+
+    pub fn last_timestamp_us(&self) -> u64 {
+        self.last_timestamp_us
+    }
+
+    /// Writes a version (a put, or a remove when `value` is None). The
+    /// caller assigns versions and timestamps; both must move forward.
+    pub fn write(
+        &mut self,
+        key: &str,
+        version: u64,
+        timestamp_us: u64,
+        value: Option<Bytes>,
+    ) -> Result<Entry, HistoryError> {
+        if version <= self.last_version && self.last_version != 0 {
+            return Err(HistoryError::VersionOrder {
+                version,
+                last: self.last_version,
+            });
+        }
+        if timestamp_us < self.last_timestamp_us {
+            return Err(HistoryError::TimeOrder {
+                timestamp_us,
+                last: self.last_timestamp_us,
+            });
+        }
+        let prev = self
+            .chains
+            .get(key)
+            .and_then(|c| c.last())
+            .map_or(u64::MAX, |e| e.version);
+        let r = Record {
+            kind: if value.is_some() {
+                RecordKind::Put
+            } else {
+                RecordKind::Remove
+            },
+            version,
+            timestamp_us,
+            prev_version_by_key: prev,
+            key: key.to_string(),
+            value: value.unwrap_or_default(),
+        };
+        let loc = self.log.append(std::slice::from_ref(&r))?[0];
+        self.index(loc, r);
+        Ok(*self.chains[key].last().expect("just indexed"))
+    }
+
+    fn value_of(&self, key: &str, e: &Entry) -> Result<Bytes, HistoryError> {
+        if e.tombstone {
+            return Ok(Bytes::new());
+        }
+        let chain = &self.chains[key];
+        if chain.last().map(|l| l.version) == Some(e.version) {
+            if let Some(v) = self.latest.get(key) {
+                return Ok(v.clone());
+            }
+        }
+        Ok(self.log.read(e.loc)?.value)
+    }
+
+    /// The latest version (`None`) or a given one; tombstones included
+    /// (callers report them as not found).
+    pub fn get(
+        &self,
+        key: &str,
+        version: Option<u64>,
+    ) -> Result<Option<(Entry, Bytes)>, HistoryError> {
+        let Some(chain) = self.chains.get(key) else {
+            return Ok(None);
+        };
+        let e = match version {
+            None => chain.last(),
+            Some(v) => chain
+                .binary_search_by_key(&v, |e| e.version)
+                .ok()
+                .map(|i| &chain[i]),
+        };
+        match e {
+            Some(e) => Ok(Some((*e, self.value_of(key, e)?))),
+            None => Ok(None),
+        }
+    }
+
+    /// The version of `key` current at `timestamp_us`: the newest version
+    /// written at or before it.
+    pub fn get_by_time(
+        &self,
+        key: &str,
+        timestamp_us: u64,
+    ) -> Result<Option<(Entry, Bytes)>, HistoryError> {
+        let Some(chain) = self.chains.get(key) else {
+            return Ok(None);
+        };
+        let n = chain.partition_point(|e| e.timestamp_us <= timestamp_us);
+        match n.checked_sub(1).map(|i| &chain[i]) {
+            Some(e) => Ok(Some((*e, self.value_of(key, e)?))),
+            None => Ok(None),
+        }
+    }
+
+    /// Every version of `key` in the range, newest first, found by walking
+    /// the backpointers from the newest version in range.
+    pub fn range(&self, key: &str, range: Range) -> Result<Vec<(Entry, Bytes)>, HistoryError> {
+        let Some(chain) = self.chains.get(key) else {
+            return Ok(Vec::new());
+        };
+        let in_range = |e: &Entry| match range {
+            Range::Versions { from, to } => (from..=to).contains(&e.version),
+            Range::Times { from, to } => (from..=to).contains(&e.timestamp_us),
+        };
+        let start = match range {
+            Range::Versions { to, .. } => chain.partition_point(|e| e.version <= to),
+            Range::Times { to, .. } => chain.partition_point(|e| e.timestamp_us <= to),
+        };
+        let mut out = Vec::new();
+        let mut cur = start.checked_sub(1).map(|i| chain[i]);
+        while let Some(e) = cur {
+            if !in_range(&e) {
+                break;
+            }
+            out.push((e, self.value_of(key, &e)?));
+            cur = match chain.binary_search_by_key(&e.prev_version_by_key, |x| x.version) {
+                Ok(i) => Some(chain[i]),
+                Err(_) => None,
+            };
+        }
+        Ok(out)
+    }
+
+    /// Keys live at a version: their newest version ≤ `version` is not a
+    /// tombstone. Sorted; optionally under a prefix.
+    pub fn keys_at_version(&self, version: u64, prefix: Option<&str>) -> Vec<String> {
+        let mut out: Vec<String> = self
+            .chains
+            .iter()
+            .filter(|(k, _)| prefix.is_none_or(|p| k.starts_with(p)))
+            .filter(|(_, c)| {
+                let n = c.partition_point(|e| e.version <= version);
+                n > 0 && !c[n - 1].tombstone
+            })
+            .map(|(k, _)| k.clone())
+            .collect();
+        out.sort_unstable();
+        out
+    }
+
+    /// Keys live at a time (see `keys_at_version`).
+    pub fn keys_at_time(&self, timestamp_us: u64, prefix: Option<&str>) -> Vec<String> {
+        // The version current at the time: the newest written at or before it.
+        let v = self
+            .chains
+            .values()
+            .flat_map(|c| c.iter())
+            .filter(|e| e.timestamp_us <= timestamp_us)
+            .map(|e| e.version)
+            .max()
+            .unwrap_or(0);
+        self.keys_at_version(v, prefix)
+    }
+
+    /// The key written at a version.
+    pub fn key_of_version(&self, version: u64) -> Option<&str> {
+        self.by_version.get(&version).map(String::as_str)
+    }
+
+    pub fn sync(&mut self) -> Result<(), HistoryError> {
+        Ok(self.log.sync()?)
+    }
+}

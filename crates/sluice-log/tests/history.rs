@@ -1,0 +1,150 @@
+//! The versioned history against a brute-force model, across reopen.
+
+use bytes::Bytes;
+use proptest::prelude::*;
+use sluice_log::{History, LogOptions, Range, RealFs, SyncPolicy};
+use std::sync::Arc;
+
+#[derive(Clone, Debug)]
+struct W {
+    key: String,
+    version: u64,
+    ts: u64,
+    value: Option<Vec<u8>>,
+}
+
+fn dir() -> std::path::PathBuf {
+    use std::sync::atomic::{AtomicU32, Ordering};
+    static N: AtomicU32 = AtomicU32::new(0);
+    let d = std::env::temp_dir().join(format!(
+        "sluice-hist-{}-{}",
+        std::process::id(),
+        N.fetch_add(1, Ordering::Relaxed)
+    ));
+    let _ = std::fs::remove_dir_all(&d);
+    d
+}
+
+/// The model's answer: newest write to `key` satisfying `pred`.
+fn newest<'a>(ws: &'a [W], key: &str, pred: impl Fn(&W) -> bool) -> Option<&'a W> {
+    ws.iter().filter(|w| w.key == key && pred(w)).last()
+}
+
+fn check(h: &History, ws: &[W], probes: &[(u8, u64)]) -> Result<(), TestCaseError> {
+    let keys: Vec<String> = (0..4).map(|k| format!("/p/k{k}")).collect();
+    for key in &keys {
+        let got = h
+            .get(key, None)
+            .unwrap()
+            .map(|(e, v)| (e.version, e.tombstone, v));
+        let want = newest(ws, key, |_| true).map(|w| {
+            (
+                w.version,
+                w.value.is_none(),
+                Bytes::from(w.value.clone().unwrap_or_default()),
+            )
+        });
+        prop_assert_eq!(got, want);
+    }
+    for &(k, x) in probes {
+        let key = &keys[k as usize % 4];
+        // By version.
+        let got = h.get(key, Some(x)).unwrap().map(|(e, _)| e.version);
+        let want = ws
+            .iter()
+            .find(|w| &w.key == key && w.version == x)
+            .map(|w| w.version);
+        prop_assert_eq!(got, want);
+        // By time.
+        let got = h.get_by_time(key, x).unwrap().map(|(e, v)| (e.version, v));
+        let want = newest(ws, key, |w| w.ts <= x)
+            .map(|w| (w.version, Bytes::from(w.value.clone().unwrap_or_default())));
+        prop_assert_eq!(got, want);
+        // Ranges, newest first.
+        let (lo, hi) = (x / 2, x);
+        let got: Vec<u64> = h
+            .range(key, Range::Versions { from: lo, to: hi })
+            .unwrap()
+            .into_iter()
+            .map(|(e, _)| e.version)
+            .collect();
+        let want: Vec<u64> = ws
+            .iter()
+            .rev()
+            .filter(|w| &w.key == key && (lo..=hi).contains(&w.version))
+            .map(|w| w.version)
+            .collect();
+        prop_assert_eq!(got, want);
+        let got: Vec<u64> = h
+            .range(key, Range::Times { from: lo, to: hi })
+            .unwrap()
+            .into_iter()
+            .map(|(e, _)| e.version)
+            .collect();
+        let want: Vec<u64> = ws
+            .iter()
+            .rev()
+            .filter(|w| &w.key == key && (lo..=hi).contains(&w.ts))
+            .map(|w| w.version)
+            .collect();
+        prop_assert_eq!(got, want);
+        // Keys live at a version.
+        let got = h.keys_at_version(x, None);
+        let mut want: Vec<String> = keys
+            .iter()
+            .filter(|k| newest(ws, k, |w| w.version <= x).is_some_and(|w| w.value.is_some()))
+            .cloned()
+            .collect();
+        want.sort();
+        prop_assert_eq!(got, want);
+    }
+    Ok(())
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 48, ..ProptestConfig::default() })]
+    #[test]
+    fn history_matches_model_before_and_after_reopen(
+        ops in proptest::collection::vec((0u8..4, any::<bool>(), 0u64..5, proptest::collection::vec(any::<u8>(), 0..40)), 1..80),
+        probes in proptest::collection::vec((any::<u8>(), 0u64..200), 1..20),
+    ) {
+        let d = dir();
+        let opts = LogOptions { segment_bytes_max: 2048, sync: SyncPolicy::Never };
+        let (mut h, _) = History::open(&d, Arc::new(RealFs), opts.clone()).unwrap();
+        let mut ws = Vec::new();
+        let mut ts = 0;
+        for (i, (k, remove, dt, v)) in ops.into_iter().enumerate() {
+            ts += dt;
+            let w = W { key: format!("/p/k{k}"), version: i as u64 + 1, ts, value: (!remove).then_some(v) };
+            h.write(&w.key, w.version, w.ts, w.value.clone().map(Bytes::from)).unwrap();
+            ws.push(w);
+        }
+        check(&h, &ws, &probes)?;
+        h.sync().unwrap();
+        drop(h);
+        let (h, rec) = History::open(&d, Arc::new(RealFs), opts).unwrap();
+        prop_assert_eq!(rec.records.len(), 0, "records were moved into the indexes");
+        check(&h, &ws, &probes)?;
+        prop_assert_eq!(h.last_version(), ws.len() as u64);
+        let _ = std::fs::remove_dir_all(&d);
+    }
+}
+
+#[test]
+fn versions_and_timestamps_must_move_forward() {
+    let d = dir();
+    let (mut h, _) = History::open(&d, Arc::new(RealFs), LogOptions::default()).unwrap();
+    h.write("/p/a", 5, 100, Some(Bytes::from("x"))).unwrap();
+    let e = h.write("/p/a", 5, 101, Some(Bytes::from("y"))).unwrap_err();
+    assert!(
+        e.to_string()
+            .contains("version 5 is not above the last version 5"),
+        "{e}"
+    );
+    let e = h.write("/p/a", 6, 99, Some(Bytes::from("y"))).unwrap_err();
+    assert!(e.to_string().contains("must not go backwards"), "{e}");
+    let en = h.write("/p/a", 6, 100, None).unwrap();
+    assert!(en.tombstone && en.prev_version_by_key == 5);
+    assert_eq!(h.key_of_version(6), Some("/p/a"));
+    let _ = std::fs::remove_dir_all(&d);
+}
