@@ -58,7 +58,7 @@ pub async fn serve_conn(ctx: Arc<ConnCtx>, mut sock: TcpStream, peer: SocketAddr
     let mut conn = Conn {
         id,
         decoder: FrameDecoder::new(limits.max_meta_bytes, limits.max_value_bytes),
-        out: OutQueue::new(),
+        out: OutQueue::zero_copy(),
         notify_tx,
         handshaken: false,
         ctx: ctx.clone(),
@@ -72,7 +72,7 @@ pub async fn serve_conn(ctx: Arc<ConnCtx>, mut sock: TcpStream, peer: SocketAddr
         Close::Fatal(rid, e) => {
             ctx.stats.protocol_errors.fetch_add(1, Ordering::Relaxed);
             tracing::info!(error = %e, "closing connection after a protocol error");
-            conn.out = OutQueue::new();
+            conn.out = OutQueue::zero_copy();
             Response::error(&mut conn.out, rid, &e);
             let _ =
                 tokio::time::timeout(Duration::from_secs(1), flush(&mut sock, &mut conn.out)).await;
@@ -83,7 +83,7 @@ pub async fn serve_conn(ctx: Arc<ConnCtx>, mut sock: TcpStream, peer: SocketAddr
 
 async fn flush(sock: &mut TcpStream, out: &mut OutQueue) -> std::io::Result<()> {
     while !out.is_empty() {
-        let mut slots = [IoSlice::new(&[]); 64];
+        let mut slots = [IoSlice::new(&[]); 256];
         let n = out.io_slices(&mut slots);
         let written = sock.write_vectored(&slots[..n]).await?;
         if written == 0 {

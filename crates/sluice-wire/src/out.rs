@@ -2,22 +2,42 @@ use bytes::{Buf, Bytes, BytesMut};
 use std::collections::VecDeque;
 use std::io::IoSlice;
 
-/// Values at least this large are queued as their own chunk (no copy);
-/// smaller ones are copied next to their header so a burst of small replies
-/// leaves in one write.
+/// Default for clients: values at least this large are queued as their
+/// own chunk (no copy); smaller ones are copied next to their header so a
+/// burst of small requests leaves in one write.
 pub const ZERO_COPY_THRESHOLD: usize = 4096;
 
 /// Outgoing bytes as a list of chunks, written with vectored I/O.
-#[derive(Default)]
 pub struct OutQueue {
     chunks: VecDeque<Bytes>,
     cur: BytesMut,
     len: usize,
+    copy_below: usize,
+}
+
+impl Default for OutQueue {
+    fn default() -> Self {
+        OutQueue {
+            chunks: VecDeque::new(),
+            cur: BytesMut::new(),
+            len: 0,
+            copy_below: ZERO_COPY_THRESHOLD,
+        }
+    }
 }
 
 impl OutQueue {
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// A queue that never copies values: every value goes out as the very
+    /// `Bytes` it was stored as (the server's reply path).
+    pub fn zero_copy() -> Self {
+        OutQueue {
+            copy_below: 0,
+            ..Self::default()
+        }
     }
 
     /// Buffer for headers and metadata of the frame being written.
@@ -27,7 +47,7 @@ impl OutQueue {
 
     /// Appends a value: copied when small, queued by reference when large.
     pub fn push_value(&mut self, v: &Bytes) {
-        if v.len() < ZERO_COPY_THRESHOLD {
+        if v.len() < self.copy_below || v.is_empty() {
             self.cur.extend_from_slice(v);
         } else {
             self.seal();

@@ -526,3 +526,42 @@ fn regenerate_corpus() {
     .encode(&mut q, 3);
     std::fs::write(dir.join("resp-objects.bin"), q.to_bytes()).unwrap();
 }
+
+#[test]
+fn the_servers_reply_queue_sends_values_by_reference() {
+    use std::io::IoSlice;
+    let value = Bytes::from(vec![3u8; 100]);
+    let mut q = OutQueue::zero_copy();
+    Response::Object(WireObject {
+        key: "/vol/a".into(),
+        meta: ObjectMeta {
+            version: 1,
+            timestamp_us: 2,
+            previous_version: 0,
+            previous_version_by_key: u64::MAX,
+            tombstone: false,
+        },
+        value: value.clone(),
+        trace: None,
+    })
+    .encode(&mut q, 1);
+    let mut slots = [IoSlice::new(&[]); 8];
+    let n = q.io_slices(&mut slots);
+    assert_eq!(n, 2, "header+metadata, then the value itself");
+    assert_eq!(
+        slots[1].as_ptr(),
+        value.as_ptr(),
+        "the stored bytes go to the socket uncopied"
+    );
+    // The default (client) queue copies small values next to their header.
+    let mut c = OutQueue::new();
+    Request::Put {
+        key: "/vol/a".into(),
+        shard: None,
+        expected: None,
+        value,
+        trace: None,
+    }
+    .encode(&mut c, 1, 0);
+    assert_eq!(c.io_slices(&mut slots), 1);
+}
