@@ -99,6 +99,11 @@ impl History {
         self.last_timestamp_us = self.last_timestamp_us.max(r.timestamp_us);
     }
 
+    /// Every key with at least one version (tombstoned ones included).
+    pub fn keys(&self) -> Vec<String> {
+        self.chains.keys().cloned().collect()
+    }
+
     pub fn last_version(&self) -> u64 {
         self.last_version
     }

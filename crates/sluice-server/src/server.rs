@@ -52,6 +52,8 @@ impl Server {
             max_key_bytes: cfg.limits.max_key_bytes as usize,
             pool_table_path: Some(cfg.data_dir.join("pools.json")),
             default_pools: cfg.default_pools.clone(),
+            // Persistent pools stay off until issue #6 is complete.
+            ..Default::default()
         })
         .map_err(|source| ServerError::Store {
             dir: cfg.data_dir.display().to_string(),

@@ -40,6 +40,12 @@ impl Clock {
         }
     }
 
+    /// Makes every later timestamp greater than `ts` (after recovering
+    /// timestamps written by an earlier run).
+    pub fn observe(&self, ts: u64) {
+        self.last_us.fetch_max(ts, Ordering::AcqRel);
+    }
+
     /// The latest timestamp handed out (0 before the first).
     pub fn last_us(&self) -> u64 {
         self.last_us.load(Ordering::Acquire)

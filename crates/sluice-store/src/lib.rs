@@ -17,4 +17,6 @@ mod store;
 pub use clock::Clock;
 pub use layout::{Layout, ShardId};
 pub use shard::Shard;
-pub use store::{Delivery, DeliveryKind, DeliveryObserver, Store, StoreConfig, StoreStats};
+pub use store::{
+    Delivery, DeliveryKind, DeliveryObserver, HistoryRange, Store, StoreConfig, StoreStats,
+};

@@ -16,6 +16,8 @@ pub struct Shard {
     pub(crate) write_lock: Mutex<()>,
     last_version: AtomicU64,
     pub(crate) objects: papaya::HashMap<Arc<str>, Arc<Object>>,
+    /// Every version on disk, for shards of persistent pools.
+    pub(crate) history: Option<Mutex<sluice_log::History>>,
 }
 
 impl Shard {
@@ -25,6 +27,7 @@ impl Shard {
             write_lock: Mutex::new(()),
             last_version: AtomicU64::new(0),
             objects: papaya::HashMap::new(),
+            history: None,
         }
     }
 

@@ -26,6 +26,11 @@ pub struct StoreConfig {
     pub pool_table_path: Option<PathBuf>,
     /// Pools created when no pool table exists yet.
     pub default_pools: Vec<PoolSpec>,
+    /// Where shards of persistent pools keep their logs. None: persistent
+    /// pools are not supported (creating one is `NotSupported`).
+    pub persistent_dir: Option<PathBuf>,
+    /// When persistent puts reach the disk.
+    pub persistent_sync: sluice_log::SyncPolicy,
 }
 
 impl Default for StoreConfig {
@@ -35,6 +40,8 @@ impl Default for StoreConfig {
             max_key_bytes: 1024,
             pool_table_path: None,
             default_pools: sluice_types::pool::default_pools(),
+            persistent_dir: None,
+            persistent_sync: sluice_log::SyncPolicy::Always,
         }
     }
 }
@@ -140,14 +147,17 @@ impl Store {
         cfg.layout
             .validate()
             .map_err(|reason| SluiceError::Internal { reason })?;
-        let shards = cfg
-            .layout
-            .all_shards()
-            .into_iter()
-            .map(|id| (id, Arc::new(Shard::new(id))))
-            .collect();
+        let clock = Clock::new();
+        let mut shards = HashMap::new();
+        for id in cfg.layout.all_shards() {
+            let mut shard = Shard::new(id);
+            if let (PoolType::Persistent, Some(dir)) = (id.pool_type, &cfg.persistent_dir) {
+                recover_persistent(&mut shard, dir, cfg.persistent_sync, &clock)?;
+            }
+            shards.insert(id, Arc::new(shard));
+        }
         let store = Store {
-            clock: Clock::new(),
+            clock,
             pools: ArcSwap::from_pointee(PoolView::new(PoolTable::default())),
             pool_write: Mutex::new(()),
             shards,
@@ -205,6 +215,14 @@ impl Store {
     // ---- pools ---------------------------------------------------------
 
     pub fn create_pool(&self, spec: &PoolSpec) -> Result<PoolMeta> {
+        if spec.pool_type == Some(PoolType::Persistent) && self.cfg.persistent_dir.is_none() {
+            return Err(SluiceError::NotSupported {
+                what: format!(
+                    "persistent pool {:?} (persistent pools are not enabled on this node; use --type volatile)",
+                    spec.pathname
+                ),
+            });
+        }
         let (pool_type, shard_count) = validate_spec(spec, self.cfg.max_key_bytes, |t, sg| {
             self.cfg.layout.shards_of(t, sg)
         })?;
@@ -408,7 +426,7 @@ impl Store {
     ) -> Result<PutResult> {
         let op = if value.is_some() { "put" } else { "remove" };
         let r = self.route(key, shard)?;
-        Self::require_type(&r, key, op, &[PoolType::Volatile])?;
+        Self::require_type(&r, key, op, STORED)?;
         let (object, kind) = {
             let _w = r.shard.write_lock.lock();
             let map = r.shard.objects.pin();
@@ -443,11 +461,20 @@ impl Store {
             // Reuse the key allocation already in the map.
             let key_arc: Arc<str> = prev.map_or_else(|| Arc::from(key), |o| o.key.clone());
             let tombstone = value.is_none();
+            let timestamp_us = self.clock.now_us();
+            if let Some(h) = &r.shard.history {
+                // Durable (per the sync policy) before anyone can see it.
+                h.lock()
+                    .write(key, version, timestamp_us, value.clone())
+                    .map_err(|e| SluiceError::Io {
+                        reason: format!("persisting {key} version {version}: {e}"),
+                    })?;
+            }
             let object = Arc::new(Object {
                 key: key_arc.clone(),
                 meta: ObjectMeta {
                     version,
-                    timestamp_us: self.clock.now_us(),
+                    timestamp_us,
                     previous_version,
                     previous_version_by_key: current,
                     tombstone,
@@ -528,11 +555,23 @@ impl Store {
     pub fn get(&self, key: &str, version: Option<u64>, shard: Option<u32>) -> Result<Arc<Object>> {
         let res = (|| {
             let r = self.route(key, shard)?;
-            Self::require_type(&r, key, "get", &[PoolType::Volatile])?;
+            Self::require_type(&r, key, "get", STORED)?;
             self.stats.gets.fetch_add(1, Ordering::Relaxed);
             let latest = r.shard.latest(key).ok_or_else(|| SluiceError::NotFound {
                 key: key.to_string(),
             })?;
+            if let (Some(h), Some(v)) = (&r.shard.history, version) {
+                if v != latest.meta.version {
+                    let found = h.lock().get(key, Some(v)).map_err(history_err)?;
+                    return match found {
+                        Some((e, value)) => live(Arc::new(object_of(key, e, value)), key),
+                        None => Err(SluiceError::VersionNotRetained {
+                            key: key.to_string(),
+                            reason: format!("version {v} is not a version of this key"),
+                        }),
+                    };
+                }
+            }
             match version {
                 None => live(latest, key),
                 Some(v) if v == latest.meta.version => live(latest, key),
@@ -564,13 +603,24 @@ impl Store {
     ) -> Result<Arc<Object>> {
         let res = (|| {
             let r = self.route(key, shard)?;
-            Self::require_type(&r, key, "get_by_time", &[PoolType::Volatile])?;
+            Self::require_type(&r, key, "get_by_time", STORED)?;
             self.stats.gets.fetch_add(1, Ordering::Relaxed);
             let latest = r.shard.latest(key).ok_or_else(|| SluiceError::NotFound {
                 key: key.to_string(),
             })?;
             if latest.meta.timestamp_us <= timestamp_us {
                 live(latest, key)
+            } else if let Some(h) = &r.shard.history {
+                match h
+                    .lock()
+                    .get_by_time(key, timestamp_us)
+                    .map_err(history_err)?
+                {
+                    Some((e, value)) => live(Arc::new(object_of(key, e, value)), key),
+                    None => Err(SluiceError::NotFound {
+                        key: key.to_string(),
+                    }),
+                }
             } else {
                 Err(SluiceError::VersionNotRetained {
                     key: key.to_string(),
@@ -614,7 +664,7 @@ impl Store {
                     })
                 }
             };
-            if meta.pool_type != PoolType::Volatile {
+            if meta.pool_type == PoolType::Trigger {
                 return Err(SluiceError::WrongPoolType {
                     op: "list keys of".into(),
                     key: pool.to_string(),
@@ -667,6 +717,134 @@ impl Store {
             Ok(out)
         })();
         self.count_err(res)
+    }
+}
+
+/// Pool types whose objects are stored (gets, puts, removes apply).
+const STORED: &[PoolType] = &[PoolType::Volatile, PoolType::Persistent];
+
+fn history_err(e: sluice_log::HistoryError) -> SluiceError {
+    SluiceError::Io {
+        reason: e.to_string(),
+    }
+}
+
+/// An object rebuilt from the log. Versions are dense per shard, so the
+/// shard-wide previous version is `version - 1`.
+fn object_of(key: &str, e: sluice_log::Entry, value: Bytes) -> Object {
+    Object {
+        key: Arc::from(key),
+        meta: ObjectMeta {
+            version: e.version,
+            timestamp_us: e.timestamp_us,
+            previous_version: e.version.saturating_sub(1),
+            previous_version_by_key: e.prev_version_by_key,
+            tombstone: e.tombstone,
+        },
+        value,
+        trace: None,
+    }
+}
+
+/// Opens a persistent shard's log and rebuilds its latest objects.
+fn recover_persistent(
+    shard: &mut Shard,
+    dir: &std::path::Path,
+    sync: sluice_log::SyncPolicy,
+    clock: &Clock,
+) -> Result<()> {
+    let id = shard.id;
+    let path = dir.join(format!("sg{}-shard{}", id.subgroup, id.shard));
+    let opts = sluice_log::LogOptions {
+        sync,
+        ..Default::default()
+    };
+    let (h, rec) =
+        sluice_log::History::open(&path, Arc::new(sluice_log::RealFs), opts).map_err(|e| {
+            SluiceError::Io {
+                reason: format!(
+                    "recovering persistent shard {id} from {}: {e}",
+                    path.display()
+                ),
+            }
+        })?;
+    tracing::info!(shard = %id, versions = h.last_version(), segments = rec.segments, bytes = rec.bytes, ms = rec.elapsed.as_millis() as u64, "persistent shard recovered");
+    {
+        let map = shard.objects.pin();
+        for key in h.keys() {
+            if let Ok(Some((e, value))) = h.get(&key, None) {
+                map.insert(Arc::from(key.as_str()), Arc::new(object_of(&key, e, value)));
+            }
+        }
+    }
+    shard.set_last_version(h.last_version());
+    clock.observe(h.last_timestamp_us());
+    shard.history = Some(parking_lot::Mutex::new(h));
+    Ok(())
+}
+
+/// A range of a key's history.
+pub use sluice_log::Range as HistoryRange;
+
+impl Store {
+    /// Every version of `key` in `range`, newest first (persistent pools).
+    pub fn history(
+        &self,
+        key: &str,
+        range: HistoryRange,
+        shard: Option<u32>,
+    ) -> Result<Vec<Arc<Object>>> {
+        let r = self.route(key, shard)?;
+        let Some(h) = &r.shard.history else {
+            return Err(SluiceError::WrongPoolType {
+                op: "read the history of".into(),
+                key: key.to_string(),
+                pool: r.pool_path.clone(),
+                pool_type: r.pool().pool_type.to_string(),
+                hint: "; only persistent pools keep history".into(),
+            });
+        };
+        let versions = h.lock().range(key, range).map_err(history_err)?;
+        Ok(versions
+            .into_iter()
+            .map(|(e, v)| Arc::new(object_of(key, e, v)))
+            .collect())
+    }
+
+    /// Keys of a persistent pool that were live at a version (sorted).
+    pub fn list_keys_at_version(
+        &self,
+        pool: &str,
+        prefix: Option<&str>,
+        version: u64,
+    ) -> Result<Vec<String>> {
+        let meta = self.get_pool(pool)?;
+        let mut out = Vec::new();
+        for s in 0..meta.shard_count {
+            let id = ShardId {
+                pool_type: meta.pool_type,
+                subgroup: meta.subgroup_index,
+                shard: s,
+            };
+            let Some(h) = self.shards.get(&id).and_then(|sh| sh.history.as_ref()) else {
+                return Err(SluiceError::WrongPoolType {
+                    op: "list keys at a version of".into(),
+                    key: pool.to_string(),
+                    pool: pool.to_string(),
+                    pool_type: meta.pool_type.to_string(),
+                    hint: "; only persistent pools keep history".into(),
+                });
+            };
+            let p = prefix.unwrap_or(pool);
+            out.extend(
+                h.lock()
+                    .keys_at_version(version, Some(p))
+                    .into_iter()
+                    .filter(|k| path_covers(pool, k)),
+            );
+        }
+        out.sort_unstable();
+        Ok(out)
     }
 }
 

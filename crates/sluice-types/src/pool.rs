@@ -130,14 +130,6 @@ pub fn validate_spec(
     let pool_type = spec
         .pool_type
         .ok_or_else(|| invalid("pool_type is required".into()))?;
-    if pool_type == PoolType::Persistent {
-        return Err(SluiceError::NotSupported {
-            what: format!(
-                "persistent pool {:?}: persistent pools arrive with the persistent-pools feature; use --type volatile",
-                spec.pathname
-            ),
-        });
-    }
     if let Some(re) = &spec.affinity_set_regex {
         regex::Regex::new(re)
             .map_err(|e| invalid(format!("affinity_set_regex {re:?} does not compile: {e}")))?;
@@ -326,7 +318,7 @@ mod tests {
             ..Default::default()
         };
         let e = validate_spec(&spec, 1024, shards).unwrap_err();
-        assert!(matches!(e, SluiceError::NotSupported { .. }), "{e}");
+        assert!(e.to_string().contains("no persistent subgroup 0"), "{e}");
         spec.pool_type = Some(PoolType::Volatile);
         spec.affinity_set_regex = Some("([".into());
         assert!(validate_spec(&spec, 1024, shards)

@@ -26,6 +26,7 @@ async fn main() -> Result<()> {
         max_key_bytes: cfg.limits.max_key_bytes as usize,
         pool_table_path: Some(cfg.data_dir.join("pools.json")),
         default_pools: cfg.default_pools.clone(),
+        ..Default::default()
     })?;
     let server =
         Server::bind_with(cfg, Arc::new(store), sluice_custom_udl_example::registry()).await?;

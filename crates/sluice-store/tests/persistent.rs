@@ -1,0 +1,155 @@
+//! Persistent pools at the store level (issue #6 groundwork; the server
+//! does not enable them yet).
+
+use bytes::Bytes;
+use sluice_store::{HistoryRange, Layout, Store, StoreConfig};
+use sluice_types::{PoolSpec, PoolType, SluiceError, VERSION_NONE};
+use std::path::PathBuf;
+
+fn dir() -> PathBuf {
+    use std::sync::atomic::{AtomicU32, Ordering};
+    static N: AtomicU32 = AtomicU32::new(0);
+    let d = std::env::temp_dir().join(format!(
+        "sluice-pstore-{}-{}",
+        std::process::id(),
+        N.fetch_add(1, Ordering::Relaxed)
+    ));
+    let _ = std::fs::remove_dir_all(&d);
+    d
+}
+
+fn open(d: &std::path::Path) -> Store {
+    let s = Store::open(StoreConfig {
+        layout: Layout {
+            version: 1,
+            volatile: vec![1],
+            trigger: vec![1],
+            persistent: vec![2],
+        },
+        pool_table_path: Some(d.join("pools.json")),
+        persistent_dir: Some(d.join("persistent")),
+        ..Default::default()
+    })
+    .unwrap();
+    let _ = s.create_pool(&PoolSpec {
+        pathname: "/p".into(),
+        pool_type: Some(PoolType::Persistent),
+        ..Default::default()
+    });
+    s
+}
+
+fn b(x: &str) -> Bytes {
+    Bytes::copy_from_slice(x.as_bytes())
+}
+
+#[test]
+fn persistent_pools_are_refused_unless_enabled() {
+    let s = Store::open(StoreConfig::default()).unwrap();
+    let e = s
+        .create_pool(&PoolSpec {
+            pathname: "/p".into(),
+            pool_type: Some(PoolType::Persistent),
+            ..Default::default()
+        })
+        .unwrap_err();
+    assert!(matches!(e, SluiceError::NotSupported { .. }), "{e}");
+}
+
+#[test]
+fn every_version_survives_a_restart_with_time_reads_and_history() {
+    let d = dir();
+    let (v1, v2, v3, t1, t2, t3);
+    {
+        let s = open(&d);
+        let r1 = s.put("/p/a", b("one"), None, None).unwrap();
+        let r2 = s.put("/p/a", b("two"), Some(r1.version), None).unwrap();
+        s.put("/p/b", b("other"), None, None).unwrap();
+        let r3 = s.remove("/p/a", None, None).unwrap();
+        (v1, v2, v3, t1, t2, t3) = (
+            r1.version,
+            r2.version,
+            r3.version,
+            r1.timestamp_us,
+            r2.timestamp_us,
+            r3.timestamp_us,
+        );
+    }
+    let s = open(&d);
+    // Latest: removed; history intact.
+    assert!(matches!(
+        s.get("/p/a", None, None),
+        Err(SluiceError::NotFound { .. })
+    ));
+    assert_eq!(s.get("/p/a", Some(v1), None).unwrap().value, b("one"));
+    let o2 = s.get("/p/a", Some(v2), None).unwrap();
+    assert_eq!(
+        (o2.value.clone(), o2.meta.previous_version_by_key),
+        (b("two"), v1)
+    );
+    assert_eq!(s.get_by_time("/p/a", t1, None).unwrap().value, b("one"));
+    assert_eq!(s.get_by_time("/p/a", t2, None).unwrap().value, b("two"));
+    assert!(
+        matches!(
+            s.get_by_time("/p/a", t3, None),
+            Err(SluiceError::NotFound { .. })
+        ),
+        "removed at t3"
+    );
+    assert!(
+        matches!(
+            s.get_by_time("/p/a", t1 - 1, None),
+            Err(SluiceError::NotFound { .. })
+        ),
+        "not yet written"
+    );
+    let hist: Vec<u64> = s
+        .history(
+            "/p/a",
+            HistoryRange::Versions {
+                from: 0,
+                to: u64::MAX,
+            },
+            None,
+        )
+        .unwrap()
+        .iter()
+        .map(|o| o.meta.version)
+        .collect();
+    assert_eq!(hist, vec![v3, v2, v1], "newest first, tombstone included");
+    assert_eq!(
+        s.list_keys_at_version("/p", None, v2).unwrap(),
+        vec!["/p/a", "/p/b"]
+    );
+    assert_eq!(
+        s.list_keys_at_version("/p", None, v3).unwrap(),
+        vec!["/p/b"]
+    );
+    assert_eq!(s.list_keys("/p", None, None).unwrap(), vec!["/p/b"]);
+    // The chain and the clock continue after the restart.
+    let r4 = s.put("/p/a", b("back"), Some(VERSION_NONE), None).unwrap();
+    assert!(r4.timestamp_us > t3);
+    assert_eq!(
+        s.get("/p/a", None, None)
+            .unwrap()
+            .meta
+            .previous_version_by_key,
+        v3
+    );
+    let _ = std::fs::remove_dir_all(d);
+}
+
+#[test]
+fn history_is_only_for_persistent_pools() {
+    let d = dir();
+    let s = open(&d);
+    s.put("/vol/x", b("v"), None, None).unwrap();
+    let e = s
+        .history("/vol/x", HistoryRange::Versions { from: 0, to: 9 }, None)
+        .unwrap_err();
+    assert!(
+        e.to_string().contains("only persistent pools keep history"),
+        "{e}"
+    );
+    let _ = std::fs::remove_dir_all(d);
+}
