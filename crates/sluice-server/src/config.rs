@@ -53,6 +53,37 @@ impl Default for ComputeConfig {
     }
 }
 
+/// Persistent pools (issue #6, in progress): off by default.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct PersistentConfig {
+    /// Allow `--type persistent` pools. Their shards keep an append-only
+    /// log under `<data_dir>/persistent`.
+    pub enabled: bool,
+    /// `always` (acknowledge after fsync, the default) or `never` (the OS
+    /// writes back; unsafe on power loss).
+    pub sync: String,
+}
+
+impl Default for PersistentConfig {
+    fn default() -> Self {
+        PersistentConfig {
+            enabled: false,
+            sync: "always".into(),
+        }
+    }
+}
+
+impl PersistentConfig {
+    pub fn sync_policy(&self) -> Result<sluice_log::SyncPolicy, String> {
+        match self.sync.as_str() {
+            "always" => Ok(sluice_log::SyncPolicy::Always),
+            "never" => Ok(sluice_log::SyncPolicy::Never),
+            other => Err(format!("persistent.sync = {other:?}: use \"always\" or \"never\" (group commit is not available yet)")),
+        }
+    }
+}
+
 /// A node's configuration (the `sluice serve --config` TOML file).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -67,6 +98,7 @@ pub struct ServerConfig {
     pub limits: Limits,
     pub timeouts: Timeouts,
     pub compute: ComputeConfig,
+    pub persistent: PersistentConfig,
     /// Shard counts per pool type and subgroup.
     pub layout: Layout,
     /// Pools created when the data directory has no pool table yet.
@@ -83,6 +115,7 @@ impl Default for ServerConfig {
             limits: Limits::default(),
             timeouts: Timeouts::default(),
             compute: ComputeConfig::default(),
+            persistent: PersistentConfig::default(),
             layout: Layout::default(),
             default_pools: sluice_types::pool::default_pools(),
         }
@@ -99,6 +132,7 @@ impl ServerConfig {
 
     pub fn validate(&self) -> Result<(), String> {
         self.layout.validate()?;
+        self.persistent.sync_policy()?;
         let l = &self.limits;
         let checks = [
             (

@@ -15,7 +15,7 @@ mod conn;
 mod server;
 mod watch;
 
-pub use config::{ComputeConfig, ServerConfig, Timeouts, DEFAULT_PORT};
+pub use config::{ComputeConfig, PersistentConfig, ServerConfig, Timeouts, DEFAULT_PORT};
 pub use server::{Server, ServerError};
 pub use sluice_compute::{Engine, Registry};
 pub use watch::WATCH_QUEUE_LEN;

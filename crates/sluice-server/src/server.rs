@@ -45,15 +45,21 @@ pub struct Server {
 
 impl Server {
     /// Opens the store in `cfg.data_dir` and binds the listener.
-    pub async fn bind(cfg: ServerConfig) -> Result<Server, ServerError> {
+    pub async fn bind(mut cfg: ServerConfig) -> Result<Server, ServerError> {
         cfg.validate().map_err(ServerError::Config)?;
+        if cfg.persistent.enabled && cfg.layout.persistent.is_empty() {
+            cfg.layout.persistent = vec![1];
+        }
         let store = Store::open(StoreConfig {
             layout: cfg.layout.clone(),
             max_key_bytes: cfg.limits.max_key_bytes as usize,
             pool_table_path: Some(cfg.data_dir.join("pools.json")),
             default_pools: cfg.default_pools.clone(),
-            // Persistent pools stay off until issue #6 is complete.
-            ..Default::default()
+            persistent_dir: cfg
+                .persistent
+                .enabled
+                .then(|| cfg.data_dir.join("persistent")),
+            persistent_sync: cfg.persistent.sync_policy().map_err(ServerError::Config)?,
         })
         .map_err(|source| ServerError::Store {
             dir: cfg.data_dir.display().to_string(),
