@@ -106,12 +106,8 @@ fn acknowledged_puts_survive_sigkill() {
                 .unwrap();
             }
             // Everything acknowledged so far, in any earlier life of the node.
-            verify(
-                &c,
-                &acked.lock().unwrap().clone(),
-                &attempted.lock().unwrap().clone(),
-            )
-            .await;
+            let (a, t) = snapshot(&acked, &attempted);
+            verify(&c, &a, &t).await;
             let before = acked.lock().unwrap().len();
             let mut writers = Vec::new();
             for w in 0..8u64 {
@@ -164,17 +160,22 @@ fn acknowledged_puts_survive_sigkill() {
     let (mut node, addr) = start(&dir);
     rt.block_on(async {
         let c = Client::connect(&addr).await.unwrap();
-        verify(
-            &c,
-            &acked.lock().unwrap().clone(),
-            &attempted.lock().unwrap().clone(),
-        )
-        .await;
+        let (a, t) = snapshot(&acked, &attempted);
+        verify(&c, &a, &t).await;
     });
     node.kill().unwrap();
     node.wait().unwrap();
     assert!(acked.lock().unwrap().len() >= iterations * 20);
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+type Attempts = HashMap<String, HashSet<Vec<u8>>>;
+
+/// Copies of the shared records, taken without holding a lock across an await.
+fn snapshot(acked: &Mutex<Vec<Acked>>, attempted: &Mutex<Attempts>) -> (Vec<Acked>, Attempts) {
+    let a = acked.lock().unwrap().clone();
+    let t = attempted.lock().unwrap().clone();
+    (a, t)
 }
 
 async fn verify(c: &Client, acked: &[Acked], attempted: &HashMap<String, HashSet<Vec<u8>>>) {
