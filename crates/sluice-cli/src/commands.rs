@@ -56,11 +56,27 @@ pub enum ClientCmd {
         #[arg(long)]
         expect_version: Option<String>,
     },
-    /// List the keys of a pool.
+    /// List the keys of a pool (persistent pools: as of a version or time).
     Ls {
         pool: String,
         #[arg(long)]
         prefix: Option<String>,
+        #[arg(long)]
+        at_version: Option<u64>,
+        #[arg(long, conflicts_with = "at_version")]
+        at_time: Option<u64>,
+    },
+    /// Every version of a key in a range, newest first (persistent pools).
+    History {
+        key: String,
+        #[arg(long)]
+        from_version: Option<u64>,
+        #[arg(long)]
+        to_version: Option<u64>,
+        #[arg(long, conflicts_with_all = ["from_version", "to_version"])]
+        from_time: Option<u64>,
+        #[arg(long, conflicts_with_all = ["from_version", "to_version"])]
+        to_time: Option<u64>,
     },
     /// Size of a value in bytes.
     Size {
@@ -380,13 +396,61 @@ pub fn execute(
                 writeln!(out, "removed {key} (tombstone version {})", r.version)?;
             }
         }
-        ClientCmd::Ls { pool, prefix } => {
-            let keys = c.list_keys(&pool, prefix.as_deref())?;
+        ClientCmd::Ls {
+            pool,
+            prefix,
+            at_version,
+            at_time,
+        } => {
+            let keys = match (at_version, at_time) {
+                (Some(v), _) => c.list_keys_at(&pool, prefix.as_deref(), false, v)?,
+                (None, Some(t)) => c.list_keys_at(&pool, prefix.as_deref(), true, t)?,
+                (None, None) => c.list_keys(&pool, prefix.as_deref())?,
+            };
             if json {
                 print_json(out, &json!(keys))?;
             } else {
                 for k in keys {
                     writeln!(out, "{k}")?;
+                }
+            }
+        }
+        ClientCmd::History {
+            key,
+            from_version,
+            to_version,
+            from_time,
+            to_time,
+        } => {
+            let by_time = from_time.is_some() || to_time.is_some();
+            let (from, to) = if by_time {
+                (from_time.unwrap_or(0), to_time.unwrap_or(u64::MAX))
+            } else {
+                (from_version.unwrap_or(0), to_version.unwrap_or(u64::MAX))
+            };
+            let versions = c.history(&key, by_time, from, to, 256)?;
+            if json {
+                let items: Vec<_> = versions
+                    .iter()
+                    .map(|o| {
+                        let mut j = object_json(o, true);
+                        j["removed"] = o.meta.tombstone.into();
+                        j
+                    })
+                    .collect();
+                print_json(out, &serde_json::Value::Array(items))?;
+            } else {
+                for o in &versions {
+                    let v = if o.meta.tombstone {
+                        "(removed)".to_string()
+                    } else {
+                        String::from_utf8_lossy(&o.value).into_owned()
+                    };
+                    writeln!(
+                        out,
+                        "version {}\ttimestamp_us {}\t{v}",
+                        o.meta.version, o.meta.timestamp_us
+                    )?;
                 }
             }
         }

@@ -608,3 +608,73 @@ fn dfg_apply_ls_rm_on_a_running_node() {
     let e = n.fails(&["dfg", "rm", "echo"]);
     assert!(e.contains("not found"), "{e}");
 }
+
+#[test]
+fn persistent_preview_keeps_history_across_restarts() {
+    let dir = temp_dir("persist");
+    let cfg = dir.join("node.toml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "listen = \"127.0.0.1:0\"\ndata_dir = \"{}\"\n[persistent]\nenabled = true\n",
+            dir.join("data").display()
+        ),
+    )
+    .unwrap();
+    let n = spawn_node(&dir, &["--config", cfg.to_str().unwrap()]).unwrap();
+    let e = n.fails(&[
+        "pools",
+        "create",
+        "/q",
+        "--type",
+        "trigger",
+        "--affinity",
+        "(",
+    ]);
+    assert!(e.contains("does not compile"), "{e}");
+    n.ok(&["pools", "create", "/p", "--type", "persistent"]);
+    let put = |v: &str| -> serde_json::Value {
+        serde_json::from_str(&n.ok(&["--json", "put", "/p/a", v])).unwrap()
+    };
+    let (a, b, c) = (put("one"), put("two"), put("three"));
+    n.ok(&["rm", "/p/a"]);
+    // SIGKILL (Drop) without removing the data, then a new process on it.
+    let mut n = n;
+    n.dir = dir.join("no-cleanup");
+    drop(n);
+    let n = spawn_node(&dir, &["--config", cfg.to_str().unwrap()]).unwrap();
+    assert_eq!(
+        n.ok(&["get", "/p/a", "--version", &b["version"].to_string()]),
+        "two\n"
+    );
+    assert_eq!(
+        n.ok(&["get-by-time", "/p/a", &a["timestamp_us"].to_string()]),
+        "one\n"
+    );
+    let h = n.ok(&["history", "/p/a"]);
+    let lines: Vec<&str> = h.lines().collect();
+    assert_eq!(lines.len(), 4, "{h}");
+    assert!(
+        lines[0].ends_with("(removed)") && lines[1].ends_with("three") && lines[3].ends_with("one"),
+        "{h}"
+    );
+    let h = n.ok(&[
+        "history",
+        "/p/a",
+        "--from-version",
+        &b["version"].to_string(),
+        "--to-version",
+        &c["version"].to_string(),
+    ]);
+    assert_eq!(h.lines().count(), 2, "{h}");
+    assert_eq!(
+        n.ok(&["ls", "/p", "--at-version", &c["version"].to_string()]),
+        "/p/a\n"
+    );
+    assert_eq!(n.ok(&["ls", "/p"]), "");
+    let e = n.fails(&["history", "/vol/x"]);
+    assert!(
+        e.contains("only persistent pools keep history") || e.contains("not found"),
+        "{e}"
+    );
+}

@@ -101,6 +101,17 @@ impl BlockingClient {
         self.rt.block_on(self.client.multi_get(keys))
     }
 
+    pub fn list_keys_at(
+        &self,
+        pool: &str,
+        prefix: Option<&str>,
+        by_time: bool,
+        at: u64,
+    ) -> Result<Vec<String>> {
+        self.rt
+            .block_on(self.client.list_keys_at(pool, prefix, by_time, at))
+    }
+
     pub fn list_keys(&self, pool: &str, prefix: Option<&str>) -> Result<Vec<String>> {
         self.rt.block_on(self.client.list_keys(pool, prefix))
     }
@@ -130,6 +141,7 @@ impl BlockingClient {
         fn dfg_apply(&self, text: &str) -> Result<serde_json::Value>;
         fn dfg_list(&self) -> Result<serde_json::Value>;
         fn dfg_remove(&self, id: &str) -> Result<()>;
+        fn history(&self, key: &str, by_time: bool, from: u64, to: u64, page: u32) -> Result<Vec<Object>>;
         fn refresh_pools(&self) -> Result<()>;
     }
 }

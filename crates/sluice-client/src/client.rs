@@ -680,6 +680,75 @@ impl Client {
         }
     }
 
+    /// Versions of `key` (persistent pools), newest first: versions
+    /// `from..=to`, or timestamps `from..=to` when `by_time`. The node
+    /// replies in pages of at most `page` versions; this walks every page.
+    pub async fn history(
+        &self,
+        key: &str,
+        by_time: bool,
+        from: u64,
+        to: u64,
+        page: u32,
+    ) -> Result<Vec<Object>> {
+        let mut out = Vec::new();
+        let mut to = to;
+        loop {
+            let req = |shard| Request::History {
+                key: key.to_string(),
+                shard: Some(shard),
+                by_time,
+                from,
+                to,
+                limit: page.max(1),
+            };
+            let items = match self.routed(key, req).await? {
+                Response::Objects(items) => items,
+                other => return Err(unexpected(other)),
+            };
+            let n = items.len();
+            for i in items {
+                out.push(to_object(i?));
+            }
+            let Some(last) = out.last() else { break };
+            let next_to = if by_time {
+                last.meta.timestamp_us
+            } else {
+                last.meta.version
+            };
+            if (n as u32) < page.max(1) || next_to <= from || next_to == 0 {
+                break;
+            }
+            // Versions and (node-monotonic) timestamps are unique per
+            // shard, so the next page ends just below the oldest returned.
+            to = next_to - 1;
+        }
+        Ok(out)
+    }
+
+    /// Keys of a persistent pool live at a version (or, `by_time`, at a
+    /// timestamp in µs).
+    pub async fn list_keys_at(
+        &self,
+        pool: &str,
+        prefix: Option<&str>,
+        by_time: bool,
+        at: u64,
+    ) -> Result<Vec<String>> {
+        match self
+            .call(&Request::ListKeysAt {
+                pool: pool.to_string(),
+                prefix: prefix.map(str::to_string),
+                by_time,
+                at,
+            })
+            .await?
+        {
+            Response::Keys(k) => Ok(k),
+            other => Err(unexpected(other)),
+        }
+    }
+
     /// Applies a data flow graph file (`dfgs.json` shape) on the node;
     /// returns `{"applied": [ids]}`. An invalid file changes nothing and
     /// fails with `InvalidDfg` naming the JSON path of the bad field.

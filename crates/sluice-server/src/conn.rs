@@ -17,6 +17,9 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::sync::{mpsc, watch, Semaphore};
 
+/// Most versions one history reply carries (clients page for more).
+const HISTORY_PAGE_MAX: u32 = 1024;
+
 /// Read buffer growth step; a frame larger than this gets one exact
 /// reservation once its header is in.
 const READ_CHUNK: usize = 64 * 1024;
@@ -438,6 +441,47 @@ impl Conn {
                 ),
             },
             Request::DfgList => Response::Json(self.ctx.engine.list().to_string()).encode(out, rid),
+            Request::History {
+                key,
+                shard,
+                by_time,
+                from,
+                to,
+                limit,
+            } => {
+                let range = if by_time {
+                    sluice_store::HistoryRange::Times { from, to }
+                } else {
+                    sluice_store::HistoryRange::Versions { from, to }
+                };
+                match store.history(&key, range, shard) {
+                    Ok(mut versions) => {
+                        versions.truncate(limit.clamp(1, HISTORY_PAGE_MAX) as usize);
+                        let items: Vec<_> = versions
+                            .iter()
+                            .map(|o| sluice_wire::MultiGetItem::Found(ObjRef::of(o)))
+                            .collect();
+                        encode_objects(out, rid, &items);
+                    }
+                    Err(e) => reply_err(out, &e),
+                }
+            }
+            Request::ListKeysAt {
+                pool,
+                prefix,
+                by_time,
+                at,
+            } => {
+                let r = if by_time {
+                    store.list_keys_at_time(&pool, prefix.as_deref(), at)
+                } else {
+                    store.list_keys_at_version(&pool, prefix.as_deref(), at)
+                };
+                match r {
+                    Ok(keys) => Response::Keys(keys).encode(out, rid),
+                    Err(e) => reply_err(out, &e),
+                }
+            }
             Request::DfgRemove { id } => match self.ctx.engine.remove(&id) {
                 Ok(()) => Response::Ok.encode(out, rid),
                 Err(e) => reply_err(out, &e),

@@ -811,12 +811,31 @@ impl Store {
             .collect())
     }
 
+    /// Keys of a persistent pool that were live at a time (sorted).
+    pub fn list_keys_at_time(
+        &self,
+        pool: &str,
+        prefix: Option<&str>,
+        timestamp_us: u64,
+    ) -> Result<Vec<String>> {
+        self.list_keys_at(pool, prefix, |h, p| h.keys_at_time(timestamp_us, p))
+    }
+
     /// Keys of a persistent pool that were live at a version (sorted).
     pub fn list_keys_at_version(
         &self,
         pool: &str,
         prefix: Option<&str>,
         version: u64,
+    ) -> Result<Vec<String>> {
+        self.list_keys_at(pool, prefix, |h, p| h.keys_at_version(version, p))
+    }
+
+    fn list_keys_at(
+        &self,
+        pool: &str,
+        prefix: Option<&str>,
+        keys: impl Fn(&sluice_log::History, Option<&str>) -> Vec<String>,
     ) -> Result<Vec<String>> {
         let meta = self.get_pool(pool)?;
         let mut out = Vec::new();
@@ -837,8 +856,7 @@ impl Store {
             };
             let p = prefix.unwrap_or(pool);
             out.extend(
-                h.lock()
-                    .keys_at_version(version, Some(p))
+                keys(&h.lock(), Some(p))
                     .into_iter()
                     .filter(|k| path_covers(pool, k)),
             );

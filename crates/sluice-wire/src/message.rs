@@ -32,6 +32,8 @@ pub mod op {
     pub const DFG_APPLY: u8 = 0x13;
     pub const DFG_LIST: u8 = 0x14;
     pub const DFG_REMOVE: u8 = 0x15;
+    pub const HISTORY: u8 = 0x16;
+    pub const LIST_KEYS_AT: u8 = 0x17;
 
     pub const HELLO_OK: u8 = 0x81;
     pub const PONG: u8 = 0x82;
@@ -196,6 +198,24 @@ pub enum Request {
     DfgList,
     DfgRemove {
         id: String,
+    },
+    /// Versions of a key, newest first: `by_time` selects timestamps
+    /// instead of versions for `from..=to`; at most `limit` per reply (page
+    /// on by asking again with `to` below the oldest returned).
+    History {
+        key: String,
+        shard: Option<u32>,
+        by_time: bool,
+        from: u64,
+        to: u64,
+        limit: u32,
+    },
+    /// Keys of a persistent pool live at a version (or a time).
+    ListKeysAt {
+        pool: String,
+        prefix: Option<String>,
+        by_time: bool,
+        at: u64,
     },
 }
 
@@ -389,6 +409,8 @@ impl Request {
             Request::DfgApply { .. } => op::DFG_APPLY,
             Request::DfgList => op::DFG_LIST,
             Request::DfgRemove { .. } => op::DFG_REMOVE,
+            Request::History { .. } => op::HISTORY,
+            Request::ListKeysAt { .. } => op::LIST_KEYS_AT,
         }
     }
 
@@ -409,6 +431,32 @@ impl Request {
             }),
             Request::DfgRemove { id } => frame(out, opc, flags, request_id, None, |w| {
                 w.str(id);
+            }),
+            Request::History {
+                key,
+                shard,
+                by_time,
+                from,
+                to,
+                limit,
+            } => frame(out, opc, flags, request_id, None, |w| {
+                w.str(key)
+                    .u32(shard_enc(*shard))
+                    .u8(*by_time as u8)
+                    .u64(*from)
+                    .u64(*to)
+                    .u32(*limit);
+            }),
+            Request::ListKeysAt {
+                pool,
+                prefix,
+                by_time,
+                at,
+            } => frame(out, opc, flags, request_id, None, |w| {
+                w.str(pool)
+                    .opt_str(prefix.as_deref())
+                    .u8(*by_time as u8)
+                    .u64(*at);
             }),
             Request::Put {
                 key,
@@ -522,6 +570,20 @@ impl Request {
             op::DFG_APPLY => Request::DfgApply { text: r.str()? },
             op::DFG_LIST => Request::DfgList,
             op::DFG_REMOVE => Request::DfgRemove { id: r.str()? },
+            op::HISTORY => Request::History {
+                key: r.str()?,
+                shard: shard_dec(r.u32()?),
+                by_time: r.bool()?,
+                from: r.u64()?,
+                to: r.u64()?,
+                limit: r.u32()?,
+            },
+            op::LIST_KEYS_AT => Request::ListKeysAt {
+                pool: r.str()?,
+                prefix: r.opt_str()?,
+                by_time: r.bool()?,
+                at: r.u64()?,
+            },
             op::PUT => Request::Put {
                 key: r.str()?,
                 shard: shard_dec(r.u32()?),

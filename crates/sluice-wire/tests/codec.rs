@@ -189,6 +189,34 @@ fn arb_request() -> impl Strategy<Value = Request> {
         arb_key().prop_map(|prefix| Request::Watch { prefix }),
         any::<u64>().prop_map(|watch_id| Request::Unwatch { watch_id }),
         Just(Request::DfgList),
+        (
+            arb_key(),
+            arb_opt_shard(),
+            any::<bool>(),
+            any::<u64>(),
+            any::<u64>(),
+            any::<u32>()
+        )
+            .prop_map(|(key, shard, by_time, from, to, limit)| Request::History {
+                key,
+                shard,
+                by_time,
+                from,
+                to,
+                limit
+            }),
+        (
+            arb_key(),
+            proptest::option::of(arb_key()),
+            any::<bool>(),
+            any::<u64>()
+        )
+            .prop_map(|(pool, prefix, by_time, at)| Request::ListKeysAt {
+                pool,
+                prefix,
+                by_time,
+                at
+            }),
         "[a-z{}\\[\\]\":]{0,30}".prop_map(|text| Request::DfgApply { text }),
         "[a-z]{1,8}".prop_map(|id| Request::DfgRemove { id }),
     ]
