@@ -46,8 +46,15 @@ pub enum ClientCmd {
         #[arg(long)]
         meta: bool,
     },
-    /// The version current at a timestamp (µs since the Unix epoch).
-    GetByTime { key: String, timestamp_us: u64 },
+    /// The version current at a timestamp (µs since the Unix epoch). A
+    /// future timestamp waits until it is stable (bounded by --timeout-ms).
+    GetByTime {
+        key: String,
+        timestamp_us: u64,
+        /// Answer now even if the timestamp is not stable (the answer may change).
+        #[arg(long)]
+        unstable: bool,
+    },
     /// Get several keys at once.
     Mget { keys: Vec<String> },
     /// Remove a key (writes a tombstone version).
@@ -337,7 +344,24 @@ pub fn execute(
                 }
             }
         }
-        ClientCmd::GetByTime { key, timestamp_us } => {
+        ClientCmd::GetByTime {
+            key,
+            timestamp_us,
+            unstable: true,
+        } => {
+            let o = c.get_by_time_unstable(&key, timestamp_us)?;
+            if json {
+                print_json(out, &object_json(&o, true))?;
+            } else {
+                out.write_all(&o.value)?;
+                writeln!(out)?;
+            }
+        }
+        ClientCmd::GetByTime {
+            key,
+            timestamp_us,
+            unstable: false,
+        } => {
             return execute(
                 c,
                 ClientCmd::Get {

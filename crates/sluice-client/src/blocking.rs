@@ -101,6 +101,12 @@ impl BlockingClient {
         self.rt.block_on(self.client.multi_get(keys))
     }
 
+    /// `get_by_time` that answers at once, stable or not.
+    pub fn get_by_time_unstable(&self, key: &str, timestamp_us: u64) -> Result<Object> {
+        self.rt
+            .block_on(self.client.get_by_time_with(key, timestamp_us, 0, true))
+    }
+
     pub fn list_keys_at(
         &self,
         pool: &str,

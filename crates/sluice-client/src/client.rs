@@ -465,12 +465,37 @@ impl Client {
         .await
     }
 
-    /// The version of `key` current at `timestamp_us` (µs since the epoch).
+    /// The version of `key` current at `timestamp_us` (µs since the
+    /// epoch). A timestamp that is not stable yet (in the future) waits for
+    /// it, up to the request timeout, so the answer never changes later.
     pub async fn get_by_time(&self, key: &str, timestamp_us: u64) -> Result<Object> {
+        let wait_ms = self
+            .inner
+            .cfg
+            .request_timeout
+            .as_millis()
+            .saturating_sub(100)
+            .min(u32::MAX as u128) as u32;
+        self.get_by_time_with(key, timestamp_us, wait_ms, false)
+            .await
+    }
+
+    /// `get_by_time` with an explicit wait (`0`: fail at once when the
+    /// timestamp is not stable yet) or, `unstable`, no wait at all: the
+    /// answer for a future timestamp may then change.
+    pub async fn get_by_time_with(
+        &self,
+        key: &str,
+        timestamp_us: u64,
+        wait_ms: u32,
+        unstable: bool,
+    ) -> Result<Object> {
         self.object(key, |shard| Request::GetByTime {
             key: key.to_string(),
             shard: Some(shard),
             timestamp_us,
+            wait_ms,
+            unstable,
         })
         .await
     }

@@ -607,3 +607,49 @@ async fn server_restart_keeps_pools_and_client_reconnects() {
     tx.send(()).unwrap();
     h.await.unwrap();
 }
+
+#[tokio::test]
+async fn time_reads_of_the_future_wait_until_stable() {
+    let s = start(|_| {}).await;
+    let c = s.client().await;
+    let first = c.put("/vol/clock", "before").await.unwrap();
+    let t = first.timestamp_us + 300_000; // 300 ms ahead
+                                          // Unstable: answers now, and the answer may change.
+    assert_eq!(
+        &c.get_by_time_with("/vol/clock", t, 0, true)
+            .await
+            .unwrap()
+            .value[..],
+        b"before"
+    );
+    // No wait allowed: a clear error.
+    let e = c
+        .get_by_time_with("/vol/clock", t, 0, false)
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&e, SluiceError::Unavailable { reason } if reason.contains("not stable yet")),
+        "{e}"
+    );
+    // Stable: waits for t, so a write made in the meantime is included.
+    let reader = {
+        let c = c.clone();
+        tokio::spawn(async move { c.get_by_time("/vol/clock", t).await })
+    };
+    let second = c.put("/vol/clock", "after").await.unwrap();
+    assert!(second.timestamp_us < t);
+    let o = reader.await.unwrap().unwrap();
+    assert_eq!(
+        &o.value[..],
+        b"after",
+        "the stable answer includes every write before t"
+    );
+    assert!(sluice_store::Clock::wall_us() >= t);
+    // Too far ahead for the wait: refused at once.
+    let e = c
+        .get_by_time_with("/vol/clock", t + 3_600_000_000, 1000, false)
+        .await
+        .unwrap_err();
+    assert!(e.to_string().contains("in the future"), "{e}");
+    s.stop().await;
+}

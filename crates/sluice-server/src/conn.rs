@@ -51,24 +51,33 @@ struct Conn {
     decoder: FrameDecoder,
     out: OutQueue,
     notify_tx: mpsc::Sender<Notice>,
+    /// Replies computed later (time reads waiting for stability).
+    deferred_tx: mpsc::Sender<Deferred>,
+    deferred_in_flight: Arc<std::sync::atomic::AtomicUsize>,
     handshaken: bool,
 }
+
+type Deferred = (u64, Result<Arc<sluice_types::Object>, SluiceError>);
 
 pub async fn serve_conn(ctx: Arc<ConnCtx>, mut sock: TcpStream, peer: SocketAddr) {
     let id = ctx.next_conn_id.fetch_add(1, Ordering::Relaxed);
     let (notify_tx, mut notify_rx) = mpsc::channel(WATCH_QUEUE_LEN);
+    let (deferred_tx, mut deferred_rx) =
+        mpsc::channel(ctx.cfg.limits.max_in_flight_per_conn as usize);
     let limits = &ctx.cfg.limits;
     let mut conn = Conn {
         id,
         decoder: FrameDecoder::new(limits.max_meta_bytes, limits.max_value_bytes),
         out: OutQueue::zero_copy(),
         notify_tx,
+        deferred_tx,
+        deferred_in_flight: Arc::default(),
         handshaken: false,
         ctx: ctx.clone(),
     };
     let span = tracing::debug_span!("conn", id, %peer);
     let _e = span.enter();
-    let reason = conn.run(&mut sock, &mut notify_rx).await;
+    let reason = conn.run(&mut sock, &mut notify_rx, &mut deferred_rx).await;
     match reason {
         Close::Eof | Close::Shutdown => tracing::debug!("connection closed"),
         Close::Io(e) => tracing::debug!(error = %e, "connection I/O error"),
@@ -98,7 +107,12 @@ async fn flush(sock: &mut TcpStream, out: &mut OutQueue) -> std::io::Result<()> 
 }
 
 impl Conn {
-    async fn run(&mut self, sock: &mut TcpStream, notify_rx: &mut mpsc::Receiver<Notice>) -> Close {
+    async fn run(
+        &mut self,
+        sock: &mut TcpStream,
+        notify_rx: &mut mpsc::Receiver<Notice>,
+        deferred_rx: &mut mpsc::Receiver<Deferred>,
+    ) -> Close {
         let mut rbuf = BytesMut::with_capacity(READ_CHUNK);
         let mut shutdown = self.ctx.shutdown_rx.clone();
         let t = &self.ctx.cfg.timeouts;
@@ -165,6 +179,9 @@ impl Conn {
                     }
                     Some(Err(e)) => return Close::Io(e),
                 },
+                Some((rid, res)) = deferred_rx.recv() => {
+                    reply_object(&mut self.out, rid, res);
+                }
                 Some(n) = notify_rx.recv() => {
                     self.encode_notice(n);
                     while let Ok(n) = notify_rx.try_recv() {
@@ -340,7 +357,59 @@ impl Conn {
                 key,
                 shard,
                 timestamp_us,
-            } => reply_object(out, rid, store.get_by_time(&key, timestamp_us, shard)),
+                wait_ms,
+                unstable,
+            } => {
+                let stable = unstable
+                    || store
+                        .time_is_stable(&key, timestamp_us, shard)
+                        .unwrap_or(true);
+                if stable {
+                    return reply_object(out, rid, store.get_by_time(&key, timestamp_us, shard));
+                }
+                let wait = Duration::from_micros(
+                    timestamp_us.saturating_sub(sluice_store::Clock::wall_us()),
+                );
+                if wait > Duration::from_millis(u64::from(wait_ms)) {
+                    return reply_err(
+                        out,
+                        &SluiceError::Unavailable {
+                            reason: format!(
+                                "timestamp {timestamp_us} is {} ms in the future and not stable yet; wait longer (wait_ms {wait_ms}) or read unstable",
+                                wait.as_millis()
+                            ),
+                        },
+                    );
+                }
+                if self.deferred_in_flight.load(Ordering::Relaxed)
+                    >= limits.max_in_flight_per_conn as usize
+                {
+                    return reply_err(
+                        out,
+                        &SluiceError::TooManyInFlight {
+                            max: limits.max_in_flight_per_conn,
+                        },
+                    );
+                }
+                // Answer later, without holding up this connection's other requests.
+                self.deferred_in_flight.fetch_add(1, Ordering::Relaxed);
+                let (store, tx, count) = (
+                    self.ctx.store.clone(),
+                    self.deferred_tx.clone(),
+                    self.deferred_in_flight.clone(),
+                );
+                tokio::spawn(async move {
+                    tokio::time::sleep(wait + Duration::from_micros(1)).await;
+                    let mut r = store.time_is_stable(&key, timestamp_us, shard);
+                    while matches!(r, Ok(false)) {
+                        tokio::time::sleep(Duration::from_micros(50)).await;
+                        r = store.time_is_stable(&key, timestamp_us, shard);
+                    }
+                    let res = r.and_then(|_| store.get_by_time(&key, timestamp_us, shard));
+                    let _ = tx.send((rid, res)).await;
+                    count.fetch_sub(1, Ordering::Relaxed);
+                });
+            }
             Request::GetSize {
                 key,
                 shard,

@@ -634,6 +634,20 @@ impl Store {
         self.count_err(res)
     }
 
+    /// Whether a time-indexed read at `timestamp_us` is stable, i.e. no
+    /// write can still get a timestamp at or before it: the node clock has
+    /// passed it and no write that took an earlier timestamp is still being
+    /// applied (the shard's write lock is taken and released to drain them).
+    pub fn time_is_stable(&self, key: &str, timestamp_us: u64, shard: Option<u32>) -> Result<bool> {
+        if Clock::wall_us() <= timestamp_us {
+            return Ok(false);
+        }
+        self.clock.observe(timestamp_us);
+        let r = self.route(key, shard)?;
+        drop(r.shard.write_lock.lock());
+        Ok(true)
+    }
+
     /// Several keys of one shard; one result per key, in order.
     pub fn multi_get(&self, keys: &[String], shard: Option<u32>) -> Vec<Result<Arc<Object>>> {
         keys.iter().map(|k| self.get(k, None, shard)).collect()

@@ -149,10 +149,16 @@ pub enum Request {
         shard: Option<u32>,
         version: Option<u64>,
     },
+    /// The version current at `timestamp_us`. Unless `unstable`, a
+    /// timestamp that is not yet stable (in the future, or with writes in
+    /// flight before it) waits up to `wait_ms` so the answer never changes
+    /// later; 0 means fail at once instead of waiting.
     GetByTime {
         key: String,
         shard: Option<u32>,
         timestamp_us: u64,
+        wait_ms: u32,
+        unstable: bool,
     },
     GetSize {
         key: String,
@@ -495,8 +501,14 @@ impl Request {
                 key,
                 shard,
                 timestamp_us,
+                wait_ms,
+                unstable,
             } => frame(out, opc, flags, request_id, None, |w| {
-                w.str(key).u32(shard_enc(*shard)).u64(*timestamp_us);
+                w.str(key)
+                    .u32(shard_enc(*shard))
+                    .u64(*timestamp_us)
+                    .u32(*wait_ms)
+                    .u8(*unstable as u8);
             }),
             Request::GetSize {
                 key,
@@ -611,6 +623,8 @@ impl Request {
                 key: r.str()?,
                 shard: shard_dec(r.u32()?),
                 timestamp_us: r.u64()?,
+                wait_ms: r.u32()?,
+                unstable: r.bool()?,
             },
             op::GET_SIZE => Request::GetSize {
                 key: r.str()?,

@@ -146,13 +146,22 @@ fn arb_request() -> impl Strategy<Value = Request> {
                 shard,
                 version
             }),
-        (arb_key(), arb_opt_shard(), any::<u64>()).prop_map(|(key, shard, timestamp_us)| {
-            Request::GetByTime {
-                key,
-                shard,
-                timestamp_us,
-            }
-        }),
+        (
+            arb_key(),
+            arb_opt_shard(),
+            any::<u64>(),
+            any::<u32>(),
+            any::<bool>()
+        )
+            .prop_map(
+                |(key, shard, timestamp_us, wait_ms, unstable)| Request::GetByTime {
+                    key,
+                    shard,
+                    timestamp_us,
+                    wait_ms,
+                    unstable
+                }
+            ),
         (
             arb_key(),
             arb_opt_shard(),
@@ -498,6 +507,8 @@ fn regenerate_corpus() {
             key: "/vol/a".into(),
             shard: Some(0),
             timestamp_us: 1_700_000_000_000_000,
+            wait_ms: 1000,
+            unstable: false,
         },
         Request::GetSize {
             key: "/vol/a".into(),
