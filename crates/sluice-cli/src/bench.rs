@@ -34,6 +34,24 @@ enum BenchWhat {
     Plan(PlanBenchArgs),
     /// No-op lambda pipelines of 1..4 relay stages (Cascade's Fig. 7).
     Pipeline(PipelineArgs),
+    /// Persistent pools (preview): durable puts, time reads, recovery.
+    Persistent(PersistentArgs),
+}
+
+#[derive(clap::Args, Clone)]
+pub struct PersistentArgs {
+    /// Value sizes in bytes.
+    #[arg(long, value_delimiter = ',', default_value = "10240,1048576")]
+    sizes: Vec<usize>,
+    /// Length of each measurement phase.
+    #[arg(long, default_value_t = 2000)]
+    duration_ms: u64,
+    /// Concurrent clients in the throughput phase.
+    #[arg(long, default_value_t = 16)]
+    clients: usize,
+    /// Size of the log written for the recovery measurement, in MiB.
+    #[arg(long, default_value_t = 1024)]
+    recovery_mib: u64,
 }
 
 #[derive(clap::Args, Clone)]
@@ -109,6 +127,7 @@ pub fn run(a: BenchArgs, _addr: &str, json: bool) -> Result<()> {
         Some(BenchWhat::Memory(m)) => memory(m, json),
         Some(BenchWhat::Plan(p)) => plan_bench(p, json),
         Some(BenchWhat::Pipeline(p)) => pipeline_bench(p, json),
+        Some(BenchWhat::Persistent(p)) => persistent_bench(p, json),
         Some(BenchWhat::Core(c)) => core(c, json),
         None => core(a.core, json),
     }
@@ -121,16 +140,23 @@ pub struct ChildNode {
     child: Child,
     pub addr: String,
     dir: std::path::PathBuf,
+    remove_dir: bool,
 }
 
 impl ChildNode {
+    /// A node on a fresh temporary data directory, removed on drop.
     pub fn start(extra: &[&str]) -> Result<ChildNode> {
+        use std::sync::atomic::AtomicU32;
+        static N: AtomicU32 = AtomicU32::new(0);
+        let dir = std::env::temp_dir().join(format!("sluice-bench-{}-{}", std::process::id(), N.fetch_add(1, Ordering::Relaxed)));
+        let mut n = Self::start_in(dir, extra)?;
+        n.remove_dir = true;
+        Ok(n)
+    }
+
+    /// A node on `dir`, which it leaves in place (restarts reuse it).
+    pub fn start_in(dir: std::path::PathBuf, extra: &[&str]) -> Result<ChildNode> {
         let exe = std::env::current_exe().context("finding the sluice binary")?;
-        let dir = std::env::temp_dir().join(format!(
-            "sluice-bench-{}-{}",
-            std::process::id(),
-            Instant::now().elapsed().as_nanos()
-        ));
         let mut child = Command::new(exe)
             .args(["serve", "--listen", "127.0.0.1:0", "--data-dir"])
             .arg(&dir)
@@ -149,7 +175,7 @@ impl ChildNode {
             .and_then(|s| s.split_whitespace().next())
             .with_context(|| format!("unexpected first line from sluice serve: {line:?}"))?
             .to_string();
-        Ok(ChildNode { child, addr, dir })
+        Ok(ChildNode { child, addr, dir, remove_dir: false })
     }
 
     pub fn pid(&self) -> u32 {
@@ -161,7 +187,9 @@ impl Drop for ChildNode {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
-        let _ = std::fs::remove_dir_all(&self.dir);
+        if self.remove_dir {
+            let _ = std::fs::remove_dir_all(&self.dir);
+        }
     }
 }
 
@@ -1134,5 +1162,138 @@ fn pipeline_bench(a: PipelineArgs, json: bool) -> Result<()> {
         Ok(())
     })?;
     drop(node);
+    Ok(())
+}
+
+// ---------------------------------------------------------------- persistent
+
+/// Sequential fsync'd write bandwidth of the disk under `dir` (MiB/s):
+/// 1 MiB writes, each followed by fdatasync, for `dur`.
+fn disk_fsync_bandwidth(dir: &std::path::Path, dur: Duration) -> Result<f64> {
+    std::fs::create_dir_all(dir)?;
+    let path = dir.join("disk-baseline.bin");
+    let mut f = std::fs::File::create(&path)?;
+    let buf = vec![0x5au8; 1 << 20];
+    let t0 = Instant::now();
+    let mut n = 0u64;
+    while t0.elapsed() < dur {
+        f.write_all(&buf)?;
+        f.sync_data()?;
+        n += 1;
+    }
+    let mib_s = n as f64 / t0.elapsed().as_secs_f64();
+    drop(f);
+    let _ = std::fs::remove_file(&path);
+    Ok(mib_s)
+}
+
+fn persistent_node(dir: &std::path::Path, sync: &str) -> Result<ChildNode> {
+    std::fs::create_dir_all(dir)?;
+    let cfg = dir.join("node.toml");
+    std::fs::write(&cfg, format!("[persistent]\nenabled = true\nsync = \"{sync}\"\n"))?;
+    let cfg = cfg.to_string_lossy().into_owned();
+    ChildNode::start_in(dir.join("data"), &["--config", &cfg])
+}
+
+fn persistent_bench(a: PersistentArgs, json: bool) -> Result<()> {
+    use sluice_client::{PoolSpec, PoolType};
+    let dur = Duration::from_millis(a.duration_ms);
+    let base = std::env::temp_dir().join(format!("sluice-bench-persistent-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&base);
+    let disk = disk_fsync_bandwidth(&base, dur)?;
+    eprintln!("disk: sequential 1 MiB writes with fdatasync: {disk:.1} MiB/s");
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
+    let mut rows: Vec<Row> = Vec::new();
+    let mut time_rows = Vec::new();
+    for sync in ["always", "never"] {
+        let dir = base.join(sync);
+        let node = persistent_node(&dir, sync)?;
+        let addr = node.addr.clone();
+        rt.block_on(async {
+            let c = Client::connect(&addr).await?;
+            c.create_pool(PoolSpec { pathname: "/p".into(), pool_type: Some(PoolType::Persistent), ..Default::default() }).await?;
+            for &size in &a.sizes {
+                let mk = |prefix: String, client: Client| SluiceOp { client, op: "put", value: Bytes::from(vec![b'd'; size]), prefix };
+                let (h, el, e) = closed_loop(vec![mk(format!("/p/{sync}/lat/{size}"), c.clone())], dur, format!("persistent put {} sync={sync} c=1", fmt_size(size))).await;
+                rows.push(row(&format!("sluice/{sync}"), "put", size, "closed", 1, (&h, el, e)));
+                let mut ws = Vec::new();
+                for i in 0..a.clients {
+                    ws.push(mk(format!("/p/{sync}/tput/{size}/{i}"), Client::connect(&addr).await?));
+                }
+                let (h, el, e) = closed_loop(ws, dur, format!("persistent put {} sync={sync} c={}", fmt_size(size), a.clients)).await;
+                rows.push(row(&format!("sluice/{sync}"), "put", size, "closed", a.clients, (&h, el, e)));
+            }
+            if sync == "always" {
+                // Time reads: a key written every 5 ms for 11 s, then reads
+                // at 100 ms, 1 s and 10 s in the past.
+                let t0 = Instant::now();
+                let mut i = 0u64;
+                let ops = Arc::new(AtomicU64::new(0));
+                let _p = Progress::start("writing 11 s of history".into(), Duration::from_secs(11), ops.clone());
+                while t0.elapsed() < Duration::from_secs(11) {
+                    c.put("/p/clock", Bytes::from(i.to_string())).await?;
+                    i += 1;
+                    ops.fetch_add(1, Ordering::Relaxed);
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                }
+                drop(_p);
+                for age_ms in [100u64, 1000, 10_000] {
+                    let mut h = hist();
+                    for _ in 0..2000 {
+                        let at = sluice_store::Clock::wall_us() - age_ms * 1000;
+                        let t = Instant::now();
+                        c.get_by_time("/p/clock", at).await?;
+                        let _ = h.record(t.elapsed().as_nanos() as u64);
+                    }
+                    time_rows.push(serde_json::json!({
+                        "age_ms": age_ms,
+                        "p50_us": h.value_at_quantile(0.5) as f64 / 1000.0,
+                        "p99_us": h.value_at_quantile(0.99) as f64 / 1000.0,
+                    }));
+                }
+            }
+            Ok::<_, anyhow::Error>(())
+        })?;
+        drop(node);
+    }
+    // Recovery: a log of `recovery_mib` MiB of 1 MiB values, then a restart.
+    let recovery = {
+        let dir = base.join("recovery");
+        let node = persistent_node(&dir, "never")?;
+        let addr = node.addr.clone();
+        rt.block_on(async {
+            let c = Client::connect(&addr).await?;
+            c.create_pool(PoolSpec { pathname: "/p".into(), pool_type: Some(PoolType::Persistent), ..Default::default() }).await?;
+            let v = Bytes::from(vec![b'r'; 1 << 20]);
+            for i in 0..a.recovery_mib {
+                c.put(&format!("/p/r{}", i % 64), v.clone()).await?;
+            }
+            Ok::<_, anyhow::Error>(())
+        })?;
+        drop(node); // SIGKILL
+        let t = Instant::now();
+        let node = persistent_node(&dir, "never")?;
+        let secs = t.elapsed().as_secs_f64();
+        drop(node);
+        serde_json::json!({"log_mib": a.recovery_mib, "restart_to_listening_s": secs, "s_per_gib": secs * 1024.0 / a.recovery_mib as f64})
+    };
+    let _ = std::fs::remove_dir_all(&base);
+    if json {
+        println!("{}", serde_json::to_string_pretty(&serde_json::json!({"disk_fsync_mib_s": disk, "puts": rows, "get_by_time": time_rows, "recovery": recovery}))?);
+        return Ok(());
+    }
+    println!("disk baseline (same run): sequential 1 MiB writes + fdatasync = {disk:.1} MiB/s");
+    println!("{:<16} {:>6} {:>4} {:>10} {:>9} {:>9} {:>9} {:>12}", "target", "size", "c", "ops/s", "p50 µs", "p99 µs", "p999 µs", "MiB/s");
+    for r in &rows {
+        let mib = r.ops_per_s * r.size as f64 / (1 << 20) as f64;
+        println!("{:<16} {:>6} {:>4} {:>10.0} {:>9.1} {:>9.1} {:>9.1} {:>12.1}", r.target, fmt_size(r.size), r.clients, r.ops_per_s, r.p50_us, r.p99_us, r.p999_us, mib);
+    }
+    if let Some(r) = rows.iter().find(|r| r.target == "sluice/always" && r.size == 1 << 20 && r.clients > 1) {
+        println!("1 MiB fsync'd put throughput = {:.0}% of the disk's fsync'd sequential bandwidth", 100.0 * r.ops_per_s / disk);
+    }
+    for t in &time_rows {
+        println!("get_by_time {} ms in the past: p50 {} µs, p99 {} µs", t["age_ms"], t["p50_us"], t["p99_us"]);
+    }
+    println!("recovery: {} MiB log, restart to listening in {:.2} s ({:.2} s per GiB)", recovery["log_mib"], recovery["restart_to_listening_s"].as_f64().unwrap_or(0.0), recovery["s_per_gib"].as_f64().unwrap_or(0.0));
     Ok(())
 }
