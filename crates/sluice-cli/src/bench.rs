@@ -148,7 +148,11 @@ impl ChildNode {
     pub fn start(extra: &[&str]) -> Result<ChildNode> {
         use std::sync::atomic::AtomicU32;
         static N: AtomicU32 = AtomicU32::new(0);
-        let dir = std::env::temp_dir().join(format!("sluice-bench-{}-{}", std::process::id(), N.fetch_add(1, Ordering::Relaxed)));
+        let dir = std::env::temp_dir().join(format!(
+            "sluice-bench-{}-{}",
+            std::process::id(),
+            N.fetch_add(1, Ordering::Relaxed)
+        ));
         let mut n = Self::start_in(dir, extra)?;
         n.remove_dir = true;
         Ok(n)
@@ -175,7 +179,12 @@ impl ChildNode {
             .and_then(|s| s.split_whitespace().next())
             .with_context(|| format!("unexpected first line from sluice serve: {line:?}"))?
             .to_string();
-        Ok(ChildNode { child, addr, dir, remove_dir: false })
+        Ok(ChildNode {
+            child,
+            addr,
+            dir,
+            remove_dir: false,
+        })
     }
 
     pub fn pid(&self) -> u32 {
@@ -1190,7 +1199,10 @@ fn disk_fsync_bandwidth(dir: &std::path::Path, dur: Duration) -> Result<f64> {
 fn persistent_node(dir: &std::path::Path, sync: &str) -> Result<ChildNode> {
     std::fs::create_dir_all(dir)?;
     let cfg = dir.join("node.toml");
-    std::fs::write(&cfg, format!("[persistent]\nenabled = true\nsync = \"{sync}\"\n"))?;
+    std::fs::write(
+        &cfg,
+        format!("[persistent]\nenabled = true\nsync = \"{sync}\"\n"),
+    )?;
     let cfg = cfg.to_string_lossy().into_owned();
     ChildNode::start_in(dir.join("data"), &["--config", &cfg])
 }
@@ -1202,26 +1214,70 @@ fn persistent_bench(a: PersistentArgs, json: bool) -> Result<()> {
     let _ = std::fs::remove_dir_all(&base);
     let disk = disk_fsync_bandwidth(&base, dur)?;
     eprintln!("disk: sequential 1 MiB writes with fdatasync: {disk:.1} MiB/s");
-    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
     let mut rows: Vec<Row> = Vec::new();
     let mut time_rows = Vec::new();
-    for sync in ["always", "never"] {
+    for sync in ["always", "batch", "never"] {
         let dir = base.join(sync);
         let node = persistent_node(&dir, sync)?;
         let addr = node.addr.clone();
         rt.block_on(async {
             let c = Client::connect(&addr).await?;
-            c.create_pool(PoolSpec { pathname: "/p".into(), pool_type: Some(PoolType::Persistent), ..Default::default() }).await?;
+            c.create_pool(PoolSpec {
+                pathname: "/p".into(),
+                pool_type: Some(PoolType::Persistent),
+                ..Default::default()
+            })
+            .await?;
             for &size in &a.sizes {
-                let mk = |prefix: String, client: Client| SluiceOp { client, op: "put", value: Bytes::from(vec![b'd'; size]), prefix };
-                let (h, el, e) = closed_loop(vec![mk(format!("/p/{sync}/lat/{size}"), c.clone())], dur, format!("persistent put {} sync={sync} c=1", fmt_size(size))).await;
-                rows.push(row(&format!("sluice/{sync}"), "put", size, "closed", 1, (&h, el, e)));
+                let mk = |prefix: String, client: Client| SluiceOp {
+                    client,
+                    op: "put",
+                    value: Bytes::from(vec![b'd'; size]),
+                    prefix,
+                };
+                let (h, el, e) = closed_loop(
+                    vec![mk(format!("/p/{sync}/lat/{size}"), c.clone())],
+                    dur,
+                    format!("persistent put {} sync={sync} c=1", fmt_size(size)),
+                )
+                .await;
+                rows.push(row(
+                    &format!("sluice/{sync}"),
+                    "put",
+                    size,
+                    "closed",
+                    1,
+                    (&h, el, e),
+                ));
                 let mut ws = Vec::new();
                 for i in 0..a.clients {
-                    ws.push(mk(format!("/p/{sync}/tput/{size}/{i}"), Client::connect(&addr).await?));
+                    ws.push(mk(
+                        format!("/p/{sync}/tput/{size}/{i}"),
+                        Client::connect(&addr).await?,
+                    ));
                 }
-                let (h, el, e) = closed_loop(ws, dur, format!("persistent put {} sync={sync} c={}", fmt_size(size), a.clients)).await;
-                rows.push(row(&format!("sluice/{sync}"), "put", size, "closed", a.clients, (&h, el, e)));
+                let (h, el, e) = closed_loop(
+                    ws,
+                    dur,
+                    format!(
+                        "persistent put {} sync={sync} c={}",
+                        fmt_size(size),
+                        a.clients
+                    ),
+                )
+                .await;
+                rows.push(row(
+                    &format!("sluice/{sync}"),
+                    "put",
+                    size,
+                    "closed",
+                    a.clients,
+                    (&h, el, e),
+                ));
             }
             if sync == "always" {
                 // Time reads: a key written every 5 ms for 11 s, then reads
@@ -1229,7 +1285,11 @@ fn persistent_bench(a: PersistentArgs, json: bool) -> Result<()> {
                 let t0 = Instant::now();
                 let mut i = 0u64;
                 let ops = Arc::new(AtomicU64::new(0));
-                let _p = Progress::start("writing 11 s of history".into(), Duration::from_secs(11), ops.clone());
+                let _p = Progress::start(
+                    "writing 11 s of history".into(),
+                    Duration::from_secs(11),
+                    ops.clone(),
+                );
                 while t0.elapsed() < Duration::from_secs(11) {
                     c.put("/p/clock", Bytes::from(i.to_string())).await?;
                     i += 1;
@@ -1263,7 +1323,12 @@ fn persistent_bench(a: PersistentArgs, json: bool) -> Result<()> {
         let addr = node.addr.clone();
         rt.block_on(async {
             let c = Client::connect(&addr).await?;
-            c.create_pool(PoolSpec { pathname: "/p".into(), pool_type: Some(PoolType::Persistent), ..Default::default() }).await?;
+            c.create_pool(PoolSpec {
+                pathname: "/p".into(),
+                pool_type: Some(PoolType::Persistent),
+                ..Default::default()
+            })
+            .await?;
             let v = Bytes::from(vec![b'r'; 1 << 20]);
             for i in 0..a.recovery_mib {
                 c.put(&format!("/p/r{}", i % 64), v.clone()).await?;
@@ -1279,21 +1344,53 @@ fn persistent_bench(a: PersistentArgs, json: bool) -> Result<()> {
     };
     let _ = std::fs::remove_dir_all(&base);
     if json {
-        println!("{}", serde_json::to_string_pretty(&serde_json::json!({"disk_fsync_mib_s": disk, "puts": rows, "get_by_time": time_rows, "recovery": recovery}))?);
+        println!(
+            "{}",
+            serde_json::to_string_pretty(
+                &serde_json::json!({"disk_fsync_mib_s": disk, "puts": rows, "get_by_time": time_rows, "recovery": recovery})
+            )?
+        );
         return Ok(());
     }
     println!("disk baseline (same run): sequential 1 MiB writes + fdatasync = {disk:.1} MiB/s");
-    println!("{:<16} {:>6} {:>4} {:>10} {:>9} {:>9} {:>9} {:>12}", "target", "size", "c", "ops/s", "p50 µs", "p99 µs", "p999 µs", "MiB/s");
+    println!(
+        "{:<16} {:>6} {:>4} {:>10} {:>9} {:>9} {:>9} {:>12}",
+        "target", "size", "c", "ops/s", "p50 µs", "p99 µs", "p999 µs", "MiB/s"
+    );
     for r in &rows {
         let mib = r.ops_per_s * r.size as f64 / (1 << 20) as f64;
-        println!("{:<16} {:>6} {:>4} {:>10.0} {:>9.1} {:>9.1} {:>9.1} {:>12.1}", r.target, fmt_size(r.size), r.clients, r.ops_per_s, r.p50_us, r.p99_us, r.p999_us, mib);
+        println!(
+            "{:<16} {:>6} {:>4} {:>10.0} {:>9.1} {:>9.1} {:>9.1} {:>12.1}",
+            r.target,
+            fmt_size(r.size),
+            r.clients,
+            r.ops_per_s,
+            r.p50_us,
+            r.p99_us,
+            r.p999_us,
+            mib
+        );
     }
-    if let Some(r) = rows.iter().find(|r| r.target == "sluice/always" && r.size == 1 << 20 && r.clients > 1) {
-        println!("1 MiB fsync'd put throughput = {:.0}% of the disk's fsync'd sequential bandwidth", 100.0 * r.ops_per_s / disk);
+    if let Some(r) = rows
+        .iter()
+        .find(|r| r.target == "sluice/always" && r.size == 1 << 20 && r.clients > 1)
+    {
+        println!(
+            "1 MiB fsync'd put throughput = {:.0}% of the disk's fsync'd sequential bandwidth",
+            100.0 * r.ops_per_s / disk
+        );
     }
     for t in &time_rows {
-        println!("get_by_time {} ms in the past: p50 {} µs, p99 {} µs", t["age_ms"], t["p50_us"], t["p99_us"]);
+        println!(
+            "get_by_time {} ms in the past: p50 {} µs, p99 {} µs",
+            t["age_ms"], t["p50_us"], t["p99_us"]
+        );
     }
-    println!("recovery: {} MiB log, restart to listening in {:.2} s ({:.2} s per GiB)", recovery["log_mib"], recovery["restart_to_listening_s"].as_f64().unwrap_or(0.0), recovery["s_per_gib"].as_f64().unwrap_or(0.0));
+    println!(
+        "recovery: {} MiB log, restart to listening in {:.2} s ({:.2} s per GiB)",
+        recovery["log_mib"],
+        recovery["restart_to_listening_s"].as_f64().unwrap_or(0.0),
+        recovery["s_per_gib"].as_f64().unwrap_or(0.0)
+    );
     Ok(())
 }

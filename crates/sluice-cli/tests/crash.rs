@@ -16,12 +16,12 @@ use std::time::Duration;
 
 const BIN: &str = env!("CARGO_BIN_EXE_sluice");
 
-fn start(dir: &std::path::Path) -> (Child, String) {
+fn start(dir: &std::path::Path, sync: &str) -> (Child, String) {
     let cfg = dir.join("node.toml");
     std::fs::write(
         &cfg,
         format!(
-            "listen = \"127.0.0.1:0\"\ndata_dir = \"{}\"\n[persistent]\nenabled = true\nsync = \"always\"\n",
+            "listen = \"127.0.0.1:0\"\ndata_dir = \"{}\"\n[persistent]\nenabled = true\nsync = \"{sync}\"\n",
             dir.join("data").display()
         ),
     )
@@ -64,6 +64,17 @@ fn next(seed: &mut u64) -> u64 {
 
 #[test]
 fn acknowledged_puts_survive_sigkill() {
+    harness("always");
+}
+
+/// The same with group commit: a put is acknowledged after an fsync it
+/// shares with the puts appended meanwhile.
+#[test]
+fn acknowledged_puts_survive_sigkill_with_group_commit() {
+    harness("batch");
+}
+
+fn harness(sync: &str) {
     let iterations: usize = std::env::var("SLUICE_CRASH_ITERATIONS")
         .ok()
         .and_then(|s| s.parse().ok())
@@ -74,7 +85,7 @@ fn acknowledged_puts_survive_sigkill() {
         .as_nanos() as u64
         | 1;
     eprintln!("crash harness: {iterations} iterations, seed {seed}");
-    let dir = std::env::temp_dir().join(format!("sluice-crash-{}", std::process::id()));
+    let dir = std::env::temp_dir().join(format!("sluice-crash-{sync}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
     let rt = tokio::runtime::Builder::new_multi_thread()
@@ -85,7 +96,7 @@ fn acknowledged_puts_survive_sigkill() {
     let acked: Arc<Mutex<Vec<Acked>>> = Arc::default();
     let attempted: Arc<Mutex<HashMap<String, HashSet<Vec<u8>>>>> = Arc::default();
     for iteration in 0..iterations {
-        let (mut node, addr) = start(&dir);
+        let (mut node, addr) = start(&dir, sync);
         let target = 20 + (next(&mut seed) % 200) as usize;
         rt.block_on(async {
             let c = Client::connect_with(ClientConfig {
@@ -157,7 +168,7 @@ fn acknowledged_puts_survive_sigkill() {
         });
     }
     // A final restart checks the last kill too.
-    let (mut node, addr) = start(&dir);
+    let (mut node, addr) = start(&dir, sync);
     rt.block_on(async {
         let c = Client::connect(&addr).await.unwrap();
         let (a, t) = snapshot(&acked, &attempted);

@@ -371,6 +371,14 @@ impl Log {
         }
     }
 
+    /// A second handle on the active segment, for a group committer to
+    /// fsync without holding the log (appends continue meanwhile; fsync on
+    /// any handle flushes the file).
+    pub fn sync_handle(&self) -> Result<Box<dyn SegmentFile>> {
+        let path = seg_path(&self.dir, self.active_id);
+        self.fs.open_append(&path).map_err(io("opening", &path))
+    }
+
     pub fn active_segment(&self) -> u64 {
         self.active_id
     }

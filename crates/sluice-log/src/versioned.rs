@@ -273,6 +273,11 @@ impl History {
         self.by_version.get(&version).map(String::as_str)
     }
 
+    /// See `Log::sync_handle`.
+    pub fn sync_handle(&self) -> Result<Box<dyn crate::fs::SegmentFile>, HistoryError> {
+        Ok(self.log.sync_handle()?)
+    }
+
     pub fn sync(&mut self) -> Result<(), HistoryError> {
         Ok(self.log.sync()?)
     }

@@ -60,8 +60,10 @@ pub struct PersistentConfig {
     /// Allow `--type persistent` pools. Their shards keep an append-only
     /// log under `<data_dir>/persistent`.
     pub enabled: bool,
-    /// `always` (acknowledge after fsync, the default) or `never` (the OS
-    /// writes back; unsafe on power loss).
+    /// `always` (acknowledge after an fsync of one's own, the default),
+    /// `batch` (group commit: acknowledge after an fsync shared with the
+    /// puts appended meanwhile) or `never` (the OS writes back; unsafe on
+    /// power loss).
     pub sync: String,
 }
 
@@ -78,8 +80,13 @@ impl PersistentConfig {
     pub fn sync_policy(&self) -> Result<sluice_log::SyncPolicy, String> {
         match self.sync.as_str() {
             "always" => Ok(sluice_log::SyncPolicy::Always),
+            "batch" => Ok(sluice_log::SyncPolicy::Batch {
+                max_delay: std::time::Duration::ZERO,
+            }),
             "never" => Ok(sluice_log::SyncPolicy::Never),
-            other => Err(format!("persistent.sync = {other:?}: use \"always\" or \"never\" (group commit is not available yet)")),
+            other => Err(format!(
+                "persistent.sync = {other:?}: use \"always\", \"batch\" or \"never\""
+            )),
         }
     }
 }

@@ -311,7 +311,16 @@ impl Conn {
             } => {
                 let span = tracing::trace_span!("put", key = %key);
                 let _e = span.enter();
-                match store.put_traced(&key, value, expected, shard, trace.map(Arc::new)) {
+                let put = || store.put_traced(&key, value, expected, shard, trace.map(Arc::new));
+                // A durable put waits for an fsync (alone or in a group):
+                // let the runtime move other connections to another worker
+                // meanwhile, and let many such puts share one fsync.
+                let res = if store.write_may_block(&key) {
+                    tokio::task::block_in_place(put)
+                } else {
+                    put()
+                };
+                match res {
                     Ok(p) if !no_reply => Response::put_ok(out, rid, &p),
                     Ok(_) => {}
                     Err(e) if no_reply => {
@@ -344,7 +353,11 @@ impl Conn {
                 key,
                 shard,
                 expected,
-            } => match store.remove(&key, expected, shard) {
+            } => match if store.write_may_block(&key) {
+                tokio::task::block_in_place(|| store.remove(&key, expected, shard))
+            } else {
+                store.remove(&key, expected, shard)
+            } {
                 Ok(p) => Response::put_ok(out, rid, &p),
                 Err(e) => reply_err(out, &e),
             },

@@ -18,6 +18,29 @@ pub struct Shard {
     pub(crate) objects: papaya::HashMap<Arc<str>, Arc<Object>>,
     /// Every version on disk, for shards of persistent pools.
     pub(crate) history: Option<Mutex<sluice_log::History>>,
+    /// Group commit state, for persistent shards with the batch policy.
+    pub(crate) commit: Option<GroupCommit>,
+}
+
+/// Group commit: writers append under the shard's write lock, then one of
+/// them fsyncs for everyone appended so far; objects become visible (in
+/// version order) only once that fsync succeeded.
+#[derive(Default)]
+pub(crate) struct GroupCommit {
+    pub(crate) state: Mutex<CommitState>,
+    pub(crate) cond: parking_lot::Condvar,
+}
+
+#[derive(Default)]
+pub(crate) struct CommitState {
+    /// Appended, not yet durable, in version order.
+    pub(crate) pending: std::collections::VecDeque<Arc<Object>>,
+    /// Every version up to this one is durable and visible.
+    pub(crate) durable: u64,
+    pub(crate) syncing: bool,
+    /// Set after a failed fsync: the disk is not trusted again until the
+    /// node restarts and recovers from what is actually on it.
+    pub(crate) failed: Option<String>,
 }
 
 impl Shard {
@@ -28,6 +51,7 @@ impl Shard {
             last_version: AtomicU64::new(0),
             objects: papaya::HashMap::new(),
             history: None,
+            commit: None,
         }
     }
 

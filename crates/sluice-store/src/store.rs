@@ -430,7 +430,21 @@ impl Store {
         let (object, kind) = {
             let _w = r.shard.write_lock.lock();
             let map = r.shard.objects.pin();
-            let prev = map.get(key);
+            // Under group commit the newest version of a key may still be
+            // waiting for its fsync: it counts as current for this writer.
+            let pending = match &r.shard.commit {
+                None => None,
+                Some(c) => {
+                    let st = c.state.lock();
+                    if let Some(f) = &st.failed {
+                        return Err(SluiceError::Io {
+                            reason: format!("shard {} stopped accepting writes after an fsync failure ({f}); restart the node", r.shard.id),
+                        });
+                    }
+                    st.pending.iter().rev().find(|o| &*o.key == key).cloned()
+                }
+            };
+            let prev = pending.as_ref().or(map.get(key));
             let live = prev.filter(|o| !o.meta.tombstone);
             let current = prev.map_or(VERSION_NONE, |o| o.meta.version);
             if let Some(exp) = expected {
@@ -482,7 +496,12 @@ impl Store {
                 value: value.unwrap_or_default(),
                 trace,
             });
-            map.insert(key_arc, object.clone());
+            match &r.shard.commit {
+                Some(c) => c.state.lock().pending.push_back(object.clone()),
+                None => {
+                    map.insert(key_arc, object.clone());
+                }
+            }
             r.shard.set_last_version(version);
             let kind = if tombstone {
                 DeliveryKind::Remove
@@ -491,6 +510,9 @@ impl Store {
             };
             (object, kind)
         };
+        if let Some(c) = &r.shard.commit {
+            group_commit(&r.shard, c, object.meta.version)?;
+        }
         let counter = if kind == DeliveryKind::Put {
             &self.stats.puts
         } else {
@@ -561,6 +583,19 @@ impl Store {
                 key: key.to_string(),
             })?;
             if let (Some(h), Some(v)) = (&r.shard.history, version) {
+                let durable = r
+                    .shard
+                    .commit
+                    .as_ref()
+                    .map_or(u64::MAX, |c| c.state.lock().durable);
+                if v > durable {
+                    return Err(SluiceError::VersionNotRetained {
+                        key: key.to_string(),
+                        reason: format!(
+                            "version {v} is not committed yet (durable up to {durable})"
+                        ),
+                    });
+                }
                 if v != latest.meta.version {
                     let found = h.lock().get(key, Some(v)).map_err(history_err)?;
                     return match found {
@@ -646,6 +681,16 @@ impl Store {
         let r = self.route(key, shard)?;
         drop(r.shard.write_lock.lock());
         Ok(true)
+    }
+
+    /// Whether writes to `key` may block on the disk (persistent pools):
+    /// async callers should run them off their event loop.
+    pub fn write_may_block(&self, key: &str) -> bool {
+        self.pools
+            .load()
+            .table
+            .pool_of(key)
+            .is_some_and(|p| p.pool_type == PoolType::Persistent)
     }
 
     /// Several keys of one shard; one result per key, in order.
@@ -760,6 +805,56 @@ fn object_of(key: &str, e: sluice_log::Entry, value: Bytes) -> Object {
     }
 }
 
+/// Waits until `version` is durable and visible, fsyncing for the whole
+/// group when no one else is.
+fn group_commit(shard: &Shard, c: &crate::shard::GroupCommit, version: u64) -> Result<()> {
+    let mut st = c.state.lock();
+    loop {
+        if st.durable >= version {
+            return Ok(());
+        }
+        if let Some(f) = &st.failed {
+            return Err(SluiceError::Io {
+                reason: format!("shard {}: fsync failed ({f}); the write was not acknowledged; restart the node", shard.id),
+            });
+        }
+        if st.syncing {
+            c.cond.wait(&mut st);
+            continue;
+        }
+        st.syncing = true;
+        let target = st.pending.back().map_or(st.durable, |o| o.meta.version);
+        drop(st);
+        let res = match &shard.history {
+            Some(h) => {
+                let handle = h.lock().sync_handle();
+                handle
+                    .map_err(|e| e.to_string())
+                    .and_then(|mut f| f.sync().map_err(|e| e.to_string()))
+            }
+            None => Ok(()),
+        };
+        st = c.state.lock();
+        st.syncing = false;
+        match res {
+            Ok(()) => {
+                let map = shard.objects.pin();
+                while st.pending.front().is_some_and(|o| o.meta.version <= target) {
+                    if let Some(o) = st.pending.pop_front() {
+                        map.insert(o.key.clone(), o);
+                    }
+                }
+                st.durable = st.durable.max(target);
+            }
+            Err(e) => {
+                tracing::error!(shard = %shard.id, error = %e, "fsync failed; the shard stops accepting writes");
+                st.failed = Some(e);
+            }
+        }
+        c.cond.notify_all();
+    }
+}
+
 /// Opens a persistent shard's log and rebuilds its latest objects.
 fn recover_persistent(
     shard: &mut Shard,
@@ -769,8 +864,16 @@ fn recover_persistent(
 ) -> Result<()> {
     let id = shard.id;
     let path = dir.join(format!("sg{}-shard{}", id.subgroup, id.shard));
+    // Under the batch policy the log never fsyncs by itself: the group
+    // committer does, for many appends at once.
+    let batch = matches!(sync, sluice_log::SyncPolicy::Batch { .. });
+    let log_sync = if batch {
+        sluice_log::SyncPolicy::Never
+    } else {
+        sync
+    };
     let opts = sluice_log::LogOptions {
-        sync,
+        sync: log_sync,
         ..Default::default()
     };
     let (h, rec) =
@@ -792,6 +895,11 @@ fn recover_persistent(
         }
     }
     shard.set_last_version(h.last_version());
+    if batch {
+        let c = crate::shard::GroupCommit::default();
+        c.state.lock().durable = h.last_version();
+        shard.commit = Some(c);
+    }
     clock.observe(h.last_timestamp_us());
     shard.history = Some(parking_lot::Mutex::new(h));
     Ok(())
