@@ -1207,8 +1207,20 @@ fn persistent_node(dir: &std::path::Path, sync: &str) -> Result<ChildNode> {
     ChildNode::start_in(dir.join("data"), &["--config", &cfg])
 }
 
-fn persistent_bench(a: PersistentArgs, json: bool) -> Result<()> {
+/// A client of the node at `addr`, with the persistent pool `/p` created.
+async fn client_with_persistent_pool(addr: &str) -> Result<Client> {
     use sluice_client::{PoolSpec, PoolType};
+    let c = Client::connect(addr).await?;
+    c.create_pool(PoolSpec {
+        pathname: "/p".into(),
+        pool_type: Some(PoolType::Persistent),
+        ..Default::default()
+    })
+    .await?;
+    Ok(c)
+}
+
+fn persistent_bench(a: PersistentArgs, json: bool) -> Result<()> {
     let dur = Duration::from_millis(a.duration_ms);
     let base = std::env::temp_dir().join(format!("sluice-bench-persistent-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&base);
@@ -1225,13 +1237,7 @@ fn persistent_bench(a: PersistentArgs, json: bool) -> Result<()> {
         let node = persistent_node(&dir, sync)?;
         let addr = node.addr.clone();
         rt.block_on(async {
-            let c = Client::connect(&addr).await?;
-            c.create_pool(PoolSpec {
-                pathname: "/p".into(),
-                pool_type: Some(PoolType::Persistent),
-                ..Default::default()
-            })
-            .await?;
+            let c = client_with_persistent_pool(&addr).await?;
             for &size in &a.sizes {
                 let mk = |prefix: String, client: Client| SluiceOp {
                     client,
@@ -1322,13 +1328,7 @@ fn persistent_bench(a: PersistentArgs, json: bool) -> Result<()> {
         let node = persistent_node(&dir, "never")?;
         let addr = node.addr.clone();
         rt.block_on(async {
-            let c = Client::connect(&addr).await?;
-            c.create_pool(PoolSpec {
-                pathname: "/p".into(),
-                pool_type: Some(PoolType::Persistent),
-                ..Default::default()
-            })
-            .await?;
+            let c = client_with_persistent_pool(&addr).await?;
             let v = Bytes::from(vec![b'r'; 1 << 20]);
             for i in 0..a.recovery_mib {
                 c.put(&format!("/p/r{}", i % 64), v.clone()).await?;
