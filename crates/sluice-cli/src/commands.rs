@@ -137,6 +137,12 @@ pub enum PoolsCmd {
         /// Pin a key to a shard: KEY=SHARD (repeatable).
         #[arg(long = "pin")]
         pins: Vec<String>,
+        /// Persistent pools: keep at most this many versions per key.
+        #[arg(long)]
+        keep_versions: Option<u32>,
+        /// Persistent pools: keep versions written in the last this-many seconds.
+        #[arg(long)]
+        keep_for_s: Option<u64>,
     },
     /// Remove (soft-delete) a pool.
     Rm { path: String },
@@ -607,6 +613,8 @@ fn pools(c: &BlockingClient, cmd: PoolsCmd, json: bool, out: &mut dyn Write) -> 
     };
     match cmd {
         PoolsCmd::Create {
+            keep_versions,
+            keep_for_s,
             path,
             pool_type,
             affinity,
@@ -630,6 +638,12 @@ fn pools(c: &BlockingClient, cmd: PoolsCmd, json: bool, out: &mut dyn Write) -> 
                 subgroup_index: subgroup,
                 affinity_set_regex: affinity,
                 object_locations: locations,
+                retention: (keep_versions.is_some() || keep_for_s.is_some()).then_some(
+                    sluice_client::Retention {
+                        keep_versions,
+                        keep_for_s,
+                    },
+                ),
                 ..Default::default()
             })?;
             show(out, &p)?;

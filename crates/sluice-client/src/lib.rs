@@ -16,6 +16,7 @@ mod conn;
 
 pub use blocking::{BlockingClient, BlockingWatch};
 pub use client::{Client, ClientConfig, Notification, Watch};
+pub use sluice_types::pool::Retention;
 pub use sluice_types::{
     Object, ObjectMeta, PoolMeta, PoolSpec, PoolType, PutResult, SluiceError, VERSION_NONE,
 };

@@ -22,6 +22,9 @@ pub trait Fs: Send + Sync {
     fn open_append(&self, path: &Path) -> io::Result<Box<dyn SegmentFile>>;
     /// Makes a directory entry (a new segment) durable.
     fn sync_dir(&self, dir: &Path) -> io::Result<()>;
+    /// Atomically replaces `to` with `from`.
+    fn rename(&self, from: &Path, to: &Path) -> io::Result<()>;
+    fn remove(&self, path: &Path) -> io::Result<()>;
 }
 
 /// The real file system.
@@ -73,6 +76,12 @@ impl Fs for RealFs {
     }
     fn sync_dir(&self, dir: &Path) -> io::Result<()> {
         std::fs::File::open(dir)?.sync_all()
+    }
+    fn rename(&self, from: &Path, to: &Path) -> io::Result<()> {
+        std::fs::rename(from, to)
+    }
+    fn remove(&self, path: &Path) -> io::Result<()> {
+        std::fs::remove_file(path)
     }
 }
 
@@ -151,5 +160,11 @@ impl Fs for FaultFs {
     }
     fn sync_dir(&self, dir: &Path) -> io::Result<()> {
         RealFs.sync_dir(dir)
+    }
+    fn rename(&self, from: &Path, to: &Path) -> io::Result<()> {
+        RealFs.rename(from, to)
+    }
+    fn remove(&self, path: &Path) -> io::Result<()> {
+        RealFs.remove(path)
     }
 }

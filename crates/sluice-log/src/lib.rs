@@ -31,6 +31,6 @@ mod record;
 pub mod versioned;
 
 pub use fs::{FaultFs, Faults, Fs, RealFs, SegmentFile};
-pub use log::{Location, Log, LogError, LogOptions, Recovered, SyncPolicy};
+pub use log::{Compacted, Location, Log, LogError, LogOptions, Recovered, SyncPolicy};
 pub use record::{Record, RecordKind};
 pub use versioned::{Entry, History, HistoryError, Range};

@@ -78,6 +78,18 @@ impl LogError {
 
 type Result<T> = std::result::Result<T, LogError>;
 
+/// A compacted copy of a segment, ready to install.
+#[derive(Debug)]
+pub struct Compacted {
+    pub id: u64,
+    tmp: PathBuf,
+    /// New locations of the records kept, by version.
+    pub moved: Vec<(u64, Location)>,
+    pub dropped: usize,
+    pub bytes_before: u64,
+    pub bytes_after: u64,
+}
+
 /// What opening a log found.
 #[derive(Debug, Default)]
 pub struct Recovered {
@@ -136,6 +148,13 @@ impl Log {
             })
             .collect();
         ids.sort_unstable();
+        // A compaction that crashed before its rename left a temporary file:
+        // the original segment is intact, so the leftover is just removed.
+        for p in fs.list(dir).map_err(io("listing", dir))? {
+            if p.extension().is_some_and(|e| e == "compact") {
+                fs.remove(&p).map_err(io("removing", &p))?;
+            }
+        }
         let mut rec = Recovered {
             segments: ids.len(),
             ..Default::default()
@@ -377,6 +396,100 @@ impl Log {
     pub fn sync_handle(&self) -> Result<Box<dyn SegmentFile>> {
         let path = seg_path(&self.dir, self.active_id);
         self.fs.open_append(&path).map_err(io("opening", &path))
+    }
+
+    /// Writes a compacted copy of sealed segment `id` holding only the
+    /// records `keep` accepts, to a temporary file; nothing visible
+    /// changes until `install_compacted`. Needs no lock on the log: sealed
+    /// segments never change.
+    pub fn prepare_compacted(
+        fs: &Arc<dyn Fs>,
+        dir: &Path,
+        id: u64,
+        keep: impl Fn(&Record) -> bool,
+    ) -> Result<Compacted> {
+        let path = seg_path(dir, id);
+        let data = Bytes::from(fs.read_all(&path).map_err(io("reading", &path))?);
+        let tmp = path.with_extension("compact");
+        let mut out = BytesMut::from(&header(id)[..]);
+        let mut moved = Vec::new();
+        let mut dropped = 0usize;
+        let mut off = SEGMENT_HEADER;
+        while off < data.len() {
+            let (r, n) = decode(&data.slice(off..)).map_err(|e| LogError::Corrupt {
+                file: path.display().to_string(),
+                offset: off as u64,
+                reason: format!("{e:?}"),
+            })?;
+            if keep(&r) {
+                let at = out.len() as u64;
+                r.encode(&mut out);
+                moved.push((
+                    r.version,
+                    Location {
+                        segment: id,
+                        offset: at,
+                        len: n as u32,
+                    },
+                ));
+            } else {
+                dropped += 1;
+            }
+            off += n;
+        }
+        let mut f = fs.open_append(&tmp).map_err(io("creating", &tmp))?;
+        f.truncate(0).map_err(io("truncating", &tmp))?;
+        f.append(&out).map_err(io("writing", &tmp))?;
+        f.sync().map_err(io("syncing", &tmp))?;
+        Ok(Compacted {
+            id,
+            tmp,
+            moved,
+            dropped,
+            bytes_before: data.len() as u64,
+            bytes_after: out.len() as u64,
+        })
+    }
+
+    /// Atomically replaces the segment with its compacted copy.
+    pub fn install_compacted(&self, c: &Compacted) -> Result<()> {
+        if c.id == self.active_id {
+            return Err(LogError::Poisoned(
+                "the active segment cannot be compacted".into(),
+            ));
+        }
+        let path = seg_path(&self.dir, c.id);
+        self.fs
+            .rename(&c.tmp, &path)
+            .map_err(io("renaming into", &path))?;
+        self.fs
+            .sync_dir(&self.dir)
+            .map_err(io("syncing directory", &self.dir))
+    }
+
+    /// Sealed (no longer written) segment ids.
+    pub fn sealed_segments(&self) -> Result<Vec<u64>> {
+        let mut ids: Vec<u64> = self
+            .fs
+            .list(&self.dir)
+            .map_err(io("listing", &self.dir))?
+            .into_iter()
+            .filter_map(|p| {
+                let n = p.file_name()?.to_str()?;
+                u64::from_str_radix(n.strip_prefix("seg-")?.strip_suffix(".log")?, 16).ok()
+            })
+            .filter(|id| *id != self.active_id)
+            .collect();
+        ids.sort_unstable();
+        Ok(ids)
+    }
+
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    pub fn fs(&self) -> &Arc<dyn Fs> {
+        &self.fs
     }
 
     pub fn active_segment(&self) -> u64 {

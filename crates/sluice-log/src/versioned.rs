@@ -273,6 +273,66 @@ impl History {
         self.by_version.get(&version).map(String::as_str)
     }
 
+    /// Plans a compaction of one sealed segment: which of its versions to
+    /// keep. `keep(key, entry, newer)` gets the number of newer versions of
+    /// the key; the newest version of every key is always kept.
+    pub fn compaction_plan(
+        &self,
+        segment: u64,
+        keep: impl Fn(&str, &Entry, usize) -> bool,
+    ) -> std::collections::HashSet<u64> {
+        let mut out = std::collections::HashSet::new();
+        for (key, chain) in &self.chains {
+            let n = chain.len();
+            for (i, e) in chain.iter().enumerate() {
+                if e.loc.segment == segment && (i + 1 == n || keep(key, e, n - 1 - i)) {
+                    out.insert(e.version);
+                }
+            }
+        }
+        out
+    }
+
+    /// Sealed segments, oldest first.
+    pub fn sealed_segments(&self) -> Result<Vec<u64>, HistoryError> {
+        Ok(self.log.sealed_segments()?)
+    }
+
+    /// The file system and directory, for `Log::prepare_compacted`.
+    pub fn storage(&self) -> (Arc<dyn Fs>, std::path::PathBuf) {
+        (self.log.fs().clone(), self.log.dir().to_path_buf())
+    }
+
+    /// Swaps in a compacted segment and updates the indexes: moved versions
+    /// get their new locations, dropped ones leave the history (a range
+    /// read then ends where the retained history ends).
+    pub fn install_compacted(&mut self, c: &crate::log::Compacted) -> Result<(), HistoryError> {
+        self.log.install_compacted(c)?;
+        let moved: HashMap<u64, Location> = c.moved.iter().copied().collect();
+        let mut gone = Vec::new();
+        for chain in self.chains.values_mut() {
+            chain.retain_mut(|e| {
+                if e.loc.segment != c.id {
+                    return true;
+                }
+                match moved.get(&e.version) {
+                    Some(l) => {
+                        e.loc = *l;
+                        true
+                    }
+                    None => {
+                        gone.push(e.version);
+                        false
+                    }
+                }
+            });
+        }
+        for v in gone {
+            self.by_version.remove(&v);
+        }
+        Ok(())
+    }
+
     /// See `Log::sync_handle`.
     pub fn sync_handle(&self) -> Result<Box<dyn crate::fs::SegmentFile>, HistoryError> {
         Ok(self.log.sync_handle()?)

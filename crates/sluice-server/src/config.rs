@@ -65,6 +65,8 @@ pub struct PersistentConfig {
     /// puts appended meanwhile) or `never` (the OS writes back; unsafe on
     /// power loss).
     pub sync: String,
+    /// How often the background compaction applies retention policies.
+    pub compact_every_s: u64,
 }
 
 impl Default for PersistentConfig {
@@ -72,6 +74,7 @@ impl Default for PersistentConfig {
         PersistentConfig {
             enabled: false,
             sync: "always".into(),
+            compact_every_s: 60,
         }
     }
 }

@@ -27,6 +27,22 @@ pub enum ServerError {
     Store { dir: String, source: SluiceError },
 }
 
+/// Applies retention in the background until the store is dropped.
+fn spawn_compactor(store: std::sync::Weak<Store>, every: Duration) {
+    let spawned = std::thread::Builder::new()
+        .name("sluice-compactor".into())
+        .spawn(move || loop {
+            std::thread::sleep(every);
+            let Some(store) = store.upgrade() else { return };
+            if let Err(e) = store.compact() {
+                tracing::warn!(error = %e, "retention compaction failed; will retry");
+            }
+        });
+    if let Err(e) = spawned {
+        tracing::warn!(error = %e, "cannot start the compaction thread; retention is not applied");
+    }
+}
+
 /// Counters shared by every connection.
 #[derive(Default)]
 pub struct ServerStats {
@@ -93,6 +109,12 @@ impl Server {
             })?;
         let watches = Arc::new(WatchHub::default());
         store.add_observer(watches.clone());
+        if cfg.persistent.enabled {
+            spawn_compactor(
+                Arc::downgrade(&store),
+                std::time::Duration::from_secs(cfg.persistent.compact_every_s.max(1)),
+            );
+        }
         let engine = Engine::start(
             &store,
             registry,

@@ -31,6 +31,8 @@ pub struct StoreConfig {
     pub persistent_dir: Option<PathBuf>,
     /// When persistent puts reach the disk.
     pub persistent_sync: sluice_log::SyncPolicy,
+    /// Segment size of persistent shards' logs (they roll over past it).
+    pub persistent_segment_bytes: u64,
 }
 
 impl Default for StoreConfig {
@@ -42,6 +44,7 @@ impl Default for StoreConfig {
             default_pools: sluice_types::pool::default_pools(),
             persistent_dir: None,
             persistent_sync: sluice_log::SyncPolicy::Always,
+            persistent_segment_bytes: 64 << 20,
         }
     }
 }
@@ -152,7 +155,13 @@ impl Store {
         for id in cfg.layout.all_shards() {
             let mut shard = Shard::new(id);
             if let (PoolType::Persistent, Some(dir)) = (id.pool_type, &cfg.persistent_dir) {
-                recover_persistent(&mut shard, dir, cfg.persistent_sync, &clock)?;
+                recover_persistent(
+                    &mut shard,
+                    dir,
+                    cfg.persistent_sync,
+                    cfg.persistent_segment_bytes,
+                    &clock,
+                )?;
             }
             shards.insert(id, Arc::new(shard));
         }
@@ -860,6 +869,7 @@ fn recover_persistent(
     shard: &mut Shard,
     dir: &std::path::Path,
     sync: sluice_log::SyncPolicy,
+    segment_bytes: u64,
     clock: &Clock,
 ) -> Result<()> {
     let id = shard.id;
@@ -874,7 +884,7 @@ fn recover_persistent(
     };
     let opts = sluice_log::LogOptions {
         sync: log_sync,
-        ..Default::default()
+        segment_bytes_max: segment_bytes,
     };
     let (h, rec) =
         sluice_log::History::open(&path, Arc::new(sluice_log::RealFs), opts).map_err(|e| {
@@ -931,6 +941,59 @@ impl Store {
             .into_iter()
             .map(|(e, v)| Arc::new(object_of(key, e, v)))
             .collect())
+    }
+
+    /// Applies the pools' retention policies: rewrites every sealed segment
+    /// of every persistent shard without the versions a policy drops. The
+    /// rewrite runs without the shard's history lock (sealed segments never
+    /// change); only the final swap takes it. Returns (versions dropped,
+    /// bytes reclaimed).
+    pub fn compact(&self) -> Result<(usize, u64)> {
+        let view = self.pools.load_full();
+        if !view
+            .table
+            .pools
+            .values()
+            .any(|p| p.retention.is_some() && !p.deleted)
+        {
+            return Ok((0, 0));
+        }
+        let now = Clock::wall_us();
+        let (mut dropped, mut reclaimed) = (0usize, 0u64);
+        for shard in self.shards.values() {
+            let Some(h) = &shard.history else { continue };
+            let (fs, dir, sealed) = {
+                let g = h.lock();
+                let (fs, dir) = g.storage();
+                (fs, dir, g.sealed_segments().map_err(history_err)?)
+            };
+            for seg in sealed {
+                let keep = h.lock().compaction_plan(seg, |key, e, newer| {
+                    match view.table.pool_of(key).and_then(|p| p.retention.as_ref()) {
+                        Some(r) => r.keeps(newer, e.timestamp_us, now),
+                        None => true,
+                    }
+                });
+                let c = sluice_log::Log::prepare_compacted(&fs, &dir, seg, |r| {
+                    keep.contains(&r.version)
+                })
+                .map_err(|e| SluiceError::Io {
+                    reason: format!("compacting shard {}: {e}", shard.id),
+                })?;
+                if c.dropped == 0 {
+                    // Nothing to reclaim: leave the segment as it is.
+                    let _ = std::fs::remove_file(dir.join(format!("seg-{seg:016x}.compact")));
+                    continue;
+                }
+                h.lock().install_compacted(&c).map_err(history_err)?;
+                dropped += c.dropped;
+                reclaimed += c.bytes_before.saturating_sub(c.bytes_after);
+            }
+        }
+        if dropped > 0 {
+            tracing::info!(dropped, reclaimed_bytes = reclaimed, "retention compaction");
+        }
+        Ok((dropped, reclaimed))
     }
 
     /// Keys of a persistent pool that were live at a time (sorted).

@@ -153,3 +153,97 @@ fn history_is_only_for_persistent_pools() {
     );
     let _ = std::fs::remove_dir_all(d);
 }
+
+#[test]
+fn retention_drops_old_versions_of_its_pool_only() {
+    use sluice_types::pool::Retention;
+    let d = dir();
+    let s = Store::open(StoreConfig {
+        layout: Layout {
+            version: 1,
+            volatile: vec![1],
+            trigger: vec![1],
+            persistent: vec![1],
+        },
+        persistent_dir: Some(d.join("persistent")),
+        persistent_segment_bytes: 1024,
+        ..Default::default()
+    })
+    .unwrap();
+    let e = s
+        .create_pool(&PoolSpec {
+            pathname: "/v".into(),
+            pool_type: Some(PoolType::Volatile),
+            retention: Some(Retention {
+                keep_versions: Some(2),
+                keep_for_s: None,
+            }),
+            ..Default::default()
+        })
+        .unwrap_err();
+    assert!(
+        e.to_string()
+            .contains("retention applies to persistent pools"),
+        "{e}"
+    );
+    s.create_pool(&PoolSpec {
+        pathname: "/keep2".into(),
+        pool_type: Some(PoolType::Persistent),
+        retention: Some(Retention {
+            keep_versions: Some(2),
+            keep_for_s: None,
+        }),
+        ..Default::default()
+    })
+    .unwrap();
+    s.create_pool(&PoolSpec {
+        pathname: "/all".into(),
+        pool_type: Some(PoolType::Persistent),
+        ..Default::default()
+    })
+    .unwrap();
+    let mut versions: Vec<(String, u64)> = Vec::new();
+    for i in 0..60 {
+        for key in ["/keep2/k", "/all/k"] {
+            let r = s
+                .put(
+                    key,
+                    Bytes::from(format!("{key}-{i}-{}", "y".repeat(30))),
+                    None,
+                    None,
+                )
+                .unwrap();
+            versions.push((key.to_string(), r.version));
+        }
+    }
+    let (dropped, reclaimed) = s.compact().unwrap();
+    assert!(
+        dropped > 0 && reclaimed > 0,
+        "dropped {dropped}, reclaimed {reclaimed}"
+    );
+    let hist = |k: &str| {
+        s.history(
+            k,
+            HistoryRange::Versions {
+                from: 0,
+                to: u64::MAX,
+            },
+            None,
+        )
+        .unwrap()
+        .len()
+    };
+    assert!(hist("/keep2/k") < 60, "old versions of /keep2 are gone");
+    assert!(hist("/keep2/k") >= 2);
+    assert_eq!(
+        hist("/all/k"),
+        60,
+        "a pool without retention keeps everything"
+    );
+    assert!(s
+        .get("/keep2/k", None, None)
+        .unwrap()
+        .value
+        .starts_with(b"/keep2/k-59-"));
+    let _ = std::fs::remove_dir_all(d);
+}

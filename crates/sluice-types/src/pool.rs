@@ -66,6 +66,30 @@ pub struct AccessPolicy {
     pub mode: String,
 }
 
+/// How much history a persistent pool keeps. The newest version of every
+/// key is always kept; older ones go when any limit says so.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Retention {
+    /// Keep at most this many versions per key.
+    #[serde(default)]
+    pub keep_versions: Option<u32>,
+    /// Keep versions written in the last this-many seconds.
+    #[serde(default)]
+    pub keep_for_s: Option<u64>,
+}
+
+impl Retention {
+    /// Whether a version with `newer` newer versions of its key, written at
+    /// `timestamp_us`, is kept at time `now_us`.
+    pub fn keeps(&self, newer: usize, timestamp_us: u64, now_us: u64) -> bool {
+        self.keep_versions.is_none_or(|n| newer < n as usize)
+            && self
+                .keep_for_s
+                .is_none_or(|s| timestamp_us.saturating_add(s.saturating_mul(1_000_000)) >= now_us)
+    }
+}
+
 /// What a user asks for when creating a pool.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -81,6 +105,9 @@ pub struct PoolSpec {
     pub object_locations: BTreeMap<String, u32>,
     #[serde(default)]
     pub access_policy: AccessPolicy,
+    /// Persistent pools only: how much history to keep (default: all).
+    #[serde(default)]
+    pub retention: Option<Retention>,
 }
 
 /// A pool as the pool table holds it.
@@ -95,6 +122,9 @@ pub struct PoolMeta {
     pub affinity_set_regex: Option<String>,
     pub object_locations: BTreeMap<String, u32>,
     pub access_policy: AccessPolicy,
+    /// How much history a persistent pool keeps.
+    #[serde(default)]
+    pub retention: Option<Retention>,
     pub deleted: bool,
     /// Pool table version at which this pool was created.
     pub creation_version: u64,
@@ -133,6 +163,19 @@ pub fn validate_spec(
     if let Some(re) = &spec.affinity_set_regex {
         regex::Regex::new(re)
             .map_err(|e| invalid(format!("affinity_set_regex {re:?} does not compile: {e}")))?;
+    }
+    if let Some(r) = &spec.retention {
+        if pool_type != PoolType::Persistent {
+            return Err(invalid(format!(
+                "retention applies to persistent pools; {pool_type} pools keep no history"
+            )));
+        }
+        if r.keep_versions == Some(0) {
+            return Err(invalid(
+                "retention.keep_versions must be at least 1 (the newest version is always kept)"
+                    .into(),
+            ));
+        }
     }
     let shards = shards_of_subgroup(pool_type, spec.subgroup_index).ok_or_else(|| {
         invalid(format!(
@@ -232,6 +275,7 @@ impl PoolTable {
             affinity_set_regex: spec.affinity_set_regex.clone(),
             object_locations: spec.object_locations.clone(),
             access_policy: spec.access_policy.clone(),
+            retention: spec.retention.clone(),
             deleted: false,
             creation_version: self.version,
             creation_timestamp_us: now_us,
