@@ -678,3 +678,58 @@ fn persistent_preview_keeps_history_across_restarts() {
         "{e}"
     );
 }
+
+#[test]
+fn retention_compacts_persistent_pools_in_the_background() {
+    let dir = temp_dir("retention");
+    let cfg = dir.join("node.toml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "listen = \"127.0.0.1:0\"\ndata_dir = \"{}\"\n[persistent]\nenabled = true\ncompact_every_s = 1\nsegment_bytes = 4096\n",
+            dir.join("data").display()
+        ),
+    )
+    .unwrap();
+    let n = spawn_node(&dir, &["--config", cfg.to_str().unwrap()]).unwrap();
+    let e = n.fails(&[
+        "pools",
+        "create",
+        "/v",
+        "--type",
+        "volatile",
+        "--keep-versions",
+        "2",
+    ]);
+    assert!(e.contains("retention applies to persistent pools"), "{e}");
+    n.ok(&[
+        "pools",
+        "create",
+        "/r",
+        "--type",
+        "persistent",
+        "--keep-versions",
+        "3",
+    ]);
+    let j: serde_json::Value =
+        serde_json::from_str(&n.ok(&["--json", "pools", "show", "/r"])).unwrap();
+    assert_eq!(j["retention"]["keep_versions"], 3);
+    let f = dir.join("value.bin");
+    std::fs::write(&f, vec![b'z'; 500]).unwrap();
+    for _ in 0..40 {
+        n.ok(&["put", "/r/k", "--file", f.to_str().unwrap()]);
+    }
+    let versions = || n.ok(&["history", "/r/k"]).lines().count();
+    assert_eq!(versions(), 40);
+    // The background compactor runs every second: wait (bounded) for it.
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while versions() == 40 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "retention never applied"
+        );
+        let _ = n.lines.recv_timeout(Duration::from_millis(200));
+    }
+    assert!(versions() >= 3);
+    assert_eq!(n.ok(&["size", "/r/k"]), "500\n");
+}

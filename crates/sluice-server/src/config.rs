@@ -67,6 +67,8 @@ pub struct PersistentConfig {
     pub sync: String,
     /// How often the background compaction applies retention policies.
     pub compact_every_s: u64,
+    /// Log segment size; retention reclaims whole sealed segments.
+    pub segment_bytes: u64,
 }
 
 impl Default for PersistentConfig {
@@ -75,6 +77,7 @@ impl Default for PersistentConfig {
             enabled: false,
             sync: "always".into(),
             compact_every_s: 60,
+            segment_bytes: 64 << 20,
         }
     }
 }

@@ -76,7 +76,7 @@ impl Server {
                 .enabled
                 .then(|| cfg.data_dir.join("persistent")),
             persistent_sync: cfg.persistent.sync_policy().map_err(ServerError::Config)?,
-            ..Default::default()
+            persistent_segment_bytes: cfg.persistent.segment_bytes,
         })
         .map_err(|source| ServerError::Store {
             dir: cfg.data_dir.display().to_string(),
