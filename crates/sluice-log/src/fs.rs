@@ -9,6 +9,14 @@ use std::sync::Mutex;
 /// An open segment, written at its end.
 pub trait SegmentFile: Send {
     fn append(&mut self, buf: &[u8]) -> io::Result<()>;
+    /// Appends several buffers in order (one vectored write where the
+    /// file system allows). On error some prefix may have been written.
+    fn append_all(&mut self, parts: &[&[u8]]) -> io::Result<()> {
+        for p in parts {
+            self.append(p)?;
+        }
+        Ok(())
+    }
     fn sync(&mut self) -> io::Result<()>;
     fn truncate(&mut self, len: u64) -> io::Result<()>;
 }
@@ -37,6 +45,26 @@ impl SegmentFile for RealFile {
     fn append(&mut self, buf: &[u8]) -> io::Result<()> {
         self.0.seek(SeekFrom::End(0))?;
         self.0.write_all(buf)
+    }
+    fn append_all(&mut self, parts: &[&[u8]]) -> io::Result<()> {
+        self.0.seek(SeekFrom::End(0))?;
+        let (mut i, mut off) = (0, 0);
+        while i < parts.len() {
+            let slices: Vec<io::IoSlice<'_>> = std::iter::once(io::IoSlice::new(&parts[i][off..]))
+                .chain(parts[i + 1..].iter().take(63).map(|p| io::IoSlice::new(p)))
+                .collect();
+            let mut n = self.0.write_vectored(&slices)?;
+            if n == 0 {
+                return Err(io::ErrorKind::WriteZero.into());
+            }
+            while i < parts.len() && n >= parts[i].len() - off {
+                n -= parts[i].len() - off;
+                i += 1;
+                off = 0;
+            }
+            off += n;
+        }
+        Ok(())
     }
     fn sync(&mut self) -> io::Result<()> {
         self.0.sync_data()

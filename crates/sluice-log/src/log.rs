@@ -301,19 +301,34 @@ impl Log {
         {
             self.roll()?;
         }
+        // Record heads go into one buffer; values are written from their
+        // own `Bytes` (no copy), interleaved by a vectored write.
         self.buf.clear();
         let mut locs = Vec::with_capacity(records.len());
+        let mut head_ends = Vec::with_capacity(records.len());
+        let mut offset = self.active_len;
         for r in records {
-            let offset = self.active_len + self.buf.len() as u64;
-            r.encode(&mut self.buf);
+            r.encode_head(&mut self.buf);
+            head_ends.push(self.buf.len());
             locs.push(Location {
                 segment: self.active_id,
                 offset,
                 len: r.encoded_len() as u32,
             });
+            offset += r.encoded_len() as u64;
         }
+        let mut parts: Vec<&[u8]> = Vec::with_capacity(records.len() * 2);
+        let mut start = 0;
+        for (r, end) in records.iter().zip(&head_ends) {
+            parts.push(&self.buf[start..*end]);
+            if !r.value.is_empty() {
+                parts.push(&r.value);
+            }
+            start = *end;
+        }
+        let written = offset - self.active_len;
         let path = seg_path(&self.dir, self.active_id);
-        if let Err(e) = self.active.append(&self.buf) {
+        if let Err(e) = self.active.append_all(&parts) {
             // Undo a partial write so the next append starts on a record boundary.
             if let Err(t) = self.active.truncate(self.active_len) {
                 self.poisoned = Some(format!("{e}; then truncating {}: {t}", path.display()));
@@ -325,7 +340,7 @@ impl Log {
             });
         }
         let before = self.active_len;
-        self.active_len += self.buf.len() as u64;
+        self.active_len += written;
         match self.opts.sync {
             SyncPolicy::Always => {
                 if let Err(e) = self.active.sync() {

@@ -30,6 +30,24 @@ impl Record {
         RECORD_HEADER + BODY_FIXED + self.key.len() + self.value.len()
     }
 
+    /// Appends everything but the value to `out` (the value follows it in
+    /// the file unchanged); the checksum covers the value too. Lets the log
+    /// write a value from the very `Bytes` it arrived in.
+    pub fn encode_head(&self, out: &mut BytesMut) {
+        let body_len = BODY_FIXED + self.key.len() + self.value.len();
+        let start = out.len();
+        out.put_u32_le(body_len as u32);
+        out.put_u32_le(0);
+        out.put_u8(self.kind as u8);
+        out.put_u64_le(self.version);
+        out.put_u64_le(self.timestamp_us);
+        out.put_u64_le(self.prev_version_by_key);
+        out.put_u16_le(self.key.len() as u16);
+        out.put_slice(self.key.as_bytes());
+        let crc = crc32c::crc32c_append(crc32c::crc32c(&out[start + RECORD_HEADER..]), &self.value);
+        out[start + 4..start + 8].copy_from_slice(&crc.to_le_bytes());
+    }
+
     pub fn encode(&self, out: &mut BytesMut) {
         let body_len = BODY_FIXED + self.key.len() + self.value.len();
         out.reserve(RECORD_HEADER + body_len);
