@@ -30,6 +30,11 @@ pub trait Fs: Send + Sync {
     fn open_append(&self, path: &Path) -> io::Result<Box<dyn SegmentFile>>;
     /// Makes a directory entry (a new segment) durable.
     fn sync_dir(&self, dir: &Path) -> io::Result<()>;
+    /// The whole file memory-mapped, when the file system supports it
+    /// (`None`: the log falls back to `read_at`).
+    fn map(&self, _path: &Path) -> io::Result<Option<bytes::Bytes>> {
+        Ok(None)
+    }
     /// Atomically replaces `to` with `from`.
     fn rename(&self, from: &Path, to: &Path) -> io::Result<()>;
     fn remove(&self, path: &Path) -> io::Result<()>;
@@ -107,6 +112,15 @@ impl Fs for RealFs {
     }
     fn rename(&self, from: &Path, to: &Path) -> io::Result<()> {
         std::fs::rename(from, to)
+    }
+    fn map(&self, path: &Path) -> io::Result<Option<bytes::Bytes>> {
+        let f = std::fs::File::open(path)?;
+        // SAFETY: the log maps only sealed segments, which are never written
+        // again; compaction replaces a segment by renaming a new file over
+        // it, which leaves this mapping on the old, unchanged inode. Nothing
+        // truncates a sealed segment while it is mapped.
+        let map = unsafe { memmap2::Mmap::map(&f)? };
+        Ok(Some(bytes::Bytes::from_owner(map)))
     }
     fn remove(&self, path: &Path) -> io::Result<()> {
         std::fs::remove_file(path)

@@ -113,6 +113,8 @@ pub struct Log {
     unsynced_since: Option<Instant>,
     poisoned: Option<String>,
     buf: BytesMut,
+    /// Memory maps of sealed segments, made on first read.
+    maps: std::sync::Mutex<std::collections::HashMap<u64, Bytes>>,
 }
 
 fn seg_path(dir: &Path, id: u64) -> PathBuf {
@@ -265,6 +267,7 @@ impl Log {
             unsynced_since: None,
             poisoned: None,
             buf: BytesMut::new(),
+            maps: Default::default(),
         };
         Ok((log, rec))
     }
@@ -383,25 +386,49 @@ impl Log {
         Ok(())
     }
 
-    /// Reads one record back (checksum verified).
+    /// Reads one record back (checksum verified). Records of sealed
+    /// segments come from a memory map and their values are slices of it
+    /// (no copy); the active segment is read with `read_at`.
     pub fn read(&self, loc: Location) -> Result<Record> {
         let path = seg_path(&self.dir, loc.segment);
-        let data = self
-            .fs
-            .read_at(&path, loc.offset, loc.len as usize)
-            .map_err(io("reading", &path))?;
-        match decode(&Bytes::from(data)) {
+        let corrupt = |reason: String| LogError::Corrupt {
+            file: path.display().to_string(),
+            offset: loc.offset,
+            reason,
+        };
+        let (start, end) = (loc.offset as usize, loc.offset as usize + loc.len as usize);
+        let mapped = if loc.segment == self.active_id {
+            None
+        } else {
+            let mut maps = self.maps.lock().unwrap_or_else(|p| p.into_inner());
+            match maps.get(&loc.segment) {
+                Some(m) => Some(m.clone()),
+                None => {
+                    let m = self.fs.map(&path).map_err(io("mapping", &path))?;
+                    if let Some(m) = &m {
+                        maps.insert(loc.segment, m.clone());
+                    }
+                    m
+                }
+            }
+        };
+        let data = match mapped {
+            Some(m) if end <= m.len() => m.slice(start..end),
+            Some(_) => {
+                return Err(corrupt(
+                    "record runs past the end of the mapped segment".into(),
+                ))
+            }
+            None => Bytes::from(
+                self.fs
+                    .read_at(&path, loc.offset, loc.len as usize)
+                    .map_err(io("reading", &path))?,
+            ),
+        };
+        match decode(&data) {
             Ok((r, _)) => Ok(r),
-            Err(Decode::Short) => Err(LogError::Corrupt {
-                file: path.display().to_string(),
-                offset: loc.offset,
-                reason: "record is truncated".into(),
-            }),
-            Err(Decode::Bad(reason)) => Err(LogError::Corrupt {
-                file: path.display().to_string(),
-                offset: loc.offset,
-                reason,
-            }),
+            Err(Decode::Short) => Err(corrupt("record is truncated".into())),
+            Err(Decode::Bad(reason)) => Err(corrupt(reason)),
         }
     }
 

@@ -239,3 +239,29 @@ proptest! {
         let _ = std::fs::remove_dir_all(&d);
     }
 }
+
+#[test]
+fn sealed_segments_are_read_through_a_shared_memory_map() {
+    let d = dir("mmap");
+    let opts = LogOptions {
+        segment_bytes_max: 1024,
+        sync: SyncPolicy::Never,
+    };
+    let (mut log, _) = open(&d, Arc::new(RealFs), opts);
+    let mut locs = Vec::new();
+    for v in 1..=40u64 {
+        locs.extend(log.append(&[rec(v, "/p/k", &[v as u8; 64])]).unwrap());
+    }
+    let sealed = locs[0];
+    assert_ne!(sealed.segment, log.active_segment());
+    let a = log.read(sealed).unwrap();
+    let b = log.read(sealed).unwrap();
+    assert_eq!(a.value, Bytes::from(vec![1u8; 64]));
+    assert_eq!(
+        a.value.as_ptr(),
+        b.value.as_ptr(),
+        "both reads are slices of one mapping, not copies"
+    );
+    // The active segment is read with pread and still answers.
+    assert_eq!(log.read(*locs.last().unwrap()).unwrap().version, 40);
+}
