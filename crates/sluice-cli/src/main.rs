@@ -1,6 +1,6 @@
 //! `sluice`: the one binary. `serve` runs a node; the client commands talk
 //! to one; `shell` is an interactive prompt; `bench` measures; `demo` runs
-//! an embedded node with a small workload.
+//! the demo pipeline on an embedded node; `plan` plans deployments.
 
 mod bench;
 mod commands;
@@ -43,9 +43,9 @@ enum Cmd {
     Serve(serve::ServeArgs),
     /// Interactive prompt: type client commands without the `sluice` prefix.
     Shell,
-    /// Measure latency and throughput against a loopback TCP baseline.
+    /// Benchmarks (core, memory, pipeline, persistent, plan), each next to a baseline.
     Bench(bench::BenchArgs),
-    /// Start an embedded node and run a short demo workload.
+    /// Run the demo pipeline (ONNX filter -> classifier -> store) on an embedded node.
     Demo(demo::DemoArgs),
     /// Choose models and workers for an inference workflow at minimum cost.
     Plan(plan::PlanArgs),
