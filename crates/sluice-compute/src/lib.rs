@@ -16,13 +16,12 @@
 //! - a panicking or failing UDL is caught, counted and logged with the key;
 //!   it never kills a worker thread or the node;
 //! - replacing data flow graphs swaps an immutable dispatch table: new
-//!   deliveries see the new graphs, in-flight upcalls finish under the old.
+//!   deliveries see the new graphs, in-flight upcalls finish under the old;
+//! - no UDL lives here: the built-ins are in `sluice-udls`, so this crate
+//!   (and anything embedding the engine) does not pull in tract.
 
-pub mod builtin;
 pub mod dfg;
 pub mod engine;
-pub mod npy;
-pub mod onnx;
 pub mod trie;
 pub mod udl;
 

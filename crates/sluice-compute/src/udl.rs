@@ -74,13 +74,6 @@ pub struct Registry {
 }
 
 impl Registry {
-    /// relay, log, notify and onnx.
-    pub fn builtin() -> Registry {
-        let mut r = Registry::default();
-        crate::builtin::register_all(&mut r);
-        r
-    }
-
     pub fn register(&mut self, name: &str, factory: impl UdlFactory + 'static) -> &mut Self {
         self.factories.insert(name.to_string(), Arc::new(factory));
         self

@@ -82,7 +82,7 @@ impl Server {
             dir: cfg.data_dir.display().to_string(),
             source,
         })?;
-        Self::bind_with(cfg, Arc::new(store), Registry::builtin()).await
+        Self::bind_with(cfg, Arc::new(store), sluice_udls::registry()).await
     }
 
     /// Binds a listener in front of an existing store (embedded use: the
@@ -91,7 +91,7 @@ impl Server {
         cfg: ServerConfig,
         store: Arc<Store>,
     ) -> Result<Server, ServerError> {
-        Self::bind_with(cfg, store, Registry::builtin()).await
+        Self::bind_with(cfg, store, sluice_udls::registry()).await
     }
 
     /// Binds a node with a custom UDL registry (your own lambdas; see

@@ -4,7 +4,7 @@
 //!    object, worker id), an `Emitter` to send results to the vertex's
 //!    destinations, and a `Context` to read and write the local store.
 //! 2. Register a factory under a name in a [`sluice_compute::Registry`]
-//!    (start from `Registry::builtin()` to keep relay/log/notify/onnx).
+//!    (start from `sluice_udls::registry()` to keep relay/log/notify/onnx).
 //! 3. Build a node with that registry (`Server::bind_with`), as
 //!    `src/main.rs` does, and name the UDL in a DFG:
 //!    `"user_defined_logic_list": ["uppercase"]`.
@@ -35,7 +35,7 @@ impl Udl for Uppercase {
 
 /// The built-in UDLs plus `uppercase`.
 pub fn registry() -> Registry {
-    let mut r = Registry::builtin();
+    let mut r = sluice_udls::registry();
     r.register("uppercase", |config: &Value, _: &Context| {
         let suffix = match config.get("suffix") {
             None => String::new(),

@@ -15,10 +15,11 @@
 //! failure counter and `last_error` (`sluice dfg ls`), and in the reply to
 //! `sluice dfg apply` when the model is already stored at apply time.
 
-use crate::udl::{Context, DestMode, Emitter, Udl, UdlError, Upcall};
 use bytes::Bytes;
 use parking_lot::Mutex;
 use serde_json::Value;
+use sluice_compute::udl::DestMode;
+use sluice_compute::{Context, Emitter, Udl, UdlError, Upcall};
 use std::sync::Arc;
 use tract_onnx::prelude::*;
 

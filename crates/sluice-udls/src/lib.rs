@@ -1,9 +1,25 @@
-//! Built-in UDLs: `relay`, `log`, `notify`, `onnx`.
+//! Sluice's built-in lambdas (UDLs): `relay`, `log`, `notify` and `onnx`.
+//!
+//! A node's registry starts from [`registry`]; add your own UDLs to it
+//! (see `examples/custom-udl`). This crate is where tract (ONNX inference)
+//! enters the build, so the engine itself stays light.
 
-use crate::udl::{Context, Emitter, Registry, Udl, UdlError, Upcall};
+pub mod npy;
+pub mod onnx;
+
 use serde_json::Value;
+use sluice_compute::udl::join_key;
+use sluice_compute::{Context, Emitter, Registry, Udl, UdlError, Upcall};
 use std::sync::Arc;
 
+/// A registry with every built-in UDL.
+pub fn registry() -> Registry {
+    let mut r = Registry::default();
+    register_all(&mut r);
+    r
+}
+
+/// Adds the built-in UDLs to `r`.
 pub fn register_all(r: &mut Registry) {
     r.register("relay", |_: &Value, _: &Context| {
         Ok(Arc::new(Relay) as Arc<dyn Udl>)
@@ -27,7 +43,7 @@ pub fn register_all(r: &mut Registry) {
         }) as Arc<dyn Udl>)
     });
     r.register("onnx", |c: &Value, ctx: &Context| {
-        crate::onnx::OnnxUdl::from_config(c, ctx).map(|u| Arc::new(u) as Arc<dyn Udl>)
+        onnx::OnnxUdl::from_config(c, ctx).map(|u| Arc::new(u) as Arc<dyn Udl>)
     });
 }
 
@@ -84,7 +100,7 @@ impl Udl for Notify {
         emit: &mut Emitter<'_>,
         ctx: &Context,
     ) -> Result<(), UdlError> {
-        let key = crate::udl::join_key(&self.topic, call.key_suffix());
+        let key = join_key(&self.topic, call.key_suffix());
         ctx.publish(&emit.derive(&key, call.object.value.clone()));
         Ok(())
     }

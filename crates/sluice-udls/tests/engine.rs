@@ -95,7 +95,7 @@ impl Udl for Recorder {
 }
 
 fn registry_with(rec: &Arc<Recorder>) -> Registry {
-    let mut r = Registry::builtin();
+    let mut r = sluice_udls::registry();
     let rec = rec.clone();
     r.register("record", move |_: &Value, _: &Context| {
         Ok(rec.clone() as Arc<dyn Udl>)
@@ -110,7 +110,7 @@ fn graph(id: &str, vertices: Value) -> String {
 #[test]
 fn relay_chain_short_circuits_without_copying() {
     let s = store();
-    let e = engine_with(&s, Registry::builtin(), 2, 64, None);
+    let e = engine_with(&s, sluice_udls::registry(), 2, 64, None);
     e.apply(&graph("chain", json!([
         { "pathname": "/in", "user_defined_logic_list": ["relay"], "destinations": [{ "/mid": "trigger_put" }] },
         { "pathname": "/mid", "user_defined_logic_list": ["relay"], "destinations": [{ "/out": "put" }] }
@@ -303,7 +303,7 @@ fn shard_dispatcher_one_runs_on_one_member_all_on_every_member() {
 #[test]
 fn invalid_graphs_are_rejected_whole_with_the_json_path() {
     let s = store();
-    let e = engine_with(&s, Registry::builtin(), 1, 16, None);
+    let e = engine_with(&s, sluice_udls::registry(), 1, 16, None);
     let cases = [
         ("not json", "$", "not valid JSON"),
         (r#"{"x": 1}"#, "$", "graphs"),
@@ -363,7 +363,7 @@ fn invalid_graphs_are_rejected_whole_with_the_json_path() {
 #[test]
 fn live_graph_replacement_under_load_loses_and_duplicates_nothing() {
     let s = store();
-    let e = engine_with(&s, Registry::builtin(), 2, 100_000, None);
+    let e = engine_with(&s, sluice_udls::registry(), 2, 100_000, None);
     let g = |dest: &str| {
         graph(
             "live",
@@ -451,7 +451,7 @@ impl Udl for Gate {
 fn a_full_queue_refuses_trigger_puts_with_a_typed_error() {
     let s = store();
     let gate = Arc::new(Gate(Mutex::new(())));
-    let mut reg = Registry::builtin();
+    let mut reg = sluice_udls::registry();
     let g2 = gate.clone();
     reg.register("gate", move |_: &Value, _: &Context| {
         Ok(g2.clone() as Arc<dyn Udl>)
@@ -494,7 +494,7 @@ const IMAGES: &[u8] = include_bytes!("../../../demo/images.f32");
 #[test]
 fn onnx_runs_models_from_the_store_and_swaps_them_live() {
     let s = store();
-    let e = engine_with(&s, Registry::builtin(), 2, 100_000, None);
+    let e = engine_with(&s, sluice_udls::registry(), 2, 100_000, None);
     s.put("/models/m", Bytes::from_static(FILTER), None, None)
         .unwrap();
     e.apply(&graph(
@@ -565,7 +565,7 @@ fn onnx_runs_models_from_the_store_and_swaps_them_live() {
 #[test]
 fn onnx_errors_are_clear_in_apply_logs_and_metrics() {
     let s = store();
-    let e = engine_with(&s, Registry::builtin(), 1, 64, None);
+    let e = engine_with(&s, sluice_udls::registry(), 1, 64, None);
     s.put(
         "/models/bad",
         Bytes::from_static(b"not a model"),
@@ -606,7 +606,7 @@ fn onnx_errors_are_clear_in_apply_logs_and_metrics() {
 #[test]
 fn onnx_accepts_npy_inputs_and_argmax_mode() {
     let s = store();
-    let e = engine_with(&s, Registry::builtin(), 1, 64, None);
+    let e = engine_with(&s, sluice_udls::registry(), 1, 64, None);
     s.put("/models/c", Bytes::from_static(CLASSIFIER), None, None)
         .unwrap();
     e.apply(&graph("npy", json!([{ "pathname": "/in", "user_defined_logic_list": ["onnx"],
@@ -619,7 +619,7 @@ fn onnx_accepts_npy_inputs_and_argmax_mode() {
         .collect();
     s.trigger_put(
         "/in/img",
-        Bytes::from(sluice_compute::npy::write_f32(&[1, 64], &floats)),
+        Bytes::from(sluice_udls::npy::write_f32(&[1, 64], &floats)),
         None,
     )
     .unwrap();
