@@ -609,18 +609,23 @@ fn dfg_apply_ls_rm_on_a_running_node() {
     assert!(e.contains("not found"), "{e}");
 }
 
+/// A node config with persistent pools on (plus `extra` TOML lines under
+/// `[persistent]`), written into `dir`.
+fn persistent_config(dir: &Path, extra: &str) -> PathBuf {
+    let cfg = dir.join("node.toml");
+    let text = format!(
+        "listen = \"127.0.0.1:0\"\ndata_dir = \"{}\"\n[persistent]\nenabled = true\n{}",
+        dir.join("data").display(),
+        extra.replace("\\n", "\n")
+    );
+    std::fs::write(&cfg, text).unwrap();
+    cfg
+}
+
 #[test]
 fn persistent_preview_keeps_history_across_restarts() {
     let dir = temp_dir("persist");
-    let cfg = dir.join("node.toml");
-    std::fs::write(
-        &cfg,
-        format!(
-            "listen = \"127.0.0.1:0\"\ndata_dir = \"{}\"\n[persistent]\nenabled = true\n",
-            dir.join("data").display()
-        ),
-    )
-    .unwrap();
+    let cfg = persistent_config(&dir, "");
     let n = spawn_node(&dir, &["--config", cfg.to_str().unwrap()]).unwrap();
     let e = n.fails(&[
         "pools",
@@ -682,15 +687,7 @@ fn persistent_preview_keeps_history_across_restarts() {
 #[test]
 fn retention_compacts_persistent_pools_in_the_background() {
     let dir = temp_dir("retention");
-    let cfg = dir.join("node.toml");
-    std::fs::write(
-        &cfg,
-        format!(
-            "listen = \"127.0.0.1:0\"\ndata_dir = \"{}\"\n[persistent]\nenabled = true\ncompact_every_s = 1\nsegment_bytes = 4096\n",
-            dir.join("data").display()
-        ),
-    )
-    .unwrap();
+    let cfg = persistent_config(&dir, "compact_every_s = 1\nsegment_bytes = 4096\n");
     let n = spawn_node(&dir, &["--config", cfg.to_str().unwrap()]).unwrap();
     let e = n.fails(&[
         "pools",

@@ -49,20 +49,9 @@ impl Record {
     }
 
     pub fn encode(&self, out: &mut BytesMut) {
-        let body_len = BODY_FIXED + self.key.len() + self.value.len();
-        out.reserve(RECORD_HEADER + body_len);
-        let start = out.len();
-        out.put_u32_le(body_len as u32);
-        out.put_u32_le(0);
-        out.put_u8(self.kind as u8);
-        out.put_u64_le(self.version);
-        out.put_u64_le(self.timestamp_us);
-        out.put_u64_le(self.prev_version_by_key);
-        out.put_u16_le(self.key.len() as u16);
-        out.put_slice(self.key.as_bytes());
+        out.reserve(self.encoded_len());
+        self.encode_head(out);
         out.put_slice(&self.value);
-        let crc = crc32c::crc32c(&out[start + RECORD_HEADER..]);
-        out[start + 4..start + 8].copy_from_slice(&crc.to_le_bytes());
     }
 }
 
