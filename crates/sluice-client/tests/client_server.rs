@@ -653,3 +653,39 @@ async fn time_reads_of_the_future_wait_until_stable() {
     assert!(e.to_string().contains("in the future"), "{e}");
     s.stop().await;
 }
+
+/// Persistent pools on a node embedded in a current-thread runtime (where
+/// tokio cannot hand a blocked worker's tasks over) still work.
+#[tokio::test(flavor = "current_thread")]
+async fn persistent_puts_work_on_a_current_thread_runtime() {
+    let s = start(|c| {
+        c.persistent.enabled = true;
+        c.persistent.sync = "batch".into();
+        c.layout.persistent = vec![1];
+    })
+    .await;
+    let c = s.client().await;
+    c.create_pool(PoolSpec {
+        pathname: "/durable".into(),
+        pool_type: Some(PoolType::Persistent),
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    let a = c.put("/durable/x", "one").await.unwrap();
+    c.put("/durable/x", "two").await.unwrap();
+    assert_eq!(
+        &c.get_version("/durable/x", a.version).await.unwrap().value[..],
+        b"one"
+    );
+    c.remove("/durable/x").await.unwrap();
+    assert_eq!(
+        c.history("/durable/x", false, 0, u64::MAX, 1)
+            .await
+            .unwrap()
+            .len(),
+        3,
+        "paged one at a time"
+    );
+    s.stop().await;
+}

@@ -316,7 +316,7 @@ impl Conn {
                 // let the runtime move other connections to another worker
                 // meanwhile, and let many such puts share one fsync.
                 let res = if store.write_may_block(&key) {
-                    tokio::task::block_in_place(put)
+                    off_event_loop(put)
                 } else {
                     put()
                 };
@@ -354,7 +354,7 @@ impl Conn {
                 shard,
                 expected,
             } => match if store.write_may_block(&key) {
-                tokio::task::block_in_place(|| store.remove(&key, expected, shard))
+                off_event_loop(|| store.remove(&key, expected, shard))
             } else {
                 store.remove(&key, expected, shard)
             } {
@@ -592,6 +592,16 @@ impl Conn {
                 Response::Stats(v.to_string()).encode(out, rid)
             }
         }
+    }
+}
+
+/// Runs a call that may block on the disk. On a multi-threaded runtime the
+/// worker hands its other tasks to a new worker meanwhile; a current-thread
+/// runtime (an embedding application's choice) cannot, so the call just runs.
+fn off_event_loop<T>(f: impl FnOnce() -> T) -> T {
+    match tokio::runtime::Handle::try_current().map(|h| h.runtime_flavor()) {
+        Ok(tokio::runtime::RuntimeFlavor::MultiThread) => tokio::task::block_in_place(f),
+        _ => f(),
     }
 }
 
