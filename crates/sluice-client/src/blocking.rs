@@ -107,21 +107,6 @@ impl BlockingClient {
             .block_on(self.client.get_by_time_with(key, timestamp_us, 0, true))
     }
 
-    pub fn list_keys_at(
-        &self,
-        pool: &str,
-        prefix: Option<&str>,
-        by_time: bool,
-        at: u64,
-    ) -> Result<Vec<String>> {
-        self.rt
-            .block_on(self.client.list_keys_at(pool, prefix, by_time, at))
-    }
-
-    pub fn list_keys(&self, pool: &str, prefix: Option<&str>) -> Result<Vec<String>> {
-        self.rt.block_on(self.client.list_keys(pool, prefix))
-    }
-
     pub fn watch(&self, prefix: &str) -> Result<BlockingWatch<'_>> {
         let watch = self.rt.block_on(self.client.watch(prefix))?;
         Ok(BlockingWatch {
@@ -147,6 +132,8 @@ impl BlockingClient {
         fn dfg_apply(&self, text: &str) -> Result<serde_json::Value>;
         fn dfg_list(&self) -> Result<serde_json::Value>;
         fn dfg_remove(&self, id: &str) -> Result<()>;
+        fn list_keys(&self, pool: &str, prefix: Option<&str>) -> Result<Vec<String>>;
+        fn list_keys_at(&self, pool: &str, prefix: Option<&str>, by_time: bool, at: u64) -> Result<Vec<String>>;
         fn history(&self, key: &str, by_time: bool, from: u64, to: u64, page: u32) -> Result<Vec<Object>>;
         fn refresh_pools(&self) -> Result<()>;
     }

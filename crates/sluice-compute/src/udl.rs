@@ -226,9 +226,10 @@ impl<'a> Emitter<'a> {
 
     /// Emits `value` under `key_suffix` to every destination of the vertex.
     pub fn emit(&mut self, key_suffix: &str, value: Bytes) -> Result<(), UdlError> {
+        let trace = self.next_trace();
         let dests = self.destinations;
         for (dest, mode) in dests {
-            self.emit_to(dest, *mode, key_suffix, value.clone())?;
+            self.write(dest, *mode, key_suffix, value.clone(), trace.clone())?;
         }
         Ok(())
     }
@@ -243,9 +244,20 @@ impl<'a> Emitter<'a> {
         key_suffix: &str,
         value: Bytes,
     ) -> Result<(), UdlError> {
+        let trace = self.next_trace();
+        self.write(dest, mode, key_suffix, value, trace)
+    }
+
+    fn write(
+        &mut self,
+        dest: &str,
+        mode: DestMode,
+        key_suffix: &str,
+        value: Bytes,
+        trace: Option<Arc<Trace>>,
+    ) -> Result<(), UdlError> {
         let store = self.ctx.store()?;
         let key = join_key(dest, key_suffix);
-        let trace = self.next_trace();
         match mode {
             DestMode::Put => {
                 store.put_traced(&key, value, None, None, trace)?;

@@ -166,7 +166,18 @@ impl Log {
             let path = seg_path(dir, id);
             let file = path.display().to_string();
             let newest = i + 1 == ids.len();
-            let data = Bytes::from(fs.read_all(&path).map_err(io("reading", &path))?);
+            // Sealed segments are mapped, so recovered values reference the
+            // page cache rather than a heap copy of every segment; the newest
+            // is read (it may be truncated below).
+            let data = if newest {
+                None
+            } else {
+                fs.map(&path).map_err(io("mapping", &path))?
+            };
+            let data = match data {
+                Some(d) => d,
+                None => Bytes::from(fs.read_all(&path).map_err(io("reading", &path))?),
+            };
             rec.bytes += data.len() as u64;
             if data.len() < SEGMENT_HEADER {
                 if newest {
@@ -451,7 +462,10 @@ impl Log {
         keep: impl Fn(&Record) -> bool,
     ) -> Result<Compacted> {
         let path = seg_path(dir, id);
-        let data = Bytes::from(fs.read_all(&path).map_err(io("reading", &path))?);
+        let data = match fs.map(&path).map_err(io("mapping", &path))? {
+            Some(d) => d,
+            None => Bytes::from(fs.read_all(&path).map_err(io("reading", &path))?),
+        };
         let tmp = path.with_extension("compact");
         let mut out = BytesMut::from(&header(id)[..]);
         let mut moved = Vec::new();

@@ -6,14 +6,14 @@
 //! Indexes, rebuilt from the log on open:
 //! - per key, its version chain (oldest first) with each version's
 //!   timestamp, location and backpointer;
-//! - shard-wide, version → key (dense, in log order), which is also the
-//!   time index since versions and timestamps grow together.
+//! - time lookups use the same chains: within a key, versions and
+//!   timestamps grow together, so one binary search answers both.
 
 use crate::fs::Fs;
 use crate::log::{Location, Log, LogError, LogOptions, Recovered};
 use crate::record::{Record, RecordKind};
 use bytes::Bytes;
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 use std::path::Path;
 use std::sync::Arc;
 
@@ -49,9 +49,6 @@ pub enum HistoryError {
 pub struct History {
     log: Log,
     chains: HashMap<String, Vec<Entry>>,
-    /// version → key, in order (versions are dense per shard but we do not
-    /// rely on it).
-    by_version: BTreeMap<u64, String>,
     /// Latest live value of each key.
     latest: HashMap<String, Bytes>,
     last_version: u64,
@@ -68,7 +65,6 @@ impl History {
         let mut h = History {
             log,
             chains: HashMap::new(),
-            by_version: BTreeMap::new(),
             latest: HashMap::new(),
             last_version: 0,
             last_timestamp_us: 0,
@@ -88,8 +84,13 @@ impl History {
             tombstone,
             loc,
         };
-        self.chains.entry(r.key.clone()).or_default().push(e);
-        self.by_version.insert(r.version, r.key.clone());
+        // The key is cloned only the first time it is seen.
+        match self.chains.get_mut(&r.key) {
+            Some(c) => c.push(e),
+            None => {
+                self.chains.insert(r.key.clone(), vec![e]);
+            }
+        }
         if tombstone {
             self.latest.remove(&r.key);
         } else {
@@ -210,7 +211,13 @@ impl History {
 
     /// Every version of `key` in the range, newest first, found by walking
     /// the backpointers from the newest version in range.
-    pub fn range(&self, key: &str, range: Range) -> Result<Vec<(Entry, Bytes)>, HistoryError> {
+    /// At most `limit` versions are read (callers page for more).
+    pub fn range(
+        &self,
+        key: &str,
+        range: Range,
+        limit: usize,
+    ) -> Result<Vec<(Entry, Bytes)>, HistoryError> {
         let Some(chain) = self.chains.get(key) else {
             return Ok(Vec::new());
         };
@@ -225,7 +232,7 @@ impl History {
         let mut out = Vec::new();
         let mut cur = start.checked_sub(1).map(|i| chain[i]);
         while let Some(e) = cur {
-            if !in_range(&e) {
+            if !in_range(&e) || out.len() >= limit {
                 break;
             }
             out.push((e, self.value_of(key, &e)?));
@@ -269,8 +276,12 @@ impl History {
     }
 
     /// The key written at a version.
+    /// A scan of every chain: for tools and tests, not for the data path.
     pub fn key_of_version(&self, version: u64) -> Option<&str> {
-        self.by_version.get(&version).map(String::as_str)
+        self.chains
+            .iter()
+            .find(|(_, c)| c.binary_search_by_key(&version, |e| e.version).is_ok())
+            .map(|(k, _)| k.as_str())
     }
 
     /// Plans a compaction of one sealed segment: which of its versions to
@@ -309,7 +320,6 @@ impl History {
     pub fn install_compacted(&mut self, c: &crate::log::Compacted) -> Result<(), HistoryError> {
         self.log.install_compacted(c)?;
         let moved: HashMap<u64, Location> = c.moved.iter().copied().collect();
-        let mut gone = Vec::new();
         for chain in self.chains.values_mut() {
             chain.retain_mut(|e| {
                 if e.loc.segment != c.id {
@@ -320,17 +330,15 @@ impl History {
                         e.loc = *l;
                         true
                     }
-                    None => {
-                        gone.push(e.version);
-                        false
-                    }
+                    None => false,
                 }
             });
         }
-        for v in gone {
-            self.by_version.remove(&v);
-        }
         Ok(())
+    }
+
+    pub fn active_segment(&self) -> u64 {
+        self.log.active_segment()
     }
 
     /// See `Log::sync_handle`.

@@ -86,6 +86,7 @@ fn keep_last_n_versions_per_key_and_survive_reopen() {
                         from: 0,
                         to: u64::MAX,
                     },
+                    usize::MAX,
                 )
                 .unwrap()
                 .iter()

@@ -63,7 +63,7 @@ fn check(h: &History, ws: &[W], probes: &[(u8, u64)]) -> Result<(), TestCaseErro
         // Ranges, newest first.
         let (lo, hi) = (x / 2, x);
         let got: Vec<u64> = h
-            .range(key, Range::Versions { from: lo, to: hi })
+            .range(key, Range::Versions { from: lo, to: hi }, usize::MAX)
             .unwrap()
             .into_iter()
             .map(|(e, _)| e.version)
@@ -76,7 +76,7 @@ fn check(h: &History, ws: &[W], probes: &[(u8, u64)]) -> Result<(), TestCaseErro
             .collect();
         prop_assert_eq!(got, want);
         let got: Vec<u64> = h
-            .range(key, Range::Times { from: lo, to: hi })
+            .range(key, Range::Times { from: lo, to: hi }, usize::MAX)
             .unwrap()
             .into_iter()
             .map(|(e, _)| e.version)

@@ -225,6 +225,12 @@ fn feasible(p: &Problem, models: &Models, a: &Assignment) -> bool {
     p.violations(models, a, true).is_empty()
 }
 
+/// The cost of `b` when it is valid and strictly cheaper than `best`.
+fn improves(p: &Problem, models: &Models, b: &Assignment, best: f64) -> Option<f64> {
+    let t = total(p, models, b);
+    (t < best - 1e-12 && feasible(p, models, b)).then_some(t)
+}
+
 fn total(p: &Problem, models: &Models, a: &Assignment) -> f64 {
     let (c, m) = p.costs(models, a);
     c + m
@@ -364,8 +370,7 @@ fn polish_assignment(p: &Problem, plan: &Plan) -> Plan {
             };
             for o in orders {
                 let b = refill(p, models, &a, v, &o, rates);
-                let t = total(p, models, &b);
-                if t < best - 1e-12 && feasible(p, models, &b) {
+                if let Some(t) = improves(p, models, &b, best) {
                     a = b;
                     best = t;
                     improved = true;
@@ -377,8 +382,7 @@ fn polish_assignment(p: &Problem, plan: &Plan) -> Plan {
                 let mut o = ws.clone();
                 o.remove(i);
                 let b = refill(p, models, &a, v, &o, rates);
-                let t = total(p, models, &b);
-                if t < best - 1e-12 && feasible(p, models, &b) {
+                if let Some(t) = improves(p, models, &b, best) {
                     a = b;
                     best = t;
                     improved = true;
@@ -393,8 +397,7 @@ fn polish_assignment(p: &Problem, plan: &Plan) -> Plan {
                     let mut o = ws.clone();
                     o[i] = x;
                     let b = refill(p, models, &a, v, &o, rates);
-                    let t = total(p, models, &b);
-                    if t < best - 1e-12 && feasible(p, models, &b) {
+                    if let Some(t) = improves(p, models, &b, best) {
                         a = b;
                         best = t;
                         improved = true;

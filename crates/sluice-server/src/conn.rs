@@ -373,10 +373,8 @@ impl Conn {
                 wait_ms,
                 unstable,
             } => {
-                let stable = unstable
-                    || store
-                        .time_is_stable(&key, timestamp_us, shard)
-                        .unwrap_or(true);
+                let stable =
+                    unstable || stable_now(store, &key, timestamp_us, shard).unwrap_or(true);
                 if stable {
                     return reply_object(out, rid, store.get_by_time(&key, timestamp_us, shard));
                 }
@@ -413,10 +411,10 @@ impl Conn {
                 );
                 tokio::spawn(async move {
                     tokio::time::sleep(wait + Duration::from_micros(1)).await;
-                    let mut r = store.time_is_stable(&key, timestamp_us, shard);
+                    let mut r = stable_now(&store, &key, timestamp_us, shard);
                     while matches!(r, Ok(false)) {
                         tokio::time::sleep(Duration::from_micros(50)).await;
-                        r = store.time_is_stable(&key, timestamp_us, shard);
+                        r = stable_now(&store, &key, timestamp_us, shard);
                     }
                     let res = r.and_then(|_| store.get_by_time(&key, timestamp_us, shard));
                     let _ = tx.send((rid, res)).await;
@@ -466,11 +464,12 @@ impl Conn {
                     .collect();
                 encode_objects(out, rid, &items);
             }
-            Request::PoolCreate { spec } => match store.create_pool(&spec) {
+            // Control-plane writes fsync the pool table or load models: off the event loop.
+            Request::PoolCreate { spec } => match off_event_loop(|| store.create_pool(&spec)) {
                 Ok(p) => Response::Pool(p).encode(out, rid),
                 Err(e) => reply_err(out, &e),
             },
-            Request::PoolRemove { path } => match store.remove_pool(&path) {
+            Request::PoolRemove { path } => match off_event_loop(|| store.remove_pool(&path)) {
                 Ok(p) => Response::Pool(p).encode(out, rid),
                 Err(e) => reply_err(out, &e),
             },
@@ -511,7 +510,7 @@ impl Conn {
                     )
                 }
             }
-            Request::DfgApply { text } => match self.ctx.engine.apply(&text) {
+            Request::DfgApply { text } => match off_event_loop(|| self.ctx.engine.apply(&text)) {
                 Ok(ids) => Response::Json(serde_json::json!({ "applied": ids }).to_string())
                     .encode(out, rid),
                 Err(e) => reply_err(
@@ -536,9 +535,9 @@ impl Conn {
                 } else {
                     sluice_store::HistoryRange::Versions { from, to }
                 };
-                match store.history(&key, range, shard) {
-                    Ok(mut versions) => {
-                        versions.truncate(limit.clamp(1, HISTORY_PAGE_MAX) as usize);
+                let limit = limit.clamp(1, HISTORY_PAGE_MAX) as usize;
+                match store.history(&key, range, limit, shard) {
+                    Ok(versions) => {
                         let items: Vec<_> = versions
                             .iter()
                             .map(|o| sluice_wire::MultiGetItem::Found(ObjRef::of(o)))
@@ -564,7 +563,7 @@ impl Conn {
                     Err(e) => reply_err(out, &e),
                 }
             }
-            Request::DfgRemove { id } => match self.ctx.engine.remove(&id) {
+            Request::DfgRemove { id } => match off_event_loop(|| self.ctx.engine.remove(&id)) {
                 Ok(()) => Response::Ok.encode(out, rid),
                 Err(e) => reply_err(out, &e),
             },
@@ -595,7 +594,23 @@ impl Conn {
     }
 }
 
-/// Runs a call that may block on the disk. On a multi-threaded runtime the
+/// `Store::time_is_stable`, off the event loop when the drain may wait for
+/// an fsync (persistent pools).
+fn stable_now(
+    store: &Store,
+    key: &str,
+    timestamp_us: u64,
+    shard: Option<u32>,
+) -> Result<bool, SluiceError> {
+    let check = || store.time_is_stable(key, timestamp_us, shard);
+    if store.write_may_block(key) {
+        off_event_loop(check)
+    } else {
+        check()
+    }
+}
+
+/// Runs a call that may block (on the disk, or loading a model). On a multi-threaded runtime the
 /// worker hands its other tasks to a new worker meanwhile; a current-thread
 /// runtime (an embedding application's choice) cannot, so the call just runs.
 fn off_event_loop<T>(f: impl FnOnce() -> T) -> T {

@@ -15,6 +15,10 @@ pub struct Shard {
     pub id: ShardId,
     pub(crate) write_lock: Mutex<()>,
     last_version: AtomicU64,
+    /// Timestamp of the newest visible write: every write of this shard
+    /// with an earlier timestamp is visible too (timestamps are assigned in
+    /// version order and writes become visible in version order).
+    pub(crate) visible_ts: AtomicU64,
     pub(crate) objects: papaya::HashMap<Arc<str>, Arc<Object>>,
     /// Every version on disk, for shards of persistent pools.
     pub(crate) history: Option<Mutex<sluice_log::History>>,
@@ -29,6 +33,9 @@ pub struct Shard {
 pub(crate) struct GroupCommit {
     pub(crate) state: Mutex<CommitState>,
     pub(crate) cond: parking_lot::Condvar,
+    /// A handle on the active segment for the syncer, reopened only when
+    /// the log rolls over to a new segment.
+    pub(crate) sync_file: Mutex<Option<(u64, Box<dyn sluice_log::SegmentFile>)>>,
 }
 
 #[derive(Default)]
@@ -49,6 +56,7 @@ impl Shard {
             id,
             write_lock: Mutex::new(()),
             last_version: AtomicU64::new(0),
+            visible_ts: AtomicU64::new(0),
             objects: papaya::HashMap::new(),
             history: None,
             commit: None,

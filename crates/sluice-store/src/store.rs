@@ -509,6 +509,7 @@ impl Store {
                 Some(c) => c.state.lock().pending.push_back(object.clone()),
                 None => {
                     map.insert(key_arc, object.clone());
+                    r.shard.visible_ts.store(timestamp_us, Ordering::Release);
                 }
             }
             r.shard.set_last_version(version);
@@ -682,24 +683,44 @@ impl Store {
     /// write can still get a timestamp at or before it: the node clock has
     /// passed it and no write that took an earlier timestamp is still being
     /// applied (the shard's write lock is taken and released to drain them).
+    /// Usually answered without a lock: once the shard shows a write newer
+    /// than `timestamp_us`, everything before it is visible. Otherwise the
+    /// writes in flight are drained, which may wait for an fsync: async
+    /// callers run this off their event loop for persistent pools.
     pub fn time_is_stable(&self, key: &str, timestamp_us: u64, shard: Option<u32>) -> Result<bool> {
         if Clock::wall_us() <= timestamp_us {
             return Ok(false);
         }
-        self.clock.observe(timestamp_us);
         let r = self.route(key, shard)?;
-        drop(r.shard.write_lock.lock());
+        if r.shard.visible_ts.load(Ordering::Acquire) > timestamp_us {
+            return Ok(true);
+        }
+        // Writes that took a timestamp before now finish under the write
+        // lock, except those still waiting for their group commit.
+        let assigned = {
+            let _w = r.shard.write_lock.lock();
+            r.shard.last_version()
+        };
+        if let Some(c) = &r.shard.commit {
+            let mut st = c.state.lock();
+            while st.durable < assigned && st.failed.is_none() {
+                c.cond.wait(&mut st);
+            }
+        }
         Ok(true)
     }
 
-    /// Whether writes to `key` may block on the disk (persistent pools):
-    /// async callers should run them off their event loop.
+    /// Whether writes to `key` (and draining them for a stable time read)
+    /// may wait on the disk (persistent pools): async callers should run
+    /// them off their event loop.
     pub fn write_may_block(&self, key: &str) -> bool {
-        self.pools
-            .load()
-            .table
-            .pool_of(key)
-            .is_some_and(|p| p.pool_type == PoolType::Persistent)
+        self.cfg.persistent_dir.is_some()
+            && self
+                .pools
+                .load()
+                .table
+                .pool_of(key)
+                .is_some_and(|p| p.pool_type == PoolType::Persistent)
     }
 
     /// Several keys of one shard; one result per key, in order.
@@ -836,10 +857,15 @@ fn group_commit(shard: &Shard, c: &crate::shard::GroupCommit, version: u64) -> R
         drop(st);
         let res = match &shard.history {
             Some(h) => {
-                let handle = h.lock().sync_handle();
-                handle
-                    .map_err(|e| e.to_string())
-                    .and_then(|mut f| f.sync().map_err(|e| e.to_string()))
+                let seg = h.lock().active_segment();
+                let mut file = c.sync_file.lock();
+                if file.as_ref().map(|(s, _)| *s) != Some(seg) {
+                    *file = h.lock().sync_handle().ok().map(|f| (seg, f));
+                }
+                match file.as_mut() {
+                    Some((_, f)) => f.sync().map_err(|e| e.to_string()),
+                    None => Err(format!("cannot open segment {seg} to sync it")),
+                }
             }
             None => Ok(()),
         };
@@ -850,6 +876,9 @@ fn group_commit(shard: &Shard, c: &crate::shard::GroupCommit, version: u64) -> R
                 let map = shard.objects.pin();
                 while st.pending.front().is_some_and(|o| o.meta.version <= target) {
                     if let Some(o) = st.pending.pop_front() {
+                        shard
+                            .visible_ts
+                            .fetch_max(o.meta.timestamp_us, Ordering::AcqRel);
                         map.insert(o.key.clone(), o);
                     }
                 }
@@ -905,6 +934,9 @@ fn recover_persistent(
         }
     }
     shard.set_last_version(h.last_version());
+    shard
+        .visible_ts
+        .store(h.last_timestamp_us(), Ordering::Release);
     if batch {
         let c = crate::shard::GroupCommit::default();
         c.state.lock().durable = h.last_version();
@@ -920,10 +952,12 @@ pub use sluice_log::Range as HistoryRange;
 
 impl Store {
     /// Every version of `key` in `range`, newest first (persistent pools).
+    /// At most `limit` versions are read.
     pub fn history(
         &self,
         key: &str,
         range: HistoryRange,
+        limit: usize,
         shard: Option<u32>,
     ) -> Result<Vec<Arc<Object>>> {
         let r = self.route(key, shard)?;
@@ -936,7 +970,7 @@ impl Store {
                 hint: "; only persistent pools keep history".into(),
             });
         };
-        let versions = h.lock().range(key, range).map_err(history_err)?;
+        let versions = h.lock().range(key, range, limit).map_err(history_err)?;
         Ok(versions
             .into_iter()
             .map(|(e, v)| Arc::new(object_of(key, e, v)))

@@ -110,6 +110,7 @@ fn every_version_survives_a_restart_with_time_reads_and_history() {
                 from: 0,
                 to: u64::MAX,
             },
+            usize::MAX,
             None,
         )
         .unwrap()
@@ -126,6 +127,22 @@ fn every_version_survives_a_restart_with_time_reads_and_history() {
         vec!["/p/b"]
     );
     assert_eq!(s.list_keys("/p", None, None).unwrap(), vec!["/p/b"]);
+    // A bounded read takes the newest versions only.
+    let two: Vec<u64> = s
+        .history(
+            "/p/a",
+            HistoryRange::Versions {
+                from: 0,
+                to: u64::MAX,
+            },
+            2,
+            None,
+        )
+        .unwrap()
+        .iter()
+        .map(|o| o.meta.version)
+        .collect();
+    assert_eq!(two, vec![v3, v2]);
     // The chain and the clock continue after the restart.
     let r4 = s.put("/p/a", b("back"), Some(VERSION_NONE), None).unwrap();
     assert!(r4.timestamp_us > t3);
@@ -145,8 +162,18 @@ fn history_is_only_for_persistent_pools() {
     let s = open(&d);
     s.put("/vol/x", b("v"), None, None).unwrap();
     let e = s
-        .history("/vol/x", HistoryRange::Versions { from: 0, to: 9 }, None)
+        .history(
+            "/vol/x",
+            HistoryRange::Versions { from: 0, to: 9 },
+            usize::MAX,
+            None,
+        )
         .unwrap_err();
+    assert!(
+        e.to_string().contains("only persistent pools keep history"),
+        "{e}"
+    );
+    let e = s.list_keys_at_version("/vol", None, 1).unwrap_err();
     assert!(
         e.to_string().contains("only persistent pools keep history"),
         "{e}"
@@ -228,6 +255,7 @@ fn retention_drops_old_versions_of_its_pool_only() {
                 from: 0,
                 to: u64::MAX,
             },
+            usize::MAX,
             None,
         )
         .unwrap()
