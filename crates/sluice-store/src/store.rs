@@ -105,7 +105,7 @@ impl StoreStats {
 /// The pool table with its compiled routers; replaced whole on change.
 struct PoolView {
     table: PoolTable,
-    routers: HashMap<String, PoolRouter>,
+    routers: HashMap<String, Arc<PoolRouter>>,
 }
 
 impl PoolView {
@@ -113,7 +113,7 @@ impl PoolView {
         let routers = table
             .pools
             .values()
-            .map(|p| (p.pathname.clone(), PoolRouter::new(p.clone())))
+            .map(|p| (p.pathname.clone(), Arc::new(PoolRouter::new(p.clone()))))
             .collect();
         PoolView { table, routers }
     }
@@ -131,15 +131,16 @@ pub struct Store {
 }
 
 /// Where an operation on a key goes.
+/// Holds the pool's router (its metadata included) by `Arc`: routing a
+/// request allocates nothing.
 struct Routed {
-    view: Arc<PoolView>,
-    pool_path: String,
+    router: Arc<PoolRouter>,
     shard: Arc<Shard>,
 }
 
 impl Routed {
     fn pool(&self) -> &PoolMeta {
-        &self.view.routers[&self.pool_path].pool
+        &self.router.pool
     }
 }
 
@@ -308,7 +309,7 @@ impl Store {
     /// rather than a silent misroute.
     fn route(&self, key: &str, claimed: Option<u32>) -> Result<Routed> {
         validate_key(key, self.cfg.max_key_bytes)?;
-        let view = self.pools.load_full();
+        let view = self.pools.load();
         let pool = view.table.live_pool_of(key)?;
         let router = &view.routers[&pool.pathname];
         let shard_idx = router.shard_of(key);
@@ -335,10 +336,8 @@ impl Store {
                 subgroup: format!("{}/{}", id.pool_type, id.subgroup),
                 shard: id.shard,
             })?;
-        let pool_path = pool.pathname.clone();
         Ok(Routed {
-            view,
-            pool_path,
+            router: router.clone(),
             shard,
         })
     }
@@ -631,7 +630,7 @@ impl Store {
                     key: key.to_string(),
                     reason: format!(
                         "version {v} is not retained: volatile pool {} keeps only the latest version ({})",
-                        r.pool_path, latest.meta.version
+                        r.pool().pathname, latest.meta.version
                     ),
                 }),
             }
@@ -671,7 +670,7 @@ impl Store {
                     key: key.to_string(),
                     reason: format!(
                         "no retained version at {timestamp_us} µs: volatile pool {} keeps only the latest version, written at {} µs",
-                        r.pool_path, latest.meta.timestamp_us
+                        r.pool().pathname, latest.meta.timestamp_us
                     ),
                 })
             }
@@ -965,7 +964,7 @@ impl Store {
             return Err(SluiceError::WrongPoolType {
                 op: "read the history of".into(),
                 key: key.to_string(),
-                pool: r.pool_path.clone(),
+                pool: r.pool().pathname.clone(),
                 pool_type: r.pool().pool_type.to_string(),
                 hint: "; only persistent pools keep history".into(),
             });
