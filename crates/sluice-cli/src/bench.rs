@@ -36,6 +36,9 @@ enum BenchWhat {
     Pipeline(PipelineArgs),
     /// Persistent pools (preview): durable puts, time reads, recovery.
     Persistent(PersistentArgs),
+    /// Replicated shards of 1, 3 and 5 nodes (real processes) next to
+    /// redis-server with two replicas and WAIT 2, and failover time.
+    Cluster(crate::bench_cluster::ClusterBenchArgs),
 }
 
 #[derive(clap::Args, Clone)]
@@ -128,6 +131,7 @@ pub fn run(a: BenchArgs, _addr: &str, json: bool) -> Result<()> {
         Some(BenchWhat::Plan(p)) => plan_bench(p, json),
         Some(BenchWhat::Pipeline(p)) => pipeline_bench(p, json),
         Some(BenchWhat::Persistent(p)) => persistent_bench(p, json),
+        Some(BenchWhat::Cluster(c)) => crate::bench_cluster::run(c, json),
         Some(BenchWhat::Core(c)) => core(c, json),
         None => core(a.core, json),
     }
@@ -246,7 +250,7 @@ impl Drop for Progress {
     }
 }
 
-fn hist() -> Histogram<u64> {
+pub(crate) fn hist() -> Histogram<u64> {
     // 1 ns .. 100 s at 3 significant digits.
     Histogram::new_with_bounds(1, 100_000_000_000, 3).expect("static histogram bounds are valid")
 }
@@ -269,7 +273,7 @@ pub struct Row {
     pub pacing_lag_p99_us: Option<f64>,
 }
 
-fn row(
+pub(crate) fn row(
     target: &str,
     op: &str,
     size: usize,
@@ -295,12 +299,12 @@ fn row(
 }
 
 /// Something that does one operation per call.
-trait Op: Send + 'static {
+pub(crate) trait Op: Send + 'static {
     fn call(&mut self, i: u64) -> impl std::future::Future<Output = Result<()>> + Send;
 }
 
 /// Runs `clients` closed-loop workers for `dur`.
-async fn closed_loop<O: Op>(
+pub(crate) async fn closed_loop<O: Op>(
     mut workers: Vec<O>,
     dur: Duration,
     label: String,
@@ -416,11 +420,11 @@ async fn open_loop<O: Op + Clone + Sync>(
 // ---------------------------------------------------------------- workers
 
 #[derive(Clone)]
-struct SluiceOp {
-    client: Client,
-    op: &'static str,
-    value: Bytes,
-    prefix: String,
+pub(crate) struct SluiceOp {
+    pub(crate) client: Client,
+    pub(crate) op: &'static str,
+    pub(crate) value: Bytes,
+    pub(crate) prefix: String,
 }
 
 const KEYS_PER_SIZE: u64 = 64;
@@ -451,7 +455,7 @@ impl Op for SluiceOp {
 }
 
 /// Raw loopback TCP: send `req` bytes, read `resp` bytes back.
-struct RawOp {
+pub(crate) struct RawOp {
     sock: tokio::net::TcpStream,
     req: Vec<u8>,
     resp: Vec<u8>,
@@ -467,7 +471,7 @@ impl Op for RawOp {
 
 /// Echo-like server for the baseline: reads an 8-byte header
 /// (request length, response length), the request, then writes the response.
-fn baseline_server() -> Result<SocketAddr> {
+pub(crate) fn baseline_server() -> Result<SocketAddr> {
     let l = TcpListener::bind("127.0.0.1:0")?;
     let addr = l.local_addr()?;
     std::thread::spawn(move || {
@@ -503,7 +507,7 @@ fn baseline_server() -> Result<SocketAddr> {
     Ok(addr)
 }
 
-async fn raw_op(addr: SocketAddr, req_payload: usize, resp_len: usize) -> Result<RawOp> {
+pub(crate) async fn raw_op(addr: SocketAddr, req_payload: usize, resp_len: usize) -> Result<RawOp> {
     let sock = tokio::net::TcpStream::connect(addr).await?;
     sock.set_nodelay(true)?;
     let mut req = Vec::with_capacity(8 + req_payload);
@@ -518,12 +522,14 @@ async fn raw_op(addr: SocketAddr, req_payload: usize, resp_len: usize) -> Result
 }
 
 /// A minimal RESP client for SET/GET against redis-server.
-struct RedisOp {
+pub(crate) struct RedisOp {
     sock: tokio::net::TcpStream,
     op: &'static str,
     value: Vec<u8>,
     prefix: String,
     buf: Vec<u8>,
+    /// After each SET, `WAIT <n> 0`: return once n replicas have it.
+    pub(crate) wait_replicas: Option<u32>,
 }
 
 impl RedisOp {
@@ -539,7 +545,7 @@ impl RedisOp {
             }
         }
         match self.buf[0] {
-            b'+' => Ok(()),
+            b'+' | b':' => Ok(()),
             b'$' => {
                 let n: i64 = std::str::from_utf8(&self.buf[1..self.buf.len() - 2])?.parse()?;
                 if n < 0 {
@@ -570,12 +576,28 @@ impl Op for RedisOp {
         } else {
             write!(cmd, "*2\r\n$3\r\nGET\r\n${}\r\n{key}\r\n", key.len())?;
         }
+        if let (Some(n), "put") = (self.wait_replicas, self.op) {
+            write!(
+                cmd,
+                "*3\r\n$4\r\nWAIT\r\n${}\r\n{n}\r\n$1\r\n0\r\n",
+                n.to_string().len()
+            )?;
+        }
         self.sock.write_all(&cmd).await?;
-        self.read_reply().await
+        self.read_reply().await?;
+        if let (Some(n), "put") = (self.wait_replicas, self.op) {
+            // `:<replicas>`: fewer than asked means it was not replicated.
+            self.read_reply().await?;
+            let got: u32 = std::str::from_utf8(&self.buf[1..self.buf.len() - 2])?.parse()?;
+            if got < n {
+                bail!("redis WAIT: only {got} of {n} replicas acknowledged");
+            }
+        }
+        Ok(())
     }
 }
 
-async fn redis_op(addr: &str, op: &'static str, size: usize) -> Result<RedisOp> {
+pub(crate) async fn redis_op(addr: &str, op: &'static str, size: usize) -> Result<RedisOp> {
     let sock = tokio::net::TcpStream::connect(addr)
         .await
         .with_context(|| format!("connecting to redis at {addr}"))?;
@@ -586,12 +608,13 @@ async fn redis_op(addr: &str, op: &'static str, size: usize) -> Result<RedisOp> 
         value: vec![b'x'; size],
         prefix: format!("/bench/{size}"),
         buf: Vec::new(),
+        wait_replicas: None,
     })
 }
 
 // ---------------------------------------------------------------- core
 
-fn fmt_size(n: usize) -> String {
+pub(crate) fn fmt_size(n: usize) -> String {
     if n >= 1 << 20 && n.is_multiple_of(1 << 20) {
         format!("{}MB", n >> 20)
     } else if n >= 1024 && n.is_multiple_of(1024) {
@@ -773,7 +796,7 @@ fn core(a: CoreArgs, json: bool) -> Result<()> {
     Ok(())
 }
 
-fn report(rows: &[Row], json: bool, out: Option<&std::path::Path>) -> Result<()> {
+pub(crate) fn report(rows: &[Row], json: bool, out: Option<&std::path::Path>) -> Result<()> {
     if let Some(p) = out {
         std::fs::write(p, serde_json::to_vec_pretty(rows)?)
             .with_context(|| format!("writing {}", p.display()))?;

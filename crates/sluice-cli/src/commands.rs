@@ -35,6 +35,10 @@ pub enum ClientCmd {
     /// Print a value (latest, --version V, or --at TIMESTAMP_US).
     Get {
         key: String,
+        /// In a cluster: read through the shard's leader after it confirms
+        /// its leadership (default: a stable read from any member).
+        #[arg(long, conflicts_with_all = ["version", "at"])]
+        linearizable: bool,
         #[arg(long)]
         version: Option<u64>,
         #[arg(long, conflicts_with = "version")]
@@ -106,10 +110,36 @@ pub enum ClientCmd {
     /// Manage data flow graphs (lambdas) on the node.
     #[command(subcommand)]
     Dfg(DfgCmd),
+    /// Cluster membership, leaders and replication lag.
+    #[command(subcommand)]
+    Cluster(ClusterCmd),
     /// Server counters.
     Stats,
     /// Round trip time to the node.
     Ping,
+}
+
+#[derive(clap::Subcommand, Debug)]
+pub enum ClusterCmd {
+    /// Every node's groups: role, term, leader, applied version, follower lag.
+    Status,
+    /// Add a node to a shard (it catches up from the leader, then votes).
+    AddMember {
+        /// The shard, e.g. volatile/0/0.
+        shard: String,
+        node: u32,
+    },
+    /// Remove a node from a shard (e.g. a dead one before replacing it).
+    RemoveMember { shard: String, node: u32 },
+    /// Fault injection (nodes started with --fault-injection): cut NODE's
+    /// links to PEERS, both directions.
+    Cut {
+        node: u32,
+        #[arg(required = true)]
+        peers: Vec<u32>,
+    },
+    /// Fault injection: restore every link of NODE.
+    Heal { node: u32 },
 }
 
 #[derive(clap::Subcommand, Debug)]
@@ -256,6 +286,90 @@ fn print_json(out: &mut dyn Write, v: &serde_json::Value) -> Result<()> {
 
 /// Runs one client command. `stdin_ok` is false in the shell, where
 /// standard input carries commands, not values.
+fn cluster(c: &BlockingClient, cmd: ClusterCmd, json: bool, out: &mut dyn Write) -> Result<()> {
+    if c.async_client().cluster_epoch().is_none() {
+        bail!("this node runs standalone (start nodes with --cluster LAYOUT, or try `sluice dev`)");
+    }
+    let (command, node) = match &cmd {
+        ClusterCmd::Status => {
+            let info = c.cluster_command(json!({"op": "info"}), None)?;
+            let nodes: Vec<u32> = info["nodes"]
+                .as_array()
+                .map(|a| {
+                    a.iter()
+                        .filter_map(|n| n["id"].as_u64().map(|i| i as u32))
+                        .collect()
+                })
+                .unwrap_or_default();
+            let mut all = Vec::new();
+            for n in nodes {
+                match c.cluster_command(json!({"op": "status"}), Some(n)) {
+                    Ok(s) => all.push(s),
+                    Err(e) => all.push(json!({"node": n, "error": e.to_string()})),
+                }
+            }
+            if json {
+                return print_json(out, &json!({"epoch": info["epoch"], "nodes": all}));
+            }
+            writeln!(out, "metadata epoch {}", info["epoch"])?;
+            writeln!(
+                out,
+                "{:<6} {:<16} {:<10} {:>5} {:>7} {:>9} {:>9} {:>9}  lag",
+                "node", "group", "role", "term", "leader", "log", "applied", "version"
+            )?;
+            for s in &all {
+                if let Some(e) = s.get("error") {
+                    writeln!(
+                        out,
+                        "{:<6} unreachable: {}",
+                        s["node"],
+                        e.as_str().unwrap_or("")
+                    )?;
+                    continue;
+                }
+                let t = |v: &serde_json::Value| match v {
+                    serde_json::Value::String(s) => s.clone(),
+                    serde_json::Value::Null => "-".into(),
+                    v => v.to_string(),
+                };
+                for g in s["groups"].as_array().into_iter().flatten() {
+                    writeln!(
+                        out,
+                        "{:<6} {:<16} {:<10} {:>5} {:>7} {:>9} {:>9} {:>9}  {}",
+                        t(&s["node"]),
+                        t(&g["group"]),
+                        t(&g["role"]),
+                        t(&g["term"]),
+                        t(&g["leader"]),
+                        t(&g["last_log_index"]),
+                        t(&g["applied_index"]),
+                        t(&g["applied_version"]),
+                        t(&g["lag"])
+                    )?;
+                }
+            }
+            return Ok(());
+        }
+        ClusterCmd::AddMember { shard, node } => (
+            json!({"op": "add_member", "shard": shard, "node": node}),
+            None,
+        ),
+        ClusterCmd::RemoveMember { shard, node } => (
+            json!({"op": "remove_member", "shard": shard, "node": node}),
+            None,
+        ),
+        ClusterCmd::Cut { node, peers } => (json!({"op": "cut", "peers": peers}), Some(*node)),
+        ClusterCmd::Heal { node } => (json!({"op": "heal"}), Some(*node)),
+    };
+    let r = c.cluster_command(command, node)?;
+    if json {
+        print_json(out, &r)
+    } else {
+        writeln!(out, "{r}")?;
+        Ok(())
+    }
+}
+
 pub fn execute(
     c: &BlockingClient,
     cmd: ClientCmd,
@@ -308,6 +422,7 @@ pub fn execute(
         }
         ClientCmd::Get {
             key,
+            linearizable,
             version,
             at,
             out: file,
@@ -316,6 +431,7 @@ pub fn execute(
             let o = match (version, at) {
                 (Some(v), _) => c.get_version(&key, v)?,
                 (None, Some(ts)) => c.get_by_time(&key, ts)?,
+                (None, None) if linearizable => c.get_linearizable(&key)?,
                 (None, None) => c.get(&key)?,
             };
             if let Some(f) = &file {
@@ -372,6 +488,7 @@ pub fn execute(
                 c,
                 ClientCmd::Get {
                     key,
+                    linearizable: false,
                     version: None,
                     at: Some(timestamp_us),
                     out: None,
@@ -581,6 +698,7 @@ pub fn execute(
                 writeln!(out, "removed {id}")?;
             }
         }
+        ClientCmd::Cluster(cmd) => cluster(c, cmd, json, out)?,
         ClientCmd::Stats => {
             let s = c.stats()?;
             print_json(out, &s)?;

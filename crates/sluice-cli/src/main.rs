@@ -3,8 +3,10 @@
 //! the demo pipeline on an embedded node; `plan` plans deployments.
 
 mod bench;
+mod bench_cluster;
 mod commands;
 mod demo;
+mod dev;
 mod plan;
 mod serve;
 mod shell;
@@ -45,6 +47,8 @@ enum Cmd {
     Shell,
     /// Benchmarks (core, memory, pipeline, persistent, plan), each next to a baseline.
     Bench(bench::BenchArgs),
+    /// Start a local cluster of N real node processes (Ctrl-C stops it).
+    Dev(dev::DevArgs),
     /// Run the demo pipeline (ONNX filter -> classifier -> store) on an embedded node.
     Demo(demo::DemoArgs),
     /// Choose models and workers for an inference workflow at minimum cost.
@@ -59,6 +63,7 @@ fn main() -> ExitCode {
         Cmd::Serve(a) => serve::run(a),
         Cmd::Bench(a) => bench::run(a, &cli.addr, cli.json),
         Cmd::Demo(a) => demo::run(a),
+        Cmd::Dev(a) => dev::run(a),
         Cmd::Plan(a) => plan::run(a, cli.json),
         Cmd::Shell => shell::run(&cli.addr, cli.timeout_ms, cli.json),
         Cmd::Client(c) => commands::run_once(&cli.addr, cli.timeout_ms, cli.json, c),

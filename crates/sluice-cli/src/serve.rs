@@ -17,11 +17,18 @@ pub struct ServeArgs {
     data_dir: Option<PathBuf>,
     #[arg(long)]
     node_id: Option<u32>,
+    /// Join the cluster described by this layout file (TOML); the node
+    /// listens on its address there unless --listen says otherwise.
+    #[arg(long)]
+    cluster: Option<PathBuf>,
+    /// Accept `sluice cluster cut/heal` (dropping links to peers): tests only.
+    #[arg(long, hide = true)]
+    fault_injection: bool,
 }
 
 pub fn init_tracing() {
-    let filter =
-        tracing_subscriber::EnvFilter::try_from_env("SLUICE_LOG").unwrap_or_else(|_| "info".into());
+    let filter = tracing_subscriber::EnvFilter::try_from_env("SLUICE_LOG")
+        .unwrap_or_else(|_| "info,openraft=warn".into());
     let _ = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
@@ -46,6 +53,25 @@ pub fn load_config(a: &ServeArgs) -> Result<ServerConfig> {
     }
     if let Some(n) = a.node_id {
         cfg.node_id = n;
+    }
+    if let Some(p) = &a.cluster {
+        cfg.cluster.layout = Some(p.clone());
+    }
+    if a.fault_injection {
+        cfg.cluster.fault_injection = true;
+    }
+    if let (Some(p), None) = (&cfg.cluster.layout, a.listen) {
+        let text = std::fs::read_to_string(p)
+            .with_context(|| format!("reading cluster layout {}", p.display()))?;
+        let l = sluice_types::cluster::ClusterLayout::from_toml(&text)
+            .map_err(|e| anyhow::anyhow!("cluster layout {}: {e}", p.display()))?;
+        cfg.listen = l.address_of(cfg.node_id).ok_or_else(|| {
+            anyhow::anyhow!(
+                "node {} is not in the [[nodes]] of {}",
+                cfg.node_id,
+                p.display()
+            )
+        })?;
     }
     cfg.validate()
         .map_err(|e| anyhow::anyhow!("invalid configuration: {e}"))?;

@@ -136,5 +136,8 @@ impl BlockingClient {
         fn list_keys_at(&self, pool: &str, prefix: Option<&str>, by_time: bool, at: u64) -> Result<Vec<String>>;
         fn history(&self, key: &str, by_time: bool, from: u64, to: u64, page: u32) -> Result<Vec<Object>>;
         fn refresh_pools(&self) -> Result<()>;
+        fn get_linearizable(&self, key: &str) -> Result<Object>;
+        fn refresh_cluster(&self) -> Result<()>;
+        fn cluster_command(&self, command: serde_json::Value, node: Option<u32>) -> Result<serde_json::Value>;
     }
 }

@@ -1,14 +1,17 @@
+use crate::cluster::{ClusterView, NodePool};
 use crate::conn::Conn;
 use arc_swap::{ArcSwap, ArcSwapOption};
 use bytes::Bytes;
+use sluice_types::cluster::{MemberSelection, Selector};
 use sluice_types::{
     validate_key, Object, PoolMeta, PoolRouter, PoolSpec, PoolTable, PutResult, Result,
     SluiceError, Trace,
 };
+use sluice_types::{PoolType, ReqId};
 use sluice_wire::{DeliveryKindWire, Request, Response, ServerInfo, WireObject};
 use std::collections::HashMap;
-use std::net::{SocketAddr, ToSocketAddrs};
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::net::ToSocketAddrs;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::sync::mpsc;
@@ -25,6 +28,9 @@ pub struct ClientConfig {
     pub request_timeout: Duration,
     /// Sent in the handshake; shows in server logs.
     pub client_name: String,
+    /// Which member of a replicated shard serves reads (cluster only;
+    /// writes always go to the shard's leader).
+    pub member_selection: MemberSelection,
 }
 
 impl Default for ClientConfig {
@@ -35,6 +41,7 @@ impl Default for ClientConfig {
             connect_timeout: Duration::from_secs(3),
             request_timeout: Duration::from_secs(10),
             client_name: "sluice-client".into(),
+            member_selection: MemberSelection::RoundRobin,
         }
     }
 }
@@ -115,12 +122,29 @@ struct PoolCache {
 
 struct Inner {
     cfg: ClientConfig,
-    addr: SocketAddr,
-    slots: Vec<ArcSwapOption<Conn>>,
-    reconnect: tokio::sync::Mutex<()>,
-    rr: AtomicUsize,
+    /// The node the client was pointed at.
+    home: NodePool,
     pools: ArcSwap<PoolCache>,
     info: ServerInfo,
+    /// Set when the node is part of a cluster.
+    cluster: ArcSwapOption<ClusterView>,
+    /// Connections to the other nodes of the cluster, by node id.
+    nodes: parking_lot::Mutex<HashMap<u32, Arc<NodePool>>>,
+    selector: Selector,
+    /// Random per client: with `seq`, makes every write's request id.
+    client_id: u64,
+    seq: AtomicU64,
+}
+
+/// What a request does, which decides the member it goes to.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Class {
+    /// Puts and removes: the shard's leader.
+    Write,
+    /// Reads: any member, by the member selection policy.
+    Read,
+    /// Linearizable reads: the leader.
+    Leader,
 }
 
 /// An async Sluice client. Cheap to clone; clones share connections.
@@ -150,6 +174,10 @@ fn to_object(o: WireObject) -> Object {
     }
 }
 
+fn fnv(s: &str) -> u64 {
+    sluice_types::fnv1a64(s.as_bytes())
+}
+
 fn unexpected(r: Response) -> SluiceError {
     SluiceError::protocol(format!("unexpected reply {r:?}"))
 }
@@ -176,31 +204,241 @@ impl Client {
                 reason: format!("address {:?} resolves to nothing", cfg.addr),
             })?;
         let n = cfg.connections.max(1);
+        let home = NodePool::new(addr, n, &cfg.client_name, cfg.connect_timeout);
         let first = Conn::connect(addr, &cfg.client_name, cfg.connect_timeout).await?;
         let info = first.info.clone();
-        let slots: Vec<ArcSwapOption<Conn>> = (0..n).map(|_| ArcSwapOption::empty()).collect();
-        slots[0].store(Some(first));
-        for slot in slots.iter().skip(1) {
-            slot.store(Some(
+        home.fill(0, first);
+        for i in 1..home.len() {
+            home.fill(
+                i,
                 Conn::connect(addr, &cfg.client_name, cfg.connect_timeout).await?,
-            ));
+            );
         }
+        let seed = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos() as u64)
+            ^ (u64::from(std::process::id()) << 32)
+            ^ (&home as *const NodePool as u64);
+        let client_id = sluice_types::fnv1a64(&seed.to_le_bytes());
         let client = Client {
             inner: Arc::new(Inner {
                 cfg,
-                addr,
-                slots,
-                reconnect: tokio::sync::Mutex::new(()),
-                rr: AtomicUsize::new(0),
+                home,
                 pools: ArcSwap::from_pointee(PoolCache {
                     table: PoolTable::default(),
                     routers: HashMap::new(),
                 }),
                 info,
+                cluster: ArcSwapOption::empty(),
+                nodes: Default::default(),
+                selector: Selector::new(client_id),
+                client_id,
+                seq: AtomicU64::new(1),
             }),
         };
+        client.refresh_cluster().await?;
         client.refresh_pools().await?;
         Ok(client)
+    }
+
+    /// Reloads the cluster description (members, leaders) from the home
+    /// node; a single node has none.
+    pub async fn refresh_cluster(&self) -> Result<()> {
+        let cmd = Request::Cluster {
+            command: r#"{"op":"info"}"#.into(),
+        };
+        match self.call(&cmd).await {
+            Ok(Response::Json(s)) => {
+                let view = ClusterView::parse(&s)?;
+                if let Some(old) = self.inner.cluster.load_full() {
+                    // The session's monotonic-read floor survives a refresh.
+                    *view.seen.lock() = old.seen.lock().clone();
+                }
+                self.inner.cluster.store(Some(Arc::new(view)));
+                Ok(())
+            }
+            Ok(other) => Err(unexpected(other)),
+            Err(SluiceError::NotSupported { .. }) => Ok(()),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Whether the node is part of a cluster, and its metadata epoch.
+    pub fn cluster_epoch(&self) -> Option<u64> {
+        self.inner.cluster.load().as_ref().map(|c| c.epoch)
+    }
+
+    /// Runs a cluster administration command (JSON `{"op": ...}`: `status`,
+    /// `info`, `add_member`, `remove_member`, `cut`, `heal`) on the home
+    /// node, or on `node` when given. Membership changes go to the
+    /// shard's leader, following leader hints.
+    pub async fn cluster_command(
+        &self,
+        command: serde_json::Value,
+        node: Option<u32>,
+    ) -> Result<serde_json::Value> {
+        let req = Request::Cluster {
+            command: command.to_string(),
+        };
+        let deadline = Instant::now() + self.inner.cfg.request_timeout;
+        let mut target = node;
+        loop {
+            let r = match target {
+                Some(n) => {
+                    self.node_pool(n)?
+                        .call(&req, self.inner.cfg.request_timeout)
+                        .await
+                }
+                None => self.call(&req).await,
+            };
+            match r {
+                Ok(Response::Json(s)) => {
+                    return serde_json::from_str(&s)
+                        .map_err(|e| SluiceError::protocol(e.to_string()))
+                }
+                Ok(other) => return Err(unexpected(other)),
+                Err(SluiceError::NotLeader {
+                    leader: Some(l), ..
+                }) if node.is_none() && Instant::now() < deadline => target = Some(l),
+                // Sent to a node outside the shard: ask its members.
+                Err(SluiceError::NotMember { members, .. })
+                    if node.is_none() && !members.is_empty() && Instant::now() < deadline =>
+                {
+                    let next = match target {
+                        Some(t) => members.iter().position(|m| *m == t).map_or(0, |i| i + 1),
+                        None => 0,
+                    };
+                    target = Some(members[next % members.len()]);
+                }
+                Err(e @ SluiceError::NotLeader { .. }) if Instant::now() >= deadline => {
+                    return Err(e)
+                }
+                Err(SluiceError::NotLeader { .. }) if node.is_none() => {
+                    tokio::time::sleep(Duration::from_millis(50)).await
+                }
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    fn node_pool(&self, node: u32) -> Result<Arc<NodePool>> {
+        if let Some(p) = self.inner.nodes.lock().get(&node) {
+            return Ok(p.clone());
+        }
+        let view = self.inner.cluster.load_full();
+        let addr = view
+            .as_ref()
+            .and_then(|v| v.nodes.get(&node).copied())
+            .ok_or_else(|| SluiceError::Connection {
+                reason: format!("node {node} is not in the cluster layout"),
+            })?;
+        let cfg = &self.inner.cfg;
+        let pool = Arc::new(NodePool::new(
+            addr,
+            cfg.connections,
+            &cfg.client_name,
+            cfg.connect_timeout,
+        ));
+        self.inner.nodes.lock().insert(node, pool.clone());
+        Ok(pool)
+    }
+
+    fn next_req_id(&self) -> Option<ReqId> {
+        self.inner.cluster.load().as_ref()?;
+        Some(ReqId {
+            client: self.inner.client_id,
+            seq: self.inner.seq.fetch_add(1, Ordering::Relaxed),
+        })
+    }
+
+    /// Sends `req` for shard `shard` of a pool to the right member of a
+    /// cluster: the leader for writes (following leader hints), a member
+    /// by the selection policy for reads; retries on another member while
+    /// a shard elects a leader or a member is down, until the request
+    /// timeout. Writes carry a request id, so a retry applies once.
+    async fn cluster_call(
+        &self,
+        view: &ClusterView,
+        (t, subgroup, shard): (PoolType, u32, u32),
+        key: &str,
+        class: Class,
+        req: &Request,
+    ) -> Result<Response> {
+        let (name, members) = view.members(t, subgroup, shard);
+        if members.is_empty() {
+            return Err(SluiceError::UnknownShard {
+                subgroup: format!("{t}/{subgroup}"),
+                shard,
+            });
+        }
+        let replicated = t != PoolType::Trigger;
+        let class = if replicated { class } else { Class::Read };
+        let mut req = req.clone();
+        if let Request::Get { min_version, .. } = &mut req {
+            *min_version = view.seen(&name);
+        }
+        let deadline = Instant::now() + self.inner.cfg.request_timeout;
+        let mut attempt = 0usize;
+        let mut avoid: Option<u32> = None;
+        loop {
+            let target = match class {
+                Class::Write | Class::Leader => view
+                    .leader(&name)
+                    .filter(|l| Some(*l) != avoid)
+                    .unwrap_or(members[attempt % members.len()]),
+                Class::Read if attempt == 0 => self
+                    .inner
+                    .selector
+                    .select(self.inner.cfg.member_selection, &members, fnv(&name), key)
+                    .map_err(|reason| SluiceError::Connection { reason })?,
+                Class::Read => members[attempt % members.len()],
+            };
+            attempt += 1;
+            let left = deadline.saturating_duration_since(Instant::now());
+            let res = match self.node_pool(target) {
+                Ok(p) => p.call(&req, left.max(Duration::from_millis(1))).await,
+                Err(e) => Err(e),
+            };
+            let retry = match &res {
+                Ok(Response::PutOk(p)) => {
+                    view.saw(&name, p.version);
+                    false
+                }
+                Ok(Response::Object(o)) => {
+                    view.saw(&name, o.meta.version);
+                    false
+                }
+                Err(SluiceError::NotLeader {
+                    leader: Some(l), ..
+                }) => {
+                    view.set_leader(&name, *l);
+                    avoid = None;
+                    true
+                }
+                Err(SluiceError::NotLeader { .. }) => {
+                    avoid = Some(target);
+                    true
+                }
+                Err(SluiceError::Connection { .. }) | Err(SluiceError::Timeout { .. }) => {
+                    avoid = Some(target);
+                    view.leaders.lock().remove(&name);
+                    true
+                }
+                Err(SluiceError::Unavailable { .. }) => replicated,
+                Err(SluiceError::ReplicaBehind { .. }) | Err(SluiceError::NotMember { .. }) => {
+                    avoid = Some(target);
+                    true
+                }
+                _ => false,
+            };
+            if !retry || Instant::now() >= deadline {
+                return res;
+            }
+            if attempt >= members.len() {
+                // Every member tried: give an election time to finish.
+                tokio::time::sleep(Duration::from_millis(20 * attempt.min(10) as u64)).await;
+            }
+        }
     }
 
     /// What the server announced at connect (limits, layout version).
@@ -208,34 +446,14 @@ impl Client {
         &self.inner.info
     }
 
-    /// A live connection, reconnecting a dead slot on demand.
+    /// A live connection to the home node.
     async fn conn(&self) -> Result<Arc<Conn>> {
-        let n = self.inner.slots.len();
-        let i = self.inner.rr.fetch_add(1, Ordering::Relaxed) % n;
-        if let Some(c) = self.inner.slots[i].load_full() {
-            if c.is_alive() {
-                return Ok(c);
-            }
-        }
-        let _g = self.inner.reconnect.lock().await;
-        if let Some(c) = self.inner.slots[i].load_full() {
-            if c.is_alive() {
-                return Ok(c);
-            }
-        }
-        let c = Conn::connect(
-            self.inner.addr,
-            &self.inner.cfg.client_name,
-            self.inner.cfg.connect_timeout,
-        )
-        .await?;
-        self.inner.slots[i].store(Some(c.clone()));
-        Ok(c)
+        self.inner.home.conn().await
     }
 
     async fn call(&self, req: &Request) -> Result<Response> {
-        self.conn()
-            .await?
+        self.inner
+            .home
             .call(req, self.inner.cfg.request_timeout)
             .await
     }
@@ -263,14 +481,21 @@ impl Client {
         Ok(())
     }
 
-    /// The shard of `key` according to the cached pool table; refreshes
-    /// the cache once when the key's pool is unknown or deleted.
-    async fn route(&self, key: &str) -> Result<u32> {
+    /// (pool type, subgroup, shard) of `key` according to the cached pool
+    /// table; refreshes the cache once when the key's pool is unknown or
+    /// deleted.
+    async fn route_full(&self, key: &str) -> Result<(PoolType, u32, u32)> {
         validate_key(key, self.inner.info.limits.max_key_bytes as usize)?;
         for attempt in 0..2 {
             let cache = self.inner.pools.load();
             match cache.table.live_pool_of(key) {
-                Ok(p) => return Ok(cache.routers[&p.pathname].shard_of(key)),
+                Ok(p) => {
+                    return Ok((
+                        p.pool_type,
+                        p.subgroup_index,
+                        cache.routers[&p.pathname].shard_of(key),
+                    ))
+                }
                 Err(e) if attempt == 1 => return Err(e),
                 Err(_) => {
                     drop(cache);
@@ -284,14 +509,50 @@ impl Client {
     /// Routes `key`, runs `make(shard)`, and on a stale-routing error
     /// refreshes the pool table and retries once (the server applied nothing).
     async fn routed(&self, key: &str, make: impl Fn(u32) -> Request) -> Result<Response> {
-        let shard = self.route(key).await?;
-        match self.call(&make(shard)).await {
+        self.routed_as(key, Class::Read, make).await
+    }
+
+    /// `routed` for a request of class `class` (which member of a
+    /// replicated shard it goes to).
+    async fn routed_as(
+        &self,
+        key: &str,
+        class: Class,
+        make: impl Fn(u32) -> Request,
+    ) -> Result<Response> {
+        let place = self.route_full(key).await?;
+        match self.placed_call(place, key, class, &make(place.2)).await {
             Err(e) if e.is_stale_routing() => {
                 self.refresh_pools().await?;
-                let shard = self.route(key).await?;
-                self.call(&make(shard)).await
+                let place = self.route_full(key).await?;
+                self.placed_call(place, key, class, &make(place.2)).await
             }
             other => other,
+        }
+    }
+
+    /// Sends a request for a known shard: to the home node, or in a
+    /// cluster to the member `class` calls for.
+    async fn placed_call(
+        &self,
+        place: (PoolType, u32, u32),
+        key: &str,
+        class: Class,
+        req: &Request,
+    ) -> Result<Response> {
+        match self.inner.cluster.load_full() {
+            None => self.call(req).await,
+            Some(view) => {
+                let r = self.cluster_call(&view, place, key, class, req).await;
+                if let Err(SluiceError::NotMember { .. }) = &r {
+                    // Membership changed since we looked: learn it and retry once.
+                    self.refresh_cluster().await?;
+                    if let Some(view) = self.inner.cluster.load_full() {
+                        return self.cluster_call(&view, place, key, class, req).await;
+                    }
+                }
+                r
+            }
         }
     }
 
@@ -314,12 +575,14 @@ impl Client {
         trace: Option<Trace>,
     ) -> Result<PutResult> {
         self.check_value(&value)?;
-        let r = self.routed(key, |shard| Request::Put {
+        let req_id = self.next_req_id();
+        let r = self.routed_as(key, Class::Write, |shard| Request::Put {
             key: key.to_string(),
             shard: Some(shard),
             expected,
             value: value.clone(),
             trace: trace.clone(),
+            req_id,
         });
         match r.await? {
             Response::PutOk(p) => Ok(p),
@@ -363,17 +626,31 @@ impl Client {
     pub async fn put_and_forget(&self, key: &str, value: impl Into<Bytes>) -> Result<()> {
         let value = value.into();
         self.check_value(&value)?;
-        let shard = self.route(key).await?;
-        self.conn()
-            .await?
-            .send_forget(&Request::Put {
-                key: key.to_string(),
-                shard: Some(shard),
-                expected: None,
-                value,
-                trace: None,
-            })
-            .await
+        let (t, subgroup, shard) = self.route_full(key).await?;
+        let req = Request::Put {
+            key: key.to_string(),
+            shard: Some(shard),
+            expected: None,
+            value,
+            trace: None,
+            req_id: self.next_req_id(),
+        };
+        let conn = match self.inner.cluster.load_full() {
+            None => self.conn().await?,
+            Some(view) => {
+                // Best effort: to the last known leader, else the first member.
+                let (name, members) = view.members(t, subgroup, shard);
+                let target = view
+                    .leader(&name)
+                    .or(members.first().copied())
+                    .ok_or_else(|| SluiceError::UnknownShard {
+                        subgroup: format!("{t}/{subgroup}"),
+                        shard,
+                    })?;
+                self.node_pool(target)?.conn().await?
+            }
+        };
+        conn.send_forget(&req).await
     }
 
     /// Fires lambdas and watchers for `key` without storing anything;
@@ -425,11 +702,13 @@ impl Client {
     }
 
     async fn remove_inner(&self, key: &str, expected: Option<u64>) -> Result<PutResult> {
+        let req_id = self.next_req_id();
         match self
-            .routed(key, |shard| Request::Remove {
+            .routed_as(key, Class::Write, |shard| Request::Remove {
                 key: key.to_string(),
                 shard: Some(shard),
                 expected,
+                req_id,
             })
             .await?
         {
@@ -439,18 +718,46 @@ impl Client {
     }
 
     async fn object(&self, key: &str, make: impl Fn(u32) -> Request) -> Result<Object> {
-        match self.routed(key, make).await? {
+        self.object_as(key, Class::Read, make).await
+    }
+
+    async fn object_as(
+        &self,
+        key: &str,
+        class: Class,
+        make: impl Fn(u32) -> Request,
+    ) -> Result<Object> {
+        match self.routed_as(key, class, make).await? {
             Response::Object(o) => Ok(to_object(o)),
             other => Err(unexpected(other)),
         }
     }
 
-    /// The latest version of `key`.
+    /// The latest version of `key`. In a cluster this is a *stable* read:
+    /// any member may answer with committed data, never older than what
+    /// this client has already seen of the shard.
     pub async fn get(&self, key: &str) -> Result<Object> {
         self.object(key, |shard| Request::Get {
             key: key.to_string(),
             shard: Some(shard),
             version: None,
+            min_version: None,
+            linearizable: false,
+        })
+        .await
+    }
+
+    /// The latest version of `key`, *linearizable*: served by the shard's
+    /// leader after it confirmed its leadership with a quorum, so it
+    /// reflects every write acknowledged before the call. (Same as `get`
+    /// on a single node.)
+    pub async fn get_linearizable(&self, key: &str) -> Result<Object> {
+        self.object_as(key, Class::Leader, |shard| Request::Get {
+            key: key.to_string(),
+            shard: Some(shard),
+            version: None,
+            min_version: None,
+            linearizable: true,
         })
         .await
     }
@@ -461,6 +768,8 @@ impl Client {
             key: key.to_string(),
             shard: Some(shard),
             version: Some(version),
+            min_version: None,
+            linearizable: false,
         })
         .await
     }
@@ -542,7 +851,10 @@ impl Client {
                 shard: Some(shard),
             };
             let c = self.clone();
-            calls.push(tokio::spawn(async move { c.call(&req).await }));
+            let place = (meta.pool_type, meta.subgroup_index, shard);
+            calls.push(tokio::spawn(async move {
+                c.placed_call(place, "", Class::Read, &req).await
+            }));
         }
         let mut keys = Vec::new();
         for c in calls {
@@ -560,22 +872,25 @@ impl Client {
     /// The latest versions of several keys: one request per shard involved,
     /// sent concurrently; one result per key, in the order given.
     pub async fn multi_get(&self, keys: &[&str]) -> Result<Vec<Result<Object>>> {
-        let mut by_shard: HashMap<u32, Vec<usize>> = HashMap::new();
+        let mut by_shard: HashMap<(PoolType, u32, u32), Vec<usize>> = HashMap::new();
         let mut out: Vec<Option<Result<Object>>> = vec![None; keys.len()];
         for (i, k) in keys.iter().enumerate() {
-            match self.route(k).await {
+            match self.route_full(k).await {
                 Ok(s) => by_shard.entry(s).or_default().push(i),
                 Err(e) => out[i] = Some(Err(e)),
             }
         }
         let mut calls = Vec::new();
-        for (shard, idx) in by_shard {
+        for (place, idx) in by_shard {
             let req = Request::MultiGet {
-                shard: Some(shard),
+                shard: Some(place.2),
                 keys: idx.iter().map(|i| keys[*i].to_string()).collect(),
             };
             let c = self.clone();
-            calls.push((idx, tokio::spawn(async move { c.call(&req).await })));
+            calls.push((
+                idx,
+                tokio::spawn(async move { c.placed_call(place, "", Class::Leader, &req).await }),
+            ));
         }
         for (idx, call) in calls {
             let items = match call.await.map_err(|e| SluiceError::Internal {
@@ -608,9 +923,42 @@ impl Client {
     }
 
     async fn pool_call(&self, req: Request) -> Result<PoolMeta> {
-        match self.call(&req).await? {
+        let r = match (&req, self.inner.cluster.load_full()) {
+            (Request::PoolCreate { .. } | Request::PoolRemove { .. }, Some(view)) => {
+                self.meta_call(&view, &req).await
+            }
+            _ => self.call(&req).await,
+        };
+        match r? {
             Response::Pool(p) => Ok(p),
             other => Err(unexpected(other)),
+        }
+    }
+
+    /// A replicated metadata change: to the metadata group's leader.
+    async fn meta_call(&self, view: &ClusterView, req: &Request) -> Result<Response> {
+        let deadline = Instant::now() + self.inner.cfg.request_timeout;
+        loop {
+            let r = match view.leader("meta") {
+                Some(l) => {
+                    self.node_pool(l)?
+                        .call(req, self.inner.cfg.request_timeout)
+                        .await
+                }
+                None => self.call(req).await,
+            };
+            match &r {
+                Err(SluiceError::NotLeader {
+                    leader: Some(l), ..
+                }) if Instant::now() < deadline => view.set_leader("meta", *l),
+                Err(SluiceError::NotLeader { .. } | SluiceError::Connection { .. })
+                    if Instant::now() < deadline =>
+                {
+                    view.leaders.lock().remove("meta");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+                _ => return r,
+            }
         }
     }
 

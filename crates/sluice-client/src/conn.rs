@@ -23,7 +23,7 @@ pub(crate) enum Pending {
     Stream(mpsc::Sender<Response>, Arc<AtomicU64>),
 }
 
-pub(crate) struct Conn {
+pub struct Conn {
     writer: tokio::sync::Mutex<OwnedWriteHalf>,
     pending: Mutex<HashMap<u64, Pending>>,
     next_id: AtomicU64,
@@ -32,7 +32,7 @@ pub(crate) struct Conn {
     fatal: Mutex<Option<SluiceError>>,
     /// Keeps us under the server's announced in-flight limit.
     pub(crate) in_flight: Semaphore,
-    pub(crate) info: ServerInfo,
+    pub info: ServerInfo,
 }
 
 fn conn_err(reason: impl Into<String>) -> SluiceError {
@@ -42,7 +42,7 @@ fn conn_err(reason: impl Into<String>) -> SluiceError {
 }
 
 impl Conn {
-    pub(crate) async fn connect(
+    pub async fn connect(
         addr: SocketAddr,
         name: &str,
         connect_timeout: Duration,
@@ -121,7 +121,7 @@ impl Conn {
         Ok(conn)
     }
 
-    pub(crate) fn is_alive(&self) -> bool {
+    pub fn is_alive(&self) -> bool {
         self.alive.load(Ordering::Acquire)
     }
 
@@ -151,7 +151,7 @@ impl Conn {
     }
 
     /// Sends a request and waits for its reply.
-    pub(crate) async fn call(&self, req: &Request, timeout: Duration) -> Result<Response> {
+    pub async fn call(&self, req: &Request, timeout: Duration) -> Result<Response> {
         if !self.is_alive() {
             return Err(self.dead_error());
         }

@@ -12,10 +12,14 @@
 
 mod blocking;
 mod client;
+mod cluster;
 mod conn;
 
 pub use blocking::{BlockingClient, BlockingWatch};
 pub use client::{Client, ClientConfig, Notification, Watch};
+/// One pipelined connection to one node (what `Client` pools; nodes use it
+/// to talk to each other).
+pub use conn::Conn;
 pub use sluice_types::pool::Retention;
 pub use sluice_types::{
     Object, ObjectMeta, PoolMeta, PoolSpec, PoolType, PutResult, SluiceError, VERSION_NONE,

@@ -335,6 +335,7 @@ async fn oversized_values_are_typed_errors_on_both_sides() {
         expected: None,
         value: Bytes::from(vec![0u8; 5000]),
         trace: None,
+        req_id: None,
     }
     .encode(&mut q, 7, 0);
     raw.write_all(&q.to_bytes()).await.unwrap();

@@ -116,6 +116,8 @@ pub struct ServerConfig {
     pub layout: Layout,
     /// Pools created when the data directory has no pool table yet.
     pub default_pools: Vec<PoolSpec>,
+    /// Cluster membership and replication (`layout` unset: standalone).
+    pub cluster: sluice_cluster::ClusterSettings,
 }
 
 impl Default for ServerConfig {
@@ -131,6 +133,7 @@ impl Default for ServerConfig {
             persistent: PersistentConfig::default(),
             layout: Layout::default(),
             default_pools: sluice_types::pool::default_pools(),
+            cluster: sluice_cluster::ClusterSettings::default(),
         }
     }
 }
@@ -146,6 +149,13 @@ impl ServerConfig {
     pub fn validate(&self) -> Result<(), String> {
         self.layout.validate()?;
         self.persistent.sync_policy()?;
+        let c = &self.cluster;
+        if c.election_min_ms <= c.heartbeat_ms * 2 || c.election_max_ms <= c.election_min_ms {
+            return Err(format!(
+                "cluster: need heartbeat_ms ({}) * 2 < election_min_ms ({}) < election_max_ms ({})",
+                c.heartbeat_ms, c.election_min_ms, c.election_max_ms
+            ));
+        }
         let l = &self.limits;
         let checks = [
             (

@@ -27,6 +27,8 @@ const READ_CHUNK: usize = 64 * 1024;
 pub struct ConnCtx {
     pub cfg: ServerConfig,
     pub store: Arc<Store>,
+    /// Set when this node is part of a cluster (replicated shards).
+    pub cluster: Option<Arc<sluice_cluster::ClusterNode>>,
     pub watches: Arc<WatchHub>,
     pub engine: Arc<sluice_compute::Engine>,
     pub stats: ServerStats,
@@ -57,7 +59,14 @@ struct Conn {
     handshaken: bool,
 }
 
-type Deferred = (u64, Result<Arc<sluice_types::Object>, SluiceError>);
+/// A reply computed off the connection's task.
+enum Reply {
+    Object(Result<Arc<sluice_types::Object>, SluiceError>),
+    Put(Result<sluice_types::PutResult, SluiceError>),
+    Resp(Result<Response, SluiceError>),
+}
+
+type Deferred = (u64, Reply);
 
 pub async fn serve_conn(ctx: Arc<ConnCtx>, mut sock: TcpStream, peer: SocketAddr) {
     let id = ctx.next_conn_id.fetch_add(1, Ordering::Relaxed);
@@ -179,8 +188,13 @@ impl Conn {
                     }
                     Some(Err(e)) => return Close::Io(e),
                 },
-                Some((rid, res)) = deferred_rx.recv() => {
-                    reply_object(&mut self.out, rid, res);
+                Some((rid, rep)) = deferred_rx.recv() => {
+                    match rep {
+                        Reply::Object(r) => reply_object(&mut self.out, rid, r),
+                        Reply::Put(Ok(p)) => Response::put_ok(&mut self.out, rid, &p),
+                        Reply::Resp(Ok(r)) => r.encode(&mut self.out, rid),
+                        Reply::Put(Err(e)) | Reply::Resp(Err(e)) => Response::error(&mut self.out, rid, &e),
+                    }
                 }
                 Some(n) = notify_rx.recv() => {
                     self.encode_notice(n);
@@ -294,7 +308,244 @@ impl Conn {
         Ok(())
     }
 
+    /// Answers `rid` later with what `fut` yields, without holding up this
+    /// connection's other requests (bounded like pipelined requests).
+    fn defer(
+        &mut self,
+        rid: u64,
+        no_reply: bool,
+        fut: impl std::future::Future<Output = Reply> + Send + 'static,
+    ) {
+        let max = self.ctx.cfg.limits.max_in_flight_per_conn;
+        if self.deferred_in_flight.load(Ordering::Relaxed) >= max as usize {
+            return Response::error(&mut self.out, rid, &SluiceError::TooManyInFlight { max });
+        }
+        self.deferred_in_flight.fetch_add(1, Ordering::Relaxed);
+        let (tx, count) = (self.deferred_tx.clone(), self.deferred_in_flight.clone());
+        tokio::spawn(async move {
+            let r = fut.await;
+            if !no_reply {
+                let _ = tx.send((rid, r)).await;
+            }
+            count.fetch_sub(1, Ordering::Relaxed);
+        });
+    }
+
+    /// In a cluster: requests that need consensus (replicated writes,
+    /// linearizable reads, pool changes, consensus messages, admin) are
+    /// handled here and answered later; reads of a replicated shard are
+    /// checked (member, session floor) and left to the local path.
+    /// Returns the request back when the local path should run it.
+    fn execute_clustered(&mut self, rid: u64, no_reply: bool, req: Request) -> Option<Request> {
+        let Some(cl) = self.ctx.cluster.clone() else {
+            return match req {
+                Request::Raft { .. } | Request::Cluster { .. } => {
+                    Response::error(
+                        &mut self.out,
+                        rid,
+                        &SluiceError::NotSupported {
+                            what: "cluster commands on a standalone node (start it with --cluster)"
+                                .into(),
+                        },
+                    );
+                    None
+                }
+                r => Some(r),
+            };
+        };
+        let store = self.ctx.store.clone();
+        let replicated =
+            |key: &str, shard: Option<u32>| -> Result<Option<sluice_store::ShardId>, SluiceError> {
+                let sid = store.shard_id_of(key, shard)?;
+                Ok(cl.replicates(sid).then_some(sid))
+            };
+        match req {
+            Request::Put {
+                key,
+                shard,
+                expected,
+                value,
+                trace,
+                req_id,
+            } => match replicated(&key, shard) {
+                Err(e) => Response::error(&mut self.out, rid, &e),
+                Ok(None) => {
+                    return Some(Request::Put {
+                        key,
+                        shard,
+                        expected,
+                        value,
+                        trace,
+                        req_id,
+                    })
+                }
+                Ok(Some(sid)) => self.defer(rid, no_reply, async move {
+                    Reply::Put(
+                        cl.write(sid, key, Some(value), expected, req_id, trace)
+                            .await,
+                    )
+                }),
+            },
+            Request::Remove {
+                key,
+                shard,
+                expected,
+                req_id,
+            } => match replicated(&key, shard) {
+                Err(e) => Response::error(&mut self.out, rid, &e),
+                Ok(None) => {
+                    return Some(Request::Remove {
+                        key,
+                        shard,
+                        expected,
+                        req_id,
+                    })
+                }
+                Ok(Some(sid)) => self.defer(rid, no_reply, async move {
+                    Reply::Put(cl.write(sid, key, None, expected, req_id, None).await)
+                }),
+            },
+            Request::Get {
+                key,
+                shard,
+                version,
+                min_version,
+                linearizable,
+            } => match replicated(&key, shard) {
+                Err(e) => Response::error(&mut self.out, rid, &e),
+                Ok(Some(sid)) if linearizable => self.defer(rid, no_reply, async move {
+                    Reply::Object(match cl.read_barrier(sid).await {
+                        Ok(()) => store.get(&key, version, shard),
+                        Err(e) => Err(e),
+                    })
+                }),
+                Ok(Some(sid)) => match cl.check_read(sid, min_version) {
+                    Ok(()) => {
+                        return Some(Request::Get {
+                            key,
+                            shard,
+                            version,
+                            min_version,
+                            linearizable,
+                        })
+                    }
+                    Err(e) => Response::error(&mut self.out, rid, &e),
+                },
+                Ok(None) => {
+                    return Some(Request::Get {
+                        key,
+                        shard,
+                        version,
+                        min_version,
+                        linearizable,
+                    })
+                }
+            },
+            Request::PoolCreate { spec } => {
+                let created_us = store.clock().now_us();
+                self.defer(rid, no_reply, async move {
+                    Reply::Resp(
+                        cl.meta_write(sluice_cluster::MetaCommand::PoolCreate { spec, created_us })
+                            .await
+                            .and_then(|j| pool_reply(&j)),
+                    )
+                })
+            }
+            Request::PoolRemove { path } => self.defer(rid, no_reply, async move {
+                Reply::Resp(
+                    cl.meta_write(sluice_cluster::MetaCommand::PoolRemove { path })
+                        .await
+                        .and_then(|j| pool_reply(&j)),
+                )
+            }),
+            Request::Raft {
+                from,
+                group,
+                kind,
+                body,
+            } => self.defer(rid, no_reply, async move {
+                Reply::Resp(
+                    cl.handle_raft(from, group, kind, &body)
+                        .await
+                        .map(Response::Raw),
+                )
+            }),
+            Request::Cluster { command } => self.defer(rid, no_reply, async move {
+                Reply::Resp(
+                    cl.admin(&command)
+                        .await
+                        .map(|v| Response::Json(v.to_string())),
+                )
+            }),
+            // Other reads of a replicated shard: only from a member.
+            r @ (Request::GetByTime { .. } | Request::GetSize { .. } | Request::History { .. }) => {
+                let (key, shard) = match &r {
+                    Request::GetByTime { key, shard, .. }
+                    | Request::GetSize { key, shard, .. }
+                    | Request::History { key, shard, .. } => (key.clone(), *shard),
+                    _ => unreachable!("matched above"),
+                };
+                match replicated(&key, shard).and_then(|s| match s {
+                    Some(sid) => cl.check_read(sid, None),
+                    None => Ok(()),
+                }) {
+                    Ok(()) => return Some(r),
+                    Err(e) => Response::error(&mut self.out, rid, &e),
+                }
+            }
+            Request::MultiGet { shard, keys } => {
+                let check = match keys.first() {
+                    Some(k) => replicated(k, shard).and_then(|s| match s {
+                        Some(sid) => cl.check_read(sid, None),
+                        None => Ok(()),
+                    }),
+                    None => Ok(()),
+                };
+                match check {
+                    Ok(()) => return Some(Request::MultiGet { shard, keys }),
+                    Err(e) => Response::error(&mut self.out, rid, &e),
+                }
+            }
+            Request::ListKeys {
+                pool,
+                prefix,
+                shard,
+            } => {
+                let check = match (store.get_pool(&pool), shard) {
+                    (Ok(p), Some(s)) => {
+                        let sid = sluice_store::ShardId {
+                            pool_type: p.pool_type,
+                            subgroup: p.subgroup_index,
+                            shard: s,
+                        };
+                        if cl.replicates(sid) {
+                            cl.check_read(sid, None)
+                        } else {
+                            Ok(())
+                        }
+                    }
+                    _ => Ok(()),
+                };
+                match check {
+                    Ok(()) => {
+                        return Some(Request::ListKeys {
+                            pool,
+                            prefix,
+                            shard,
+                        })
+                    }
+                    Err(e) => Response::error(&mut self.out, rid, &e),
+                }
+            }
+            r => return Some(r),
+        }
+        None
+    }
+
     fn execute(&mut self, rid: u64, no_reply: bool, req: Request) {
+        let Some(req) = self.execute_clustered(rid, no_reply, req) else {
+            return;
+        };
         let store = &*self.ctx.store;
         let out = &mut self.out;
         let limits = &self.ctx.cfg.limits;
@@ -308,6 +559,7 @@ impl Conn {
                 expected,
                 value,
                 trace,
+                ..
             } => {
                 let span = tracing::trace_span!("put", key = %key);
                 let _e = span.enter();
@@ -353,6 +605,7 @@ impl Conn {
                 key,
                 shard,
                 expected,
+                ..
             } => match if store.write_may_block(&key) {
                 off_event_loop(|| store.remove(&key, expected, shard))
             } else {
@@ -365,7 +618,11 @@ impl Conn {
                 key,
                 shard,
                 version,
+                ..
             } => reply_object(out, rid, store.get(&key, version, shard)),
+            Request::Raft { .. } | Request::Cluster { .. } => {
+                unreachable!("handled by execute_clustered")
+            }
             Request::GetByTime {
                 key,
                 shard,
@@ -417,7 +674,7 @@ impl Conn {
                         r = stable_now(&store, &key, timestamp_us, shard);
                     }
                     let res = r.and_then(|_| store.get_by_time(&key, timestamp_us, shard));
-                    let _ = tx.send((rid, res)).await;
+                    let _ = tx.send((rid, Reply::Object(res))).await;
                     count.fetch_sub(1, Ordering::Relaxed);
                 });
             }
@@ -625,6 +882,14 @@ fn reply_object(out: &mut OutQueue, rid: u64, r: Result<Arc<sluice_types::Object
         Ok(o) => encode_object(out, rid, op::OBJECT, None, &ObjRef::of(&o)),
         Err(e) => Response::error(out, rid, &e),
     }
+}
+
+fn pool_reply(json: &str) -> Result<Response, SluiceError> {
+    serde_json::from_str(json)
+        .map(Response::Pool)
+        .map_err(|e| SluiceError::Internal {
+            reason: format!("bad pool in a metadata reply: {e}"),
+        })
 }
 
 fn frame_error(e: FrameError) -> SluiceError {

@@ -60,9 +60,31 @@ pub struct Server {
 }
 
 impl Server {
-    /// Opens the store in `cfg.data_dir` and binds the listener.
+    /// Opens the store in `cfg.data_dir` and binds the listener. With
+    /// `cluster.layout` set, the node joins that cluster: its shard layout
+    /// comes from the layout file and its replicated shards start.
     pub async fn bind(mut cfg: ServerConfig) -> Result<Server, ServerError> {
         cfg.validate().map_err(ServerError::Config)?;
+        let cluster_layout = match &cfg.cluster.layout {
+            None => None,
+            Some(p) => {
+                let text = std::fs::read_to_string(p).map_err(|e| {
+                    ServerError::Config(format!("reading cluster layout {}: {e}", p.display()))
+                })?;
+                let l = sluice_types::cluster::ClusterLayout::from_toml(&text).map_err(|e| {
+                    ServerError::Config(format!("cluster layout {}: {e}", p.display()))
+                })?;
+                let counts = l.shard_counts();
+                cfg.layout = sluice_store::Layout {
+                    version: l.version,
+                    volatile: counts["volatile"].clone(),
+                    trigger: counts["trigger"].clone(),
+                    persistent: counts["persistent"].clone(),
+                };
+                cfg.validate().map_err(ServerError::Config)?;
+                Some(l)
+            }
+        };
         if cfg.persistent.enabled && cfg.layout.persistent.is_empty() {
             cfg.layout.persistent = vec![1];
         }
@@ -82,7 +104,25 @@ impl Server {
             dir: cfg.data_dir.display().to_string(),
             source,
         })?;
-        Self::bind_with(cfg, Arc::new(store), sluice_udls::registry()).await
+        let store = Arc::new(store);
+        let cluster = match cluster_layout {
+            None => None,
+            Some(l) => Some(
+                sluice_cluster::ClusterNode::start(
+                    cfg.node_id,
+                    l,
+                    cfg.cluster.clone(),
+                    cfg.data_dir.clone(),
+                    store.clone(),
+                )
+                .await
+                .map_err(|source| ServerError::Store {
+                    dir: cfg.data_dir.display().to_string(),
+                    source,
+                })?,
+            ),
+        };
+        Self::bind_node(cfg, store, sluice_udls::registry(), cluster).await
     }
 
     /// Binds a listener in front of an existing store (embedded use: the
@@ -100,6 +140,17 @@ impl Server {
         cfg: ServerConfig,
         store: Arc<Store>,
         registry: Registry,
+    ) -> Result<Server, ServerError> {
+        Self::bind_node(cfg, store, registry, None).await
+    }
+
+    /// Binds a node that is a member of a cluster (replicated shards,
+    /// replicated pool table); see `sluice-cluster`.
+    pub async fn bind_node(
+        cfg: ServerConfig,
+        store: Arc<Store>,
+        registry: Registry,
+        cluster: Option<Arc<sluice_cluster::ClusterNode>>,
     ) -> Result<Server, ServerError> {
         cfg.validate().map_err(ServerError::Config)?;
         let listener = TcpListener::bind(cfg.listen)
@@ -126,7 +177,9 @@ impl Server {
                 persist_path: Some(cfg.data_dir.join("dfgs.json")),
             },
             Some(watches.clone() as Arc<dyn sluice_compute::Publisher>),
-            None,
+            cluster
+                .clone()
+                .map(|c| c as Arc<dyn sluice_compute::Membership>),
         );
         match engine.load_persisted() {
             Ok(0) => {}
@@ -140,6 +193,7 @@ impl Server {
             conn_slots: Arc::new(Semaphore::new(cfg.limits.max_connections as usize)),
             cfg,
             store,
+            cluster,
             watches,
             engine,
             stats: ServerStats::default(),

@@ -225,6 +225,12 @@ impl Store {
     // ---- pools ---------------------------------------------------------
 
     pub fn create_pool(&self, spec: &PoolSpec) -> Result<PoolMeta> {
+        self.create_pool_at(spec, self.clock.now_us())
+    }
+
+    /// `create_pool` with a given creation time (replicas applying the
+    /// same replicated pool change agree on it).
+    pub fn create_pool_at(&self, spec: &PoolSpec, created_us: u64) -> Result<PoolMeta> {
         if spec.pool_type == Some(PoolType::Persistent) && self.cfg.persistent_dir.is_none() {
             return Err(SluiceError::NotSupported {
                 what: format!(
@@ -238,7 +244,7 @@ impl Store {
         })?;
         let _g = self.pool_write.lock();
         let mut table = self.pools.load().table.clone();
-        let meta = table.create(spec, pool_type, shard_count, self.clock.now_us())?;
+        let meta = table.create(spec, pool_type, shard_count, created_us)?;
         self.commit_pools(table)?;
         tracing::info!(pool = %meta.pathname, pool_type = %meta.pool_type, "pool created");
         Ok(meta)
@@ -264,6 +270,13 @@ impl Store {
         }
         self.pools.store(Arc::new(PoolView::new(table)));
         Ok(())
+    }
+
+    /// Replaces the whole pool table (a replica installing a snapshot of
+    /// the replicated metadata).
+    pub fn replace_pool_table(&self, table: PoolTable) -> Result<()> {
+        let _g = self.pool_write.lock();
+        self.commit_pools(table)
     }
 
     pub fn list_pools(&self, include_deleted: bool) -> Vec<PoolMeta> {
@@ -340,6 +353,12 @@ impl Store {
             router: router.clone(),
             shard,
         })
+    }
+
+    /// The shard a key lives on (checking the caller's claimed shard
+    /// index like every data operation does).
+    pub fn shard_id_of(&self, key: &str, claimed: Option<u32>) -> Result<ShardId> {
+        self.route(key, claimed).map(|r| r.shard.id)
     }
 
     fn require_type(r: &Routed, key: &str, op: &str, allowed: &[PoolType]) -> Result<()> {
@@ -432,9 +451,92 @@ impl Store {
         shard: Option<u32>,
         trace: Option<Arc<Trace>>,
     ) -> Result<PutResult> {
-        let op = if value.is_some() { "put" } else { "remove" };
         let r = self.route(key, shard)?;
-        Self::require_type(&r, key, op, STORED)?;
+        self.write_routed(&r, key, value, expected, trace, None)
+    }
+
+    /// Applies a replicated write to `shard` with the timestamp the
+    /// replication log chose for it, so every replica stores the same
+    /// version and timestamp. The pool is looked up by key (deleted pools
+    /// included); the shard is taken as given.
+    pub fn apply_write(
+        &self,
+        shard: ShardId,
+        key: &str,
+        value: Option<Bytes>,
+        expected: Option<u64>,
+        timestamp_us: u64,
+        trace: Option<Arc<Trace>>,
+    ) -> Result<PutResult> {
+        validate_key(key, self.cfg.max_key_bytes)?;
+        let view = self.pools.load();
+        let pool = view.table.pool_of(key).ok_or_else(|| SluiceError::NoPool {
+            key: key.to_string(),
+        })?;
+        let r =
+            Routed {
+                router: view.routers[&pool.pathname].clone(),
+                shard: self.shards.get(&shard).cloned().ok_or_else(|| {
+                    SluiceError::UnknownShard {
+                        subgroup: format!("{}/{}", shard.pool_type, shard.subgroup),
+                        shard: shard.shard,
+                    }
+                })?,
+            };
+        self.clock.observe(timestamp_us);
+        let res = self.write_routed(&r, key, value, expected, trace, Some(timestamp_us));
+        self.count_err(res)
+    }
+
+    /// Every latest object of a shard (tombstones included), for a
+    /// replication snapshot.
+    pub fn shard_objects(&self, shard: ShardId) -> Vec<Arc<Object>> {
+        match self.shards.get(&shard) {
+            Some(s) => s.objects.pin().values().cloned().collect(),
+            None => Vec::new(),
+        }
+    }
+
+    /// Replaces a shard's contents with a snapshot taken on another
+    /// replica (`shard_objects`) at version `last_version`.
+    pub fn install_shard(
+        &self,
+        shard: ShardId,
+        last_version: u64,
+        objects: Vec<Arc<Object>>,
+    ) -> Result<()> {
+        let s = self
+            .shards
+            .get(&shard)
+            .ok_or_else(|| SluiceError::UnknownShard {
+                subgroup: format!("{}/{}", shard.pool_type, shard.subgroup),
+                shard: shard.shard,
+            })?;
+        let _w = s.write_lock.lock();
+        let map = s.objects.pin();
+        map.clear();
+        let mut ts = 0;
+        for o in objects {
+            ts = ts.max(o.meta.timestamp_us);
+            map.insert(o.key.clone(), o);
+        }
+        self.clock.observe(ts);
+        s.visible_ts.fetch_max(ts, Ordering::AcqRel);
+        s.set_last_version(last_version);
+        Ok(())
+    }
+
+    fn write_routed(
+        &self,
+        r: &Routed,
+        key: &str,
+        value: Option<Bytes>,
+        expected: Option<u64>,
+        trace: Option<Arc<Trace>>,
+        timestamp_us: Option<u64>,
+    ) -> Result<PutResult> {
+        let op = if value.is_some() { "put" } else { "remove" };
+        Self::require_type(r, key, op, STORED)?;
         let (object, kind) = {
             let _w = r.shard.write_lock.lock();
             let map = r.shard.objects.pin();
@@ -483,7 +585,7 @@ impl Store {
             // Reuse the key allocation already in the map.
             let key_arc: Arc<str> = prev.map_or_else(|| Arc::from(key), |o| o.key.clone());
             let tombstone = value.is_none();
-            let timestamp_us = self.clock.now_us();
+            let timestamp_us = timestamp_us.unwrap_or_else(|| self.clock.now_us());
             if let Some(h) = &r.shard.history {
                 // Durable (per the sync policy) before anyone can see it.
                 h.lock()
@@ -529,7 +631,7 @@ impl Store {
         };
         counter.fetch_add(1, Ordering::Relaxed);
         tracing::trace!(key, version = object.meta.version, op, "applied");
-        if let Err(e) = self.deliver(&r, &object, kind) {
+        if let Err(e) = self.deliver(r, &object, kind) {
             // The put is stored; a lambda that could not be queued is
             // counted by the dispatcher.
             tracing::debug!(key, error = %e, "delivery after put failed");

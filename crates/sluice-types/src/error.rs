@@ -64,6 +64,27 @@ pub enum SluiceError {
     },
     #[error("shard {shard} of subgroup {subgroup} is not hosted on this node")]
     UnknownShard { subgroup: String, shard: u32 },
+    #[error("shard {shard}: node {node} is not its leader ({hint})")]
+    NotLeader {
+        shard: String,
+        node: u32,
+        leader: Option<u32>,
+        leader_address: Option<String>,
+        hint: String,
+    },
+    #[error("shard {shard} is not hosted on node {node}; its members are {members:?}")]
+    NotMember {
+        shard: String,
+        node: u32,
+        members: Vec<u32>,
+    },
+    #[error("shard {shard} on node {node} has applied up to version {applied}, older than version {wanted} this session has seen; retry on another member")]
+    ReplicaBehind {
+        shard: String,
+        node: u32,
+        applied: u64,
+        wanted: u64,
+    },
     #[error("invalid data flow graph at {path}: {reason}")]
     InvalidDfg { path: String, reason: String },
     #[error("protocol error: {reason}")]

@@ -69,6 +69,15 @@ pub struct PutResult {
     pub timestamp_us: u64,
 }
 
+/// Identifies one logical write of one client, so a retried put (after a
+/// timeout or a leader change) is applied once: `client` is random per
+/// client instance, `seq` increases per write.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct ReqId {
+    pub client: u64,
+    pub seq: u64,
+}
+
 /// Formats a version for humans: `VERSION_NONE` reads as "none".
 pub fn fmt_version(v: u64) -> String {
     if v == VERSION_NONE {

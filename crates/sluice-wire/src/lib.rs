@@ -33,4 +33,4 @@ pub use message::{
 pub use out::OutQueue;
 
 /// Protocol version spoken by this build; the handshake rejects others.
-pub const PROTOCOL_VERSION: u16 = 1;
+pub const PROTOCOL_VERSION: u16 = 2;

@@ -6,7 +6,8 @@ use crate::out::OutQueue;
 use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 use sluice_types::{
-    Hop, Limits, ObjectMeta, PoolMeta, PoolSpec, PutResult, SluiceError, Trace, TRACE_HOPS_MAX,
+    Hop, Limits, ObjectMeta, PoolMeta, PoolSpec, PutResult, ReqId, SluiceError, Trace,
+    TRACE_HOPS_MAX,
 };
 
 /// Opcodes.
@@ -34,6 +35,10 @@ pub mod op {
     pub const DFG_REMOVE: u8 = 0x15;
     pub const HISTORY: u8 = 0x16;
     pub const LIST_KEYS_AT: u8 = 0x17;
+    /// Node to node: one consensus message (value: its encoded body).
+    pub const RAFT: u8 = 0x18;
+    /// Cluster administration (JSON command; answered with JSON).
+    pub const CLUSTER: u8 = 0x19;
 
     pub const HELLO_OK: u8 = 0x81;
     pub const PONG: u8 = 0x82;
@@ -49,6 +54,8 @@ pub mod op {
     pub const OK: u8 = 0x8C;
     pub const STATS_OK: u8 = 0x8D;
     pub const JSON: u8 = 0x8E;
+    /// An opaque binary body (consensus replies).
+    pub const RAW: u8 = 0x8F;
     pub const ERROR: u8 = 0xFF;
 }
 
@@ -132,6 +139,8 @@ pub enum Request {
         expected: Option<u64>,
         value: Bytes,
         trace: Option<Trace>,
+        /// Makes a retry of this put idempotent on replicated shards.
+        req_id: Option<ReqId>,
     },
     TriggerPut {
         key: String,
@@ -143,11 +152,17 @@ pub enum Request {
         key: String,
         shard: Option<u32>,
         expected: Option<u64>,
+        req_id: Option<ReqId>,
     },
+    /// `min_version`: answer only once this replica has applied the
+    /// shard up to that version (a client's session never goes back in
+    /// time); `linearizable`: confirm leadership first (leader only).
     Get {
         key: String,
         shard: Option<u32>,
         version: Option<u64>,
+        min_version: Option<u64>,
+        linearizable: bool,
     },
     /// The version current at `timestamp_us`. Unless `unstable`, a
     /// timestamp that is not yet stable (in the future, or with writes in
@@ -223,6 +238,18 @@ pub enum Request {
         by_time: bool,
         at: u64,
     },
+    /// Node to node: a consensus message for replication group `group`,
+    /// sent by node `from` (`kind` says which; `body` is its encoding).
+    Raft {
+        from: u32,
+        group: u64,
+        kind: u8,
+        body: Bytes,
+    },
+    /// Cluster administration and status (a JSON command).
+    Cluster {
+        command: String,
+    },
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -247,6 +274,8 @@ pub enum Response {
     Stats(String),
     /// A JSON document (DFG listings and apply results).
     Json(String),
+    /// An opaque binary body (consensus replies).
+    Raw(Bytes),
     Error(SluiceError),
 }
 
@@ -339,6 +368,27 @@ fn read_trace(r: &mut MetaReader) -> Result<Option<Trace>, SluiceError> {
     }))
 }
 
+fn write_req_id(w: &mut MetaWriter, id: &Option<ReqId>) {
+    match id {
+        None => {
+            w.u8(0);
+        }
+        Some(id) => {
+            w.u8(1).u64(id.client).u64(id.seq);
+        }
+    }
+}
+
+fn read_req_id(r: &mut MetaReader) -> Result<Option<ReqId>, SluiceError> {
+    if !r.bool()? {
+        return Ok(None);
+    }
+    Ok(Some(ReqId {
+        client: r.u64()?,
+        seq: r.u64()?,
+    }))
+}
+
 fn write_obj_meta(w: &mut MetaWriter, o: &ObjRef<'_>) {
     let m = o.meta;
     w.str(o.key)
@@ -417,6 +467,8 @@ impl Request {
             Request::DfgRemove { .. } => op::DFG_REMOVE,
             Request::History { .. } => op::HISTORY,
             Request::ListKeysAt { .. } => op::LIST_KEYS_AT,
+            Request::Raft { .. } => op::RAFT,
+            Request::Cluster { .. } => op::CLUSTER,
         }
     }
 
@@ -470,9 +522,11 @@ impl Request {
                 expected,
                 value,
                 trace,
+                req_id,
             } => frame(out, opc, flags, request_id, Some(value), |w| {
                 w.str(key).u32(shard_enc(*shard)).opt_u64(*expected);
                 write_trace(w, trace.as_ref());
+                write_req_id(w, req_id);
             }),
             Request::TriggerPut {
                 key,
@@ -487,15 +541,34 @@ impl Request {
                 key,
                 shard,
                 expected,
+                req_id,
             } => frame(out, opc, flags, request_id, None, |w| {
                 w.str(key).u32(shard_enc(*shard)).opt_u64(*expected);
+                write_req_id(w, req_id);
             }),
             Request::Get {
                 key,
                 shard,
                 version,
+                min_version,
+                linearizable,
             } => frame(out, opc, flags, request_id, None, |w| {
-                w.str(key).u32(shard_enc(*shard)).opt_u64(*version);
+                w.str(key)
+                    .u32(shard_enc(*shard))
+                    .opt_u64(*version)
+                    .opt_u64(*min_version)
+                    .u8(*linearizable as u8);
+            }),
+            Request::Raft {
+                from,
+                group,
+                kind,
+                body,
+            } => frame(out, opc, flags, request_id, Some(body), |w| {
+                w.u32(*from).u64(*group).u8(*kind);
+            }),
+            Request::Cluster { command } => frame(out, opc, flags, request_id, None, |w| {
+                w.str(command);
             }),
             Request::GetByTime {
                 key,
@@ -564,7 +637,7 @@ impl Request {
     /// Decodes a request frame. Requests without a value must not carry one.
     pub fn decode(f: Frame) -> Result<Request, SluiceError> {
         let mut r = MetaReader::new(f.meta);
-        let has_value = matches!(f.opcode, op::PUT | op::TRIGGER_PUT);
+        let has_value = matches!(f.opcode, op::PUT | op::TRIGGER_PUT | op::RAFT);
         if !has_value && !f.value.is_empty() {
             return Err(SluiceError::protocol(format!(
                 "opcode {:#04x} carries no value, got {} value bytes",
@@ -601,6 +674,7 @@ impl Request {
                 shard: shard_dec(r.u32()?),
                 expected: r.opt_u64()?,
                 trace: read_trace(&mut r)?,
+                req_id: read_req_id(&mut r)?,
                 value: f.value,
             },
             op::TRIGGER_PUT => Request::TriggerPut {
@@ -613,12 +687,22 @@ impl Request {
                 key: r.str()?,
                 shard: shard_dec(r.u32()?),
                 expected: r.opt_u64()?,
+                req_id: read_req_id(&mut r)?,
             },
             op::GET => Request::Get {
                 key: r.str()?,
                 shard: shard_dec(r.u32()?),
                 version: r.opt_u64()?,
+                min_version: r.opt_u64()?,
+                linearizable: r.bool()?,
             },
+            op::RAFT => Request::Raft {
+                from: r.u32()?,
+                group: r.u64()?,
+                kind: r.u8()?,
+                body: f.value,
+            },
+            op::CLUSTER => Request::Cluster { command: r.str()? },
             op::GET_BY_TIME => Request::GetByTime {
                 key: r.str()?,
                 shard: shard_dec(r.u32()?),
@@ -721,6 +805,7 @@ impl Response {
             Response::Stats(s) => frame(out, op::STATS_OK, 0, request_id, None, |w| {
                 w.str(s);
             }),
+            Response::Raw(b) => frame(out, op::RAW, 0, request_id, Some(b), |_| {}),
             Response::Error(e) => Self::error(out, request_id, e),
         }
     }
@@ -739,7 +824,7 @@ impl Response {
 
     pub fn decode(f: Frame) -> Result<Response, SluiceError> {
         let mut r = MetaReader::new(f.meta);
-        let has_value = matches!(f.opcode, op::OBJECT | op::NOTIFY | op::OBJECTS);
+        let has_value = matches!(f.opcode, op::OBJECT | op::NOTIFY | op::OBJECTS | op::RAW);
         if !has_value && !f.value.is_empty() {
             return Err(SluiceError::protocol(format!(
                 "response {:#04x} carries no value, got {} value bytes",
@@ -821,6 +906,7 @@ impl Response {
             op::WATCH_OK => Response::WatchOk { watch_id: r.u64()? },
             op::STATS_OK => Response::Stats(r.str()?),
             op::JSON => Response::Json(r.str()?),
+            op::RAW => Response::Raw(f.value),
             op::ERROR => Response::Error(from_json(&r.str()?)?),
             other => {
                 return Err(SluiceError::protocol(format!(

@@ -6,7 +6,7 @@
 
 use bytes::{Bytes, BytesMut};
 use proptest::prelude::*;
-use sluice_types::{Hop, ObjectMeta, PoolSpec, PoolType, PutResult, SluiceError, Trace};
+use sluice_types::{Hop, ObjectMeta, PoolSpec, PoolType, PutResult, ReqId, SluiceError, Trace};
 use sluice_wire::{
     DeliveryKindWire, FrameDecoder, FrameError, OutQueue, Request, Response, WireObject, HEADER_LEN,
 };
@@ -109,14 +109,16 @@ fn arb_request() -> impl Strategy<Value = Request> {
             arb_opt_shard(),
             proptest::option::of(any::<u64>()),
             arb_value(),
-            arb_trace()
+            arb_trace(),
+            proptest::option::of((any::<u64>(), any::<u64>()))
         )
-            .prop_map(|(key, shard, expected, value, trace)| Request::Put {
+            .prop_map(|(key, shard, expected, value, trace, id)| Request::Put {
                 key,
                 shard,
                 expected,
                 value,
-                trace
+                trace,
+                req_id: id.map(|(client, seq)| ReqId { client, seq }),
             }),
         (arb_key(), arb_opt_shard(), arb_value(), arb_trace()).prop_map(
             |(key, shard, value, trace)| Request::TriggerPut {
@@ -134,18 +136,34 @@ fn arb_request() -> impl Strategy<Value = Request> {
             .prop_map(|(key, shard, expected)| Request::Remove {
                 key,
                 shard,
-                expected
+                expected,
+                req_id: None,
             }),
         (
             arb_key(),
             arb_opt_shard(),
-            proptest::option::of(any::<u64>())
+            proptest::option::of(any::<u64>()),
+            proptest::option::of(any::<u64>()),
+            any::<bool>()
         )
-            .prop_map(|(key, shard, version)| Request::Get {
-                key,
-                shard,
-                version
-            }),
+            .prop_map(
+                |(key, shard, version, min_version, linearizable)| Request::Get {
+                    key,
+                    shard,
+                    version,
+                    min_version,
+                    linearizable,
+                }
+            ),
+        (any::<u32>(), any::<u64>(), any::<u8>(), arb_value()).prop_map(
+            |(from, group, kind, body)| Request::Raft {
+                from,
+                group,
+                kind,
+                body
+            }
+        ),
+        ".{0,64}".prop_map(|command| Request::Cluster { command }),
         (
             arb_key(),
             arb_opt_shard(),
@@ -275,6 +293,7 @@ fn arb_response() -> impl Strategy<Value = Response> {
             .prop_map(|(object, kind)| Response::Notify { kind, object }),
         "[a-z ]{0,20}".prop_map(Response::Stats),
         "[a-z ]{0,20}".prop_map(Response::Json),
+        arb_value().prop_map(Response::Raw),
         (any::<u64>(), "[a-z]{1,4}").prop_map(|(m, k)| Response::Error(
             SluiceError::VersionConflict {
                 key: k,
@@ -395,6 +414,7 @@ fn value_bytes_are_not_copied_by_the_decoder() {
         expected: None,
         value: value.clone(),
         trace: None,
+        req_id: None,
     }
     .encode(&mut q, 1, 0);
     let wire = q.to_bytes();
@@ -477,6 +497,7 @@ fn regenerate_corpus() {
             expected: Some(3),
             value: Bytes::from_static(b"hello"),
             trace: None,
+            req_id: Some(ReqId { client: 1, seq: 2 }),
         },
         Request::TriggerPut {
             key: "/trig/t".into(),
@@ -497,11 +518,14 @@ fn regenerate_corpus() {
             key: "/vol/a".into(),
             shard: Some(1),
             expected: None,
+            req_id: None,
         },
         Request::Get {
             key: "/vol/a".into(),
             shard: Some(0),
             version: Some(2),
+            min_version: None,
+            linearizable: false,
         },
         Request::GetByTime {
             key: "/vol/a".into(),
@@ -600,6 +624,7 @@ fn the_servers_reply_queue_sends_values_by_reference() {
         expected: None,
         value,
         trace: None,
+        req_id: None,
     }
     .encode(&mut c, 1, 0);
     assert_eq!(c.io_slices(&mut slots), 1);

@@ -1,0 +1,399 @@
+//! `sluice bench cluster`: replicated volatile puts and stable /
+//! linearizable gets on shards of 1, 3 and 5 real node processes, failover
+//! time after SIGKILL of the leader, next to redis-server with two
+//! replicas (`SET` + `WAIT 2 0`) and the loopback TCP round trip, all
+//! measured in the same run.
+
+use crate::bench::{
+    baseline_server, closed_loop, fmt_size, raw_op, redis_op, report, row, Op, Row, SluiceOp,
+};
+use anyhow::{bail, Context, Result};
+use bytes::Bytes;
+use sluice_client::{Client, ClientConfig, SluiceError};
+use std::net::TcpListener;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+#[derive(clap::Args, Clone)]
+pub struct ClusterBenchArgs {
+    /// Shard sizes (members per shard; one node process per member).
+    #[arg(long, value_delimiter = ',', default_value = "1,3,5")]
+    shard_sizes: Vec<u32>,
+    /// Value sizes in bytes.
+    #[arg(long, value_delimiter = ',', default_value = "10240,1048576")]
+    sizes: Vec<usize>,
+    /// Concurrent clients in the throughput phase.
+    #[arg(long, default_value_t = 16)]
+    clients: usize,
+    /// Length of each measurement phase.
+    #[arg(long, default_value_t = 2000)]
+    duration_ms: u64,
+    /// Leader kills per shard size of 3 or more (failover time).
+    #[arg(long, default_value_t = 3)]
+    failovers: u32,
+    /// Skip the redis-server comparison.
+    #[arg(long)]
+    no_redis: bool,
+    /// Write the results as JSON to this file.
+    #[arg(long)]
+    out: Option<PathBuf>,
+}
+
+/// A local cluster of `sluice serve` processes, killed on drop.
+struct Procs {
+    dir: PathBuf,
+    layout: PathBuf,
+    addrs: Vec<String>,
+    children: Vec<Option<Child>>,
+}
+
+fn free_port() -> Result<u16> {
+    Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
+}
+
+impl Procs {
+    fn start(n: u32) -> Result<Procs> {
+        let dir =
+            std::env::temp_dir().join(format!("sluice-bench-cluster-{}-{n}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir)?;
+        let mut addrs = Vec::new();
+        let mut text = String::from("version = 1\n");
+        for i in 0..n {
+            let a = format!("127.0.0.1:{}", free_port()?);
+            text.push_str(&format!("[[nodes]]\nid = {i}\naddress = \"{a}\"\n"));
+            addrs.push(a);
+        }
+        let members: Vec<String> = (0..n).map(|i| i.to_string()).collect();
+        text.push_str(&format!(
+            "[[subgroups.volatile]]\nshards = [[{m}]]\n[[subgroups.trigger]]\nshards = [[{m}]]\n",
+            m = members.join(", ")
+        ));
+        let layout = dir.join("layout.toml");
+        std::fs::write(&layout, text)?;
+        let mut p = Procs {
+            dir,
+            layout,
+            addrs,
+            children: Vec::new(),
+        };
+        for i in 0..n {
+            let c = p.spawn(i)?;
+            p.children.push(Some(c));
+        }
+        Ok(p)
+    }
+
+    fn spawn(&self, i: u32) -> Result<Child> {
+        let exe = std::env::current_exe().context("finding the sluice binary")?;
+        Command::new(exe)
+            .arg("serve")
+            .arg("--cluster")
+            .arg(&self.layout)
+            .arg("--node-id")
+            .arg(i.to_string())
+            .arg("--data-dir")
+            .arg(self.dir.join(format!("node-{i}")))
+            .env("SLUICE_LOG", "warn")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .context("starting `sluice serve --cluster`")
+    }
+
+    fn kill(&mut self, i: u32) {
+        if let Some(mut c) = self.children[i as usize].take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    fn restart(&mut self, i: u32) -> Result<()> {
+        let c = self.spawn(i)?;
+        self.children[i as usize] = Some(c);
+        Ok(())
+    }
+}
+
+impl Drop for Procs {
+    fn drop(&mut self) {
+        for c in self.children.iter_mut().flatten() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+async fn connect(addr: &str, timeout: Duration) -> Result<Client> {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        match Client::connect_with(ClientConfig {
+            addr: addr.to_string(),
+            request_timeout: timeout,
+            ..Default::default()
+        })
+        .await
+        {
+            Ok(c) => return Ok(c),
+            Err(e) if Instant::now() > deadline => bail!("node {addr} did not come up: {e}"),
+            Err(_) => tokio::time::sleep(Duration::from_millis(50)).await,
+        }
+    }
+}
+
+/// The leader of the volatile shard as `c`'s node knows it.
+async fn leader(c: &Client) -> Result<Option<u32>> {
+    let info = c
+        .cluster_command(serde_json::json!({"op": "info"}), None)
+        .await?;
+    Ok(info["shards"]["volatile/0/0"]["leader"]
+        .as_u64()
+        .map(|l| l as u32))
+}
+
+async fn wait_leader(c: &Client) -> Result<u32> {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        if let Some(l) = leader(c).await? {
+            if c.put("/vol/ready", "x").await.is_ok() {
+                return Ok(l);
+            }
+        }
+        if Instant::now() > deadline {
+            bail!("no leader after 30 s");
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[derive(Clone)]
+struct LinOp(SluiceOp);
+
+impl Op for LinOp {
+    async fn call(&mut self, i: u64) -> Result<()> {
+        let key = format!("{}/{}", self.0.prefix, i % 64);
+        let o = self.0.client.get_linearizable(&key).await?;
+        if o.value.len() != self.0.value.len() {
+            bail!("short read");
+        }
+        Ok(())
+    }
+}
+
+fn median(v: &mut [f64]) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v.get(v.len() / 2).copied().unwrap_or(f64::NAN)
+}
+
+/// redis-server as a master with two replicas on free loopback ports.
+struct Redis {
+    children: Vec<Child>,
+    master: String,
+}
+
+impl Drop for Redis {
+    fn drop(&mut self) {
+        for c in &mut self.children {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+fn start_redis() -> Result<Redis> {
+    let start = |port: u16, replica_of: Option<u16>| -> Result<Child> {
+        let mut cmd = Command::new("redis-server");
+        cmd.args([
+            "--port",
+            &port.to_string(),
+            "--bind",
+            "127.0.0.1",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+        ]);
+        if let Some(m) = replica_of {
+            cmd.args(["--replicaof", "127.0.0.1", &m.to_string()]);
+        }
+        cmd.stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .context(
+            "starting redis-server (install the Debian package redis-server, or pass --no-redis)",
+        )
+    };
+    let mp = free_port()?;
+    let mut children = vec![start(mp, None)?];
+    for _ in 0..2 {
+        children.push(start(free_port()?, Some(mp))?);
+    }
+    let r = Redis {
+        children,
+        master: format!("127.0.0.1:{mp}"),
+    };
+    // Ready once the master reports both replicas online.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let out = Command::new("redis-cli")
+            .args(["-p", &mp.to_string(), "info", "replication"])
+            .output();
+        if let Ok(o) = out {
+            let s = String::from_utf8_lossy(&o.stdout);
+            if s.contains("connected_slaves:2") && s.matches("state=online").count() == 2 {
+                return Ok(r);
+            }
+        }
+        if Instant::now() > deadline {
+            bail!("redis replicas did not come online within 20 s");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+pub fn run(a: ClusterBenchArgs, json: bool) -> Result<()> {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
+    let dur = Duration::from_millis(a.duration_ms);
+    let mut rows: Vec<Row> = Vec::new();
+    let mut failover_ms: Vec<(u32, Vec<f64>)> = Vec::new();
+    let base = baseline_server()?;
+    rt.block_on(async {
+        for &size in &a.sizes {
+            // Loopback: a put-shaped and a get-shaped round trip.
+            for (op, req, resp) in [("put", size, 16), ("get_stable", 64, size)] {
+                let w = vec![raw_op(base, req, resp).await?];
+                let r = closed_loop(w, dur, format!("loopback {op} {}", fmt_size(size))).await;
+                rows.push(row("loopback", op, size, "closed", 1, (&r.0, r.1, r.2)));
+            }
+        }
+        for &n in &a.shard_sizes {
+            eprintln!("shard of {n}: starting {n} node processes");
+            let mut procs = Procs::start(n)?;
+            let c0 = connect(&procs.addrs[0], Duration::from_secs(10)).await?;
+            wait_leader(&c0).await?;
+            let target = format!("sluice-r{n}");
+            for &size in &a.sizes {
+                let value = Bytes::from(vec![b'x'; size]);
+                let op = |client: Client, op: &'static str| SluiceOp {
+                    client,
+                    op,
+                    value: value.clone(),
+                    prefix: format!("/vol/bench/{size}"),
+                };
+                let r = closed_loop(vec![op(c0.clone(), "put")], dur, format!("{target} put {} c=1", fmt_size(size))).await;
+                rows.push(row(&target, "put", size, "closed", 1, (&r.0, r.1, r.2)));
+                let mut ws = Vec::new();
+                for _ in 0..a.clients {
+                    ws.push(op(connect(&procs.addrs[0], Duration::from_secs(10)).await?, "put"));
+                }
+                let r = closed_loop(ws, dur, format!("{target} put {} c={}", fmt_size(size), a.clients)).await;
+                rows.push(row(&target, "put", size, "closed", a.clients, (&r.0, r.1, r.2)));
+                let r = closed_loop(vec![op(c0.clone(), "get")], dur, format!("{target} stable get {}", fmt_size(size))).await;
+                rows.push(row(&target, "get_stable", size, "closed", 1, (&r.0, r.1, r.2)));
+                let r = closed_loop(vec![LinOp(op(c0.clone(), "get"))], dur, format!("{target} linearizable get {}", fmt_size(size))).await;
+                rows.push(row(&target, "get_linearizable", size, "closed", 1, (&r.0, r.1, r.2)));
+            }
+            if n >= 3 {
+                let mut times = Vec::new();
+                for k in 0..a.failovers {
+                    let l = wait_leader(&c0).await?;
+                    let probe_node = (0..n).find(|i| *i != l).unwrap_or(0);
+                    let probe = connect(&procs.addrs[probe_node as usize], Duration::from_millis(500)).await?;
+                    let t = Instant::now();
+                    procs.kill(l);
+                    // Time until a put is acknowledged again.
+                    loop {
+                        match probe.put(&format!("/vol/failover/{k}"), "x").await {
+                            Ok(_) => break,
+                            Err(SluiceError::ValueTooLarge { .. }) => bail!("unexpected"),
+                            Err(_) if t.elapsed() < Duration::from_secs(30) => {}
+                            Err(e) => bail!("no new leader within 30 s: {e}"),
+                        }
+                    }
+                    let ms = t.elapsed().as_secs_f64() * 1000.0;
+                    eprintln!("  failover {k}: leader {l} killed, writes acknowledged again after {ms:.0} ms");
+                    times.push(ms);
+                    procs.restart(l)?;
+                    connect(&procs.addrs[l as usize], Duration::from_secs(10)).await?;
+                }
+                failover_ms.push((n, times));
+            }
+            drop(c0);
+        }
+        if !a.no_redis {
+            let redis = start_redis()?;
+            for &size in &a.sizes {
+                let mut w = redis_op(&redis.master, "put", size).await?;
+                w.wait_replicas = Some(2);
+                let r = closed_loop(vec![w], dur, format!("redis WAIT 2 put {}", fmt_size(size))).await;
+                rows.push(row("redis-w2", "put", size, "closed", 1, (&r.0, r.1, r.2)));
+                let mut ws = Vec::new();
+                for _ in 0..a.clients {
+                    let mut w = redis_op(&redis.master, "put", size).await?;
+                    w.wait_replicas = Some(2);
+                    ws.push(w);
+                }
+                let r = closed_loop(ws, dur, format!("redis WAIT 2 put {} c={}", fmt_size(size), a.clients)).await;
+                rows.push(row("redis-w2", "put", size, "closed", a.clients, (&r.0, r.1, r.2)));
+            }
+        }
+        Ok::<(), anyhow::Error>(())
+    })?;
+    report(&rows, json, a.out.as_deref())?;
+    if json {
+        return Ok(());
+    }
+    for (n, mut t) in failover_ms {
+        let max = t.iter().copied().fold(0.0, f64::max);
+        println!(
+            "failover, shard of {n}: writes acknowledged again after median {:.0} ms, max {max:.0} ms ({} leader kills)",
+            median(&mut t),
+            t.len()
+        );
+    }
+    let find = |t: &str, op: &str, size: usize, c: usize| {
+        rows.iter()
+            .find(|r| r.target == t && r.op == op && r.size == size && r.clients == c)
+    };
+    for &size in &a.sizes {
+        if let (Some(s), Some(r)) = (
+            find("sluice-r3", "put", size, 1),
+            find("redis-w2", "put", size, 1),
+        ) {
+            println!(
+                "3-replica put {} p50: sluice {:.1} µs / redis WAIT 2 {:.1} µs = {:.2}x (target <= 1.5x)",
+                fmt_size(size),
+                s.p50_us,
+                r.p50_us,
+                s.p50_us / r.p50_us
+            );
+        }
+        if let (Some(s), Some(r)) = (
+            find("sluice-r3", "put", size, a.clients),
+            find("redis-w2", "put", size, a.clients),
+        ) {
+            println!(
+                "3-replica put {} c={}: throughput {:.2}x redis WAIT 2",
+                fmt_size(size),
+                a.clients,
+                s.ops_per_s / r.ops_per_s
+            );
+        }
+        if let (Some(s), Some(l)) = (
+            find("sluice-r3", "get_stable", size, 1),
+            find("loopback", "get_stable", size, 1),
+        ) {
+            println!(
+                "3-replica stable get {} p50: {:.2}x the loopback round trip (target <= 1.5x)",
+                fmt_size(size),
+                s.p50_us / l.p50_us
+            );
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,170 @@
+//! `sluice dev --nodes N`: a local cluster of real node processes with a
+//! default layout, torn down on Ctrl-C.
+
+use anyhow::{bail, Context, Result};
+use sluice_client::BlockingClient;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+#[derive(clap::Args)]
+pub struct DevArgs {
+    /// Number of nodes (one volatile shard replicated on all of them).
+    #[arg(long, default_value_t = 3)]
+    nodes: u32,
+    /// Node i listens on 127.0.0.1:(base_port + i); node 0 on the port
+    /// every client command uses by default.
+    #[arg(long, default_value_t = 7420)]
+    base_port: u16,
+    /// Where the nodes keep their data and logs.
+    #[arg(long, default_value = "./sluice-dev")]
+    dir: PathBuf,
+    /// Start from empty data directories.
+    #[arg(long)]
+    fresh: bool,
+}
+
+/// The default local layout: node ids 0..n on consecutive ports; a
+/// volatile subgroup with one shard on every node, a trigger subgroup
+/// likewise (so the default pools /vol and /trig work unchanged).
+pub fn default_layout(n: u32, base_port: u16) -> String {
+    let mut s = String::from("# Written by `sluice dev`.\nversion = 1\n");
+    for i in 0..n {
+        s.push_str(&format!(
+            "\n[[nodes]]\nid = {i}\naddress = \"127.0.0.1:{}\"\n",
+            u32::from(base_port) + i
+        ));
+    }
+    let all: Vec<String> = (0..n).map(|i| i.to_string()).collect();
+    let members = all.join(", ");
+    s.push_str(&format!(
+        "\n[[subgroups.volatile]]\nshards = [[{members}]]\n\n[[subgroups.trigger]]\nshards = [[{members}]]\n"
+    ));
+    s
+}
+
+fn spawn_node(exe: &Path, dir: &Path, layout: &Path, id: u32) -> Result<Child> {
+    let log = std::fs::File::create(dir.join(format!("node-{id}.log")))?;
+    Command::new(exe)
+        .arg("serve")
+        .arg("--cluster")
+        .arg(layout)
+        .arg("--node-id")
+        .arg(id.to_string())
+        .arg("--data-dir")
+        .arg(dir.join(format!("node-{id}")))
+        .stdin(Stdio::null())
+        .stdout(log.try_clone()?)
+        .stderr(log)
+        .spawn()
+        .with_context(|| format!("starting node {id}"))
+}
+
+/// Waits until every node answers and every group has a leader.
+fn wait_ready(addr: &str, n: u32, timeout: Duration) -> Result<()> {
+    let deadline = Instant::now() + timeout;
+    let mut last = String::new();
+    while Instant::now() < deadline {
+        match BlockingClient::connect(addr)
+            .and_then(|c| c.cluster_command(serde_json::json!({"op": "info"}), None))
+        {
+            Ok(info) => {
+                let shards_led = info["shards"]
+                    .as_object()
+                    .is_some_and(|m| m.values().all(|s| !s["leader"].is_null()));
+                let reachable = (0..n).all(|i| BlockingClient::connect(&addr_of(addr, i)).is_ok());
+                if shards_led && !info["meta_leader"].is_null() && reachable {
+                    return Ok(());
+                }
+                last = "waiting for leaders".into();
+            }
+            Err(e) => last = e.to_string(),
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    bail!("the cluster did not become ready within {timeout:?} ({last})")
+}
+
+fn addr_of(base: &str, i: u32) -> String {
+    let (host, port) = base.rsplit_once(':').unwrap_or(("127.0.0.1", "7420"));
+    format!("{host}:{}", port.parse::<u32>().unwrap_or(7420) + i)
+}
+
+pub fn run(a: DevArgs) -> Result<()> {
+    if a.nodes == 0 || a.nodes > 64 {
+        bail!("--nodes must be between 1 and 64");
+    }
+    if a.fresh && a.dir.exists() {
+        std::fs::remove_dir_all(&a.dir).with_context(|| format!("removing {}", a.dir.display()))?;
+    }
+    std::fs::create_dir_all(&a.dir).with_context(|| format!("creating {}", a.dir.display()))?;
+    let layout = a.dir.join("layout.toml");
+    std::fs::write(&layout, default_layout(a.nodes, a.base_port))?;
+    let exe = std::env::current_exe().context("finding the sluice binary")?;
+    let mut children = Vec::new();
+    for i in 0..a.nodes {
+        children.push((i, spawn_node(&exe, &a.dir, &layout, i)?));
+    }
+    let base = format!("127.0.0.1:{}", a.base_port);
+    eprintln!(
+        "sluice dev: starting {} nodes in {} ...",
+        a.nodes,
+        a.dir.display()
+    );
+    if let Err(e) = wait_ready(&base, a.nodes, Duration::from_secs(30)) {
+        for (_, c) in &mut children {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+        return Err(e.context(format!("see the node logs in {}", a.dir.display())));
+    }
+    println!(
+        "sluice dev: {} nodes up (layout {})",
+        a.nodes,
+        layout.display()
+    );
+    for (i, c) in &children {
+        println!(
+            "  node {i}: 127.0.0.1:{} (pid {}, log {}/node-{i}.log)",
+            u32::from(a.base_port) + i,
+            c.id(),
+            a.dir.display()
+        );
+    }
+    println!("try:\n  sluice put /vol/a hello\n  sluice --addr {} get /vol/a\n  sluice cluster status\nCtrl-C stops every node.", addr_of(&base, a.nodes - 1));
+    let _ = std::io::stdout().flush();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    let mut reported = vec![false; children.len()];
+    rt.block_on(async {
+        let mut tick = tokio::time::interval(Duration::from_millis(500));
+        loop {
+            tokio::select! {
+                _ = tokio::signal::ctrl_c() => break,
+                _ = tick.tick() => {
+                    for (k, (i, c)) in children.iter_mut().enumerate() {
+                        if let Ok(Some(st)) = c.try_wait() {
+                            if !reported[k] {
+                                eprintln!("sluice dev: node {i} exited ({st}); the others keep serving");
+                                reported[k] = true;
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    });
+    eprintln!("sluice dev: stopping");
+    for (_, c) in &mut children {
+        // SAFETY: signalling a child process we spawned and have not reaped.
+        unsafe {
+            libc::kill(c.id() as libc::pid_t, libc::SIGTERM);
+        }
+    }
+    for (_, c) in &mut children {
+        let _ = c.wait();
+    }
+    Ok(())
+}

@@ -1,0 +1,721 @@
+//! Multi-process cluster tests: real `sluice serve` processes on
+//! 127.0.0.x addresses, SIGKILL, restarts, links cut by fault injection,
+//! membership changes, metadata refresh, routing and affinity.
+//!
+//! Layout used throughout (5 nodes):
+//! - volatile subgroup 0: shard 0 on nodes [1, 2, 3], shard 1 on [4];
+//! - trigger subgroup 0: one shard on every node;
+//! - the metadata group (pool table, membership) on all five.
+
+use bytes::Bytes;
+use sluice_client::{Client, ClientConfig, Conn, PoolSpec, PoolType, SluiceError};
+use sluice_types::{fnv1a64, ReqId};
+use sluice_wire::{Request, Response};
+use std::collections::{BTreeMap, HashMap};
+use std::net::{SocketAddr, TcpListener};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+const BIN: &str = env!("CARGO_BIN_EXE_sluice");
+const WAIT: Duration = Duration::from_secs(30);
+
+/// One cluster at a time: five processes per test are plenty for a
+/// two-core CI machine.
+static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+/// Acknowledged puts: key -> (version, value).
+type Acked = Arc<Mutex<BTreeMap<String, (u64, Vec<u8>)>>>;
+
+struct Cluster {
+    dir: tempfile::TempDir,
+    addrs: BTreeMap<u32, SocketAddr>,
+    procs: HashMap<u32, Child>,
+}
+
+/// A free port on `ip` (bound then released; the node binds it right after).
+fn free_addr(ip: [u8; 4]) -> SocketAddr {
+    let l = TcpListener::bind(SocketAddr::from((ip, 0))).unwrap();
+    l.local_addr().unwrap()
+}
+
+impl Cluster {
+    fn start() -> Cluster {
+        let dir = tempfile::tempdir().unwrap();
+        let addrs: BTreeMap<u32, SocketAddr> = (1..=5u32)
+            .map(|i| (i, free_addr([127, 0, 0, i as u8])))
+            .collect();
+        let mut layout = String::from("version = 1\n");
+        for (id, a) in &addrs {
+            layout.push_str(&format!("[[nodes]]\nid = {id}\naddress = \"{a}\"\n"));
+        }
+        layout.push_str(
+            "[[subgroups.volatile]]\nshards = [[1, 2, 3], [4]]\n[[subgroups.trigger]]\nshards = [[1, 2, 3, 4, 5]]\n",
+        );
+        std::fs::write(dir.path().join("layout.toml"), layout).unwrap();
+        for id in addrs.keys() {
+            let cfg = format!(
+                "node_id = {id}\nlisten = \"{}\"\ndata_dir = \"{}\"\n[cluster]\nlayout = \"{}\"\nfault_injection = true\nwrite_timeout_ms = 1500\n",
+                addrs[id],
+                dir.path().join(format!("node-{id}")).display(),
+                dir.path().join("layout.toml").display()
+            );
+            std::fs::write(dir.path().join(format!("node-{id}.toml")), cfg).unwrap();
+        }
+        let mut c = Cluster {
+            dir,
+            addrs,
+            procs: HashMap::new(),
+        };
+        for id in 1..=5 {
+            c.spawn(id);
+        }
+        c
+    }
+
+    fn spawn(&mut self, id: u32) {
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.dir.path().join(format!("node-{id}.log")))
+            .unwrap();
+        let child = Command::new(BIN)
+            .args(["serve", "--config"])
+            .arg(self.dir.path().join(format!("node-{id}.toml")))
+            .env("SLUICE_LOG", "info,openraft=warn")
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .unwrap();
+        self.procs.insert(id, child);
+    }
+
+    fn kill(&mut self, id: u32) {
+        if let Some(mut c) = self.procs.remove(&id) {
+            c.kill().unwrap(); // SIGKILL
+            c.wait().unwrap();
+        }
+    }
+
+    fn addr(&self, id: u32) -> String {
+        self.addrs[&id].to_string()
+    }
+
+    async fn client(&self, id: u32) -> Client {
+        let deadline = Instant::now() + WAIT;
+        loop {
+            match Client::connect_with(ClientConfig {
+                addr: self.addr(id),
+                request_timeout: Duration::from_secs(8),
+                ..Default::default()
+            })
+            .await
+            {
+                Ok(c) => return c,
+                Err(e) if Instant::now() > deadline => panic!("node {id} never came up: {e}"),
+                Err(_) => tokio::time::sleep(Duration::from_millis(50)).await,
+            }
+        }
+    }
+
+    async fn raw(&self, id: u32) -> Arc<Conn> {
+        Conn::connect(self.addrs[&id], "test", Duration::from_secs(2))
+            .await
+            .unwrap()
+    }
+
+    /// The status of every group on `id`.
+    async fn status(&self, id: u32) -> serde_json::Value {
+        let c = self.client(id).await;
+        c.cluster_command(serde_json::json!({"op": "status"}), Some(id))
+            .await
+            .unwrap()
+    }
+
+    /// Waits until `cond` holds, polling.
+    async fn wait_for<F, Fut>(&self, what: &str, mut cond: F)
+    where
+        F: FnMut() -> Fut,
+        Fut: std::future::Future<Output = bool>,
+    {
+        let deadline = Instant::now() + WAIT;
+        while !cond().await {
+            assert!(
+                Instant::now() < deadline,
+                "timed out waiting for {what}\n{}",
+                self.logs()
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// The leader of `group` as node `asker` sees it (or, when `asker`
+    /// does not host the group, as the first live node hosting it does).
+    async fn leader(&self, asker: u32, group: &str) -> Option<u32> {
+        let mut ids = vec![asker];
+        ids.extend(self.procs.keys().copied().filter(|i| *i != asker));
+        for id in ids {
+            if !self.procs.contains_key(&id) {
+                continue;
+            }
+            let s = self.status(id).await;
+            if let Some(g) = s["groups"]
+                .as_array()
+                .and_then(|a| a.iter().find(|g| g["group"] == group))
+            {
+                return g["leader"].as_u64().map(|l| l as u32);
+            }
+        }
+        None
+    }
+
+    async fn applied_version(&self, id: u32, group: &str) -> Option<u64> {
+        let s = self.status(id).await;
+        s["groups"]
+            .as_array()?
+            .iter()
+            .find(|g| g["group"] == group)?["applied_version"]
+            .as_u64()
+    }
+
+    fn logs(&self) -> String {
+        let mut out = String::new();
+        for id in self.addrs.keys() {
+            let p: PathBuf = self.dir.path().join(format!("node-{id}.log"));
+            let text = std::fs::read_to_string(&p).unwrap_or_default();
+            let tail: Vec<&str> = text.lines().rev().take(15).collect();
+            out.push_str(&format!("--- node {id} ---\n"));
+            for l in tail.into_iter().rev() {
+                out.push_str(l);
+                out.push('\n');
+            }
+        }
+        out
+    }
+
+    /// Waits until every group of every live node has a leader.
+    async fn ready(&self) {
+        for id in self.procs.keys().copied().collect::<Vec<_>>() {
+            let this = self;
+            this.wait_for(&format!("leaders on node {id}"), || async move {
+                let s = self.status(id).await;
+                s["groups"]
+                    .as_array()
+                    .is_some_and(|g| !g.is_empty() && g.iter().all(|g| !g["leader"].is_null()))
+            })
+            .await;
+        }
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        for (_, c) in self.procs.iter_mut() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+fn is_shard0(key: &str) -> bool {
+    fnv1a64(key.as_bytes()).is_multiple_of(2)
+}
+
+/// Keys of /vol that land on shard 0 (members 1, 2, 3).
+fn shard0_keys(prefix: &str, n: usize) -> Vec<String> {
+    (0..)
+        .map(|i| format!("/vol/{prefix}{i}"))
+        .filter(|k| is_shard0(k))
+        .take(n)
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn routing_affinity_and_metadata_refresh() {
+    let _serial = SERIAL.lock().await;
+    let c = Cluster::start();
+    c.ready().await;
+    let a = c.client(1).await;
+    let b = c.client(5).await;
+    // SYSTOR'25 Table 1: pools, example keys, regexes, affinity keys.
+    let table = [
+        (
+            "/frames",
+            "/frames/little3_42",
+            Some("/[a-zA-Z0-9]+_"),
+            "/little3_",
+        ),
+        (
+            "/states",
+            "/states/little3_42",
+            Some("/[a-zA-Z0-9]+_"),
+            "/little3_",
+        ),
+        (
+            "/positions",
+            "/positions/little3_7_42",
+            Some("/[a-zA-Z0-9]+_[0-9]+_"),
+            "/little3_7_",
+        ),
+        (
+            "/predictions",
+            "/predictions/little3_42_7",
+            Some("/[a-zA-Z0-9]+_[0-9]+_"),
+            "/little3_42_",
+        ),
+        ("/cd", "/cd/little3_42_7_5", None, "/cd/little3_42_7_5"),
+    ];
+    for (pool, key, regex, affinity) in table {
+        // Created through node 1; node 5's client learns it on first use
+        // (metadata refresh), never misrouting.
+        a.create_pool(PoolSpec {
+            pathname: pool.into(),
+            pool_type: Some(PoolType::Volatile),
+            affinity_set_regex: regex.map(str::to_string),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+        let expected = (fnv1a64(affinity.as_bytes()) % 2) as u32;
+        let put = b
+            .put(key, Bytes::from(key.as_bytes().to_vec()))
+            .await
+            .unwrap();
+        assert!(put.version >= 1);
+        let members: &[u32] = if expected == 0 { &[1, 2, 3] } else { &[4] };
+        for id in 1..=5u32 {
+            let raw = c.raw(id).await;
+            let r = raw
+                .call(
+                    &Request::Get {
+                        key: key.into(),
+                        shard: Some(expected),
+                        version: None,
+                        min_version: Some(put.version),
+                        linearizable: false,
+                    },
+                    Duration::from_secs(5),
+                )
+                .await;
+            if members.contains(&id) {
+                // A member may lag an instant behind the leader's ack.
+                let mut r = r;
+                let deadline = Instant::now() + WAIT;
+                while matches!(r, Err(SluiceError::ReplicaBehind { .. }))
+                    && Instant::now() < deadline
+                {
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                    r = raw
+                        .call(
+                            &Request::Get {
+                                key: key.into(),
+                                shard: Some(expected),
+                                version: None,
+                                min_version: Some(put.version),
+                                linearizable: false,
+                            },
+                            Duration::from_secs(5),
+                        )
+                        .await;
+                }
+                match r {
+                    Ok(Response::Object(o)) => assert_eq!(o.value, key.as_bytes()),
+                    other => panic!("{key} on member {id} of shard {expected}: {other:?}"),
+                }
+            } else {
+                assert!(
+                    matches!(r, Err(SluiceError::NotMember { .. })),
+                    "{key}: node {id} is not a member of shard {expected}: {r:?}"
+                );
+            }
+            // The other shard index is a stale route: refused, never served.
+            let wrong = raw
+                .call(
+                    &Request::Get {
+                        key: key.into(),
+                        shard: Some(1 - expected),
+                        version: None,
+                        min_version: None,
+                        linearizable: false,
+                    },
+                    Duration::from_secs(5),
+                )
+                .await;
+            assert!(
+                matches!(wrong, Err(SluiceError::WrongShard { .. })),
+                "{wrong:?}"
+            );
+        }
+    }
+    // Same affinity key, same shard: frames and states of little3 together.
+    assert_eq!(
+        a.get("/states/little3_42").await.unwrap().value,
+        Bytes::from_static(b"/states/little3_42")
+    );
+    // Removing a pool through one node is seen by a client of another.
+    a.remove_pool("/cd").await.unwrap();
+    let e = b.put("/cd/x", "y").await.unwrap_err();
+    assert!(matches!(e, SluiceError::PoolDeleted { .. }), "{e:?}");
+    // A retried put with the same request id is applied once.
+    let leader = c.leader(1, "volatile/0/0").await.unwrap();
+    let raw = c.raw(leader).await;
+    let key = shard0_keys("idem", 1).remove(0);
+    let put = Request::Put {
+        key: key.clone(),
+        shard: Some(0),
+        expected: None,
+        value: Bytes::from_static(b"once"),
+        trace: None,
+        req_id: Some(ReqId { client: 77, seq: 1 }),
+    };
+    let first = raw.call(&put, Duration::from_secs(5)).await.unwrap();
+    let second = raw.call(&put, Duration::from_secs(5)).await.unwrap();
+    assert_eq!(first, second, "a retry returns the first outcome");
+    let Response::PutOk(p) = first else { panic!() };
+    let o = a.get_linearizable(&key).await.unwrap();
+    assert_eq!(o.meta.version, p.version, "applied once");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn sigkill_leader_and_follower_under_load_loses_no_acknowledged_write() {
+    let _serial = SERIAL.lock().await;
+    let mut c = Cluster::start();
+    c.ready().await;
+    let client = c.client(4).await;
+    let acked: Acked = Arc::default();
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let mut writers = Vec::new();
+    for w in 0..4 {
+        let (client, acked, stop) = (client.clone(), acked.clone(), stop.clone());
+        writers.push(tokio::spawn(async move {
+            let keys = shard0_keys(&format!("w{w}-"), 50);
+            let mut i = 0u64;
+            let mut failures = 0u64;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                let key = &keys[(i % 50) as usize];
+                let value = format!("{w}-{i}").into_bytes();
+                match client.put(key, value.clone()).await {
+                    Ok(p) => {
+                        acked
+                            .lock()
+                            .unwrap()
+                            .insert(key.clone(), (p.version, value));
+                    }
+                    Err(_) => failures += 1,
+                }
+                i += 1;
+            }
+            (i, failures)
+        }));
+    }
+    // The other shard keeps serving whatever happens to shard 0.
+    let other = tokio::spawn({
+        let (client, stop) = (client.clone(), stop.clone());
+        async move {
+            let key = (0..)
+                .map(|i| format!("/vol/o{i}"))
+                .find(|k| !is_shard0(k))
+                .unwrap();
+            let mut worst = Duration::ZERO;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                let t = Instant::now();
+                client
+                    .put(&key, "x")
+                    .await
+                    .expect("shard 1 must be unaffected");
+                worst = worst.max(t.elapsed());
+            }
+            worst
+        }
+    });
+    let progress = |acked: &Acked| {
+        acked
+            .lock()
+            .unwrap()
+            .values()
+            .map(|v| v.0)
+            .max()
+            .unwrap_or(0)
+    };
+    c.wait_for("writes before the kill", || async {
+        progress(&acked) > 100
+    })
+    .await;
+
+    // Kill the leader of shard 0 mid-load.
+    let leader = c
+        .leader(4, "volatile/0/0")
+        .await
+        .or(c.leader(1, "volatile/0/0").await)
+        .unwrap();
+    let killed_at = Instant::now();
+    let before = progress(&acked);
+    c.kill(leader);
+    c.wait_for("writes after the leader kill", || async {
+        progress(&acked) > before + 50
+    })
+    .await;
+    let failover = killed_at.elapsed();
+    eprintln!("failover: writes resumed {failover:?} after SIGKILL of leader {leader}");
+    assert!(
+        failover < Duration::from_secs(10),
+        "failover took {failover:?}"
+    );
+
+    // Kill a follower too (a majority still survives), then restart both.
+    let new_leader = loop {
+        let asker = *[1, 2, 3].iter().find(|i| **i != leader).unwrap();
+        if let Some(l) = c.leader(asker, "volatile/0/0").await {
+            if l != leader {
+                break l;
+            }
+        }
+    };
+    c.spawn(leader);
+    c.wait_for("the old leader to catch up", || async {
+        c.applied_version(leader, "volatile/0/0").await.unwrap_or(0) >= before
+    })
+    .await;
+    let follower = *[1, 2, 3]
+        .iter()
+        .find(|i| **i != leader && **i != new_leader)
+        .unwrap();
+    let before = progress(&acked);
+    c.kill(follower);
+    c.wait_for("writes after the follower kill", || async {
+        progress(&acked) > before + 50
+    })
+    .await;
+    c.spawn(follower);
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let mut total = 0;
+    for w in writers {
+        total += w.await.unwrap().0;
+    }
+    let worst_other = other.await.unwrap();
+    eprintln!("{total} puts; other shard's slowest put {worst_other:?}");
+
+    // Every acknowledged write is there, on every member, caught up.
+    let last = progress(&acked);
+    for id in [1, 2, 3] {
+        let c = &c;
+        c.wait_for(
+            &format!("node {id} to apply version {last}"),
+            || async move { c.applied_version(id, "volatile/0/0").await.unwrap_or(0) >= last },
+        )
+        .await;
+    }
+    let acked = acked.lock().unwrap().clone();
+    for id in [1, 2, 3] {
+        let raw = c.raw(id).await;
+        for (key, (version, value)) in &acked {
+            let r = raw
+                .call(
+                    &Request::Get {
+                        key: key.clone(),
+                        shard: Some(0),
+                        version: None,
+                        min_version: None,
+                        linearizable: false,
+                    },
+                    Duration::from_secs(5),
+                )
+                .await
+                .unwrap();
+            let Response::Object(o) = r else {
+                panic!("{r:?}")
+            };
+            // A later put of the same key may have been applied but not
+            // acknowledged (its client saw an error): never an older one.
+            assert!(
+                o.meta.version >= *version,
+                "node {id} {key}: {} < {version}",
+                o.meta.version
+            );
+            if o.meta.version == *version {
+                assert_eq!(&o.value[..], &value[..], "node {id} {key}");
+            }
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_cut_off_leader_acknowledges_nothing_and_catches_up_after_heal() {
+    let _serial = SERIAL.lock().await;
+    let c = Cluster::start();
+    c.ready().await;
+    let client = c.client(5).await;
+    let keys = shard0_keys("cut", 3);
+    client.put(&keys[0], "before").await.unwrap();
+    let leader = c.leader(5, "volatile/0/0").await.unwrap();
+    let others: Vec<u32> = (1..=5).filter(|i| *i != leader).collect();
+    client
+        .cluster_command(
+            serde_json::json!({"op": "cut", "peers": others}),
+            Some(leader),
+        )
+        .await
+        .unwrap();
+    // Straight to the isolated leader: never acknowledged.
+    let raw = c.raw(leader).await;
+    let r = raw
+        .call(
+            &Request::Put {
+                key: keys[1].clone(),
+                shard: Some(0),
+                expected: None,
+                value: Bytes::from_static(b"lost"),
+                trace: None,
+                req_id: None,
+            },
+            Duration::from_secs(10),
+        )
+        .await;
+    assert!(
+        matches!(
+            r,
+            Err(SluiceError::Unavailable { .. }) | Err(SluiceError::NotLeader { .. })
+        ),
+        "an isolated leader must not acknowledge: {r:?}"
+    );
+    // The majority side elects a new leader and keeps serving.
+    let client2 = c.client(others[0]).await;
+    client2.put(&keys[2], "majority").await.unwrap();
+    let l2 = c.leader(others[0], "volatile/0/0").await.unwrap();
+    assert_ne!(l2, leader);
+    client
+        .cluster_command(serde_json::json!({"op": "heal"}), Some(leader))
+        .await
+        .unwrap();
+    // The old leader rejoins, learns the majority's write, drops its own.
+    c.wait_for("the old leader to catch up", || async {
+        let r = c
+            .raw(leader)
+            .await
+            .call(
+                &Request::Get {
+                    key: keys[2].clone(),
+                    shard: Some(0),
+                    version: None,
+                    min_version: None,
+                    linearizable: false,
+                },
+                Duration::from_secs(5),
+            )
+            .await;
+        matches!(r, Ok(Response::Object(_)))
+    })
+    .await;
+    let e = client.get_linearizable(&keys[1]).await.unwrap_err();
+    assert!(
+        matches!(e, SluiceError::NotFound { .. }),
+        "unacknowledged write must not appear: {e:?}"
+    );
+    assert_eq!(
+        client.get(&keys[0]).await.unwrap().value,
+        Bytes::from_static(b"before")
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn membership_change_adds_replaces_and_removes_members() {
+    let _serial = SERIAL.lock().await;
+    let mut c = Cluster::start();
+    c.ready().await;
+    let client = c.client(1).await;
+    let key1 = (0..)
+        .map(|i| format!("/vol/m{i}"))
+        .find(|k| !is_shard0(k))
+        .unwrap();
+    client.put(&key1, "on shard 1").await.unwrap();
+    // Grow shard 1 from [4] to [4, 5]: node 5 catches up, then votes.
+    let r = client
+        .cluster_command(
+            serde_json::json!({"op": "add_member", "shard": "volatile/0/1", "node": 5}),
+            None,
+        )
+        .await
+        .unwrap();
+    assert_eq!(r["members"], serde_json::json!([4, 5]));
+    c.wait_for("node 5 to hold shard 1's data", || async {
+        c.applied_version(5, "volatile/0/1").await.unwrap_or(0) >= 1
+    })
+    .await;
+    // Replace a dead member of shard 0: kill 3, remove it, add 5.
+    c.kill(3);
+    let r = client
+        .cluster_command(
+            serde_json::json!({"op": "remove_member", "shard": "volatile/0/0", "node": 3}),
+            None,
+        )
+        .await
+        .unwrap();
+    assert_eq!(r["members"], serde_json::json!([1, 2]));
+    let key0 = shard0_keys("m", 1).remove(0);
+    client.put(&key0, "after remove").await.unwrap();
+    let r = client
+        .cluster_command(
+            serde_json::json!({"op": "add_member", "shard": "volatile/0/0", "node": 5}),
+            None,
+        )
+        .await
+        .unwrap();
+    assert_eq!(r["members"], serde_json::json!([1, 2, 5]));
+    // A fresh client routes by the new membership; node 5 serves shard 0.
+    let fresh = c.client(2).await;
+    let v = fresh.put(&key0, "after add").await.unwrap().version;
+    c.wait_for("node 5 to apply shard 0", || async {
+        c.applied_version(5, "volatile/0/0").await.unwrap_or(0) >= v
+    })
+    .await;
+    let r = c
+        .raw(5)
+        .await
+        .call(
+            &Request::Get {
+                key: key0.clone(),
+                shard: Some(0),
+                version: None,
+                min_version: Some(v),
+                linearizable: false,
+            },
+            Duration::from_secs(5),
+        )
+        .await
+        .unwrap();
+    let Response::Object(o) = r else {
+        panic!("{r:?}")
+    };
+    assert_eq!(o.value, Bytes::from_static(b"after add"));
+    // Shrink shard 1 back to node 5 alone: node 4 stops serving it.
+    client
+        .cluster_command(
+            serde_json::json!({"op": "remove_member", "shard": "volatile/0/1", "node": 4}),
+            None,
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        client.get(&key1).await.unwrap().value,
+        Bytes::from_static(b"on shard 1")
+    );
+    c.wait_for("node 4 to refuse shard 1", || async {
+        let r = c
+            .raw(4)
+            .await
+            .call(
+                &Request::Get {
+                    key: key1.clone(),
+                    shard: Some(1),
+                    version: None,
+                    min_version: None,
+                    linearizable: false,
+                },
+                Duration::from_secs(5),
+            )
+            .await;
+        matches!(r, Err(SluiceError::NotMember { .. }))
+    })
+    .await;
+}

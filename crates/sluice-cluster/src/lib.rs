@@ -1,0 +1,23 @@
+//! Replication for Sluice: every volatile and persistent shard is an
+//! [openraft](https://docs.rs/openraft) group of its member nodes, and a
+//! metadata group of all nodes holds the pool table and shard membership.
+//! All groups of a node share one connection per peer.
+//!
+//! - [`types`]: the consensus configuration, commands, group ids;
+//! - [`log`]: each group's log (memory + an append-only file);
+//! - [`sm`]: applying commands to the store, deduplication, snapshots;
+//! - [`network`]: the peer transport, with fault injection;
+//! - [`node`]: [`ClusterNode`], the write and read paths and administration.
+
+// openraft's StorageError (its trait methods' error type) is large; our helpers
+// return it too rather than boxing and unboxing at every trait boundary.
+#![allow(clippy::result_large_err)]
+
+pub mod log;
+pub mod network;
+pub mod node;
+pub mod sm;
+pub mod types;
+
+pub use node::{ClusterNode, ClusterSettings};
+pub use types::{group_name, group_of, parse_shard, MetaCommand};

@@ -1,0 +1,739 @@
+//! A node's side of the cluster: the replication groups it is a member
+//! of, the write and read paths through them, membership changes, status,
+//! and fault injection.
+
+use crate::log::LogStore;
+use crate::network::{dispatch, NetFactory, Peers};
+use crate::sm::{MetaState, Sm};
+use crate::types::{
+    group_name, group_of, parse_shard, shard_of_group, Applied, Command, MetaCommand, Raft,
+    META_GROUP,
+};
+use openraft::error::{CheckIsLeaderError, ClientWriteError, RaftError};
+use openraft::{BasicNode, RaftMetrics, ServerState};
+use parking_lot::RwLock;
+use serde::{Deserialize, Serialize};
+use serde_json::json;
+use sluice_store::{ShardId, Store};
+use sluice_types::cluster::ClusterLayout;
+use sluice_types::{PoolType, PutResult, ReqId, SluiceError, Trace};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::watch;
+
+/// Cluster settings of one node (`[cluster]` in the node's config).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ClusterSettings {
+    /// The cluster layout file (TOML: nodes, and per pool type the
+    /// subgroups' shards with their member node ids). Unset: standalone.
+    pub layout: Option<PathBuf>,
+    /// Leader heartbeat interval.
+    pub heartbeat_ms: u64,
+    /// A follower that hears no leader for a random time in this range
+    /// starts an election (how fast a dead leader is replaced).
+    pub election_min_ms: u64,
+    pub election_max_ms: u64,
+    /// How long a write may wait to be committed before the client gets
+    /// `Unavailable` (e.g. the shard lost its majority).
+    pub write_timeout_ms: u64,
+    /// Take a snapshot (and drop older log entries) every this many entries.
+    pub snapshot_every: u64,
+    /// fsync the consensus log of persistent shards before acknowledging.
+    pub sync_persistent: bool,
+    /// Accept `cluster cut/heal` (dropping links to chosen peers). Tests only.
+    pub fault_injection: bool,
+}
+
+impl Default for ClusterSettings {
+    fn default() -> Self {
+        ClusterSettings {
+            layout: None,
+            heartbeat_ms: 50,
+            election_min_ms: 300,
+            election_max_ms: 600,
+            write_timeout_ms: 3000,
+            snapshot_every: 10_000,
+            sync_persistent: true,
+            fault_injection: false,
+        }
+    }
+}
+
+/// One replication group hosted here.
+pub struct Group {
+    pub id: u64,
+    pub raft: Raft,
+    metrics: watch::Receiver<RaftMetrics<u64, BasicNode>>,
+    sm: Sm,
+}
+
+/// This node's membership in the cluster.
+pub struct ClusterNode {
+    id: u32,
+    layout: ClusterLayout,
+    settings: ClusterSettings,
+    data_dir: PathBuf,
+    raft_cfg: Arc<openraft::Config>,
+    store: Arc<Store>,
+    peers: Arc<Peers>,
+    meta: Arc<RwLock<MetaState>>,
+    groups: RwLock<HashMap<u64, Arc<Group>>>,
+    creating: tokio::sync::Mutex<()>,
+}
+
+fn unavailable(reason: String) -> SluiceError {
+    SluiceError::Unavailable { reason }
+}
+
+/// An admin command (`Request::Cluster`).
+#[derive(Debug, Deserialize)]
+#[serde(tag = "op", rename_all = "snake_case")]
+enum Admin {
+    Status,
+    Info,
+    AddMember {
+        shard: String,
+        node: u32,
+    },
+    RemoveMember {
+        shard: String,
+        node: u32,
+    },
+    Cut {
+        peers: Vec<u32>,
+    },
+    Heal,
+    /// Internal: record a shard's members (sent to the metadata leader).
+    SetMembers {
+        group: u64,
+        members: Vec<u32>,
+    },
+}
+
+impl ClusterNode {
+    /// Starts (or restarts) this node's groups: the metadata group, every
+    /// shard the layout or its own disk says it is a member of. The lowest
+    /// numbered member of a group that was never initialised initialises it.
+    pub async fn start(
+        id: u32,
+        layout: ClusterLayout,
+        settings: ClusterSettings,
+        data_dir: PathBuf,
+        store: Arc<Store>,
+    ) -> Result<Arc<ClusterNode>, SluiceError> {
+        layout
+            .validate()
+            .map_err(|reason| SluiceError::Internal { reason })?;
+        if layout.address_of(id).is_none() {
+            return Err(SluiceError::Internal {
+                reason: format!("node id {id} is not in the layout's [[nodes]]"),
+            });
+        }
+        let raft_cfg = openraft::Config {
+            cluster_name: "sluice".into(),
+            heartbeat_interval: settings.heartbeat_ms,
+            election_timeout_min: settings.election_min_ms,
+            election_timeout_max: settings.election_max_ms,
+            snapshot_policy: openraft::SnapshotPolicy::LogsSinceLast(settings.snapshot_every),
+            max_in_snapshot_log_to_keep: 1000,
+            ..Default::default()
+        }
+        .validate()
+        .map_err(|e| SluiceError::Internal {
+            reason: format!("cluster settings: {e}"),
+        })?;
+        let node = Arc::new(ClusterNode {
+            id,
+            meta: Arc::new(RwLock::new(MetaState::from_layout(&layout))),
+            peers: Arc::new(Peers::new(id, Duration::from_millis(500))),
+            layout,
+            settings,
+            data_dir,
+            raft_cfg: Arc::new(raft_cfg),
+            store,
+            groups: RwLock::default(),
+            creating: tokio::sync::Mutex::new(()),
+        });
+        let mut wanted: BTreeSet<u64> = BTreeSet::from([META_GROUP]);
+        for (g, members) in node.meta.read().members.clone() {
+            if members.contains(&id) {
+                wanted.insert(g);
+            }
+        }
+        if let Ok(rd) = std::fs::read_dir(node.data_dir.join("raft")) {
+            for e in rd.flatten() {
+                let name = e.file_name().to_string_lossy().replace('-', "/");
+                if let Ok(s) = parse_shard(&name) {
+                    if let Some(g) = group_of(s) {
+                        wanted.insert(g);
+                    }
+                }
+            }
+        }
+        for g in wanted {
+            let group = node.ensure_group(g).await?;
+            let members: Vec<u32> = if g == META_GROUP {
+                node.layout.nodes.iter().map(|n| n.id).collect()
+            } else {
+                node.meta
+                    .read()
+                    .members
+                    .get(&g)
+                    .cloned()
+                    .unwrap_or_default()
+            };
+            if members.iter().min() == Some(&id)
+                && !group.raft.is_initialized().await.unwrap_or(true)
+            {
+                let init: BTreeMap<u64, BasicNode> = members
+                    .iter()
+                    .filter_map(|m| {
+                        node.layout
+                            .address_of(*m)
+                            .map(|a| (u64::from(*m), BasicNode::new(a)))
+                    })
+                    .collect();
+                if let Err(e) = group.raft.initialize(init).await {
+                    tracing::debug!(group = %group_name(g), error = %e, "initialise skipped");
+                }
+            }
+        }
+        Ok(node)
+    }
+
+    pub fn id(&self) -> u32 {
+        self.id
+    }
+
+    pub fn layout(&self) -> &ClusterLayout {
+        &self.layout
+    }
+
+    fn group_dir(&self, g: u64) -> PathBuf {
+        self.data_dir
+            .join("raft")
+            .join(group_name(g).replace('/', "-"))
+    }
+
+    /// The group, creating it (empty) when a leader first contacts this
+    /// node about a group it just joined.
+    async fn ensure_group(&self, g: u64) -> Result<Arc<Group>, SluiceError> {
+        if let Some(x) = self.groups.read().get(&g) {
+            return Ok(x.clone());
+        }
+        let _c = self.creating.lock().await;
+        if let Some(x) = self.groups.read().get(&g) {
+            return Ok(x.clone());
+        }
+        if g != META_GROUP {
+            let s = shard_of_group(g)
+                .filter(|s| self.store.shard(*s).is_some())
+                .ok_or_else(|| SluiceError::protocol(format!("no such replication group {g}")))?;
+            tracing::debug!(shard = %s, "opening replication group");
+        }
+        let dir = self.group_dir(g);
+        let sync = shard_of_group(g).is_some_and(|s| s.pool_type == PoolType::Persistent)
+            && self.settings.sync_persistent;
+        let io = |e: std::io::Error| SluiceError::Io {
+            reason: format!("opening the consensus log in {}: {e}", dir.display()),
+        };
+        let log = LogStore::open(&dir, sync).map_err(io)?;
+        let sm = Sm::open(
+            g,
+            self.store.clone(),
+            self.meta.clone(),
+            Some(dir.clone()),
+            sync,
+        )
+        .map_err(|e| SluiceError::Io {
+            reason: format!("restoring the snapshot in {}: {e}", dir.display()),
+        })?;
+        let raft = Raft::new(
+            u64::from(self.id),
+            self.raft_cfg.clone(),
+            NetFactory {
+                peers: self.peers.clone(),
+                group: g,
+            },
+            log,
+            sm.clone(),
+        )
+        .await
+        .map_err(|e| SluiceError::Internal {
+            reason: format!("starting replication group {}: {e}", group_name(g)),
+        })?;
+        let group = Arc::new(Group {
+            id: g,
+            metrics: raft.metrics(),
+            raft,
+            sm,
+        });
+        self.groups.write().insert(g, group.clone());
+        Ok(group)
+    }
+
+    /// Handles a consensus message from a peer.
+    pub async fn handle_raft(
+        &self,
+        from: u32,
+        group: u64,
+        kind: u8,
+        body: &[u8],
+    ) -> Result<bytes::Bytes, SluiceError> {
+        if self.peers.is_blocked(from) {
+            return Err(unavailable(format!(
+                "link from node {from} is cut (fault injection)"
+            )));
+        }
+        let g = self.ensure_group(group).await?;
+        dispatch(&g.raft, kind, body).await
+    }
+
+    /// Is this shard replicated (volatile and persistent shards are)?
+    pub fn replicates(&self, shard: ShardId) -> bool {
+        group_of(shard).is_some()
+    }
+
+    fn members_of(&self, g: u64) -> Vec<u32> {
+        self.meta
+            .read()
+            .members
+            .get(&g)
+            .cloned()
+            .unwrap_or_default()
+    }
+
+    fn local(&self, shard: ShardId) -> Result<Arc<Group>, SluiceError> {
+        let g = group_of(shard).ok_or_else(|| SluiceError::Internal {
+            reason: format!("shard {shard} is not replicated"),
+        })?;
+        self.local_group(g)
+    }
+
+    fn local_group(&self, g: u64) -> Result<Arc<Group>, SluiceError> {
+        let not_member = || SluiceError::NotMember {
+            shard: group_name(g),
+            node: self.id,
+            members: self.members_of(g),
+        };
+        let group = self.groups.read().get(&g).cloned().ok_or_else(not_member)?;
+        let in_config = group
+            .metrics
+            .borrow()
+            .membership_config
+            .membership()
+            .get_node(&u64::from(self.id))
+            .is_some();
+        if !in_config {
+            return Err(not_member());
+        }
+        Ok(group)
+    }
+
+    fn not_leader(&self, g: u64, leader: Option<u64>) -> SluiceError {
+        let leader = leader.map(|l| l as u32).filter(|l| *l != self.id);
+        let leader_address = leader
+            .and_then(|l| self.layout.address_of(l))
+            .map(|a| a.to_string());
+        SluiceError::NotLeader {
+            shard: group_name(g),
+            node: self.id,
+            hint: match (&leader, &leader_address) {
+                (Some(l), Some(a)) => format!("the leader is node {l} at {a}"),
+                _ => "no leader known yet: an election may be in progress or the shard has no quorum; retry".into(),
+            },
+            leader,
+            leader_address,
+        }
+    }
+
+    fn check_leader(&self, g: &Group) -> Result<(), SluiceError> {
+        let leader = g.metrics.borrow().current_leader;
+        if leader != Some(u64::from(self.id)) {
+            return Err(self.not_leader(g.id, leader));
+        }
+        Ok(())
+    }
+
+    async fn propose(&self, g: &Group, cmd: Command) -> Result<Applied, SluiceError> {
+        self.check_leader(g)?;
+        let t = Duration::from_millis(self.settings.write_timeout_ms);
+        match tokio::time::timeout(t, g.raft.client_write(cmd)).await {
+            Err(_) => Err(unavailable(format!(
+                "shard {}: the write was not committed within {} ms; the shard may have lost its majority (outcome unknown: retry with the same request id)",
+                group_name(g.id),
+                t.as_millis()
+            ))),
+            Ok(Ok(r)) => Ok(r.data),
+            Ok(Err(RaftError::APIError(ClientWriteError::ForwardToLeader(f)))) => {
+                Err(self.not_leader(g.id, f.leader_id))
+            }
+            Ok(Err(e)) => Err(unavailable(format!(
+                "shard {}: {e}",
+                group_name(g.id)
+            ))),
+        }
+    }
+
+    /// Replicates a put (`value: Some`) or remove: answered once a
+    /// majority of the shard has it and this leader applied it.
+    #[allow(clippy::too_many_arguments)]
+    pub async fn write(
+        &self,
+        shard: ShardId,
+        key: String,
+        value: Option<bytes::Bytes>,
+        expected: Option<u64>,
+        req_id: Option<ReqId>,
+        trace: Option<Trace>,
+    ) -> Result<PutResult, SluiceError> {
+        let g = self.local(shard)?;
+        let cmd = Command::Write {
+            key,
+            value,
+            expected,
+            timestamp_us: self.store.clock().now_us(),
+            req_id,
+            trace,
+        };
+        match self.propose(&g, cmd).await? {
+            Applied::Put(r) => r.map_err(|e| Applied::decode_err(&e)),
+            other => Err(SluiceError::Internal {
+                reason: format!("unexpected apply result {other:?}"),
+            }),
+        }
+    }
+
+    /// A stable read may be served here: this node is a member of the
+    /// shard and has applied at least `min_version` (the newest version
+    /// the client's session has seen).
+    pub fn check_read(&self, shard: ShardId, min_version: Option<u64>) -> Result<(), SluiceError> {
+        if !self.replicates(shard) {
+            return Ok(());
+        }
+        self.local(shard)?;
+        if let Some(want) = min_version {
+            let applied = self.store.shard(shard).map_or(0, |s| s.last_version());
+            if applied < want {
+                return Err(SluiceError::ReplicaBehind {
+                    shard: shard.to_string(),
+                    node: self.id,
+                    applied,
+                    wanted: want,
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// Waits until a linearizable read may be served here: this node is
+    /// the leader (confirmed by a quorum now) and has applied everything
+    /// committed before the read arrived.
+    pub async fn read_barrier(&self, shard: ShardId) -> Result<(), SluiceError> {
+        let g = self.local(shard)?;
+        self.check_leader(&g)?;
+        let t = Duration::from_millis(self.settings.write_timeout_ms);
+        match tokio::time::timeout(t, g.raft.ensure_linearizable()).await {
+            Err(_) => Err(unavailable(format!(
+                "shard {}: leadership not confirmed within {} ms (no quorum?)",
+                group_name(g.id),
+                t.as_millis()
+            ))),
+            Ok(Ok(_)) => Ok(()),
+            Ok(Err(RaftError::APIError(CheckIsLeaderError::ForwardToLeader(f)))) => {
+                Err(self.not_leader(g.id, f.leader_id))
+            }
+            Ok(Err(e)) => Err(unavailable(format!("shard {}: {e}", group_name(g.id)))),
+        }
+    }
+
+    /// A replicated pool table change (through the metadata group).
+    pub async fn meta_write(&self, cmd: MetaCommand) -> Result<String, SluiceError> {
+        let g = self.local_group(META_GROUP)?;
+        let json = serde_json::to_string(&cmd).map_err(|e| SluiceError::Internal {
+            reason: e.to_string(),
+        })?;
+        match self.propose(&g, Command::Meta(json)).await? {
+            Applied::Meta(r) => r.map_err(|e| Applied::decode_err(&e)),
+            other => Err(SluiceError::Internal {
+                reason: format!("unexpected apply result {other:?}"),
+            }),
+        }
+    }
+
+    /// The metadata epoch: bumped by every replicated pool or membership
+    /// change this node has applied.
+    pub fn epoch(&self) -> u64 {
+        self.meta.read().epoch
+    }
+
+    /// Runs an admin command (JSON, `{"op": ...}`).
+    pub async fn admin(&self, command: &str) -> Result<serde_json::Value, SluiceError> {
+        let cmd: Admin = serde_json::from_str(command)
+            .map_err(|e| SluiceError::protocol(format!("bad cluster command: {e}")))?;
+        match cmd {
+            Admin::Status => Ok(self.status()),
+            Admin::Info => Ok(self.info()),
+            Admin::AddMember { shard, node } => self.add_member(&shard, node).await,
+            Admin::RemoveMember { shard, node } => self.remove_member(&shard, node).await,
+            Admin::Cut { .. } | Admin::Heal if !self.settings.fault_injection => {
+                Err(SluiceError::NotSupported {
+                    what: "fault injection on this node (start it with [cluster] fault_injection = true)".into(),
+                })
+            }
+            Admin::Cut { peers } => {
+                self.peers.cut(&peers);
+                tracing::warn!(?peers, "fault injection: links cut");
+                Ok(json!({"node": self.id, "cut": self.peers.blocked()}))
+            }
+            Admin::SetMembers { group, members } => self
+                .meta_write(MetaCommand::SetMembers { group, members })
+                .await
+                .map(|_| json!({})),
+            Admin::Heal => {
+                self.peers.heal();
+                tracing::warn!("fault injection: links healed");
+                Ok(json!({"node": self.id, "cut": []}))
+            }
+        }
+    }
+
+    fn voters(g: &Group) -> BTreeSet<u64> {
+        g.metrics
+            .borrow()
+            .membership_config
+            .membership()
+            .voter_ids()
+            .collect()
+    }
+
+    async fn change(
+        &self,
+        shard: &str,
+        node: u32,
+        add: bool,
+    ) -> Result<serde_json::Value, SluiceError> {
+        let s = parse_shard(shard)?;
+        let g = self.local(s)?;
+        self.check_leader(&g)?;
+        let addr = self
+            .layout
+            .address_of(node)
+            .ok_or_else(|| SluiceError::Protocol {
+                reason: format!("node {node} is not in the layout's [[nodes]]"),
+            })?;
+        let mut voters = Self::voters(&g);
+        let api = |e: RaftError<u64, ClientWriteError<u64, BasicNode>>| match e {
+            RaftError::APIError(ClientWriteError::ForwardToLeader(f)) => {
+                self.not_leader(g.id, f.leader_id)
+            }
+            e => unavailable(format!("membership change of {shard}: {e}")),
+        };
+        if add {
+            if voters.contains(&u64::from(node)) {
+                return Err(SluiceError::Protocol {
+                    reason: format!("node {node} is already a member of {shard}"),
+                });
+            }
+            // Blocks until the newcomer has caught up (log or snapshot).
+            g.raft
+                .add_learner(u64::from(node), BasicNode::new(addr), true)
+                .await
+                .map_err(api)?;
+            voters.insert(u64::from(node));
+        } else {
+            if !voters.remove(&u64::from(node)) {
+                return Err(SluiceError::Protocol {
+                    reason: format!("node {node} is not a member of {shard}"),
+                });
+            }
+            if voters.is_empty() {
+                return Err(SluiceError::Protocol {
+                    reason: format!("cannot remove the last member of {shard}"),
+                });
+            }
+        }
+        g.raft
+            .change_membership(voters.clone(), false)
+            .await
+            .map_err(api)?;
+        let members: Vec<u32> = voters.iter().map(|v| *v as u32).collect();
+        self.record_members(g.id, &members).await?;
+        Ok(json!({"shard": shard, "members": members}))
+    }
+
+    /// Records a shard's new members in the metadata group, through its
+    /// leader wherever that is.
+    async fn record_members(&self, group: u64, members: &[u32]) -> Result<(), SluiceError> {
+        let t = Duration::from_millis(self.settings.write_timeout_ms);
+        let deadline = tokio::time::Instant::now() + t;
+        let cmd = json!({"op": "set_members", "group": group, "members": members});
+        loop {
+            let leader = self
+                .groups
+                .read()
+                .get(&META_GROUP)
+                .and_then(|m| m.metrics.borrow().current_leader);
+            let r = match leader.map(|l| l as u32) {
+                Some(l) if l == self.id => self
+                    .meta_write(MetaCommand::SetMembers {
+                        group,
+                        members: members.to_vec(),
+                    })
+                    .await
+                    .map(|_| ()),
+                Some(l) => match self.layout.address_of(l) {
+                    Some(addr) => self
+                        .peers
+                        .request(
+                            l,
+                            &addr.to_string(),
+                            &sluice_wire::Request::Cluster {
+                                command: cmd.to_string(),
+                            },
+                            t,
+                        )
+                        .await
+                        .map(|_| ()),
+                    None => Err(self.not_leader(META_GROUP, None)),
+                },
+                None => Err(self.not_leader(META_GROUP, None)),
+            };
+            match r {
+                Err(SluiceError::NotLeader { .. }) | Err(SluiceError::Connection { .. })
+                    if tokio::time::Instant::now() < deadline =>
+                {
+                    tokio::time::sleep(Duration::from_millis(20)).await
+                }
+                other => return other,
+            }
+        }
+    }
+
+    async fn add_member(&self, shard: &str, node: u32) -> Result<serde_json::Value, SluiceError> {
+        self.change(shard, node, true).await
+    }
+
+    async fn remove_member(
+        &self,
+        shard: &str,
+        node: u32,
+    ) -> Result<serde_json::Value, SluiceError> {
+        self.change(shard, node, false).await
+    }
+
+    /// What clients route by: nodes, each replicated shard's members and
+    /// (where this node knows it) leader, and the metadata epoch.
+    pub fn info(&self) -> serde_json::Value {
+        let groups = self.groups.read();
+        let meta = self.meta.read();
+        let leader = |g: u64| {
+            groups
+                .get(&g)
+                .and_then(|x| x.metrics.borrow().current_leader)
+        };
+        let shards: serde_json::Map<String, serde_json::Value> = meta
+            .members
+            .iter()
+            .map(|(g, m)| (group_name(*g), json!({"members": m, "leader": leader(*g)})))
+            .collect();
+        json!({
+            "node": self.id,
+            "epoch": meta.epoch,
+            "nodes": self.layout.nodes,
+            "shards": shards,
+            "trigger": self.layout.subgroups.trigger.iter().map(|sg| &sg.shards).collect::<Vec<_>>(),
+            "meta_leader": leader(META_GROUP),
+        })
+    }
+
+    /// Every group hosted here: role, term, leader, log and applied
+    /// positions, and (on a leader) each follower's lag in entries.
+    pub fn status(&self) -> serde_json::Value {
+        let groups = self.groups.read();
+        let mut ids: Vec<u64> = groups.keys().copied().collect();
+        ids.sort_unstable();
+        let list: Vec<serde_json::Value> = ids
+            .iter()
+            .map(|g| {
+                let x = &groups[g];
+                let m = x.metrics.borrow();
+                let last = m.last_log_index.unwrap_or(0);
+                let lag: BTreeMap<String, u64> = m
+                    .replication
+                    .as_ref()
+                    .map(|r| {
+                        r.iter()
+                            .filter(|(id, _)| **id != u64::from(self.id))
+                            .map(|(id, matched)| {
+                                (
+                                    id.to_string(),
+                                    last.saturating_sub(matched.map_or(0, |l| l.index)),
+                                )
+                            })
+                            .collect()
+                    })
+                    .unwrap_or_default();
+                let version = shard_of_group(*g)
+                    .and_then(|s| self.store.shard(s))
+                    .map(|s| s.last_version());
+                json!({
+                    "group": group_name(*g),
+                    "role": match m.state {
+                        ServerState::Leader => "leader",
+                        ServerState::Follower => "follower",
+                        ServerState::Candidate => "candidate",
+                        ServerState::Learner => "learner",
+                        ServerState::Shutdown => "shutdown",
+                    },
+                    "term": m.current_term,
+                    "leader": m.current_leader,
+                    "voters": m.membership_config.membership().voter_ids().collect::<Vec<_>>(),
+                    "last_log_index": last,
+                    "applied_index": x.sm.applied_index(),
+                    "applied_version": version,
+                    "lag": lag,
+                })
+            })
+            .collect();
+        json!({
+            "node": self.id,
+            "epoch": self.epoch(),
+            "cut": self.peers.blocked(),
+            "groups": list,
+        })
+    }
+
+    /// Stops every group (graceful shutdown).
+    pub async fn shutdown(&self) {
+        let groups: Vec<Arc<Group>> = self.groups.read().values().cloned().collect();
+        for g in groups {
+            let _ = g.raft.shutdown().await;
+        }
+    }
+}
+
+/// Which member runs a lambda dispatched to one member (`one`): members
+/// split keys by hash, so each key's upcall runs once per shard.
+impl sluice_compute::Membership for ClusterNode {
+    fn position(&self, shard: ShardId) -> (usize, usize) {
+        let members = match group_of(shard) {
+            Some(g) => self.members_of(g),
+            None => self
+                .layout
+                .subgroups
+                .trigger
+                .get(shard.subgroup as usize)
+                .and_then(|sg| sg.shards.get(shard.shard as usize))
+                .cloned()
+                .unwrap_or_default(),
+        };
+        match members.iter().position(|m| *m == self.id) {
+            Some(i) => (i, members.len()),
+            None => (0, 1),
+        }
+    }
+}

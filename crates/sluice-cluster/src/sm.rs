@@ -1,0 +1,407 @@
+//! The state machine of a group: applies committed commands to the node's
+//! store (a data shard) or to the pool table and membership map (the
+//! metadata group), deduplicates retried client writes, and builds and
+//! installs snapshots.
+
+use crate::types::{
+    group_of, shard_of_group, Applied, Command, Entry, LogId, MetaCommand, SnapshotMeta,
+    StorageError, StoredMembership, TypeConfig, META_GROUP,
+};
+use bytes::Bytes;
+use openraft::storage::{RaftStateMachine, Snapshot};
+use openraft::{EntryPayload, RaftSnapshotBuilder, StorageIOError};
+use parking_lot::{Mutex, RwLock};
+use serde::{Deserialize, Serialize};
+use sluice_store::{ShardId, Store};
+use sluice_types::cluster::ClusterLayout;
+use sluice_types::{Object, ObjectMeta, PoolTable, PutResult, ReqId, SluiceError};
+use std::collections::{BTreeMap, VecDeque};
+use std::io::Cursor;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+/// Results remembered per client, so a retried write is answered, not
+/// applied again.
+const DEDUP_PER_CLIENT: usize = 1024;
+/// Clients remembered per shard (the least recently writing one goes).
+const DEDUP_CLIENTS: usize = 10_000;
+
+/// What every node knows from the metadata group: shard members (what
+/// clients route by) and the epoch, bumped by every metadata change.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MetaState {
+    pub epoch: u64,
+    pub members: BTreeMap<u64, Vec<u32>>,
+}
+
+impl MetaState {
+    /// The members the layout file gives each replicated shard.
+    pub fn from_layout(l: &ClusterLayout) -> MetaState {
+        let mut members = BTreeMap::new();
+        for (pool_type, sgs) in [
+            (sluice_types::PoolType::Volatile, &l.subgroups.volatile),
+            (sluice_types::PoolType::Persistent, &l.subgroups.persistent),
+        ] {
+            for (g, sg) in sgs.iter().enumerate() {
+                for (s, m) in sg.shards.iter().enumerate() {
+                    let id = ShardId {
+                        pool_type,
+                        subgroup: g as u32,
+                        shard: s as u32,
+                    };
+                    if let Some(gid) = group_of(id) {
+                        members.insert(gid, m.clone());
+                    }
+                }
+            }
+        }
+        MetaState { epoch: 0, members }
+    }
+}
+
+#[derive(Default, Serialize, Deserialize)]
+struct ClientWindow {
+    last_index: u64,
+    results: VecDeque<(u64, Applied)>,
+}
+
+#[derive(Serialize, Deserialize)]
+struct ShardSnapshot {
+    last_version: u64,
+    last_ts: u64,
+    objects: Vec<(String, ObjectMeta, Bytes)>,
+    dedup: Vec<(u64, ClientWindow)>,
+}
+
+#[derive(Serialize, Deserialize)]
+struct MetaSnapshot {
+    table: PoolTable,
+    state: MetaState,
+}
+
+#[derive(Default)]
+struct State {
+    last_applied: Option<LogId>,
+    membership: StoredMembership,
+    last_ts: u64,
+    dedup: BTreeMap<u64, ClientWindow>,
+    current: Option<(SnapshotMeta, Vec<u8>)>,
+    snapshots_built: u64,
+}
+
+/// One group's state machine. Clones share state (openraft takes a
+/// separate snapshot builder).
+#[derive(Clone)]
+pub struct Sm {
+    group: u64,
+    shard: Option<ShardId>,
+    store: Arc<Store>,
+    meta: Arc<RwLock<MetaState>>,
+    /// Where the latest snapshot is kept (`None`: memory only).
+    dir: Option<PathBuf>,
+    sync: bool,
+    st: Arc<Mutex<State>>,
+}
+
+fn sm_err(e: impl std::fmt::Display) -> StorageError {
+    StorageIOError::write_state_machine(openraft::AnyError::error(e.to_string())).into()
+}
+
+impl Sm {
+    /// Opens the state machine of `group`, restoring the snapshot kept in
+    /// `dir` (if any) into the store.
+    pub fn open(
+        group: u64,
+        store: Arc<Store>,
+        meta: Arc<RwLock<MetaState>>,
+        dir: Option<PathBuf>,
+        sync: bool,
+    ) -> Result<Sm, StorageError> {
+        let sm = Sm {
+            group,
+            shard: shard_of_group(group),
+            store,
+            meta,
+            dir,
+            sync,
+            st: Arc::default(),
+        };
+        if let Some(d) = &sm.dir {
+            let path = d.join("snapshot");
+            if path.exists() {
+                let bytes = std::fs::read(&path).map_err(sm_err)?;
+                let (meta, data): (SnapshotMeta, Vec<u8>) =
+                    bincode::deserialize(&bytes).map_err(sm_err)?;
+                let mut st = sm.st.lock();
+                sm.restore(&mut st, &meta, &data)?;
+                st.current = Some((meta, data));
+            }
+        }
+        Ok(sm)
+    }
+
+    fn restore(
+        &self,
+        st: &mut State,
+        meta: &SnapshotMeta,
+        data: &[u8],
+    ) -> Result<(), StorageError> {
+        match self.shard {
+            Some(shard) => {
+                let snap: ShardSnapshot = bincode::deserialize(data).map_err(sm_err)?;
+                let objects = snap
+                    .objects
+                    .into_iter()
+                    .map(|(key, meta, value)| {
+                        Arc::new(Object {
+                            key: Arc::from(key),
+                            meta,
+                            value,
+                            trace: None,
+                        })
+                    })
+                    .collect();
+                self.store
+                    .install_shard(shard, snap.last_version, objects)
+                    .map_err(sm_err)?;
+                st.last_ts = snap.last_ts;
+                st.dedup = snap.dedup.into_iter().collect();
+            }
+            None => {
+                let snap: MetaSnapshot = serde_json::from_slice(data).map_err(sm_err)?;
+                self.store.replace_pool_table(snap.table).map_err(sm_err)?;
+                *self.meta.write() = snap.state;
+            }
+        }
+        st.last_applied = meta.last_log_id;
+        st.membership = meta.last_membership.clone();
+        Ok(())
+    }
+
+    fn save(&self, meta: &SnapshotMeta, data: &[u8]) -> Result<(), StorageError> {
+        let Some(d) = &self.dir else { return Ok(()) };
+        std::fs::create_dir_all(d).map_err(sm_err)?;
+        let bytes = bincode::serialize(&(meta, data)).map_err(sm_err)?;
+        let tmp = d.join("snapshot.tmp");
+        std::fs::write(&tmp, &bytes).map_err(sm_err)?;
+        if self.sync {
+            std::fs::File::open(&tmp)
+                .and_then(|f| f.sync_all())
+                .map_err(sm_err)?;
+        }
+        std::fs::rename(&tmp, d.join("snapshot")).map_err(sm_err)?;
+        Ok(())
+    }
+
+    fn apply_write(&self, st: &mut State, index: u64, shard: ShardId, cmd: Command) -> Applied {
+        let Command::Write {
+            key,
+            value,
+            expected,
+            timestamp_us,
+            req_id,
+            trace,
+        } = cmd
+        else {
+            return Applied::None;
+        };
+        if let Some(ReqId { client, seq }) = req_id {
+            if let Some(w) = st.dedup.get(&client) {
+                if let Some((_, r)) = w.results.iter().find(|(s, _)| *s == seq) {
+                    return r.clone();
+                }
+            }
+        }
+        // Strictly increasing in log order, identical on every replica.
+        let ts = timestamp_us.max(st.last_ts + 1);
+        let res: Result<PutResult, SluiceError> =
+            self.store
+                .apply_write(shard, &key, value, expected, ts, trace.map(Arc::new));
+        if res.is_ok() {
+            st.last_ts = ts;
+        }
+        let applied = Applied::Put(res.map_err(|e| Applied::err(&e)));
+        if let Some(ReqId { client, seq }) = req_id {
+            let w = st.dedup.entry(client).or_default();
+            w.last_index = index;
+            w.results.push_back((seq, applied.clone()));
+            if w.results.len() > DEDUP_PER_CLIENT {
+                w.results.pop_front();
+            }
+            if st.dedup.len() > DEDUP_CLIENTS {
+                if let Some(oldest) = st
+                    .dedup
+                    .iter()
+                    .min_by_key(|(_, w)| w.last_index)
+                    .map(|(c, _)| *c)
+                {
+                    st.dedup.remove(&oldest);
+                }
+            }
+        }
+        applied
+    }
+
+    fn apply_meta(&self, json: &str) -> Applied {
+        let cmd: MetaCommand = match serde_json::from_str(json) {
+            Ok(c) => c,
+            Err(e) => {
+                return Applied::Meta(Err(Applied::err(&SluiceError::protocol(e.to_string()))))
+            }
+        };
+        let to_json = |r: Result<sluice_types::PoolMeta, SluiceError>| match r {
+            Ok(p) => Ok(serde_json::to_string(&p).unwrap_or_default()),
+            Err(e) => Err(Applied::err(&e)),
+        };
+        let res = match cmd {
+            MetaCommand::PoolCreate { spec, created_us } => {
+                to_json(self.store.create_pool_at(&spec, created_us))
+            }
+            MetaCommand::PoolRemove { path } => to_json(self.store.remove_pool(&path)),
+            MetaCommand::SetMembers { group, members } => {
+                self.meta.write().members.insert(group, members);
+                Ok("{}".to_string())
+            }
+        };
+        self.meta.write().epoch += 1;
+        Applied::Meta(res)
+    }
+
+    fn build(&self) -> Result<Snapshot<TypeConfig>, StorageError> {
+        let mut st = self.st.lock();
+        let data = match self.shard {
+            Some(shard) => {
+                let objects = self
+                    .store
+                    .shard_objects(shard)
+                    .into_iter()
+                    .map(|o| (o.key.to_string(), o.meta, o.value.clone()))
+                    .collect();
+                let last_version = self.store.shard(shard).map_or(0, |s| s.last_version());
+                let snap = ShardSnapshot {
+                    last_version,
+                    last_ts: st.last_ts,
+                    objects,
+                    dedup: st
+                        .dedup
+                        .iter()
+                        .map(|(c, w)| {
+                            (
+                                *c,
+                                ClientWindow {
+                                    last_index: w.last_index,
+                                    results: w.results.clone(),
+                                },
+                            )
+                        })
+                        .collect(),
+                };
+                bincode::serialize(&snap).map_err(sm_err)?
+            }
+            None => serde_json::to_vec(&MetaSnapshot {
+                table: self.store.pool_table(),
+                state: self.meta.read().clone(),
+            })
+            .map_err(sm_err)?,
+        };
+        st.snapshots_built += 1;
+        let meta = SnapshotMeta {
+            last_log_id: st.last_applied,
+            last_membership: st.membership.clone(),
+            snapshot_id: format!(
+                "{}-{}-{}",
+                self.group,
+                st.last_applied.map_or(0, |l| l.index),
+                st.snapshots_built
+            ),
+        };
+        self.save(&meta, &data)?;
+        st.current = Some((meta.clone(), data.clone()));
+        Ok(Snapshot {
+            meta,
+            snapshot: Box::new(Cursor::new(data)),
+        })
+    }
+
+    /// Index of the last applied entry (0 before any).
+    pub fn applied_index(&self) -> u64 {
+        self.st.lock().last_applied.map_or(0, |l| l.index)
+    }
+
+    pub fn is_meta(&self) -> bool {
+        self.group == META_GROUP
+    }
+}
+
+impl RaftSnapshotBuilder<TypeConfig> for Sm {
+    async fn build_snapshot(&mut self) -> Result<Snapshot<TypeConfig>, StorageError> {
+        self.build()
+    }
+}
+
+impl RaftStateMachine<TypeConfig> for Sm {
+    type SnapshotBuilder = Sm;
+
+    async fn applied_state(&mut self) -> Result<(Option<LogId>, StoredMembership), StorageError> {
+        let st = self.st.lock();
+        Ok((st.last_applied, st.membership.clone()))
+    }
+
+    async fn apply<I>(&mut self, entries: I) -> Result<Vec<Applied>, StorageError>
+    where
+        I: IntoIterator<Item = Entry> + Send,
+        I::IntoIter: Send,
+    {
+        // Held across the whole batch: a snapshot sees exactly the state
+        // at `last_applied`, never half a batch.
+        let mut st = self.st.lock();
+        let mut out = Vec::new();
+        for e in entries {
+            st.last_applied = Some(e.log_id);
+            let r = match e.payload {
+                EntryPayload::Blank => Applied::None,
+                EntryPayload::Membership(m) => {
+                    st.membership = StoredMembership::new(Some(e.log_id), m);
+                    Applied::None
+                }
+                EntryPayload::Normal(Command::Meta(json)) => self.apply_meta(&json),
+                EntryPayload::Normal(cmd) => match self.shard {
+                    Some(shard) => self.apply_write(&mut st, e.log_id.index, shard, cmd),
+                    None => Applied::None,
+                },
+            };
+            out.push(r);
+        }
+        Ok(out)
+    }
+
+    async fn get_snapshot_builder(&mut self) -> Self::SnapshotBuilder {
+        self.clone()
+    }
+
+    async fn begin_receiving_snapshot(&mut self) -> Result<Box<Cursor<Vec<u8>>>, StorageError> {
+        Ok(Box::new(Cursor::new(Vec::new())))
+    }
+
+    async fn install_snapshot(
+        &mut self,
+        meta: &SnapshotMeta,
+        snapshot: Box<Cursor<Vec<u8>>>,
+    ) -> Result<(), StorageError> {
+        let data = snapshot.into_inner();
+        let mut st = self.st.lock();
+        self.restore(&mut st, meta, &data)?;
+        self.save(meta, &data)?;
+        st.current = Some((meta.clone(), data));
+        tracing::info!(group = %crate::types::group_name(self.group), snapshot = %meta.snapshot_id, "installed a snapshot from the leader");
+        Ok(())
+    }
+
+    async fn get_current_snapshot(&mut self) -> Result<Option<Snapshot<TypeConfig>>, StorageError> {
+        let st = self.st.lock();
+        Ok(st.current.as_ref().map(|(meta, data)| Snapshot {
+            meta: meta.clone(),
+            snapshot: Box::new(Cursor::new(data.clone())),
+        }))
+    }
+}

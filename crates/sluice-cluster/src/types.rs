@@ -1,0 +1,209 @@
+//! The consensus type configuration, the replicated commands, and group ids.
+
+use bytes::Bytes;
+use serde::{Deserialize, Serialize};
+use sluice_store::ShardId;
+use sluice_types::{PoolType, PutResult, ReqId, SluiceError, Trace};
+use std::io::Cursor;
+
+/// One write to a replicated group's log.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Command {
+    /// A put (`value: Some`) or remove (`None`) on a data shard. The
+    /// timestamp is the proposing leader's clock; replicas raise it to
+    /// stay strictly increasing in log order, so they all agree on it.
+    Write {
+        key: String,
+        value: Option<Bytes>,
+        expected: Option<u64>,
+        timestamp_us: u64,
+        req_id: Option<ReqId>,
+        trace: Option<Trace>,
+    },
+    /// A metadata change (`MetaCommand` as JSON; rare, so readability
+    /// wins over size).
+    Meta(String),
+}
+
+/// A metadata change, applied by every node in log order.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "op", rename_all = "snake_case")]
+pub enum MetaCommand {
+    PoolCreate {
+        spec: sluice_types::PoolSpec,
+        created_us: u64,
+    },
+    PoolRemove {
+        path: String,
+    },
+    /// The members of a shard after a membership change (what clients
+    /// route by).
+    SetMembers {
+        group: u64,
+        members: Vec<u32>,
+    },
+}
+
+/// What applying a command produced. Errors travel as JSON text because
+/// `SluiceError` is an internally tagged enum (binary formats cannot
+/// decode those).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Applied {
+    Put(Result<PutResult, String>),
+    Meta(Result<String, String>),
+    None,
+}
+
+impl Applied {
+    pub fn err(e: &SluiceError) -> String {
+        serde_json::to_string(e).unwrap_or_else(|_| e.to_string())
+    }
+
+    pub fn decode_err(s: &str) -> SluiceError {
+        serde_json::from_str(s).unwrap_or_else(|_| SluiceError::Internal {
+            reason: s.to_string(),
+        })
+    }
+}
+
+openraft::declare_raft_types!(
+    /// Sluice's openraft configuration: u64 node ids (the layout's), the
+    /// node's address as its `BasicNode`, snapshots as in-memory buffers.
+    pub TypeConfig:
+        D = Command,
+        R = Applied,
+        NodeId = u64,
+        Node = openraft::BasicNode,
+        Entry = openraft::Entry<TypeConfig>,
+        SnapshotData = Cursor<Vec<u8>>,
+        AsyncRuntime = openraft::TokioRuntime,
+);
+
+pub type Raft = openraft::Raft<TypeConfig>;
+pub type Entry = openraft::Entry<TypeConfig>;
+pub type LogId = openraft::LogId<u64>;
+pub type Vote = openraft::Vote<u64>;
+pub type StorageError = openraft::StorageError<u64>;
+pub type StoredMembership = openraft::StoredMembership<u64, openraft::BasicNode>;
+pub type SnapshotMeta = openraft::SnapshotMeta<u64, openraft::BasicNode>;
+
+/// The metadata group (pool table and shard membership): every node of
+/// the layout is a member.
+pub const META_GROUP: u64 = 0;
+
+/// The replication group of a data shard. Trigger shards are not
+/// replicated and have no group.
+pub fn group_of(s: ShardId) -> Option<u64> {
+    let t = match s.pool_type {
+        PoolType::Volatile => 1u64,
+        PoolType::Persistent => 2,
+        PoolType::Trigger => return None,
+    };
+    Some((t << 56) | (u64::from(s.subgroup) << 28) | u64::from(s.shard))
+}
+
+/// The shard of a group id (`None` for the metadata group and for ids
+/// that name no shard).
+pub fn shard_of_group(g: u64) -> Option<ShardId> {
+    let pool_type = match g >> 56 {
+        1 => PoolType::Volatile,
+        2 => PoolType::Persistent,
+        _ => return None,
+    };
+    let subgroup = ((g >> 28) & ((1 << 28) - 1)) as u32;
+    let shard = (g & ((1 << 28) - 1)) as u32;
+    Some(ShardId {
+        pool_type,
+        subgroup,
+        shard,
+    })
+}
+
+/// Human name of a group: `meta` or the shard (`volatile/0/1`).
+pub fn group_name(g: u64) -> String {
+    match shard_of_group(g) {
+        Some(s) => s.to_string(),
+        None if g == META_GROUP => "meta".into(),
+        None => format!("group-{g}"),
+    }
+}
+
+/// Parses `volatile/0/1` (pool type / subgroup / shard).
+pub fn parse_shard(s: &str) -> Result<ShardId, SluiceError> {
+    let bad = || SluiceError::Protocol {
+        reason: format!(
+            "bad shard {s:?}: expected <volatile|persistent>/<subgroup>/<shard>, e.g. volatile/0/0"
+        ),
+    };
+    let mut it = s.split('/');
+    let (Some(t), Some(g), Some(i), None) = (it.next(), it.next(), it.next(), it.next()) else {
+        return Err(bad());
+    };
+    let pool_type = match t {
+        "volatile" => PoolType::Volatile,
+        "persistent" => PoolType::Persistent,
+        _ => return Err(bad()),
+    };
+    Ok(ShardId {
+        pool_type,
+        subgroup: g.parse().map_err(|_| bad())?,
+        shard: i.parse().map_err(|_| bad())?,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn group_ids_round_trip_and_never_collide_with_meta() {
+        for pool_type in [PoolType::Volatile, PoolType::Persistent] {
+            for subgroup in [0, 1, 77] {
+                for shard in [0, 1, 4095] {
+                    let s = ShardId {
+                        pool_type,
+                        subgroup,
+                        shard,
+                    };
+                    let g = group_of(s).unwrap();
+                    assert_ne!(g, META_GROUP);
+                    assert_eq!(shard_of_group(g), Some(s));
+                    assert_eq!(parse_shard(&group_name(g)).unwrap(), s);
+                }
+            }
+        }
+        let t = ShardId {
+            pool_type: PoolType::Trigger,
+            subgroup: 0,
+            shard: 0,
+        };
+        assert_eq!(group_of(t), None);
+        assert!(parse_shard("trigger/0/0").is_err());
+        assert!(parse_shard("volatile/x/0").is_err());
+    }
+
+    #[test]
+    fn commands_survive_the_binary_codec() {
+        let c = Command::Write {
+            key: "/vol/a".into(),
+            value: Some(Bytes::from_static(b"xyz")),
+            expected: Some(3),
+            timestamp_us: 9,
+            req_id: Some(ReqId { client: 1, seq: 2 }),
+            trace: None,
+        };
+        let b = bincode::serialize(&c).unwrap();
+        assert_eq!(bincode::deserialize::<Command>(&b).unwrap(), c);
+        let a = Applied::Put(Err(Applied::err(&SluiceError::NotFound {
+            key: "k".into(),
+        })));
+        let b = bincode::serialize(&a).unwrap();
+        let Applied::Put(Err(e)) = bincode::deserialize::<Applied>(&b).unwrap() else {
+            panic!()
+        };
+        assert_eq!(
+            Applied::decode_err(&e),
+            SluiceError::NotFound { key: "k".into() }
+        );
+    }
+}
