@@ -56,7 +56,7 @@ impl Cluster {
         std::fs::write(dir.path().join("layout.toml"), layout).unwrap();
         for id in addrs.keys() {
             let cfg = format!(
-                "node_id = {id}\nlisten = \"{}\"\ndata_dir = \"{}\"\n[cluster]\nlayout = \"{}\"\nfault_injection = true\nwrite_timeout_ms = 1500\n",
+                "node_id = {id}\nlisten = \"{}\"\ndata_dir = \"{}\"\n[cluster]\nlayout = \"{}\"\nfault_injection = true\nwrite_timeout_ms = 1500\nsnapshot_every = 100\n",
                 addrs[id],
                 dir.path().join(format!("node-{id}")).display(),
                 dir.path().join("layout.toml").display()
@@ -652,7 +652,12 @@ async fn membership_change_adds_replaces_and_removes_members() {
         .await
         .unwrap();
     assert_eq!(r["members"], serde_json::json!([1, 2]));
+    // Enough writes that the log behind the latest snapshot is purged:
+    // the newcomer must be sent a snapshot, not just log entries.
     let key0 = shard0_keys("m", 1).remove(0);
+    for i in 0..300 {
+        client.put(&key0, format!("w{i}")).await.unwrap();
+    }
     client.put(&key0, "after remove").await.unwrap();
     let r = client
         .cluster_command(
@@ -662,6 +667,18 @@ async fn membership_change_adds_replaces_and_removes_members() {
         .await
         .unwrap();
     assert_eq!(r["members"], serde_json::json!([1, 2, 5]));
+    let st = c.status(5).await;
+    let g = st["groups"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|g| g["group"] == "volatile/0/0")
+        .unwrap()
+        .clone();
+    assert!(
+        g["snapshots_installed"].as_u64().unwrap() >= 1,
+        "the newcomer caught up from a snapshot: {g}"
+    );
     // A fresh client routes by the new membership; node 5 serves shard 0.
     let fresh = c.client(2).await;
     let v = fresh.put(&key0, "after add").await.unwrap().version;
@@ -718,4 +735,82 @@ async fn membership_change_adds_replaces_and_removes_members() {
         matches!(r, Err(SluiceError::NotMember { .. }))
     })
     .await;
+}
+
+/// A lambda on a replicated shard: the put is applied on all three
+/// members, the `one` dispatcher runs the lambda on exactly one of them,
+/// and its emits are written through the destination shard's leader (so
+/// every replica of the output agrees).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn lambdas_on_replicated_shards_run_once_and_emit_through_the_leader() {
+    let _serial = SERIAL.lock().await;
+    let c = Cluster::start();
+    c.ready().await;
+    let dfg = serde_json::json!([{ "id": "relay", "graph": [
+        { "pathname": "/vol/in", "user_defined_logic_list": ["relay"],
+          "destinations": [{ "/vol/out": "put" }] }
+    ]}])
+    .to_string();
+    for id in 1..=5 {
+        c.client(id).await.dfg_apply(&dfg).await.unwrap();
+    }
+    let client = c.client(2).await;
+    let n = 20;
+    for i in 0..n {
+        client
+            .put(&format!("/vol/in/{i}"), format!("v{i}"))
+            .await
+            .unwrap();
+    }
+    for i in 0..n {
+        let key = format!("/vol/out/{i}");
+        let client = &client;
+        c.wait_for(&format!("{key}"), || {
+            let key = key.clone();
+            async move { client.get(&key).await.is_ok() }
+        })
+        .await;
+        let o = client.get_linearizable(&key).await.unwrap();
+        assert_eq!(o.value, Bytes::from(format!("v{i}")));
+    }
+    // Every member applied every input; the relay ran once per input in all.
+    let upcalls = || async {
+        let mut sum = 0;
+        for id in 1..=5 {
+            let s = c.client(id).await.stats().await.unwrap();
+            sum += s["compute"]["upcalls"].as_u64().unwrap_or(0);
+        }
+        sum
+    };
+    c.wait_for("every upcall to be counted", || async {
+        upcalls().await >= n
+    })
+    .await;
+    assert_eq!(upcalls().await, n, "each input ran the lambda exactly once");
+    // Every replica of each output holds the same version.
+    for i in 0..n {
+        let key = format!("/vol/out/{i}");
+        let shard = if is_shard0(&key) { 0 } else { 1 };
+        let members: &[u32] = if shard == 0 { &[1, 2, 3] } else { &[4] };
+        let lin = client.get_linearizable(&key).await.unwrap();
+        for id in members {
+            let r = c
+                .raw(*id)
+                .await
+                .call(
+                    &Request::Get {
+                        key: key.clone(),
+                        shard: Some(shard),
+                        version: None,
+                        min_version: Some(lin.meta.version),
+                        linearizable: false,
+                    },
+                    Duration::from_secs(5),
+                )
+                .await;
+            if let Ok(Response::Object(o)) = r {
+                assert_eq!(o.meta, lin.meta, "{key} on node {id}");
+            }
+        }
+    }
 }

@@ -82,6 +82,12 @@ pub struct ClusterNode {
     meta: Arc<RwLock<MetaState>>,
     groups: RwLock<HashMap<u64, Arc<Group>>>,
     creating: tokio::sync::Mutex<()>,
+    /// For lambdas' puts, which run on plain threads.
+    runtime: tokio::runtime::Handle,
+    /// Request ids of this node's own forwarded writes (`client` is random
+    /// per process, so a restarted node never reuses one).
+    writer_id: u64,
+    writer_seq: std::sync::atomic::AtomicU64,
 }
 
 fn unavailable(reason: String) -> SluiceError {
@@ -138,7 +144,9 @@ impl ClusterNode {
             election_timeout_min: settings.election_min_ms,
             election_timeout_max: settings.election_max_ms,
             snapshot_policy: openraft::SnapshotPolicy::LogsSinceLast(settings.snapshot_every),
-            max_in_snapshot_log_to_keep: 1000,
+            // Keep some log behind a snapshot for followers slightly
+            // behind; a newcomer further back gets the snapshot.
+            max_in_snapshot_log_to_keep: settings.snapshot_every.min(2000) / 2,
             ..Default::default()
         }
         .validate()
@@ -156,6 +164,16 @@ impl ClusterNode {
             store,
             groups: RwLock::default(),
             creating: tokio::sync::Mutex::new(()),
+            runtime: tokio::runtime::Handle::current(),
+            writer_id: sluice_types::fnv1a64(
+                format!(
+                    "{id}-{}-{:?}",
+                    std::process::id(),
+                    std::time::SystemTime::now()
+                )
+                .as_bytes(),
+            ),
+            writer_seq: std::sync::atomic::AtomicU64::new(1),
         });
         let mut wanted: BTreeSet<u64> = BTreeSet::from([META_GROUP]);
         for (g, members) in node.meta.read().members.clone() {
@@ -404,6 +422,96 @@ impl ClusterNode {
             other => Err(SluiceError::Internal {
                 reason: format!("unexpected apply result {other:?}"),
             }),
+        }
+    }
+
+    /// A put from inside the node (a lambda's emit) to a replicated shard:
+    /// proposed here when this node leads the shard, else forwarded to the
+    /// leader (following hints, trying members while none is known). One
+    /// request id across retries: applied once.
+    pub async fn write_anywhere(
+        &self,
+        shard: ShardId,
+        key: String,
+        value: bytes::Bytes,
+        trace: Option<Trace>,
+    ) -> Result<PutResult, SluiceError> {
+        let g = group_of(shard).ok_or_else(|| SluiceError::Internal {
+            reason: format!("shard {shard} is not replicated"),
+        })?;
+        let req_id = Some(ReqId {
+            client: self.writer_id,
+            seq: self
+                .writer_seq
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed),
+        });
+        let t = Duration::from_millis(self.settings.write_timeout_ms);
+        let deadline = tokio::time::Instant::now() + t;
+        let mut hint: Option<u32> = None;
+        let mut attempt = 0usize;
+        loop {
+            let known = self
+                .groups
+                .read()
+                .get(&g)
+                .and_then(|x| x.metrics.borrow().current_leader)
+                .map(|l| l as u32);
+            let members = self.members_of(g);
+            let target = hint
+                .or(known)
+                .or_else(|| (!members.is_empty()).then(|| members[attempt % members.len()]));
+            attempt += 1;
+            let r = match target {
+                Some(l) if l == self.id => {
+                    self.write(
+                        shard,
+                        key.clone(),
+                        Some(value.clone()),
+                        None,
+                        req_id,
+                        trace.clone(),
+                    )
+                    .await
+                }
+                Some(l) => match self.layout.address_of(l) {
+                    Some(addr) => {
+                        let req = sluice_wire::Request::Put {
+                            key: key.clone(),
+                            shard: Some(shard.shard),
+                            expected: None,
+                            value: value.clone(),
+                            trace: trace.clone(),
+                            req_id,
+                        };
+                        match self.peers.request(l, &addr.to_string(), &req, t).await {
+                            Ok(sluice_wire::Response::PutOk(p)) => Ok(p),
+                            Ok(other) => Err(SluiceError::protocol(format!(
+                                "unexpected reply to a forwarded put: {other:?}"
+                            ))),
+                            Err(e) => Err(e),
+                        }
+                    }
+                    None => Err(self.not_leader(g, None)),
+                },
+                None => Err(self.not_leader(g, None)),
+            };
+            hint = None;
+            match r {
+                Err(SluiceError::NotLeader { leader, .. })
+                    if tokio::time::Instant::now() < deadline =>
+                {
+                    hint = leader;
+                    if hint.is_none() {
+                        tokio::time::sleep(Duration::from_millis(20)).await;
+                    }
+                }
+                Err(SluiceError::Connection { .. } | SluiceError::Unavailable { .. })
+                    if tokio::time::Instant::now() < deadline =>
+                {
+                    tokio::time::sleep(Duration::from_millis(20)).await
+                }
+                other => return other,
+            }
         }
     }
 
@@ -680,8 +788,12 @@ impl ClusterNode {
                 let version = shard_of_group(*g)
                     .and_then(|s| self.store.shard(s))
                     .map(|s| s.last_version());
+                let (built, installed) = x.sm.snapshot_counts();
                 json!({
                     "group": group_name(*g),
+                    "snapshot_index": m.snapshot.map(|l| l.index),
+                    "snapshots_built": built,
+                    "snapshots_installed": installed,
                     "role": match m.state {
                         ServerState::Leader => "leader",
                         ServerState::Follower => "follower",
@@ -713,6 +825,33 @@ impl ClusterNode {
         for g in groups {
             let _ = g.raft.shutdown().await;
         }
+    }
+}
+
+/// Lambdas' puts to replicated shards go through the shard's leader.
+impl sluice_compute::Writer for ClusterNode {
+    fn put(
+        &self,
+        key: &str,
+        value: bytes::Bytes,
+        trace: Option<Arc<Trace>>,
+    ) -> Option<Result<PutResult, SluiceError>> {
+        let shard = match self.store.shard_id_of(key, None) {
+            Ok(s) => s,
+            Err(e) => return Some(Err(e)),
+        };
+        if !self.replicates(shard) {
+            return None;
+        }
+        let fut = self.write_anywhere(shard, key.to_string(), value, trace.map(|t| (*t).clone()));
+        // Upcalls run on plain threads: block this one, not the runtime.
+        Some(match tokio::runtime::Handle::try_current() {
+            Ok(_) => Err(SluiceError::Internal {
+                reason: "a replicated put from inside the async runtime must use write_anywhere"
+                    .into(),
+            }),
+            Err(_) => self.runtime.block_on(fut),
+        })
     }
 }
 

@@ -87,6 +87,7 @@ struct State {
     dedup: BTreeMap<u64, ClientWindow>,
     current: Option<(SnapshotMeta, Vec<u8>)>,
     snapshots_built: u64,
+    snapshots_installed: u64,
 }
 
 /// One group's state machine. Clones share state (openraft takes a
@@ -328,6 +329,12 @@ impl Sm {
         self.st.lock().last_applied.map_or(0, |l| l.index)
     }
 
+    /// (snapshots built here, snapshots received from a leader).
+    pub fn snapshot_counts(&self) -> (u64, u64) {
+        let st = self.st.lock();
+        (st.snapshots_built, st.snapshots_installed)
+    }
+
     pub fn is_meta(&self) -> bool {
         self.group == META_GROUP
     }
@@ -393,6 +400,7 @@ impl RaftStateMachine<TypeConfig> for Sm {
         self.restore(&mut st, meta, &data)?;
         self.save(meta, &data)?;
         st.current = Some((meta.clone(), data));
+        st.snapshots_installed += 1;
         tracing::info!(group = %crate::types::group_name(self.group), snapshot = %meta.snapshot_id, "installed a snapshot from the leader");
         Ok(())
     }

@@ -307,6 +307,12 @@ impl Engine {
 
     /// Engine counters, with the dispatch overhead (match + enqueue +
     /// dequeue) percentiles.
+    /// Routes the lambdas' puts through `writer` (a cluster: replicated
+    /// shards are written through their leader, not into the local store).
+    pub fn set_writer(&self, writer: Arc<dyn crate::Writer>) {
+        *self.ctx.writer.write() = Some(writer);
+    }
+
     pub fn stats(&self) -> Value {
         let mut all = Histogram::<u64>::new_with_bounds(1, 60_000_000_000, 3)
             .expect("static histogram bounds are valid");
@@ -366,7 +372,10 @@ impl DeliveryObserver for Engine {
             if !fires {
                 continue;
             }
-            if entry.dispatcher == ShardDispatcher::One {
+            // A trigger put reaches only the member it was sent to: that
+            // member runs it. A stored put is applied on every replica:
+            // `one` picks a single member per key.
+            if entry.dispatcher == ShardDispatcher::One && d.kind != DeliveryKind::TriggerPut {
                 let (me, n) = self.membership.position(d.shard);
                 if n > 1 && (fnv1a64(d.object.key.as_bytes()) % n as u64) as usize != me {
                     continue;

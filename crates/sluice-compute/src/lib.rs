@@ -27,4 +27,4 @@ pub mod udl;
 
 pub use dfg::{DfgError, DfgFile};
 pub use engine::{Engine, EngineConfig, Membership, Publisher};
-pub use udl::{Context, Emitter, Registry, Udl, UdlError, UdlFactory, Upcall};
+pub use udl::{Context, Emitter, Registry, Udl, UdlError, UdlFactory, Upcall, Writer};

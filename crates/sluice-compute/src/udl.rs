@@ -111,7 +111,21 @@ impl Registry {
 pub struct Context {
     pub(crate) store: Weak<Store>,
     pub(crate) publisher: Option<Arc<dyn Publisher>>,
+    pub(crate) writer: parking_lot::RwLock<Option<Arc<dyn Writer>>>,
     pub node_id: u32,
+}
+
+/// Where a lambda's puts go when the node is part of a cluster: a put to
+/// a replicated shard must go through that shard's leader (and its log),
+/// not straight into this node's copy. Returns `None` for keys it leaves
+/// to the local store (e.g. trigger pools).
+pub trait Writer: Send + Sync {
+    fn put(
+        &self,
+        key: &str,
+        value: Bytes,
+        trace: Option<Arc<Trace>>,
+    ) -> Option<Result<PutResult, SluiceError>>;
 }
 
 impl Context {
@@ -119,6 +133,7 @@ impl Context {
         Context {
             store,
             publisher,
+            writer: parking_lot::RwLock::new(None),
             node_id,
         }
     }
@@ -136,7 +151,22 @@ impl Context {
     }
 
     pub fn put(&self, key: &str, value: Bytes) -> Result<PutResult, SluiceError> {
-        self.store()?.put(key, value, None, None)
+        self.put_traced(key, value, None)
+    }
+
+    fn put_traced(
+        &self,
+        key: &str,
+        value: Bytes,
+        trace: Option<Arc<Trace>>,
+    ) -> Result<PutResult, SluiceError> {
+        let writer = self.writer.read().clone();
+        if let Some(w) = writer {
+            if let Some(r) = w.put(key, value.clone(), trace.clone()) {
+                return r;
+            }
+        }
+        self.store()?.put_traced(key, value, None, None, trace)
     }
 
     pub fn trigger_put(&self, key: &str, value: Bytes) -> Result<u64, SluiceError> {
@@ -256,14 +286,15 @@ impl<'a> Emitter<'a> {
         value: Bytes,
         trace: Option<Arc<Trace>>,
     ) -> Result<(), UdlError> {
-        let store = self.ctx.store()?;
         let key = join_key(dest, key_suffix);
         match mode {
             DestMode::Put => {
-                store.put_traced(&key, value, None, None, trace)?;
+                self.ctx.put_traced(&key, value, trace)?;
             }
             DestMode::TriggerPut => {
-                store.trigger_put_traced(&key, value, None, trace)?;
+                self.ctx
+                    .store()?
+                    .trigger_put_traced(&key, value, None, trace)?;
             }
         }
         self.emitted += 1;

@@ -181,6 +181,9 @@ impl Server {
                 .clone()
                 .map(|c| c as Arc<dyn sluice_compute::Membership>),
         );
+        if let Some(c) = &cluster {
+            engine.set_writer(c.clone());
+        }
         match engine.load_persisted() {
             Ok(0) => {}
             Ok(n) => tracing::info!(graphs = n, "data flow graphs restored"),
