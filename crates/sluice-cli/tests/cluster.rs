@@ -765,7 +765,7 @@ async fn lambdas_on_replicated_shards_run_once_and_emit_through_the_leader() {
     for i in 0..n {
         let key = format!("/vol/out/{i}");
         let client = &client;
-        c.wait_for(&format!("{key}"), || {
+        c.wait_for(&key, || {
             let key = key.clone();
             async move { client.get(&key).await.is_ok() }
         })
