@@ -35,6 +35,11 @@ pub struct ClusterBenchArgs {
     /// Skip the redis-server comparison.
     #[arg(long)]
     no_redis: bool,
+    /// Tokio worker threads per node (0: one per core). Nodes of a real
+    /// cluster have a machine each; co-located on one small machine they
+    /// compete for its cores.
+    #[arg(long, default_value_t = 0)]
+    node_threads: usize,
     /// Write the results as JSON to this file.
     #[arg(long)]
     out: Option<PathBuf>,
@@ -43,6 +48,8 @@ pub struct ClusterBenchArgs {
 /// A local cluster of `sluice serve` processes, killed on drop.
 struct Procs {
     dir: PathBuf,
+    /// Volatile shards' logs (RAM-backed when /dev/shm exists), removed on drop.
+    shm: PathBuf,
     layout: PathBuf,
     addrs: Vec<String>,
     children: Vec<Option<Child>>,
@@ -53,7 +60,7 @@ fn free_port() -> Result<u16> {
 }
 
 impl Procs {
-    fn start(n: u32) -> Result<Procs> {
+    fn start(n: u32, threads: usize) -> Result<Procs> {
         let dir =
             std::env::temp_dir().join(format!("sluice-bench-cluster-{}-{n}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
@@ -72,8 +79,23 @@ impl Procs {
         ));
         let layout = dir.join("layout.toml");
         std::fs::write(&layout, text)?;
+        let shm = if std::path::Path::new("/dev/shm").is_dir() {
+            PathBuf::from(format!("/dev/shm/sluice-bench-{}-{n}", std::process::id()))
+        } else {
+            dir.join("volatile")
+        };
+        for i in 0..n {
+            std::fs::write(
+                dir.join(format!("node-{i}.toml")),
+                format!(
+                    "worker_threads = {threads}\n[cluster]\nvolatile_dir = \"{}\"\n",
+                    shm.join(format!("node-{i}")).display()
+                ),
+            )?;
+        }
         let mut p = Procs {
             dir,
+            shm,
             layout,
             addrs,
             children: Vec::new(),
@@ -89,13 +111,15 @@ impl Procs {
         let exe = std::env::current_exe().context("finding the sluice binary")?;
         Command::new(exe)
             .arg("serve")
+            .arg("--config")
+            .arg(self.dir.join(format!("node-{i}.toml")))
             .arg("--cluster")
             .arg(&self.layout)
             .arg("--node-id")
             .arg(i.to_string())
             .arg("--data-dir")
             .arg(self.dir.join(format!("node-{i}")))
-            .env("SLUICE_LOG", "warn")
+            .env("SLUICE_LOG", "warn,openraft=off")
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::inherit())
@@ -124,6 +148,7 @@ impl Drop for Procs {
             let _ = c.wait();
         }
         let _ = std::fs::remove_dir_all(&self.dir);
+        let _ = std::fs::remove_dir_all(&self.shm);
     }
 }
 
@@ -260,7 +285,7 @@ pub fn run(a: ClusterBenchArgs, json: bool) -> Result<()> {
         .build()?;
     let dur = Duration::from_millis(a.duration_ms);
     let mut rows: Vec<Row> = Vec::new();
-    let mut failover_ms: Vec<(u32, Vec<f64>)> = Vec::new();
+    let mut failover_ms: Vec<(u32, Vec<f64>, Vec<f64>)> = Vec::new();
     let base = baseline_server()?;
     rt.block_on(async {
         for &size in &a.sizes {
@@ -273,7 +298,7 @@ pub fn run(a: ClusterBenchArgs, json: bool) -> Result<()> {
         }
         for &n in &a.shard_sizes {
             eprintln!("shard of {n}: starting {n} node processes");
-            let mut procs = Procs::start(n)?;
+            let mut procs = Procs::start(n, a.node_threads)?;
             let c0 = connect(&procs.addrs[0], Duration::from_secs(10)).await?;
             wait_leader(&c0).await?;
             let target = format!("sluice-r{n}");
@@ -300,13 +325,26 @@ pub fn run(a: ClusterBenchArgs, json: bool) -> Result<()> {
             }
             if n >= 3 {
                 let mut times = Vec::new();
+                let mut elections = Vec::new();
                 for k in 0..a.failovers {
                     let l = wait_leader(&c0).await?;
                     let probe_node = (0..n).find(|i| *i != l).unwrap_or(0);
                     let probe = connect(&procs.addrs[probe_node as usize], Duration::from_millis(500)).await?;
                     let t = Instant::now();
                     procs.kill(l);
-                    // Time until a put is acknowledged again.
+                    // Time until a survivor knows a new leader...
+                    let elected = loop {
+                        if let Ok(Some(n)) = leader(&probe).await {
+                            if n != l {
+                                break t.elapsed();
+                            }
+                        }
+                        if t.elapsed() > Duration::from_secs(30) {
+                            bail!("no new leader within 30 s");
+                        }
+                        tokio::time::sleep(Duration::from_millis(1)).await;
+                    };
+                    // ... and until a put is acknowledged again.
                     loop {
                         match probe.put(&format!("/vol/failover/{k}"), "x").await {
                             Ok(_) => break,
@@ -316,12 +354,16 @@ pub fn run(a: ClusterBenchArgs, json: bool) -> Result<()> {
                         }
                     }
                     let ms = t.elapsed().as_secs_f64() * 1000.0;
-                    eprintln!("  failover {k}: leader {l} killed, writes acknowledged again after {ms:.0} ms");
+                    eprintln!(
+                        "  failover {k}: leader {l} killed; new leader known after {:.0} ms, writes acknowledged again after {ms:.0} ms",
+                        elected.as_secs_f64() * 1000.0
+                    );
                     times.push(ms);
+                    elections.push(elected.as_secs_f64() * 1000.0);
                     procs.restart(l)?;
                     connect(&procs.addrs[l as usize], Duration::from_secs(10)).await?;
                 }
-                failover_ms.push((n, times));
+                failover_ms.push((n, times, elections));
             }
             drop(c0);
         }
@@ -348,10 +390,11 @@ pub fn run(a: ClusterBenchArgs, json: bool) -> Result<()> {
     if json {
         return Ok(());
     }
-    for (n, mut t) in failover_ms {
+    for (n, mut t, mut e) in failover_ms {
         let max = t.iter().copied().fold(0.0, f64::max);
         println!(
-            "failover, shard of {n}: writes acknowledged again after median {:.0} ms, max {max:.0} ms ({} leader kills)",
+            "failover, shard of {n}: new leader known after median {:.0} ms; writes acknowledged again after median {:.0} ms, max {max:.0} ms ({} leader kills)",
+            median(&mut e),
             median(&mut t),
             t.len()
         );

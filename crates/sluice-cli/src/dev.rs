@@ -46,8 +46,21 @@ pub fn default_layout(n: u32, base_port: u16) -> String {
 
 fn spawn_node(exe: &Path, dir: &Path, layout: &Path, id: u32) -> Result<Child> {
     let log = std::fs::File::create(dir.join(format!("node-{id}.log")))?;
+    // Everything under --dir (so --fresh really starts afresh).
+    let cfg = dir.join(format!("node-{id}.toml"));
+    std::fs::write(
+        &cfg,
+        format!(
+            "[cluster]\nvolatile_dir = \"{}\"\n",
+            dir.join(format!("node-{id}"))
+                .join("raft-volatile")
+                .display()
+        ),
+    )?;
     Command::new(exe)
         .arg("serve")
+        .arg("--config")
+        .arg(&cfg)
         .arg("--cluster")
         .arg(layout)
         .arg("--node-id")

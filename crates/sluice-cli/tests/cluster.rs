@@ -56,10 +56,11 @@ impl Cluster {
         std::fs::write(dir.path().join("layout.toml"), layout).unwrap();
         for id in addrs.keys() {
             let cfg = format!(
-                "node_id = {id}\nlisten = \"{}\"\ndata_dir = \"{}\"\n[cluster]\nlayout = \"{}\"\nfault_injection = true\nwrite_timeout_ms = 1500\nsnapshot_every = 100\n",
+                "node_id = {id}\nlisten = \"{}\"\ndata_dir = \"{}\"\n[cluster]\nlayout = \"{}\"\nfault_injection = true\nwrite_timeout_ms = 1500\nsnapshot_every = 100\nvolatile_dir = \"{}\"\n",
                 addrs[id],
                 dir.path().join(format!("node-{id}")).display(),
-                dir.path().join("layout.toml").display()
+                dir.path().join("layout.toml").display(),
+                dir.path().join(format!("node-{id}")).join("raft-volatile").display()
             );
             std::fs::write(dir.path().join(format!("node-{id}.toml")), cfg).unwrap();
         }
@@ -667,18 +668,17 @@ async fn membership_change_adds_replaces_and_removes_members() {
         .await
         .unwrap();
     assert_eq!(r["members"], serde_json::json!([1, 2, 5]));
-    let st = c.status(5).await;
-    let g = st["groups"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|g| g["group"] == "volatile/0/0")
-        .unwrap()
-        .clone();
-    assert!(
-        g["snapshots_installed"].as_u64().unwrap() >= 1,
-        "the newcomer caught up from a snapshot: {g}"
-    );
+    // The leader purged the log behind its snapshot: the newcomer
+    // catches up from a snapshot.
+    c.wait_for("node 5 to install a snapshot of shard 0", || async {
+        let st = c.status(5).await;
+        st["groups"].as_array().is_some_and(|gs| {
+            gs.iter().any(|g| {
+                g["group"] == "volatile/0/0" && g["snapshots_installed"].as_u64() >= Some(1)
+            })
+        })
+    })
+    .await;
     // A fresh client routes by the new membership; node 5 serves shard 0.
     let fresh = c.client(2).await;
     let v = fresh.put(&key0, "after add").await.unwrap().version;

@@ -458,14 +458,24 @@ impl Client {
             .await
     }
 
-    /// Reloads the cached pool table from the server.
+    /// Reloads the cached pool table from the server (in a cluster, from
+    /// the metadata leader when known: it has every committed change).
     pub async fn refresh_pools(&self) -> Result<()> {
-        let pools = match self
-            .call(&Request::PoolList {
-                include_deleted: true,
-            })
-            .await?
-        {
+        let req = Request::PoolList {
+            include_deleted: true,
+        };
+        let from_leader = match self.inner.cluster.load_full() {
+            Some(view) => match view.leader("meta").map(|l| self.node_pool(l)) {
+                Some(Ok(p)) => p.call(&req, self.inner.cfg.request_timeout).await.ok(),
+                _ => None,
+            },
+            None => None,
+        };
+        let reply = match from_leader {
+            Some(r) => r,
+            None => self.call(&req).await?,
+        };
+        let pools = match reply {
             Response::Pools(p) => p,
             other => return Err(unexpected(other)),
         };

@@ -1,17 +1,20 @@
 //! The consensus log of one group: entries in memory, every change also
-//! appended to one file (`raft.log`) so a restarted node comes back with
-//! its vote, its log and its commit point.
+//! appended to segment files (`seg-<n>.log`) so a restarted node comes back
+//! with its vote, its log and its commit point.
 //!
-//! File format: records `len: u32 | crc32c: u32 | bincode(Record)`. A torn
-//! or corrupt tail (a crash mid-append) is cut off at the last good record
-//! on open. Truncations and purges are records too; when purged records
-//! make up most of the file it is rewritten (new file, fsync, rename).
+//! Format: records `len: u32 | crc32c: u32 | bincode(Record)`. A torn or
+//! corrupt tail of the newest segment (a crash mid-append) is cut off at
+//! the last good record on open; a bad record in an older segment refuses
+//! the open, naming the file and offset. Truncations and purges are
+//! records too. A segment rolls over at `SEGMENT_BYTES` and starts with
+//! the current vote, commit point and purge point, so a segment whose
+//! entries are all purged (covered by a snapshot) is simply deleted.
 //!
 //! Durability: with `sync = true` every append is fsync'd before openraft
 //! is told it is flushed (a vote or an entry then survives power loss);
 //! with `sync = false` records reach the OS page cache only, which survives
 //! the process being killed but not the machine losing power. Volatile
-//! shards use `false`: Cascade's volatile pools are in-memory replicated.
+//! shards use `false`, in a RAM-backed directory (see `ClusterSettings`).
 
 use crate::types::{Entry, LogId, StorageError, TypeConfig, Vote};
 use openraft::storage::{LogFlushed, RaftLogStorage};
@@ -26,9 +29,8 @@ use std::ops::RangeBounds;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-const FILE: &str = "raft.log";
-/// Rewrite the file once it is this large and mostly purged records.
-const REWRITE_BYTES: u64 = 64 << 20;
+/// A segment rolls over past this size.
+const SEGMENT_BYTES: u64 = 32 << 20;
 
 #[derive(Serialize, Deserialize)]
 enum Record {
@@ -41,22 +43,39 @@ enum Record {
     Purge(LogId),
 }
 
+/// A sealed segment: its number and the highest entry index it holds.
+struct Sealed {
+    seq: u64,
+    max_index: u64,
+}
+
 struct Disk {
     dir: PathBuf,
     file: File,
+    seq: u64,
+    /// Highest entry index written to the active segment.
+    max_index: u64,
+    sealed: Vec<Sealed>,
     sync: bool,
     bytes: u64,
+}
+
+fn seg_path(dir: &Path, seq: u64) -> PathBuf {
+    dir.join(format!("seg-{seq:08}.log"))
 }
 
 #[derive(Default)]
 struct Inner {
     entries: BTreeMap<u64, Entry>,
-    /// Encoded size of each entry's record (what a rewrite would keep).
-    sizes: BTreeMap<u64, u64>,
+    /// Bytes of the entries held (what a snapshot would let go).
+    held_bytes: u64,
     last_purged: Option<LogId>,
     vote: Option<Vote>,
     committed: Option<LogId>,
     disk: Option<Disk>,
+    /// Reused encode buffer: a large append costs no fresh allocation
+    /// (and no page faults).
+    scratch: Vec<u8>,
 }
 
 /// One group's log. Clones share the same log (openraft asks for a
@@ -72,6 +91,9 @@ fn io_err(e: impl std::fmt::Display) -> StorageError {
 
 fn encode(rec: &Record, buf: &mut Vec<u8>) -> Result<(), StorageError> {
     let start = buf.len();
+    // One exact allocation: no regrowth copies of large values.
+    let size = bincode::serialized_size(rec).map_err(io_err)?;
+    buf.reserve(8 + size as usize);
     buf.extend_from_slice(&[0u8; 8]);
     bincode::serialize_into(&mut *buf, rec).map_err(io_err)?;
     let body = &buf[start + 8..];
@@ -82,39 +104,75 @@ fn encode(rec: &Record, buf: &mut Vec<u8>) -> Result<(), StorageError> {
     Ok(())
 }
 
+/// Decodes the records of one segment; returns them and the length of
+/// the good prefix.
+fn decode_all(data: &[u8]) -> (Vec<Record>, usize) {
+    let mut out = Vec::new();
+    let mut at = 0usize;
+    while at + 8 <= data.len() {
+        let len = u32::from_le_bytes([data[at], data[at + 1], data[at + 2], data[at + 3]]) as usize;
+        let crc = u32::from_le_bytes([data[at + 4], data[at + 5], data[at + 6], data[at + 7]]);
+        let Some(body) = data.get(at + 8..at + 8 + len) else {
+            break;
+        };
+        if crc32c::crc32c(body) != crc {
+            break;
+        }
+        let Ok(rec) = bincode::deserialize::<Record>(body) else {
+            break;
+        };
+        out.push(rec);
+        at += 8 + len;
+    }
+    (out, at)
+}
+
+fn entry_bytes(e: &Entry) -> u64 {
+    approx_size(e)
+}
+
 impl Inner {
     fn apply(&mut self, rec: Record) {
         match rec {
             Record::Entry(e) => {
-                self.entries.insert(e.log_id.index, e);
+                self.held_bytes += entry_bytes(&e);
+                if let Some(old) = self.entries.insert(e.log_id.index, e) {
+                    self.held_bytes = self.held_bytes.saturating_sub(entry_bytes(&old));
+                }
             }
             Record::Vote(v) => self.vote = Some(v),
             Record::Committed(c) => self.committed = c,
             Record::Truncate(i) => {
-                self.entries.split_off(&i);
-                self.sizes.split_off(&i);
+                for (_, e) in self.entries.split_off(&i) {
+                    self.held_bytes = self.held_bytes.saturating_sub(entry_bytes(&e));
+                }
             }
             Record::Purge(id) => {
-                self.entries = self.entries.split_off(&(id.index + 1));
-                self.sizes = self.sizes.split_off(&(id.index + 1));
+                let keep = self.entries.split_off(&(id.index + 1));
+                for e in self.entries.values() {
+                    self.held_bytes = self.held_bytes.saturating_sub(entry_bytes(e));
+                }
+                self.entries = keep;
                 self.last_purged = Some(id);
             }
         }
     }
 
-    /// Appends records to the file (per the sync policy), noting each
-    /// entry's record size.
+    /// Appends records to the active segment (per the sync policy),
+    /// rolling over to a new segment first when it is full.
     fn persist(&mut self, recs: &[Record]) -> Result<(), StorageError> {
+        if self.disk.as_ref().is_some_and(|d| d.bytes >= SEGMENT_BYTES) {
+            self.roll()?;
+        }
         let Some(d) = &mut self.disk else {
             return Ok(());
         };
-        let mut buf = Vec::new();
+        let mut buf = std::mem::take(&mut self.scratch);
+        buf.clear();
         for r in recs {
-            let before = buf.len();
             encode(r, &mut buf)?;
             if let Record::Entry(e) = r {
-                self.sizes
-                    .insert(e.log_id.index, (buf.len() - before) as u64);
+                d.max_index = d.max_index.max(e.log_id.index);
             }
         }
         d.file.write_all(&buf).map_err(io_err)?;
@@ -122,54 +180,62 @@ impl Inner {
             d.file.sync_data().map_err(io_err)?;
         }
         d.bytes += buf.len() as u64;
+        // Keep up to 8 MiB around for the next append.
+        if buf.capacity() <= 8 << 20 {
+            self.scratch = buf;
+        }
         Ok(())
     }
 
-    /// Rewrites the file with only what is live, once purges left it
-    /// mostly dead weight.
-    fn maybe_rewrite(&mut self) -> Result<(), StorageError> {
-        let Some(d) = &self.disk else { return Ok(()) };
-        let live: u64 = self.sizes.values().sum();
-        if d.bytes < REWRITE_BYTES || live * 2 > d.bytes {
-            return Ok(());
-        }
-        let mut buf = Vec::new();
-        self.sizes.clear();
+    /// Seals the active segment and starts the next one with the current
+    /// vote, commit point and purge point.
+    fn roll(&mut self) -> Result<(), StorageError> {
+        let mut head = Vec::new();
         if let Some(v) = self.vote {
-            encode(&Record::Vote(v), &mut buf)?;
+            encode(&Record::Vote(v), &mut head)?;
         }
-        encode(&Record::Committed(self.committed), &mut buf)?;
+        encode(&Record::Committed(self.committed), &mut head)?;
         if let Some(p) = self.last_purged {
-            encode(&Record::Purge(p), &mut buf)?;
+            encode(&Record::Purge(p), &mut head)?;
         }
-        for e in self.entries.values() {
-            let before = buf.len();
-            encode(&Record::Entry(e.clone()), &mut buf)?;
-            self.sizes
-                .insert(e.log_id.index, (buf.len() - before) as u64);
-        }
-        let tmp = d.dir.join(format!("{FILE}.tmp"));
-        let path = d.dir.join(FILE);
-        let mut f = File::create(&tmp).map_err(io_err)?;
-        f.write_all(&buf).map_err(io_err)?;
-        f.sync_all().map_err(io_err)?;
-        std::fs::rename(&tmp, &path).map_err(io_err)?;
-        if let Ok(dirf) = File::open(&d.dir) {
-            let _ = dirf.sync_all();
-        }
-        let file = OpenOptions::new()
+        let Some(d) = &mut self.disk else {
+            return Ok(());
+        };
+        let seq = d.seq + 1;
+        let mut f = OpenOptions::new()
+            .create_new(true)
             .append(true)
-            .open(&path)
+            .open(seg_path(&d.dir, seq))
             .map_err(io_err)?;
-        let sync = d.sync;
-        let dir = d.dir.clone();
-        self.disk = Some(Disk {
-            dir,
-            file,
-            sync,
-            bytes: buf.len() as u64,
+        f.write_all(&head).map_err(io_err)?;
+        if d.sync {
+            f.sync_all().map_err(io_err)?;
+            if let Ok(dirf) = File::open(&d.dir) {
+                let _ = dirf.sync_all();
+            }
+        }
+        d.sealed.push(Sealed {
+            seq: d.seq,
+            max_index: d.max_index,
         });
+        d.file = f;
+        d.seq = seq;
+        d.bytes = head.len() as u64;
         Ok(())
+    }
+
+    /// Deletes sealed segments whose entries are all purged.
+    fn drop_purged_segments(&mut self) {
+        let upto = self.last_purged.map_or(0, |p| p.index);
+        let Some(d) = &mut self.disk else { return };
+        d.sealed.retain(|s| {
+            if s.max_index <= upto {
+                let _ = std::fs::remove_file(seg_path(&d.dir, s.seq));
+                false
+            } else {
+                true
+            }
+        });
     }
 }
 
@@ -179,56 +245,97 @@ impl LogStore {
         LogStore::default()
     }
 
-    /// Opens (or creates) the log in `dir`, replaying what is there.
+    /// Opens (or creates) the log in `dir`, replaying its segments.
     pub fn open(dir: &Path, sync: bool) -> std::io::Result<Self> {
         std::fs::create_dir_all(dir)?;
-        let path = dir.join(FILE);
+        let mut seqs: Vec<u64> = std::fs::read_dir(dir)?
+            .flatten()
+            .filter_map(|e| {
+                let n = e.file_name().to_string_lossy().to_string();
+                n.strip_prefix("seg-")?.strip_suffix(".log")?.parse().ok()
+            })
+            .collect();
+        seqs.sort_unstable();
         let mut inner = Inner::default();
-        let mut good = 0u64;
-        if path.exists() {
+        let mut sealed = Vec::new();
+        let (mut seq, mut bytes, mut max_index) = (0u64, 0u64, 0u64);
+        for (i, s) in seqs.iter().enumerate() {
+            let path = seg_path(dir, *s);
             let mut data = Vec::new();
             File::open(&path)?.read_to_end(&mut data)?;
-            let mut at = 0usize;
-            while at + 8 <= data.len() {
-                let len =
-                    u32::from_le_bytes(data[at..at + 4].try_into().unwrap_or([0; 4])) as usize;
-                let crc = u32::from_le_bytes(data[at + 4..at + 8].try_into().unwrap_or([0; 4]));
-                let Some(body) = data.get(at + 8..at + 8 + len) else {
-                    break;
-                };
-                if crc32c::crc32c(body) != crc {
-                    break;
+            let (recs, good) = decode_all(&data);
+            let last = i + 1 == seqs.len();
+            if good < data.len() {
+                if !last {
+                    return Err(std::io::Error::new(
+                        std::io::ErrorKind::InvalidData,
+                        format!(
+                            "consensus log {} is corrupt at offset {good}; refusing to start (restore the node from a peer: remove its replication directory)",
+                            path.display()
+                        ),
+                    ));
                 }
-                let Ok(rec) = bincode::deserialize::<Record>(body) else {
-                    break;
-                };
-                if let Record::Entry(e) = &rec {
-                    inner.sizes.insert(e.log_id.index, 8 + len as u64);
-                }
-                inner.apply(rec);
-                at += 8 + len;
-            }
-            good = at as u64;
-            if good < data.len() as u64 {
                 tracing::warn!(
                     file = %path.display(),
                     kept = good,
-                    dropped = data.len() as u64 - good,
+                    dropped = data.len() - good,
                     "consensus log had a torn tail; truncated it"
                 );
-                OpenOptions::new().write(true).open(&path)?.set_len(good)?;
+                OpenOptions::new()
+                    .write(true)
+                    .open(&path)?
+                    .set_len(good as u64)?;
+            }
+            let mut seg_max = 0;
+            for rec in recs {
+                if let Record::Entry(e) = &rec {
+                    seg_max = seg_max.max(e.log_id.index);
+                }
+                inner.apply(rec);
+            }
+            if last {
+                (seq, bytes, max_index) = (*s, good as u64, seg_max);
+            } else {
+                sealed.push(Sealed {
+                    seq: *s,
+                    max_index: seg_max,
+                });
             }
         }
-        let file = OpenOptions::new().create(true).append(true).open(&path)?;
+        if seqs.is_empty() {
+            seq = 1;
+        }
+        let file = OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(seg_path(dir, seq))?;
         inner.disk = Some(Disk {
             dir: dir.to_path_buf(),
             file,
+            seq,
+            max_index,
+            sealed,
             sync,
-            bytes: good,
+            bytes,
         });
+        inner.drop_purged_segments();
         Ok(LogStore {
             inner: Arc::new(Mutex::new(inner)),
         })
+    }
+
+    /// Bytes of entries held in memory beyond the newest `keep` (what a
+    /// snapshot now would let go: openraft keeps `keep` entries after one).
+    pub fn bytes_beyond(&self, keep: u64) -> u64 {
+        let g = self.inner.lock();
+        let newest: u64 = g
+            .entries
+            .values()
+            .rev()
+            .take(keep as usize)
+            .map(approx_size)
+            .sum();
+        g.held_bytes.saturating_sub(newest)
     }
 
     /// Index of the last entry (0 when empty).
@@ -243,6 +350,20 @@ impl LogStore {
     }
 }
 
+/// Most bytes of values one replication message carries (at least one
+/// entry always goes): openraft times an AppendEntries out after one
+/// heartbeat interval, so a batch of large values must stay small.
+const PAYLOAD_BYTES: u64 = 4 << 20;
+
+fn approx_size(e: &Entry) -> u64 {
+    match &e.payload {
+        openraft::EntryPayload::Normal(crate::types::Command::Write { key, value, .. }) => {
+            (key.len() + value.as_ref().map_or(0, |v| v.len()) + 64) as u64
+        }
+        _ => 256,
+    }
+}
+
 impl RaftLogReader<TypeConfig> for LogStore {
     async fn try_get_log_entries<RB: RangeBounds<u64> + Clone + Debug + Send>(
         &mut self,
@@ -250,6 +371,24 @@ impl RaftLogReader<TypeConfig> for LogStore {
     ) -> Result<Vec<Entry>, StorageError> {
         let g = self.inner.lock();
         Ok(g.entries.range(range).map(|(_, e)| e.clone()).collect())
+    }
+
+    async fn limited_get_log_entries(
+        &mut self,
+        start: u64,
+        end: u64,
+    ) -> Result<Vec<Entry>, StorageError> {
+        let g = self.inner.lock();
+        let mut out = Vec::new();
+        let mut bytes = 0;
+        for (_, e) in g.entries.range(start..end) {
+            bytes += approx_size(e);
+            if !out.is_empty() && bytes > PAYLOAD_BYTES {
+                break;
+            }
+            out.push(e.clone());
+        }
+        Ok(out)
     }
 }
 
@@ -346,6 +485,131 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         let mut g = self.inner.lock();
         g.persist(&[Record::Purge(log_id)])?;
         g.apply(Record::Purge(log_id));
-        g.maybe_rewrite()
+        g.drop_purged_segments();
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::types::Command;
+    use openraft::{CommittedLeaderId, EntryPayload};
+
+    fn lid(term: u64, index: u64) -> LogId {
+        LogId::new(CommittedLeaderId::new(term, 1), index)
+    }
+
+    fn entry(term: u64, index: u64, size: usize) -> Entry {
+        Entry {
+            log_id: lid(term, index),
+            payload: EntryPayload::Normal(Command::Write {
+                key: format!("/vol/{index}"),
+                value: Some(bytes::Bytes::from(vec![index as u8; size])),
+                expected: None,
+                timestamp_us: index,
+                req_id: None,
+                trace: None,
+            }),
+        }
+    }
+
+    fn append(l: &mut Inner, es: Vec<Entry>) {
+        let recs: Vec<Record> = es.into_iter().map(Record::Entry).collect();
+        l.persist(&recs).unwrap();
+        for r in recs {
+            l.apply(r);
+        }
+    }
+
+    fn reopen(dir: &Path) -> Inner {
+        let s = LogStore::open(dir, false).unwrap();
+        Arc::try_unwrap(s.inner).ok().unwrap().into_inner()
+    }
+
+    #[test]
+    fn vote_entries_truncation_and_purge_survive_reopen_across_segments() {
+        let d = tempfile::tempdir().unwrap();
+        {
+            let s = LogStore::open(d.path(), false).unwrap();
+            let mut g = s.inner.lock();
+            g.persist(&[Record::Vote(Vote::new(3, 1))]).unwrap();
+            g.apply(Record::Vote(Vote::new(3, 1)));
+            // 1 MiB values: several 32 MiB segments.
+            append(&mut g, (1..=80).map(|i| entry(1, i, 1 << 20)).collect());
+            g.persist(&[Record::Truncate(71)]).unwrap();
+            g.apply(Record::Truncate(71));
+            append(&mut g, (71..=75).map(|i| entry(2, i, 10)).collect());
+            g.persist(&[Record::Purge(lid(1, 64))]).unwrap();
+            g.apply(Record::Purge(lid(1, 64)));
+            g.drop_purged_segments();
+        }
+        let segs = std::fs::read_dir(d.path()).unwrap().count();
+        let g = reopen(d.path());
+        assert_eq!(g.vote, Some(Vote::new(3, 1)));
+        assert_eq!(g.last_purged, Some(lid(1, 64)));
+        assert_eq!(g.entries.keys().next(), Some(&65));
+        assert_eq!(g.entries.keys().next_back(), Some(&75));
+        assert_eq!(
+            g.entries[&72].log_id,
+            lid(2, 72),
+            "the truncated suffix was replaced"
+        );
+        assert_eq!(g.entries[&70].log_id, lid(1, 70));
+        assert!(segs < 4, "purged segments were deleted ({segs} left)");
+    }
+
+    #[test]
+    fn a_torn_tail_is_cut_and_older_corruption_refuses_to_open() {
+        let d = tempfile::tempdir().unwrap();
+        {
+            let s = LogStore::open(d.path(), false).unwrap();
+            append(
+                &mut s.inner.lock(),
+                (1..=3).map(|i| entry(1, i, 100)).collect(),
+            );
+        }
+        let seg = seg_path(d.path(), 1);
+        let len = std::fs::metadata(&seg).unwrap().len();
+        // A crash mid-append: half a record at the end.
+        let f = OpenOptions::new().write(true).open(&seg).unwrap();
+        f.set_len(len - 20).unwrap();
+        let g = reopen(d.path());
+        assert_eq!(g.entries.len(), 2);
+        drop(g);
+        // Corruption in a sealed segment is an error naming the file.
+        let mut data = std::fs::read(&seg).unwrap();
+        data[12] ^= 0xff;
+        std::fs::write(&seg, &data).unwrap();
+        std::fs::write(seg_path(d.path(), 2), b"").unwrap();
+        let e = LogStore::open(d.path(), false).err().unwrap();
+        assert!(e.to_string().contains("seg-00000001.log"), "{e}");
+    }
+
+    #[test]
+    fn replication_batches_stop_at_the_byte_budget_but_never_send_nothing() {
+        let s = LogStore::in_memory();
+        {
+            let mut g = s.inner.lock();
+            for i in 1..=10 {
+                g.apply(Record::Entry(entry(1, i, 3 << 20)));
+            }
+        }
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        let mut r = s.clone();
+        let got = rt.block_on(r.limited_get_log_entries(1, 11)).unwrap();
+        assert_eq!(got.len(), 1, "3 MiB + 3 MiB exceeds the 4 MiB budget");
+        let mut small = LogStore::in_memory();
+        for i in 1..=10 {
+            small.inner.lock().apply(Record::Entry(entry(1, i, 10)));
+        }
+        assert_eq!(
+            rt.block_on(small.limited_get_log_entries(1, 11))
+                .unwrap()
+                .len(),
+            10
+        );
     }
 }

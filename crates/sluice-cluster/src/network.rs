@@ -248,12 +248,90 @@ impl RaftNetwork<TypeConfig> for NetClient {
     }
 }
 
+/// Borrowed mirrors of `AppendEntriesRequest` / `Entry` / `Command`
+/// (same fields, same order, so the same binary layout): decoding them
+/// lets each value be a slice of the received frame instead of a copy.
+mod borrowed {
+    use crate::types::{Command, Entry, LogId, Vote};
+    use bytes::Bytes;
+    use openraft::{BasicNode, EntryPayload, Membership};
+    use serde::Deserialize;
+    use sluice_types::{ReqId, Trace};
+
+    #[derive(Deserialize)]
+    pub struct AppendRef<'a> {
+        pub vote: Vote,
+        pub prev_log_id: Option<LogId>,
+        #[serde(borrow)]
+        pub entries: Vec<EntryRef<'a>>,
+        pub leader_commit: Option<LogId>,
+    }
+
+    #[derive(Deserialize)]
+    pub struct EntryRef<'a> {
+        log_id: LogId,
+        #[serde(borrow)]
+        payload: PayloadRef<'a>,
+    }
+
+    #[derive(Deserialize)]
+    enum PayloadRef<'a> {
+        Blank,
+        Normal(#[serde(borrow)] CommandRef<'a>),
+        Membership(Membership<u64, BasicNode>),
+    }
+
+    #[derive(Deserialize)]
+    enum CommandRef<'a> {
+        Write {
+            key: String,
+            #[serde(borrow)]
+            value: Option<&'a [u8]>,
+            expected: Option<u64>,
+            timestamp_us: u64,
+            req_id: Option<ReqId>,
+            trace: Option<Trace>,
+        },
+        Meta(String),
+    }
+
+    impl EntryRef<'_> {
+        /// The entry, its value sliced out of `frame` (no copy).
+        pub fn into_entry(self, frame: &Bytes) -> Entry {
+            let payload = match self.payload {
+                PayloadRef::Blank => EntryPayload::Blank,
+                PayloadRef::Membership(m) => EntryPayload::Membership(m),
+                PayloadRef::Normal(CommandRef::Meta(j)) => EntryPayload::Normal(Command::Meta(j)),
+                PayloadRef::Normal(CommandRef::Write {
+                    key,
+                    value,
+                    expected,
+                    timestamp_us,
+                    req_id,
+                    trace,
+                }) => EntryPayload::Normal(Command::Write {
+                    key,
+                    value: value.map(|v| frame.slice_ref(v)),
+                    expected,
+                    timestamp_us,
+                    req_id,
+                    trace,
+                }),
+            };
+            Entry {
+                log_id: self.log_id,
+                payload,
+            }
+        }
+    }
+}
+
 /// Decodes a consensus message addressed to `raft`, runs it, and encodes
 /// the reply (the receiving half of `NetClient::rpc`).
 pub async fn dispatch(
     raft: &crate::types::Raft,
     kind: u8,
-    body: &[u8],
+    body: &Bytes,
 ) -> Result<Bytes, SluiceError> {
     fn dec<T: DeserializeOwned>(b: &[u8]) -> Result<T, SluiceError> {
         bincode::deserialize(b)
@@ -267,11 +345,91 @@ pub async fn dispatch(
             })
     }
     match kind {
-        kind::APPEND => enc(&raft.append_entries(dec(body)?).await),
+        kind::APPEND => {
+            let r: borrowed::AppendRef<'_> = bincode::deserialize(body)
+                .map_err(|e| SluiceError::protocol(format!("bad consensus message: {e}")))?;
+            let req = AppendEntriesRequest {
+                vote: r.vote,
+                prev_log_id: r.prev_log_id,
+                entries: r.entries.into_iter().map(|e| e.into_entry(body)).collect(),
+                leader_commit: r.leader_commit,
+            };
+            enc(&raft.append_entries(req).await)
+        }
         kind::VOTE => enc(&raft.vote(dec::<VoteRequest<u64>>(body)?).await),
         kind::SNAPSHOT => enc(&raft.install_snapshot(dec(body)?).await),
         k => Err(SluiceError::protocol(format!(
             "unknown consensus message kind {k}"
         ))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::types::{Command, Entry};
+    use openraft::{CommittedLeaderId, EntryPayload, LogId, Membership, Vote};
+    use std::collections::BTreeSet;
+
+    #[test]
+    fn borrowed_append_decoding_matches_the_owned_layout_and_shares_the_frame() {
+        let lid = |i| LogId::new(CommittedLeaderId::new(2, 1), i);
+        let value = Bytes::from(vec![7u8; 4096]);
+        let req: AppendEntriesRequest<TypeConfig> = AppendEntriesRequest {
+            vote: Vote::new_committed(2, 1),
+            prev_log_id: Some(lid(4)),
+            entries: vec![
+                Entry {
+                    log_id: lid(5),
+                    payload: EntryPayload::Blank,
+                },
+                Entry {
+                    log_id: lid(6),
+                    payload: EntryPayload::Membership(Membership::new(
+                        vec![BTreeSet::from([1, 2, 3])],
+                        None,
+                    )),
+                },
+                Entry {
+                    log_id: lid(7),
+                    payload: EntryPayload::Normal(Command::Write {
+                        key: "/vol/a".into(),
+                        value: Some(value.clone()),
+                        expected: Some(3),
+                        timestamp_us: 9,
+                        req_id: Some(sluice_types::ReqId { client: 1, seq: 2 }),
+                        trace: None,
+                    }),
+                },
+                Entry {
+                    log_id: lid(8),
+                    payload: EntryPayload::Normal(Command::Meta("{}".into())),
+                },
+            ],
+            leader_commit: Some(lid(6)),
+        };
+        let frame = Bytes::from(bincode::serialize(&req).unwrap());
+        let r: borrowed::AppendRef<'_> = bincode::deserialize(&frame).unwrap();
+        assert_eq!(r.vote, req.vote);
+        assert_eq!(r.prev_log_id, req.prev_log_id);
+        assert_eq!(r.leader_commit, req.leader_commit);
+        let entries: Vec<Entry> = r
+            .entries
+            .into_iter()
+            .map(|e| e.into_entry(&frame))
+            .collect();
+        assert_eq!(
+            bincode::serialize(&entries).unwrap(),
+            bincode::serialize(&req.entries).unwrap()
+        );
+        let EntryPayload::Normal(Command::Write { value: Some(v), .. }) = &entries[2].payload
+        else {
+            panic!()
+        };
+        let range = frame.as_ptr() as usize..frame.as_ptr() as usize + frame.len();
+        assert!(
+            range.contains(&(v.as_ptr() as usize)),
+            "the value is a slice of the frame"
+        );
     }
 }

@@ -39,8 +39,16 @@ pub struct ClusterSettings {
     /// How long a write may wait to be committed before the client gets
     /// `Unavailable` (e.g. the shard lost its majority).
     pub write_timeout_ms: u64,
-    /// Take a snapshot (and drop older log entries) every this many entries.
+    /// Take a snapshot (and drop older log entries) every this many entries...
     pub snapshot_every: u64,
+    /// ... or once the entries held since the last one exceed this many
+    /// bytes (bounds a shard's log memory with large values).
+    pub snapshot_bytes: u64,
+    /// Where volatile shards keep their consensus log and snapshots.
+    /// Default: a RAM-backed directory (/dev/shm) when it has room, so
+    /// volatile data survives a process crash but costs no disk writes;
+    /// else the data directory.
+    pub volatile_dir: Option<PathBuf>,
     /// fsync the consensus log of persistent shards before acknowledging.
     pub sync_persistent: bool,
     /// Accept `cluster cut/heal` (dropping links to chosen peers). Tests only.
@@ -52,10 +60,12 @@ impl Default for ClusterSettings {
         ClusterSettings {
             layout: None,
             heartbeat_ms: 50,
-            election_min_ms: 300,
-            election_max_ms: 600,
+            election_min_ms: 200,
+            election_max_ms: 400,
             write_timeout_ms: 3000,
             snapshot_every: 10_000,
+            snapshot_bytes: 256 << 20,
+            volatile_dir: None,
             sync_persistent: true,
             fault_injection: false,
         }
@@ -68,6 +78,9 @@ pub struct Group {
     pub raft: Raft,
     metrics: watch::Receiver<RaftMetrics<u64, BasicNode>>,
     sm: Sm,
+    log: LogStore,
+    /// When this node last asked for a snapshot because the log grew large.
+    snapshot_asked: parking_lot::Mutex<Option<std::time::Instant>>,
 }
 
 /// This node's membership in the cluster.
@@ -117,6 +130,9 @@ enum Admin {
         group: u64,
         members: Vec<u32>,
     },
+    /// Internal: the metadata leader's read index (after confirming its
+    /// leadership), so a lagging node can catch up before answering.
+    MetaReadIndex,
 }
 
 impl ClusterNode {
@@ -146,7 +162,7 @@ impl ClusterNode {
             snapshot_policy: openraft::SnapshotPolicy::LogsSinceLast(settings.snapshot_every),
             // Keep some log behind a snapshot for followers slightly
             // behind; a newcomer further back gets the snapshot.
-            max_in_snapshot_log_to_keep: settings.snapshot_every.min(2000) / 2,
+            max_in_snapshot_log_to_keep: (settings.snapshot_every / 2).min(256),
             ..Default::default()
         }
         .validate()
@@ -181,14 +197,17 @@ impl ClusterNode {
                 wanted.insert(g);
             }
         }
-        if let Ok(rd) = std::fs::read_dir(node.data_dir.join("raft")) {
-            for e in rd.flatten() {
-                let name = e.file_name().to_string_lossy().replace('-', "/");
-                if let Ok(s) = parse_shard(&name) {
-                    if let Some(g) = group_of(s) {
-                        wanted.insert(g);
-                    }
-                }
+        let roots = [node.data_dir.join("raft"), node.volatile_root()];
+        // Groups this node joined at runtime (membership changes) have a
+        // directory but are not in the layout file.
+        for e in roots
+            .iter()
+            .filter_map(|r| std::fs::read_dir(r).ok())
+            .flat_map(|rd| rd.flatten())
+        {
+            let name = e.file_name().to_string_lossy().replace('-', "/");
+            if let Some(g) = parse_shard(&name).ok().and_then(group_of) {
+                wanted.insert(g);
             }
         }
         for g in wanted {
@@ -231,9 +250,46 @@ impl ClusterNode {
     }
 
     fn group_dir(&self, g: u64) -> PathBuf {
-        self.data_dir
-            .join("raft")
-            .join(group_name(g).replace('/', "-"))
+        let name = group_name(g).replace('/', "-");
+        match shard_of_group(g) {
+            Some(s) if s.pool_type == PoolType::Volatile => self.volatile_root().join(name),
+            _ => self.data_dir.join("raft").join(name),
+        }
+    }
+
+    /// The directory of volatile shards' logs (see `ClusterSettings::volatile_dir`).
+    fn volatile_root(&self) -> PathBuf {
+        if let Some(d) = &self.settings.volatile_dir {
+            return d.clone();
+        }
+        let shm = std::path::Path::new("/dev/shm");
+        if free_bytes(shm).is_some_and(|b| b >= 1 << 30) {
+            let abs =
+                std::fs::canonicalize(&self.data_dir).unwrap_or_else(|_| self.data_dir.clone());
+            return shm.join(format!(
+                "sluice-{:016x}",
+                sluice_types::fnv1a64(abs.to_string_lossy().as_bytes())
+            ));
+        }
+        self.data_dir.join("raft-volatile")
+    }
+
+    /// Asks for a snapshot when a group's log holds more than
+    /// `snapshot_bytes` (at most every 100 ms).
+    fn maybe_snapshot(&self, g: &Group) {
+        let mut asked = g.snapshot_asked.lock();
+        if asked.is_some_and(|t| t.elapsed() < Duration::from_millis(100))
+            || g.log
+                .bytes_beyond(self.raft_cfg.max_in_snapshot_log_to_keep)
+                <= self.settings.snapshot_bytes
+        {
+            return;
+        }
+        *asked = Some(std::time::Instant::now());
+        let raft = g.raft.clone();
+        tokio::spawn(async move {
+            let _ = raft.trigger().snapshot().await;
+        });
     }
 
     /// The group, creating it (empty) when a leader first contacts this
@@ -259,6 +315,7 @@ impl ClusterNode {
             reason: format!("opening the consensus log in {}: {e}", dir.display()),
         };
         let log = LogStore::open(&dir, sync).map_err(io)?;
+        let log_handle = log.clone();
         let sm = Sm::open(
             g,
             self.store.clone(),
@@ -288,6 +345,36 @@ impl ClusterNode {
             metrics: raft.metrics(),
             raft,
             sm,
+            log: log_handle,
+            snapshot_asked: parking_lot::Mutex::new(None),
+        });
+        // Operators see leadership changes in the node's log (openraft's
+        // own logging is off by default: it reports every failed RPC to a
+        // dead peer).
+        let mut m = group.raft.metrics();
+        let me = u64::from(self.id);
+        tokio::spawn(async move {
+            let mut last: Option<(u64, Option<u64>)> = None;
+            while m.changed().await.is_ok() {
+                let (term, leader) = {
+                    let x = m.borrow();
+                    (x.current_term, x.current_leader)
+                };
+                if last != Some((term, leader)) {
+                    match leader {
+                        Some(l) if l == me => {
+                            tracing::info!(group = %group_name(g), term, "this node is now the leader")
+                        }
+                        Some(l) => {
+                            tracing::info!(group = %group_name(g), term, leader = l, "following a new leader")
+                        }
+                        None => {
+                            tracing::info!(group = %group_name(g), term, "no leader: election in progress")
+                        }
+                    }
+                    last = Some((term, leader));
+                }
+            }
         });
         self.groups.write().insert(g, group.clone());
         Ok(group)
@@ -299,7 +386,7 @@ impl ClusterNode {
         from: u32,
         group: u64,
         kind: u8,
-        body: &[u8],
+        body: &bytes::Bytes,
     ) -> Result<bytes::Bytes, SluiceError> {
         if self.peers.is_blocked(from) {
             return Err(unavailable(format!(
@@ -417,7 +504,9 @@ impl ClusterNode {
             req_id,
             trace,
         };
-        match self.propose(&g, cmd).await? {
+        let applied = self.propose(&g, cmd).await;
+        self.maybe_snapshot(&g);
+        match applied? {
             Applied::Put(r) => r.map_err(|e| Applied::decode_err(&e)),
             other => Err(SluiceError::Internal {
                 reason: format!("unexpected apply result {other:?}"),
@@ -572,6 +661,46 @@ impl ClusterNode {
         }
     }
 
+    /// Brings this node's pool table and membership up to date with the
+    /// metadata leader (everything committed before the call), e.g. before
+    /// telling a client that a key has no pool: a client may have learned
+    /// of a new pool from a node further ahead.
+    pub async fn meta_catch_up(&self) -> Result<(), SluiceError> {
+        let g = self.local_group(META_GROUP)?;
+        let t = Duration::from_millis(self.settings.write_timeout_ms);
+        let leader = g.metrics.borrow().current_leader.map(|l| l as u32);
+        let index = match leader {
+            Some(l) if l == self.id => return Ok(()),
+            Some(l) => {
+                let addr = self
+                    .layout
+                    .address_of(l)
+                    .ok_or_else(|| self.not_leader(META_GROUP, None))?;
+                let req = sluice_wire::Request::Cluster {
+                    command: json!({"op": "meta_read_index"}).to_string(),
+                };
+                match self.peers.request(l, &addr.to_string(), &req, t).await? {
+                    sluice_wire::Response::Json(j) => serde_json::from_str::<serde_json::Value>(&j)
+                        .ok()
+                        .and_then(|v| v["index"].as_u64())
+                        .unwrap_or(0),
+                    other => {
+                        return Err(SluiceError::protocol(format!(
+                            "unexpected reply to a metadata read index: {other:?}"
+                        )))
+                    }
+                }
+            }
+            None => return Err(self.not_leader(META_GROUP, None)),
+        };
+        g.raft
+            .wait(Some(t))
+            .applied_index_at_least(Some(index), "metadata catch-up")
+            .await
+            .map(|_| ())
+            .map_err(|e| unavailable(format!("metadata catch-up: {e}")))
+    }
+
     /// The metadata epoch: bumped by every replicated pool or membership
     /// change this node has applied.
     pub fn epoch(&self) -> u64 {
@@ -596,6 +725,16 @@ impl ClusterNode {
                 self.peers.cut(&peers);
                 tracing::warn!(?peers, "fault injection: links cut");
                 Ok(json!({"node": self.id, "cut": self.peers.blocked()}))
+            }
+            Admin::MetaReadIndex => {
+                let g = self.local_group(META_GROUP)?;
+                self.check_leader(&g)?;
+                let t = Duration::from_millis(self.settings.write_timeout_ms);
+                match tokio::time::timeout(t, g.raft.ensure_linearizable()).await {
+                    Ok(Ok(id)) => Ok(json!({"index": id.map_or(0, |l| l.index)})),
+                    Ok(Err(e)) => Err(unavailable(format!("metadata read index: {e}"))),
+                    Err(_) => Err(unavailable("metadata read index timed out".into())),
+                }
             }
             Admin::SetMembers { group, members } => self
                 .meta_write(MetaCommand::SetMembers { group, members })
@@ -826,6 +965,16 @@ impl ClusterNode {
             let _ = g.raft.shutdown().await;
         }
     }
+}
+
+/// Free bytes of the file system holding `p` (`None` when unknown).
+fn free_bytes(p: &std::path::Path) -> Option<u64> {
+    use std::os::unix::ffi::OsStrExt;
+    let c = std::ffi::CString::new(p.as_os_str().as_bytes()).ok()?;
+    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+    // SAFETY: `c` is a valid NUL-terminated path; `st` is a valid out-pointer.
+    let rc = unsafe { libc::statvfs(c.as_ptr(), &mut st) };
+    (rc == 0).then(|| st.f_bavail as u64 * st.f_frsize as u64)
 }
 
 /// Lambdas' puts to replicated shards go through the shard's leader.

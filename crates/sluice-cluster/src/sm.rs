@@ -102,6 +102,8 @@ pub struct Sm {
     dir: Option<PathBuf>,
     sync: bool,
     st: Arc<Mutex<State>>,
+    /// Serialises writing the snapshot file (built here or received).
+    save_lock: Arc<Mutex<()>>,
 }
 
 fn sm_err(e: impl std::fmt::Display) -> StorageError {
@@ -126,6 +128,7 @@ impl Sm {
             dir,
             sync,
             st: Arc::default(),
+            save_lock: Arc::default(),
         };
         if let Some(d) = &sm.dir {
             let path = d.join("snapshot");
@@ -269,20 +272,26 @@ impl Sm {
     }
 
     fn build(&self) -> Result<Snapshot<TypeConfig>, StorageError> {
-        let mut st = self.st.lock();
-        let data = match self.shard {
-            Some(shard) => {
-                let objects = self
-                    .store
-                    .shard_objects(shard)
-                    .into_iter()
-                    .map(|o| (o.key.to_string(), o.meta, o.value.clone()))
-                    .collect();
-                let last_version = self.store.shard(shard).map_or(0, |s| s.last_version());
-                let snap = ShardSnapshot {
-                    last_version,
+        // Under the lock only what is cheap: the state at `last_applied`
+        // (object snapshots are immutable `Arc`s). Encoding happens after,
+        // so applying new entries is not held up by a large snapshot.
+        enum Taken {
+            Shard(ShardSnapshotRefs),
+            Meta(Vec<u8>),
+        }
+        struct ShardSnapshotRefs {
+            last_version: u64,
+            last_ts: u64,
+            objects: Vec<Arc<Object>>,
+            dedup: Vec<(u64, ClientWindow)>,
+        }
+        let (taken, meta) = {
+            let mut st = self.st.lock();
+            let taken = match self.shard {
+                Some(shard) => Taken::Shard(ShardSnapshotRefs {
+                    last_version: self.store.shard(shard).map_or(0, |s| s.last_version()),
                     last_ts: st.last_ts,
-                    objects,
+                    objects: self.store.shard_objects(shard),
                     dedup: st
                         .dedup
                         .iter()
@@ -296,28 +305,54 @@ impl Sm {
                             )
                         })
                         .collect(),
-                };
-                bincode::serialize(&snap).map_err(sm_err)?
-            }
-            None => serde_json::to_vec(&MetaSnapshot {
-                table: self.store.pool_table(),
-                state: self.meta.read().clone(),
+                }),
+                None => Taken::Meta(
+                    serde_json::to_vec(&MetaSnapshot {
+                        table: self.store.pool_table(),
+                        state: self.meta.read().clone(),
+                    })
+                    .map_err(sm_err)?,
+                ),
+            };
+            st.snapshots_built += 1;
+            let meta = SnapshotMeta {
+                last_log_id: st.last_applied,
+                last_membership: st.membership.clone(),
+                snapshot_id: format!(
+                    "{}-{}-{}",
+                    self.group,
+                    st.last_applied.map_or(0, |l| l.index),
+                    st.snapshots_built
+                ),
+            };
+            (taken, meta)
+        };
+        let data = match taken {
+            Taken::Meta(d) => d,
+            Taken::Shard(r) => bincode::serialize(&ShardSnapshot {
+                last_version: r.last_version,
+                last_ts: r.last_ts,
+                objects: r
+                    .objects
+                    .iter()
+                    .map(|o| (o.key.to_string(), o.meta, o.value.clone()))
+                    .collect(),
+                dedup: r.dedup,
             })
             .map_err(sm_err)?,
         };
-        st.snapshots_built += 1;
-        let meta = SnapshotMeta {
-            last_log_id: st.last_applied,
-            last_membership: st.membership.clone(),
-            snapshot_id: format!(
-                "{}-{}-{}",
-                self.group,
-                st.last_applied.map_or(0, |l| l.index),
-                st.snapshots_built
-            ),
-        };
-        self.save(&meta, &data)?;
-        st.current = Some((meta.clone(), data.clone()));
+        let _save = self.save_lock.lock();
+        // A snapshot installed meanwhile from the leader is newer: keep it.
+        let newer = self
+            .st
+            .lock()
+            .current
+            .as_ref()
+            .is_some_and(|(m, _)| m.last_log_id > meta.last_log_id);
+        if !newer {
+            self.save(&meta, &data)?;
+            self.st.lock().current = Some((meta.clone(), data.clone()));
+        }
         Ok(Snapshot {
             meta,
             snapshot: Box::new(Cursor::new(data)),
@@ -396,6 +431,7 @@ impl RaftStateMachine<TypeConfig> for Sm {
         snapshot: Box<Cursor<Vec<u8>>>,
     ) -> Result<(), StorageError> {
         let data = snapshot.into_inner();
+        let _save = self.save_lock.lock();
         let mut st = self.st.lock();
         self.restore(&mut st, meta, &data)?;
         self.save(meta, &data)?;

@@ -57,6 +57,8 @@ struct Conn {
     deferred_tx: mpsc::Sender<Deferred>,
     deferred_in_flight: Arc<std::sync::atomic::AtomicUsize>,
     handshaken: bool,
+    /// Set while re-running a request after a metadata catch-up (no second catch-up).
+    retried_after_catch_up: bool,
 }
 
 /// A reply computed off the connection's task.
@@ -64,6 +66,8 @@ enum Reply {
     Object(Result<Arc<sluice_types::Object>, SluiceError>),
     Put(Result<sluice_types::PutResult, SluiceError>),
     Resp(Result<Response, SluiceError>),
+    /// Run this request again (after a metadata catch-up).
+    Retry(Box<Request>, bool),
 }
 
 type Deferred = (u64, Reply);
@@ -82,6 +86,7 @@ pub async fn serve_conn(ctx: Arc<ConnCtx>, mut sock: TcpStream, peer: SocketAddr
         deferred_tx,
         deferred_in_flight: Arc::default(),
         handshaken: false,
+        retried_after_catch_up: false,
         ctx: ctx.clone(),
     };
     let span = tracing::debug_span!("conn", id, %peer);
@@ -194,6 +199,11 @@ impl Conn {
                         Reply::Put(Ok(p)) => Response::put_ok(&mut self.out, rid, &p),
                         Reply::Resp(Ok(r)) => r.encode(&mut self.out, rid),
                         Reply::Put(Err(e)) | Reply::Resp(Err(e)) => Response::error(&mut self.out, rid, &e),
+                        Reply::Retry(req, no_reply) => {
+                            self.retried_after_catch_up = true;
+                            self.execute(rid, no_reply, *req);
+                            self.retried_after_catch_up = false;
+                        }
                     }
                 }
                 Some(n) = notify_rx.recv() => {
@@ -308,6 +318,27 @@ impl Conn {
         Ok(())
     }
 
+    /// Catches up with the metadata leader, then executes `req` again on a
+    /// private connection context (its reply still goes to this client).
+    fn defer_retry(
+        &mut self,
+        rid: u64,
+        no_reply: bool,
+        req: Request,
+        ctx: Arc<ConnCtx>,
+    ) -> Option<Request> {
+        let Some(cl) = ctx.cluster.clone() else {
+            return Some(req);
+        };
+        self.defer(rid, no_reply, async move {
+            if let Err(e) = cl.meta_catch_up().await {
+                tracing::debug!(error = %e, "metadata catch-up failed; answering from what is known");
+            }
+            Reply::Retry(Box::new(req), no_reply)
+        });
+        None
+    }
+
     /// Answers `rid` later with what `fut` yields, without holding up this
     /// connection's other requests (bounded like pipelined requests).
     fn defer(
@@ -324,7 +355,7 @@ impl Conn {
         let (tx, count) = (self.deferred_tx.clone(), self.deferred_in_flight.clone());
         tokio::spawn(async move {
             let r = fut.await;
-            if !no_reply {
+            if !no_reply || matches!(r, Reply::Retry(..)) {
                 let _ = tx.send((rid, r)).await;
             }
             count.fetch_sub(1, Ordering::Relaxed);
@@ -359,6 +390,22 @@ impl Conn {
                 let sid = store.shard_id_of(key, shard)?;
                 Ok(cl.replicates(sid).then_some(sid))
             };
+        // A key with no pool here may belong to a pool this node has not
+        // applied yet: catch up with the metadata leader, then run the
+        // request again (once).
+        let stale = match &req {
+            Request::Put { key, shard, .. }
+            | Request::Remove { key, shard, .. }
+            | Request::Get { key, shard, .. }
+            | Request::TriggerPut { key, shard, .. } => matches!(
+                store.shard_id_of(key, *shard),
+                Err(SluiceError::NoPool { .. } | SluiceError::WrongShard { .. })
+            ),
+            _ => false,
+        };
+        if stale && !self.retried_after_catch_up {
+            return self.defer_retry(rid, no_reply, req, self.ctx.clone());
+        }
         match req {
             Request::Put {
                 key,
