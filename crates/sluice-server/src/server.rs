@@ -82,6 +82,11 @@ impl Server {
                     persistent: counts["persistent"].clone(),
                 };
                 cfg.validate().map_err(ServerError::Config)?;
+                if cfg.persistent.enabled {
+                    return Err(ServerError::Config(
+                        "[persistent] enabled = true is not supported in a cluster yet (replicated persistent pools are issue #6's remaining work); run persistent pools on a standalone node".into(),
+                    ));
+                }
                 Some(l)
             }
         };
