@@ -56,9 +56,15 @@ struct Disk {
     /// Highest entry index written to the active segment.
     max_index: u64,
     sealed: Vec<Sealed>,
+    /// Purged segment files kept for reuse: overwriting pages a file
+    /// already has is much cheaper than growing a file (page allocation).
+    free: Vec<PathBuf>,
     sync: bool,
     bytes: u64,
 }
+
+/// Purged segment files kept for reuse.
+const FREE_SEGMENTS: usize = 2;
 
 fn seg_path(dir: &Path, seq: u64) -> PathBuf {
     dir.join(format!("seg-{seq:08}.log"))
@@ -89,7 +95,13 @@ fn io_err(e: impl std::fmt::Display) -> StorageError {
     StorageIOError::write_logs(openraft::AnyError::error(e.to_string())).into()
 }
 
-fn encode(rec: &Record, buf: &mut Vec<u8>) -> Result<(), StorageError> {
+/// The checksum of a record body, seeded with its segment's number: a
+/// stale record left in a recycled segment file never passes as current.
+fn checksum(seq: u64, body: &[u8]) -> u32 {
+    crc32c::crc32c_append(crc32c::crc32c(&seq.to_le_bytes()), body)
+}
+
+fn encode(rec: &Record, buf: &mut Vec<u8>, seq: u64) -> Result<(), StorageError> {
     let start = buf.len();
     // One exact allocation: no regrowth copies of large values.
     let size = bincode::serialized_size(rec).map_err(io_err)?;
@@ -98,7 +110,7 @@ fn encode(rec: &Record, buf: &mut Vec<u8>) -> Result<(), StorageError> {
     bincode::serialize_into(&mut *buf, rec).map_err(io_err)?;
     let body = &buf[start + 8..];
     let len = body.len() as u32;
-    let crc = crc32c::crc32c(body);
+    let crc = checksum(seq, body);
     buf[start..start + 4].copy_from_slice(&len.to_le_bytes());
     buf[start + 4..start + 8].copy_from_slice(&crc.to_le_bytes());
     Ok(())
@@ -106,7 +118,7 @@ fn encode(rec: &Record, buf: &mut Vec<u8>) -> Result<(), StorageError> {
 
 /// Decodes the records of one segment; returns them and the length of
 /// the good prefix.
-fn decode_all(data: &[u8]) -> (Vec<Record>, usize) {
+fn decode_all(data: &[u8], seq: u64) -> (Vec<Record>, usize) {
     let mut out = Vec::new();
     let mut at = 0usize;
     while at + 8 <= data.len() {
@@ -115,7 +127,7 @@ fn decode_all(data: &[u8]) -> (Vec<Record>, usize) {
         let Some(body) = data.get(at + 8..at + 8 + len) else {
             break;
         };
-        if crc32c::crc32c(body) != crc {
+        if checksum(seq, body) != crc {
             break;
         }
         let Ok(rec) = bincode::deserialize::<Record>(body) else {
@@ -170,7 +182,7 @@ impl Inner {
         let mut buf = std::mem::take(&mut self.scratch);
         buf.clear();
         for r in recs {
-            encode(r, &mut buf)?;
+            encode(r, &mut buf, d.seq)?;
             if let Record::Entry(e) = r {
                 d.max_index = d.max_index.max(e.log_id.index);
             }
@@ -190,22 +202,30 @@ impl Inner {
     /// Seals the active segment and starts the next one with the current
     /// vote, commit point and purge point.
     fn roll(&mut self) -> Result<(), StorageError> {
-        let mut head = Vec::new();
-        if let Some(v) = self.vote {
-            encode(&Record::Vote(v), &mut head)?;
-        }
-        encode(&Record::Committed(self.committed), &mut head)?;
-        if let Some(p) = self.last_purged {
-            encode(&Record::Purge(p), &mut head)?;
-        }
         let Some(d) = &mut self.disk else {
             return Ok(());
         };
         let seq = d.seq + 1;
+        let mut head = Vec::new();
+        if let Some(v) = self.vote {
+            encode(&Record::Vote(v), &mut head, seq)?;
+        }
+        encode(&Record::Committed(self.committed), &mut head, seq)?;
+        if let Some(p) = self.last_purged {
+            encode(&Record::Purge(p), &mut head, seq)?;
+        }
+        // A sealed segment ends exactly at its last record (a recycled
+        // file may hold stale bytes beyond it).
+        d.file.set_len(d.bytes).map_err(io_err)?;
+        let path = seg_path(&d.dir, seq);
+        if let Some(old) = d.free.pop() {
+            std::fs::rename(&old, &path).map_err(io_err)?;
+        }
         let mut f = OpenOptions::new()
-            .create_new(true)
-            .append(true)
-            .open(seg_path(&d.dir, seq))
+            .create(true)
+            .truncate(false) // a recycled file: overwritten in place
+            .write(true)
+            .open(&path)
             .map_err(io_err)?;
         f.write_all(&head).map_err(io_err)?;
         if d.sync {
@@ -228,13 +248,19 @@ impl Inner {
     fn drop_purged_segments(&mut self) {
         let upto = self.last_purged.map_or(0, |p| p.index);
         let Some(d) = &mut self.disk else { return };
+        let (dir, free) = (&d.dir, &mut d.free);
         d.sealed.retain(|s| {
-            if s.max_index <= upto {
-                let _ = std::fs::remove_file(seg_path(&d.dir, s.seq));
-                false
-            } else {
-                true
+            if s.max_index > upto {
+                return true;
             }
+            let path = seg_path(dir, s.seq);
+            let spare = dir.join(format!("free-{:08}.log", s.seq));
+            if free.len() < FREE_SEGMENTS && std::fs::rename(&path, &spare).is_ok() {
+                free.push(spare);
+            } else {
+                let _ = std::fs::remove_file(&path);
+            }
+            false
         });
     }
 }
@@ -256,6 +282,14 @@ impl LogStore {
             })
             .collect();
         seqs.sort_unstable();
+        let free: Vec<PathBuf> = std::fs::read_dir(dir)?
+            .flatten()
+            .map(|e| e.path())
+            .filter(|p| {
+                p.file_name()
+                    .is_some_and(|n| n.to_string_lossy().starts_with("free-"))
+            })
+            .collect();
         let mut inner = Inner::default();
         let mut sealed = Vec::new();
         let (mut seq, mut bytes, mut max_index) = (0u64, 0u64, 0u64);
@@ -263,7 +297,7 @@ impl LogStore {
             let path = seg_path(dir, *s);
             let mut data = Vec::new();
             File::open(&path)?.read_to_end(&mut data)?;
-            let (recs, good) = decode_all(&data);
+            let (recs, good) = decode_all(&data, *s);
             let last = i + 1 == seqs.len();
             if good < data.len() {
                 if !last {
@@ -275,11 +309,12 @@ impl LogStore {
                         ),
                     ));
                 }
-                tracing::warn!(
+                // A record cut by a crash, or stale bytes of a recycled file.
+                tracing::debug!(
                     file = %path.display(),
                     kept = good,
                     dropped = data.len() - good,
-                    "consensus log had a torn tail; truncated it"
+                    "consensus log: cut after the last valid record"
                 );
                 OpenOptions::new()
                     .write(true)
@@ -305,16 +340,19 @@ impl LogStore {
         if seqs.is_empty() {
             seq = 1;
         }
-        let file = OpenOptions::new()
+        let mut file = OpenOptions::new()
             .create(true)
-            .append(true)
+            .truncate(false) // cut to its valid length above
+            .write(true)
             .open(seg_path(dir, seq))?;
+        std::io::Seek::seek(&mut file, std::io::SeekFrom::Start(bytes))?;
         inner.disk = Some(Disk {
             dir: dir.to_path_buf(),
             file,
             seq,
             max_index,
             sealed,
+            free,
             sync,
             bytes,
         });
@@ -430,7 +468,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         // recomputed from the leader; it only speeds up a restart.
         if let Some(d) = &mut g.disk {
             let mut buf = Vec::new();
-            encode(&Record::Committed(committed), &mut buf)?;
+            encode(&Record::Committed(committed), &mut buf, d.seq)?;
             d.file.write_all(&buf).map_err(io_err)?;
             d.bytes += buf.len() as u64;
         }
@@ -514,11 +552,15 @@ mod tests {
         }
     }
 
+    /// Appends in batches of 4 (as openraft would), so segments roll.
     fn append(l: &mut Inner, es: Vec<Entry>) {
-        let recs: Vec<Record> = es.into_iter().map(Record::Entry).collect();
-        l.persist(&recs).unwrap();
-        for r in recs {
-            l.apply(r);
+        let mut es = es.into_iter().peekable();
+        while es.peek().is_some() {
+            let recs: Vec<Record> = es.by_ref().take(4).map(Record::Entry).collect();
+            l.persist(&recs).unwrap();
+            for r in recs {
+                l.apply(r);
+            }
         }
     }
 
@@ -557,6 +599,27 @@ mod tests {
         );
         assert_eq!(g.entries[&70].log_id, lid(1, 70));
         assert!(segs < 4, "purged segments were deleted ({segs} left)");
+    }
+
+    #[test]
+    fn purged_segment_files_are_recycled_and_their_stale_records_ignored() {
+        let d = tempfile::tempdir().unwrap();
+        {
+            let s = LogStore::open(d.path(), false).unwrap();
+            let mut g = s.inner.lock();
+            append(&mut g, (1..=100).map(|i| entry(1, i, 1 << 20)).collect());
+            g.persist(&[Record::Purge(lid(1, 99))]).unwrap();
+            g.apply(Record::Purge(lid(1, 99)));
+            g.drop_purged_segments();
+            assert_eq!(g.disk.as_ref().unwrap().free.len(), FREE_SEGMENTS);
+            // The next segments reuse those files (full of old records).
+            append(&mut g, (101..=170).map(|i| entry(2, i, 1 << 20)).collect());
+            assert!(g.disk.as_ref().unwrap().free.is_empty());
+        }
+        let g = reopen(d.path());
+        assert_eq!(g.entries.len(), 71, "entries 100..=170, nothing stale");
+        assert_eq!(g.entries[&170].log_id, lid(2, 170));
+        assert_eq!(g.entries[&100].log_id, lid(1, 100));
     }
 
     #[test]

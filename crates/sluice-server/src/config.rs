@@ -221,6 +221,13 @@ mod tests {
     }
 
     #[test]
+    fn the_annotated_example_config_parses() {
+        let c = ServerConfig::from_toml(include_str!("../../../examples/node.toml")).unwrap();
+        assert_eq!(c.cluster.heartbeat_ms, 50);
+        assert!(c.cluster.layout.is_none());
+    }
+
+    #[test]
     fn errors_name_the_field() {
         let e = ServerConfig::from_toml("node_idd = 3\n").unwrap_err();
         assert!(e.contains("node_idd"), "{e}");
