@@ -730,3 +730,91 @@ fn retention_compacts_persistent_pools_in_the_background() {
     assert!(versions() >= 3);
     assert_eq!(n.ok(&["size", "/r/k"]), "500\n");
 }
+
+/// `sluice dev --nodes 3`: real node processes, the default pools work
+/// unchanged against any node, `cluster status` shows one leader per
+/// group, and Ctrl-C (SIGINT) stops every node.
+#[test]
+fn dev_starts_a_three_node_cluster_and_ctrl_c_stops_it() {
+    let dir = temp_dir("dev");
+    // Three consecutive free ports.
+    let base = loop {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let p = l.local_addr().unwrap().port();
+        drop(l);
+        if p < 65000 && (1..3).all(|i| std::net::TcpListener::bind(("127.0.0.1", p + i)).is_ok()) {
+            break p;
+        }
+    };
+    let mut dev = Command::new(BIN)
+        .args([
+            "dev",
+            "--nodes",
+            "3",
+            "--base-port",
+            &base.to_string(),
+            "--dir",
+        ])
+        .arg(dir.join("c"))
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut out = BufReader::new(dev.stdout.take().unwrap());
+    let mut first = String::new();
+    out.read_line(&mut first).unwrap();
+    assert!(first.contains("3 nodes up"), "{first:?}");
+    let mut pids = Vec::new();
+    for _ in 0..3 {
+        let mut l = String::new();
+        out.read_line(&mut l).unwrap();
+        let pid = l
+            .split("pid ")
+            .nth(1)
+            .and_then(|s| s.split(',').next())
+            .unwrap();
+        pids.push(pid.to_string());
+    }
+    let cli = |addr: String, args: &[&str]| {
+        let o = Command::new(BIN)
+            .arg("--addr")
+            .arg(addr)
+            .args(args)
+            .output()
+            .unwrap();
+        assert!(
+            o.status.success(),
+            "{args:?}: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+        String::from_utf8(o.stdout).unwrap()
+    };
+    let a0 = format!("127.0.0.1:{base}");
+    let a2 = format!("127.0.0.1:{}", base + 2);
+    cli(a0.clone(), &["put", "/vol/a", "x"]);
+    assert_eq!(cli(a2.clone(), &["get", "--linearizable", "/vol/a"]), "x\n");
+    let status = cli(a2, &["--json", "cluster", "status"]);
+    let v: serde_json::Value = serde_json::from_str(&status).unwrap();
+    let leaders: Vec<&serde_json::Value> = v["nodes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|n| n["groups"].as_array().unwrap())
+        .filter(|g| g["group"] == "volatile/0/0" && g["role"] == "leader")
+        .collect();
+    assert_eq!(leaders.len(), 1, "{status}");
+    // SAFETY: signalling the child we spawned.
+    unsafe {
+        libc::kill(dev.id() as libc::pid_t, libc::SIGINT);
+    }
+    assert!(dev.wait().unwrap().success());
+    for pid in pids {
+        assert!(
+            !Path::new(&format!("/proc/{pid}")).exists()
+                || std::fs::read_to_string(format!("/proc/{pid}/stat"))
+                    .is_ok_and(|s| s.contains(") Z ")),
+            "node {pid} still running after Ctrl-C"
+        );
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
