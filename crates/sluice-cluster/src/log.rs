@@ -362,6 +362,11 @@ impl LogStore {
         })
     }
 
+    /// Bytes of entries held in memory (not yet covered by a snapshot).
+    pub fn held_bytes(&self) -> u64 {
+        self.inner.lock().held_bytes
+    }
+
     /// Bytes of entries held in memory beyond the newest `keep` (what a
     /// snapshot now would let go: openraft keeps `keep` entries after one).
     pub fn bytes_beyond(&self, keep: u64) -> u64 {

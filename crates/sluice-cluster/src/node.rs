@@ -277,6 +277,9 @@ impl ClusterNode {
     /// Asks for a snapshot when a group's log holds more than
     /// `snapshot_bytes` (at most every 100 ms).
     fn maybe_snapshot(&self, g: &Group) {
+        if g.log.held_bytes() <= self.settings.snapshot_bytes {
+            return; // the common case, one lock and a load
+        }
         let mut asked = g.snapshot_asked.lock();
         if asked.is_some_and(|t| t.elapsed() < Duration::from_millis(100))
             || g.log
