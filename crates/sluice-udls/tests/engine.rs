@@ -270,30 +270,32 @@ fn shard_dispatcher_one_runs_on_one_member_all_on_every_member() {
         Some(Arc::new(SecondOfTwo)),
     );
     e.apply(&graph("disp", json!([
+        { "pathname": "/out/one", "user_defined_logic_list": ["record"], "shard_dispatcher_list": ["one"] },
         { "pathname": "/in/one", "user_defined_logic_list": ["record"], "shard_dispatcher_list": ["one"] },
         { "pathname": "/in/all", "user_defined_logic_list": ["record"], "shard_dispatcher_list": ["all"] }
     ])))
     .unwrap();
     let mut mine = 0;
     for i in 0..100 {
-        let k = format!("/in/one/{i}");
+        // A stored put is applied on every member of the shard: `one`
+        // runs it on the member its key hashes to (here member 1 of 2).
+        let k = format!("/out/one/{i}");
         if sluice_types::fnv1a64(k.as_bytes()) % 2 == 1 {
             mine += 1;
         }
-        s.trigger_put(&k, Bytes::from("x"), None).unwrap();
+        s.put(&k, Bytes::from("x"), None, None).unwrap();
+        // A trigger put reaches only the member it was sent to: it runs there.
+        s.trigger_put(&format!("/in/one/{i}"), Bytes::from("x"), None)
+            .unwrap();
         s.trigger_put(&format!("/in/all/{i}"), Bytes::from("x"), None)
             .unwrap();
     }
-    wait_for("upcalls", || rec.calls.lock().len() == 100 + mine);
+    wait_for("upcalls", || rec.calls.lock().len() == 200 + mine);
     let calls = rec.calls.lock();
-    assert_eq!(
-        calls.iter().filter(|c| c.0.starts_with("/in/all/")).count(),
-        100
-    );
-    assert_eq!(
-        calls.iter().filter(|c| c.0.starts_with("/in/one/")).count(),
-        mine
-    );
+    let count = |p: &str| calls.iter().filter(|c| c.0.starts_with(p)).count();
+    assert_eq!(count("/in/all/"), 100);
+    assert_eq!(count("/in/one/"), 100);
+    assert_eq!(count("/out/one/"), mine);
     assert!(
         mine > 20 && mine < 80,
         "member 1 of 2 runs about half: {mine}"
