@@ -396,7 +396,7 @@ impl LogStore {
 /// Most bytes of values one replication message carries (at least one
 /// entry always goes): openraft times an AppendEntries out after one
 /// heartbeat interval, so a batch of large values must stay small.
-const PAYLOAD_BYTES: u64 = 4 << 20;
+const PAYLOAD_BYTES: u64 = 1 << 20;
 
 fn approx_size(e: &Entry) -> u64 {
     match &e.payload {
@@ -668,7 +668,7 @@ mod tests {
             .unwrap();
         let mut r = s.clone();
         let got = rt.block_on(r.limited_get_log_entries(1, 11)).unwrap();
-        assert_eq!(got.len(), 1, "3 MiB + 3 MiB exceeds the 4 MiB budget");
+        assert_eq!(got.len(), 1, "3 MiB + 3 MiB exceeds the budget");
         let mut small = LogStore::in_memory();
         for i in 1..=10 {
             small.inner.lock().apply(Record::Entry(entry(1, i, 10)));

@@ -85,7 +85,7 @@ struct State {
     membership: StoredMembership,
     last_ts: u64,
     dedup: BTreeMap<u64, ClientWindow>,
-    current: Option<(SnapshotMeta, Vec<u8>)>,
+    current: Option<(SnapshotMeta, Arc<Vec<u8>>)>,
     snapshots_built: u64,
     snapshots_installed: u64,
 }
@@ -138,7 +138,7 @@ impl Sm {
                     bincode::deserialize(&bytes).map_err(sm_err)?;
                 let mut st = sm.st.lock();
                 sm.restore(&mut st, &meta, &data)?;
-                st.current = Some((meta, data));
+                st.current = Some((meta, Arc::new(data)));
             }
         }
         Ok(sm)
@@ -351,11 +351,13 @@ impl Sm {
             .is_some_and(|(m, _)| m.last_log_id > meta.last_log_id);
         if !newer {
             self.save(&meta, &data)?;
-            self.st.lock().current = Some((meta.clone(), data.clone()));
+            self.st.lock().current = Some((meta.clone(), Arc::new(data)));
         }
+        // openraft keeps only the meta of a snapshot it asked us to build
+        // (followers are sent `get_current_snapshot`): no second copy here.
         Ok(Snapshot {
             meta,
-            snapshot: Box::new(Cursor::new(data)),
+            snapshot: Box::new(Cursor::new(Vec::new())),
         })
     }
 
@@ -377,7 +379,12 @@ impl Sm {
 
 impl RaftSnapshotBuilder<TypeConfig> for Sm {
     async fn build_snapshot(&mut self) -> Result<Snapshot<TypeConfig>, StorageError> {
-        self.build()
+        // Encoding and writing a large shard is long, blocking work: off
+        // the runtime's workers, so replication and clients keep going.
+        let this = self.clone();
+        tokio::task::spawn_blocking(move || this.build())
+            .await
+            .map_err(sm_err)?
     }
 }
 
@@ -435,7 +442,7 @@ impl RaftStateMachine<TypeConfig> for Sm {
         let mut st = self.st.lock();
         self.restore(&mut st, meta, &data)?;
         self.save(meta, &data)?;
-        st.current = Some((meta.clone(), data));
+        st.current = Some((meta.clone(), Arc::new(data)));
         st.snapshots_installed += 1;
         tracing::info!(group = %crate::types::group_name(self.group), snapshot = %meta.snapshot_id, "installed a snapshot from the leader");
         Ok(())
@@ -445,7 +452,7 @@ impl RaftStateMachine<TypeConfig> for Sm {
         let st = self.st.lock();
         Ok(st.current.as_ref().map(|(meta, data)| Snapshot {
             meta: meta.clone(),
-            snapshot: Box::new(Cursor::new(data.clone())),
+            snapshot: Box::new(Cursor::new(data.as_ref().clone())),
         }))
     }
 }
