@@ -470,12 +470,37 @@ impl Store {
     ) -> Result<PutResult> {
         validate_key(key, self.cfg.max_key_bytes)?;
         let view = self.pools.load();
-        let pool = view.table.pool_of(key).ok_or_else(|| SluiceError::NoPool {
-            key: key.to_string(),
-        })?;
+        // The pool table is replicated separately (another log): a member
+        // may apply a shard's write before the pool's creation. The write
+        // must apply the same everywhere, so it never depends on this
+        // node's pool table: an unknown pool is described from the shard.
+        let router = match view.table.pool_of(key) {
+            Some(pool) => view.routers[&pool.pathname].clone(),
+            None => Arc::new(PoolRouter::new(PoolMeta {
+                pathname: key
+                    .split('/')
+                    .nth(1)
+                    .map_or_else(|| key.to_string(), |s| format!("/{s}")),
+                pool_type: shard.pool_type,
+                subgroup_index: shard.subgroup,
+                sharding_policy: Default::default(),
+                shard_count: self
+                    .cfg
+                    .layout
+                    .shards_of(shard.pool_type, shard.subgroup)
+                    .unwrap_or(1),
+                affinity_set_regex: None,
+                object_locations: Default::default(),
+                access_policy: Default::default(),
+                retention: None,
+                deleted: false,
+                creation_version: 0,
+                creation_timestamp_us: 0,
+            })),
+        };
         let r =
             Routed {
-                router: view.routers[&pool.pathname].clone(),
+                router,
                 shard: self.shards.get(&shard).cloned().ok_or_else(|| {
                     SluiceError::UnknownShard {
                         subgroup: format!("{}/{}", shard.pool_type, shard.subgroup),

@@ -316,3 +316,42 @@ proptest! {
         prop_assert_eq!(listed, live);
     }
 }
+
+/// A replicated write names its shard and timestamp; a member that has not
+/// yet applied the pool's creation (the pool table is another log) stores
+/// it exactly as a member that has.
+#[test]
+fn replicated_writes_apply_the_same_with_or_without_the_pool() {
+    let shard = sluice_store::ShardId {
+        pool_type: PoolType::Volatile,
+        subgroup: 0,
+        shard: 1,
+    };
+    let behind = store_with_shards(2);
+    let ahead = store_with_shards(2);
+    ahead
+        .create_pool(&PoolSpec {
+            pathname: "/late".into(),
+            pool_type: Some(PoolType::Volatile),
+            ..Default::default()
+        })
+        .unwrap();
+    for s in [&behind, &ahead] {
+        let r1 = s
+            .apply_write(shard, "/late/k", Some(b("v1")), None, 100, None)
+            .unwrap();
+        let r2 = s
+            .apply_write(shard, "/late/k", Some(b("v2")), Some(r1.version), 90, None)
+            .unwrap();
+        assert_eq!((r1.version, r2.version), (1, 2));
+        assert_eq!(
+            (r1.timestamp_us, r2.timestamp_us),
+            (100, 90),
+            "as the log says"
+        );
+        let objs = s.shard_objects(shard);
+        assert_eq!(objs.len(), 1);
+        assert_eq!(objs[0].value, b("v2"));
+        assert_eq!(objs[0].meta.previous_version_by_key, 1);
+    }
+}
