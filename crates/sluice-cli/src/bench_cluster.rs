@@ -217,6 +217,7 @@ fn median(v: &mut [f64]) -> f64 {
 struct Redis {
     children: Vec<Child>,
     master: String,
+    dir: PathBuf,
 }
 
 impl Drop for Redis {
@@ -225,12 +226,18 @@ impl Drop for Redis {
             let _ = c.kill();
             let _ = c.wait();
         }
+        let _ = std::fs::remove_dir_all(&self.dir);
     }
 }
 
 fn start_redis() -> Result<Redis> {
+    // Replication makes the master write an RDB file for each replica's
+    // full sync: keep it out of the working directory.
+    let dir = std::env::temp_dir().join(format!("sluice-bench-redis-{}", std::process::id()));
+    std::fs::create_dir_all(&dir)?;
     let start = |port: u16, replica_of: Option<u16>| -> Result<Child> {
         let mut cmd = Command::new("redis-server");
+        cmd.current_dir(&dir);
         cmd.args([
             "--port",
             &port.to_string(),
@@ -259,6 +266,7 @@ fn start_redis() -> Result<Redis> {
     let r = Redis {
         children,
         master: format!("127.0.0.1:{mp}"),
+        dir,
     };
     // Ready once the master reports both replicas online.
     let deadline = Instant::now() + Duration::from_secs(20);
