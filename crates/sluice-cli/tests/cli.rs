@@ -370,6 +370,11 @@ fn stats_ping_and_graceful_shutdown() {
     let j: serde_json::Value = serde_json::from_str(&n.ok(&["stats"])).unwrap();
     assert_eq!(j["store"]["puts"], 1);
     assert!(n.ok(&["ping"]).starts_with("pong from node 0"));
+    // Cluster commands on a standalone node: a clear error, not a hang.
+    let o = n.sluice(&["cluster", "status"]);
+    assert!(!o.status.success());
+    let e = String::from_utf8_lossy(&o.stderr);
+    assert!(e.contains("standalone") && e.contains("--cluster"), "{e}");
     let status = n.terminate();
     assert!(status.success(), "SIGTERM exits cleanly: {status}");
 }

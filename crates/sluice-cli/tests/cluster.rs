@@ -19,6 +19,34 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 const BIN: &str = env!("CARGO_BIN_EXE_sluice");
+
+/// A stable get sent straight to one node, bypassing the client's routing.
+trait GetRaw {
+    async fn get_raw(
+        &self,
+        key: &str,
+        shard: u32,
+        min_version: Option<u64>,
+    ) -> Result<Response, SluiceError>;
+}
+
+impl GetRaw for Conn {
+    async fn get_raw(
+        &self,
+        key: &str,
+        shard: u32,
+        min_version: Option<u64>,
+    ) -> Result<Response, SluiceError> {
+        let req = Request::Get {
+            key: key.into(),
+            shard: Some(shard),
+            version: None,
+            min_version,
+            linearizable: false,
+        };
+        self.call(&req, Duration::from_secs(5)).await
+    }
+}
 const WAIT: Duration = Duration::from_secs(30);
 
 /// One cluster at a time: five processes per test are plenty for a
@@ -287,18 +315,7 @@ async fn routing_affinity_and_metadata_refresh() {
         let members: &[u32] = if expected == 0 { &[1, 2, 3] } else { &[4] };
         for id in 1..=5u32 {
             let raw = c.raw(id).await;
-            let r = raw
-                .call(
-                    &Request::Get {
-                        key: key.into(),
-                        shard: Some(expected),
-                        version: None,
-                        min_version: Some(put.version),
-                        linearizable: false,
-                    },
-                    Duration::from_secs(5),
-                )
-                .await;
+            let r = raw.get_raw(key, expected, Some(put.version)).await;
             if members.contains(&id) {
                 // A member may lag an instant behind the leader's ack.
                 let mut r = r;
@@ -307,18 +324,7 @@ async fn routing_affinity_and_metadata_refresh() {
                     && Instant::now() < deadline
                 {
                     tokio::time::sleep(Duration::from_millis(20)).await;
-                    r = raw
-                        .call(
-                            &Request::Get {
-                                key: key.into(),
-                                shard: Some(expected),
-                                version: None,
-                                min_version: Some(put.version),
-                                linearizable: false,
-                            },
-                            Duration::from_secs(5),
-                        )
-                        .await;
+                    r = raw.get_raw(key, expected, Some(put.version)).await;
                 }
                 match r {
                     Ok(Response::Object(o)) => assert_eq!(o.value, key.as_bytes()),
@@ -331,18 +337,7 @@ async fn routing_affinity_and_metadata_refresh() {
                 );
             }
             // The other shard index is a stale route: refused, never served.
-            let wrong = raw
-                .call(
-                    &Request::Get {
-                        key: key.into(),
-                        shard: Some(1 - expected),
-                        version: None,
-                        min_version: None,
-                        linearizable: false,
-                    },
-                    Duration::from_secs(5),
-                )
-                .await;
+            let wrong = raw.get_raw(key, 1 - expected, None).await;
             assert!(
                 matches!(wrong, Err(SluiceError::WrongShard { .. })),
                 "{wrong:?}"
@@ -511,19 +506,7 @@ async fn sigkill_leader_and_follower_under_load_loses_no_acknowledged_write() {
     for id in [1, 2, 3] {
         let raw = c.raw(id).await;
         for (key, (version, value)) in &acked {
-            let r = raw
-                .call(
-                    &Request::Get {
-                        key: key.clone(),
-                        shard: Some(0),
-                        version: None,
-                        min_version: None,
-                        linearizable: false,
-                    },
-                    Duration::from_secs(5),
-                )
-                .await
-                .unwrap();
+            let r = raw.get_raw(key, 0, None).await.unwrap();
             let Response::Object(o) = r else {
                 panic!("{r:?}")
             };
@@ -591,20 +574,7 @@ async fn a_cut_off_leader_acknowledges_nothing_and_catches_up_after_heal() {
         .unwrap();
     // The old leader rejoins, learns the majority's write, drops its own.
     c.wait_for("the old leader to catch up", || async {
-        let r = c
-            .raw(leader)
-            .await
-            .call(
-                &Request::Get {
-                    key: keys[2].clone(),
-                    shard: Some(0),
-                    version: None,
-                    min_version: None,
-                    linearizable: false,
-                },
-                Duration::from_secs(5),
-            )
-            .await;
+        let r = c.raw(leader).await.get_raw(&keys[2], 0, None).await;
         matches!(r, Ok(Response::Object(_)))
     })
     .await;
@@ -686,21 +656,7 @@ async fn membership_change_adds_replaces_and_removes_members() {
         c.applied_version(5, "volatile/0/0").await.unwrap_or(0) >= v
     })
     .await;
-    let r = c
-        .raw(5)
-        .await
-        .call(
-            &Request::Get {
-                key: key0.clone(),
-                shard: Some(0),
-                version: None,
-                min_version: Some(v),
-                linearizable: false,
-            },
-            Duration::from_secs(5),
-        )
-        .await
-        .unwrap();
+    let r = c.raw(5).await.get_raw(&key0, 0, Some(v)).await.unwrap();
     let Response::Object(o) = r else {
         panic!("{r:?}")
     };
@@ -718,20 +674,7 @@ async fn membership_change_adds_replaces_and_removes_members() {
         Bytes::from_static(b"on shard 1")
     );
     c.wait_for("node 4 to refuse shard 1", || async {
-        let r = c
-            .raw(4)
-            .await
-            .call(
-                &Request::Get {
-                    key: key1.clone(),
-                    shard: Some(1),
-                    version: None,
-                    min_version: None,
-                    linearizable: false,
-                },
-                Duration::from_secs(5),
-            )
-            .await;
+        let r = c.raw(4).await.get_raw(&key1, 1, None).await;
         matches!(r, Err(SluiceError::NotMember { .. }))
     })
     .await;
@@ -797,16 +740,7 @@ async fn lambdas_on_replicated_shards_run_once_and_emit_through_the_leader() {
             let r = c
                 .raw(*id)
                 .await
-                .call(
-                    &Request::Get {
-                        key: key.clone(),
-                        shard: Some(shard),
-                        version: None,
-                        min_version: Some(lin.meta.version),
-                        linearizable: false,
-                    },
-                    Duration::from_secs(5),
-                )
+                .get_raw(&key, shard, Some(lin.meta.version))
                 .await;
             if let Ok(Response::Object(o)) = r {
                 assert_eq!(o.meta, lin.meta, "{key} on node {id}");

@@ -1,4 +1,4 @@
-use crate::cluster::{ClusterView, NodePool};
+use crate::cluster::{ClusterView, NodePool, ShardView};
 use crate::conn::Conn;
 use arc_swap::{ArcSwap, ArcSwapOption};
 use bytes::Bytes;
@@ -364,54 +364,65 @@ impl Client {
         class: Class,
         req: &Request,
     ) -> Result<Response> {
-        let (name, members) = view.members(t, subgroup, shard);
-        if members.is_empty() {
+        let Some(ShardView { name, members }) = view
+            .shard(t, subgroup, shard)
+            .filter(|s| !s.members.is_empty())
+        else {
             return Err(SluiceError::UnknownShard {
                 subgroup: format!("{t}/{subgroup}"),
                 shard,
             });
-        }
+        };
         let replicated = t != PoolType::Trigger;
         let class = if replicated { class } else { Class::Read };
-        let mut req = req.clone();
-        if let Request::Get { min_version, .. } = &mut req {
-            *min_version = view.seen(&name);
-        }
+        // Only a get changes: it carries the session's floor for the shard.
+        let patched;
+        let req = match (req, view.seen(name)) {
+            (Request::Get { .. }, Some(seen)) => {
+                let mut r = req.clone();
+                if let Request::Get { min_version, .. } = &mut r {
+                    *min_version = Some(seen);
+                }
+                patched = r;
+                &patched
+            }
+            _ => req,
+        };
         let deadline = Instant::now() + self.inner.cfg.request_timeout;
         let mut attempt = 0usize;
         let mut avoid: Option<u32> = None;
         loop {
             let target = match class {
                 Class::Write | Class::Leader => view
-                    .leader(&name)
+                    .leader(name)
                     .filter(|l| Some(*l) != avoid)
                     .unwrap_or(members[attempt % members.len()]),
                 Class::Read if attempt == 0 => self
                     .inner
                     .selector
-                    .select(self.inner.cfg.member_selection, &members, fnv(&name), key)
+                    .select(self.inner.cfg.member_selection, members, fnv(name), key)
                     .map_err(|reason| SluiceError::Connection { reason })?,
                 Class::Read => members[attempt % members.len()],
             };
             attempt += 1;
             let left = deadline.saturating_duration_since(Instant::now());
             let res = match self.node_pool(target) {
-                Ok(p) => p.call(&req, left.max(Duration::from_millis(1))).await,
+                Ok(p) => p.call(req, left.max(Duration::from_millis(1))).await,
                 Err(e) => Err(e),
             };
             let retry = match &res {
                 Ok(Response::PutOk(p)) => {
-                    view.saw(&name, p.version);
+                    view.saw(name, p.version);
                     false
                 }
                 Ok(Response::Object(o)) => {
-                    view.saw(&name, o.meta.version);
+                    view.saw(name, o.meta.version);
                     false
                 }
                 Err(SluiceError::NotLeader {
                     leader: Some(l), ..
                 }) => {
-                    view.set_leader(&name, *l);
+                    view.set_leader(name, *l);
                     avoid = None;
                     true
                 }
@@ -421,7 +432,7 @@ impl Client {
                 }
                 Err(SluiceError::Connection { .. }) | Err(SluiceError::Timeout { .. }) => {
                     avoid = Some(target);
-                    view.leaders.lock().remove(&name);
+                    view.leaders.lock().remove(name);
                     true
                 }
                 Err(SluiceError::Unavailable { .. }) => replicated,
@@ -649,10 +660,9 @@ impl Client {
             None => self.conn().await?,
             Some(view) => {
                 // Best effort: to the last known leader, else the first member.
-                let (name, members) = view.members(t, subgroup, shard);
                 let target = view
-                    .leader(&name)
-                    .or(members.first().copied())
+                    .shard(t, subgroup, shard)
+                    .and_then(|s| view.leader(&s.name).or(s.members.first().copied()))
                     .ok_or_else(|| SluiceError::UnknownShard {
                         subgroup: format!("{t}/{subgroup}"),
                         shard,

@@ -85,14 +85,19 @@ struct Info {
     meta_leader: Option<u64>,
 }
 
+/// A shard as the client routes to it.
+pub(crate) struct ShardView {
+    pub(crate) name: String,
+    pub(crate) members: Vec<u32>,
+}
+
 /// A snapshot of the cluster as some node described it.
 pub(crate) struct ClusterView {
     pub(crate) epoch: u64,
     pub(crate) nodes: HashMap<u32, SocketAddr>,
-    /// Members of each replicated shard, by name (`volatile/0/1`).
-    pub(crate) shards: HashMap<String, Vec<u32>>,
-    /// Members of each trigger shard, by subgroup then shard.
-    pub(crate) trigger: Vec<Vec<Vec<u32>>>,
+    /// Every shard (replicated and trigger): its name (`volatile/0/1`)
+    /// and members, built once so routing a request allocates nothing.
+    shards: HashMap<(PoolType, u32, u32), ShardView>,
     /// Last known leader of each shard (`meta` for the metadata group).
     pub(crate) leaders: Mutex<HashMap<String, u32>>,
     /// The newest version this session has seen per shard: reads never
@@ -112,28 +117,47 @@ impl ClusterView {
         if let Some(l) = i.meta_leader {
             leaders.insert("meta".into(), l as u32);
         }
+        let mut shards = HashMap::new();
+        for (name, info) in i.shards {
+            let mut parts = name.split('/');
+            let t = match parts.next() {
+                Some("volatile") => PoolType::Volatile,
+                Some("persistent") => PoolType::Persistent,
+                _ => continue,
+            };
+            let (Some(Ok(g)), Some(Ok(s))) = (
+                parts.next().map(str::parse::<u32>),
+                parts.next().map(str::parse::<u32>),
+            ) else {
+                continue;
+            };
+            shards.insert(
+                (t, g, s),
+                ShardView {
+                    name,
+                    members: info.members,
+                },
+            );
+        }
+        for (g, sg) in i.trigger.into_iter().enumerate() {
+            for (s, members) in sg.into_iter().enumerate() {
+                let (g, s) = (g as u32, s as u32);
+                let name = format!("{}/{g}/{s}", PoolType::Trigger);
+                shards.insert((PoolType::Trigger, g, s), ShardView { name, members });
+            }
+        }
         Ok(ClusterView {
             epoch: i.epoch,
             nodes: i.nodes.iter().map(|n| (n.id, n.address)).collect(),
-            shards: i.shards.into_iter().map(|(k, s)| (k, s.members)).collect(),
-            trigger: i.trigger,
+            shards,
             leaders: Mutex::new(leaders),
             seen: Mutex::default(),
         })
     }
 
-    /// The shard's name and members.
-    pub(crate) fn members(&self, t: PoolType, subgroup: u32, shard: u32) -> (String, Vec<u32>) {
-        let name = format!("{t}/{subgroup}/{shard}");
-        let m = match t {
-            PoolType::Trigger => self
-                .trigger
-                .get(subgroup as usize)
-                .and_then(|sg| sg.get(shard as usize))
-                .cloned(),
-            _ => self.shards.get(&name).cloned(),
-        };
-        (name, m.unwrap_or_default())
+    /// The shard's name and members (`None`: not in the layout).
+    pub(crate) fn shard(&self, t: PoolType, subgroup: u32, shard: u32) -> Option<&ShardView> {
+        self.shards.get(&(t, subgroup, shard))
     }
 
     pub(crate) fn leader(&self, shard: &str) -> Option<u32> {
@@ -141,7 +165,13 @@ impl ClusterView {
     }
 
     pub(crate) fn set_leader(&self, shard: &str, node: u32) {
-        self.leaders.lock().insert(shard.to_string(), node);
+        let mut l = self.leaders.lock();
+        match l.get_mut(shard) {
+            Some(e) => *e = node,
+            None => {
+                l.insert(shard.to_string(), node);
+            }
+        }
     }
 
     pub(crate) fn saw(&self, shard: &str, version: u64) {
@@ -149,8 +179,12 @@ impl ClusterView {
             return;
         }
         let mut s = self.seen.lock();
-        let e = s.entry(shard.to_string()).or_insert(0);
-        *e = (*e).max(version);
+        match s.get_mut(shard) {
+            Some(e) => *e = (*e).max(version),
+            None => {
+                s.insert(shard.to_string(), version);
+            }
+        }
     }
 
     pub(crate) fn seen(&self, shard: &str) -> Option<u64> {

@@ -266,11 +266,6 @@ impl Inner {
 }
 
 impl LogStore {
-    /// A log that lives in memory only (tests).
-    pub fn in_memory() -> Self {
-        LogStore::default()
-    }
-
     /// Opens (or creates) the log in `dir`, replaying its segments.
     pub fn open(dir: &Path, sync: bool) -> std::io::Result<Self> {
         std::fs::create_dir_all(dir)?;
@@ -379,17 +374,6 @@ impl LogStore {
             .map(approx_size)
             .sum();
         g.held_bytes.saturating_sub(newest)
-    }
-
-    /// Index of the last entry (0 when empty).
-    pub fn last_index(&self) -> u64 {
-        let g = self.inner.lock();
-        g.entries
-            .keys()
-            .next_back()
-            .copied()
-            .or(g.last_purged.map(|p| p.index))
-            .unwrap_or(0)
     }
 }
 
@@ -656,7 +640,7 @@ mod tests {
 
     #[test]
     fn replication_batches_stop_at_the_byte_budget_but_never_send_nothing() {
-        let s = LogStore::in_memory();
+        let s = LogStore::default();
         {
             let mut g = s.inner.lock();
             for i in 1..=10 {
@@ -669,7 +653,7 @@ mod tests {
         let mut r = s.clone();
         let got = rt.block_on(r.limited_get_log_entries(1, 11)).unwrap();
         assert_eq!(got.len(), 1, "3 MiB + 3 MiB exceeds the budget");
-        let mut small = LogStore::in_memory();
+        let mut small = LogStore::default();
         for i in 1..=10 {
             small.inner.lock().apply(Record::Entry(entry(1, i, 10)));
         }

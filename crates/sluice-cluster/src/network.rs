@@ -36,7 +36,9 @@ pub mod kind {
 pub struct Peers {
     pub me: u32,
     conns: Mutex<HashMap<u32, Arc<Conn>>>,
-    connecting: tokio::sync::Mutex<()>,
+    /// One connect at a time per peer (a dead peer's connect timeout
+    /// never holds up reconnecting to a live one).
+    connecting: Mutex<HashMap<u32, Arc<tokio::sync::Mutex<()>>>>,
     /// Links cut by fault injection (both directions).
     blocked: RwLock<HashSet<u32>>,
     connect_timeout: Duration,
@@ -51,7 +53,7 @@ impl Peers {
         Peers {
             me,
             conns: Mutex::default(),
-            connecting: tokio::sync::Mutex::new(()),
+            connecting: Mutex::default(),
             blocked: RwLock::default(),
             connect_timeout,
         }
@@ -87,7 +89,8 @@ impl Peers {
                 return Ok(c.clone());
             }
         }
-        let _g = self.connecting.lock().await;
+        let gate = self.connecting.lock().entry(target).or_default().clone();
+        let _g = gate.lock().await;
         if let Some(c) = self.conns.lock().get(&target) {
             if c.is_alive() {
                 return Ok(c.clone());
@@ -133,21 +136,14 @@ impl Peers {
         body: Vec<u8>,
         timeout: Duration,
     ) -> Result<Bytes, SluiceError> {
-        if self.is_blocked(target) {
-            return Err(SluiceError::Unavailable {
-                reason: format!("link to node {target} is cut (fault injection)"),
-            });
-        }
-        let conn = self.conn(target, addr).await?;
         let req = Request::Raft {
             from: self.me,
             group,
             kind,
             body: Bytes::from(body),
         };
-        match conn.call(&req, timeout).await? {
+        match self.request(target, addr, &req, timeout).await? {
             Response::Raw(b) => Ok(b),
-            Response::Error(e) => Err(e),
             other => Err(SluiceError::protocol(format!(
                 "unexpected reply to a consensus message: {other:?}"
             ))),

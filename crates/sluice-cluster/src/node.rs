@@ -241,14 +241,6 @@ impl ClusterNode {
         Ok(node)
     }
 
-    pub fn id(&self) -> u32 {
-        self.id
-    }
-
-    pub fn layout(&self) -> &ClusterLayout {
-        &self.layout
-    }
-
     fn group_dir(&self, g: u64) -> PathBuf {
         let name = group_name(g).replace('/', "-");
         match shard_of_group(g) {

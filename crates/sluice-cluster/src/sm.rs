@@ -5,7 +5,7 @@
 
 use crate::types::{
     group_of, shard_of_group, Applied, Command, Entry, LogId, MetaCommand, SnapshotMeta,
-    StorageError, StoredMembership, TypeConfig, META_GROUP,
+    StorageError, StoredMembership, TypeConfig,
 };
 use bytes::Bytes;
 use openraft::storage::{RaftStateMachine, Snapshot};
@@ -370,10 +370,6 @@ impl Sm {
     pub fn snapshot_counts(&self) -> (u64, u64) {
         let st = self.st.lock();
         (st.snapshots_built, st.snapshots_installed)
-    }
-
-    pub fn is_meta(&self) -> bool {
-        self.group == META_GROUP
     }
 }
 

@@ -385,110 +385,120 @@ impl Conn {
             };
         };
         let store = self.ctx.store.clone();
-        let replicated =
-            |key: &str, shard: Option<u32>| -> Result<Option<sluice_store::ShardId>, SluiceError> {
-                let sid = store.shard_id_of(key, shard)?;
-                Ok(cl.replicates(sid).then_some(sid))
-            };
-        // A key with no pool here may belong to a pool this node has not
-        // applied yet: catch up with the metadata leader, then run the
-        // request again (once).
-        let stale = match &req {
+        // Route the key once: every decision below starts from its shard.
+        let keyed = match &req {
             Request::Put { key, shard, .. }
             | Request::Remove { key, shard, .. }
             | Request::Get { key, shard, .. }
-            | Request::TriggerPut { key, shard, .. } => matches!(
-                store.shard_id_of(key, *shard),
-                Err(SluiceError::NoPool { .. } | SluiceError::WrongShard { .. })
-            ),
-            _ => false,
-        };
-        if stale && !self.retried_after_catch_up {
-            return self.defer_retry(rid, no_reply, req, self.ctx.clone());
-        }
-        match req {
-            Request::Put {
-                key,
-                shard,
-                expected,
-                value,
-                trace,
-                req_id,
-            } => match replicated(&key, shard) {
-                Err(e) => Response::error(&mut self.out, rid, &e),
-                Ok(None) => {
-                    return Some(Request::Put {
-                        key,
-                        shard,
-                        expected,
-                        value,
-                        trace,
-                        req_id,
-                    })
-                }
-                Ok(Some(sid)) => self.defer(rid, no_reply, async move {
-                    Reply::Put(
-                        cl.write(sid, key, Some(value), expected, req_id, trace)
-                            .await,
-                    )
-                }),
-            },
-            Request::Remove {
-                key,
-                shard,
-                expected,
-                req_id,
-            } => match replicated(&key, shard) {
-                Err(e) => Response::error(&mut self.out, rid, &e),
-                Ok(None) => {
-                    return Some(Request::Remove {
-                        key,
-                        shard,
-                        expected,
-                        req_id,
-                    })
-                }
-                Ok(Some(sid)) => self.defer(rid, no_reply, async move {
-                    Reply::Put(cl.write(sid, key, None, expected, req_id, None).await)
-                }),
-            },
-            Request::Get {
-                key,
-                shard,
-                version,
-                min_version,
-                linearizable,
-            } => match replicated(&key, shard) {
-                Err(e) => Response::error(&mut self.out, rid, &e),
-                Ok(Some(sid)) if linearizable => self.defer(rid, no_reply, async move {
-                    Reply::Object(match cl.read_barrier(sid).await {
-                        Ok(()) => store.get(&key, version, shard),
-                        Err(e) => Err(e),
-                    })
-                }),
-                Ok(Some(sid)) => match cl.check_read(sid, min_version) {
-                    Ok(()) => {
-                        return Some(Request::Get {
-                            key,
-                            shard,
-                            version,
-                            min_version,
-                            linearizable,
-                        })
+            | Request::TriggerPut { key, shard, .. }
+            | Request::GetByTime { key, shard, .. }
+            | Request::GetSize { key, shard, .. }
+            | Request::History { key, shard, .. } => Some((key.as_str(), *shard)),
+            Request::MultiGet { shard, keys } => keys.first().map(|k| (k.as_str(), *shard)),
+            Request::ListKeys {
+                pool,
+                shard: Some(s),
+                ..
+            } => {
+                // A shard of a pool: checked like a key of that shard.
+                let sid = store.get_pool(pool).ok().map(|p| sluice_store::ShardId {
+                    pool_type: p.pool_type,
+                    subgroup: p.subgroup_index,
+                    shard: *s,
+                });
+                return match sid.map(|sid| cl.check_read(sid, None)) {
+                    Some(Err(e)) => {
+                        Response::error(&mut self.out, rid, &e);
+                        None
                     }
-                    Err(e) => Response::error(&mut self.out, rid, &e),
+                    _ => Some(req),
+                };
+            }
+            _ => None,
+        };
+        let sid = match keyed.map(|(key, shard)| store.shard_id_of(key, shard)) {
+            None => None,
+            Some(Ok(sid)) => cl.replicates(sid).then_some(sid),
+            // A key with no pool here may belong to a pool this node has
+            // not applied yet: catch up with the metadata leader, then run
+            // the request again (once).
+            Some(Err(SluiceError::NoPool { .. } | SluiceError::WrongShard { .. }))
+                if !self.retried_after_catch_up =>
+            {
+                return self.defer_retry(rid, no_reply, req, self.ctx.clone());
+            }
+            Some(Err(e)) if no_reply => {
+                tracing::debug!(error = %e, "request without reply failed");
+                return None;
+            }
+            Some(Err(e)) => {
+                Response::error(&mut self.out, rid, &e);
+                return None;
+            }
+        };
+        match (req, sid) {
+            (
+                Request::Put {
+                    key,
+                    expected,
+                    value,
+                    trace,
+                    req_id,
+                    ..
                 },
-                Ok(None) => {
-                    return Some(Request::Get {
-                        key,
-                        shard,
-                        version,
-                        min_version,
-                        linearizable,
-                    })
+                Some(sid),
+            ) => self.defer(rid, no_reply, async move {
+                Reply::Put(
+                    cl.write(sid, key, Some(value), expected, req_id, trace)
+                        .await,
+                )
+            }),
+            (
+                Request::Remove {
+                    key,
+                    expected,
+                    req_id,
+                    ..
+                },
+                Some(sid),
+            ) => self.defer(rid, no_reply, async move {
+                Reply::Put(cl.write(sid, key, None, expected, req_id, None).await)
+            }),
+            (
+                Request::Get {
+                    key,
+                    shard,
+                    version,
+                    linearizable: true,
+                    ..
+                },
+                Some(sid),
+            ) => self.defer(rid, no_reply, async move {
+                Reply::Object(match cl.read_barrier(sid).await {
+                    Ok(()) => store.get(&key, version, shard),
+                    Err(e) => Err(e),
+                })
+            }),
+            // Other reads of a replicated shard: only from a member that
+            // has applied what the client's session has seen.
+            (
+                r @ (Request::Get { .. }
+                | Request::GetByTime { .. }
+                | Request::GetSize { .. }
+                | Request::History { .. }
+                | Request::MultiGet { .. }),
+                Some(sid),
+            ) => {
+                let min_version = match &r {
+                    Request::Get { min_version, .. } => *min_version,
+                    _ => None,
+                };
+                match cl.check_read(sid, min_version) {
+                    Ok(()) => return Some(r),
+                    Err(e) => Response::error(&mut self.out, rid, &e),
                 }
-            },
-            Request::PoolCreate { spec } => {
+            }
+            (Request::PoolCreate { spec }, _) => {
                 let created_us = store.clock().now_us();
                 self.defer(rid, no_reply, async move {
                     Reply::Resp(
@@ -498,93 +508,36 @@ impl Conn {
                     )
                 })
             }
-            Request::PoolRemove { path } => self.defer(rid, no_reply, async move {
+            (Request::PoolRemove { path }, _) => self.defer(rid, no_reply, async move {
                 Reply::Resp(
                     cl.meta_write(sluice_cluster::MetaCommand::PoolRemove { path })
                         .await
                         .and_then(|j| pool_reply(&j)),
                 )
             }),
-            Request::Raft {
-                from,
-                group,
-                kind,
-                body,
-            } => self.defer(rid, no_reply, async move {
+            (
+                Request::Raft {
+                    from,
+                    group,
+                    kind,
+                    body,
+                },
+                _,
+            ) => self.defer(rid, no_reply, async move {
                 Reply::Resp(
                     cl.handle_raft(from, group, kind, &body)
                         .await
                         .map(Response::Raw),
                 )
             }),
-            Request::Cluster { command } => self.defer(rid, no_reply, async move {
+            (Request::Cluster { command }, _) => self.defer(rid, no_reply, async move {
                 Reply::Resp(
                     cl.admin(&command)
                         .await
                         .map(|v| Response::Json(v.to_string())),
                 )
             }),
-            // Other reads of a replicated shard: only from a member.
-            r @ (Request::GetByTime { .. } | Request::GetSize { .. } | Request::History { .. }) => {
-                let (key, shard) = match &r {
-                    Request::GetByTime { key, shard, .. }
-                    | Request::GetSize { key, shard, .. }
-                    | Request::History { key, shard, .. } => (key.clone(), *shard),
-                    _ => unreachable!("matched above"),
-                };
-                match replicated(&key, shard).and_then(|s| match s {
-                    Some(sid) => cl.check_read(sid, None),
-                    None => Ok(()),
-                }) {
-                    Ok(()) => return Some(r),
-                    Err(e) => Response::error(&mut self.out, rid, &e),
-                }
-            }
-            Request::MultiGet { shard, keys } => {
-                let check = match keys.first() {
-                    Some(k) => replicated(k, shard).and_then(|s| match s {
-                        Some(sid) => cl.check_read(sid, None),
-                        None => Ok(()),
-                    }),
-                    None => Ok(()),
-                };
-                match check {
-                    Ok(()) => return Some(Request::MultiGet { shard, keys }),
-                    Err(e) => Response::error(&mut self.out, rid, &e),
-                }
-            }
-            Request::ListKeys {
-                pool,
-                prefix,
-                shard,
-            } => {
-                let check = match (store.get_pool(&pool), shard) {
-                    (Ok(p), Some(s)) => {
-                        let sid = sluice_store::ShardId {
-                            pool_type: p.pool_type,
-                            subgroup: p.subgroup_index,
-                            shard: s,
-                        };
-                        if cl.replicates(sid) {
-                            cl.check_read(sid, None)
-                        } else {
-                            Ok(())
-                        }
-                    }
-                    _ => Ok(()),
-                };
-                match check {
-                    Ok(()) => {
-                        return Some(Request::ListKeys {
-                            pool,
-                            prefix,
-                            shard,
-                        })
-                    }
-                    Err(e) => Response::error(&mut self.out, rid, &e),
-                }
-            }
-            r => return Some(r),
+            (r, _) => return Some(r),
         }
         None
     }
