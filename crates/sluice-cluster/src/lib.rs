@@ -5,6 +5,7 @@
 //!
 //! - [`types`]: the consensus configuration, commands, group ids;
 //! - [`log`]: each group's log (memory + an append-only file);
+//! - [`chunks`]: encodings that reference large values instead of copying them;
 //! - [`sm`]: applying commands to the store, deduplication, snapshots;
 //! - [`network`]: the peer transport, with fault injection;
 //! - [`node`]: [`ClusterNode`], the write and read paths and administration.
@@ -13,6 +14,7 @@
 // return it too rather than boxing and unboxing at every trait boundary.
 #![allow(clippy::result_large_err)]
 
+pub mod chunks;
 pub mod log;
 pub mod network;
 pub mod node;

@@ -3,6 +3,7 @@
 //! (`Request::Raft { group, kind, body }`), with fault injection (links
 //! cut on demand) for tests.
 
+use crate::chunks::{large_values, ChunkWriter};
 use crate::types::TypeConfig;
 use bytes::Bytes;
 use openraft::error::{
@@ -133,14 +134,16 @@ impl Peers {
         addr: &str,
         group: u64,
         kind: u8,
-        body: Vec<u8>,
+        body: Chunks,
         timeout: Duration,
     ) -> Result<Bytes, SluiceError> {
+        let mut parts = body.0.into_iter();
         let req = Request::Raft {
             from: self.me,
             group,
             kind,
-            body: Bytes::from(body),
+            body: parts.next().unwrap_or_default(),
+            more: parts.collect(),
         };
         match self.request(target, addr, &req, timeout).await? {
             Response::Raw(b) => Ok(b),
@@ -179,17 +182,32 @@ impl RaftNetworkFactory<TypeConfig> for NetFactory {
 
 type RpcErr<E> = RPCError<u64, BasicNode, RaftError<u64, E>>;
 
+/// An encoded consensus message as a list of chunks, sent back to back.
+pub struct Chunks(Vec<Bytes>);
+
+/// Encodes `msg` with bincode; the `values` it contains (by reference)
+/// become chunks of their own, sent without being copied.
+fn encode_chunks<T: Serialize>(msg: &T, values: &[Bytes]) -> bincode::Result<Chunks> {
+    let mut buf = Vec::new();
+    let mut w = ChunkWriter::new(&mut buf, values);
+    bincode::serialize_into(&mut w, msg)?;
+    let parts = w.finish();
+    Ok(Chunks(crate::chunks::into_bytes(buf, parts)))
+}
+
 impl NetClient {
     async fn rpc<Req: Serialize, Resp: DeserializeOwned, E>(
         &self,
         kind: u8,
         req: &Req,
+        values: &[Bytes],
         option: &RPCOption,
     ) -> Result<Resp, RpcErr<E>>
     where
         E: std::error::Error + DeserializeOwned,
     {
-        let body = bincode::serialize(req).map_err(|e| RPCError::Network(NetworkError::new(&e)))?;
+        let body =
+            encode_chunks(req, values).map_err(|e| RPCError::Network(NetworkError::new(&e)))?;
         let reply = self
             .peers
             .call(
@@ -219,7 +237,8 @@ impl RaftNetwork<TypeConfig> for NetClient {
         rpc: AppendEntriesRequest<TypeConfig>,
         option: RPCOption,
     ) -> Result<AppendEntriesResponse<u64>, RpcErr<openraft::error::Infallible>> {
-        self.rpc(kind::APPEND, &rpc, &option).await
+        let values = large_values(&rpc.entries);
+        self.rpc(kind::APPEND, &rpc, &values, &option).await
     }
 
     async fn install_snapshot(
@@ -227,7 +246,7 @@ impl RaftNetwork<TypeConfig> for NetClient {
         rpc: InstallSnapshotRequest<TypeConfig>,
         option: RPCOption,
     ) -> Result<InstallSnapshotResponse<u64>, RpcErr<InstallSnapshotError>> {
-        self.rpc(kind::SNAPSHOT, &rpc, &option).await
+        self.rpc(kind::SNAPSHOT, &rpc, &[], &option).await
     }
 
     async fn vote(
@@ -235,7 +254,7 @@ impl RaftNetwork<TypeConfig> for NetClient {
         rpc: VoteRequest<u64>,
         option: RPCOption,
     ) -> Result<VoteResponse<u64>, RpcErr<openraft::error::Infallible>> {
-        self.rpc(kind::VOTE, &rpc, &option).await
+        self.rpc(kind::VOTE, &rpc, &[], &option).await
     }
 
     fn backoff(&self) -> openraft::network::Backoff {

@@ -521,6 +521,7 @@ impl Conn {
                     group,
                     kind,
                     body,
+                    ..
                 },
                 _,
             ) => self.defer(rid, no_reply, async move {

@@ -240,11 +240,15 @@ pub enum Request {
     },
     /// Node to node: a consensus message for replication group `group`,
     /// sent by node `from` (`kind` says which; `body` is its encoding).
+    /// A sender may split the encoding: `more` goes out right after
+    /// `body`, each chunk by reference (large values are not copied into
+    /// one buffer); the receiver gets it all as one `body`, `more` empty.
     Raft {
         from: u32,
         group: u64,
         kind: u8,
         body: Bytes,
+        more: Vec<Bytes>,
     },
     /// Cluster administration and status (a JSON command).
     Cluster {
@@ -307,15 +311,29 @@ fn frame(
     value: Option<&Bytes>,
     meta: impl FnOnce(&mut MetaWriter),
 ) {
+    frame_parts(out, opcode, flags, request_id, value, &[], meta)
+}
+
+/// [`frame`] whose value is `value` followed by the chunks `more`, each
+/// queued by reference when large.
+fn frame_parts(
+    out: &mut OutQueue,
+    opcode: u8,
+    flags: u8,
+    request_id: u64,
+    value: Option<&Bytes>,
+    more: &[Bytes],
+    meta: impl FnOnce(&mut MetaWriter),
+) {
     let buf = out.buf();
     let start = buf.len();
     write_header(buf, opcode, flags, request_id, 0, 0);
     meta(&mut MetaWriter(buf));
     let meta_len = buf.len() - start - HEADER_LEN;
-    let value_len = value.map_or(0, |v| v.len());
+    let value_len = value.map_or(0, |v| v.len()) + more.iter().map(Bytes::len).sum::<usize>();
     buf[start + 4..start + 8].copy_from_slice(&(meta_len as u32).to_le_bytes());
     buf[start + 8..start + 12].copy_from_slice(&(value_len as u32).to_le_bytes());
-    if let Some(v) = value {
+    for v in value.into_iter().chain(more) {
         out.push_value(v);
     }
 }
@@ -564,7 +582,8 @@ impl Request {
                 group,
                 kind,
                 body,
-            } => frame(out, opc, flags, request_id, Some(body), |w| {
+                more,
+            } => frame_parts(out, opc, flags, request_id, Some(body), more, |w| {
                 w.u32(*from).u64(*group).u8(*kind);
             }),
             Request::Cluster { command } => frame(out, opc, flags, request_id, None, |w| {
@@ -701,6 +720,7 @@ impl Request {
                 group: r.u64()?,
                 kind: r.u8()?,
                 body: f.value,
+                more: Vec::new(),
             },
             op::CLUSTER => Request::Cluster { command: r.str()? },
             op::GET_BY_TIME => Request::GetByTime {

@@ -160,7 +160,8 @@ fn arb_request() -> impl Strategy<Value = Request> {
                 from,
                 group,
                 kind,
-                body
+                body,
+                more: Vec::new(),
             }
         ),
         ".{0,64}".prop_map(|command| Request::Cluster { command }),

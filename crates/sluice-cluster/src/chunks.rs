@@ -1,0 +1,201 @@
+//! Encoding consensus messages and log records without copying large
+//! values: bincode writes through [`ChunkWriter`], which copies the small
+//! parts into one buffer but, when bincode writes exactly one of the
+//! values it was told about (same address, same length), records a
+//! reference to that value's `Bytes` instead. The parts, in order, are the
+//! same bytes `bincode::serialize` would give; they go out with vectored
+//! writes (a socket, a segment file).
+
+use bytes::Bytes;
+use std::io::IoSlice;
+use std::ops::Range;
+
+/// Values at least this large are referenced, not copied.
+pub const BY_REFERENCE: usize = 16 * 1024;
+
+/// One piece of an encoding.
+#[derive(Debug)]
+pub enum Part {
+    /// A range of the writer's buffer.
+    Own(Range<usize>),
+    /// A value, by reference.
+    Ref(Bytes),
+}
+
+/// A `std::io::Write` sink for bincode (see the module docs).
+pub struct ChunkWriter<'a> {
+    values: &'a [Bytes],
+    pub buf: &'a mut Vec<u8>,
+    pub parts: Vec<Part>,
+    mark: usize,
+}
+
+impl<'a> ChunkWriter<'a> {
+    /// Appends to `buf` (which may hold earlier parts already).
+    pub fn new(buf: &'a mut Vec<u8>, values: &'a [Bytes]) -> Self {
+        let mark = buf.len();
+        ChunkWriter {
+            values,
+            buf,
+            parts: Vec::new(),
+            mark,
+        }
+    }
+
+    /// Seals the bytes copied since the last reference as a part.
+    fn seal(&mut self) {
+        if self.buf.len() > self.mark {
+            self.parts.push(Part::Own(self.mark..self.buf.len()));
+            self.mark = self.buf.len();
+        }
+    }
+
+    /// Everything written so far, as parts.
+    pub fn finish(mut self) -> Vec<Part> {
+        self.seal();
+        self.parts
+    }
+}
+
+impl std::io::Write for ChunkWriter<'_> {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.write_all(buf)?;
+        Ok(buf.len())
+    }
+
+    fn write_all(&mut self, data: &[u8]) -> std::io::Result<()> {
+        if data.len() >= BY_REFERENCE {
+            if let Some(v) = self
+                .values
+                .iter()
+                .find(|v| v.as_ptr() == data.as_ptr() && v.len() == data.len())
+            {
+                self.seal();
+                self.parts.push(Part::Ref(v.clone()));
+                return Ok(());
+            }
+        }
+        self.buf.extend_from_slice(data);
+        Ok(())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// The slices of `parts` (ranges of `buf`).
+pub fn io_slices<'a>(buf: &'a [u8], parts: &'a [Part]) -> Vec<IoSlice<'a>> {
+    parts
+        .iter()
+        .map(|p| match p {
+            Part::Own(r) => IoSlice::new(&buf[r.clone()]),
+            Part::Ref(b) => IoSlice::new(b),
+        })
+        .collect()
+}
+
+/// The parts as `Bytes` (the buffer becomes one shared allocation).
+pub fn into_bytes(buf: Vec<u8>, parts: Vec<Part>) -> Vec<Bytes> {
+    let buf = Bytes::from(buf);
+    parts
+        .into_iter()
+        .map(|p| match p {
+            Part::Own(r) => buf.slice(r),
+            Part::Ref(b) => b,
+        })
+        .collect()
+}
+
+/// Writes every slice, however the writer splits them.
+pub fn write_all_vectored(
+    w: &mut impl std::io::Write,
+    mut slices: &mut [IoSlice<'_>],
+) -> std::io::Result<()> {
+    while !slices.is_empty() {
+        match w.write_vectored(slices) {
+            Ok(0) => return Err(std::io::ErrorKind::WriteZero.into()),
+            Ok(n) => IoSlice::advance_slices(&mut slices, n),
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
+}
+
+/// The large values an entry carries.
+pub fn large_values<'e>(entries: impl IntoIterator<Item = &'e crate::types::Entry>) -> Vec<Bytes> {
+    entries
+        .into_iter()
+        .filter_map(|e| match &e.payload {
+            openraft::EntryPayload::Normal(crate::types::Command::Write {
+                value: Some(v), ..
+            }) if v.len() >= BY_REFERENCE => Some(v.clone()),
+            _ => None,
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::types::{Command, Entry};
+    use openraft::{CommittedLeaderId, EntryPayload, LogId};
+
+    fn put(i: u64, size: usize) -> Entry {
+        Entry {
+            log_id: LogId::new(CommittedLeaderId::new(1, 1), i),
+            payload: EntryPayload::Normal(Command::Write {
+                key: format!("/vol/{i}"),
+                value: Some(Bytes::from(vec![i as u8; size])),
+                expected: None,
+                timestamp_us: i,
+                req_id: None,
+                trace: None,
+            }),
+        }
+    }
+
+    #[test]
+    fn parts_are_the_bincode_bytes_and_large_values_are_not_copied() {
+        let entries = vec![put(1, 100), put(2, 1 << 20), put(3, 10), put(4, 64 << 10)];
+        let values = large_values(&entries);
+        assert_eq!(values.len(), 2);
+        let mut buf = Vec::new();
+        let mut w = ChunkWriter::new(&mut buf, &values);
+        bincode::serialize_into(&mut w, &entries).unwrap();
+        let parts = w.finish();
+        let refs: Vec<&Bytes> = parts
+            .iter()
+            .filter_map(|p| match p {
+                Part::Ref(b) => Some(b),
+                Part::Own(_) => None,
+            })
+            .collect();
+        assert_eq!(refs.len(), 2);
+        assert_eq!(refs[0].as_ptr(), values[0].as_ptr(), "the same allocation");
+        assert!(buf.len() < 4096, "only the small parts were copied");
+        let joined: Vec<u8> = into_bytes(buf, parts).concat();
+        assert_eq!(joined, bincode::serialize(&entries).unwrap());
+    }
+
+    #[test]
+    fn vectored_writes_survive_short_writes() {
+        struct Dribble(Vec<u8>);
+        impl std::io::Write for Dribble {
+            fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+                let n = b.len().min(3);
+                self.0.extend_from_slice(&b[..n]);
+                Ok(n)
+            }
+            fn flush(&mut self) -> std::io::Result<()> {
+                Ok(())
+            }
+        }
+        let (a, b) = (b"hello ".to_vec(), b"world".to_vec());
+        let mut sl = [IoSlice::new(&a), IoSlice::new(&b)];
+        let mut d = Dribble(Vec::new());
+        write_all_vectored(&mut d, &mut sl).unwrap();
+        assert_eq!(d.0, b"hello world");
+    }
+}
