@@ -70,10 +70,12 @@ struct Disk {
     bytes: u64,
 }
 
-/// Purged segment files kept for reuse: enough for the log a snapshot
-/// lets go at the default `snapshot_bytes` (256 MiB), so a busy group
-/// writes into pages its files already have.
-const FREE_SEGMENTS: usize = 9;
+/// Purged segment files kept for reuse: enough for what one purge lets go
+/// at the default `snapshot_bytes` (256 MiB; the log grows on while the
+/// snapshot is built, to about twice that), so a busy group writes into
+/// pages its files already have. The files are the group's peak log size,
+/// held rather than handed back and allocated again.
+const FREE_SEGMENTS: usize = 16;
 
 /// Bytes of the newest entries kept in memory (at least one entry).
 const MEM_TAIL_BYTES: u64 = 16 << 20;
