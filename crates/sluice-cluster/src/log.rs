@@ -798,8 +798,12 @@ mod tests {
             assert_eq!(e.log_id, want.log_id);
             match (&e.payload, &want.payload) {
                 (
-                    EntryPayload::Normal(Command::Write { value: a, key: ka, .. }),
-                    EntryPayload::Normal(Command::Write { value: b, key: kb, .. }),
+                    EntryPayload::Normal(Command::Write {
+                        value: a, key: ka, ..
+                    }),
+                    EntryPayload::Normal(Command::Write {
+                        value: b, key: kb, ..
+                    }),
                 ) => assert!(a == b && ka == kb, "entry {} read back intact", i + 1),
                 _ => panic!("not a write"),
             }
@@ -853,7 +857,10 @@ mod tests {
         assert_eq!(got.len(), 1, "3 MiB + 3 MiB exceeds the budget");
         let mut small = LogStore::default();
         for i in 1..=10 {
-            small.inner.lock().apply(Record::Entry(entry(1, i, 10)), None);
+            small
+                .inner
+                .lock()
+                .apply(Record::Entry(entry(1, i, 10)), None);
         }
         assert_eq!(
             rt.block_on(small.limited_get_log_entries(1, 11))

@@ -106,6 +106,26 @@ pub struct Sm {
     save_lock: Arc<Mutex<()>>,
 }
 
+/// Writes the bytes of `bincode::serialize(&(meta, data))` (a
+/// length-prefixed byte string after the meta) from `data` itself, not
+/// from a second copy of a possibly large snapshot.
+fn write_snapshot_file(
+    path: &std::path::Path,
+    meta: &SnapshotMeta,
+    data: &[u8],
+    sync: bool,
+) -> std::io::Result<()> {
+    let mut head = bincode::serialize(meta).map_err(std::io::Error::other)?;
+    head.extend_from_slice(&(data.len() as u64).to_le_bytes());
+    let mut f = std::fs::File::create(path)?;
+    let mut slices = [std::io::IoSlice::new(&head), std::io::IoSlice::new(data)];
+    crate::chunks::write_all_vectored(&mut f, &mut slices)?;
+    if sync {
+        f.sync_all()?;
+    }
+    Ok(())
+}
+
 fn sm_err(e: impl std::fmt::Display) -> StorageError {
     StorageIOError::write_state_machine(openraft::AnyError::error(e.to_string())).into()
 }
@@ -185,14 +205,8 @@ impl Sm {
     fn save(&self, meta: &SnapshotMeta, data: &[u8]) -> Result<(), StorageError> {
         let Some(d) = &self.dir else { return Ok(()) };
         std::fs::create_dir_all(d).map_err(sm_err)?;
-        let bytes = bincode::serialize(&(meta, data)).map_err(sm_err)?;
         let tmp = d.join("snapshot.tmp");
-        std::fs::write(&tmp, &bytes).map_err(sm_err)?;
-        if self.sync {
-            std::fs::File::open(&tmp)
-                .and_then(|f| f.sync_all())
-                .map_err(sm_err)?;
-        }
+        write_snapshot_file(&tmp, meta, data, self.sync).map_err(sm_err)?;
         std::fs::rename(&tmp, d.join("snapshot")).map_err(sm_err)?;
         Ok(())
     }
@@ -450,5 +464,27 @@ impl RaftStateMachine<TypeConfig> for Sm {
             meta: meta.clone(),
             snapshot: Box::new(Cursor::new(data.as_ref().clone())),
         }))
+    }
+}
+
+#[cfg(test)]
+mod file_tests {
+    use super::*;
+
+    #[test]
+    fn the_snapshot_file_is_the_bincode_of_meta_and_data() {
+        let d = tempfile::tempdir().unwrap();
+        let meta = SnapshotMeta {
+            last_log_id: Some(LogId::new(openraft::CommittedLeaderId::new(2, 1), 42)),
+            last_membership: StoredMembership::default(),
+            snapshot_id: "g-42-1".into(),
+        };
+        let data: Vec<u8> = (0..100_000u32).map(|i| i as u8).collect();
+        let path = d.path().join("snapshot");
+        write_snapshot_file(&path, &meta, &data, true).unwrap();
+        let bytes = std::fs::read(&path).unwrap();
+        assert_eq!(bytes, bincode::serialize(&(&meta, &data[..])).unwrap());
+        let (m, back): (SnapshotMeta, Vec<u8>) = bincode::deserialize(&bytes).unwrap();
+        assert_eq!((m, back), (meta, data));
     }
 }

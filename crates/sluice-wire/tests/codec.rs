@@ -630,3 +630,32 @@ fn the_servers_reply_queue_sends_values_by_reference() {
     .encode(&mut c, 1, 0);
     assert_eq!(c.io_slices(&mut slots), 1);
 }
+
+/// A consensus message sent in chunks (large values by reference)
+/// arrives as one body holding the chunks back to back.
+#[test]
+fn raft_message_chunks_arrive_as_one_body() {
+    let big = Bytes::from(vec![7u8; 100_000]);
+    let r = Request::Raft {
+        from: 2,
+        group: 9,
+        kind: 1,
+        body: Bytes::from_static(b"head"),
+        more: vec![big.clone(), Bytes::from_static(b"tail")],
+    };
+    match roundtrip_req(&r, 5) {
+        Request::Raft {
+            from,
+            group,
+            kind,
+            body,
+            more,
+        } => {
+            assert_eq!((from, group, kind), (2, 9, 1));
+            assert!(more.is_empty());
+            let want = [&b"head"[..], &big[..], &b"tail"[..]].concat();
+            assert_eq!(&body[..], &want[..]);
+        }
+        other => panic!("decoded as {other:?}"),
+    }
+}
