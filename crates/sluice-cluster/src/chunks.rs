@@ -123,16 +123,25 @@ pub fn write_all_vectored(
     Ok(())
 }
 
-/// The large values an entry carries.
+/// The value of a write entry, when it is large enough to be referenced.
+pub fn large_value(e: &crate::types::Entry) -> Option<&Bytes> {
+    match &e.payload {
+        openraft::EntryPayload::Normal(crate::types::Command::Write { value: Some(v), .. })
+            if v.len() >= BY_REFERENCE =>
+        {
+            Some(v)
+        }
+        _ => None,
+    }
+}
+
+/// The large values of `entries`, in order (what [`ChunkWriter`] looks
+/// for; a replication batch is bounded by bytes, so the list is short).
 pub fn large_values<'e>(entries: impl IntoIterator<Item = &'e crate::types::Entry>) -> Vec<Bytes> {
     entries
         .into_iter()
-        .filter_map(|e| match &e.payload {
-            openraft::EntryPayload::Normal(crate::types::Command::Write {
-                value: Some(v), ..
-            }) if v.len() >= BY_REFERENCE => Some(v.clone()),
-            _ => None,
-        })
+        .filter_map(large_value)
+        .cloned()
         .collect()
 }
 

@@ -22,8 +22,9 @@
 //! the process being killed but not the machine losing power. Volatile
 //! shards use `false`, in a RAM-backed directory (see `ClusterSettings`).
 
-use crate::chunks::{io_slices, large_values, write_all_vectored, ChunkWriter, Part};
+use crate::chunks::{io_slices, large_value, write_all_vectored, ChunkWriter, Part};
 use crate::types::{Entry, LogId, StorageError, TypeConfig, Vote};
+use bytes::Bytes;
 use openraft::storage::{LogFlushed, RaftLogStorage};
 use openraft::{LogState, RaftLogReader, StorageIOError};
 use parking_lot::Mutex;
@@ -137,24 +138,47 @@ fn checksum(seq: u64, body: &[u8]) -> u32 {
     crc32c::crc32c_append(crc32c::crc32c(&seq.to_le_bytes()), body)
 }
 
-fn encode(rec: &Record, buf: &mut Vec<u8>, seq: u64) -> Result<(), StorageError> {
-    encode_at(rec, buf, seq).map(|_| ())
+/// Appends one record, `len | crc32c | bincode`, to `buf` and `parts`:
+/// copied into `buf` except `values` (large values it holds), which are
+/// referenced. Returns the body length.
+fn encode_parts(
+    rec: &Record,
+    values: &[Bytes],
+    seq: u64,
+    buf: &mut Vec<u8>,
+    parts: &mut Vec<Part>,
+) -> Result<u32, StorageError> {
+    // Header placeholder, then the body.
+    let start = buf.len();
+    let mut w = ChunkWriter::new(buf, values);
+    w.buf.extend_from_slice(&[0u8; 8]);
+    bincode::serialize_into(&mut w, rec).map_err(io_err)?;
+    let rparts = w.finish();
+    let mut crc = crc32c::crc32c(&seq.to_le_bytes());
+    let mut len = 0usize;
+    for p in &rparts {
+        let bytes: &[u8] = match p {
+            Part::Own(rg) => &buf[rg.start.max(start + 8)..rg.end],
+            Part::Ref(v) => v,
+        };
+        crc = crc32c::crc32c_append(crc, bytes);
+        len += bytes.len();
+    }
+    buf[start..start + 4].copy_from_slice(&(len as u32).to_le_bytes());
+    buf[start + 4..start + 8].copy_from_slice(&crc.to_le_bytes());
+    for p in rparts {
+        match (parts.last_mut(), p) {
+            // Adjacent copies: one slice.
+            (Some(Part::Own(prev)), Part::Own(rg)) if prev.end == rg.start => prev.end = rg.end,
+            (_, p) => parts.push(p),
+        }
+    }
+    Ok(len as u32)
 }
 
-/// Appends one record to `buf`; returns its body length.
-fn encode_at(rec: &Record, buf: &mut Vec<u8>, seq: u64) -> Result<u32, StorageError> {
-    let start = buf.len();
-    // One exact allocation: no regrowth copies of large values.
-    let size = bincode::serialized_size(rec).map_err(io_err)?;
-    buf.reserve(8 + size as usize);
-    buf.extend_from_slice(&[0u8; 8]);
-    bincode::serialize_into(&mut *buf, rec).map_err(io_err)?;
-    let body = &buf[start + 8..];
-    let len = body.len() as u32;
-    let crc = checksum(seq, body);
-    buf[start..start + 4].copy_from_slice(&len.to_le_bytes());
-    buf[start + 4..start + 8].copy_from_slice(&crc.to_le_bytes());
-    Ok(len)
+/// Appends one small record (no value referenced) to `buf`.
+fn encode(rec: &Record, buf: &mut Vec<u8>, seq: u64) -> Result<(), StorageError> {
+    encode_parts(rec, &[], seq, buf, &mut Vec::new()).map(|_| ())
 }
 
 /// Decodes the records of one segment; returns them with their
@@ -303,40 +327,14 @@ impl Inner {
         let mut offset = d.bytes;
         for r in recs {
             let values = match r {
-                Record::Entry(e) => large_values([e]),
-                _ => Vec::new(),
+                Record::Entry(e) => large_value(e).map(std::slice::from_ref),
+                _ => None,
             };
-            // Header placeholder, then the body; large values by reference.
-            let start = buf.len();
-            let mut w = ChunkWriter::new(&mut buf, &values);
-            w.buf.extend_from_slice(&[0u8; 8]);
-            bincode::serialize_into(&mut w, r).map_err(io_err)?;
-            let rparts = w.finish();
-            let mut crc = crc32c::crc32c(&d.seq.to_le_bytes());
-            let mut len = 0usize;
-            for p in &rparts {
-                let bytes: &[u8] = match p {
-                    Part::Own(rg) => &buf[rg.start.max(start + 8)..rg.end],
-                    Part::Ref(v) => v,
-                };
-                crc = crc32c::crc32c_append(crc, bytes);
-                len += bytes.len();
-            }
-            buf[start..start + 4].copy_from_slice(&(len as u32).to_le_bytes());
-            buf[start + 4..start + 8].copy_from_slice(&crc.to_le_bytes());
-            for p in rparts {
-                match (parts.last_mut(), p) {
-                    // Adjacent copies: one slice.
-                    (Some(Part::Own(prev)), Part::Own(rg)) if prev.end == rg.start => {
-                        prev.end = rg.end
-                    }
-                    (_, p) => parts.push(p),
-                }
-            }
+            let len = encode_parts(r, values.unwrap_or_default(), d.seq, &mut buf, &mut parts)?;
             locs.push(Loc {
                 seq: d.seq,
                 offset,
-                len: len as u32,
+                len,
             });
             offset += 8 + len as u64;
             if let Record::Entry(e) = r {
@@ -562,9 +560,8 @@ impl RaftLogReader<TypeConfig> for LogStore {
         range: RB,
     ) -> Result<Vec<Entry>, StorageError> {
         let g = self.inner.lock();
-        let idx: Vec<u64> = g.index.range(range).map(|(i, _)| *i).collect();
-        let mut out = Vec::with_capacity(idx.len());
-        for i in idx {
+        let mut out = Vec::new();
+        for i in g.index.range(range).map(|(i, _)| *i) {
             out.extend(g.entry(i)?);
         }
         Ok(out)
@@ -811,6 +808,36 @@ mod tests {
         // A batch for a lagging follower starts on disk.
         let batch = rt.block_on(r.limited_get_log_entries(3, 61)).unwrap();
         assert_eq!(batch.first().map(|e| e.log_id.index), Some(3));
+    }
+
+    #[test]
+    fn an_evicted_entry_that_fails_its_checksum_is_an_error_naming_the_file() {
+        let d = tempfile::tempdir().unwrap();
+        let s = LogStore::open(d.path(), false).unwrap();
+        append(
+            &mut s.inner.lock(),
+            (1..=30).map(|i| entry(1, i, 1 << 20)).collect(),
+        );
+        let loc = {
+            let g = s.inner.lock();
+            assert!(!g.entries.contains_key(&1), "entry 1 left memory");
+            g.index[&1].loc.unwrap()
+        };
+        let seg = seg_path(d.path(), loc.seq);
+        let mut data = std::fs::read(&seg).unwrap();
+        data[loc.offset as usize + 100] ^= 0xff;
+        std::fs::write(&seg, &data).unwrap();
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        let mut r = s.clone();
+        let e = rt.block_on(r.try_get_log_entries(1..=2)).err().unwrap();
+        assert!(e.to_string().contains("seg-00000001.log"), "{e}");
+        // Entries still in memory are unaffected.
+        assert_eq!(
+            rt.block_on(r.try_get_log_entries(30..=30)).unwrap().len(),
+            1
+        );
     }
 
     #[test]

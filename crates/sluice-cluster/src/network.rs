@@ -127,17 +127,18 @@ impl Peers {
         self.conn(target, addr).await?.call(req, timeout).await
     }
 
-    /// Sends one consensus message and returns the peer's reply body.
+    /// Sends one consensus message (its encoding in chunks, sent back to
+    /// back) and returns the peer's reply body.
     pub async fn call(
         &self,
         target: u32,
         addr: &str,
         group: u64,
         kind: u8,
-        body: Chunks,
+        body: Vec<Bytes>,
         timeout: Duration,
     ) -> Result<Bytes, SluiceError> {
-        let mut parts = body.0.into_iter();
+        let mut parts = body.into_iter();
         let req = Request::Raft {
             from: self.me,
             group,
@@ -182,17 +183,14 @@ impl RaftNetworkFactory<TypeConfig> for NetFactory {
 
 type RpcErr<E> = RPCError<u64, BasicNode, RaftError<u64, E>>;
 
-/// An encoded consensus message as a list of chunks, sent back to back.
-pub struct Chunks(Vec<Bytes>);
-
 /// Encodes `msg` with bincode; the `values` it contains (by reference)
 /// become chunks of their own, sent without being copied.
-fn encode_chunks<T: Serialize>(msg: &T, values: &[Bytes]) -> bincode::Result<Chunks> {
+fn encode_chunks<T: Serialize>(msg: &T, values: &[Bytes]) -> bincode::Result<Vec<Bytes>> {
     let mut buf = Vec::new();
     let mut w = ChunkWriter::new(&mut buf, values);
     bincode::serialize_into(&mut w, msg)?;
     let parts = w.finish();
-    Ok(Chunks(crate::chunks::into_bytes(buf, parts)))
+    Ok(crate::chunks::into_bytes(buf, parts))
 }
 
 impl NetClient {
