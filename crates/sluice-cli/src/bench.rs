@@ -55,6 +55,16 @@ pub struct PersistentArgs {
     /// Size of the log written for the recovery measurement, in MiB.
     #[arg(long, default_value_t = 1024)]
     recovery_mib: u64,
+    /// Shard sizes: 1 is a standalone node (every sync policy), 3 a
+    /// cluster of three node processes replicating one persistent shard.
+    #[arg(long, value_delimiter = ',', default_value = "1,3")]
+    shard_sizes: Vec<u32>,
+    /// Skip the 3-member etcd comparison.
+    #[arg(long)]
+    no_etcd: bool,
+    /// Tokio worker threads per cluster node (0: one per core).
+    #[arg(long, default_value_t = 0)]
+    node_threads: usize,
 }
 
 #[derive(clap::Args, Clone)]
@@ -1230,10 +1240,56 @@ fn persistent_node(dir: &std::path::Path, sync: &str) -> Result<ChildNode> {
     ChildNode::start_in(dir.join("data"), &["--config", &cfg])
 }
 
+/// Put latency (one client) and throughput (`a.clients` clients, each
+/// with its own connections to `addr`) at every size, as rows of `target`.
+async fn put_phases(
+    rows: &mut Vec<Row>,
+    target: &str,
+    addr: &str,
+    c: &Client,
+    a: &PersistentArgs,
+    dur: Duration,
+) -> Result<()> {
+    for &size in &a.sizes {
+        let mk = |prefix: String, client: Client| SluiceOp {
+            client,
+            op: "put",
+            value: Bytes::from(vec![b'd'; size]),
+            prefix,
+        };
+        let (h, el, e) = closed_loop(
+            vec![mk(format!("/p/{target}/lat/{size}"), c.clone())],
+            dur,
+            format!("persistent put {} {target} c=1", fmt_size(size)),
+        )
+        .await;
+        rows.push(row(target, "put", size, "closed", 1, (&h, el, e)));
+        let mut ws = Vec::new();
+        for i in 0..a.clients {
+            ws.push(mk(
+                format!("/p/{target}/tput/{size}/{i}"),
+                Client::connect(addr).await?,
+            ));
+        }
+        let (h, el, e) = closed_loop(
+            ws,
+            dur,
+            format!("persistent put {} {target} c={}", fmt_size(size), a.clients),
+        )
+        .await;
+        rows.push(row(target, "put", size, "closed", a.clients, (&h, el, e)));
+    }
+    Ok(())
+}
+
 /// A client of the node at `addr`, with the persistent pool `/p` created.
 async fn client_with_persistent_pool(addr: &str) -> Result<Client> {
+    create_persistent_pool(Client::connect(addr).await?).await
+}
+
+/// Creates the persistent pool `/p` through `c`.
+async fn create_persistent_pool(c: Client) -> Result<Client> {
     use sluice_client::{PoolSpec, PoolType};
-    let c = Client::connect(addr).await?;
     c.create_pool(PoolSpec {
         pathname: "/p".into(),
         pool_type: Some(PoolType::Persistent),
@@ -1255,59 +1311,18 @@ fn persistent_bench(a: PersistentArgs, json: bool) -> Result<()> {
         .build()?;
     let mut rows: Vec<Row> = Vec::new();
     let mut time_rows = Vec::new();
-    for sync in ["always", "batch", "never"] {
+    let single = if a.shard_sizes.contains(&1) {
+        &["always", "batch", "never"][..]
+    } else {
+        &[]
+    };
+    for &sync in single {
         let dir = base.join(sync);
         let node = persistent_node(&dir, sync)?;
         let addr = node.addr.clone();
         rt.block_on(async {
             let c = client_with_persistent_pool(&addr).await?;
-            for &size in &a.sizes {
-                let mk = |prefix: String, client: Client| SluiceOp {
-                    client,
-                    op: "put",
-                    value: Bytes::from(vec![b'd'; size]),
-                    prefix,
-                };
-                let (h, el, e) = closed_loop(
-                    vec![mk(format!("/p/{sync}/lat/{size}"), c.clone())],
-                    dur,
-                    format!("persistent put {} sync={sync} c=1", fmt_size(size)),
-                )
-                .await;
-                rows.push(row(
-                    &format!("sluice/{sync}"),
-                    "put",
-                    size,
-                    "closed",
-                    1,
-                    (&h, el, e),
-                ));
-                let mut ws = Vec::new();
-                for i in 0..a.clients {
-                    ws.push(mk(
-                        format!("/p/{sync}/tput/{size}/{i}"),
-                        Client::connect(&addr).await?,
-                    ));
-                }
-                let (h, el, e) = closed_loop(
-                    ws,
-                    dur,
-                    format!(
-                        "persistent put {} sync={sync} c={}",
-                        fmt_size(size),
-                        a.clients
-                    ),
-                )
-                .await;
-                rows.push(row(
-                    &format!("sluice/{sync}"),
-                    "put",
-                    size,
-                    "closed",
-                    a.clients,
-                    (&h, el, e),
-                ));
-            }
+            put_phases(&mut rows, &format!("sluice/{sync}"), &addr, &c, &a, dur).await?;
             if sync == "always" {
                 // Time reads: a key written every 5 ms for 11 s, then reads
                 // at 100 ms, 1 s and 10 s in the past.
@@ -1344,6 +1359,65 @@ fn persistent_bench(a: PersistentArgs, json: bool) -> Result<()> {
             Ok::<_, anyhow::Error>(())
         })?;
         drop(node);
+    }
+    if a.shard_sizes.contains(&3) {
+        eprintln!("shard of 3: starting 3 node processes (persistent shard, sync = always)");
+        let procs = crate::bench_cluster::Procs::start_with(3, a.node_threads, Some("always"))?;
+        let addr = procs.addrs[0].clone();
+        rt.block_on(async {
+            let c = crate::bench_cluster::connect(&addr, Duration::from_secs(10)).await?;
+            let c = create_persistent_pool(c).await?;
+            let deadline = Instant::now() + Duration::from_secs(30);
+            while let Err(e) = c.put("/p/ready", "x").await {
+                if Instant::now() > deadline {
+                    anyhow::bail!("the persistent shard took no put within 30 s: {e}");
+                }
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            put_phases(&mut rows, "sluice-r3", &addr, &c, &a, dur).await
+        })?;
+        drop(procs);
+    }
+    if !a.no_etcd {
+        eprintln!("etcd: starting a 3-member cluster");
+        let etcd = crate::bench_etcd::start_etcd(base.join("etcd"))?;
+        rt.block_on(async {
+            let leader = etcd.leader().await?;
+            for &size in &a.sizes {
+                let op = crate::bench_etcd::EtcdOp::connect(&leader, &format!("/lat/{size}"), size)
+                    .await?;
+                let r =
+                    closed_loop(vec![op], dur, format!("etcd put {} c=1", fmt_size(size))).await;
+                rows.push(row("etcd-r3", "put", size, "closed", 1, (&r.0, r.1, r.2)));
+                let mut ws = Vec::new();
+                for i in 0..a.clients {
+                    ws.push(
+                        crate::bench_etcd::EtcdOp::connect(
+                            &leader,
+                            &format!("/tput/{size}/{i}"),
+                            size,
+                        )
+                        .await?,
+                    );
+                }
+                let r = closed_loop(
+                    ws,
+                    dur,
+                    format!("etcd put {} c={}", fmt_size(size), a.clients),
+                )
+                .await;
+                rows.push(row(
+                    "etcd-r3",
+                    "put",
+                    size,
+                    "closed",
+                    a.clients,
+                    (&r.0, r.1, r.2),
+                ));
+            }
+            Ok::<_, anyhow::Error>(())
+        })?;
+        drop(etcd);
     }
     // Recovery: a log of `recovery_mib` MiB of 1 MiB values, then a restart.
     let recovery = {
@@ -1402,6 +1476,34 @@ fn persistent_bench(a: PersistentArgs, json: bool) -> Result<()> {
             "1 MiB fsync'd put throughput = {:.0}% of the disk's fsync'd sequential bandwidth",
             100.0 * r.ops_per_s / disk
         );
+    }
+    let find = |t: &str, size: usize, c: usize| {
+        rows.iter()
+            .find(|r| r.target == t && r.size == size && r.clients == c)
+    };
+    for &size in &a.sizes {
+        if let (Some(s), Some(e)) = (find("sluice-r3", size, 1), find("etcd-r3", size, 1)) {
+            println!(
+                "3-replica persistent put {} p50: sluice {:.1} µs / etcd {:.1} µs = {:.2}x (target <= 1x at 10 KB)",
+                fmt_size(size),
+                s.p50_us,
+                e.p50_us,
+                s.p50_us / e.p50_us
+            );
+        }
+        if let (Some(s), Some(e)) = (
+            find("sluice-r3", size, a.clients),
+            find("etcd-r3", size, a.clients),
+        ) {
+            println!(
+                "3-replica persistent put {} c={}: throughput {:.0} / {:.0} ops/s = {:.2}x etcd (target >= 2x)",
+                fmt_size(size),
+                a.clients,
+                s.ops_per_s,
+                e.ops_per_s,
+                s.ops_per_s / e.ops_per_s
+            );
+        }
     }
     for t in &time_rows {
         println!(

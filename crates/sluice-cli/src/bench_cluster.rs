@@ -46,21 +46,32 @@ pub struct ClusterBenchArgs {
 }
 
 /// A local cluster of `sluice serve` processes, killed on drop.
-struct Procs {
+pub(crate) struct Procs {
     dir: PathBuf,
     /// Volatile shards' logs (RAM-backed when /dev/shm exists), removed on drop.
     shm: PathBuf,
     layout: PathBuf,
-    addrs: Vec<String>,
+    pub(crate) addrs: Vec<String>,
     children: Vec<Option<Child>>,
 }
 
-fn free_port() -> Result<u16> {
+pub(crate) fn free_port() -> Result<u16> {
     Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
 }
 
 impl Procs {
     fn start(n: u32, threads: usize) -> Result<Procs> {
+        Procs::start_with(n, threads, None)
+    }
+
+    /// `n` nodes, one volatile and one trigger shard on all of them; with
+    /// `persistent_sync`, also one persistent shard (its consensus log on
+    /// the disk under the temporary directory, synced per that policy).
+    pub(crate) fn start_with(
+        n: u32,
+        threads: usize,
+        persistent_sync: Option<&str>,
+    ) -> Result<Procs> {
         let dir =
             std::env::temp_dir().join(format!("sluice-bench-cluster-{}-{n}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
@@ -77,6 +88,12 @@ impl Procs {
             "[[subgroups.volatile]]\nshards = [[{m}]]\n[[subgroups.trigger]]\nshards = [[{m}]]\n",
             m = members.join(", ")
         ));
+        if persistent_sync.is_some() {
+            text.push_str(&format!(
+                "[[subgroups.persistent]]\nshards = [[{}]]\n",
+                members.join(", ")
+            ));
+        }
         let layout = dir.join("layout.toml");
         std::fs::write(&layout, text)?;
         let shm = if std::path::Path::new("/dev/shm").is_dir() {
@@ -88,7 +105,8 @@ impl Procs {
             std::fs::write(
                 dir.join(format!("node-{i}.toml")),
                 format!(
-                    "worker_threads = {threads}\n[cluster]\nvolatile_dir = \"{}\"\n",
+                    "worker_threads = {threads}\n[persistent]\nsync = \"{}\"\n[cluster]\nvolatile_dir = \"{}\"\n",
+                    persistent_sync.unwrap_or("always"),
                     shm.join(format!("node-{i}")).display()
                 ),
             )?;
@@ -152,7 +170,7 @@ impl Drop for Procs {
     }
 }
 
-async fn connect(addr: &str, timeout: Duration) -> Result<Client> {
+pub(crate) async fn connect(addr: &str, timeout: Duration) -> Result<Client> {
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
         match Client::connect_with(ClientConfig {

@@ -26,8 +26,10 @@ pub struct DevArgs {
 }
 
 /// The default local layout: node ids 0..n on consecutive ports; a
-/// volatile subgroup with one shard on every node, a trigger subgroup
-/// likewise (so the default pools /vol and /trig work unchanged).
+/// volatile subgroup with one shard on every node, a persistent and a
+/// trigger subgroup likewise (so the default pools /vol and /trig work
+/// unchanged, and `pools create /p --type persistent` gives a replicated
+/// persistent pool).
 pub fn default_layout(n: u32, base_port: u16) -> String {
     let mut s = String::from("# Written by `sluice dev`.\nversion = 1\n");
     for i in 0..n {
@@ -39,7 +41,7 @@ pub fn default_layout(n: u32, base_port: u16) -> String {
     let all: Vec<String> = (0..n).map(|i| i.to_string()).collect();
     let members = all.join(", ");
     s.push_str(&format!(
-        "\n[[subgroups.volatile]]\nshards = [[{members}]]\n\n[[subgroups.trigger]]\nshards = [[{members}]]\n"
+        "\n[[subgroups.volatile]]\nshards = [[{members}]]\n\n[[subgroups.persistent]]\nshards = [[{members}]]\n\n[[subgroups.trigger]]\nshards = [[{members}]]\n"
     ));
     s
 }

@@ -4,6 +4,7 @@
 
 mod bench;
 mod bench_cluster;
+mod bench_etcd;
 mod commands;
 mod demo;
 mod dev;

@@ -280,8 +280,11 @@ fn pools_commands_and_errors() {
     n.ok(&["put", "/positions/little3_7_42", "p"]);
     let e = n.fails(&["pools", "create", "/positions", "--type", "volatile"]);
     assert!(e.contains("already exists"), "{e}");
-    let e = n.fails(&["pools", "create", "/p", "--type", "persistent"]);
-    assert!(e.contains("not supported yet"), "{e}");
+    // Persistent pools are on by default.
+    n.ok(&["pools", "create", "/p", "--type", "persistent"]);
+    n.ok(&["put", "/p/a", "one"]);
+    n.ok(&["put", "/p/a", "two"]);
+    assert_eq!(n.ok(&["get", "/p/a", "--version", "1"]).trim(), "one");
     let e = n.fails(&[
         "pools",
         "create",

@@ -162,6 +162,23 @@ async fn routing_list_and_multi_get_across_shards() {
 }
 
 #[tokio::test]
+async fn persistent_pools_can_be_turned_off() {
+    let s = start(|c| c.persistent.enabled = false).await;
+    let e = s
+        .client()
+        .await
+        .create_pool(PoolSpec {
+            pathname: "/p".into(),
+            pool_type: Some(PoolType::Persistent),
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
+    assert!(matches!(e, SluiceError::NotSupported { .. }), "{e}");
+    assert!(e.to_string().contains("not enabled on this node"), "{e}");
+}
+
+#[tokio::test]
 async fn pools_lifecycle_and_stale_cache() {
     let s = start(|_| {}).await;
     let a = s.client().await;
@@ -205,15 +222,16 @@ async fn pools_lifecycle_and_stale_cache() {
         .unwrap()
         .iter()
         .any(|p| p.pathname == "/positions" && p.deleted));
-    let e = a
+    // Persistent pools are on by default.
+    let p = a
         .create_pool(PoolSpec {
             pathname: "/p".into(),
             pool_type: Some(PoolType::Persistent),
             ..Default::default()
         })
         .await
-        .unwrap_err();
-    assert!(matches!(e, SluiceError::NotSupported { .. }));
+        .unwrap();
+    assert_eq!(p.pool_type, PoolType::Persistent);
     let e = a
         .create_pool(PoolSpec {
             pathname: "/bad".into(),

@@ -18,6 +18,9 @@
 //!
 //! Durability: with `sync = true` every append is fsync'd before openraft
 //! is told it is flushed (a vote or an entry then survives power loss);
+//! appends are fsync'd by the group's fsync thread, which tells openraft
+//! (so the leader sends an entry to followers while its own copy is
+//! being synced, and appends arriving meanwhile share one fsync);
 //! with `sync = false` records reach the OS page cache only, which survives
 //! the process being killed but not the machine losing power. Volatile
 //! shards use `false`, in a RAM-backed directory (see `ClusterSettings`).
@@ -68,7 +71,41 @@ struct Disk {
     /// already has is much cheaper than growing a file (page allocation).
     free: Vec<PathBuf>,
     sync: bool,
+    /// A second handle on the active segment for the syncer thread.
+    sync_file: Arc<File>,
     bytes: u64,
+}
+
+/// An append waiting for its fsync: the segment it went to and openraft's
+/// callback.
+type SyncJob = (Arc<File>, LogFlushed<TypeConfig>);
+
+/// The fsync thread of a synced log. openraft is told an append is
+/// flushed from here, so the leader replicates an entry while its own
+/// copy is being fsync'd, and appends that arrive meanwhile share the next
+/// fsync (group commit). Jobs complete in the order they were appended.
+fn syncer(rx: std::sync::mpsc::Receiver<SyncJob>) {
+    while let Ok(first) = rx.recv() {
+        let mut batch = vec![first];
+        while let Ok(j) = rx.try_recv() {
+            batch.push(j);
+        }
+        let mut res: Result<(), String> = Ok(());
+        let mut synced: Option<*const File> = None;
+        for (f, _) in &batch {
+            if synced != Some(Arc::as_ptr(f)) {
+                if let Err(e) = f.sync_data() {
+                    tracing::error!(error = %e, "fsync of the consensus log failed");
+                    res = Err(format!("fsync of the consensus log failed: {e}"));
+                    break;
+                }
+                synced = Some(Arc::as_ptr(f));
+            }
+        }
+        for (_, cb) in batch {
+            cb.log_io_completed(res.clone().map_err(std::io::Error::other));
+        }
+    }
 }
 
 /// Purged segment files kept for reuse: enough for what one purge lets go
@@ -116,6 +153,8 @@ struct Inner {
     vote: Option<Vote>,
     committed: Option<LogId>,
     disk: Option<Disk>,
+    /// Synced logs: where appends go for their fsync.
+    syncer: Option<std::sync::mpsc::Sender<SyncJob>>,
     /// Reused encode buffer: a large append costs no fresh allocation
     /// (and no page faults).
     scratch: Vec<u8>,
@@ -314,6 +353,11 @@ impl Inner {
     /// rolling over to a new segment first when it is full; returns where
     /// each record went (nothing without a disk).
     fn persist(&mut self, recs: &[Record]) -> Result<Vec<Loc>, StorageError> {
+        self.persist_then(recs, true)
+    }
+
+    /// `persist`, leaving the fsync to the caller when `sync_now` is false.
+    fn persist_then(&mut self, recs: &[Record], sync_now: bool) -> Result<Vec<Loc>, StorageError> {
         if self.disk.as_ref().is_some_and(|d| d.bytes >= SEGMENT_BYTES) {
             self.roll()?;
         }
@@ -344,7 +388,7 @@ impl Inner {
         let mut slices = io_slices(&buf, &parts);
         write_all_vectored(&mut d.file, &mut slices).map_err(io_err)?;
         drop(slices);
-        if d.sync {
+        if d.sync && sync_now {
             d.file.sync_data().map_err(io_err)?;
         }
         d.bytes = offset;
@@ -401,6 +445,7 @@ impl Inner {
             seq: d.seq,
             max_index: d.max_index,
         });
+        d.sync_file = Arc::new(f.try_clone().map_err(io_err)?);
         d.file = f;
         d.seq = seq;
         d.bytes = head.len() as u64;
@@ -504,8 +549,16 @@ impl LogStore {
             .write(true)
             .open(seg_path(dir, seq))?;
         std::io::Seek::seek(&mut file, std::io::SeekFrom::Start(bytes))?;
+        if sync {
+            let (tx, rx) = std::sync::mpsc::channel();
+            std::thread::Builder::new()
+                .name("sluice-log-fsync".into())
+                .spawn(move || syncer(rx))?;
+            inner.syncer = Some(tx);
+        }
         inner.disk = Some(Disk {
             dir: dir.to_path_buf(),
+            sync_file: Arc::new(file.try_clone()?),
             file,
             seq,
             max_index,
@@ -645,16 +698,27 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         let recs: Vec<Record> = entries.into_iter().map(Record::Entry).collect();
         let res = {
             let mut g = self.inner.lock();
-            g.persist(&recs).map(|locs| {
+            let deferred = g.syncer.is_some();
+            g.persist_then(&recs, !deferred).map(|locs| {
                 let mut locs = locs.into_iter();
                 for rec in recs {
                     let loc = locs.next();
                     g.apply(rec, loc);
                 }
+                match (&g.syncer, &g.disk) {
+                    (Some(tx), Some(d)) => Some((tx.clone(), d.sync_file.clone())),
+                    _ => None,
+                }
             })
         };
         match res {
-            Ok(()) => {
+            Ok(Some((tx, file))) => {
+                if let Err(std::sync::mpsc::SendError((_, cb))) = tx.send((file, callback)) {
+                    cb.log_io_completed(Err(std::io::Error::other("the fsync thread is gone")));
+                }
+                Ok(())
+            }
+            Ok(None) => {
                 callback.log_io_completed(Ok(()));
                 Ok(())
             }

@@ -306,6 +306,9 @@ mod borrowed {
             trace: Option<Trace>,
         },
         Meta(String),
+        Tick {
+            timestamp_us: u64,
+        },
     }
 
     impl EntryRef<'_> {
@@ -315,6 +318,9 @@ mod borrowed {
                 PayloadRef::Blank => EntryPayload::Blank,
                 PayloadRef::Membership(m) => EntryPayload::Membership(m),
                 PayloadRef::Normal(CommandRef::Meta(j)) => EntryPayload::Normal(Command::Meta(j)),
+                PayloadRef::Normal(CommandRef::Tick { timestamp_us }) => {
+                    EntryPayload::Normal(Command::Tick { timestamp_us })
+                }
                 PayloadRef::Normal(CommandRef::Write {
                     key,
                     value,

@@ -50,6 +50,9 @@ pub struct ClusterSettings {
     /// else the data directory.
     pub volatile_dir: Option<PathBuf>,
     /// fsync the consensus log of persistent shards before acknowledging.
+    /// Not a setting of its own: a node sets it from `[persistent] sync`
+    /// (anything but `never` syncs).
+    #[serde(skip)]
     pub sync_persistent: bool,
     /// Accept `cluster cut/heal` (dropping links to chosen peers). Tests only.
     pub fault_injection: bool,
@@ -133,6 +136,12 @@ enum Admin {
     /// Internal: the metadata leader's read index (after confirming its
     /// leadership), so a lagging node can catch up before answering.
     MetaReadIndex,
+    /// Internal: commit a time frontier after `timestamp_us` in `group`
+    /// (sent to its leader); answers the frontier's log index.
+    TimeBarrier {
+        group: u64,
+        timestamp_us: u64,
+    },
 }
 
 impl ClusterNode {
@@ -459,6 +468,11 @@ impl ClusterNode {
     }
 
     async fn propose(&self, g: &Group, cmd: Command) -> Result<Applied, SluiceError> {
+        self.propose_at(g, cmd).await.map(|(_, a)| a)
+    }
+
+    /// `propose`, also returning the entry's log index.
+    async fn propose_at(&self, g: &Group, cmd: Command) -> Result<(u64, Applied), SluiceError> {
         self.check_leader(g)?;
         let t = Duration::from_millis(self.settings.write_timeout_ms);
         match tokio::time::timeout(t, g.raft.client_write(cmd)).await {
@@ -467,7 +481,7 @@ impl ClusterNode {
                 group_name(g.id),
                 t.as_millis()
             ))),
-            Ok(Ok(r)) => Ok(r.data),
+            Ok(Ok(r)) => Ok((r.log_id.index, r.data)),
             Ok(Err(RaftError::APIError(ClientWriteError::ForwardToLeader(f)))) => {
                 Err(self.not_leader(g.id, f.leader_id))
             }
@@ -642,6 +656,73 @@ impl ClusterNode {
         }
     }
 
+    /// Waits until a read of `shard` at `timestamp_us` (already in the
+    /// past) is stable on this member: no write it applies from now on
+    /// can get a timestamp at or before it. Answered at once when this
+    /// member has applied a write (or frontier) after that time; else the
+    /// leader commits a time frontier (`Command::Tick`, stamped with its
+    /// clock, which is past `timestamp_us`) and this member waits until it
+    /// has applied it. Every entry before the frontier in the log is
+    /// applied by then, and every later one is stamped above it.
+    /// Assumes the members' clocks agree to within the time a new leader
+    /// takes to be elected (one machine, or NTP).
+    pub async fn time_barrier(&self, shard: ShardId, timestamp_us: u64) -> Result<(), SluiceError> {
+        let g = self.local(shard)?;
+        if self.store.visible_ts(shard) > timestamp_us {
+            return Ok(());
+        }
+        let t = Duration::from_millis(self.settings.write_timeout_ms);
+        let leader = g.metrics.borrow().current_leader.map(|l| l as u32);
+        let index = match leader {
+            Some(l) if l == self.id => self.tick(&g, timestamp_us).await?,
+            Some(l) => {
+                let addr = self
+                    .layout
+                    .address_of(l)
+                    .ok_or_else(|| self.not_leader(g.id, None))?;
+                let req = sluice_wire::Request::Cluster {
+                    command:
+                        json!({"op": "time_barrier", "group": g.id, "timestamp_us": timestamp_us})
+                            .to_string(),
+                };
+                match self.peers.request(l, &addr.to_string(), &req, t).await? {
+                    sluice_wire::Response::Json(j) => serde_json::from_str::<serde_json::Value>(&j)
+                        .ok()
+                        .and_then(|v| v["index"].as_u64())
+                        .ok_or_else(|| {
+                            SluiceError::protocol(format!("bad reply to a time barrier: {j}"))
+                        })?,
+                    other => {
+                        return Err(SluiceError::protocol(format!(
+                            "unexpected reply to a time barrier: {other:?}"
+                        )))
+                    }
+                }
+            }
+            None => return Err(self.not_leader(g.id, None)),
+        };
+        g.raft
+            .wait(Some(t))
+            .applied_index_at_least(Some(index), "time barrier")
+            .await
+            .map(|_| ())
+            .map_err(|e| unavailable(format!("shard {}: time barrier: {e}", group_name(g.id))))
+    }
+
+    /// Leader side of `time_barrier`: commits a frontier stamped after
+    /// `timestamp_us`; returns its log index.
+    async fn tick(&self, g: &Group, timestamp_us: u64) -> Result<u64, SluiceError> {
+        let mut now = self.store.clock().now_us();
+        while now <= timestamp_us {
+            tokio::time::sleep(Duration::from_micros(timestamp_us + 1 - now)).await;
+            now = self.store.clock().now_us();
+        }
+        let (index, _) = self
+            .propose_at(g, Command::Tick { timestamp_us: now })
+            .await?;
+        Ok(index)
+    }
+
     /// A replicated pool table change (through the metadata group).
     pub async fn meta_write(&self, cmd: MetaCommand) -> Result<String, SluiceError> {
         let g = self.local_group(META_GROUP)?;
@@ -730,6 +811,14 @@ impl ClusterNode {
                     Ok(Err(e)) => Err(unavailable(format!("metadata read index: {e}"))),
                     Err(_) => Err(unavailable("metadata read index timed out".into())),
                 }
+            }
+            Admin::TimeBarrier {
+                group,
+                timestamp_us,
+            } => {
+                let g = self.local_group(group)?;
+                let index = self.tick(&g, timestamp_us).await?;
+                Ok(json!({ "index": index }))
             }
             Admin::SetMembers { group, members } => self
                 .meta_write(MetaCommand::SetMembers { group, members })

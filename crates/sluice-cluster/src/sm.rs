@@ -73,6 +73,19 @@ struct ShardSnapshot {
     dedup: Vec<(u64, ClientWindow)>,
 }
 
+/// A persistent shard's snapshot. Its objects are the shard's history,
+/// on disk already: the snapshot file holds only the state beside it
+/// (`records: None`; the history is fsync'd before the file is written).
+/// What is sent to a member that needs the snapshot carries every
+/// version up to `last_version` (`records: Some`).
+#[derive(Serialize, Deserialize)]
+struct PersistentSnapshot {
+    last_version: u64,
+    last_ts: u64,
+    dedup: Vec<(u64, ClientWindow)>,
+    records: Option<Vec<(String, ObjectMeta, Bytes)>>,
+}
+
 #[derive(Serialize, Deserialize)]
 struct MetaSnapshot {
     table: PoolTable,
@@ -96,6 +109,8 @@ struct State {
 pub struct Sm {
     group: u64,
     shard: Option<ShardId>,
+    /// A persistent shard: its history is its state (see `PersistentSnapshot`).
+    persistent: bool,
     store: Arc<Store>,
     meta: Arc<RwLock<MetaState>>,
     /// Where the latest snapshot is kept (`None`: memory only).
@@ -126,6 +141,17 @@ fn write_snapshot_file(
     Ok(())
 }
 
+/// Runs disk work from async code without stalling the runtime's other
+/// tasks (outside a multi-threaded runtime it just runs).
+fn blocking<T>(f: impl FnOnce() -> T) -> T {
+    match tokio::runtime::Handle::try_current() {
+        Ok(h) if h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread => {
+            tokio::task::block_in_place(f)
+        }
+        _ => f(),
+    }
+}
+
 fn sm_err(e: impl std::fmt::Display) -> StorageError {
     StorageIOError::write_state_machine(openraft::AnyError::error(e.to_string())).into()
 }
@@ -140,9 +166,11 @@ impl Sm {
         dir: Option<PathBuf>,
         sync: bool,
     ) -> Result<Sm, StorageError> {
+        let shard = shard_of_group(group);
         let sm = Sm {
             group,
-            shard: shard_of_group(group),
+            shard,
+            persistent: shard.is_some_and(|s| store.keeps_history(s)),
             store,
             meta,
             dir,
@@ -156,12 +184,88 @@ impl Sm {
                 let bytes = std::fs::read(&path).map_err(sm_err)?;
                 let (meta, data): (SnapshotMeta, Vec<u8>) =
                     bincode::deserialize(&bytes).map_err(sm_err)?;
-                let mut st = sm.st.lock();
-                sm.restore(&mut st, &meta, &data)?;
-                st.current = Some((meta, Arc::new(data)));
+                {
+                    let mut st = sm.st.lock();
+                    sm.restore(&mut st, &meta, &data)?;
+                    st.current = Some((meta, Arc::new(data)));
+                }
+                return Ok(sm);
+            }
+        }
+        if let (true, Some(shard)) = (sm.persistent, sm.shard) {
+            // No snapshot yet: the whole history is re-applied from the
+            // consensus log (nothing of it was purged without a snapshot).
+            let removed = sm.store.persistent_rollback(shard, 0).map_err(sm_err)?;
+            if removed > 0 {
+                tracing::info!(shard = %shard, removed, "history rolled back to the start; the consensus log re-applies it");
             }
         }
         Ok(sm)
+    }
+
+    fn dedup_copy(st: &State) -> Vec<(u64, ClientWindow)> {
+        st.dedup
+            .iter()
+            .map(|(c, w)| {
+                (
+                    *c,
+                    ClientWindow {
+                        last_index: w.last_index,
+                        results: w.results.clone(),
+                    },
+                )
+            })
+            .collect()
+    }
+
+    /// Restores a persistent shard: from the snapshot file (the history
+    /// is rolled back to the snapshot's version, the consensus log
+    /// re-applies what follows) or from a leader's snapshot (the history
+    /// is replaced by the records it carries).
+    fn restore_persistent(
+        &self,
+        st: &mut State,
+        shard: ShardId,
+        data: &[u8],
+    ) -> Result<(), StorageError> {
+        let snap: PersistentSnapshot = bincode::deserialize(data).map_err(sm_err)?;
+        match snap.records {
+            None => {
+                let removed = blocking(|| self.store.persistent_rollback(shard, snap.last_version))
+                    .map_err(sm_err)?;
+                if removed > 0 {
+                    tracing::info!(shard = %shard, removed, version = snap.last_version, "history rolled back to the snapshot; the consensus log re-applies what follows");
+                }
+            }
+            Some(records) => {
+                let objects: Vec<Arc<Object>> = records
+                    .into_iter()
+                    .map(|(key, meta, value)| {
+                        Arc::new(Object {
+                            key: Arc::from(key),
+                            meta,
+                            value,
+                            trace: None,
+                        })
+                    })
+                    .collect();
+                blocking(|| {
+                    self.store
+                        .persistent_install(shard, snap.last_version, &objects)
+                })
+                .map_err(sm_err)?;
+            }
+        }
+        st.last_ts = snap.last_ts;
+        st.dedup = snap.dedup.into_iter().collect();
+        Ok(())
+    }
+
+    /// The snapshot file's form of a persistent snapshot (no records).
+    fn persistent_file_form(data: &[u8]) -> Result<Vec<u8>, StorageError> {
+        let mut snap: PersistentSnapshot = bincode::deserialize(data).map_err(sm_err)?;
+        snap.records = None;
+        bincode::serialize(&snap).map_err(sm_err)
     }
 
     fn restore(
@@ -171,6 +275,7 @@ impl Sm {
         data: &[u8],
     ) -> Result<(), StorageError> {
         match self.shard {
+            Some(shard) if self.persistent => self.restore_persistent(st, shard, data)?,
             Some(shard) => {
                 let snap: ShardSnapshot = bincode::deserialize(data).map_err(sm_err)?;
                 let objects = snap
@@ -211,7 +316,13 @@ impl Sm {
         Ok(())
     }
 
-    fn apply_write(&self, st: &mut State, index: u64, shard: ShardId, cmd: Command) -> Applied {
+    fn apply_write(
+        &self,
+        st: &mut State,
+        index: u64,
+        shard: ShardId,
+        cmd: Command,
+    ) -> Result<Applied, StorageError> {
         let Command::Write {
             key,
             value,
@@ -221,12 +332,12 @@ impl Sm {
             trace,
         } = cmd
         else {
-            return Applied::None;
+            return Ok(Applied::None);
         };
         if let Some(ReqId { client, seq }) = req_id {
             if let Some(w) = st.dedup.get(&client) {
                 if let Some((_, r)) = w.results.iter().find(|(s, _)| *s == seq) {
-                    return r.clone();
+                    return Ok(r.clone());
                 }
             }
         }
@@ -235,6 +346,15 @@ impl Sm {
         let res: Result<PutResult, SluiceError> =
             self.store
                 .apply_write(shard, &key, value, expected, ts, trace.map(Arc::new));
+        if let Err(e @ SluiceError::Io { .. }) = &res {
+            // This replica's disk failed (ENOSPC, I/O error) writing the
+            // history: the others may not have, so answering with an
+            // error would make replicas differ. The group stops here
+            // instead; after a restart it rolls back to its snapshot and
+            // re-applies the log.
+            tracing::error!(shard = %shard, error = %e, "persistent shard cannot apply; stopping this replica of the group");
+            return Err(sm_err(e));
+        }
         if res.is_ok() {
             st.last_ts = ts;
         }
@@ -257,7 +377,7 @@ impl Sm {
                 }
             }
         }
-        applied
+        Ok(applied)
     }
 
     fn apply_meta(&self, json: &str) -> Applied {
@@ -291,6 +411,7 @@ impl Sm {
         // so applying new entries is not held up by a large snapshot.
         enum Taken {
             Shard(ShardSnapshotRefs),
+            Persistent(PersistentSnapshot),
             Meta(Vec<u8>),
         }
         struct ShardSnapshotRefs {
@@ -301,24 +422,19 @@ impl Sm {
         }
         let (taken, meta) = {
             let mut st = self.st.lock();
+            let last_version = |shard| self.store.shard(shard).map_or(0, |s| s.last_version());
             let taken = match self.shard {
+                Some(shard) if self.persistent => Taken::Persistent(PersistentSnapshot {
+                    last_version: last_version(shard),
+                    last_ts: st.last_ts,
+                    dedup: Self::dedup_copy(&st),
+                    records: None,
+                }),
                 Some(shard) => Taken::Shard(ShardSnapshotRefs {
-                    last_version: self.store.shard(shard).map_or(0, |s| s.last_version()),
+                    last_version: last_version(shard),
                     last_ts: st.last_ts,
                     objects: self.store.shard_objects(shard),
-                    dedup: st
-                        .dedup
-                        .iter()
-                        .map(|(c, w)| {
-                            (
-                                *c,
-                                ClientWindow {
-                                    last_index: w.last_index,
-                                    results: w.results.clone(),
-                                },
-                            )
-                        })
-                        .collect(),
+                    dedup: Self::dedup_copy(&st),
                 }),
                 None => Taken::Meta(
                     serde_json::to_vec(&MetaSnapshot {
@@ -343,6 +459,14 @@ impl Sm {
         };
         let data = match taken {
             Taken::Meta(d) => d,
+            Taken::Persistent(p) => {
+                // Every version the snapshot covers must be on disk before
+                // the snapshot lets openraft purge the log entries.
+                if let Some(shard) = self.shard {
+                    self.store.persistent_sync(shard).map_err(sm_err)?;
+                }
+                bincode::serialize(&p).map_err(sm_err)?
+            }
             Taken::Shard(r) => bincode::serialize(&ShardSnapshot {
                 last_version: r.last_version,
                 last_ts: r.last_ts,
@@ -424,8 +548,15 @@ impl RaftStateMachine<TypeConfig> for Sm {
                     Applied::None
                 }
                 EntryPayload::Normal(Command::Meta(json)) => self.apply_meta(&json),
+                EntryPayload::Normal(Command::Tick { timestamp_us }) => {
+                    st.last_ts = st.last_ts.max(timestamp_us);
+                    if let Some(shard) = self.shard {
+                        self.store.advance_visible(shard, st.last_ts);
+                    }
+                    Applied::None
+                }
                 EntryPayload::Normal(cmd) => match self.shard {
-                    Some(shard) => self.apply_write(&mut st, e.log_id.index, shard, cmd),
+                    Some(shard) => self.apply_write(&mut st, e.log_id.index, shard, cmd)?,
                     None => Applied::None,
                 },
             };
@@ -447,10 +578,13 @@ impl RaftStateMachine<TypeConfig> for Sm {
         meta: &SnapshotMeta,
         snapshot: Box<Cursor<Vec<u8>>>,
     ) -> Result<(), StorageError> {
-        let data = snapshot.into_inner();
+        let mut data = snapshot.into_inner();
         let _save = self.save_lock.lock();
         let mut st = self.st.lock();
         self.restore(&mut st, meta, &data)?;
+        if self.persistent {
+            data = Self::persistent_file_form(&data)?;
+        }
         self.save(meta, &data)?;
         st.current = Some((meta.clone(), Arc::new(data)));
         st.snapshots_installed += 1;
@@ -459,10 +593,32 @@ impl RaftStateMachine<TypeConfig> for Sm {
     }
 
     async fn get_current_snapshot(&mut self) -> Result<Option<Snapshot<TypeConfig>>, StorageError> {
-        let st = self.st.lock();
-        Ok(st.current.as_ref().map(|(meta, data)| Snapshot {
-            meta: meta.clone(),
-            snapshot: Box::new(Cursor::new(data.as_ref().clone())),
+        let current = self.st.lock().current.clone();
+        let Some((meta, data)) = current else {
+            return Ok(None);
+        };
+        let data = match self.shard {
+            // What a member needs: every version up to the snapshot's,
+            // read from the history.
+            Some(shard) if self.persistent => blocking(|| {
+                let mut snap: PersistentSnapshot = bincode::deserialize(&data).map_err(sm_err)?;
+                let records = self
+                    .store
+                    .persistent_records(shard, snap.last_version)
+                    .map_err(sm_err)?;
+                snap.records = Some(
+                    records
+                        .iter()
+                        .map(|o| (o.key.to_string(), o.meta, o.value.clone()))
+                        .collect(),
+                );
+                bincode::serialize(&snap).map_err(sm_err)
+            })?,
+            _ => data.as_ref().clone(),
+        };
+        Ok(Some(Snapshot {
+            meta,
+            snapshot: Box::new(Cursor::new(data)),
         }))
     }
 }

@@ -23,6 +23,12 @@ pub enum Command {
     /// A metadata change (`MetaCommand` as JSON; rare, so readability
     /// wins over size).
     Meta(String),
+    /// A time frontier for a data shard: every write applied after this
+    /// entry gets a timestamp above `timestamp_us` (the proposing leader's
+    /// clock, already past the time a reader asked about), so once a
+    /// member has applied it, reads at earlier times can no longer change
+    /// there (see `ClusterNode::time_barrier`).
+    Tick { timestamp_us: u64 },
 }
 
 /// A metadata change, applied by every node in log order.

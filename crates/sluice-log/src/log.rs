@@ -153,7 +153,7 @@ impl Log {
         // A compaction that crashed before its rename left a temporary file:
         // the original segment is intact, so the leftover is just removed.
         for p in fs.list(dir).map_err(io("listing", dir))? {
-            if p.extension().is_some_and(|e| e == "compact") {
+            if p.extension().is_some_and(|e| e == "compact" || e == "cut") {
                 fs.remove(&p).map_err(io("removing", &p))?;
             }
         }
@@ -521,6 +521,80 @@ impl Log {
         self.fs
             .sync_dir(&self.dir)
             .map_err(io("syncing directory", &self.dir))
+    }
+
+    /// Removes every record from (`segment`, `offset`) on, and every later
+    /// segment, durably; appends continue there. Used to roll a replica's
+    /// history back to what its replication snapshot covers. Later
+    /// segments are unlinked (newest first) and a sealed segment that is
+    /// cut is rewritten to a temporary file and renamed over the original,
+    /// never truncated in place: readers may still hold values that are
+    /// slices of its memory map, and the old pages stay valid that way.
+    pub fn cut(&mut self, segment: u64, offset: u64) -> Result<()> {
+        if let Some(p) = &self.poisoned {
+            return Err(LogError::Poisoned(p.clone()));
+        }
+        if offset < SEGMENT_HEADER as u64 {
+            return Err(LogError::Poisoned(format!(
+                "cut at offset {offset} would remove the segment header"
+            )));
+        }
+        let mut later: Vec<u64> = self
+            .fs
+            .list(&self.dir)
+            .map_err(io("listing", &self.dir))?
+            .into_iter()
+            .filter_map(|p| {
+                let n = p.file_name()?.to_str()?;
+                u64::from_str_radix(n.strip_prefix("seg-")?.strip_suffix(".log")?, 16).ok()
+            })
+            .filter(|id| *id > segment)
+            .collect();
+        later.sort_unstable_by(|a, b| b.cmp(a));
+        for id in later {
+            let p = seg_path(&self.dir, id);
+            self.fs.remove(&p).map_err(io("removing", &p))?;
+        }
+        let path = seg_path(&self.dir, segment);
+        if segment == self.active_id {
+            self.active
+                .truncate(offset)
+                .map_err(io("truncating", &path))?;
+            self.active.sync().map_err(io("syncing", &path))?;
+        } else {
+            let prefix = self
+                .fs
+                .read_at(&path, 0, offset as usize)
+                .map_err(io("reading", &path))?;
+            if prefix.len() as u64 != offset {
+                return Err(LogError::Corrupt {
+                    file: path.display().to_string(),
+                    offset: prefix.len() as u64,
+                    reason: format!("segment ends before the cut point {offset}"),
+                });
+            }
+            let tmp = path.with_extension("cut");
+            let mut f = self.fs.open_append(&tmp).map_err(io("creating", &tmp))?;
+            f.truncate(0).map_err(io("truncating", &tmp))?;
+            f.append(&prefix).map_err(io("writing", &tmp))?;
+            f.sync().map_err(io("syncing", &tmp))?;
+            drop(f);
+            self.fs
+                .rename(&tmp, &path)
+                .map_err(io("renaming into", &path))?;
+            self.active = self.fs.open_append(&path).map_err(io("opening", &path))?;
+            self.active_id = segment;
+        }
+        self.fs
+            .sync_dir(&self.dir)
+            .map_err(io("syncing directory", &self.dir))?;
+        self.active_len = offset;
+        self.unsynced_since = None;
+        self.maps
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .retain(|id, _| *id < segment);
+        Ok(())
     }
 
     /// Sealed (no longer written) segment ids.

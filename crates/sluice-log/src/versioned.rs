@@ -53,6 +53,9 @@ pub struct History {
     latest: HashMap<String, Bytes>,
     last_version: u64,
     last_timestamp_us: u64,
+    /// Bumped by `truncate_after`: a compaction planned before a cut must
+    /// not install its result after it.
+    epoch: u64,
 }
 
 impl History {
@@ -68,6 +71,7 @@ impl History {
             latest: HashMap::new(),
             last_version: 0,
             last_timestamp_us: 0,
+            epoch: 0,
         };
         for (loc, r) in std::mem::take(&mut rec.records) {
             h.index(loc, r);
@@ -335,6 +339,81 @@ impl History {
             });
         }
         Ok(())
+    }
+
+    /// Removes every version above `version`, durably (see `Log::cut`);
+    /// returns how many were removed. A replica rolls its history back to
+    /// the version its replication snapshot covers, then re-applies the
+    /// consensus log from there, which writes the same versions again.
+    pub fn truncate_after(&mut self, version: u64) -> Result<usize, HistoryError> {
+        // Versions grow in log order: the first record above `version` is
+        // where the cut goes, and everything after it is above too.
+        let cut = self
+            .chains
+            .values()
+            .flat_map(|c| c.iter())
+            .filter(|e| e.version > version)
+            .map(|e| (e.loc.segment, e.loc.offset))
+            .min();
+        let Some((segment, offset)) = cut else {
+            return Ok(0);
+        };
+        self.log.cut(segment, offset)?;
+        self.epoch += 1;
+        let mut removed = 0;
+        let mut touched = Vec::new();
+        for (k, c) in self.chains.iter_mut() {
+            let n = c.partition_point(|e| e.version <= version);
+            if n < c.len() {
+                removed += c.len() - n;
+                c.truncate(n);
+                touched.push(k.clone());
+            }
+        }
+        self.chains.retain(|_, c| !c.is_empty());
+        for k in touched {
+            self.latest.remove(&k);
+            if let Some(e) = self.chains.get(&k).and_then(|c| c.last()).copied() {
+                if !e.tombstone {
+                    let v = self.log.read(e.loc)?.value;
+                    self.latest.insert(k, v);
+                }
+            }
+        }
+        let newest = self.chains.values().filter_map(|c| c.last());
+        self.last_version = newest.clone().map(|e| e.version).max().unwrap_or(0);
+        self.last_timestamp_us = self
+            .chains
+            .values()
+            .flat_map(|c| c.iter())
+            .map(|e| e.timestamp_us)
+            .max()
+            .unwrap_or(0);
+        Ok(removed)
+    }
+
+    /// Changes with every `truncate_after`.
+    pub fn epoch(&self) -> u64 {
+        self.epoch
+    }
+
+    /// Every record with a version up to `version`, in version order
+    /// (a replication snapshot of a persistent shard). Values of sealed
+    /// segments are slices of their memory maps.
+    pub fn records_upto(&self, version: u64) -> Result<Vec<(String, Entry, Bytes)>, HistoryError> {
+        let mut es: Vec<(&String, &Entry)> = self
+            .chains
+            .iter()
+            .flat_map(|(k, c)| {
+                c.iter()
+                    .filter(|e| e.version <= version)
+                    .map(move |e| (k, e))
+            })
+            .collect();
+        es.sort_unstable_by_key(|(_, e)| e.version);
+        es.into_iter()
+            .map(|(k, e)| Ok((k.clone(), *e, self.value_of(k, e)?)))
+            .collect()
     }
 
     pub fn active_segment(&self) -> u64 {

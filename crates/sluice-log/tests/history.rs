@@ -148,3 +148,57 @@ fn versions_and_timestamps_must_move_forward() {
     assert_eq!(h.key_of_version(6), Some("/p/a"));
     let _ = std::fs::remove_dir_all(&d);
 }
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 48, ..ProptestConfig::default() })]
+    /// A replica rolls its history back to its snapshot's version and
+    /// writes on from there: the history equals the model of the kept
+    /// prefix plus the new writes, before and after reopen, whichever
+    /// segment the cut falls in (segments are tiny here).
+    #[test]
+    fn truncate_after_then_write_on_matches_model(
+        ops in proptest::collection::vec((0u8..4, any::<bool>(), 0u64..5, proptest::collection::vec(any::<u8>(), 0..40)), 1..80),
+        cut in 0usize..90,
+        more in proptest::collection::vec((0u8..4, proptest::collection::vec(any::<u8>(), 0..40)), 0..20),
+        probes in proptest::collection::vec((any::<u8>(), 0u64..200), 1..20),
+    ) {
+        let d = dir();
+        let opts = LogOptions { segment_bytes_max: 2048, sync: SyncPolicy::Never };
+        let (mut h, _) = History::open(&d, Arc::new(RealFs), opts.clone()).unwrap();
+        let mut ws = Vec::new();
+        let mut ts = 0;
+        for (i, (k, remove, dt, v)) in ops.into_iter().enumerate() {
+            ts += dt;
+            let w = W { key: format!("/p/k{k}"), version: i as u64 + 1, ts, value: (!remove).then_some(v) };
+            h.write(&w.key, w.version, w.ts, w.value.clone().map(Bytes::from)).unwrap();
+            ws.push(w);
+        }
+        let cut = cut.min(ws.len());
+        let epoch = h.epoch();
+        let removed = h.truncate_after(cut as u64).unwrap();
+        prop_assert_eq!(removed, ws.len() - cut);
+        prop_assert_eq!(h.epoch() != epoch, removed > 0);
+        ws.truncate(cut);
+        prop_assert_eq!(h.last_version(), cut as u64);
+        check(&h, &ws, &probes)?;
+        let first_ts = ws.last().map_or(0, |w| w.ts) + 1;
+        for (ts, (k, v)) in (first_ts..).zip(more) {
+            let w = W { key: format!("/p/k{k}"), version: ws.len() as u64 + 1, ts, value: Some(v) };
+            h.write(&w.key, w.version, w.ts, w.value.clone().map(Bytes::from)).unwrap();
+            ws.push(w);
+        }
+        check(&h, &ws, &probes)?;
+        let all = h.records_upto(u64::MAX).unwrap();
+        prop_assert_eq!(all.iter().map(|(_, e, _)| e.version).collect::<Vec<_>>(), (1..=ws.len() as u64).collect::<Vec<_>>());
+        for ((k, e, v), w) in all.iter().zip(&ws) {
+            prop_assert_eq!(k, &w.key);
+            prop_assert_eq!(e.tombstone, w.value.is_none());
+            prop_assert_eq!(v.as_ref(), w.value.as_deref().unwrap_or_default());
+        }
+        drop(h);
+        let (h, _) = History::open(&d, Arc::new(RealFs), opts).unwrap();
+        check(&h, &ws, &probes)?;
+        prop_assert_eq!(h.last_version(), ws.len() as u64);
+        let _ = std::fs::remove_dir_all(&d);
+    }
+}

@@ -53,7 +53,8 @@ impl Default for ComputeConfig {
     }
 }
 
-/// Persistent pools (issue #6, in progress): off by default.
+/// Persistent pools: on by default (`enabled = false` refuses
+/// `--type persistent` pools and keeps no history directory).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct PersistentConfig {
@@ -74,7 +75,7 @@ pub struct PersistentConfig {
 impl Default for PersistentConfig {
     fn default() -> Self {
         PersistentConfig {
-            enabled: false,
+            enabled: true,
             sync: "always".into(),
             compact_every_s: 60,
             segment_bytes: 64 << 20,

@@ -479,6 +479,42 @@ impl Conn {
                     Err(e) => Err(e),
                 })
             }),
+            // A stable time read of a replicated shard: once the time has
+            // passed, a time frontier through the leader (see
+            // `ClusterNode::time_barrier`), then the local read.
+            (
+                Request::GetByTime {
+                    key,
+                    shard,
+                    timestamp_us,
+                    wait_ms,
+                    unstable: false,
+                },
+                Some(sid),
+            ) => {
+                let ahead = Duration::from_micros(
+                    timestamp_us.saturating_sub(sluice_store::Clock::wall_us()),
+                );
+                let checked = cl.check_read(sid, None).and_then(|()| {
+                    if ahead > Duration::from_millis(u64::from(wait_ms)) {
+                        Err(not_stable_yet(timestamp_us, ahead, wait_ms))
+                    } else {
+                        Ok(())
+                    }
+                });
+                match checked {
+                    Err(e) => Response::error(&mut self.out, rid, &e),
+                    Ok(()) => self.defer(rid, no_reply, async move {
+                        if !ahead.is_zero() {
+                            tokio::time::sleep(ahead + Duration::from_micros(1)).await;
+                        }
+                        Reply::Object(match cl.time_barrier(sid, timestamp_us).await {
+                            Ok(()) => store.get_by_time(&key, timestamp_us, shard),
+                            Err(e) => Err(e),
+                        })
+                    }),
+                }
+            }
             // Other reads of a replicated shard: only from a member that
             // has applied what the client's session has seen.
             (
@@ -640,15 +676,7 @@ impl Conn {
                     timestamp_us.saturating_sub(sluice_store::Clock::wall_us()),
                 );
                 if wait > Duration::from_millis(u64::from(wait_ms)) {
-                    return reply_err(
-                        out,
-                        &SluiceError::Unavailable {
-                            reason: format!(
-                                "timestamp {timestamp_us} is {} ms in the future and not stable yet; wait longer (wait_ms {wait_ms}) or read unstable",
-                                wait.as_millis()
-                            ),
-                        },
-                    );
+                    return reply_err(out, &not_stable_yet(timestamp_us, wait, wait_ms));
                 }
                 if self.deferred_in_flight.load(Ordering::Relaxed)
                     >= limits.max_in_flight_per_conn as usize
@@ -849,6 +877,16 @@ impl Conn {
                 Response::Stats(v.to_string()).encode(out, rid)
             }
         }
+    }
+}
+
+/// A time read asked about a time further ahead than it may wait.
+fn not_stable_yet(timestamp_us: u64, ahead: Duration, wait_ms: u32) -> SluiceError {
+    SluiceError::Unavailable {
+        reason: format!(
+            "timestamp {timestamp_us} is {} ms in the future and not stable yet; wait longer (wait_ms {wait_ms}) or read unstable",
+            ahead.as_millis()
+        ),
     }
 }
 

@@ -82,15 +82,23 @@ impl Server {
                     persistent: counts["persistent"].clone(),
                 };
                 cfg.validate().map_err(ServerError::Config)?;
-                if cfg.persistent.enabled {
-                    return Err(ServerError::Config(
-                        "[persistent] enabled = true is not supported in a cluster yet (replicated persistent pools are issue #6's remaining work); run persistent pools on a standalone node".into(),
-                    ));
+                if !cfg.persistent.enabled && !l.subgroups.persistent.is_empty() {
+                    return Err(ServerError::Config(format!(
+                        "cluster layout {} has persistent subgroups but [persistent] enabled = false on this node; enable it or remove them from the layout",
+                        p.display()
+                    )));
                 }
+                // A replicated persistent shard's durable write is its
+                // consensus log (fsync'd per `[persistent] sync`); the
+                // history is written as entries apply and synced at each
+                // snapshot, so a put is fsync'd once, not twice.
+                cfg.cluster.sync_persistent = cfg.persistent.sync != "never";
                 Some(l)
             }
         };
-        if cfg.persistent.enabled && cfg.layout.persistent.is_empty() {
+        // A standalone node gets one persistent shard by default; a
+        // cluster's persistent shards are the layout file's.
+        if cfg.persistent.enabled && cfg.layout.persistent.is_empty() && cluster_layout.is_none() {
             cfg.layout.persistent = vec![1];
         }
         let store = Store::open(StoreConfig {
@@ -102,7 +110,11 @@ impl Server {
                 .persistent
                 .enabled
                 .then(|| cfg.data_dir.join("persistent")),
-            persistent_sync: cfg.persistent.sync_policy().map_err(ServerError::Config)?,
+            persistent_sync: if cluster_layout.is_some() {
+                sluice_log::SyncPolicy::Never
+            } else {
+                cfg.persistent.sync_policy().map_err(ServerError::Config)?
+            },
             persistent_segment_bytes: cfg.persistent.segment_bytes,
         })
         .map_err(|source| ServerError::Store {

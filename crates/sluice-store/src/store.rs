@@ -836,6 +836,24 @@ impl Store {
         Ok(true)
     }
 
+    /// Records that every write of `shard` with a timestamp up to
+    /// `timestamp_us` is visible (a replicated shard applied a time
+    /// frontier: later writes get later timestamps), so time reads up to
+    /// it are stable here.
+    pub fn advance_visible(&self, shard: ShardId, timestamp_us: u64) {
+        if let Some(s) = self.shards.get(&shard) {
+            s.visible_ts.fetch_max(timestamp_us, Ordering::AcqRel);
+            self.clock.observe(timestamp_us);
+        }
+    }
+
+    /// Timestamp up to which every write of `shard` is visible.
+    pub fn visible_ts(&self, shard: ShardId) -> u64 {
+        self.shards
+            .get(&shard)
+            .map_or(0, |s| s.visible_ts.load(Ordering::Acquire))
+    }
+
     /// Whether writes to `key` (and draining them for a stable time read)
     /// may wait on the disk (persistent pools): async callers should run
     /// them off their event loop.
@@ -1051,18 +1069,8 @@ fn recover_persistent(
             }
         })?;
     tracing::info!(shard = %id, versions = h.last_version(), segments = rec.segments, bytes = rec.bytes, ms = rec.elapsed.as_millis() as u64, "persistent shard recovered");
-    {
-        let map = shard.objects.pin();
-        for key in h.keys() {
-            if let Ok(Some((e, value))) = h.get(&key, None) {
-                map.insert(Arc::from(key.as_str()), Arc::new(object_of(&key, e, value)));
-            }
-        }
-    }
+    load_latest(shard, &h);
     shard.set_last_version(h.last_version());
-    shard
-        .visible_ts
-        .store(h.last_timestamp_us(), Ordering::Release);
     if batch {
         let c = crate::shard::GroupCommit::default();
         c.state.lock().durable = h.last_version();
@@ -1071,6 +1079,116 @@ fn recover_persistent(
     clock.observe(h.last_timestamp_us());
     shard.history = Some(parking_lot::Mutex::new(h));
     Ok(())
+}
+
+/// Replaces a persistent shard's in-memory latest objects with those of
+/// its history.
+fn load_latest(shard: &Shard, h: &sluice_log::History) {
+    let map = shard.objects.pin();
+    map.clear();
+    for key in h.keys() {
+        if let Ok(Some((e, value))) = h.get(&key, None) {
+            map.insert(Arc::from(key.as_str()), Arc::new(object_of(&key, e, value)));
+        }
+    }
+    shard
+        .visible_ts
+        .store(h.last_timestamp_us(), Ordering::Release);
+}
+
+/// Replicated persistent shards (`sluice-cluster`): the consensus log is
+/// the durable write; the history is written when entries apply (without
+/// an fsync of its own, `StoreConfig::persistent_sync = Never`) and
+/// synced when a replication snapshot is taken. These let the state
+/// machine keep the history exactly at what its snapshot and log say.
+impl Store {
+    fn persistent_shard(
+        &self,
+        shard: ShardId,
+    ) -> Result<(&Arc<Shard>, &Mutex<sluice_log::History>)> {
+        let s = self
+            .shards
+            .get(&shard)
+            .ok_or_else(|| SluiceError::UnknownShard {
+                subgroup: format!("{}/{}", shard.pool_type, shard.subgroup),
+                shard: shard.shard,
+            })?;
+        let h = s.history.as_ref().ok_or_else(|| SluiceError::Internal {
+            reason: format!(
+                "shard {shard} keeps no history (persistent pools are not enabled on this node)"
+            ),
+        })?;
+        Ok((s, h))
+    }
+
+    /// Whether `shard` keeps a history on disk.
+    pub fn keeps_history(&self, shard: ShardId) -> bool {
+        self.shards.get(&shard).is_some_and(|s| s.history.is_some())
+    }
+
+    /// Rolls a persistent shard back to `version`: later versions leave
+    /// the disk and memory; the next write gets `version + 1`. Returns how
+    /// many versions were removed.
+    pub fn persistent_rollback(&self, shard: ShardId, version: u64) -> Result<usize> {
+        let (s, h) = self.persistent_shard(shard)?;
+        let _w = s.write_lock.lock();
+        let mut h = h.lock();
+        let removed = h.truncate_after(version).map_err(|e| SluiceError::Io {
+            reason: format!("rolling shard {shard} back to version {version}: {e}"),
+        })?;
+        if removed > 0 {
+            load_latest(s, &h);
+        }
+        s.set_last_version(version);
+        Ok(removed)
+    }
+
+    /// fsyncs a persistent shard's history.
+    pub fn persistent_sync(&self, shard: ShardId) -> Result<()> {
+        let (_, h) = self.persistent_shard(shard)?;
+        h.lock().sync().map_err(|e| SluiceError::Io {
+            reason: format!("syncing shard {shard}: {e}"),
+        })
+    }
+
+    /// Every version of a persistent shard up to `version`, in version
+    /// order (what a replication snapshot sends a new member).
+    pub fn persistent_records(&self, shard: ShardId, version: u64) -> Result<Vec<Arc<Object>>> {
+        let (_, h) = self.persistent_shard(shard)?;
+        let recs = h.lock().records_upto(version).map_err(history_err)?;
+        Ok(recs
+            .into_iter()
+            .map(|(k, e, v)| Arc::new(object_of(&k, e, v)))
+            .collect())
+    }
+
+    /// Replaces a persistent shard's history with `records` (from
+    /// `persistent_records` on another replica) and makes it durable;
+    /// the shard continues at `last_version`.
+    pub fn persistent_install(
+        &self,
+        shard: ShardId,
+        last_version: u64,
+        records: &[Arc<Object>],
+    ) -> Result<()> {
+        let (s, h) = self.persistent_shard(shard)?;
+        let _w = s.write_lock.lock();
+        let mut h = h.lock();
+        let io = |e: sluice_log::HistoryError| SluiceError::Io {
+            reason: format!("installing a snapshot of shard {shard}: {e}"),
+        };
+        h.truncate_after(0).map_err(io)?;
+        for o in records {
+            let value = (!o.meta.tombstone).then(|| o.value.clone());
+            h.write(&o.key, o.meta.version, o.meta.timestamp_us, value)
+                .map_err(io)?;
+        }
+        h.sync().map_err(io)?;
+        load_latest(s, &h);
+        self.clock.observe(h.last_timestamp_us());
+        s.set_last_version(last_version);
+        Ok(())
+    }
 }
 
 /// A range of a key's history.
@@ -1122,10 +1240,15 @@ impl Store {
         let (mut dropped, mut reclaimed) = (0usize, 0u64);
         for shard in self.shards.values() {
             let Some(h) = &shard.history else { continue };
-            let (fs, dir, sealed) = {
+            let (fs, dir, sealed, epoch) = {
                 let g = h.lock();
                 let (fs, dir) = g.storage();
-                (fs, dir, g.sealed_segments().map_err(history_err)?)
+                (
+                    fs,
+                    dir,
+                    g.sealed_segments().map_err(history_err)?,
+                    g.epoch(),
+                )
             };
             for seg in sealed {
                 let keep = h.lock().compaction_plan(seg, |key, e, newer| {
@@ -1136,8 +1259,15 @@ impl Store {
                 });
                 let c = sluice_log::Log::prepare_compacted(&fs, &dir, seg, |r| {
                     keep.contains(&r.version)
-                })
-                .map_err(|e| SluiceError::Io {
+                });
+                let mut g = h.lock();
+                if g.epoch() != epoch {
+                    // The history was rolled back meanwhile (a replica
+                    // installing a snapshot): this plan is stale.
+                    let _ = std::fs::remove_file(dir.join(format!("seg-{seg:016x}.compact")));
+                    break;
+                }
+                let c = c.map_err(|e| SluiceError::Io {
                     reason: format!("compacting shard {}: {e}", shard.id),
                 })?;
                 if c.dropped == 0 {
@@ -1145,7 +1275,7 @@ impl Store {
                     let _ = std::fs::remove_file(dir.join(format!("seg-{seg:016x}.compact")));
                     continue;
                 }
-                h.lock().install_compacted(&c).map_err(history_err)?;
+                g.install_compacted(&c).map_err(history_err)?;
                 dropped += c.dropped;
                 reclaimed += c.bytes_before.saturating_sub(c.bytes_after);
             }
