@@ -59,6 +59,11 @@ pub struct PersistentArgs {
     /// cluster of three node processes replicating one persistent shard.
     #[arg(long, value_delimiter = ',', default_value = "1,3")]
     shard_sizes: Vec<u32>,
+    /// `[persistent] sync` of the 3-node cluster (in a cluster, `always`
+    /// and `batch` both fsync the consensus log through its group-commit
+    /// thread; `never` leaves it to the OS).
+    #[arg(long, default_value = "always")]
+    cluster_sync: String,
     /// Skip the 3-member etcd comparison.
     #[arg(long)]
     no_etcd: bool,
@@ -1361,8 +1366,12 @@ fn persistent_bench(a: PersistentArgs, json: bool) -> Result<()> {
         drop(node);
     }
     if a.shard_sizes.contains(&3) {
-        eprintln!("shard of 3: starting 3 node processes (persistent shard, sync = always)");
-        let procs = crate::bench_cluster::Procs::start_with(3, a.node_threads, Some("always"))?;
+        eprintln!(
+            "shard of 3: starting 3 node processes (persistent shard, sync = {})",
+            a.cluster_sync
+        );
+        let procs =
+            crate::bench_cluster::Procs::start_with(3, a.node_threads, Some(&a.cluster_sync))?;
         let addr = procs.addrs[0].clone();
         rt.block_on(async {
             let c = crate::bench_cluster::connect(&addr, Duration::from_secs(10)).await?;

@@ -123,26 +123,29 @@ pub fn write_all_vectored(
     Ok(())
 }
 
-/// The value of a write entry, when it is large enough to be referenced.
-pub fn large_value(e: &crate::types::Entry) -> Option<&Bytes> {
-    match &e.payload {
-        openraft::EntryPayload::Normal(crate::types::Command::Write { value: Some(v), .. })
-            if v.len() >= BY_REFERENCE =>
-        {
-            Some(v)
+/// The values of an entry's writes (one, or a batch's) large enough to be
+/// referenced, in order.
+pub fn entry_large_values(e: &crate::types::Entry) -> Vec<Bytes> {
+    fn walk(c: &crate::types::Command, out: &mut Vec<Bytes>) {
+        match c {
+            crate::types::Command::Write { value: Some(v), .. } if v.len() >= BY_REFERENCE => {
+                out.push(v.clone())
+            }
+            crate::types::Command::Batch(cmds) => cmds.iter().for_each(|c| walk(c, out)),
+            _ => {}
         }
-        _ => None,
     }
+    let mut out = Vec::new();
+    if let openraft::EntryPayload::Normal(c) = &e.payload {
+        walk(c, &mut out);
+    }
+    out
 }
 
 /// The large values of `entries`, in order (what [`ChunkWriter`] looks
 /// for; a replication batch is bounded by bytes, so the list is short).
 pub fn large_values<'e>(entries: impl IntoIterator<Item = &'e crate::types::Entry>) -> Vec<Bytes> {
-    entries
-        .into_iter()
-        .filter_map(large_value)
-        .cloned()
-        .collect()
+    entries.into_iter().flat_map(entry_large_values).collect()
 }
 
 #[cfg(test)]

@@ -18,14 +18,15 @@
 //!
 //! Durability: with `sync = true` every append is fsync'd before openraft
 //! is told it is flushed (a vote or an entry then survives power loss);
-//! appends are fsync'd by the group's fsync thread, which tells openraft
-//! (so the leader sends an entry to followers while its own copy is
-//! being synced, and appends arriving meanwhile share one fsync);
+//! such a log's files are written only by its writer thread, which writes
+//! what was queued, fsyncs once for all of it and then tells openraft (the
+//! leader sends an entry to followers while its own copy is being
+//! written; appends arriving meanwhile share one fsync);
 //! with `sync = false` records reach the OS page cache only, which survives
 //! the process being killed but not the machine losing power. Volatile
 //! shards use `false`, in a RAM-backed directory (see `ClusterSettings`).
 
-use crate::chunks::{io_slices, large_value, write_all_vectored, ChunkWriter, Part};
+use crate::chunks::{entry_large_values, io_slices, write_all_vectored, ChunkWriter, Part};
 use crate::types::{Entry, LogId, StorageError, TypeConfig, Vote};
 use bytes::Bytes;
 use openraft::storage::{LogFlushed, RaftLogStorage};
@@ -71,39 +72,178 @@ struct Disk {
     /// already has is much cheaper than growing a file (page allocation).
     free: Vec<PathBuf>,
     sync: bool,
-    /// A second handle on the active segment for the syncer thread.
-    sync_file: Arc<File>,
+    /// Synced logs: the handle the writer thread writes and syncs through
+    /// (this side never writes a synced log's files itself).
+    shared: Arc<File>,
     bytes: u64,
 }
 
-/// An append waiting for its fsync: the segment it went to and openraft's
-/// callback.
-type SyncJob = (Arc<File>, LogFlushed<TypeConfig>);
+/// What completes when a synced write is on disk.
+enum Done {
+    /// openraft's callback for an append.
+    Flushed(LogFlushed<TypeConfig>),
+    /// A caller blocked until its record is durable (vote, truncation,
+    /// purge).
+    Wait(std::sync::mpsc::SyncSender<Result<(), String>>),
+}
 
-/// The fsync thread of a synced log. openraft is told an append is
-/// flushed from here, so the leader replicates an entry while its own
-/// copy is being fsync'd, and appends that arrive meanwhile share the next
-/// fsync (group commit). Jobs complete in the order they were appended.
-fn syncer(rx: std::sync::mpsc::Receiver<SyncJob>) {
+impl Done {
+    fn complete(self, res: &Result<(), String>) {
+        match self {
+            Done::Flushed(cb) => cb.log_io_completed(res.clone().map_err(std::io::Error::other)),
+            Done::Wait(tx) => {
+                let _ = tx.send(res.clone());
+            }
+        }
+    }
+}
+
+/// Work for a synced log's writer thread, in log order.
+enum IoJob {
+    /// Records encoded by `encode_parts`: written, then fsync'd.
+    Write {
+        file: Arc<File>,
+        buf: Vec<u8>,
+        parts: Vec<Part>,
+        /// Highest entry index written to this segment so far.
+        max_index: u64,
+        done: Option<Done>,
+    },
+    /// The active segment was sealed at `old_len`; `new` starts with `head`.
+    Roll {
+        old: Arc<File>,
+        old_len: u64,
+        new: Arc<File>,
+        head: Vec<u8>,
+    },
+}
+
+/// Extends `file` to `len` bytes of zeros, written (not a sparse hole:
+/// the blocks must exist) and synced.
+fn preallocate(file: &File, len: u64) -> std::io::Result<()> {
+    use std::os::unix::fs::FileExt;
+    let zeros = vec![0u8; 1 << 20];
+    let mut at = file.metadata()?.len();
+    while at < len {
+        let n = zeros.len().min((len - at) as usize);
+        file.write_all_at(&zeros[..n], at)?;
+        at += n as u64;
+    }
+    file.sync_all()
+}
+
+/// Keeps a synced log supplied with a zero-filled spare segment, so a
+/// roll never has to start a file that grows with every fsync (made off
+/// the write path: writing 32 MiB takes a while).
+fn spare_maker(
+    dir: PathBuf,
+    weak: std::sync::Weak<Mutex<Inner>>,
+    rx: std::sync::mpsc::Receiver<()>,
+) {
+    let mut n = 0u64;
+    while rx.recv().is_ok() {
+        while rx.try_recv().is_ok() {}
+        let Some(inner) = weak.upgrade() else { return };
+        if inner
+            .lock()
+            .disk
+            .as_ref()
+            .is_none_or(|d| !d.free.is_empty())
+        {
+            continue;
+        }
+        drop(inner);
+        n += 1;
+        let path = dir.join(format!("free-z{}-{n}.log", std::process::id()));
+        let made = OpenOptions::new()
+            .create(true)
+            .truncate(true)
+            .write(true)
+            .open(&path)
+            .and_then(|f| preallocate(&f, SEGMENT_BYTES));
+        if let Err(e) = made {
+            tracing::warn!(file = %path.display(), error = %e, "could not prepare a spare log segment");
+            let _ = std::fs::remove_file(&path);
+            continue;
+        }
+        match weak.upgrade() {
+            Some(inner) => match &mut inner.lock().disk {
+                Some(d) => d.free.push(path),
+                None => drop(std::fs::remove_file(&path)),
+            },
+            None => {
+                let _ = std::fs::remove_file(&path);
+                return;
+            }
+        }
+    }
+}
+
+/// The writer thread of a synced log (persistent shards). openraft's
+/// `append` only encodes and queues: this thread writes the records, then
+/// fsyncs once for everything queued meanwhile (group commit), then tells
+/// openraft. So the leader replicates an entry while its own copy is
+/// written and synced, and no consensus task ever waits on the disk (a
+/// write racing an fsync of the same file can stall for most of it).
+fn writer(rx: std::sync::mpsc::Receiver<IoJob>, written: Arc<std::sync::atomic::AtomicU64>) {
     while let Ok(first) = rx.recv() {
         let mut batch = vec![first];
         while let Ok(j) = rx.try_recv() {
             batch.push(j);
         }
         let mut res: Result<(), String> = Ok(());
-        let mut synced: Option<*const File> = None;
-        for (f, _) in &batch {
-            if synced != Some(Arc::as_ptr(f)) {
+        let mut dirty: Vec<Arc<File>> = Vec::new();
+        let mut max_index = 0;
+        let mut dones = Vec::new();
+        for job in batch {
+            let (r, file) = match job {
+                IoJob::Write {
+                    file,
+                    buf,
+                    parts,
+                    max_index: m,
+                    done,
+                } => {
+                    dones.extend(done);
+                    max_index = max_index.max(m);
+                    let mut slices = io_slices(&buf, &parts);
+                    (write_all_vectored(&mut &*file, &mut slices), file)
+                }
+                IoJob::Roll {
+                    old,
+                    old_len,
+                    new,
+                    head,
+                } => {
+                    // A sealed segment ends exactly at its last record (a
+                    // recycled file may hold stale bytes beyond it).
+                    let r = old.set_len(old_len).and_then(|()| (&*new).write_all(&head));
+                    (r, new)
+                }
+            };
+            if !dirty.iter().any(|f| Arc::ptr_eq(f, &file)) {
+                dirty.push(file);
+            }
+            if let (Err(e), Ok(())) = (r, &res) {
+                res = Err(format!("writing the consensus log: {e}"));
+            }
+        }
+        if res.is_ok() {
+            for f in &dirty {
                 if let Err(e) = f.sync_data() {
-                    tracing::error!(error = %e, "fsync of the consensus log failed");
                     res = Err(format!("fsync of the consensus log failed: {e}"));
                     break;
                 }
-                synced = Some(Arc::as_ptr(f));
             }
         }
-        for (_, cb) in batch {
-            cb.log_io_completed(res.clone().map_err(std::io::Error::other));
+        match &res {
+            Ok(()) => {
+                written.fetch_max(max_index, std::sync::atomic::Ordering::AcqRel);
+            }
+            Err(e) => tracing::error!(error = %e, "consensus log I/O failed"),
+        }
+        for d in dones {
+            d.complete(&res);
         }
     }
 }
@@ -153,8 +293,14 @@ struct Inner {
     vote: Option<Vote>,
     committed: Option<LogId>,
     disk: Option<Disk>,
-    /// Synced logs: where appends go for their fsync.
-    syncer: Option<std::sync::mpsc::Sender<SyncJob>>,
+    /// Synced logs: asks for a zero-filled spare segment (`spare_maker`).
+    spares: Option<std::sync::mpsc::Sender<()>>,
+    /// Synced logs: the writer thread's queue, and the highest entry index
+    /// it has written (entries above it stay in memory).
+    writer: Option<(
+        std::sync::mpsc::Sender<IoJob>,
+        Arc<std::sync::atomic::AtomicU64>,
+    )>,
     /// Reused encode buffer: a large append costs no fresh allocation
     /// (and no page faults).
     scratch: Vec<u8>,
@@ -332,6 +478,11 @@ impl Inner {
             if self.index.get(&i).and_then(|h| h.loc).is_none() {
                 break; // no disk copy: keep it
             }
+            if let Some((_, w)) = &self.writer {
+                if i > w.load(std::sync::atomic::Ordering::Acquire) {
+                    break; // queued for the writer thread, not written yet
+                }
+            }
             if let Some(e) = self.entries.remove(&i) {
                 self.mem_bytes = self.mem_bytes.saturating_sub(approx_size(&e));
             }
@@ -353,28 +504,50 @@ impl Inner {
     /// rolling over to a new segment first when it is full; returns where
     /// each record went (nothing without a disk).
     fn persist(&mut self, recs: &[Record]) -> Result<Vec<Loc>, StorageError> {
-        self.persist_then(recs, true)
+        if self.writer.is_some() {
+            // Durable before returning: queue, then wait for the writer.
+            let (tx, rx) = std::sync::mpsc::sync_channel(1);
+            let locs = self.persist_with(recs, Some(Done::Wait(tx)))?;
+            return match rx.recv() {
+                Ok(Ok(())) => Ok(locs),
+                Ok(Err(e)) => Err(io_err(std::io::Error::other(e))),
+                Err(_) => Err(io_err(std::io::Error::other(
+                    "the log writer thread is gone",
+                ))),
+            };
+        }
+        self.persist_with(recs, None)
     }
 
-    /// `persist`, leaving the fsync to the caller when `sync_now` is false.
-    fn persist_then(&mut self, recs: &[Record], sync_now: bool) -> Result<Vec<Loc>, StorageError> {
+    /// Appends records: written here (unsynced logs), or queued for the
+    /// writer thread of a synced log, which completes `done` once they are
+    /// on disk. Returns where each record goes.
+    fn persist_with(
+        &mut self,
+        recs: &[Record],
+        done: Option<Done>,
+    ) -> Result<Vec<Loc>, StorageError> {
         if self.disk.as_ref().is_some_and(|d| d.bytes >= SEGMENT_BYTES) {
             self.roll()?;
         }
         let Some(d) = &mut self.disk else {
             return Ok(Vec::new());
         };
-        let mut buf = std::mem::take(&mut self.scratch);
+        // Queued buffers belong to the writer thread: no reuse.
+        let mut buf = match self.writer {
+            Some(_) => Vec::new(),
+            None => std::mem::take(&mut self.scratch),
+        };
         buf.clear();
         let mut parts: Vec<Part> = Vec::new();
         let mut locs = Vec::with_capacity(recs.len());
         let mut offset = d.bytes;
         for r in recs {
             let values = match r {
-                Record::Entry(e) => large_value(e).map(std::slice::from_ref),
-                _ => None,
+                Record::Entry(e) => entry_large_values(e),
+                _ => Vec::new(),
             };
-            let len = encode_parts(r, values.unwrap_or_default(), d.seq, &mut buf, &mut parts)?;
+            let len = encode_parts(r, &values, d.seq, &mut buf, &mut parts)?;
             locs.push(Loc {
                 seq: d.seq,
                 offset,
@@ -385,10 +558,26 @@ impl Inner {
                 d.max_index = d.max_index.max(e.log_id.index);
             }
         }
+        if let Some((tx, _)) = &self.writer {
+            d.bytes = offset;
+            let job = IoJob::Write {
+                file: d.shared.clone(),
+                buf,
+                parts,
+                max_index: d.max_index,
+                done,
+            };
+            return match tx.send(job) {
+                Ok(()) => Ok(locs),
+                Err(_) => Err(io_err(std::io::Error::other(
+                    "the log writer thread is gone",
+                ))),
+            };
+        }
         let mut slices = io_slices(&buf, &parts);
         write_all_vectored(&mut d.file, &mut slices).map_err(io_err)?;
         drop(slices);
-        if d.sync && sync_now {
+        if d.sync {
             d.file.sync_data().map_err(io_err)?;
         }
         d.bytes = offset;
@@ -421,12 +610,18 @@ impl Inner {
         if let Some(p) = self.last_purged {
             encode(&Record::Purge(p), &mut head, seq)?;
         }
-        // A sealed segment ends exactly at its last record (a recycled
-        // file may hold stale bytes beyond it).
-        d.file.set_len(d.bytes).map_err(io_err)?;
+        let queued = self.writer.as_ref().map(|(tx, _)| tx.clone());
+        if queued.is_none() {
+            // A sealed segment ends exactly at its last record (a recycled
+            // file may hold stale bytes beyond it).
+            d.file.set_len(d.bytes).map_err(io_err)?;
+        }
         let path = seg_path(&d.dir, seq);
         if let Some(old) = d.free.pop() {
             std::fs::rename(&old, &path).map_err(io_err)?;
+        }
+        if let (Some(tx), true) = (&self.spares, d.free.is_empty()) {
+            let _ = tx.send(());
         }
         let mut f = OpenOptions::new()
             .create(true)
@@ -434,18 +629,35 @@ impl Inner {
             .write(true)
             .open(&path)
             .map_err(io_err)?;
-        f.write_all(&head).map_err(io_err)?;
         if d.sync {
-            f.sync_all().map_err(io_err)?;
+            // The new name must survive a crash; its contents are synced
+            // with the records that follow.
             if let Ok(dirf) = File::open(&d.dir) {
                 let _ = dirf.sync_all();
             }
         }
+        let new = Arc::new(f.try_clone().map_err(io_err)?);
+        match queued {
+            Some(tx) => tx
+                .send(IoJob::Roll {
+                    old: d.shared.clone(),
+                    old_len: d.bytes,
+                    new: new.clone(),
+                    head: head.clone(),
+                })
+                .map_err(|_| io_err(std::io::Error::other("the log writer thread is gone")))?,
+            None => {
+                f.write_all(&head).map_err(io_err)?;
+                if d.sync {
+                    f.sync_all().map_err(io_err)?;
+                }
+            }
+        }
+        d.shared = new;
         d.sealed.push(Sealed {
             seq: d.seq,
             max_index: d.max_index,
         });
-        d.sync_file = Arc::new(f.try_clone().map_err(io_err)?);
         d.file = f;
         d.seq = seq;
         d.bytes = head.len() as u64;
@@ -494,6 +706,21 @@ impl LogStore {
             })
             .collect();
         let mut inner = Inner::default();
+        // A newest segment without a single valid record is a roll that
+        // did not finish (its head, which always holds the commit point,
+        // was never written): it goes, and the one before is the newest
+        // again (its tail past the last record is then cut below).
+        while seqs.len() > 1 {
+            let path = seg_path(dir, seqs[seqs.len() - 1]);
+            let mut data = Vec::new();
+            File::open(&path)?.read_to_end(&mut data)?;
+            if !decode_all(&data, seqs[seqs.len() - 1]).0.is_empty() {
+                break;
+            }
+            tracing::debug!(file = %path.display(), "consensus log: removing a segment left by an unfinished roll");
+            std::fs::remove_file(&path)?;
+            seqs.pop();
+        }
         let mut sealed = Vec::new();
         let (mut seq, mut bytes, mut max_index) = (0u64, 0u64, 0u64);
         for (i, s) in seqs.iter().enumerate() {
@@ -549,16 +776,25 @@ impl LogStore {
             .write(true)
             .open(seg_path(dir, seq))?;
         std::io::Seek::seek(&mut file, std::io::SeekFrom::Start(bytes))?;
+        if sync && file.metadata()?.len() < SEGMENT_BYTES {
+            // fdatasync of blocks a file already has needs no journal
+            // commit: about half the cost of one that grows the file.
+            preallocate(&file, SEGMENT_BYTES)?;
+        }
         if sync {
             let (tx, rx) = std::sync::mpsc::channel();
+            // Everything recovered is on disk already.
+            let recovered = inner.index.last_key_value().map_or(0, |(i, _)| *i);
+            let written = Arc::new(std::sync::atomic::AtomicU64::new(recovered));
+            let w = written.clone();
             std::thread::Builder::new()
-                .name("sluice-log-fsync".into())
-                .spawn(move || syncer(rx))?;
-            inner.syncer = Some(tx);
+                .name("sluice-log-writer".into())
+                .spawn(move || writer(rx, w))?;
+            inner.writer = Some((tx, written));
         }
         inner.disk = Some(Disk {
             dir: dir.to_path_buf(),
-            sync_file: Arc::new(file.try_clone()?),
+            shared: Arc::new(file.try_clone()?),
             file,
             seq,
             max_index,
@@ -568,9 +804,19 @@ impl LogStore {
             bytes,
         });
         inner.drop_purged_segments();
-        Ok(LogStore {
+        let store = LogStore {
             inner: Arc::new(Mutex::new(inner)),
-        })
+        };
+        if sync {
+            let (tx, rx) = std::sync::mpsc::channel();
+            let (d, weak) = (dir.to_path_buf(), Arc::downgrade(&store.inner));
+            std::thread::Builder::new()
+                .name("sluice-log-spare".into())
+                .spawn(move || spare_maker(d, weak, rx))?;
+            let _ = tx.send(());
+            store.inner.lock().spares = Some(tx);
+        }
+        Ok(store)
     }
 
     /// Bytes of entries held in memory (not yet covered by a snapshot).
@@ -599,10 +845,17 @@ impl LogStore {
 const PAYLOAD_BYTES: u64 = 1 << 20;
 
 fn approx_size(e: &Entry) -> u64 {
-    match &e.payload {
-        openraft::EntryPayload::Normal(crate::types::Command::Write { key, value, .. }) => {
-            (key.len() + value.as_ref().map_or(0, |v| v.len()) + 64) as u64
+    fn of(c: &crate::types::Command) -> u64 {
+        match c {
+            crate::types::Command::Write { key, value, .. } => {
+                (key.len() + value.as_ref().map_or(0, |v| v.len()) + 64) as u64
+            }
+            crate::types::Command::Batch(cmds) => cmds.iter().map(of).sum(),
+            _ => 256,
         }
+    }
+    match &e.payload {
+        openraft::EntryPayload::Normal(c) => of(c),
         _ => 256,
     }
 }
@@ -670,9 +923,12 @@ impl RaftLogStorage<TypeConfig> for LogStore {
 
     async fn save_committed(&mut self, committed: Option<LogId>) -> Result<(), StorageError> {
         let mut g = self.inner.lock();
-        // Not fsync'd even when the log is: a lost commit point is
-        // recomputed from the leader; it only speeds up a restart.
-        if let Some(d) = &mut g.disk {
+        // Never fsync'd: a lost commit point is recomputed from the leader;
+        // it only speeds up a restart. A synced log keeps it in memory
+        // (written at the head of each new segment): a record per commit
+        // would cost its writer an fsync that entries then queue behind.
+        if g.writer.is_some() {
+        } else if let Some(d) = &mut g.disk {
             let mut buf = Vec::new();
             encode(&Record::Committed(committed), &mut buf, d.seq)?;
             d.file.write_all(&buf).map_err(io_err)?;
@@ -696,41 +952,50 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         I::IntoIter: Send,
     {
         let recs: Vec<Record> = entries.into_iter().map(Record::Entry).collect();
+        let mut callback = Some(callback);
         let res = {
             let mut g = self.inner.lock();
-            let deferred = g.syncer.is_some();
-            g.persist_then(&recs, !deferred).map(|locs| {
+            // A synced log completes the callback from its writer thread.
+            let done = match g.writer {
+                Some(_) => callback.take().map(Done::Flushed),
+                None => None,
+            };
+            g.persist_with(&recs, done).map(|locs| {
                 let mut locs = locs.into_iter();
                 for rec in recs {
                     let loc = locs.next();
                     g.apply(rec, loc);
                 }
-                match (&g.syncer, &g.disk) {
-                    (Some(tx), Some(d)) => Some((tx.clone(), d.sync_file.clone())),
-                    _ => None,
-                }
             })
         };
         match res {
-            Ok(Some((tx, file))) => {
-                if let Err(std::sync::mpsc::SendError((_, cb))) = tx.send((file, callback)) {
-                    cb.log_io_completed(Err(std::io::Error::other("the fsync thread is gone")));
+            Ok(()) => {
+                if let Some(cb) = callback {
+                    cb.log_io_completed(Ok(()));
                 }
                 Ok(())
             }
-            Ok(None) => {
-                callback.log_io_completed(Ok(()));
-                Ok(())
-            }
             Err(e) => {
-                callback.log_io_completed(Err(std::io::Error::other(e.to_string())));
+                if let Some(cb) = callback {
+                    cb.log_io_completed(Err(std::io::Error::other(e.to_string())));
+                }
                 Err(e)
             }
         }
     }
 
     async fn truncate(&mut self, log_id: LogId) -> Result<(), StorageError> {
-        self.inner.lock().record(Record::Truncate(log_id.index))
+        let mut g = self.inner.lock();
+        g.record(Record::Truncate(log_id.index))?;
+        // Everything queued before is written by now (the truncation was
+        // waited for): entries from here on are new and not written yet.
+        if let Some((_, w)) = &g.writer {
+            w.fetch_min(
+                log_id.index.saturating_sub(1),
+                std::sync::atomic::Ordering::AcqRel,
+            );
+        }
+        Ok(())
     }
 
     async fn purge(&mut self, log_id: LogId) -> Result<(), StorageError> {

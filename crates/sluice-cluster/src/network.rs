@@ -309,6 +309,35 @@ mod borrowed {
         Tick {
             timestamp_us: u64,
         },
+        Batch(#[serde(borrow)] Vec<CommandRef<'a>>),
+    }
+
+    impl CommandRef<'_> {
+        /// The command, its values sliced out of `frame` (no copy).
+        fn into_command(self, frame: &Bytes) -> Command {
+            match self {
+                CommandRef::Meta(j) => Command::Meta(j),
+                CommandRef::Tick { timestamp_us } => Command::Tick { timestamp_us },
+                CommandRef::Batch(cmds) => {
+                    Command::Batch(cmds.into_iter().map(|c| c.into_command(frame)).collect())
+                }
+                CommandRef::Write {
+                    key,
+                    value,
+                    expected,
+                    timestamp_us,
+                    req_id,
+                    trace,
+                } => Command::Write {
+                    key,
+                    value: value.map(|v| frame.slice_ref(v)),
+                    expected,
+                    timestamp_us,
+                    req_id,
+                    trace,
+                },
+            }
+        }
     }
 
     impl EntryRef<'_> {
@@ -317,25 +346,7 @@ mod borrowed {
             let payload = match self.payload {
                 PayloadRef::Blank => EntryPayload::Blank,
                 PayloadRef::Membership(m) => EntryPayload::Membership(m),
-                PayloadRef::Normal(CommandRef::Meta(j)) => EntryPayload::Normal(Command::Meta(j)),
-                PayloadRef::Normal(CommandRef::Tick { timestamp_us }) => {
-                    EntryPayload::Normal(Command::Tick { timestamp_us })
-                }
-                PayloadRef::Normal(CommandRef::Write {
-                    key,
-                    value,
-                    expected,
-                    timestamp_us,
-                    req_id,
-                    trace,
-                }) => EntryPayload::Normal(Command::Write {
-                    key,
-                    value: value.map(|v| frame.slice_ref(v)),
-                    expected,
-                    timestamp_us,
-                    req_id,
-                    trace,
-                }),
+                PayloadRef::Normal(c) => EntryPayload::Normal(c.into_command(frame)),
             };
             Entry {
                 log_id: self.log_id,

@@ -84,6 +84,60 @@ pub struct Group {
     log: LogStore,
     /// When this node last asked for a snapshot because the log grew large.
     snapshot_asked: parking_lot::Mutex<Option<std::time::Instant>>,
+    /// Puts waiting to be proposed together (see `ClusterNode::propose_write`).
+    batch: parking_lot::Mutex<Batcher>,
+}
+
+/// A put waiting for its turn, and where its result goes.
+type Queued = (
+    Command,
+    tokio::sync::oneshot::Sender<Result<Applied, SluiceError>>,
+);
+
+/// Proposals of one group's puts. openraft writes (and, for persistent
+/// shards, fsyncs) each proposal before it takes the next, so puts that
+/// arrive while earlier ones are in flight wait here and then go as one
+/// `Command::Batch`: one log entry, one fsync. At most
+/// `BATCHES_IN_FLIGHT` proposers run; a put that finds them all busy is
+/// left in the queue for them (they drain it before they stop).
+#[derive(Default)]
+struct Batcher {
+    queue: std::collections::VecDeque<Queued>,
+    proposers: usize,
+}
+
+/// At most this many puts, or this many bytes of values, per batch (at
+/// least one put goes).
+const BATCH_PUTS: usize = 256;
+const BATCH_BYTES: usize = 4 << 20;
+/// Proposers at once: one being appended while another is replicated.
+const BATCHES_IN_FLIGHT: usize = 2;
+
+impl Batcher {
+    /// Takes the puts at the head of the queue that fit one batch; with
+    /// none left, this proposer stops (under the same lock as the check a
+    /// new put makes, so no put is left without a proposer).
+    fn take(&mut self) -> Vec<Queued> {
+        let mut bytes = 0;
+        let mut out = Vec::new();
+        while let Some((cmd, _)) = self.queue.front() {
+            let size = match cmd {
+                Command::Write { key, value, .. } => {
+                    key.len() + value.as_ref().map_or(0, |v| v.len())
+                }
+                _ => 0,
+            };
+            if !out.is_empty() && (out.len() >= BATCH_PUTS || bytes + size > BATCH_BYTES) {
+                break;
+            }
+            bytes += size;
+            out.extend(self.queue.pop_front());
+        }
+        if out.is_empty() {
+            self.proposers -= 1;
+        }
+        out
+    }
 }
 
 /// This node's membership in the cluster.
@@ -104,6 +158,8 @@ pub struct ClusterNode {
     /// per process, so a restarted node never reuses one).
     writer_id: u64,
     writer_seq: std::sync::atomic::AtomicU64,
+    /// This node itself, for tasks it spawns (set once by `start`).
+    me: std::sync::OnceLock<std::sync::Weak<ClusterNode>>,
 }
 
 fn unavailable(reason: String) -> SluiceError {
@@ -199,7 +255,9 @@ impl ClusterNode {
                 .as_bytes(),
             ),
             writer_seq: std::sync::atomic::AtomicU64::new(1),
+            me: std::sync::OnceLock::new(),
         });
+        let _ = node.me.set(Arc::downgrade(&node));
         let mut wanted: BTreeSet<u64> = BTreeSet::from([META_GROUP]);
         for (g, members) in node.meta.read().members.clone() {
             if members.contains(&id) {
@@ -351,6 +409,7 @@ impl ClusterNode {
             sm,
             log: log_handle,
             snapshot_asked: parking_lot::Mutex::new(None),
+            batch: Default::default(),
         });
         // Operators see leadership changes in the node's log (openraft's
         // own logging is off by default: it reports every failed RPC to a
@@ -492,6 +551,76 @@ impl ClusterNode {
         }
     }
 
+    /// Proposes a put with whatever other puts are waiting (see
+    /// `Batcher`). A put that finds a free proposer slot proposes the
+    /// queue's head itself (a lone put goes at once, as it is); if puts
+    /// queued up meanwhile, a task takes the slot over and drains them.
+    /// A put that finds every slot busy waits for a proposer to take it.
+    async fn propose_write(&self, g: &Arc<Group>, cmd: Command) -> Result<Applied, SluiceError> {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        let propose = {
+            let mut b = g.batch.lock();
+            b.queue.push_back((cmd, tx));
+            let free = b.proposers < BATCHES_IN_FLIGHT;
+            b.proposers += usize::from(free);
+            free
+        };
+        if propose && self.propose_batch(g).await {
+            let more = {
+                let mut b = g.batch.lock();
+                let more = !b.queue.is_empty();
+                b.proposers -= usize::from(!more);
+                more
+            };
+            if more {
+                match self.me.get().and_then(std::sync::Weak::upgrade) {
+                    Some(node) => {
+                        let g = g.clone();
+                        tokio::spawn(async move { while node.propose_batch(&g).await {} });
+                    }
+                    // Shutting down: this proposer drains what is left.
+                    None => while self.propose_batch(g).await {},
+                }
+            }
+        }
+        rx.await.map_err(|_| SluiceError::Internal {
+            reason: "a batched write was dropped before it was proposed".into(),
+        })?
+    }
+
+    /// Proposes one batch from the head of the queue and hands every put
+    /// its result; false (and the slot given up) when the queue is empty.
+    async fn propose_batch(&self, g: &Group) -> bool {
+        let taken = g.batch.lock().take();
+        if taken.is_empty() {
+            return false;
+        }
+        let (mut cmds, txs): (Vec<Command>, Vec<_>) = taken.into_iter().unzip();
+        let cmd = match cmds.len() {
+            1 => cmds.remove(0),
+            _ => Command::Batch(cmds),
+        };
+        let n = txs.len();
+        match self.propose(g, cmd).await {
+            Ok(Applied::Batch(rs)) if rs.len() == n => {
+                for (tx, r) in txs.into_iter().zip(rs) {
+                    let _ = tx.send(Ok(r));
+                }
+            }
+            Ok(r) if n == 1 => {
+                txs.into_iter().for_each(|tx| drop(tx.send(Ok(r.clone()))));
+            }
+            Ok(other) => {
+                let e = SluiceError::Internal {
+                    reason: format!("unexpected apply result for a batch of {n}: {other:?}"),
+                };
+                txs.into_iter().for_each(|tx| drop(tx.send(Err(e.clone()))));
+            }
+            Err(e) => txs.into_iter().for_each(|tx| drop(tx.send(Err(e.clone())))),
+        }
+        true
+    }
+
     /// Replicates a put (`value: Some`) or remove: answered once a
     /// majority of the shard has it and this leader applied it.
     #[allow(clippy::too_many_arguments)]
@@ -513,7 +642,7 @@ impl ClusterNode {
             req_id,
             trace,
         };
-        let applied = self.propose(&g, cmd).await;
+        let applied = self.propose_write(&g, cmd).await;
         self.maybe_snapshot(&g);
         match applied? {
             Applied::Put(r) => r.map_err(|e| Applied::decode_err(&e)),

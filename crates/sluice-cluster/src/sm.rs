@@ -555,6 +555,16 @@ impl RaftStateMachine<TypeConfig> for Sm {
                     }
                     Applied::None
                 }
+                EntryPayload::Normal(Command::Batch(cmds)) => match self.shard {
+                    Some(shard) => {
+                        let mut out = Vec::with_capacity(cmds.len());
+                        for cmd in cmds {
+                            out.push(self.apply_write(&mut st, e.log_id.index, shard, cmd)?);
+                        }
+                        Applied::Batch(out)
+                    }
+                    None => Applied::None,
+                },
                 EntryPayload::Normal(cmd) => match self.shard {
                     Some(shard) => self.apply_write(&mut st, e.log_id.index, shard, cmd)?,
                     None => Applied::None,

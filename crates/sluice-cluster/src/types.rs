@@ -29,6 +29,10 @@ pub enum Command {
     /// member has applied it, reads at earlier times can no longer change
     /// there (see `ClusterNode::time_barrier`).
     Tick { timestamp_us: u64 },
+    /// Writes proposed together (puts that arrived while earlier ones were
+    /// being replicated): one log entry, one fsync, applied in order,
+    /// each with its own version and result.
+    Batch(Vec<Command>),
 }
 
 /// A metadata change, applied by every node in log order.
@@ -58,6 +62,8 @@ pub enum Applied {
     Put(Result<PutResult, String>),
     Meta(Result<String, String>),
     None,
+    /// One result per command of a `Command::Batch`.
+    Batch(Vec<Applied>),
 }
 
 impl Applied {
