@@ -927,8 +927,8 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         // it only speeds up a restart. A synced log keeps it in memory
         // (written at the head of each new segment): a record per commit
         // would cost its writer an fsync that entries then queue behind.
-        if g.writer.is_some() {
-        } else if let Some(d) = &mut g.disk {
+        let synced = g.writer.is_some();
+        if let (false, Some(d)) = (synced, &mut g.disk) {
             let mut buf = Vec::new();
             encode(&Record::Committed(committed), &mut buf, d.seq)?;
             d.file.write_all(&buf).map_err(io_err)?;
@@ -1078,6 +1078,43 @@ mod tests {
     }
 
     #[test]
+    fn a_synced_log_survives_reopen_across_preallocated_segments_and_an_unfinished_roll() {
+        let d = tempfile::tempdir().unwrap();
+        let last_seq = {
+            let s = LogStore::open(d.path(), true).unwrap();
+            let len = std::fs::metadata(seg_path(d.path(), 1)).unwrap().len();
+            assert!(
+                len >= SEGMENT_BYTES,
+                "the first segment is preallocated ({len} bytes)"
+            );
+            let mut g = s.inner.lock();
+            // Through the writer thread: each call returns once durable.
+            g.record(Record::Vote(Vote::new(3, 1))).unwrap();
+            append(&mut g, (1..=80).map(|i| entry(1, i, 1 << 20)).collect());
+            g.record(Record::Truncate(71)).unwrap();
+            append(&mut g, (71..=75).map(|i| entry(2, i, 10)).collect());
+            let seq = g.disk.as_ref().unwrap().seq;
+            assert!(seq >= 3, "segments rolled ({seq})");
+            seq
+        };
+        // A crash in the middle of a roll: the next segment exists but
+        // holds no record yet (zeros of a preallocated file).
+        let next = seg_path(d.path(), last_seq + 1);
+        std::fs::write(&next, vec![0u8; 4096]).unwrap();
+        let g = reopen(d.path());
+        assert!(!next.exists(), "the unfinished segment was removed");
+        assert_eq!(g.vote, Some(Vote::new(3, 1)));
+        assert_eq!(g.index.keys().next_back(), Some(&75));
+        assert_eq!(
+            g.index[&72].log_id,
+            lid(2, 72),
+            "the truncated suffix was replaced"
+        );
+        assert_eq!(g.entry(3).unwrap().unwrap().log_id, lid(1, 3));
+        assert_eq!(g.entry(70).unwrap().unwrap().log_id, lid(1, 70));
+    }
+
+    #[test]
     fn purged_segment_files_are_recycled_and_their_stale_records_ignored() {
         let d = tempfile::tempdir().unwrap();
         {
@@ -1191,7 +1228,11 @@ mod tests {
         let mut data = std::fs::read(&seg).unwrap();
         data[12] ^= 0xff;
         std::fs::write(&seg, &data).unwrap();
-        std::fs::write(seg_path(d.path(), 2), b"").unwrap();
+        // (A newer segment with a record: an empty one would be a roll
+        // that never finished, and segment 1 the newest again.)
+        let mut head = Vec::new();
+        encode(&Record::Committed(None), &mut head, 2).unwrap();
+        std::fs::write(seg_path(d.path(), 2), &head).unwrap();
         let e = LogStore::open(d.path(), false).err().unwrap();
         assert!(e.to_string().contains("seg-00000001.log"), "{e}");
     }

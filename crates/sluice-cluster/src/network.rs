@@ -435,6 +435,31 @@ mod tests {
                     log_id: lid(8),
                     payload: EntryPayload::Normal(Command::Meta("{}".into())),
                 },
+                Entry {
+                    log_id: lid(9),
+                    payload: EntryPayload::Normal(Command::Tick { timestamp_us: 11 }),
+                },
+                Entry {
+                    log_id: lid(10),
+                    payload: EntryPayload::Normal(Command::Batch(vec![
+                        Command::Write {
+                            key: "/p/b".into(),
+                            value: Some(value.clone()),
+                            expected: None,
+                            timestamp_us: 12,
+                            req_id: Some(sluice_types::ReqId { client: 1, seq: 3 }),
+                            trace: None,
+                        },
+                        Command::Write {
+                            key: "/p/c".into(),
+                            value: None,
+                            expected: Some(1),
+                            timestamp_us: 13,
+                            req_id: None,
+                            trace: None,
+                        },
+                    ])),
+                },
             ],
             leader_commit: Some(lid(6)),
         };
@@ -460,6 +485,16 @@ mod tests {
         assert!(
             range.contains(&(v.as_ptr() as usize)),
             "the value is a slice of the frame"
+        );
+        let EntryPayload::Normal(Command::Batch(cmds)) = &entries[5].payload else {
+            panic!()
+        };
+        let Command::Write { value: Some(v), .. } = &cmds[0] else {
+            panic!()
+        };
+        assert!(
+            range.contains(&(v.as_ptr() as usize)),
+            "a batched value is a slice of the frame too"
         );
     }
 }

@@ -28,6 +28,12 @@ pub struct LogOptions {
     /// A segment rolls over once it would exceed this size.
     pub segment_bytes_max: u64,
     pub sync: SyncPolicy,
+    /// fsync a segment when it is sealed (the default). Off, a sealed
+    /// segment's unsynced appends stay pending until `sync` (which then
+    /// syncs it too): for a history whose durability comes from elsewhere
+    /// (a replicated shard's consensus log), so a roll costs no fsync of
+    /// a whole segment in the middle of a write.
+    pub sync_on_roll: bool,
 }
 
 impl Default for LogOptions {
@@ -35,6 +41,7 @@ impl Default for LogOptions {
         LogOptions {
             segment_bytes_max: 64 << 20,
             sync: SyncPolicy::Always,
+            sync_on_roll: true,
         }
     }
 }
@@ -111,6 +118,8 @@ pub struct Log {
     active_len: u64,
     /// Oldest append not yet fsynced (Batch/Never policies).
     unsynced_since: Option<Instant>,
+    /// Sealed segments with appends not yet fsync'd (`sync_on_roll` off).
+    unsynced_sealed: Vec<u64>,
     poisoned: Option<String>,
     buf: BytesMut,
     /// Memory maps of sealed segments, made on first read.
@@ -276,6 +285,7 @@ impl Log {
             active_id,
             active_len,
             unsynced_since: None,
+            unsynced_sealed: Vec::new(),
             poisoned: None,
             buf: BytesMut::new(),
             maps: Default::default(),
@@ -284,7 +294,11 @@ impl Log {
     }
 
     fn roll(&mut self) -> Result<()> {
-        self.sync()?;
+        if self.opts.sync_on_roll {
+            self.sync()?;
+        } else if self.unsynced_since.take().is_some() {
+            self.unsynced_sealed.push(self.active_id);
+        }
         let id = self.active_id + 1;
         let path = seg_path(&self.dir, id);
         let mut f = self.fs.open_append(&path).map_err(io("creating", &path))?;
@@ -386,8 +400,20 @@ impl Log {
         }
     }
 
-    /// fsyncs the active segment.
+    /// fsyncs the active segment (and sealed ones left unsynced).
     pub fn sync(&mut self) -> Result<()> {
+        for id in std::mem::take(&mut self.unsynced_sealed) {
+            let path = seg_path(&self.dir, id);
+            let r = self
+                .fs
+                .open_append(&path)
+                .and_then(|mut f| f.sync())
+                .map_err(io("syncing", &path));
+            if let Err(e) = r {
+                self.unsynced_sealed.push(id);
+                return Err(e);
+            }
+        }
         if self.unsynced_since.is_none() {
             return Ok(());
         }
@@ -395,6 +421,30 @@ impl Log {
         self.active.sync().map_err(io("syncing", &path))?;
         self.unsynced_since = None;
         Ok(())
+    }
+
+    /// The segments with unsynced appends, marked synced: the caller
+    /// fsyncs them without holding the log (appends go on meanwhile)
+    /// and hands back any it could not (`requeue_unsynced`).
+    pub fn take_unsynced(&mut self) -> Vec<(u64, PathBuf)> {
+        let mut ids = std::mem::take(&mut self.unsynced_sealed);
+        if self.unsynced_since.take().is_some() {
+            ids.push(self.active_id);
+        }
+        ids.into_iter()
+            .map(|id| (id, seg_path(&self.dir, id)))
+            .collect()
+    }
+
+    /// Marks segments unsynced again (their fsync failed).
+    pub fn requeue_unsynced(&mut self, ids: impl IntoIterator<Item = u64>) {
+        for id in ids {
+            if id == self.active_id {
+                self.unsynced_since.get_or_insert_with(Instant::now);
+            } else if !self.unsynced_sealed.contains(&id) {
+                self.unsynced_sealed.push(id);
+            }
+        }
     }
 
     /// Reads one record back (checksum verified). Records of sealed
@@ -590,6 +640,7 @@ impl Log {
             .map_err(io("syncing directory", &self.dir))?;
         self.active_len = offset;
         self.unsynced_since = None;
+        self.unsynced_sealed.retain(|id| *id < segment);
         self.maps
             .lock()
             .unwrap_or_else(|p| p.into_inner())

@@ -428,4 +428,14 @@ impl History {
     pub fn sync(&mut self) -> Result<(), HistoryError> {
         Ok(self.log.sync()?)
     }
+
+    /// See `Log::take_unsynced`.
+    pub fn take_unsynced(&mut self) -> Vec<(u64, std::path::PathBuf)> {
+        self.log.take_unsynced()
+    }
+
+    /// See `Log::requeue_unsynced`.
+    pub fn requeue_unsynced(&mut self, ids: impl IntoIterator<Item = u64>) {
+        self.log.requeue_unsynced(ids)
+    }
 }

@@ -21,6 +21,7 @@ fn opts() -> LogOptions {
     LogOptions {
         segment_bytes_max: 600,
         sync: SyncPolicy::Always,
+        ..Default::default()
     }
 }
 

@@ -109,7 +109,7 @@ proptest! {
         probes in proptest::collection::vec((any::<u8>(), 0u64..200), 1..20),
     ) {
         let d = dir();
-        let opts = LogOptions { segment_bytes_max: 2048, sync: SyncPolicy::Never };
+        let opts = LogOptions { segment_bytes_max: 2048, sync: SyncPolicy::Never, ..Default::default() };
         let (mut h, _) = History::open(&d, Arc::new(RealFs), opts.clone()).unwrap();
         let mut ws = Vec::new();
         let mut ts = 0;
@@ -163,7 +163,7 @@ proptest! {
         probes in proptest::collection::vec((any::<u8>(), 0u64..200), 1..20),
     ) {
         let d = dir();
-        let opts = LogOptions { segment_bytes_max: 2048, sync: SyncPolicy::Never };
+        let opts = LogOptions { segment_bytes_max: 2048, sync: SyncPolicy::Never, ..Default::default() };
         let (mut h, _) = History::open(&d, Arc::new(RealFs), opts.clone()).unwrap();
         let mut ws = Vec::new();
         let mut ts = 0;

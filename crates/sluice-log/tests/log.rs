@@ -47,6 +47,7 @@ fn records_survive_reopen_and_segments_roll_over() {
     let opts = LogOptions {
         segment_bytes_max: 4096,
         sync: SyncPolicy::Always,
+        ..Default::default()
     };
     let (mut log, r) = open(&d, Arc::new(RealFs), opts.clone());
     assert!(r.records.is_empty());
@@ -219,7 +220,7 @@ proptest! {
         seg_max in 256u64..4096,
     ) {
         let d = dir("prop");
-        let opts = LogOptions { segment_bytes_max: seg_max, sync: SyncPolicy::Never };
+        let opts = LogOptions { segment_bytes_max: seg_max, sync: SyncPolicy::Never, ..Default::default() };
         let (mut log, _) = open(&d, Arc::new(RealFs), opts.clone());
         let mut want = Vec::new();
         for (i, (k, v, remove)) in recs.into_iter().enumerate() {
@@ -246,6 +247,7 @@ fn sealed_segments_are_read_through_a_shared_memory_map() {
     let opts = LogOptions {
         segment_bytes_max: 1024,
         sync: SyncPolicy::Never,
+        ..Default::default()
     };
     let (mut log, _) = open(&d, Arc::new(RealFs), opts);
     let mut locs = Vec::new();
@@ -264,4 +266,35 @@ fn sealed_segments_are_read_through_a_shared_memory_map() {
     );
     // The active segment is read with pread and still answers.
     assert_eq!(log.read(*locs.last().unwrap()).unwrap().version, 40);
+}
+
+#[test]
+fn without_sync_on_roll_sealed_segments_stay_pending_until_synced() {
+    let d = dir("unsynced");
+    let opts = LogOptions {
+        segment_bytes_max: 1024,
+        sync: SyncPolicy::Never,
+        sync_on_roll: false,
+    };
+    let (mut log, _) = open(&d, Arc::new(RealFs), opts);
+    for v in 1..=40u64 {
+        log.append(&[rec(v, "/p/k", &[7u8; 100])]).unwrap();
+    }
+    let sealed = log.sealed_segments().unwrap();
+    assert!(sealed.len() >= 3, "{sealed:?}");
+    let pending: Vec<u64> = log.take_unsynced().into_iter().map(|(id, _)| id).collect();
+    let mut want = sealed.clone();
+    want.push(log.active_segment());
+    assert_eq!(pending, want, "every segment written since the last sync");
+    assert!(log.take_unsynced().is_empty(), "taken once");
+    // A failed fsync hands them back; `sync` then covers them.
+    log.requeue_unsynced(pending.iter().copied());
+    assert_eq!(log.take_unsynced().len(), pending.len());
+    log.requeue_unsynced(pending);
+    log.sync().unwrap();
+    assert!(log.take_unsynced().is_empty());
+    log.append(&[rec(41, "/p/k", b"x")]).unwrap();
+    let again: Vec<u64> = log.take_unsynced().into_iter().map(|(id, _)| id).collect();
+    assert_eq!(again, vec![log.active_segment()]);
+    let _ = std::fs::remove_dir_all(&d);
 }

@@ -1058,6 +1058,11 @@ fn recover_persistent(
     let opts = sluice_log::LogOptions {
         sync: log_sync,
         segment_bytes_max: segment_bytes,
+        // Batch: the group committer's acknowledgements need sealed
+        // segments synced. Never (standalone: the OS decides; replicated:
+        // the consensus log is the durable write, the history is synced
+        // at snapshots): no fsync of a whole segment inside a write.
+        sync_on_roll: !matches!(sync, sluice_log::SyncPolicy::Never),
     };
     let (h, rec) =
         sluice_log::History::open(&path, Arc::new(sluice_log::RealFs), opts).map_err(|e| {
@@ -1143,12 +1148,24 @@ impl Store {
         Ok(removed)
     }
 
-    /// fsyncs a persistent shard's history.
+    /// fsyncs a persistent shard's history: every segment written since
+    /// the last sync, without holding the history (writes go on).
     pub fn persistent_sync(&self, shard: ShardId) -> Result<()> {
         let (_, h) = self.persistent_shard(shard)?;
-        h.lock().sync().map_err(|e| SluiceError::Io {
-            reason: format!("syncing shard {shard}: {e}"),
-        })
+        let (fs, pending) = {
+            let mut g = h.lock();
+            (g.storage().0, g.take_unsynced())
+        };
+        for (i, (_, path)) in pending.iter().enumerate() {
+            if let Err(e) = fs.open_append(path).and_then(|mut f| f.sync()) {
+                h.lock()
+                    .requeue_unsynced(pending[i..].iter().map(|(id, _)| *id));
+                return Err(SluiceError::Io {
+                    reason: format!("syncing shard {shard} ({}): {e}", path.display()),
+                });
+            }
+        }
+        Ok(())
     }
 
     /// Every version of a persistent shard up to `version`, in version
