@@ -132,53 +132,6 @@ fn preallocate(file: &File, len: u64) -> std::io::Result<()> {
     file.sync_all()
 }
 
-/// Keeps a synced log supplied with a zero-filled spare segment, so a
-/// roll never has to start a file that grows with every fsync (made off
-/// the write path: writing 32 MiB takes a while).
-fn spare_maker(
-    dir: PathBuf,
-    weak: std::sync::Weak<Mutex<Inner>>,
-    rx: std::sync::mpsc::Receiver<()>,
-) {
-    let mut n = 0u64;
-    while rx.recv().is_ok() {
-        while rx.try_recv().is_ok() {}
-        let Some(inner) = weak.upgrade() else { return };
-        if inner
-            .lock()
-            .disk
-            .as_ref()
-            .is_none_or(|d| !d.free.is_empty())
-        {
-            continue;
-        }
-        drop(inner);
-        n += 1;
-        let path = dir.join(format!("free-z{}-{n}.log", std::process::id()));
-        let made = OpenOptions::new()
-            .create(true)
-            .truncate(true)
-            .write(true)
-            .open(&path)
-            .and_then(|f| preallocate(&f, SEGMENT_BYTES));
-        if let Err(e) = made {
-            tracing::warn!(file = %path.display(), error = %e, "could not prepare a spare log segment");
-            let _ = std::fs::remove_file(&path);
-            continue;
-        }
-        match weak.upgrade() {
-            Some(inner) => match &mut inner.lock().disk {
-                Some(d) => d.free.push(path),
-                None => drop(std::fs::remove_file(&path)),
-            },
-            None => {
-                let _ = std::fs::remove_file(&path);
-                return;
-            }
-        }
-    }
-}
-
 /// The writer thread of a synced log (persistent shards). openraft's
 /// `append` only encodes and queues: this thread writes the records, then
 /// fsyncs once for everything queued meanwhile (group commit), then tells
@@ -293,8 +246,6 @@ struct Inner {
     vote: Option<Vote>,
     committed: Option<LogId>,
     disk: Option<Disk>,
-    /// Synced logs: asks for a zero-filled spare segment (`spare_maker`).
-    spares: Option<std::sync::mpsc::Sender<()>>,
     /// Synced logs: the writer thread's queue, and the highest entry index
     /// it has written (entries above it stay in memory).
     writer: Option<(
@@ -620,9 +571,6 @@ impl Inner {
         if let Some(old) = d.free.pop() {
             std::fs::rename(&old, &path).map_err(io_err)?;
         }
-        if let (Some(tx), true) = (&self.spares, d.free.is_empty()) {
-            let _ = tx.send(());
-        }
         let mut f = OpenOptions::new()
             .create(true)
             .truncate(false) // a recycled file: overwritten in place
@@ -779,6 +727,10 @@ impl LogStore {
         if sync && file.metadata()?.len() < SEGMENT_BYTES {
             // fdatasync of blocks a file already has needs no journal
             // commit: about half the cost of one that grows the file.
+            // Later segments are purged ones, recycled (a persistent
+            // group snapshots every `PERSISTENT_SNAPSHOT_BYTES`, so that
+            // starts early); zero-filling every new segment in the
+            // background doubled the disk writes and hurt tail latency.
             preallocate(&file, SEGMENT_BYTES)?;
         }
         if sync {
@@ -804,19 +756,9 @@ impl LogStore {
             bytes,
         });
         inner.drop_purged_segments();
-        let store = LogStore {
+        Ok(LogStore {
             inner: Arc::new(Mutex::new(inner)),
-        };
-        if sync {
-            let (tx, rx) = std::sync::mpsc::channel();
-            let (d, weak) = (dir.to_path_buf(), Arc::downgrade(&store.inner));
-            std::thread::Builder::new()
-                .name("sluice-log-spare".into())
-                .spawn(move || spare_maker(d, weak, rx))?;
-            let _ = tx.send(());
-            store.inner.lock().spares = Some(tx);
-        }
-        Ok(store)
+        })
     }
 
     /// Bytes of entries held in memory (not yet covered by a snapshot).

@@ -106,6 +106,10 @@ struct Batcher {
     proposers: usize,
 }
 
+/// Log bytes after which a persistent shard takes a snapshot (at most
+/// `ClusterSettings::snapshot_bytes`).
+const PERSISTENT_SNAPSHOT_BYTES: u64 = 64 << 20;
+
 /// At most this many puts, or this many bytes of values, per batch (at
 /// least one put goes).
 const BATCH_PUTS: usize = 256;
@@ -336,14 +340,23 @@ impl ClusterNode {
     /// Asks for a snapshot when a group's log holds more than
     /// `snapshot_bytes` (at most every 100 ms).
     fn maybe_snapshot(&self, g: &Group) {
-        if g.log.held_bytes() <= self.settings.snapshot_bytes {
+        // A persistent shard's snapshot is small (its objects are the
+        // history on disk): taking it often keeps each history fsync
+        // short and lets the log's purged segments be recycled early.
+        let limit = match shard_of_group(g.id) {
+            Some(s) if s.pool_type == PoolType::Persistent => {
+                self.settings.snapshot_bytes.min(PERSISTENT_SNAPSHOT_BYTES)
+            }
+            _ => self.settings.snapshot_bytes,
+        };
+        if g.log.held_bytes() <= limit {
             return; // the common case, one lock and a load
         }
         let mut asked = g.snapshot_asked.lock();
         if asked.is_some_and(|t| t.elapsed() < Duration::from_millis(100))
             || g.log
                 .bytes_beyond(self.raft_cfg.max_in_snapshot_log_to_keep)
-                <= self.settings.snapshot_bytes
+                <= limit
         {
             return;
         }
@@ -457,7 +470,12 @@ impl ClusterNode {
             )));
         }
         let g = self.ensure_group(group).await?;
-        dispatch(&g.raft, kind, body).await
+        let r = dispatch(&g.raft, kind, body).await;
+        // Followers bound their logs by bytes too (openraft's own policy
+        // counts entries only): else they snapshot rarely, and a rare
+        // persistent snapshot syncs a large history at once.
+        self.maybe_snapshot(&g);
+        r
     }
 
     /// Is this shard replicated (volatile and persistent shards are)?
