@@ -72,6 +72,9 @@ struct Disk {
     /// already has is much cheaper than growing a file (page allocation).
     free: Vec<PathBuf>,
     sync: bool,
+    /// Purged segments are kept (renamed `kept-<n>.log`): a persistent
+    /// shard's history points into them for its values.
+    keep: bool,
     /// Synced logs: the handle the writer thread writes and syncs through
     /// (this side never writes a synced log's files itself).
     shared: Arc<File>,
@@ -584,6 +587,17 @@ impl Inner {
                 let _ = dirf.sync_all();
             }
         }
+        if d.sync && f.metadata().map_err(io_err)?.len() == 0 {
+            // A fresh file: reserve its blocks (much cheaper than writing
+            // zeros; an fdatasync then only converts extents).
+            use std::os::fd::AsRawFd;
+            // SAFETY: a valid open file descriptor; no memory is passed.
+            let r =
+                unsafe { libc::posix_fallocate(f.as_raw_fd(), 0, SEGMENT_BYTES as libc::off_t) };
+            if r != 0 {
+                tracing::debug!(error = r, "posix_fallocate of a new log segment failed");
+            }
+        }
         let new = Arc::new(f.try_clone().map_err(io_err)?);
         match queued {
             Some(tx) => tx
@@ -616,12 +630,19 @@ impl Inner {
     fn drop_purged_segments(&mut self) {
         let upto = self.last_purged.map_or(0, |p| p.index);
         let Some(d) = &mut self.disk else { return };
-        let (dir, free) = (&d.dir, &mut d.free);
+        let (dir, free, keep) = (&d.dir, &mut d.free, d.keep);
         d.sealed.retain(|s| {
             if s.max_index > upto {
                 return true;
             }
             let path = seg_path(dir, s.seq);
+            if keep {
+                // Out of the log (not scanned at open), still readable.
+                if let Err(e) = std::fs::rename(&path, kept_path(dir, s.seq)) {
+                    tracing::error!(file = %path.display(), error = %e, "could not set a purged segment aside");
+                }
+                return false;
+            }
             let spare = dir.join(format!("free-{:08}.log", s.seq));
             if free.len() < FREE_SEGMENTS && std::fs::rename(&path, &spare).is_ok() {
                 free.push(spare);
@@ -633,9 +654,156 @@ impl Inner {
     }
 }
 
+/// Where a purged segment of a keeping log goes.
+fn kept_path(dir: &Path, seq: u64) -> PathBuf {
+    dir.join(format!("kept-{seq:08}.log"))
+}
+
+/// Values shorter than this are copied into a persistent shard's history
+/// rather than referenced (a reference is 20 bytes).
+pub const MIN_REF: usize = 64;
+
+/// A counting sink for bincode that notes where each expected value's
+/// bytes start (the values come in encoding order; matched by address and
+/// length, so a value that appears twice is told apart by order).
+struct Positions<'a> {
+    values: &'a [Bytes],
+    next: usize,
+    at: u64,
+    found: Vec<u64>,
+}
+
+impl Write for Positions<'_> {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.write_all(buf)?;
+        Ok(buf.len())
+    }
+
+    fn write_all(&mut self, data: &[u8]) -> std::io::Result<()> {
+        if let Some(v) = self.values.get(self.next) {
+            if v.as_ptr() == data.as_ptr() && v.len() == data.len() {
+                self.found.push(self.at);
+                self.next += 1;
+            }
+        }
+        self.at += data.len() as u64;
+        Ok(())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// The values of an entry's writes that a history references (at least
+/// `MIN_REF` bytes), in encoding order.
+pub fn referenced_values(e: &Entry) -> Vec<Bytes> {
+    fn walk(c: &crate::types::Command, out: &mut Vec<Bytes>) {
+        match c {
+            crate::types::Command::Write { value: Some(v), .. } if v.len() >= MIN_REF => {
+                out.push(v.clone())
+            }
+            crate::types::Command::Batch(cmds) => cmds.iter().for_each(|c| walk(c, out)),
+            _ => {}
+        }
+    }
+    let mut out = Vec::new();
+    if let openraft::EntryPayload::Normal(c) = &e.payload {
+        walk(c, &mut out);
+    }
+    out
+}
+
+/// Reads `at` from a keeping log's segment files in `dir` (the live
+/// segment or, once purged, the kept one).
+pub fn read_value(dir: &Path, at: &sluice_store::ValueRef) -> std::io::Result<Bytes> {
+    use std::os::unix::fs::FileExt;
+    let f = match File::open(seg_path(dir, at.segment)) {
+        Ok(f) => f,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            File::open(kept_path(dir, at.segment))?
+        }
+        Err(e) => return Err(e),
+    };
+    let mut buf = vec![0u8; at.len as usize];
+    f.read_exact_at(&mut buf, at.offset)?;
+    Ok(Bytes::from(buf))
+}
+
 impl LogStore {
     /// Opens (or creates) the log in `dir`, replaying its segments.
     pub fn open(dir: &Path, sync: bool) -> std::io::Result<Self> {
+        Self::open_with(dir, sync, false)
+    }
+
+    /// Where the values of entry `e` (`referenced_values`) lie in this
+    /// log's files, when `e` is the entry this log holds at its index.
+    pub fn value_refs(&self, e: &Entry) -> Option<Vec<sluice_store::ValueRef>> {
+        let values = referenced_values(e);
+        if values.is_empty() {
+            return Some(Vec::new());
+        }
+        let loc = {
+            let g = self.inner.lock();
+            let h = g.index.get(&e.log_id.index)?;
+            if h.log_id != e.log_id {
+                return None;
+            }
+            h.loc?
+        };
+        let mut p = Positions {
+            values: &values,
+            next: 0,
+            at: 0,
+            found: Vec::new(),
+        };
+        bincode::serialize_into(&mut p, &Record::Entry(e.clone())).ok()?;
+        if p.found.len() != values.len() {
+            return None;
+        }
+        Some(
+            p.found
+                .iter()
+                .zip(&values)
+                .map(|(pos, v)| sluice_store::ValueRef {
+                    segment: loc.seq,
+                    offset: loc.offset + 8 + pos,
+                    len: v.len() as u32,
+                })
+                .collect(),
+        )
+    }
+
+    /// Deletes kept segments below `min` (all of them for `None`): what a
+    /// persistent shard's history no longer refers to (versions dropped
+    /// by retention). Returns (files, bytes) deleted.
+    pub fn drop_kept_below(&self, min: Option<u64>) -> std::io::Result<(usize, u64)> {
+        let dir = match &self.inner.lock().disk {
+            Some(d) if d.keep => d.dir.clone(),
+            _ => return Ok((0, 0)),
+        };
+        let (mut files, mut bytes) = (0, 0);
+        for e in std::fs::read_dir(&dir)?.flatten() {
+            let name = e.file_name().to_string_lossy().to_string();
+            let Some(seq) = name
+                .strip_prefix("kept-")
+                .and_then(|n| n.strip_suffix(".log"))
+                .and_then(|n| n.parse::<u64>().ok())
+            else {
+                continue;
+            };
+            if min.is_none_or(|m| seq < m) {
+                bytes += e.metadata().map_or(0, |m| m.len());
+                std::fs::remove_file(e.path())?;
+                files += 1;
+            }
+        }
+        Ok((files, bytes))
+    }
+
+    /// `open`; with `keep`, purged segments are set aside instead of
+    /// being deleted or reused (see `read_value`).
+    pub fn open_with(dir: &Path, sync: bool, keep: bool) -> std::io::Result<Self> {
         std::fs::create_dir_all(dir)?;
         let mut seqs: Vec<u64> = std::fs::read_dir(dir)?
             .flatten()
@@ -745,6 +913,7 @@ impl LogStore {
             inner.writer = Some((tx, written));
         }
         inner.disk = Some(Disk {
+            keep,
             dir: dir.to_path_buf(),
             shared: Arc::new(file.try_clone()?),
             file,
@@ -1054,6 +1223,91 @@ mod tests {
         );
         assert_eq!(g.entry(3).unwrap().unwrap().log_id, lid(1, 3));
         assert_eq!(g.entry(70).unwrap().unwrap().log_id, lid(1, 70));
+    }
+
+    #[test]
+    fn a_keeping_log_sets_purged_segments_aside_and_reclaims_only_unreferenced_ones() {
+        let d = tempfile::tempdir().unwrap();
+        let s = LogStore::open_with(d.path(), false, true).unwrap();
+        {
+            let mut g = s.inner.lock();
+            append(&mut g, (1..=100).map(|i| entry(1, i, 1 << 20)).collect());
+            g.record(Record::Purge(lid(1, 99))).unwrap();
+            g.drop_purged_segments();
+            assert!(g.disk.as_ref().unwrap().free.is_empty(), "nothing recycled");
+        }
+        let kept = |d: &Path| -> Vec<u64> {
+            let mut v: Vec<u64> = std::fs::read_dir(d)
+                .unwrap()
+                .flatten()
+                .filter_map(|e| {
+                    let n = e.file_name().to_string_lossy().to_string();
+                    n.strip_prefix("kept-")?.strip_suffix(".log")?.parse().ok()
+                })
+                .collect();
+            v.sort_unstable();
+            v
+        };
+        let all = kept(d.path());
+        assert!(all.len() >= 2, "purged segments set aside: {all:?}");
+        // A value in a kept segment is still readable where it was written.
+        let e = entry(1, 3, 1 << 20);
+        let at = s.value_refs(&e);
+        assert!(at.is_none(), "entry 3 was purged: no live location");
+        // Everything below the lowest referenced segment goes, the rest stays.
+        let (files, _) = s.drop_kept_below(Some(all[1])).unwrap();
+        assert_eq!(files, 1);
+        assert_eq!(kept(d.path()), all[1..].to_vec());
+        s.drop_kept_below(None).unwrap();
+        assert!(kept(d.path()).is_empty());
+        // A reopened keeping log does not scan them back in.
+        drop(s);
+        let g = reopen(d.path());
+        assert_eq!(g.index.keys().next(), Some(&100));
+    }
+
+    #[test]
+    fn value_refs_point_at_the_value_bytes_in_the_segment() {
+        let d = tempfile::tempdir().unwrap();
+        let s = LogStore::open_with(d.path(), false, true).unwrap();
+        let e = Entry {
+            log_id: lid(1, 1),
+            payload: EntryPayload::Normal(Command::Batch(vec![
+                Command::Write {
+                    key: "/p/a".into(),
+                    value: Some(bytes::Bytes::from(vec![1u8; 100])),
+                    expected: None,
+                    timestamp_us: 1,
+                    req_id: None,
+                    trace: None,
+                },
+                Command::Write {
+                    key: "/p/small".into(),
+                    value: Some(bytes::Bytes::from_static(b"tiny")),
+                    expected: None,
+                    timestamp_us: 2,
+                    req_id: None,
+                    trace: None,
+                },
+                Command::Write {
+                    key: "/p/b".into(),
+                    value: Some(bytes::Bytes::from(vec![2u8; 70_000])),
+                    expected: None,
+                    timestamp_us: 3,
+                    req_id: None,
+                    trace: None,
+                },
+            ])),
+        };
+        append(&mut s.inner.lock(), vec![e.clone()]);
+        let refs = s.value_refs(&e).unwrap();
+        assert_eq!(refs.len(), 2, "values under MIN_REF are not referenced");
+        assert_eq!(read_value(d.path(), &refs[0]).unwrap(), vec![1u8; 100]);
+        assert_eq!(read_value(d.path(), &refs[1]).unwrap(), vec![2u8; 70_000]);
+        // Another entry at that index (a different term) has no location.
+        let mut other = e.clone();
+        other.log_id = lid(2, 1);
+        assert!(s.value_refs(&other).is_none());
     }
 
     #[test]

@@ -389,7 +389,10 @@ impl ClusterNode {
         let io = |e: std::io::Error| SluiceError::Io {
             reason: format!("opening the consensus log in {}: {e}", dir.display()),
         };
-        let log = LogStore::open(&dir, sync).map_err(io)?;
+        // A persistent shard's log keeps its purged segments: the history
+        // refers to the values in them.
+        let keep = shard_of_group(g).is_some_and(|s| s.pool_type == PoolType::Persistent);
+        let log = LogStore::open_with(&dir, sync, keep).map_err(io)?;
         let log_handle = log.clone();
         let sm = Sm::open(
             g,
@@ -397,6 +400,7 @@ impl ClusterNode {
             self.meta.clone(),
             Some(dir.clone()),
             sync,
+            Some(log.clone()),
         )
         .map_err(|e| SluiceError::Io {
             reason: format!("restoring the snapshot in {}: {e}", dir.display()),

@@ -111,6 +111,9 @@ pub struct Sm {
     shard: Option<ShardId>,
     /// A persistent shard: its history is its state (see `PersistentSnapshot`).
     persistent: bool,
+    /// A persistent shard's consensus log: the history references values
+    /// where this log holds them (one write to disk per value).
+    log: Option<crate::log::LogStore>,
     store: Arc<Store>,
     meta: Arc<RwLock<MetaState>>,
     /// Where the latest snapshot is kept (`None`: memory only).
@@ -165,12 +168,24 @@ impl Sm {
         meta: Arc<RwLock<MetaState>>,
         dir: Option<PathBuf>,
         sync: bool,
+        log: Option<crate::log::LogStore>,
     ) -> Result<Sm, StorageError> {
         let shard = shard_of_group(group);
+        let persistent = shard.is_some_and(|s| store.keeps_history(s));
+        if let (true, Some(shard), Some(d)) = (persistent, shard, &dir) {
+            let d = d.clone();
+            store
+                .set_value_resolver(
+                    shard,
+                    Arc::new(move |at: &sluice_store::ValueRef| crate::log::read_value(&d, at)),
+                )
+                .map_err(sm_err)?;
+        }
         let sm = Sm {
             group,
             shard,
-            persistent: shard.is_some_and(|s| store.keeps_history(s)),
+            persistent,
+            log: log.filter(|_| persistent),
             store,
             meta,
             dir,
@@ -322,6 +337,7 @@ impl Sm {
         index: u64,
         shard: ShardId,
         cmd: Command,
+        refs: &mut std::collections::VecDeque<sluice_store::ValueRef>,
     ) -> Result<Applied, StorageError> {
         let Command::Write {
             key,
@@ -334,6 +350,12 @@ impl Sm {
         else {
             return Ok(Applied::None);
         };
+        // Where the log holds this value (taken in encoding order, so
+        // before any early return).
+        let at = match &value {
+            Some(v) if v.len() >= crate::log::MIN_REF => refs.pop_front(),
+            _ => None,
+        };
         if let Some(ReqId { client, seq }) = req_id {
             if let Some(w) = st.dedup.get(&client) {
                 if let Some((_, r)) = w.results.iter().find(|(s, _)| *s == seq) {
@@ -345,7 +367,7 @@ impl Sm {
         let ts = timestamp_us.max(st.last_ts + 1);
         let res: Result<PutResult, SluiceError> =
             self.store
-                .apply_write(shard, &key, value, expected, ts, trace.map(Arc::new));
+                .apply_write_at(shard, &key, value, expected, ts, trace.map(Arc::new), at);
         if let Err(e @ SluiceError::Io { .. }) = &res {
             // This replica's disk failed (ENOSPC, I/O error) writing the
             // history: the others may not have, so answering with an
@@ -464,6 +486,20 @@ impl Sm {
                 // the snapshot lets openraft purge the log entries.
                 if let Some(shard) = self.shard {
                     self.store.persistent_sync(shard).map_err(sm_err)?;
+                    // Log segments set aside after a purge whose values
+                    // no version refers to any more (retention) can go.
+                    if let Some(log) = &self.log {
+                        let min = self.store.min_value_segment(shard).map_err(sm_err)?;
+                        match log.drop_kept_below(min) {
+                            Ok((0, _)) => {}
+                            Ok((files, bytes)) => {
+                                tracing::info!(shard = %shard, files, bytes, "reclaimed log segments no version refers to")
+                            }
+                            Err(e) => {
+                                tracing::warn!(shard = %shard, error = %e, "could not reclaim log segments")
+                            }
+                        }
+                    }
                 }
                 bincode::serialize(&p).map_err(sm_err)?
             }
@@ -541,6 +577,14 @@ impl RaftStateMachine<TypeConfig> for Sm {
         let mut out = Vec::new();
         for e in entries {
             st.last_applied = Some(e.log_id);
+            // A persistent shard's history points at the values in the log
+            // (found only for the entry the log holds; else it copies them).
+            let mut refs: std::collections::VecDeque<sluice_store::ValueRef> = self
+                .log
+                .as_ref()
+                .and_then(|l| l.value_refs(&e))
+                .unwrap_or_default()
+                .into();
             let r = match e.payload {
                 EntryPayload::Blank => Applied::None,
                 EntryPayload::Membership(m) => {
@@ -559,14 +603,22 @@ impl RaftStateMachine<TypeConfig> for Sm {
                     Some(shard) => {
                         let mut out = Vec::with_capacity(cmds.len());
                         for cmd in cmds {
-                            out.push(self.apply_write(&mut st, e.log_id.index, shard, cmd)?);
+                            out.push(self.apply_write(
+                                &mut st,
+                                e.log_id.index,
+                                shard,
+                                cmd,
+                                &mut refs,
+                            )?);
                         }
                         Applied::Batch(out)
                     }
                     None => Applied::None,
                 },
                 EntryPayload::Normal(cmd) => match self.shard {
-                    Some(shard) => self.apply_write(&mut st, e.log_id.index, shard, cmd)?,
+                    Some(shard) => {
+                        self.apply_write(&mut st, e.log_id.index, shard, cmd, &mut refs)?
+                    }
                     None => Applied::None,
                 },
             };

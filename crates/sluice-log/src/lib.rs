@@ -32,5 +32,5 @@ pub mod versioned;
 
 pub use fs::{FaultFs, Faults, Fs, RealFs, SegmentFile};
 pub use log::{Compacted, Location, Log, LogError, LogOptions, Recovered, SyncPolicy};
-pub use record::{Record, RecordKind};
-pub use versioned::{Entry, History, HistoryError, Range};
+pub use record::{Record, RecordKind, ValueRef};
+pub use versioned::{Entry, History, HistoryError, Range, Resolver};

@@ -5,6 +5,41 @@ use bytes::{BufMut, Bytes, BytesMut};
 pub enum RecordKind {
     Put = 1,
     Remove = 2,
+    /// A put whose value lives elsewhere (the consensus log of a
+    /// replicated shard): the record's value is a [`ValueRef`].
+    PutRef = 3,
+}
+
+/// Where a value lives outside the history: bytes `offset..offset + len`
+/// of segment `segment` of another log (see `History::set_resolver`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ValueRef {
+    pub segment: u64,
+    pub offset: u64,
+    pub len: u32,
+}
+
+impl ValueRef {
+    pub const ENCODED: usize = 20;
+
+    pub fn encode(&self) -> Bytes {
+        let mut b = BytesMut::with_capacity(Self::ENCODED);
+        b.put_u64_le(self.segment);
+        b.put_u64_le(self.offset);
+        b.put_u32_le(self.len);
+        b.freeze()
+    }
+
+    pub fn decode(b: &[u8]) -> Option<ValueRef> {
+        if b.len() != Self::ENCODED {
+            return None;
+        }
+        Some(ValueRef {
+            segment: u64::from_le_bytes(b[0..8].try_into().ok()?),
+            offset: u64::from_le_bytes(b[8..16].try_into().ok()?),
+            len: u32::from_le_bytes(b[16..20].try_into().ok()?),
+        })
+    }
 }
 
 /// One logged write.
@@ -90,6 +125,7 @@ pub fn decode(buf: &Bytes) -> Result<(Record, usize), Decode> {
     let kind = match body[0] {
         1 => RecordKind::Put,
         2 => RecordKind::Remove,
+        3 => RecordKind::PutRef,
         k => return Err(Decode::Bad(format!("unknown record kind {k}"))),
     };
     let u64_at = |i: usize| u64::from_le_bytes(body[i..i + 8].try_into().expect("8 bytes"));

@@ -11,7 +11,7 @@
 
 use crate::fs::Fs;
 use crate::log::{Location, Log, LogError, LogOptions, Recovered};
-use crate::record::{Record, RecordKind};
+use crate::record::{Record, RecordKind, ValueRef};
 use bytes::Bytes;
 use std::collections::HashMap;
 use std::path::Path;
@@ -25,6 +25,9 @@ pub struct Entry {
     pub prev_version_by_key: u64,
     pub tombstone: bool,
     pub loc: Location,
+    /// For a value held by reference: the segment of the other log that
+    /// holds it.
+    pub value_segment: Option<u64>,
 }
 
 /// Bounds of a history read.
@@ -44,7 +47,17 @@ pub enum HistoryError {
     VersionOrder { version: u64, last: u64 },
     #[error("timestamp {timestamp_us} is below the last timestamp {last}: timestamps must not go backwards")]
     TimeOrder { timestamp_us: u64, last: u64 },
+    #[error("reading the value of {key} version {version} from {at:?}: {reason}")]
+    External {
+        key: String,
+        version: u64,
+        at: Option<ValueRef>,
+        reason: String,
+    },
 }
+
+/// Reads a value that lives outside the history (`RecordKind::PutRef`).
+pub type Resolver = Arc<dyn Fn(&ValueRef) -> std::io::Result<Bytes> + Send + Sync>;
 
 pub struct History {
     log: Log,
@@ -56,6 +69,8 @@ pub struct History {
     /// Bumped by `truncate_after`: a compaction planned before a cut must
     /// not install its result after it.
     epoch: u64,
+    /// Reads values of `PutRef` records.
+    resolver: Option<Resolver>,
 }
 
 impl History {
@@ -72,14 +87,17 @@ impl History {
             last_version: 0,
             last_timestamp_us: 0,
             epoch: 0,
+            resolver: None,
         };
         for (loc, r) in std::mem::take(&mut rec.records) {
-            h.index(loc, r);
+            h.index(loc, r, None);
         }
         Ok((h, rec))
     }
 
-    fn index(&mut self, loc: Location, r: Record) {
+    /// Indexes a record; `value` is a `PutRef`'s value when the caller has
+    /// it (else the newest value of that key is read when asked for).
+    fn index(&mut self, loc: Location, r: Record, value: Option<Bytes>) {
         let tombstone = r.kind == RecordKind::Remove;
         let e = Entry {
             version: r.version,
@@ -87,6 +105,10 @@ impl History {
             prev_version_by_key: r.prev_version_by_key,
             tombstone,
             loc,
+            value_segment: match r.kind {
+                RecordKind::PutRef => ValueRef::decode(&r.value).map(|a| a.segment),
+                _ => None,
+            },
         };
         // The key is cloned only the first time it is seen.
         match self.chains.get_mut(&r.key) {
@@ -95,10 +117,16 @@ impl History {
                 self.chains.insert(r.key.clone(), vec![e]);
             }
         }
-        if tombstone {
-            self.latest.remove(&r.key);
-        } else {
-            self.latest.insert(r.key, r.value);
+        match (r.kind, value) {
+            (RecordKind::Put, _) => {
+                self.latest.insert(r.key, r.value);
+            }
+            (RecordKind::PutRef, Some(v)) => {
+                self.latest.insert(r.key, v);
+            }
+            _ => {
+                self.latest.remove(&r.key);
+            }
         }
         self.last_version = self.last_version.max(r.version);
         self.last_timestamp_us = self.last_timestamp_us.max(r.timestamp_us);
@@ -126,6 +154,47 @@ impl History {
         timestamp_us: u64,
         value: Option<Bytes>,
     ) -> Result<Entry, HistoryError> {
+        self.write_record(key, version, timestamp_us, value, None)
+    }
+
+    /// Writes a put whose value stays where `at` says (another log, read
+    /// back through the resolver): only the reference is written here.
+    /// `value` is kept in memory as the key's latest value.
+    pub fn write_ref(
+        &mut self,
+        key: &str,
+        version: u64,
+        timestamp_us: u64,
+        at: ValueRef,
+        value: Bytes,
+    ) -> Result<Entry, HistoryError> {
+        self.write_record(key, version, timestamp_us, Some(value), Some(at))
+    }
+
+    /// The lowest segment of the other log that a version still held
+    /// refers to (`None`: no version refers to one): segments below it can
+    /// go.
+    pub fn min_value_segment(&self) -> Option<u64> {
+        self.chains
+            .values()
+            .flat_map(|c| c.iter())
+            .filter_map(|e| e.value_segment)
+            .min()
+    }
+
+    /// Sets how `PutRef` values are read.
+    pub fn set_resolver(&mut self, r: Resolver) {
+        self.resolver = Some(r);
+    }
+
+    fn write_record(
+        &mut self,
+        key: &str,
+        version: u64,
+        timestamp_us: u64,
+        value: Option<Bytes>,
+        at: Option<ValueRef>,
+    ) -> Result<Entry, HistoryError> {
         if version <= self.last_version && self.last_version != 0 {
             return Err(HistoryError::VersionOrder {
                 version,
@@ -143,20 +212,21 @@ impl History {
             .get(key)
             .and_then(|c| c.last())
             .map_or(u64::MAX, |e| e.version);
+        let (kind, stored, held) = match (at, value) {
+            (Some(at), Some(v)) => (RecordKind::PutRef, at.encode(), Some(v)),
+            (_, Some(v)) => (RecordKind::Put, v, None),
+            (_, None) => (RecordKind::Remove, Bytes::new(), None),
+        };
         let r = Record {
-            kind: if value.is_some() {
-                RecordKind::Put
-            } else {
-                RecordKind::Remove
-            },
+            kind,
             version,
             timestamp_us,
             prev_version_by_key: prev,
             key: key.to_string(),
-            value: value.unwrap_or_default(),
+            value: stored,
         };
         let loc = self.log.append(std::slice::from_ref(&r))?[0];
-        self.index(loc, r);
+        self.index(loc, r, held);
         Ok(*self.chains[key].last().expect("just indexed"))
     }
 
@@ -170,7 +240,32 @@ impl History {
                 return Ok(v.clone());
             }
         }
-        Ok(self.log.read(e.loc)?.value)
+        let r = self.log.read(e.loc)?;
+        self.resolve(r)
+    }
+
+    /// A record's value: its own, or (`PutRef`) read where it points.
+    fn resolve(&self, r: Record) -> Result<Bytes, HistoryError> {
+        if r.kind != RecordKind::PutRef {
+            return Ok(r.value);
+        }
+        let err = |at, reason: String| HistoryError::External {
+            key: r.key.clone(),
+            version: r.version,
+            at,
+            reason,
+        };
+        let at = ValueRef::decode(&r.value)
+            .ok_or_else(|| err(None, "the record's reference is malformed".into()))?;
+        let resolver = self
+            .resolver
+            .as_ref()
+            .ok_or_else(|| err(Some(at), "no resolver is set".into()))?;
+        let v = resolver(&at).map_err(|e| err(Some(at), e.to_string()))?;
+        if v.len() != at.len as usize {
+            return Err(err(Some(at), format!("read {} bytes", v.len())));
+        }
+        Ok(v)
     }
 
     /// The latest version (`None`) or a given one; tombstones included
@@ -375,7 +470,7 @@ impl History {
             self.latest.remove(&k);
             if let Some(e) = self.chains.get(&k).and_then(|c| c.last()).copied() {
                 if !e.tombstone {
-                    let v = self.log.read(e.loc)?.value;
+                    let v = self.resolve(self.log.read(e.loc)?)?;
                     self.latest.insert(k, v);
                 }
             }

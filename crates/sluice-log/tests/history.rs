@@ -202,3 +202,62 @@ proptest! {
         let _ = std::fs::remove_dir_all(&d);
     }
 }
+
+#[test]
+fn values_by_reference_are_read_through_the_resolver() {
+    use sluice_log::ValueRef;
+    let d = dir();
+    // Values "live elsewhere": a map from (segment, offset) to bytes.
+    let outside: Arc<std::collections::HashMap<(u64, u64), Bytes>> = Arc::new(
+        (1..=3u64)
+            .map(|v| ((7, v * 100), Bytes::from(format!("value-{v}"))))
+            .collect(),
+    );
+    let resolver = |m: Arc<std::collections::HashMap<(u64, u64), Bytes>>| -> sluice_log::Resolver {
+        Arc::new(move |at: &ValueRef| {
+            m.get(&(at.segment, at.offset))
+                .cloned()
+                .ok_or_else(|| std::io::Error::other("not there"))
+        })
+    };
+    let at = |v: u64| ValueRef {
+        segment: 7,
+        offset: v * 100,
+        len: format!("value-{v}").len() as u32,
+    };
+    let opts = LogOptions {
+        segment_bytes_max: 2048,
+        sync: SyncPolicy::Never,
+        ..Default::default()
+    };
+    {
+        let (mut h, _) = History::open(&d, Arc::new(RealFs), opts.clone()).unwrap();
+        h.set_resolver(resolver(outside.clone()));
+        for v in 1..=3u64 {
+            h.write_ref("/p/k", v, v * 10, at(v), outside[&(7, v * 100)].clone())
+                .unwrap();
+        }
+        assert_eq!(h.min_value_segment(), Some(7), "what the values live in");
+        // The newest from memory, older ones through the resolver.
+        assert_eq!(h.get("/p/k", None).unwrap().unwrap().1, "value-3");
+        assert_eq!(h.get("/p/k", Some(1)).unwrap().unwrap().1, "value-1");
+        assert_eq!(h.get_by_time("/p/k", 25).unwrap().unwrap().1, "value-2");
+        // Rolling back re-reads the new newest value.
+        h.truncate_after(2).unwrap();
+        assert_eq!(h.get("/p/k", None).unwrap().unwrap().1, "value-2");
+        let all = h.records_upto(u64::MAX).unwrap();
+        assert_eq!(all.len(), 2);
+        assert_eq!(all[0].2, "value-1");
+    }
+    // Reopened without a resolver: values by reference are an error that
+    // names the key and version, never a wrong value.
+    let (mut h, _) = History::open(&d, Arc::new(RealFs), opts).unwrap();
+    let e = h.get("/p/k", None).unwrap_err().to_string();
+    assert!(
+        e.contains("/p/k") && e.contains("version 2") && e.contains("no resolver"),
+        "{e}"
+    );
+    h.set_resolver(resolver(outside));
+    assert_eq!(h.get("/p/k", None).unwrap().unwrap().1, "value-2");
+    let _ = std::fs::remove_dir_all(&d);
+}

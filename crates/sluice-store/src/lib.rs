@@ -17,6 +17,7 @@ mod store;
 pub use clock::Clock;
 pub use layout::{Layout, ShardId};
 pub use shard::Shard;
+pub use sluice_log::{Resolver as ValueResolver, ValueRef};
 pub use store::{
     Delivery, DeliveryKind, DeliveryObserver, HistoryRange, Store, StoreConfig, StoreStats,
 };

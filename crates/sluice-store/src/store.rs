@@ -452,7 +452,7 @@ impl Store {
         trace: Option<Arc<Trace>>,
     ) -> Result<PutResult> {
         let r = self.route(key, shard)?;
-        self.write_routed(&r, key, value, expected, trace, None)
+        self.write_routed(&r, key, value, expected, trace, None, None)
     }
 
     /// Applies a replicated write to `shard` with the timestamp the
@@ -467,6 +467,23 @@ impl Store {
         expected: Option<u64>,
         timestamp_us: u64,
         trace: Option<Arc<Trace>>,
+    ) -> Result<PutResult> {
+        self.apply_write_at(shard, key, value, expected, timestamp_us, trace, None)
+    }
+
+    /// `apply_write`, for a value already on disk elsewhere (`at`: where
+    /// the replication log holds it): a persistent shard's history then
+    /// records only the reference (see `set_value_resolver`).
+    #[allow(clippy::too_many_arguments)]
+    pub fn apply_write_at(
+        &self,
+        shard: ShardId,
+        key: &str,
+        value: Option<Bytes>,
+        expected: Option<u64>,
+        timestamp_us: u64,
+        trace: Option<Arc<Trace>>,
+        at: Option<sluice_log::ValueRef>,
     ) -> Result<PutResult> {
         validate_key(key, self.cfg.max_key_bytes)?;
         let view = self.pools.load();
@@ -509,7 +526,7 @@ impl Store {
                 })?,
             };
         self.clock.observe(timestamp_us);
-        let res = self.write_routed(&r, key, value, expected, trace, Some(timestamp_us));
+        let res = self.write_routed(&r, key, value, expected, trace, Some(timestamp_us), at);
         self.count_err(res)
     }
 
@@ -551,6 +568,7 @@ impl Store {
         Ok(())
     }
 
+    #[allow(clippy::too_many_arguments)]
     fn write_routed(
         &self,
         r: &Routed,
@@ -559,6 +577,7 @@ impl Store {
         expected: Option<u64>,
         trace: Option<Arc<Trace>>,
         timestamp_us: Option<u64>,
+        at: Option<sluice_log::ValueRef>,
     ) -> Result<PutResult> {
         let op = if value.is_some() { "put" } else { "remove" };
         Self::require_type(r, key, op, STORED)?;
@@ -613,11 +632,14 @@ impl Store {
             let timestamp_us = timestamp_us.unwrap_or_else(|| self.clock.now_us());
             if let Some(h) = &r.shard.history {
                 // Durable (per the sync policy) before anyone can see it.
-                h.lock()
-                    .write(key, version, timestamp_us, value.clone())
-                    .map_err(|e| SluiceError::Io {
-                        reason: format!("persisting {key} version {version}: {e}"),
-                    })?;
+                let mut h = h.lock();
+                match (at, &value) {
+                    (Some(at), Some(v)) => h.write_ref(key, version, timestamp_us, at, v.clone()),
+                    _ => h.write(key, version, timestamp_us, value.clone()),
+                }
+                .map_err(|e| SluiceError::Io {
+                    reason: format!("persisting {key} version {version}: {e}"),
+                })?;
             }
             let object = Arc::new(Object {
                 key: key_arc.clone(),
@@ -1074,7 +1096,11 @@ fn recover_persistent(
             }
         })?;
     tracing::info!(shard = %id, versions = h.last_version(), segments = rec.segments, bytes = rec.bytes, ms = rec.elapsed.as_millis() as u64, "persistent shard recovered");
-    load_latest(shard, &h);
+    // Values by reference (replicated shards) are loaded once the
+    // replica has set its resolver (`persistent_rollback`).
+    if let Err(e) = load_latest(shard, &h) {
+        tracing::debug!(shard = %id, error = %e, "latest objects wait for the replication log");
+    }
     shard.set_last_version(h.last_version());
     if batch {
         let c = crate::shard::GroupCommit::default();
@@ -1087,18 +1113,33 @@ fn recover_persistent(
 }
 
 /// Replaces a persistent shard's in-memory latest objects with those of
-/// its history.
-fn load_latest(shard: &Shard, h: &sluice_log::History) {
+/// its history. A value that cannot be read is an error naming it (a
+/// replicated shard's values by reference wait for their resolver: its
+/// state machine loads them again once it has set one).
+fn load_latest(shard: &Shard, h: &sluice_log::History) -> Result<()> {
     let map = shard.objects.pin();
     map.clear();
+    let mut first_err = None;
     for key in h.keys() {
-        if let Ok(Some((e, value))) = h.get(&key, None) {
-            map.insert(Arc::from(key.as_str()), Arc::new(object_of(&key, e, value)));
+        match h.get(&key, None) {
+            Ok(Some((e, value))) => {
+                map.insert(Arc::from(key.as_str()), Arc::new(object_of(&key, e, value)));
+            }
+            Ok(None) => {}
+            Err(e) => {
+                first_err.get_or_insert(e);
+            }
         }
     }
     shard
         .visible_ts
         .store(h.last_timestamp_us(), Ordering::Release);
+    match first_err {
+        None => Ok(()),
+        Some(e) => Err(SluiceError::Io {
+            reason: format!("loading the latest objects of shard {}: {e}", shard.id),
+        }),
+    }
 }
 
 /// Replicated persistent shards (`sluice-cluster`): the consensus log is
@@ -1131,9 +1172,19 @@ impl Store {
         self.shards.get(&shard).is_some_and(|s| s.history.is_some())
     }
 
+    /// Sets how a persistent shard's history reads values it holds by
+    /// reference (`apply_write_at`): from the replication log's files.
+    pub fn set_value_resolver(&self, shard: ShardId, r: sluice_log::Resolver) -> Result<()> {
+        let (_, h) = self.persistent_shard(shard)?;
+        h.lock().set_resolver(r);
+        Ok(())
+    }
+
     /// Rolls a persistent shard back to `version`: later versions leave
-    /// the disk and memory; the next write gets `version + 1`. Returns how
-    /// many versions were removed.
+    /// the disk and memory; the next write gets `version + 1`; the latest
+    /// objects are loaded again (values by reference need the resolver,
+    /// which a replica sets just before). Returns how many versions were
+    /// removed.
     pub fn persistent_rollback(&self, shard: ShardId, version: u64) -> Result<usize> {
         let (s, h) = self.persistent_shard(shard)?;
         let _w = s.write_lock.lock();
@@ -1141,11 +1192,17 @@ impl Store {
         let removed = h.truncate_after(version).map_err(|e| SluiceError::Io {
             reason: format!("rolling shard {shard} back to version {version}: {e}"),
         })?;
-        if removed > 0 {
-            load_latest(s, &h);
-        }
+        load_latest(s, &h)?;
         s.set_last_version(version);
         Ok(removed)
+    }
+
+    /// The lowest segment of the replication log that a version of this
+    /// persistent shard still refers to (`Ok(None)`: none does).
+    pub fn min_value_segment(&self, shard: ShardId) -> Result<Option<u64>> {
+        let (_, h) = self.persistent_shard(shard)?;
+        let min = h.lock().min_value_segment();
+        Ok(min)
     }
 
     /// fsyncs a persistent shard's history: every segment written since
@@ -1201,7 +1258,7 @@ impl Store {
                 .map_err(io)?;
         }
         h.sync().map_err(io)?;
-        load_latest(s, &h);
+        load_latest(s, &h)?;
         self.clock.observe(h.last_timestamp_us());
         s.set_last_version(last_version);
         Ok(())
