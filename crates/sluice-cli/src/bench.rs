@@ -1316,6 +1316,7 @@ fn persistent_bench(a: PersistentArgs, json: bool) -> Result<()> {
         .build()?;
     let mut rows: Vec<Row> = Vec::new();
     let mut time_rows = Vec::new();
+    let mut disk_after: Option<f64> = None;
     let single = if a.shard_sizes.contains(&1) {
         &["always", "batch", "never"][..]
     } else {
@@ -1364,6 +1365,11 @@ fn persistent_bench(a: PersistentArgs, json: bool) -> Result<()> {
             Ok::<_, anyhow::Error>(())
         })?;
         drop(node);
+        if sync == "always" {
+            // This VM's disk drifts within minutes: measure it again right
+            // after the fsync'd phases it is compared with.
+            disk_after = Some(disk_fsync_bandwidth(&base, dur)?);
+        }
     }
     if a.shard_sizes.contains(&3) {
         eprintln!(
@@ -1453,12 +1459,15 @@ fn persistent_bench(a: PersistentArgs, json: bool) -> Result<()> {
         println!(
             "{}",
             serde_json::to_string_pretty(
-                &serde_json::json!({"disk_fsync_mib_s": disk, "puts": rows, "get_by_time": time_rows, "recovery": recovery})
+                &serde_json::json!({"disk_fsync_mib_s": disk, "disk_fsync_mib_s_after": disk_after, "puts": rows, "get_by_time": time_rows, "recovery": recovery})
             )?
         );
         return Ok(());
     }
     println!("disk baseline (same run): sequential 1 MiB writes + fdatasync = {disk:.1} MiB/s");
+    if let Some(after) = disk_after {
+        println!("disk baseline again after the sync=always phases: {after:.1} MiB/s");
+    }
     println!(
         "{:<16} {:>6} {:>4} {:>10} {:>9} {:>9} {:>9} {:>12}",
         "target", "size", "c", "ops/s", "p50 µs", "p99 µs", "p999 µs", "MiB/s"
@@ -1481,9 +1490,11 @@ fn persistent_bench(a: PersistentArgs, json: bool) -> Result<()> {
         .iter()
         .find(|r| r.target == "sluice/always" && r.size == 1 << 20 && r.clients > 1)
     {
+        let reference = disk_after.map_or(disk, |after| (disk + after) / 2.0);
         println!(
-            "1 MiB fsync'd put throughput = {:.0}% of the disk's fsync'd sequential bandwidth",
-            100.0 * r.ops_per_s / disk
+            "1 MiB fsync'd put throughput (sync=always, c={}) = {:.0}% of the disk's fsync'd sequential bandwidth ({reference:.1} MiB/s, the mean of the two baselines; target >= 70%)",
+            r.clients,
+            100.0 * r.ops_per_s / reference
         );
     }
     let find = |t: &str, size: usize, c: usize| {
@@ -1493,11 +1504,16 @@ fn persistent_bench(a: PersistentArgs, json: bool) -> Result<()> {
     for &size in &a.sizes {
         if let (Some(s), Some(e)) = (find("sluice-r3", size, 1), find("etcd-r3", size, 1)) {
             println!(
-                "3-replica persistent put {} p50: sluice {:.1} µs / etcd {:.1} µs = {:.2}x (target <= 1x at 10 KB)",
+                "3-replica persistent put {} p50: sluice {:.1} µs / etcd {:.1} µs = {:.2}x{}",
                 fmt_size(size),
                 s.p50_us,
                 e.p50_us,
-                s.p50_us / e.p50_us
+                s.p50_us / e.p50_us,
+                if size == 10 * 1024 {
+                    " (target <= 1x)"
+                } else {
+                    ""
+                }
             );
         }
         if let (Some(s), Some(e)) = (
@@ -1505,12 +1521,17 @@ fn persistent_bench(a: PersistentArgs, json: bool) -> Result<()> {
             find("etcd-r3", size, a.clients),
         ) {
             println!(
-                "3-replica persistent put {} c={}: throughput {:.0} / {:.0} ops/s = {:.2}x etcd (target >= 2x)",
+                "3-replica persistent put {} c={}: throughput {:.0} / {:.0} ops/s = {:.2}x etcd{}",
                 fmt_size(size),
                 a.clients,
                 s.ops_per_s,
                 e.ops_per_s,
-                s.ops_per_s / e.ops_per_s
+                s.ops_per_s / e.ops_per_s,
+                if a.clients == 16 {
+                    " (target >= 2x)"
+                } else {
+                    ""
+                }
             );
         }
     }

@@ -996,4 +996,58 @@ async fn persistent_shard_histories_are_equal_after_killing_a_minority_under_loa
     // The version current at `ts` is this put, unless a later put of the
     // same key carried the same timestamp (impossible: they increase).
     assert_eq!((o.meta.version, &o.value[..]), (version, &value[..]));
+
+    // A time just ahead, on a quiet shard: the follower waits for it, then
+    // for a time frontier committed through the leader (no write after it
+    // has been applied here), and answers with the newest version.
+    let newest = acked
+        .iter()
+        .filter(|a| a.0 == key)
+        .max_by_key(|a| a.1)
+        .unwrap()
+        .clone();
+    let ahead = sluice_store::Clock::wall_us() + 100_000;
+    let r = raw
+        .call(
+            &Request::GetByTime {
+                key: key.clone(),
+                shard: Some(0),
+                timestamp_us: ahead,
+                wait_ms: 5000,
+                unstable: false,
+            },
+            Duration::from_secs(10),
+        )
+        .await
+        .unwrap();
+    let Response::Object(o) = r else {
+        panic!("{r:?}")
+    };
+    assert!(
+        sluice_store::Clock::wall_us() >= ahead,
+        "answered before the time had come"
+    );
+    assert!(
+        o.meta.version >= newest.1,
+        "{} < {}",
+        o.meta.version,
+        newest.1
+    );
+    // Unless wait_ms is too short: then a clear error, not a guess.
+    let r = raw
+        .call(
+            &Request::GetByTime {
+                key: key.clone(),
+                shard: Some(0),
+                timestamp_us: sluice_store::Clock::wall_us() + 60_000_000,
+                wait_ms: 10,
+                unstable: false,
+            },
+            Duration::from_secs(10),
+        )
+        .await;
+    assert!(
+        matches!(&r, Err(SluiceError::Unavailable { reason }) if reason.contains("not stable yet")),
+        "{r:?}"
+    );
 }
