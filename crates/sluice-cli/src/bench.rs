@@ -1527,7 +1527,7 @@ fn persistent_bench(a: PersistentArgs, json: bool) -> Result<()> {
                 s.ops_per_s,
                 e.ops_per_s,
                 s.ops_per_s / e.ops_per_s,
-                if a.clients == 16 {
+                if size == 10 * 1024 && a.clients == 16 {
                     " (target >= 2x)"
                 } else {
                     ""
