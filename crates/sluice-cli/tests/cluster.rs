@@ -755,6 +755,23 @@ async fn lambdas_on_replicated_shards_run_once_and_emit_through_the_leader() {
     }
 }
 
+/// A stable time read sent straight to one node.
+async fn get_by_time_raw(
+    raw: &Conn,
+    key: &str,
+    timestamp_us: u64,
+    wait_ms: u32,
+) -> Result<Response, SluiceError> {
+    let req = Request::GetByTime {
+        key: key.into(),
+        shard: Some(0),
+        timestamp_us,
+        wait_ms,
+        unstable: false,
+    };
+    raw.call(&req, Duration::from_secs(10)).await
+}
+
 /// One version as a node holds it: (version, timestamp, tombstone, value).
 type Version = (u64, u64, bool, Vec<u8>);
 
@@ -977,19 +994,7 @@ async fn persistent_shard_histories_are_equal_after_killing_a_minority_under_loa
     // A stable time read on a follower sees what was current then.
     let (key, version, ts, value) = acked[acked.len() / 2].clone();
     let raw = c.raw(follower).await;
-    let r = raw
-        .call(
-            &Request::GetByTime {
-                key: key.clone(),
-                shard: Some(0),
-                timestamp_us: ts,
-                wait_ms: 1000,
-                unstable: false,
-            },
-            Duration::from_secs(10),
-        )
-        .await
-        .unwrap();
+    let r = get_by_time_raw(&raw, &key, ts, 1000).await.unwrap();
     let Response::Object(o) = r else {
         panic!("{r:?}")
     };
@@ -1007,19 +1012,7 @@ async fn persistent_shard_histories_are_equal_after_killing_a_minority_under_loa
         .unwrap()
         .clone();
     let ahead = sluice_store::Clock::wall_us() + 100_000;
-    let r = raw
-        .call(
-            &Request::GetByTime {
-                key: key.clone(),
-                shard: Some(0),
-                timestamp_us: ahead,
-                wait_ms: 5000,
-                unstable: false,
-            },
-            Duration::from_secs(10),
-        )
-        .await
-        .unwrap();
+    let r = get_by_time_raw(&raw, &key, ahead, 5000).await.unwrap();
     let Response::Object(o) = r else {
         panic!("{r:?}")
     };
@@ -1034,20 +1027,27 @@ async fn persistent_shard_histories_are_equal_after_killing_a_minority_under_loa
         newest.1
     );
     // Unless wait_ms is too short: then a clear error, not a guess.
-    let r = raw
-        .call(
-            &Request::GetByTime {
-                key: key.clone(),
-                shard: Some(0),
-                timestamp_us: sluice_store::Clock::wall_us() + 60_000_000,
-                wait_ms: 10,
-                unstable: false,
-            },
-            Duration::from_secs(10),
-        )
-        .await;
+    let far = sluice_store::Clock::wall_us() + 60_000_000;
+    let r = get_by_time_raw(&raw, &key, far, 10).await;
     assert!(
         matches!(&r, Err(SluiceError::Unavailable { reason }) if reason.contains("not stable yet")),
         "{r:?}"
     );
+    // A time frontier far ahead of the leader's clock (only a confused or
+    // hostile peer asks for one) is refused at once, not waited for.
+    let leader = c.leader(1, "persistent/0/0").await.unwrap();
+    // Group id of persistent/0/0: pool type 2 << 56 (subgroup 0, shard 0).
+    let group = 2u64 << 56;
+    let t = Instant::now();
+    let r = client
+        .cluster_command(
+            serde_json::json!({"op": "time_barrier", "group": group, "timestamp_us": far}),
+            Some(leader),
+        )
+        .await;
+    assert!(
+        matches!(&r, Err(SluiceError::Unavailable { reason }) if reason.contains("refused")),
+        "{r:?}"
+    );
+    assert!(t.elapsed() < Duration::from_secs(5), "{:?}", t.elapsed());
 }

@@ -123,21 +123,21 @@ pub fn write_all_vectored(
     Ok(())
 }
 
-/// The values of an entry's writes (one, or a batch's) large enough to be
-/// referenced, in order.
-pub fn entry_large_values(e: &crate::types::Entry) -> Vec<Bytes> {
-    fn walk(c: &crate::types::Command, out: &mut Vec<Bytes>) {
+/// The values of an entry's writes (one, or a batch's) of at least `min`
+/// bytes, in encoding order.
+pub fn entry_values(e: &crate::types::Entry, min: usize) -> Vec<Bytes> {
+    fn walk(c: &crate::types::Command, min: usize, out: &mut Vec<Bytes>) {
         match c {
-            crate::types::Command::Write { value: Some(v), .. } if v.len() >= BY_REFERENCE => {
+            crate::types::Command::Write { value: Some(v), .. } if v.len() >= min => {
                 out.push(v.clone())
             }
-            crate::types::Command::Batch(cmds) => cmds.iter().for_each(|c| walk(c, out)),
+            crate::types::Command::Batch(cmds) => cmds.iter().for_each(|c| walk(c, min, out)),
             _ => {}
         }
     }
     let mut out = Vec::new();
     if let openraft::EntryPayload::Normal(c) = &e.payload {
-        walk(c, &mut out);
+        walk(c, min, &mut out);
     }
     out
 }
@@ -145,7 +145,10 @@ pub fn entry_large_values(e: &crate::types::Entry) -> Vec<Bytes> {
 /// The large values of `entries`, in order (what [`ChunkWriter`] looks
 /// for; a replication batch is bounded by bytes, so the list is short).
 pub fn large_values<'e>(entries: impl IntoIterator<Item = &'e crate::types::Entry>) -> Vec<Bytes> {
-    entries.into_iter().flat_map(entry_large_values).collect()
+    entries
+        .into_iter()
+        .flat_map(|e| entry_values(e, BY_REFERENCE))
+        .collect()
 }
 
 #[cfg(test)]

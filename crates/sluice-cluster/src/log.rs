@@ -26,7 +26,7 @@
 //! the process being killed but not the machine losing power. Volatile
 //! shards use `false`, in a RAM-backed directory (see `ClusterSettings`).
 
-use crate::chunks::{entry_large_values, io_slices, write_all_vectored, ChunkWriter, Part};
+use crate::chunks::{entry_values, io_slices, write_all_vectored, ChunkWriter, Part, BY_REFERENCE};
 use crate::types::{Entry, LogId, StorageError, TypeConfig, Vote};
 use bytes::Bytes;
 use openraft::storage::{LogFlushed, RaftLogStorage};
@@ -462,7 +462,7 @@ impl Inner {
             // Durable before returning: queue, then wait for the writer.
             let (tx, rx) = std::sync::mpsc::sync_channel(1);
             let locs = self.persist_with(recs, Some(Done::Wait(tx)))?;
-            return match rx.recv() {
+            return match crate::sm::blocking(|| rx.recv()) {
                 Ok(Ok(())) => Ok(locs),
                 Ok(Err(e)) => Err(io_err(std::io::Error::other(e))),
                 Err(_) => Err(io_err(std::io::Error::other(
@@ -498,7 +498,7 @@ impl Inner {
         let mut offset = d.bytes;
         for r in recs {
             let values = match r {
-                Record::Entry(e) => entry_large_values(e),
+                Record::Entry(e) => entry_values(e, BY_REFERENCE),
                 _ => Vec::new(),
             };
             let len = encode_parts(r, &values, d.seq, &mut buf, &mut parts)?;
@@ -695,25 +695,6 @@ impl Write for Positions<'_> {
     }
 }
 
-/// The values of an entry's writes that a history references (at least
-/// `MIN_REF` bytes), in encoding order.
-pub fn referenced_values(e: &Entry) -> Vec<Bytes> {
-    fn walk(c: &crate::types::Command, out: &mut Vec<Bytes>) {
-        match c {
-            crate::types::Command::Write { value: Some(v), .. } if v.len() >= MIN_REF => {
-                out.push(v.clone())
-            }
-            crate::types::Command::Batch(cmds) => cmds.iter().for_each(|c| walk(c, out)),
-            _ => {}
-        }
-    }
-    let mut out = Vec::new();
-    if let openraft::EntryPayload::Normal(c) = &e.payload {
-        walk(c, &mut out);
-    }
-    out
-}
-
 /// Reads `at` from a keeping log's segment files in `dir` (the live
 /// segment or, once purged, the kept one).
 pub fn read_value(dir: &Path, at: &sluice_store::ValueRef) -> std::io::Result<Bytes> {
@@ -736,10 +717,11 @@ impl LogStore {
         Self::open_with(dir, sync, false)
     }
 
-    /// Where the values of entry `e` (`referenced_values`) lie in this
-    /// log's files, when `e` is the entry this log holds at its index.
+    /// Where the values of entry `e` of at least `MIN_REF` bytes lie in
+    /// this log's files (in encoding order), when `e` is the entry this
+    /// log holds at its index.
     pub fn value_refs(&self, e: &Entry) -> Option<Vec<sluice_store::ValueRef>> {
-        let values = referenced_values(e);
+        let values = entry_values(e, MIN_REF);
         if values.is_empty() {
             return Some(Vec::new());
         }
@@ -751,13 +733,15 @@ impl LogStore {
             }
             h.loc?
         };
+        // bincode writes `Record::Entry(e)` as the variant index (u32, 0)
+        // then `e`: counting from 4 needs no copy of the entry.
         let mut p = Positions {
             values: &values,
             next: 0,
-            at: 0,
+            at: 4,
             found: Vec::new(),
         };
-        bincode::serialize_into(&mut p, &Record::Entry(e.clone())).ok()?;
+        bincode::serialize_into(&mut p, e).ok()?;
         if p.found.len() != values.len() {
             return None;
         }

@@ -867,6 +867,16 @@ impl ClusterNode {
     /// `timestamp_us`; returns its log index.
     async fn tick(&self, g: &Group, timestamp_us: u64) -> Result<u64, SluiceError> {
         let mut now = self.store.clock().now_us();
+        // Members ask only once the time has passed on their clock; more
+        // than a write timeout ahead of ours is a bad request, not a wait.
+        let slack = self.settings.write_timeout_ms * 1000;
+        if timestamp_us > now.saturating_add(slack) {
+            return Err(unavailable(format!(
+                "time frontier at {timestamp_us} µs refused: {} ms ahead of this leader's clock (at most {} ms: the clocks disagree)",
+                (timestamp_us - now) / 1000,
+                self.settings.write_timeout_ms
+            )));
+        }
         while now <= timestamp_us {
             tokio::time::sleep(Duration::from_micros(timestamp_us + 1 - now)).await;
             now = self.store.clock().now_us();

@@ -144,9 +144,24 @@ fn write_snapshot_file(
     Ok(())
 }
 
+/// Objects from a snapshot's `(key, meta, value)` records.
+fn objects_of(records: Vec<(String, ObjectMeta, Bytes)>) -> Vec<Arc<Object>> {
+    records
+        .into_iter()
+        .map(|(key, meta, value)| {
+            Arc::new(Object {
+                key: Arc::from(key),
+                meta,
+                value,
+                trace: None,
+            })
+        })
+        .collect()
+}
+
 /// Runs disk work from async code without stalling the runtime's other
 /// tasks (outside a multi-threaded runtime it just runs).
-fn blocking<T>(f: impl FnOnce() -> T) -> T {
+pub(crate) fn blocking<T>(f: impl FnOnce() -> T) -> T {
     match tokio::runtime::Handle::try_current() {
         Ok(h) if h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread => {
             tokio::task::block_in_place(f)
@@ -253,17 +268,7 @@ impl Sm {
                 }
             }
             Some(records) => {
-                let objects: Vec<Arc<Object>> = records
-                    .into_iter()
-                    .map(|(key, meta, value)| {
-                        Arc::new(Object {
-                            key: Arc::from(key),
-                            meta,
-                            value,
-                            trace: None,
-                        })
-                    })
-                    .collect();
+                let objects = objects_of(records);
                 blocking(|| {
                     self.store
                         .persistent_install(shard, snap.last_version, &objects)
@@ -293,18 +298,7 @@ impl Sm {
             Some(shard) if self.persistent => self.restore_persistent(st, shard, data)?,
             Some(shard) => {
                 let snap: ShardSnapshot = bincode::deserialize(data).map_err(sm_err)?;
-                let objects = snap
-                    .objects
-                    .into_iter()
-                    .map(|(key, meta, value)| {
-                        Arc::new(Object {
-                            key: Arc::from(key),
-                            meta,
-                            value,
-                            trace: None,
-                        })
-                    })
-                    .collect();
+                let objects = objects_of(snap.objects);
                 self.store
                     .install_shard(shard, snap.last_version, objects)
                     .map_err(sm_err)?;

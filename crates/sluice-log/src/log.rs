@@ -140,6 +140,21 @@ fn header(id: u64) -> Vec<u8> {
     h
 }
 
+/// The segment ids in `dir`, ascending.
+fn segment_ids(fs: &Arc<dyn Fs>, dir: &Path) -> Result<Vec<u64>> {
+    let mut ids: Vec<u64> = fs
+        .list(dir)
+        .map_err(io("listing", dir))?
+        .into_iter()
+        .filter_map(|p| {
+            let n = p.file_name()?.to_str()?;
+            u64::from_str_radix(n.strip_prefix("seg-")?.strip_suffix(".log")?, 16).ok()
+        })
+        .collect();
+    ids.sort_unstable();
+    Ok(ids)
+}
+
 fn io(op: &'static str, file: &Path) -> impl FnOnce(std::io::Error) -> LogError {
     let file = file.display().to_string();
     move |source| LogError::Io { op, file, source }
@@ -149,16 +164,7 @@ impl Log {
     /// Opens (or creates) the log in `dir`, replaying every record.
     pub fn open(dir: &Path, fs: Arc<dyn Fs>, opts: LogOptions) -> Result<(Log, Recovered)> {
         let t0 = Instant::now();
-        let mut ids: Vec<u64> = fs
-            .list(dir)
-            .map_err(io("listing", dir))?
-            .into_iter()
-            .filter_map(|p| {
-                let n = p.file_name()?.to_str()?;
-                u64::from_str_radix(n.strip_prefix("seg-")?.strip_suffix(".log")?, 16).ok()
-            })
-            .collect();
-        ids.sort_unstable();
+        let ids = segment_ids(&fs, dir)?;
         // A compaction that crashed before its rename left a temporary file:
         // the original segment is intact, so the leftover is just removed.
         for p in fs.list(dir).map_err(io("listing", dir))? {
@@ -589,19 +595,12 @@ impl Log {
                 "cut at offset {offset} would remove the segment header"
             )));
         }
-        let mut later: Vec<u64> = self
-            .fs
-            .list(&self.dir)
-            .map_err(io("listing", &self.dir))?
+        // Newest first: a crash midway leaves a prefix of the log.
+        for id in segment_ids(&self.fs, &self.dir)?
             .into_iter()
-            .filter_map(|p| {
-                let n = p.file_name()?.to_str()?;
-                u64::from_str_radix(n.strip_prefix("seg-")?.strip_suffix(".log")?, 16).ok()
-            })
+            .rev()
             .filter(|id| *id > segment)
-            .collect();
-        later.sort_unstable_by(|a, b| b.cmp(a));
-        for id in later {
+        {
             let p = seg_path(&self.dir, id);
             self.fs.remove(&p).map_err(io("removing", &p))?;
         }
@@ -650,18 +649,8 @@ impl Log {
 
     /// Sealed (no longer written) segment ids.
     pub fn sealed_segments(&self) -> Result<Vec<u64>> {
-        let mut ids: Vec<u64> = self
-            .fs
-            .list(&self.dir)
-            .map_err(io("listing", &self.dir))?
-            .into_iter()
-            .filter_map(|p| {
-                let n = p.file_name()?.to_str()?;
-                u64::from_str_radix(n.strip_prefix("seg-")?.strip_suffix(".log")?, 16).ok()
-            })
-            .filter(|id| *id != self.active_id)
-            .collect();
-        ids.sort_unstable();
+        let mut ids = segment_ids(&self.fs, &self.dir)?;
+        ids.retain(|id| *id != self.active_id);
         Ok(ids)
     }
 
