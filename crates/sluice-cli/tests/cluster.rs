@@ -148,7 +148,14 @@ impl Cluster {
             .await
             {
                 Ok(c) => return c,
-                Err(e) if Instant::now() > deadline => panic!("node {id} never came up: {e}"),
+                Err(e) if Instant::now() > deadline => {
+                    let _ = std::process::Command::new("cp")
+                        .args(["-a"])
+                        .arg(self.dir.path())
+                        .arg("/tmp/keep-cluster")
+                        .status();
+                    panic!("node {id} never came up: {e}\n{}", self.logs())
+                }
                 Err(_) => tokio::time::sleep(Duration::from_millis(50)).await,
             }
         }

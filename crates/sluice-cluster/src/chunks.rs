@@ -28,6 +28,10 @@ pub struct ChunkWriter<'a> {
     pub buf: &'a mut Vec<u8>,
     pub parts: Vec<Part>,
     mark: usize,
+    /// The value after the last one referenced: values usually come in
+    /// the order given, so that one is tried first (a snapshot of a
+    /// shard references every object's value).
+    next: usize,
 }
 
 impl<'a> ChunkWriter<'a> {
@@ -39,6 +43,7 @@ impl<'a> ChunkWriter<'a> {
             buf,
             parts: Vec::new(),
             mark,
+            next: 0,
         }
     }
 
@@ -65,13 +70,15 @@ impl std::io::Write for ChunkWriter<'_> {
 
     fn write_all(&mut self, data: &[u8]) -> std::io::Result<()> {
         if data.len() >= BY_REFERENCE {
-            if let Some(v) = self
-                .values
-                .iter()
-                .find(|v| v.as_ptr() == data.as_ptr() && v.len() == data.len())
-            {
+            let same = |v: &Bytes| v.as_ptr() == data.as_ptr() && v.len() == data.len();
+            let at = match self.values.get(self.next) {
+                Some(v) if same(v) => Some(self.next),
+                _ => self.values.iter().position(same),
+            };
+            if let Some(i) = at {
+                self.next = i + 1;
                 self.seal();
-                self.parts.push(Part::Ref(v.clone()));
+                self.parts.push(Part::Ref(self.values[i].clone()));
                 return Ok(());
             }
         }
@@ -190,6 +197,21 @@ mod tests {
         assert_eq!(refs.len(), 2);
         assert_eq!(refs[0].as_ptr(), values[0].as_ptr(), "the same allocation");
         assert!(buf.len() < 4096, "only the small parts were copied");
+        let joined: Vec<u8> = into_bytes(buf, parts).concat();
+        assert_eq!(joined, bincode::serialize(&entries).unwrap());
+    }
+
+    #[test]
+    fn values_are_found_in_any_order() {
+        let entries: Vec<Entry> = (1..=50).map(|i| put(i, 20_000)).collect();
+        let mut values = large_values(&entries);
+        values.swap(3, 40);
+        let mut buf = Vec::new();
+        let mut w = ChunkWriter::new(&mut buf, &values);
+        bincode::serialize_into(&mut w, &entries).unwrap();
+        let parts = w.finish();
+        let refs = parts.iter().filter(|p| matches!(p, Part::Ref(_))).count();
+        assert_eq!(refs, 50, "every value referenced, in order or not");
         let joined: Vec<u8> = into_bytes(buf, parts).concat();
         assert_eq!(joined, bincode::serialize(&entries).unwrap());
     }

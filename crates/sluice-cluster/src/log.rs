@@ -24,7 +24,13 @@
 //! written; appends arriving meanwhile share one fsync);
 //! with `sync = false` records reach the OS page cache only, which survives
 //! the process being killed but not the machine losing power. Volatile
-//! shards use `false`, in a RAM-backed directory (see `ClusterSettings`).
+//! shards use `false`, in a RAM-backed directory (see `ClusterSettings`),
+//! and map their segments (`LogOptions::mapped`): an append is then a
+//! copy into pages the file already has. A segment's mapping lives as
+//! long as its file, recycled files included, so once a group has cycled
+//! through its files appends take no page faults (a `write(2)` into tmpfs
+//! costs about three times a copy into mapped pages, faulting a page in
+//! about eight times).
 
 use crate::chunks::{entry_values, io_slices, write_all_vectored, ChunkWriter, Part, BY_REFERENCE};
 use crate::types::{Entry, LogId, StorageError, TypeConfig, Vote};
@@ -53,12 +59,93 @@ enum Record {
     Truncate(u64),
     /// Entries up to this log id were purged (covered by a snapshot).
     Purge(LogId),
+    /// The end of a sealed segment of a mapped log: what follows is stale
+    /// (its file is not cut to length, which would drop pages the next
+    /// use of the file needs again).
+    Seal,
 }
 
 /// A sealed segment: its number and the highest entry index it holds.
 struct Sealed {
     seq: u64,
     max_index: u64,
+    /// Mapped logs: the segment's mapping, kept for when the file is
+    /// recycled (beyond the sealed length it must not be touched).
+    map: Option<memmap2::MmapMut>,
+}
+
+/// A mapped log's segment files are this long while written (a record
+/// that does not fit goes through `write(2)` past the mapping).
+const MAP_BYTES: u64 = SEGMENT_BYTES + (4 << 20);
+
+/// Maps a segment file of a mapped log for writing, extending it to
+/// `MAP_BYTES` first (sparse: pages appear as they are written). `reuse`
+/// is the file's mapping from an earlier life (recycled): its pages are
+/// still mapped, which is the point.
+fn map_segment(file: &File, reuse: Option<memmap2::MmapMut>) -> std::io::Result<memmap2::MmapMut> {
+    if file.metadata()?.len() < MAP_BYTES {
+        file.set_len(MAP_BYTES)?;
+    }
+    if let Some(m) = reuse.filter(|m| m.len() as u64 == MAP_BYTES) {
+        return Ok(m);
+    }
+    // SAFETY: the file is one of this log's segments, in a directory only
+    // this log uses; it is never shrunk below what is accessed through
+    // this mapping (a sealed segment is cut to its length and its mapping
+    // left alone until the file is extended again for reuse).
+    unsafe {
+        memmap2::MmapOptions::new()
+            .len(MAP_BYTES as usize)
+            .map_mut(file)
+    }
+}
+
+/// Copies `slices` into `map` at `at` (the caller checked they fit).
+fn copy_into(map: &mut [u8], mut at: usize, slices: &[std::io::IoSlice<'_>]) {
+    for s in slices {
+        map[at..at + s.len()].copy_from_slice(s);
+        at += s.len();
+    }
+}
+
+/// Segment files ready for reuse, with their mappings (mapped logs);
+/// shared with the thread that prepares one ahead.
+type Spares = Arc<Mutex<Vec<(PathBuf, Option<memmap2::MmapMut>)>>>;
+
+/// Makes `path` a segment file of `MAP_BYTES` whose pages all exist and
+/// are mapped (`MAP_POPULATE`): what a fresh file's first appends would
+/// otherwise fault in one page at a time, on the put's path.
+fn prepare_spare(path: &Path) -> std::io::Result<memmap2::MmapMut> {
+    let f = OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .read(true)
+        .write(true)
+        .open(path)?;
+    if f.metadata()?.len() < MAP_BYTES {
+        f.set_len(MAP_BYTES)?;
+    }
+    // SAFETY: as in `map_segment`; the file is not in the log yet and is
+    // handed over with its mapping.
+    unsafe {
+        memmap2::MmapOptions::new()
+            .len(MAP_BYTES as usize)
+            .populate()
+            .map_mut(&f)
+    }
+}
+
+/// How a log keeps its files.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct LogOptions {
+    /// fsync every append before it counts (persistent shards).
+    pub sync: bool,
+    /// Set purged segments aside (`kept-<n>.log`) instead of deleting or
+    /// reusing them: a persistent shard's history refers to them.
+    pub keep: bool,
+    /// Write the segments through shared mappings (volatile shards, whose
+    /// log lives in tmpfs). Ignored with `sync` or `keep`.
+    pub mapped: bool,
 }
 
 struct Disk {
@@ -70,8 +157,14 @@ struct Disk {
     sealed: Vec<Sealed>,
     /// Purged segment files kept for reuse: overwriting pages a file
     /// already has is much cheaper than growing a file (page allocation).
-    free: Vec<PathBuf>,
+    /// Mapped logs keep each file's mapping with it.
+    free: Spares,
+    /// Mapped logs: a thread is preparing a spare segment.
+    preparing: Arc<std::sync::atomic::AtomicBool>,
     sync: bool,
+    /// Mapped log: the active segment's mapping (`MAP_BYTES`).
+    map: Option<memmap2::MmapMut>,
+    mapped: bool,
     /// Purged segments are kept (renamed `kept-<n>.log`): a persistent
     /// shard's history points into them for its values.
     keep: bool,
@@ -398,6 +491,7 @@ impl Inner {
             }
             Record::Vote(v) => self.vote = Some(v),
             Record::Committed(c) => self.committed = c,
+            Record::Seal => {}
             Record::Truncate(i) => {
                 let (index, entries) = (self.index.split_off(&i), self.entries.split_off(&i));
                 self.forget(index, entries);
@@ -529,7 +623,7 @@ impl Inner {
             };
         }
         let mut slices = io_slices(&buf, &parts);
-        write_all_vectored(&mut d.file, &mut slices).map_err(io_err)?;
+        d.write_tail(&mut slices).map_err(io_err)?;
         drop(slices);
         if d.sync {
             d.file.sync_data().map_err(io_err)?;
@@ -565,18 +659,32 @@ impl Inner {
             encode(&Record::Purge(p), &mut head, seq)?;
         }
         let queued = self.writer.as_ref().map(|(tx, _)| tx.clone());
-        if queued.is_none() {
+        if d.mapped {
+            let mut seal = Vec::new();
+            encode(&Record::Seal, &mut seal, d.seq)?;
+            d.write_tail(&mut [std::io::IoSlice::new(&seal)])
+                .map_err(io_err)?;
+        } else if queued.is_none() {
             // A sealed segment ends exactly at its last record (a recycled
             // file may hold stale bytes beyond it).
             d.file.set_len(d.bytes).map_err(io_err)?;
         }
         let path = seg_path(&d.dir, seq);
-        if let Some(old) = d.free.pop() {
+        let mut reuse = None;
+        let spare = {
+            let mut free = d.free.lock();
+            // A mapped file first (its pages are there and mapped).
+            let i = free.iter().rposition(|(_, m)| m.is_some());
+            i.or(free.len().checked_sub(1)).map(|i| free.swap_remove(i))
+        };
+        if let Some((old, m)) = spare {
             std::fs::rename(&old, &path).map_err(io_err)?;
+            reuse = m;
         }
         let mut f = OpenOptions::new()
             .create(true)
             .truncate(false) // a recycled file: overwritten in place
+            .read(true) // mapped logs map it shared
             .write(true)
             .open(&path)
             .map_err(io_err)?;
@@ -608,6 +716,16 @@ impl Inner {
                     head: head.clone(),
                 })
                 .map_err(|_| io_err(std::io::Error::other("the log writer thread is gone")))?,
+            None if d.mapped => {
+                let mut m = map_segment(&f, reuse).map_err(io_err)?;
+                m[..head.len()].copy_from_slice(&head);
+                let old = d.map.replace(m);
+                d.sealed.push(Sealed {
+                    seq: d.seq,
+                    max_index: d.max_index,
+                    map: old,
+                });
+            }
             None => {
                 f.write_all(&head).map_err(io_err)?;
                 if d.sync {
@@ -616,13 +734,17 @@ impl Inner {
             }
         }
         d.shared = new;
-        d.sealed.push(Sealed {
-            seq: d.seq,
-            max_index: d.max_index,
-        });
+        if !d.mapped {
+            d.sealed.push(Sealed {
+                seq: d.seq,
+                max_index: d.max_index,
+                map: None,
+            });
+        }
         d.file = f;
         d.seq = seq;
         d.bytes = head.len() as u64;
+        d.prepare_ahead();
         Ok(())
     }
 
@@ -630,8 +752,9 @@ impl Inner {
     fn drop_purged_segments(&mut self) {
         let upto = self.last_purged.map_or(0, |p| p.index);
         let Some(d) = &mut self.disk else { return };
-        let (dir, free, keep) = (&d.dir, &mut d.free, d.keep);
-        d.sealed.retain(|s| {
+        let (dir, keep) = (&d.dir, d.keep);
+        let mut free = d.free.lock();
+        d.sealed.retain_mut(|s| {
             if s.max_index > upto {
                 return true;
             }
@@ -645,12 +768,76 @@ impl Inner {
             }
             let spare = dir.join(format!("free-{:08}.log", s.seq));
             if free.len() < FREE_SEGMENTS && std::fs::rename(&path, &spare).is_ok() {
-                free.push(spare);
+                free.push((spare, s.map.take()));
             } else {
                 let _ = std::fs::remove_file(&path);
             }
             false
         });
+    }
+}
+
+impl Disk {
+    /// Writes `slices` at the end of the active segment (`bytes`, which
+    /// the caller then advances) of an unsynced log: copied into the
+    /// mapping where they fit, else written to the file.
+    fn write_tail(&mut self, slices: &mut [std::io::IoSlice<'_>]) -> std::io::Result<()> {
+        let len: usize = slices.iter().map(|s| s.len()).sum();
+        match &mut self.map {
+            Some(m) if self.bytes as usize + len <= m.len() => {
+                copy_into(m, self.bytes as usize, slices);
+                Ok(())
+            }
+            _ => {
+                if self.mapped {
+                    // The file's position is stale after copies into the map.
+                    std::io::Seek::seek(&mut self.file, std::io::SeekFrom::Start(self.bytes))?;
+                }
+                write_all_vectored(&mut self.file, slices)
+            }
+        }
+    }
+
+    /// Mapped logs: unless a mapped spare is ready, makes one on a thread
+    /// of its own (a free file found at open is mapped, else a new file is
+    /// made), so the next roll finds a segment whose pages exist and are
+    /// mapped. A busy group that has not yet cycled through its files so
+    /// stays one segment ahead.
+    fn prepare_ahead(&self) {
+        use std::sync::atomic::Ordering;
+        if !self.mapped || self.preparing.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let (free, preparing) = (self.free.clone(), self.preparing.clone());
+        let fresh = self.dir.join(format!("free-next-{:08}.log", self.seq));
+        let spawned = std::thread::Builder::new()
+            .name("sluice-log-spare".into())
+            .spawn(move || {
+                let path = {
+                    let mut f = free.lock();
+                    if f.iter().any(|(_, m)| m.is_some()) {
+                        None
+                    } else {
+                        match f.iter().position(|(_, m)| m.is_none()) {
+                            Some(i) => Some(f.swap_remove(i).0),
+                            None => Some(fresh),
+                        }
+                    }
+                };
+                if let Some(path) = path {
+                    match prepare_spare(&path) {
+                        Ok(m) => free.lock().push((path, Some(m))),
+                        Err(e) => {
+                            tracing::debug!(file = %path.display(), error = %e, "could not prepare a spare log segment");
+                            let _ = std::fs::remove_file(&path);
+                        }
+                    }
+                }
+                preparing.store(false, Ordering::Release);
+            });
+        if spawned.is_err() {
+            self.preparing.store(false, Ordering::Release);
+        }
     }
 }
 
@@ -714,7 +901,13 @@ pub fn read_value(dir: &Path, at: &sluice_store::ValueRef) -> std::io::Result<By
 impl LogStore {
     /// Opens (or creates) the log in `dir`, replaying its segments.
     pub fn open(dir: &Path, sync: bool) -> std::io::Result<Self> {
-        Self::open_with(dir, sync, false)
+        Self::open_with(
+            dir,
+            LogOptions {
+                sync,
+                ..LogOptions::default()
+            },
+        )
     }
 
     /// Where the values of entry `e` of at least `MIN_REF` bytes lie in
@@ -785,9 +978,10 @@ impl LogStore {
         Ok((files, bytes))
     }
 
-    /// `open`; with `keep`, purged segments are set aside instead of
-    /// being deleted or reused (see `read_value`).
-    pub fn open_with(dir: &Path, sync: bool, keep: bool) -> std::io::Result<Self> {
+    /// `open`, with the options of `opts` (see `LogOptions`).
+    pub fn open_with(dir: &Path, opts: LogOptions) -> std::io::Result<Self> {
+        let LogOptions { sync, keep, .. } = opts;
+        let mapped = opts.mapped && !sync && !keep;
         std::fs::create_dir_all(dir)?;
         let mut seqs: Vec<u64> = std::fs::read_dir(dir)?
             .flatten()
@@ -797,13 +991,14 @@ impl LogStore {
             })
             .collect();
         seqs.sort_unstable();
-        let free: Vec<PathBuf> = std::fs::read_dir(dir)?
+        let free: Vec<(PathBuf, Option<memmap2::MmapMut>)> = std::fs::read_dir(dir)?
             .flatten()
             .map(|e| e.path())
             .filter(|p| {
                 p.file_name()
                     .is_some_and(|n| n.to_string_lossy().starts_with("free-"))
             })
+            .map(|p| (p, None))
             .collect();
         let mut inner = Inner::default();
         // A newest segment without a single valid record is a roll that
@@ -829,7 +1024,9 @@ impl LogStore {
             File::open(&path)?.read_to_end(&mut data)?;
             let (recs, good) = decode_all(&data, *s);
             let last = i + 1 == seqs.len();
-            if good < data.len() {
+            // A mapped log's sealed segment ends at its seal record.
+            let sealed_here = matches!(recs.last(), Some((Record::Seal, _)));
+            if good < data.len() && (last || !sealed_here) {
                 if !last {
                     return Err(std::io::Error::new(
                         std::io::ErrorKind::InvalidData,
@@ -864,6 +1061,7 @@ impl LogStore {
                 sealed.push(Sealed {
                     seq: *s,
                     max_index: seg_max,
+                    map: None,
                 });
             }
         }
@@ -873,6 +1071,7 @@ impl LogStore {
         let mut file = OpenOptions::new()
             .create(true)
             .truncate(false) // cut to its valid length above
+            .read(true)
             .write(true)
             .open(seg_path(dir, seq))?;
         std::io::Seek::seek(&mut file, std::io::SeekFrom::Start(bytes))?;
@@ -896,15 +1095,23 @@ impl LogStore {
                 .spawn(move || writer(rx, w))?;
             inner.writer = Some((tx, written));
         }
+        let map = if mapped {
+            Some(map_segment(&file, None)?)
+        } else {
+            None
+        };
         inner.disk = Some(Disk {
             keep,
+            map,
+            mapped,
             dir: dir.to_path_buf(),
             shared: Arc::new(file.try_clone()?),
             file,
             seq,
             max_index,
             sealed,
-            free,
+            free: Arc::new(Mutex::new(free)),
+            preparing: Arc::default(),
             sync,
             bytes,
         });
@@ -1026,7 +1233,8 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         if let (false, Some(d)) = (synced, &mut g.disk) {
             let mut buf = Vec::new();
             encode(&Record::Committed(committed), &mut buf, d.seq)?;
-            d.file.write_all(&buf).map_err(io_err)?;
+            d.write_tail(&mut [std::io::IoSlice::new(&buf)])
+                .map_err(io_err)?;
             d.bytes += buf.len() as u64;
         }
         g.committed = committed;
@@ -1212,13 +1420,23 @@ mod tests {
     #[test]
     fn a_keeping_log_sets_purged_segments_aside_and_reclaims_only_unreferenced_ones() {
         let d = tempfile::tempdir().unwrap();
-        let s = LogStore::open_with(d.path(), false, true).unwrap();
+        let s = LogStore::open_with(
+            d.path(),
+            LogOptions {
+                keep: true,
+                ..LogOptions::default()
+            },
+        )
+        .unwrap();
         {
             let mut g = s.inner.lock();
             append(&mut g, (1..=100).map(|i| entry(1, i, 1 << 20)).collect());
             g.record(Record::Purge(lid(1, 99))).unwrap();
             g.drop_purged_segments();
-            assert!(g.disk.as_ref().unwrap().free.is_empty(), "nothing recycled");
+            assert!(
+                g.disk.as_ref().unwrap().free.lock().is_empty(),
+                "nothing recycled"
+            );
         }
         let kept = |d: &Path| -> Vec<u64> {
             let mut v: Vec<u64> = std::fs::read_dir(d)
@@ -1253,7 +1471,14 @@ mod tests {
     #[test]
     fn value_refs_point_at_the_value_bytes_in_the_segment() {
         let d = tempfile::tempdir().unwrap();
-        let s = LogStore::open_with(d.path(), false, true).unwrap();
+        let s = LogStore::open_with(
+            d.path(),
+            LogOptions {
+                keep: true,
+                ..LogOptions::default()
+            },
+        )
+        .unwrap();
         let e = Entry {
             log_id: lid(1, 1),
             payload: EntryPayload::Normal(Command::Batch(vec![
@@ -1303,11 +1528,11 @@ mod tests {
             append(&mut g, (1..=100).map(|i| entry(1, i, 1 << 20)).collect());
             g.record(Record::Purge(lid(1, 99))).unwrap();
             g.drop_purged_segments();
-            let spare = g.disk.as_ref().unwrap().free.len();
+            let spare = g.disk.as_ref().unwrap().free.lock().len();
             assert!(spare >= 2, "{spare} purged segments kept");
             // The next segments reuse those files (full of old records).
             append(&mut g, (101..=170).map(|i| entry(2, i, 1 << 20)).collect());
-            assert!(g.disk.as_ref().unwrap().free.len() < spare);
+            assert!(g.disk.as_ref().unwrap().free.lock().len() < spare);
         }
         let g = reopen(d.path());
         assert_eq!(g.index.len(), 71, "entries 100..=170, nothing stale");
@@ -1415,6 +1640,144 @@ mod tests {
         std::fs::write(seg_path(d.path(), 2), &head).unwrap();
         let e = LogStore::open(d.path(), false).err().unwrap();
         assert!(e.to_string().contains("seg-00000001.log"), "{e}");
+    }
+
+    fn mapped(dir: &Path) -> LogStore {
+        let opts = LogOptions {
+            mapped: true,
+            ..LogOptions::default()
+        };
+        LogStore::open_with(dir, opts).unwrap()
+    }
+
+    /// Waits (bounded) until a mapped spare segment is ready.
+    fn spare_ready(g: &Inner) -> bool {
+        let free = g.disk.as_ref().unwrap().free.clone();
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+        while std::time::Instant::now() < deadline {
+            if free.lock().iter().any(|(_, m)| m.is_some()) {
+                return true;
+            }
+            std::thread::yield_now();
+        }
+        false
+    }
+
+    #[test]
+    fn a_mapped_log_seals_segments_without_cutting_them_and_reopens_intact() {
+        let d = tempfile::tempdir().unwrap();
+        {
+            let mut s = mapped(d.path());
+            s.inner
+                .lock()
+                .record(Record::Vote(Vote::new(3, 1)))
+                .unwrap();
+            append(
+                &mut s.inner.lock(),
+                (1..=80).map(|i| entry(1, i, 1 << 20)).collect(),
+            );
+            // The commit point is written at the end like any record.
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .build()
+                .unwrap();
+            rt.block_on(s.save_committed(Some(lid(1, 80)))).unwrap();
+            let mut g = s.inner.lock();
+            // Up to 1 MiB short of a full segment (no roll yet)...
+            let left = SEGMENT_BYTES - g.disk.as_ref().unwrap().bytes;
+            append(&mut g, vec![entry(1, 81, (left - (1 << 20)) as usize)]);
+            // ... then more than the rest of the mapping: through write(2).
+            append(&mut g, vec![entry(1, 82, 6 << 20)]);
+            let dk = g.disk.as_ref().unwrap();
+            let active = std::fs::metadata(seg_path(d.path(), dk.seq)).unwrap().len();
+            assert!(active > MAP_BYTES, "written past the mapping ({active})");
+            g.record(Record::Truncate(82)).unwrap();
+            append(&mut g, (82..=86).map(|i| entry(2, i, 10)).collect());
+            assert!(g.disk.as_ref().unwrap().seq >= 3, "segments rolled");
+        }
+        let len = std::fs::metadata(seg_path(d.path(), 1)).unwrap().len();
+        assert!(
+            len >= MAP_BYTES,
+            "a sealed segment keeps its pages ({len} bytes)"
+        );
+        // Unmapped or mapped, the same records come back.
+        for g in [reopen(d.path()), {
+            let s = mapped(d.path());
+            Arc::try_unwrap(s.inner).ok().unwrap().into_inner()
+        }] {
+            assert_eq!(g.vote, Some(Vote::new(3, 1)));
+            assert_eq!(g.committed, Some(lid(1, 80)));
+            assert_eq!(g.index.len(), 86);
+            assert_eq!(
+                g.index[&82].log_id,
+                lid(2, 82),
+                "the truncated entry was replaced"
+            );
+            assert_eq!(g.index[&81].log_id, lid(1, 81));
+            let e = g.entry(40).unwrap().unwrap();
+            assert_eq!(e.log_id, lid(1, 40));
+            assert_eq!(entry_values(&e, 1), entry_values(&entry(1, 40, 1 << 20), 1));
+        }
+        // Corruption before a seal still refuses the open, naming the file.
+        let seg = seg_path(d.path(), 1);
+        let mut data = std::fs::read(&seg).unwrap();
+        data[4096] ^= 0xff;
+        std::fs::write(&seg, &data).unwrap();
+        let e = LogStore::open(d.path(), false).err().unwrap();
+        assert!(e.to_string().contains("seg-00000001.log"), "{e}");
+    }
+
+    #[test]
+    fn a_mapped_log_recycles_files_with_their_mappings_and_prepares_one_ahead() {
+        let d = tempfile::tempdir().unwrap();
+        {
+            let s = mapped(d.path());
+            let mut g = s.inner.lock();
+            append(&mut g, (1..=40).map(|i| entry(1, i, 1 << 20)).collect());
+            // The first roll found no spare: one is being made, mapped.
+            assert!(spare_ready(&g), "a spare segment was prepared");
+            g.record(Record::Purge(lid(1, 39))).unwrap();
+            g.drop_purged_segments();
+            {
+                let free = g.disk.as_ref().unwrap().free.lock();
+                assert!(free.len() >= 2, "the purged segment joined the spare");
+                assert!(free.iter().all(|(_, m)| m.is_some()), "with its mapping");
+            }
+            // The next segments overwrite those files (old records inside).
+            append(&mut g, (41..=100).map(|i| entry(2, i, 1 << 20)).collect());
+        }
+        // A torn record at the end of the newest segment (a kill mid-copy).
+        let newest = std::fs::read_dir(d.path())
+            .unwrap()
+            .flatten()
+            .filter_map(|e| {
+                let n = e.file_name().to_string_lossy().to_string();
+                n.strip_prefix("seg-")?
+                    .strip_suffix(".log")?
+                    .parse::<u64>()
+                    .ok()
+            })
+            .max()
+            .unwrap();
+        let g = reopen(d.path());
+        let at = g.index[&100].loc.unwrap();
+        assert_eq!(at.seq, newest);
+        drop(g);
+        {
+            use std::os::unix::fs::FileExt;
+            let f = OpenOptions::new()
+                .write(true)
+                .open(seg_path(d.path(), newest))
+                .unwrap();
+            f.write_all_at(&[0xab; 64], at.offset + 8 + 1000).unwrap();
+        }
+        let g = reopen(d.path());
+        assert_eq!(g.index.keys().next(), Some(&40));
+        assert_eq!(
+            g.index.keys().next_back(),
+            Some(&99),
+            "the torn entry was cut, nothing stale came back"
+        );
+        assert_eq!(g.entry(41).unwrap().unwrap().log_id, lid(2, 41));
     }
 
     #[test]

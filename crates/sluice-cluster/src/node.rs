@@ -2,7 +2,7 @@
 //! of, the write and read paths through them, membership changes, status,
 //! and fault injection.
 
-use crate::log::LogStore;
+use crate::log::{LogOptions, LogStore};
 use crate::network::{dispatch, NetFactory, Peers};
 use crate::sm::{MetaState, Sm};
 use crate::types::{
@@ -395,7 +395,8 @@ impl ClusterNode {
         // A persistent shard's log keeps its purged segments: the history
         // refers to the values in them.
         let keep = shard_of_group(g).is_some_and(|s| s.pool_type == PoolType::Persistent);
-        let log = LogStore::open_with(&dir, sync, keep).map_err(io)?;
+        let mapped = shard_of_group(g).is_some_and(|s| s.pool_type == PoolType::Volatile);
+        let log = LogStore::open_with(&dir, LogOptions { sync, keep, mapped }).map_err(io)?;
         let log_handle = log.clone();
         let sm = Sm::open(
             g,

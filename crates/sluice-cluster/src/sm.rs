@@ -92,13 +92,25 @@ struct MetaSnapshot {
     state: MetaState,
 }
 
+/// Where the current snapshot's data is.
+#[derive(Clone)]
+enum SnapData {
+    /// In memory: the metadata group's and a persistent shard's (small),
+    /// or any without a snapshot directory.
+    Mem(Arc<Vec<u8>>),
+    /// Only in the snapshot file: a volatile shard's, as large as the
+    /// shard (written from the objects' values themselves, read back when
+    /// a member needs it).
+    File,
+}
+
 #[derive(Default)]
 struct State {
     last_applied: Option<LogId>,
     membership: StoredMembership,
     last_ts: u64,
     dedup: BTreeMap<u64, ClientWindow>,
-    current: Option<(SnapshotMeta, Arc<Vec<u8>>)>,
+    current: Option<(SnapshotMeta, SnapData)>,
     snapshots_built: u64,
     snapshots_installed: u64,
 }
@@ -125,23 +137,39 @@ pub struct Sm {
 }
 
 /// Writes the bytes of `bincode::serialize(&(meta, data))` (a
-/// length-prefixed byte string after the meta) from `data` itself, not
-/// from a second copy of a possibly large snapshot.
+/// length-prefixed byte string after the meta), `data` given as slices
+/// (a large snapshot's values are not copied into one buffer first).
+/// Overwrites `path` in place when it exists (tmpfs: pages the file has
+/// cost far less than new ones), then cuts it to length.
 fn write_snapshot_file(
     path: &std::path::Path,
     meta: &SnapshotMeta,
-    data: &[u8],
+    data: &[std::io::IoSlice<'_>],
     sync: bool,
 ) -> std::io::Result<()> {
+    let len: usize = data.iter().map(|s| s.len()).sum();
     let mut head = bincode::serialize(meta).map_err(std::io::Error::other)?;
-    head.extend_from_slice(&(data.len() as u64).to_le_bytes());
-    let mut f = std::fs::File::create(path)?;
-    let mut slices = [std::io::IoSlice::new(&head), std::io::IoSlice::new(data)];
+    head.extend_from_slice(&(len as u64).to_le_bytes());
+    let mut f = std::fs::OpenOptions::new()
+        .create(true)
+        .write(true)
+        .truncate(false)
+        .open(path)?;
+    let mut slices = Vec::with_capacity(data.len() + 1);
+    slices.push(std::io::IoSlice::new(&head));
+    slices.extend(data.iter().map(|s| std::io::IoSlice::new(s)));
     crate::chunks::write_all_vectored(&mut f, &mut slices)?;
+    f.set_len((head.len() + len) as u64)?;
     if sync {
         f.sync_all()?;
     }
     Ok(())
+}
+
+/// Reads back a snapshot file.
+fn read_snapshot_file(path: &std::path::Path) -> Result<(SnapshotMeta, Vec<u8>), StorageError> {
+    let bytes = std::fs::read(path).map_err(sm_err)?;
+    bincode::deserialize(&bytes).map_err(sm_err)
 }
 
 /// Objects from a snapshot's `(key, meta, value)` records.
@@ -168,6 +196,12 @@ pub(crate) fn blocking<T>(f: impl FnOnce() -> T) -> T {
         }
         _ => f(),
     }
+}
+
+/// Data in one buffer, as one part.
+fn whole(d: Vec<u8>) -> (Vec<u8>, Vec<crate::chunks::Part>) {
+    let n = d.len();
+    (d, vec![crate::chunks::Part::Own(0..n)])
 }
 
 fn sm_err(e: impl std::fmt::Display) -> StorageError {
@@ -211,13 +245,12 @@ impl Sm {
         if let Some(d) = &sm.dir {
             let path = d.join("snapshot");
             if path.exists() {
-                let bytes = std::fs::read(&path).map_err(sm_err)?;
-                let (meta, data): (SnapshotMeta, Vec<u8>) =
-                    bincode::deserialize(&bytes).map_err(sm_err)?;
+                let (meta, data) = read_snapshot_file(&path)?;
                 {
                     let mut st = sm.st.lock();
                     sm.restore(&mut st, &meta, &data)?;
-                    st.current = Some((meta, Arc::new(data)));
+                    let data = sm.held(data);
+                    st.current = Some((meta, data));
                 }
                 return Ok(sm);
             }
@@ -316,12 +349,38 @@ impl Sm {
         Ok(())
     }
 
-    fn save(&self, meta: &SnapshotMeta, data: &[u8]) -> Result<(), StorageError> {
+    /// Whether this group's snapshot data stays only in its file.
+    fn data_in_file(&self) -> bool {
+        self.dir.is_some() && self.shard.is_some() && !self.persistent
+    }
+
+    /// What `current` holds of a snapshot's data.
+    fn held(&self, data: Vec<u8>) -> SnapData {
+        if self.data_in_file() {
+            SnapData::File
+        } else {
+            SnapData::Mem(Arc::new(data))
+        }
+    }
+
+    /// Writes the snapshot file: into `snapshot.tmp`, renamed over
+    /// `snapshot` once complete. The file it replaces becomes the next
+    /// `snapshot.tmp` (overwritten in place next time).
+    fn save(&self, meta: &SnapshotMeta, data: &[std::io::IoSlice<'_>]) -> Result<(), StorageError> {
         let Some(d) = &self.dir else { return Ok(()) };
         std::fs::create_dir_all(d).map_err(sm_err)?;
-        let tmp = d.join("snapshot.tmp");
+        let (tmp, cur, old) = (
+            d.join("snapshot.tmp"),
+            d.join("snapshot"),
+            d.join("snapshot.old"),
+        );
         write_snapshot_file(&tmp, meta, data, self.sync).map_err(sm_err)?;
-        std::fs::rename(&tmp, d.join("snapshot")).map_err(sm_err)?;
+        let _ = std::fs::remove_file(&old);
+        let kept = std::fs::hard_link(&cur, &old).is_ok();
+        std::fs::rename(&tmp, &cur).map_err(sm_err)?;
+        if kept {
+            let _ = std::fs::rename(&old, &tmp);
+        }
         Ok(())
     }
 
@@ -473,8 +532,9 @@ impl Sm {
             };
             (taken, meta)
         };
-        let data = match taken {
-            Taken::Meta(d) => d,
+        // The encoding as parts: a volatile shard's values by reference.
+        let (buf, parts) = match taken {
+            Taken::Meta(d) => whole(d),
             Taken::Persistent(p) => {
                 // Every version the snapshot covers must be on disk before
                 // the snapshot lets openraft purge the log entries.
@@ -495,19 +555,31 @@ impl Sm {
                         }
                     }
                 }
-                bincode::serialize(&p).map_err(sm_err)?
+                whole(bincode::serialize(&p).map_err(sm_err)?)
             }
-            Taken::Shard(r) => bincode::serialize(&ShardSnapshot {
-                last_version: r.last_version,
-                last_ts: r.last_ts,
-                objects: r
+            Taken::Shard(r) => {
+                let snap = ShardSnapshot {
+                    last_version: r.last_version,
+                    last_ts: r.last_ts,
+                    objects: r
+                        .objects
+                        .iter()
+                        .map(|o| (o.key.to_string(), o.meta, o.value.clone()))
+                        .collect(),
+                    dedup: r.dedup,
+                };
+                let values: Vec<Bytes> = snap
                     .objects
                     .iter()
-                    .map(|o| (o.key.to_string(), o.meta, o.value.clone()))
-                    .collect(),
-                dedup: r.dedup,
-            })
-            .map_err(sm_err)?,
+                    .map(|(_, _, v)| v.clone())
+                    .filter(|v| v.len() >= crate::chunks::BY_REFERENCE)
+                    .collect();
+                let mut buf = Vec::new();
+                let mut w = crate::chunks::ChunkWriter::new(&mut buf, &values);
+                bincode::serialize_into(&mut w, &snap).map_err(sm_err)?;
+                let parts = w.finish();
+                (buf, parts)
+            }
         };
         let _save = self.save_lock.lock();
         // A snapshot installed meanwhile from the leader is newer: keep it.
@@ -518,8 +590,13 @@ impl Sm {
             .as_ref()
             .is_some_and(|(m, _)| m.last_log_id > meta.last_log_id);
         if !newer {
-            self.save(&meta, &data)?;
-            self.st.lock().current = Some((meta.clone(), Arc::new(data)));
+            self.save(&meta, &crate::chunks::io_slices(&buf, &parts))?;
+            let data = if self.data_in_file() {
+                SnapData::File
+            } else {
+                SnapData::Mem(Arc::new(crate::chunks::into_bytes(buf, parts).concat()))
+            };
+            self.st.lock().current = Some((meta.clone(), data));
         }
         // openraft keeps only the meta of a snapshot it asked us to build
         // (followers are sent `get_current_snapshot`): no second copy here.
@@ -641,8 +718,8 @@ impl RaftStateMachine<TypeConfig> for Sm {
         if self.persistent {
             data = Self::persistent_file_form(&data)?;
         }
-        self.save(meta, &data)?;
-        st.current = Some((meta.clone(), Arc::new(data)));
+        self.save(meta, &[std::io::IoSlice::new(&data)])?;
+        st.current = Some((meta.clone(), self.held(data)));
         st.snapshots_installed += 1;
         tracing::info!(group = %crate::types::group_name(self.group), snapshot = %meta.snapshot_id, "installed a snapshot from the leader");
         Ok(())
@@ -652,6 +729,16 @@ impl RaftStateMachine<TypeConfig> for Sm {
         let current = self.st.lock().current.clone();
         let Some((meta, data)) = current else {
             return Ok(None);
+        };
+        let (meta, data) = match (data, &self.dir) {
+            (SnapData::Mem(d), _) => (meta, d),
+            (SnapData::File, Some(dir)) => {
+                // The file's own meta: a snapshot saved since `current`
+                // was read is newer, and consistent with its data.
+                let (m, d) = blocking(|| read_snapshot_file(&dir.join("snapshot")))?;
+                (m, Arc::new(d))
+            }
+            (SnapData::File, None) => return Ok(None),
         };
         let data = match self.shard {
             // What a member needs: every version up to the snapshot's,
@@ -693,10 +780,18 @@ mod file_tests {
         };
         let data: Vec<u8> = (0..100_000u32).map(|i| i as u8).collect();
         let path = d.path().join("snapshot");
-        write_snapshot_file(&path, &meta, &data, true).unwrap();
+        write_snapshot_file(&path, &meta, &[std::io::IoSlice::new(&data)], true).unwrap();
         let bytes = std::fs::read(&path).unwrap();
         assert_eq!(bytes, bincode::serialize(&(&meta, &data[..])).unwrap());
         let (m, back): (SnapshotMeta, Vec<u8>) = bincode::deserialize(&bytes).unwrap();
-        assert_eq!((m, back), (meta, data));
+        assert_eq!((m, back), (meta.clone(), data.clone()));
+        // Overwritten in place by a shorter one: cut to its length.
+        let short = &data[..1000];
+        let parts = [
+            std::io::IoSlice::new(&short[..10]),
+            std::io::IoSlice::new(&short[10..]),
+        ];
+        write_snapshot_file(&path, &meta, &parts, false).unwrap();
+        assert_eq!(read_snapshot_file(&path).unwrap(), (meta, short.to_vec()));
     }
 }
