@@ -78,21 +78,35 @@ struct Sealed {
 /// that does not fit goes through `write(2)` past the mapping).
 const MAP_BYTES: u64 = SEGMENT_BYTES + (4 << 20);
 
-/// Maps a segment file of a mapped log for writing, extending it to
-/// `MAP_BYTES` first (sparse: pages appear as they are written). `reuse`
-/// is the file's mapping from an earlier life (recycled): its pages are
-/// still mapped, which is the point.
-fn map_segment(file: &File, reuse: Option<memmap2::MmapMut>) -> std::io::Result<memmap2::MmapMut> {
-    if file.metadata()?.len() < MAP_BYTES {
-        file.set_len(MAP_BYTES)?;
+/// Reserves `len` bytes of blocks for `file` (extending it). On tmpfs
+/// this allocates the pages: a mapped segment's are all there before it
+/// is written through its mapping, so a full filesystem is an error from
+/// here, never a SIGBUS on a store into the mapping.
+fn allocate(file: &File, len: u64) -> std::io::Result<()> {
+    use std::os::fd::AsRawFd;
+    // SAFETY: a valid open file descriptor; no memory is passed.
+    match unsafe { libc::posix_fallocate(file.as_raw_fd(), 0, len as libc::off_t) } {
+        0 => Ok(()),
+        e => Err(std::io::Error::from_raw_os_error(e)),
     }
-    if let Some(m) = reuse.filter(|m| m.len() as u64 == MAP_BYTES) {
+}
+
+/// Maps a segment file of a mapped log for writing, its `MAP_BYTES`
+/// allocated first (`allocate`). `reuse` is the file's mapping from an
+/// earlier life (recycled): its pages are still mapped, which is the
+/// point, and were allocated then.
+fn map_segment(file: &File, reuse: Option<memmap2::MmapMut>) -> std::io::Result<memmap2::MmapMut> {
+    let reuse = reuse.filter(|m| m.len() as u64 == MAP_BYTES);
+    if reuse.is_none() || file.metadata()?.len() < MAP_BYTES {
+        allocate(file, MAP_BYTES)?;
+    }
+    if let Some(m) = reuse {
         return Ok(m);
     }
     // SAFETY: the file is one of this log's segments, in a directory only
-    // this log uses; it is never shrunk below what is accessed through
-    // this mapping (a sealed segment is cut to its length and its mapping
-    // left alone until the file is extended again for reuse).
+    // this log uses, and never shrunk while mapped (a sealed segment ends
+    // at a seal record; only a log being opened cuts its newest segment,
+    // before mapping it).
     unsafe {
         memmap2::MmapOptions::new()
             .len(MAP_BYTES as usize)
@@ -112,8 +126,8 @@ fn copy_into(map: &mut [u8], mut at: usize, slices: &[std::io::IoSlice<'_>]) {
 /// shared with the thread that prepares one ahead.
 type Spares = Arc<Mutex<Vec<(PathBuf, Option<memmap2::MmapMut>)>>>;
 
-/// Makes `path` a segment file of `MAP_BYTES` whose pages all exist and
-/// are mapped (`MAP_POPULATE`): what a fresh file's first appends would
+/// Makes `path` a segment file of `MAP_BYTES` whose pages all exist
+/// (`allocate`) and are mapped (`MAP_POPULATE`): what a fresh file's first appends would
 /// otherwise fault in one page at a time, on the put's path.
 fn prepare_spare(path: &Path) -> std::io::Result<memmap2::MmapMut> {
     let f = OpenOptions::new()
@@ -122,9 +136,7 @@ fn prepare_spare(path: &Path) -> std::io::Result<memmap2::MmapMut> {
         .read(true)
         .write(true)
         .open(path)?;
-    if f.metadata()?.len() < MAP_BYTES {
-        f.set_len(MAP_BYTES)?;
-    }
+    allocate(&f, MAP_BYTES)?;
     // SAFETY: as in `map_segment`; the file is not in the log yet and is
     // handed over with its mapping.
     unsafe {
@@ -698,12 +710,8 @@ impl Inner {
         if d.sync && f.metadata().map_err(io_err)?.len() == 0 {
             // A fresh file: reserve its blocks (much cheaper than writing
             // zeros; an fdatasync then only converts extents).
-            use std::os::fd::AsRawFd;
-            // SAFETY: a valid open file descriptor; no memory is passed.
-            let r =
-                unsafe { libc::posix_fallocate(f.as_raw_fd(), 0, SEGMENT_BYTES as libc::off_t) };
-            if r != 0 {
-                tracing::debug!(error = r, "posix_fallocate of a new log segment failed");
+            if let Err(e) = allocate(&f, SEGMENT_BYTES) {
+                tracing::debug!(error = %e, "posix_fallocate of a new log segment failed");
             }
         }
         let new = Arc::new(f.try_clone().map_err(io_err)?);
