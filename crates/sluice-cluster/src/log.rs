@@ -587,7 +587,7 @@ impl Inner {
         recs: &[Record],
         done: Option<Done>,
     ) -> Result<Vec<Loc>, StorageError> {
-        if self.disk.as_ref().is_some_and(|d| d.bytes >= SEGMENT_BYTES) {
+        if self.disk.as_ref().is_some_and(Disk::roll_due) {
             self.roll()?;
         }
         let Some(d) = &mut self.disk else {
@@ -786,6 +786,23 @@ impl Inner {
 }
 
 impl Disk {
+    /// Whether the active segment is full and should be sealed now. A
+    /// mapped log whose spare is still being prepared writes on past the
+    /// mapping (`write(2)`, up to twice the segment size) instead: rolling
+    /// now would allocate a new file on this put's path (tens of
+    /// milliseconds for a segment's pages), while the spare is about
+    /// ready.
+    fn roll_due(&self) -> bool {
+        use std::sync::atomic::Ordering;
+        if self.bytes < SEGMENT_BYTES {
+            return false;
+        }
+        if !self.mapped || self.bytes >= 2 * SEGMENT_BYTES {
+            return true;
+        }
+        !self.preparing.load(Ordering::Acquire) || self.free.lock().iter().any(|(_, m)| m.is_some())
+    }
+
     /// Writes `slices` at the end of the active segment (`bytes`, which
     /// the caller then advances) of an unsynced log: copied into the
     /// mapping where they fit, else written to the file.
@@ -1786,6 +1803,50 @@ mod tests {
             "the torn entry was cut, nothing stale came back"
         );
         assert_eq!(g.entry(41).unwrap().unwrap().log_id, lid(2, 41));
+    }
+
+    #[test]
+    fn a_full_mapped_segment_waits_for_its_spare_up_to_twice_its_size() {
+        use std::sync::atomic::Ordering;
+        let d = tempfile::tempdir().unwrap();
+        let s = mapped(d.path());
+        let mut g = s.inner.lock();
+        let dk = g.disk.as_mut().unwrap();
+        dk.bytes = SEGMENT_BYTES;
+        assert!(dk.free.lock().is_empty());
+        assert!(dk.roll_due(), "nothing is being prepared: roll now");
+        dk.preparing.store(true, Ordering::Release);
+        assert!(!dk.roll_due(), "a spare is on its way: write on");
+        dk.bytes = 2 * SEGMENT_BYTES;
+        assert!(dk.roll_due(), "but not beyond twice the segment size");
+        dk.bytes = SEGMENT_BYTES;
+        let spare = prepare_spare(&d.path().join("free-next-00000002.log")).unwrap();
+        dk.free
+            .lock()
+            .push((d.path().join("free-next-00000002.log"), Some(spare)));
+        assert!(dk.roll_due(), "a mapped spare is ready");
+        dk.bytes = SEGMENT_BYTES - 1;
+        assert!(!dk.roll_due());
+        // While the spare is prepared, records go on past the mapping
+        // (write(2)); the roll comes once it is ready.
+        let spare = dk.free.lock().pop().unwrap();
+        dk.preparing.store(true, Ordering::Release);
+        dk.bytes = 0;
+        append(&mut g, (1..=40).map(|i| entry(1, i, 1 << 20)).collect());
+        let dk = g.disk.as_ref().unwrap();
+        assert_eq!(dk.seq, 1, "no roll without a spare");
+        assert!(dk.bytes > MAP_BYTES, "past the mapping ({})", dk.bytes);
+        dk.free.lock().push(spare);
+        append(&mut g, vec![entry(1, 41, 10)]);
+        assert_eq!(
+            g.disk.as_ref().unwrap().seq,
+            2,
+            "rolled into the ready spare"
+        );
+        drop(g);
+        let g = reopen(d.path());
+        assert_eq!(g.index.len(), 41);
+        assert_eq!(g.entry(38).unwrap().unwrap().log_id, lid(1, 38));
     }
 
     #[test]
