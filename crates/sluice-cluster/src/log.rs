@@ -28,7 +28,9 @@
 //! and map their segments (`LogOptions::mapped`): an append is then a
 //! copy into pages the file already has. A segment's mapping lives as
 //! long as its file, recycled files included, so once a group has cycled
-//! through its files appends take no page faults (a `write(2)` into tmpfs
+//! through its files appends take no page faults. A roll maps the next
+//! segment only if a spare is ready (prepared on a thread of its own from
+//! half a segment on); else that segment is written with `write(2)` (a `write(2)` into tmpfs
 //! costs about three times a copy into mapped pages, faulting a page in
 //! about eight times).
 
@@ -91,29 +93,6 @@ fn allocate(file: &File, len: u64) -> std::io::Result<()> {
     }
 }
 
-/// Maps a segment file of a mapped log for writing, its `MAP_BYTES`
-/// allocated first (`allocate`). `reuse` is the file's mapping from an
-/// earlier life (recycled): its pages are still mapped, which is the
-/// point, and were allocated then.
-fn map_segment(file: &File, reuse: Option<memmap2::MmapMut>) -> std::io::Result<memmap2::MmapMut> {
-    let reuse = reuse.filter(|m| m.len() as u64 == MAP_BYTES);
-    if reuse.is_none() || file.metadata()?.len() < MAP_BYTES {
-        allocate(file, MAP_BYTES)?;
-    }
-    if let Some(m) = reuse {
-        return Ok(m);
-    }
-    // SAFETY: the file is one of this log's segments, in a directory only
-    // this log uses, and never shrunk while mapped (a sealed segment ends
-    // at a seal record; only a log being opened cuts its newest segment,
-    // before mapping it).
-    unsafe {
-        memmap2::MmapOptions::new()
-            .len(MAP_BYTES as usize)
-            .map_mut(file)
-    }
-}
-
 /// Copies `slices` into `map` at `at` (the caller checked they fit).
 fn copy_into(map: &mut [u8], mut at: usize, slices: &[std::io::IoSlice<'_>]) {
     for s in slices {
@@ -137,8 +116,10 @@ fn prepare_spare(path: &Path) -> std::io::Result<memmap2::MmapMut> {
         .write(true)
         .open(path)?;
     allocate(&f, MAP_BYTES)?;
-    // SAFETY: as in `map_segment`; the file is not in the log yet and is
-    // handed over with its mapping.
+    // SAFETY: the file is a spare of this log, in a directory only this
+    // log uses, and is never shrunk while mapped: as a segment it ends at
+    // a seal record (only a log being opened cuts its newest segment, and
+    // that one has no mapping).
     unsafe {
         memmap2::MmapOptions::new()
             .len(MAP_BYTES as usize)
@@ -587,7 +568,7 @@ impl Inner {
         recs: &[Record],
         done: Option<Done>,
     ) -> Result<Vec<Loc>, StorageError> {
-        if self.disk.as_ref().is_some_and(Disk::roll_due) {
+        if self.disk.as_ref().is_some_and(|d| d.bytes >= SEGMENT_BYTES) {
             self.roll()?;
         }
         let Some(d) = &mut self.disk else {
@@ -637,6 +618,10 @@ impl Inner {
         let mut slices = io_slices(&buf, &parts);
         d.write_tail(&mut slices).map_err(io_err)?;
         drop(slices);
+        if d.bytes < SEGMENT_BYTES / 2 && offset >= SEGMENT_BYTES / 2 {
+            // Half full: time to have the next segment's file ready.
+            d.prepare_ahead();
+        }
         if d.sync {
             d.file.sync_data().map_err(io_err)?;
         }
@@ -725,9 +710,21 @@ impl Inner {
                 })
                 .map_err(|_| io_err(std::io::Error::other("the log writer thread is gone")))?,
             None if d.mapped => {
-                let mut m = map_segment(&f, reuse).map_err(io_err)?;
-                m[..head.len()].copy_from_slice(&head);
-                let old = d.map.replace(m);
+                // Mapped only when a spare was ready (allocated and
+                // mapped off this path); else this segment is written with
+                // write(2), as an unmapped log's, until the next roll.
+                let m = match reuse.filter(|m| m.len() as u64 == MAP_BYTES) {
+                    Some(mut m) => {
+                        // Allocated when prepared, never cut since.
+                        m[..head.len()].copy_from_slice(&head);
+                        Some(m)
+                    }
+                    None => {
+                        f.write_all(&head).map_err(io_err)?;
+                        None
+                    }
+                };
+                let old = std::mem::replace(&mut d.map, m);
                 d.sealed.push(Sealed {
                     seq: d.seq,
                     max_index: d.max_index,
@@ -786,23 +783,6 @@ impl Inner {
 }
 
 impl Disk {
-    /// Whether the active segment is full and should be sealed now. A
-    /// mapped log whose spare is still being prepared writes on past the
-    /// mapping (`write(2)`, up to twice the segment size) instead: rolling
-    /// now would allocate a new file on this put's path (tens of
-    /// milliseconds for a segment's pages), while the spare is about
-    /// ready.
-    fn roll_due(&self) -> bool {
-        use std::sync::atomic::Ordering;
-        if self.bytes < SEGMENT_BYTES {
-            return false;
-        }
-        if !self.mapped || self.bytes >= 2 * SEGMENT_BYTES {
-            return true;
-        }
-        !self.preparing.load(Ordering::Acquire) || self.free.lock().iter().any(|(_, m)| m.is_some())
-    }
-
     /// Writes `slices` at the end of the active segment (`bytes`, which
     /// the caller then advances) of an unsynced log: copied into the
     /// mapping where they fit, else written to the file.
@@ -1120,14 +1100,11 @@ impl LogStore {
                 .spawn(move || writer(rx, w))?;
             inner.writer = Some((tx, written));
         }
-        let map = if mapped {
-            Some(map_segment(&file, None)?)
-        } else {
-            None
-        };
         inner.disk = Some(Disk {
             keep,
-            map,
+            // The segment found here is written with write(2); the next
+            // roll maps a spare prepared meanwhile.
+            map: None,
             mapped,
             dir: dir.to_path_buf(),
             shared: Arc::new(file.try_clone()?),
@@ -1689,7 +1666,7 @@ mod tests {
     }
 
     #[test]
-    fn a_mapped_log_seals_segments_without_cutting_them_and_reopens_intact() {
+    fn a_mapped_log_writes_through_a_prepared_mapping_and_reopens_intact() {
         let d = tempfile::tempdir().unwrap();
         {
             let mut s = mapped(d.path());
@@ -1697,78 +1674,85 @@ mod tests {
                 .lock()
                 .record(Record::Vote(Vote::new(3, 1)))
                 .unwrap();
-            append(
-                &mut s.inner.lock(),
-                (1..=80).map(|i| entry(1, i, 1 << 20)).collect(),
+            let mut g = s.inner.lock();
+            // Half a segment in: a spare is prepared; the roll maps it.
+            append(&mut g, (1..=20).map(|i| entry(1, i, 1 << 20)).collect());
+            assert!(spare_ready(&g), "a spare segment was prepared");
+            append(&mut g, (21..=40).map(|i| entry(1, i, 1 << 20)).collect());
+            let dk = g.disk.as_ref().unwrap();
+            assert!(
+                dk.seq == 2 && dk.map.is_some(),
+                "rolled into the mapped spare"
             );
+            drop(g);
             // The commit point is written at the end like any record.
             let rt = tokio::runtime::Builder::new_current_thread()
                 .build()
                 .unwrap();
-            rt.block_on(s.save_committed(Some(lid(1, 80)))).unwrap();
+            rt.block_on(s.save_committed(Some(lid(1, 40)))).unwrap();
             let mut g = s.inner.lock();
             // Up to 1 MiB short of a full segment (no roll yet)...
             let left = SEGMENT_BYTES - g.disk.as_ref().unwrap().bytes;
-            append(&mut g, vec![entry(1, 81, (left - (1 << 20)) as usize)]);
+            append(&mut g, vec![entry(1, 41, (left - (1 << 20)) as usize)]);
             // ... then more than the rest of the mapping: through write(2).
-            append(&mut g, vec![entry(1, 82, 6 << 20)]);
-            let dk = g.disk.as_ref().unwrap();
-            let active = std::fs::metadata(seg_path(d.path(), dk.seq)).unwrap().len();
+            append(&mut g, vec![entry(1, 42, 6 << 20)]);
+            let active = std::fs::metadata(seg_path(d.path(), 2)).unwrap().len();
             assert!(active > MAP_BYTES, "written past the mapping ({active})");
-            g.record(Record::Truncate(82)).unwrap();
-            append(&mut g, (82..=86).map(|i| entry(2, i, 10)).collect());
+            g.record(Record::Truncate(42)).unwrap();
+            append(&mut g, (42..=46).map(|i| entry(2, i, 10)).collect());
             assert!(g.disk.as_ref().unwrap().seq >= 3, "segments rolled");
         }
-        let len = std::fs::metadata(seg_path(d.path(), 1)).unwrap().len();
-        assert!(
-            len >= MAP_BYTES,
-            "a sealed segment keeps its pages ({len} bytes)"
-        );
         // Unmapped or mapped, the same records come back.
         for g in [reopen(d.path()), {
             let s = mapped(d.path());
             Arc::try_unwrap(s.inner).ok().unwrap().into_inner()
         }] {
             assert_eq!(g.vote, Some(Vote::new(3, 1)));
-            assert_eq!(g.committed, Some(lid(1, 80)));
-            assert_eq!(g.index.len(), 86);
+            assert_eq!(g.committed, Some(lid(1, 40)));
+            assert_eq!(g.index.len(), 46);
             assert_eq!(
-                g.index[&82].log_id,
-                lid(2, 82),
+                g.index[&42].log_id,
+                lid(2, 42),
                 "the truncated entry was replaced"
             );
-            assert_eq!(g.index[&81].log_id, lid(1, 81));
-            let e = g.entry(40).unwrap().unwrap();
-            assert_eq!(e.log_id, lid(1, 40));
-            assert_eq!(entry_values(&e, 1), entry_values(&entry(1, 40, 1 << 20), 1));
+            assert_eq!(g.index[&41].log_id, lid(1, 41));
+            let e = g.entry(38).unwrap().unwrap();
+            assert_eq!(e.log_id, lid(1, 38));
+            assert_eq!(entry_values(&e, 1), entry_values(&entry(1, 38, 1 << 20), 1));
         }
         // Corruption before a seal still refuses the open, naming the file.
-        let seg = seg_path(d.path(), 1);
+        let seg = seg_path(d.path(), 2);
         let mut data = std::fs::read(&seg).unwrap();
         data[4096] ^= 0xff;
         std::fs::write(&seg, &data).unwrap();
         let e = LogStore::open(d.path(), false).err().unwrap();
-        assert!(e.to_string().contains("seg-00000001.log"), "{e}");
+        assert!(e.to_string().contains("seg-00000002.log"), "{e}");
     }
 
     #[test]
-    fn a_mapped_log_recycles_files_with_their_mappings_and_prepares_one_ahead() {
+    fn a_mapped_log_recycles_files_with_their_mappings() {
         let d = tempfile::tempdir().unwrap();
         {
             let s = mapped(d.path());
             let mut g = s.inner.lock();
-            append(&mut g, (1..=40).map(|i| entry(1, i, 1 << 20)).collect());
-            // The first roll found no spare: one is being made, mapped.
-            assert!(spare_ready(&g), "a spare segment was prepared");
-            g.record(Record::Purge(lid(1, 39))).unwrap();
+            append(&mut g, (1..=20).map(|i| entry(1, i, 1 << 20)).collect());
+            assert!(spare_ready(&g));
+            append(&mut g, (21..=70).map(|i| entry(1, i, 1 << 20)).collect());
+            // Segment 2 was mapped: sealed, it is not cut (its pages stay).
+            let len = std::fs::metadata(seg_path(d.path(), 2)).unwrap().len();
+            assert_eq!(len, MAP_BYTES, "a sealed mapped segment keeps its pages");
+            g.record(Record::Purge(lid(1, 69))).unwrap();
             g.drop_purged_segments();
             {
                 let free = g.disk.as_ref().unwrap().free.lock();
-                assert!(free.len() >= 2, "the purged segment joined the spare");
-                assert!(free.iter().all(|(_, m)| m.is_some()), "with its mapping");
+                assert!(free.len() >= 2, "purged segments kept for reuse");
+                assert!(
+                    free.iter().any(|(_, m)| m.is_some()),
+                    "one with its mapping"
+                );
             }
             // The next segments overwrite those files (old records inside).
-            append(&mut g, (41..=100).map(|i| entry(2, i, 1 << 20)).collect());
+            append(&mut g, (71..=130).map(|i| entry(2, i, 1 << 20)).collect());
         }
         // A torn record at the end of the newest segment (a kill mid-copy).
         let newest = std::fs::read_dir(d.path())
@@ -1784,7 +1768,7 @@ mod tests {
             .max()
             .unwrap();
         let g = reopen(d.path());
-        let at = g.index[&100].loc.unwrap();
+        let at = g.index[&130].loc.unwrap();
         assert_eq!(at.seq, newest);
         drop(g);
         {
@@ -1796,57 +1780,46 @@ mod tests {
             f.write_all_at(&[0xab; 64], at.offset + 8 + 1000).unwrap();
         }
         let g = reopen(d.path());
-        assert_eq!(g.index.keys().next(), Some(&40));
+        assert_eq!(g.index.keys().next(), Some(&70));
         assert_eq!(
             g.index.keys().next_back(),
-            Some(&99),
+            Some(&129),
             "the torn entry was cut, nothing stale came back"
         );
-        assert_eq!(g.entry(41).unwrap().unwrap().log_id, lid(2, 41));
+        assert_eq!(g.entry(71).unwrap().unwrap().log_id, lid(2, 71));
     }
 
     #[test]
-    fn a_full_mapped_segment_waits_for_its_spare_up_to_twice_its_size() {
+    fn a_roll_without_a_ready_spare_goes_on_unmapped_and_the_next_maps_one() {
         use std::sync::atomic::Ordering;
         let d = tempfile::tempdir().unwrap();
         let s = mapped(d.path());
         let mut g = s.inner.lock();
-        let dk = g.disk.as_mut().unwrap();
-        dk.bytes = SEGMENT_BYTES;
-        assert!(dk.free.lock().is_empty());
-        assert!(dk.roll_due(), "nothing is being prepared: roll now");
-        dk.preparing.store(true, Ordering::Release);
-        assert!(!dk.roll_due(), "a spare is on its way: write on");
-        dk.bytes = 2 * SEGMENT_BYTES;
-        assert!(dk.roll_due(), "but not beyond twice the segment size");
-        dk.bytes = SEGMENT_BYTES;
-        let spare = prepare_spare(&d.path().join("free-next-00000002.log")).unwrap();
-        dk.free
-            .lock()
-            .push((d.path().join("free-next-00000002.log"), Some(spare)));
-        assert!(dk.roll_due(), "a mapped spare is ready");
-        dk.bytes = SEGMENT_BYTES - 1;
-        assert!(!dk.roll_due());
-        // While the spare is prepared, records go on past the mapping
-        // (write(2)); the roll comes once it is ready.
-        let spare = dk.free.lock().pop().unwrap();
-        dk.preparing.store(true, Ordering::Release);
-        dk.bytes = 0;
+        // As if a preparation were under way that has not finished.
+        g.disk
+            .as_ref()
+            .unwrap()
+            .preparing
+            .store(true, Ordering::Release);
         append(&mut g, (1..=40).map(|i| entry(1, i, 1 << 20)).collect());
         let dk = g.disk.as_ref().unwrap();
-        assert_eq!(dk.seq, 1, "no roll without a spare");
-        assert!(dk.bytes > MAP_BYTES, "past the mapping ({})", dk.bytes);
-        dk.free.lock().push(spare);
-        append(&mut g, vec![entry(1, 41, 10)]);
-        assert_eq!(
-            g.disk.as_ref().unwrap().seq,
-            2,
-            "rolled into the ready spare"
+        assert!(
+            dk.seq == 2 && dk.map.is_none(),
+            "no allocation on the put's path"
+        );
+        dk.preparing.store(false, Ordering::Release);
+        dk.prepare_ahead();
+        assert!(spare_ready(&g));
+        append(&mut g, (41..=75).map(|i| entry(1, i, 1 << 20)).collect());
+        let dk = g.disk.as_ref().unwrap();
+        assert!(
+            dk.seq == 3 && dk.map.is_some(),
+            "the next roll maps the spare"
         );
         drop(g);
         let g = reopen(d.path());
-        assert_eq!(g.index.len(), 41);
-        assert_eq!(g.entry(38).unwrap().unwrap().log_id, lid(1, 38));
+        assert_eq!(g.index.len(), 75);
+        assert_eq!(g.entry(50).unwrap().unwrap().log_id, lid(1, 50));
     }
 
     #[test]
