@@ -317,6 +317,20 @@ struct Held {
     loc: Option<Loc>,
 }
 
+/// The files `<prefix><n>.log` in `dir`, by number.
+fn numbered(dir: &Path, prefix: &str) -> std::io::Result<Vec<(u64, PathBuf)>> {
+    let mut out: Vec<(u64, PathBuf)> = std::fs::read_dir(dir)?
+        .flatten()
+        .filter_map(|e| {
+            let n = e.file_name().to_string_lossy().to_string();
+            let seq = n.strip_prefix(prefix)?.strip_suffix(".log")?.parse().ok()?;
+            Some((seq, e.path()))
+        })
+        .collect();
+    out.sort_unstable();
+    Ok(out)
+}
+
 fn seg_path(dir: &Path, seq: u64) -> PathBuf {
     dir.join(format!("seg-{seq:08}.log"))
 }
@@ -667,17 +681,19 @@ impl Inner {
             d.file.set_len(d.bytes).map_err(io_err)?;
         }
         let path = seg_path(&d.dir, seq);
-        let mut reuse = None;
         let spare = {
             let mut free = d.free.lock();
             // A mapped file first (its pages are there and mapped).
             let i = free.iter().rposition(|(_, m)| m.is_some());
             i.or(free.len().checked_sub(1)).map(|i| free.swap_remove(i))
         };
-        if let Some((old, m)) = spare {
-            std::fs::rename(&old, &path).map_err(io_err)?;
-            reuse = m;
-        }
+        let reuse = match spare {
+            Some((old, m)) => {
+                std::fs::rename(&old, &path).map_err(io_err)?;
+                m
+            }
+            None => None,
+        };
         let mut f = OpenOptions::new()
             .create(true)
             .truncate(false) // a recycled file: overwritten in place
@@ -700,52 +716,41 @@ impl Inner {
             }
         }
         let new = Arc::new(f.try_clone().map_err(io_err)?);
-        match queued {
-            Some(tx) => tx
-                .send(IoJob::Roll {
+        let map = match queued {
+            Some(tx) => {
+                tx.send(IoJob::Roll {
                     old: d.shared.clone(),
                     old_len: d.bytes,
                     new: new.clone(),
                     head: head.clone(),
                 })
-                .map_err(|_| io_err(std::io::Error::other("the log writer thread is gone")))?,
-            None if d.mapped => {
-                // Mapped only when a spare was ready (allocated and
-                // mapped off this path); else this segment is written with
-                // write(2), as an unmapped log's, until the next roll.
-                let m = match reuse.filter(|m| m.len() as u64 == MAP_BYTES) {
-                    Some(mut m) => {
-                        // Allocated when prepared, never cut since.
-                        m[..head.len()].copy_from_slice(&head);
-                        Some(m)
-                    }
-                    None => {
-                        f.write_all(&head).map_err(io_err)?;
-                        None
-                    }
-                };
-                let old = std::mem::replace(&mut d.map, m);
-                d.sealed.push(Sealed {
-                    seq: d.seq,
-                    max_index: d.max_index,
-                    map: old,
-                });
+                .map_err(|_| io_err(std::io::Error::other("the log writer thread is gone")))?;
+                None
             }
-            None => {
-                f.write_all(&head).map_err(io_err)?;
-                if d.sync {
-                    f.sync_all().map_err(io_err)?;
+            // A mapped log maps the segment only when its file came with a
+            // mapping (a spare allocated and mapped off this path); else it
+            // is written with write(2) until the next roll.
+            None => match reuse.filter(|m| m.len() as u64 == MAP_BYTES) {
+                Some(mut m) => {
+                    m[..head.len()].copy_from_slice(&head);
+                    Some(m)
                 }
-            }
-        }
+                None => {
+                    f.write_all(&head).map_err(io_err)?;
+                    if d.sync {
+                        f.sync_all().map_err(io_err)?;
+                    }
+                    None
+                }
+            },
+        };
         d.shared = new;
-        if !d.mapped {
-            d.sealed.push(Sealed {
-                seq: d.seq,
-                max_index: d.max_index,
-                map: None,
-            });
-        }
+        let old = std::mem::replace(&mut d.map, map);
+        d.sealed.push(Sealed {
+            seq: d.seq,
+            max_index: d.max_index,
+            map: old,
+        });
         d.file = f;
         d.seq = seq;
         d.bytes = head.len() as u64;
@@ -810,7 +815,10 @@ impl Disk {
     /// stays one segment ahead.
     fn prepare_ahead(&self) {
         use std::sync::atomic::Ordering;
-        if !self.mapped || self.preparing.swap(true, Ordering::AcqRel) {
+        if !self.mapped
+            || self.free.lock().iter().any(|(_, m)| m.is_some())
+            || self.preparing.swap(true, Ordering::AcqRel)
+        {
             return;
         }
         let (free, preparing) = (self.free.clone(), self.preparing.clone());
@@ -965,18 +973,10 @@ impl LogStore {
             _ => return Ok((0, 0)),
         };
         let (mut files, mut bytes) = (0, 0);
-        for e in std::fs::read_dir(&dir)?.flatten() {
-            let name = e.file_name().to_string_lossy().to_string();
-            let Some(seq) = name
-                .strip_prefix("kept-")
-                .and_then(|n| n.strip_suffix(".log"))
-                .and_then(|n| n.parse::<u64>().ok())
-            else {
-                continue;
-            };
+        for (seq, path) in numbered(&dir, "kept-")? {
             if min.is_none_or(|m| seq < m) {
-                bytes += e.metadata().map_or(0, |m| m.len());
-                std::fs::remove_file(e.path())?;
+                bytes += std::fs::metadata(&path).map_or(0, |m| m.len());
+                std::fs::remove_file(&path)?;
                 files += 1;
             }
         }
@@ -988,14 +988,7 @@ impl LogStore {
         let LogOptions { sync, keep, .. } = opts;
         let mapped = opts.mapped && !sync && !keep;
         std::fs::create_dir_all(dir)?;
-        let mut seqs: Vec<u64> = std::fs::read_dir(dir)?
-            .flatten()
-            .filter_map(|e| {
-                let n = e.file_name().to_string_lossy().to_string();
-                n.strip_prefix("seg-")?.strip_suffix(".log")?.parse().ok()
-            })
-            .collect();
-        seqs.sort_unstable();
+        let mut seqs: Vec<u64> = numbered(dir, "seg-")?.into_iter().map(|(s, _)| s).collect();
         let free: Vec<(PathBuf, Option<memmap2::MmapMut>)> = std::fs::read_dir(dir)?
             .flatten()
             .map(|e| e.path())
@@ -1422,14 +1415,7 @@ mod tests {
     #[test]
     fn a_keeping_log_sets_purged_segments_aside_and_reclaims_only_unreferenced_ones() {
         let d = tempfile::tempdir().unwrap();
-        let s = LogStore::open_with(
-            d.path(),
-            LogOptions {
-                keep: true,
-                ..LogOptions::default()
-            },
-        )
-        .unwrap();
+        let s = keeping(d.path());
         {
             let mut g = s.inner.lock();
             append(&mut g, (1..=100).map(|i| entry(1, i, 1 << 20)).collect());
@@ -1441,16 +1427,11 @@ mod tests {
             );
         }
         let kept = |d: &Path| -> Vec<u64> {
-            let mut v: Vec<u64> = std::fs::read_dir(d)
+            numbered(d, "kept-")
                 .unwrap()
-                .flatten()
-                .filter_map(|e| {
-                    let n = e.file_name().to_string_lossy().to_string();
-                    n.strip_prefix("kept-")?.strip_suffix(".log")?.parse().ok()
-                })
-                .collect();
-            v.sort_unstable();
-            v
+                .into_iter()
+                .map(|(s, _)| s)
+                .collect()
         };
         let all = kept(d.path());
         assert!(all.len() >= 2, "purged segments set aside: {all:?}");
@@ -1473,14 +1454,7 @@ mod tests {
     #[test]
     fn value_refs_point_at_the_value_bytes_in_the_segment() {
         let d = tempfile::tempdir().unwrap();
-        let s = LogStore::open_with(
-            d.path(),
-            LogOptions {
-                keep: true,
-                ..LogOptions::default()
-            },
-        )
-        .unwrap();
+        let s = keeping(d.path());
         let e = Entry {
             log_id: lid(1, 1),
             payload: EntryPayload::Normal(Command::Batch(vec![
@@ -1644,6 +1618,14 @@ mod tests {
         assert!(e.to_string().contains("seg-00000001.log"), "{e}");
     }
 
+    fn keeping(dir: &Path) -> LogStore {
+        let opts = LogOptions {
+            keep: true,
+            ..LogOptions::default()
+        };
+        LogStore::open_with(dir, opts).unwrap()
+    }
+
     fn mapped(dir: &Path) -> LogStore {
         let opts = LogOptions {
             mapped: true,
@@ -1755,18 +1737,7 @@ mod tests {
             append(&mut g, (71..=130).map(|i| entry(2, i, 1 << 20)).collect());
         }
         // A torn record at the end of the newest segment (a kill mid-copy).
-        let newest = std::fs::read_dir(d.path())
-            .unwrap()
-            .flatten()
-            .filter_map(|e| {
-                let n = e.file_name().to_string_lossy().to_string();
-                n.strip_prefix("seg-")?
-                    .strip_suffix(".log")?
-                    .parse::<u64>()
-                    .ok()
-            })
-            .max()
-            .unwrap();
+        let newest = numbered(d.path(), "seg-").unwrap().last().unwrap().0;
         let g = reopen(d.path());
         let at = g.index[&130].loc.unwrap();
         assert_eq!(at.seq, newest);
@@ -1820,6 +1791,39 @@ mod tests {
         let g = reopen(d.path());
         assert_eq!(g.index.len(), 75);
         assert_eq!(g.entry(50).unwrap().unwrap().log_id, lid(1, 50));
+    }
+
+    #[test]
+    fn a_spare_that_cannot_be_prepared_is_dropped_and_the_log_writes_on() {
+        use std::sync::atomic::Ordering;
+        let d = tempfile::tempdir().unwrap();
+        let s = mapped(d.path());
+        // A spare file that cannot be opened for writing: a directory.
+        let bad = d.path().join("free-00000009.log");
+        std::fs::create_dir(&bad).unwrap();
+        let mut g = s.inner.lock();
+        let dk = g.disk.as_ref().unwrap();
+        dk.free.lock().push((bad.clone(), None));
+        dk.prepare_ahead();
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+        while dk.preparing.load(Ordering::Acquire) {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the preparation never ended"
+            );
+            std::thread::yield_now();
+        }
+        assert!(dk.free.lock().is_empty(), "the failed spare left the list");
+        // Appends go on across a roll (into a spare prepared meanwhile, or
+        // an unmapped segment).
+        append(&mut g, (1..=40).map(|i| entry(1, i, 1 << 20)).collect());
+        assert_eq!(g.disk.as_ref().unwrap().seq, 2);
+        drop(g);
+        drop(s);
+        std::fs::remove_dir(&bad).unwrap();
+        let g = reopen(d.path());
+        assert_eq!(g.index.len(), 40);
+        assert_eq!(g.entry(36).unwrap().unwrap().log_id, lid(1, 36));
     }
 
     #[test]

@@ -101,7 +101,7 @@ enum SnapData {
     /// Only in the snapshot file: a volatile shard's, as large as the
     /// shard (written from the objects' values themselves, read back when
     /// a member needs it).
-    File,
+    File(PathBuf),
 }
 
 #[derive(Default)]
@@ -166,10 +166,32 @@ fn write_snapshot_file(
     Ok(())
 }
 
-/// Reads back a snapshot file.
+/// Reads back a snapshot file: the meta, then the data read straight into
+/// its own buffer (not the whole file first and a copy of the data out of
+/// it: a volatile shard's snapshot is as large as the shard).
 fn read_snapshot_file(path: &std::path::Path) -> Result<(SnapshotMeta, Vec<u8>), StorageError> {
-    let bytes = std::fs::read(path).map_err(sm_err)?;
-    bincode::deserialize(&bytes).map_err(sm_err)
+    use std::io::Read;
+    let err = |e: &dyn std::fmt::Display| sm_err(format!("snapshot file {}: {e}", path.display()));
+    let file = std::fs::File::open(path).map_err(|e| err(&e))?;
+    let size = file.metadata().map_err(|e| err(&e))?.len();
+    let mut r = std::io::BufReader::new(file);
+    // The encoding of `bincode::serialize`, bounded by the file's size (a
+    // corrupt length is an error, not an allocation).
+    use bincode::Options;
+    let opts = bincode::DefaultOptions::new()
+        .with_fixint_encoding()
+        .allow_trailing_bytes()
+        .with_limit(size);
+    let (meta, len): (SnapshotMeta, u64) = opts.deserialize_from(&mut r).map_err(|e| err(&e))?;
+    let head = opts.serialized_size(&meta).map_err(|e| err(&e))? + 8;
+    if head.saturating_add(len) != size {
+        return Err(err(&format!(
+            "holds {size} bytes but claims {head} of meta and {len} of data"
+        )));
+    }
+    let mut data = vec![0u8; len as usize];
+    r.read_exact(&mut data).map_err(|e| err(&e))?;
+    Ok((meta, data))
 }
 
 /// Objects from a snapshot's `(key, meta, value)` records.
@@ -349,17 +371,22 @@ impl Sm {
         Ok(())
     }
 
-    /// Whether this group's snapshot data stays only in its file.
-    fn data_in_file(&self) -> bool {
-        self.dir.is_some() && self.shard.is_some() && !self.persistent
+    /// The snapshot file of a group whose snapshot data stays only there
+    /// (a volatile shard with a directory).
+    fn data_file(&self) -> Option<PathBuf> {
+        let d = self
+            .dir
+            .as_ref()
+            .filter(|_| self.shard.is_some() && !self.persistent)?;
+        Some(d.join("snapshot"))
     }
 
-    /// What `current` holds of a snapshot's data.
+    /// What `current` holds of a snapshot's data (`data`: all of it,
+    /// unless it stays in the file).
     fn held(&self, data: Vec<u8>) -> SnapData {
-        if self.data_in_file() {
-            SnapData::File
-        } else {
-            SnapData::Mem(Arc::new(data))
+        match self.data_file() {
+            Some(path) => SnapData::File(path),
+            None => SnapData::Mem(Arc::new(data)),
         }
     }
 
@@ -420,7 +447,7 @@ impl Sm {
         let ts = timestamp_us.max(st.last_ts + 1);
         let res: Result<PutResult, SluiceError> =
             self.store
-                .apply_write_at(shard, &key, value, expected, ts, trace.map(Arc::new), at);
+                .apply_write(shard, &key, value, expected, ts, trace.map(Arc::new), at);
         if let Err(e @ SluiceError::Io { .. }) = &res {
             // This replica's disk failed (ENOSPC, I/O error) writing the
             // history: the others may not have, so answering with an
@@ -568,17 +595,22 @@ impl Sm {
                         .collect(),
                     dedup: r.dedup,
                 };
-                let values: Vec<Bytes> = snap
-                    .objects
-                    .iter()
-                    .map(|(_, _, v)| v.clone())
-                    .filter(|v| v.len() >= crate::chunks::BY_REFERENCE)
-                    .collect();
-                let mut buf = Vec::new();
-                let mut w = crate::chunks::ChunkWriter::new(&mut buf, &values);
-                bincode::serialize_into(&mut w, &snap).map_err(sm_err)?;
-                let parts = w.finish();
-                (buf, parts)
+                if self.data_file().is_none() {
+                    whole(bincode::serialize(&snap).map_err(sm_err)?)
+                } else {
+                    // Only the file gets it: values by reference.
+                    let values: Vec<Bytes> = snap
+                        .objects
+                        .iter()
+                        .map(|(_, _, v)| v.clone())
+                        .filter(|v| v.len() >= crate::chunks::BY_REFERENCE)
+                        .collect();
+                    let mut buf = Vec::new();
+                    let mut w = crate::chunks::ChunkWriter::new(&mut buf, &values);
+                    bincode::serialize_into(&mut w, &snap).map_err(sm_err)?;
+                    let parts = w.finish();
+                    (buf, parts)
+                }
             }
         };
         let _save = self.save_lock.lock();
@@ -591,11 +623,8 @@ impl Sm {
             .is_some_and(|(m, _)| m.last_log_id > meta.last_log_id);
         if !newer {
             self.save(&meta, &crate::chunks::io_slices(&buf, &parts))?;
-            let data = if self.data_in_file() {
-                SnapData::File
-            } else {
-                SnapData::Mem(Arc::new(crate::chunks::into_bytes(buf, parts).concat()))
-            };
+            // Kept in memory, `buf` is the whole encoding (`whole`).
+            let data = self.held(buf);
             self.st.lock().current = Some((meta.clone(), data));
         }
         // openraft keeps only the meta of a snapshot it asked us to build
@@ -730,15 +759,14 @@ impl RaftStateMachine<TypeConfig> for Sm {
         let Some((meta, data)) = current else {
             return Ok(None);
         };
-        let (meta, data) = match (data, &self.dir) {
-            (SnapData::Mem(d), _) => (meta, d),
-            (SnapData::File, Some(dir)) => {
+        let (meta, data) = match data {
+            SnapData::Mem(d) => (meta, d),
+            SnapData::File(path) => {
                 // The file's own meta: a snapshot saved since `current`
                 // was read is newer, and consistent with its data.
-                let (m, d) = blocking(|| read_snapshot_file(&dir.join("snapshot")))?;
+                let (m, d) = blocking(|| read_snapshot_file(&path))?;
                 (m, Arc::new(d))
             }
-            (SnapData::File, None) => return Ok(None),
         };
         let data = match self.shard {
             // What a member needs: every version up to the snapshot's,
@@ -757,7 +785,7 @@ impl RaftStateMachine<TypeConfig> for Sm {
                 );
                 bincode::serialize(&snap).map_err(sm_err)
             })?,
-            _ => data.as_ref().clone(),
+            _ => Arc::unwrap_or_clone(data),
         };
         Ok(Some(Snapshot {
             meta,
@@ -793,5 +821,15 @@ mod file_tests {
         ];
         write_snapshot_file(&path, &meta, &parts, false).unwrap();
         assert_eq!(read_snapshot_file(&path).unwrap(), (meta, short.to_vec()));
+        // A cut file is an error naming it.
+        let len = std::fs::metadata(&path).unwrap().len();
+        let f = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
+        f.set_len(len - 10).unwrap();
+        let e = read_snapshot_file(&path).unwrap_err().to_string();
+        assert!(e.contains("snapshot file") && e.contains("claims"), "{e}");
+        // So is garbage where the meta should be.
+        std::fs::write(&path, [0xffu8; 64]).unwrap();
+        let e = read_snapshot_file(&path).unwrap_err().to_string();
+        assert!(e.contains("snapshot file"), "{e}");
     }
 }

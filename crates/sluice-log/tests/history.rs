@@ -30,6 +30,26 @@ fn newest<'a>(ws: &'a [W], key: &str, pred: impl Fn(&W) -> bool) -> Option<&'a W
     ws.iter().filter(|w| w.key == key && pred(w)).last()
 }
 
+/// Writes `(key number, remove, time step, value)` ops as versions 1, 2,
+/// ...; returns the model of what was written.
+fn write_ops(h: &mut History, ops: Vec<(u8, bool, u64, Vec<u8>)>) -> Vec<W> {
+    let mut ws = Vec::new();
+    let mut ts = 0;
+    for (i, (k, remove, dt, v)) in ops.into_iter().enumerate() {
+        ts += dt;
+        let w = W {
+            key: format!("/p/k{k}"),
+            version: i as u64 + 1,
+            ts,
+            value: (!remove).then_some(v),
+        };
+        h.write(&w.key, w.version, w.ts, w.value.clone().map(Bytes::from))
+            .unwrap();
+        ws.push(w);
+    }
+    ws
+}
+
 fn check(h: &History, ws: &[W], probes: &[(u8, u64)]) -> Result<(), TestCaseError> {
     let keys: Vec<String> = (0..4).map(|k| format!("/p/k{k}")).collect();
     for key in &keys {
@@ -111,14 +131,7 @@ proptest! {
         let d = dir();
         let opts = LogOptions { segment_bytes_max: 2048, sync: SyncPolicy::Never, ..Default::default() };
         let (mut h, _) = History::open(&d, Arc::new(RealFs), opts.clone()).unwrap();
-        let mut ws = Vec::new();
-        let mut ts = 0;
-        for (i, (k, remove, dt, v)) in ops.into_iter().enumerate() {
-            ts += dt;
-            let w = W { key: format!("/p/k{k}"), version: i as u64 + 1, ts, value: (!remove).then_some(v) };
-            h.write(&w.key, w.version, w.ts, w.value.clone().map(Bytes::from)).unwrap();
-            ws.push(w);
-        }
+        let ws = write_ops(&mut h, ops);
         check(&h, &ws, &probes)?;
         h.sync().unwrap();
         drop(h);
@@ -165,14 +178,7 @@ proptest! {
         let d = dir();
         let opts = LogOptions { segment_bytes_max: 2048, sync: SyncPolicy::Never, ..Default::default() };
         let (mut h, _) = History::open(&d, Arc::new(RealFs), opts.clone()).unwrap();
-        let mut ws = Vec::new();
-        let mut ts = 0;
-        for (i, (k, remove, dt, v)) in ops.into_iter().enumerate() {
-            ts += dt;
-            let w = W { key: format!("/p/k{k}"), version: i as u64 + 1, ts, value: (!remove).then_some(v) };
-            h.write(&w.key, w.version, w.ts, w.value.clone().map(Bytes::from)).unwrap();
-            ws.push(w);
-        }
+        let mut ws = write_ops(&mut h, ops);
         let cut = cut.min(ws.len());
         let epoch = h.epoch();
         let removed = h.truncate_after(cut as u64).unwrap();

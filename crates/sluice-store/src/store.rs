@@ -458,24 +458,11 @@ impl Store {
     /// Applies a replicated write to `shard` with the timestamp the
     /// replication log chose for it, so every replica stores the same
     /// version and timestamp. The pool is looked up by key (deleted pools
-    /// included); the shard is taken as given.
-    pub fn apply_write(
-        &self,
-        shard: ShardId,
-        key: &str,
-        value: Option<Bytes>,
-        expected: Option<u64>,
-        timestamp_us: u64,
-        trace: Option<Arc<Trace>>,
-    ) -> Result<PutResult> {
-        self.apply_write_at(shard, key, value, expected, timestamp_us, trace, None)
-    }
-
-    /// `apply_write`, for a value already on disk elsewhere (`at`: where
-    /// the replication log holds it): a persistent shard's history then
-    /// records only the reference (see `set_value_resolver`).
+    /// included); the shard is taken as given. `at`: where the replication
+    /// log holds the value on disk, if it does; a persistent shard's
+    /// history then records only the reference (see `set_value_resolver`).
     #[allow(clippy::too_many_arguments)]
-    pub fn apply_write_at(
+    pub fn apply_write(
         &self,
         shard: ShardId,
         key: &str,
@@ -1173,7 +1160,7 @@ impl Store {
     }
 
     /// Sets how a persistent shard's history reads values it holds by
-    /// reference (`apply_write_at`): from the replication log's files.
+    /// reference (`apply_write` with `at`): from the replication log's files.
     pub fn set_value_resolver(&self, shard: ShardId, r: sluice_log::Resolver) -> Result<()> {
         let (_, h) = self.persistent_shard(shard)?;
         h.lock().set_resolver(r);

@@ -338,10 +338,18 @@ fn replicated_writes_apply_the_same_with_or_without_the_pool() {
         .unwrap();
     for s in [&behind, &ahead] {
         let r1 = s
-            .apply_write(shard, "/late/k", Some(b("v1")), None, 100, None)
+            .apply_write(shard, "/late/k", Some(b("v1")), None, 100, None, None)
             .unwrap();
         let r2 = s
-            .apply_write(shard, "/late/k", Some(b("v2")), Some(r1.version), 90, None)
+            .apply_write(
+                shard,
+                "/late/k",
+                Some(b("v2")),
+                Some(r1.version),
+                90,
+                None,
+                None,
+            )
             .unwrap();
         assert_eq!((r1.version, r2.version), (1, 2));
         assert_eq!(
