@@ -826,3 +826,76 @@ fn dev_starts_a_three_node_cluster_and_ctrl_c_stops_it() {
     }
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// Issue #14: a second server on a live server's data directory (on
+/// another port, or on the same port where it would fail with "address in
+/// use" only after recovering the directory) must exit before it touches
+/// anything, naming the holder; the first server's data is intact.
+#[test]
+fn a_second_server_on_the_same_data_dir_is_refused() {
+    // The data directory outlives the node processes (a Node removes its
+    // own working directory when dropped).
+    let data = temp_dir("locked-data");
+    let start = || {
+        spawn_node(
+            &temp_dir("locked"),
+            &[
+                "--listen",
+                "127.0.0.1:0",
+                "--data-dir",
+                data.to_str().unwrap(),
+            ],
+        )
+        .unwrap()
+    };
+    let n = start();
+    n.ok(&["pools", "create", "/sensors", "--type", "persistent"]);
+    n.ok(&["put", "/vol/a", "first"]);
+    n.ok(&["put", "/sensors/p", "kept"]);
+    let pools_before = std::fs::read(data.join("pools.json")).unwrap();
+    for listen in ["127.0.0.1:0", n.addr.as_str()] {
+        let mut second = Command::new(BIN)
+            .args(["serve", "--listen", listen, "--data-dir"])
+            .arg(&data)
+            .current_dir(&n.dir)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        // Bounded: a second server that starts would never exit by itself.
+        let deadline = std::time::Instant::now() + Duration::from_secs(20);
+        while second.try_wait().unwrap().is_none() {
+            if std::time::Instant::now() > deadline {
+                let _ = second.kill();
+                let o = second.wait_with_output().unwrap();
+                panic!(
+                    "a second server on {listen} started on a locked data directory: {}",
+                    String::from_utf8_lossy(&o.stdout)
+                );
+            }
+            let _ = n.lines.recv_timeout(Duration::from_millis(20));
+        }
+        let o = second.wait_with_output().unwrap();
+        assert!(!o.status.success(), "second server on {listen} exited 0");
+        let e = String::from_utf8_lossy(&o.stderr);
+        assert!(e.contains("in use by another process"), "{e}");
+        assert!(
+            e.contains(&n.child.id().to_string()),
+            "names the holder's pid: {e}"
+        );
+        assert!(e.contains(&n.addr), "names the holder's address: {e}");
+    }
+    assert_eq!(
+        std::fs::read(data.join("pools.json")).unwrap(),
+        pools_before
+    );
+    assert_eq!(n.ok(&["get", "/vol/a"]), "first\n");
+    n.ok(&["put", "/sensors/p", "later"]);
+    let status = n.terminate();
+    assert!(status.success());
+    // Once the holder is gone the directory is free again, with its data.
+    let n2 = start();
+    assert_eq!(n2.ok(&["get", "/sensors/p"]), "later\n");
+    drop(n2);
+    let _ = std::fs::remove_dir_all(&data);
+}

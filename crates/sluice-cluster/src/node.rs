@@ -153,6 +153,11 @@ pub struct ClusterNode {
     layout: ClusterLayout,
     settings: ClusterSettings,
     data_dir: PathBuf,
+    /// Where volatile shards' logs live (see `ClusterSettings::volatile_dir`),
+    /// decided once at start, and locked like the data directory: two
+    /// processes on one log would overwrite each other's entries.
+    volatile_root: PathBuf,
+    _volatile_lock: sluice_log::DirLock,
     raft_cfg: Arc<openraft::Config>,
     store: Arc<Store>,
     peers: Arc<Peers>,
@@ -241,8 +246,18 @@ impl ClusterNode {
         .map_err(|e| SluiceError::Internal {
             reason: format!("cluster settings: {e}"),
         })?;
+        let volatile_root = volatile_root(&settings, &data_dir);
+        let volatile_lock = sluice_log::DirLock::acquire(
+            &volatile_root,
+            &format!("sluice node {id}, data dir {}", data_dir.display()),
+        )
+        .map_err(|e| SluiceError::Internal {
+            reason: format!("volatile log directory: {e}"),
+        })?;
         let node = Arc::new(ClusterNode {
             id,
+            volatile_root,
+            _volatile_lock: volatile_lock,
             meta: Arc::new(RwLock::new(MetaState::from_layout(&layout))),
             peers: Arc::new(Peers::new(id, Duration::from_millis(500))),
             layout,
@@ -271,7 +286,7 @@ impl ClusterNode {
                 wanted.insert(g);
             }
         }
-        let roots = [node.data_dir.join("raft"), node.volatile_root()];
+        let roots = [node.data_dir.join("raft"), node.volatile_root.clone()];
         // Groups this node joined at runtime (membership changes) have a
         // directory but are not in the layout file.
         for e in roots
@@ -318,26 +333,9 @@ impl ClusterNode {
     fn group_dir(&self, g: u64) -> PathBuf {
         let name = group_name(g).replace('/', "-");
         match shard_of_group(g) {
-            Some(s) if s.pool_type == PoolType::Volatile => self.volatile_root().join(name),
+            Some(s) if s.pool_type == PoolType::Volatile => self.volatile_root.join(name),
             _ => self.data_dir.join("raft").join(name),
         }
-    }
-
-    /// The directory of volatile shards' logs (see `ClusterSettings::volatile_dir`).
-    fn volatile_root(&self) -> PathBuf {
-        if let Some(d) = &self.settings.volatile_dir {
-            return d.clone();
-        }
-        let shm = std::path::Path::new("/dev/shm");
-        if free_bytes(shm).is_some_and(|b| b >= 1 << 30) {
-            let abs =
-                std::fs::canonicalize(&self.data_dir).unwrap_or_else(|_| self.data_dir.clone());
-            return shm.join(format!(
-                "sluice-{:016x}",
-                sluice_types::fnv1a64(abs.to_string_lossy().as_bytes())
-            ));
-        }
-        self.data_dir.join("raft-volatile")
     }
 
     /// Asks for a snapshot when a group's log holds more than
@@ -1273,4 +1271,20 @@ impl sluice_compute::Membership for ClusterNode {
             None => (0, 1),
         }
     }
+}
+
+/// The directory of volatile shards' logs (see `ClusterSettings::volatile_dir`).
+fn volatile_root(settings: &ClusterSettings, data_dir: &std::path::Path) -> PathBuf {
+    if let Some(d) = &settings.volatile_dir {
+        return d.clone();
+    }
+    let shm = std::path::Path::new("/dev/shm");
+    if free_bytes(shm).is_some_and(|b| b >= 1 << 30) {
+        let abs = std::fs::canonicalize(data_dir).unwrap_or_else(|_| data_dir.to_path_buf());
+        return shm.join(format!(
+            "sluice-{:016x}",
+            sluice_types::fnv1a64(abs.to_string_lossy().as_bytes())
+        ));
+    }
+    data_dir.join("raft-volatile")
 }

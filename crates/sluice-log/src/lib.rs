@@ -26,11 +26,13 @@
 //! bytes are truncated before the next append).
 
 mod fs;
+mod lock;
 mod log;
 mod record;
 pub mod versioned;
 
 pub use fs::{FaultFs, Faults, Fs, RealFs, SegmentFile};
+pub use lock::{DirLock, LockError, LOCK_FILE};
 pub use log::{Compacted, Location, Log, LogError, LogOptions, Recovered, SyncPolicy};
 pub use record::{Record, RecordKind, ValueRef};
 pub use versioned::{Entry, History, HistoryError, Range, Resolver};

@@ -23,6 +23,8 @@ pub enum ServerError {
         addr: SocketAddr,
         source: std::io::Error,
     },
+    #[error("data directory: {0}")]
+    DataDirInUse(#[from] sluice_log::LockError),
     #[error("cannot open the store in {dir}: {source}")]
     Store { dir: String, source: SluiceError },
 }
@@ -57,6 +59,9 @@ pub struct ServerStats {
 pub struct Server {
     listener: TcpListener,
     ctx: Arc<ConnCtx>,
+    /// The data directory's lock (nodes started by `bind`), held until
+    /// `run` returns.
+    data_lock: Option<sluice_log::DirLock>,
 }
 
 impl Server {
@@ -65,6 +70,16 @@ impl Server {
     /// comes from the layout file and its replicated shards start.
     pub async fn bind(mut cfg: ServerConfig) -> Result<Server, ServerError> {
         cfg.validate().map_err(ServerError::Config)?;
+        // Before anything in the directory is read: a second server on the
+        // same data would recover it and then overwrite the first one's
+        // acknowledged writes.
+        let data_lock = sluice_log::DirLock::acquire(
+            &cfg.data_dir,
+            &format!(
+                "sluice serve, node {}, listening on {}",
+                cfg.node_id, cfg.listen
+            ),
+        )?;
         let cluster_layout = match &cfg.cluster.layout {
             None => None,
             Some(p) => {
@@ -139,7 +154,17 @@ impl Server {
                 })?,
             ),
         };
-        Self::bind_node(cfg, store, sluice_udls::registry(), cluster).await
+        let mut server = Self::bind_node(cfg, store, sluice_udls::registry(), cluster).await?;
+        let mut data_lock = data_lock;
+        let node_id = server.ctx.cfg.node_id;
+        if let Err(e) = data_lock.describe(&format!(
+            "sluice serve, node {node_id}, listening on {}",
+            server.local_addr()
+        )) {
+            tracing::warn!(error = %e, "cannot update the data directory's lock file");
+        }
+        server.data_lock = Some(data_lock);
+        Ok(server)
     }
 
     /// Binds a listener in front of an existing store (embedded use: the
@@ -221,7 +246,11 @@ impl Server {
             shutdown_tx,
             shutdown_rx,
         });
-        Ok(Server { listener, ctx })
+        Ok(Server {
+            listener,
+            ctx,
+            data_lock: None,
+        })
     }
 
     pub fn local_addr(&self) -> SocketAddr {
@@ -240,6 +269,7 @@ impl Server {
     /// connection to finish the requests it has read, and waits for them
     /// (at most `timeouts.shutdown_grace_ms`).
     pub async fn run(self, shutdown: impl Future<Output = ()>) {
+        let _data_lock = self.data_lock;
         let ctx = self.ctx;
         let mut conns = tokio::task::JoinSet::new();
         tokio::pin!(shutdown);
