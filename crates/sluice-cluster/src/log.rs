@@ -8,10 +8,12 @@
 //! arrived in, and holding hundreds of megabytes of frames until the next
 //! snapshot made every new frame land on freshly faulted pages.
 //!
-//! Format: records `len: u32 | crc32c: u32 | bincode(Record)`. A torn or
-//! corrupt tail of the newest segment (a crash mid-append) is cut off at
-//! the last good record on open; a bad record in an older segment refuses
-//! the open, naming the file and offset. Truncations and purges are
+//! Format: records `len: u32 | crc32c: u32 | bincode(Record)`. A torn
+//! tail of the newest segment (a crash mid-append) is cut off at the last
+//! good record on open; in a synced log only what an unfinished append
+//! leaves counts as torn (`sluice_log::is_torn_tail`), and a damaged
+//! complete record refuses the open like a bad record in an older segment,
+//! naming the file and offset. Truncations and purges are
 //! records too. A segment rolls over at `SEGMENT_BYTES` and starts with
 //! the current vote, commit point and purge point, so a segment whose
 //! entries are all purged (covered by a snapshot) is simply deleted.
@@ -448,6 +450,21 @@ fn decode_all(data: &[u8], seq: u64) -> (Vec<(Record, Loc)>, usize) {
         at += 8 + len;
     }
     (out, at)
+}
+
+/// Saves the non-zero part of a synced log's torn tail next to its
+/// segment (`seg-<n>.log.torn-at-<offset>`) before it is cut.
+fn keep_torn_evidence(seg: &Path, offset: usize, tail: &[u8]) -> std::io::Result<()> {
+    let Some(last) = tail.iter().rposition(|&b| b != 0) else {
+        return Ok(());
+    };
+    let mut name = seg.as_os_str().to_os_string();
+    name.push(format!(".torn-at-{offset}"));
+    let path = PathBuf::from(name);
+    std::fs::write(&path, &tail[..=last])?;
+    File::open(&path)?.sync_all()?;
+    tracing::warn!(file = %seg.display(), offset, evidence = %path.display(), "consensus log: cut a torn append");
+    Ok(())
 }
 
 /// Reads an entry back from its segment, checking its checksum.
@@ -1025,14 +1042,38 @@ impl LogStore {
             // A mapped log's sealed segment ends at its seal record.
             let sealed_here = matches!(recs.last(), Some((Record::Seal, _)));
             if good < data.len() && (last || !sealed_here) {
-                if !last {
-                    return Err(std::io::Error::new(
+                let corrupt = || {
+                    std::io::Error::new(
                         std::io::ErrorKind::InvalidData,
                         format!(
-                            "consensus log {} is corrupt at offset {good}; refusing to start (restore the node from a peer: remove its replication directory)",
+                            "consensus log {} is corrupt at offset {good} (a record written whole fails its checksum); refusing to start. Repair this member from its peers: see `sluice fsck` and \"Corruption and repair\" in the README",
                             path.display()
                         ),
-                    ));
+                    )
+                };
+                if !last {
+                    return Err(corrupt());
+                }
+                // A synced log's file is preallocated with zeros and never
+                // recycled: what a crash leaves past its last record is an
+                // append that did not finish (zeros from a sector boundary
+                // on). A complete record that fails its checksum was
+                // written whole and fsync'd, so it may have been
+                // acknowledged: refuse rather than cut it. (An unsynced
+                // log lives in RAM or the page cache, where a record cut
+                // by a kill mid-copy, or a recycled file's stale bytes,
+                // are what follows the last good record.)
+                if sync {
+                    let tail = &data[good..];
+                    let record_end = (tail.len() >= 8)
+                        .then(|| {
+                            8 + u32::from_le_bytes([tail[0], tail[1], tail[2], tail[3]]) as usize
+                        })
+                        .filter(|&end| end <= tail.len());
+                    if !sluice_log::is_torn_tail(tail, good as u64, 0, record_end) {
+                        return Err(corrupt());
+                    }
+                    keep_torn_evidence(&path, good, tail)?;
                 }
                 // A record cut by a crash, or stale bytes of a recycled file.
                 tracing::debug!(
@@ -1410,6 +1451,49 @@ mod tests {
         );
         assert_eq!(g.entry(3).unwrap().unwrap().log_id, lid(1, 3));
         assert_eq!(g.entry(70).unwrap().unwrap().log_id, lid(1, 70));
+    }
+
+    /// Issue #14: in a synced (fsync'd, preallocated) log a flipped byte
+    /// in the last complete record is damage to an acknowledged entry:
+    /// the open refuses, naming file and offset, and cuts nothing; an
+    /// append whose last sectors never landed (zeros) is cut, its bytes
+    /// kept next to the segment.
+    #[test]
+    fn a_synced_log_refuses_a_damaged_last_record_and_cuts_a_torn_one() {
+        let d = tempfile::tempdir().unwrap();
+        let last = {
+            let s = LogStore::open(d.path(), true).unwrap();
+            let mut g = s.inner.lock();
+            append(&mut g, (1..=3).map(|i| entry(1, i, 3000)).collect());
+            g.index[&3].loc.unwrap()
+        };
+        let seg = seg_path(d.path(), 1);
+        let pristine = std::fs::read(&seg).unwrap();
+        let end = (last.offset + 8 + u64::from(last.len)) as usize;
+        assert!(
+            pristine[end..].iter().all(|&b| b == 0),
+            "preallocated zeros"
+        );
+        let mut damaged = pristine.clone();
+        damaged[end - 10] ^= 0x01;
+        std::fs::write(&seg, &damaged).unwrap();
+        let e = LogStore::open(d.path(), true).err().unwrap().to_string();
+        assert!(e.contains("seg-00000001.log"), "{e}");
+        assert!(e.contains(&format!("offset {}", last.offset)), "{e}");
+        assert_eq!(std::fs::read(&seg).unwrap(), damaged, "nothing was cut");
+        // The same record with everything after its first sector boundary
+        // still zero: an append that never finished.
+        let mut torn = pristine.clone();
+        let boundary = (last.offset as usize / 512 + 1) * 512;
+        torn[boundary..end].fill(0);
+        std::fs::write(&seg, &torn).unwrap();
+        let g = Arc::try_unwrap(LogStore::open(d.path(), true).unwrap().inner)
+            .ok()
+            .unwrap()
+            .into_inner();
+        assert_eq!(g.index.keys().next_back(), Some(&2), "entry 3 was cut");
+        let evidence = std::fs::read(format!("{}.torn-at-{}", seg.display(), last.offset)).unwrap();
+        assert_eq!(evidence, torn[last.offset as usize..boundary]);
     }
 
     #[test]

@@ -13,9 +13,11 @@
 //!
 //! `prev_version_by_key` is the backpointer along a key's version chain.
 //! Opening a log scans every segment and rebuilds what it holds: a torn
-//! record at the very end of the newest segment (a crash mid-write) is
-//! truncated away; anything else that fails its checksum is reported with
-//! the file and offset and the log refuses to open, never skipping data.
+//! record at the very end of the newest segment (an append that never
+//! finished: see [`is_torn_tail`]) is cut, its bytes kept beside the
+//! segment; anything else that fails its checksum, a damaged last record
+//! included, is reported with the file and offset and the log refuses to
+//! open, never skipping data.
 //!
 //! All file access goes through the [`Fs`] trait so tests can inject short
 //! writes, fsync failures and ENOSPC.
@@ -34,5 +36,5 @@ pub mod versioned;
 pub use fs::{FaultFs, Faults, Fs, RealFs, SegmentFile};
 pub use lock::{DirLock, LockError, LOCK_FILE};
 pub use log::{Compacted, Location, Log, LogError, LogOptions, Recovered, SyncPolicy};
-pub use record::{Record, RecordKind, ValueRef};
+pub use record::{is_torn_tail, Record, RecordKind, ValueRef, TORN_WRITE_ALIGN};
 pub use versioned::{Entry, History, HistoryError, Range, Resolver};

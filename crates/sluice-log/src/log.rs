@@ -1,5 +1,5 @@
 use crate::fs::{Fs, SegmentFile};
-use crate::record::{decode, Decode, Record, KEY_MAX, RECORD_HEADER};
+use crate::record::{decode, is_torn_tail, Decode, Record, KEY_MAX, RECORD_HEADER};
 use bytes::{Bytes, BytesMut};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -141,6 +141,28 @@ fn header(id: u64) -> Vec<u8> {
 }
 
 /// The segment ids in `dir`, ascending.
+/// Saves the bytes of a torn tail next to its segment before they are
+/// cut (`seg-<id>.log.torn-at-<offset>`), unless they are all zeros:
+/// what recovery removes can still be looked at. Returns the file written.
+fn keep_evidence(
+    fs: &Arc<dyn Fs>,
+    seg: &Path,
+    tail: &[u8],
+    offset: usize,
+) -> Result<Option<PathBuf>> {
+    if tail.iter().all(|&b| b == 0) {
+        return Ok(None);
+    }
+    let mut name = seg.as_os_str().to_os_string();
+    name.push(format!(".torn-at-{offset}"));
+    let path = PathBuf::from(name);
+    let mut f = fs.open_append(&path).map_err(io("creating", &path))?;
+    f.truncate(0).map_err(io("truncating", &path))?;
+    f.append(tail).map_err(io("writing", &path))?;
+    f.sync().map_err(io("syncing", &path))?;
+    Ok(Some(path))
+}
+
 fn segment_ids(fs: &Arc<dyn Fs>, dir: &Path) -> Result<Vec<u64>> {
     let mut ids: Vec<u64> = fs
         .list(dir)
@@ -236,19 +258,25 @@ impl Log {
                         off += n;
                     }
                     Err(e) => {
-                        // Only the newest segment's last record may be torn:
-                        // nothing was acknowledged after it.
+                        // Only the newest segment's tail may be torn (nothing
+                        // was acknowledged after it), and only if it looks
+                        // like an append that never finished: a record that
+                        // was written whole and fails its checksum is
+                        // damage, and may have been acknowledged.
                         let declared = u32::from_le_bytes(
                             data.get(off..off + 4)
                                 .map_or([0; 4], |b| [b[0], b[1], b[2], b[3]]),
                         ) as usize;
-                        let is_last = matches!(e, Decode::Short)
-                            || off + RECORD_HEADER + declared >= data.len();
-                        if newest && is_last {
+                        let record_end = match e {
+                            Decode::Short => None,
+                            Decode::Bad(_) => Some(off + RECORD_HEADER + declared),
+                        };
+                        if newest && is_torn_tail(&data, 0, off, record_end) {
+                            let evidence = keep_evidence(&fs, &path, &data[off..], off)?;
                             let mut f = fs.open_append(&path).map_err(io("opening", &path))?;
                             f.truncate(off as u64).map_err(io("truncating", &path))?;
                             f.sync().map_err(io("syncing", &path))?;
-                            tracing::warn!(file = %file, offset = off, bytes = data.len() - off, "truncated a torn record at the end of the log");
+                            tracing::warn!(file = %file, offset = off, bytes = data.len() - off, evidence = ?evidence, "cut a torn record at the end of the log (an append that never finished)");
                             rec.truncated_tail =
                                 Some((file.clone(), off as u64, (data.len() - off) as u64));
                             break;
@@ -257,6 +285,9 @@ impl Log {
                             Decode::Short => {
                                 "record runs past the end of a sealed segment".to_string()
                             }
+                            Decode::Bad(r) if newest => format!(
+                                "{r}; the record was written whole, so this is damage, not a torn write (see `sluice fsck`)"
+                            ),
                             Decode::Bad(r) => r,
                         };
                         return Err(LogError::Corrupt {

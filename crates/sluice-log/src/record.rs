@@ -151,3 +151,75 @@ pub fn decode(buf: &Bytes) -> Result<(Record, usize), Decode> {
         RECORD_HEADER + body_len,
     ))
 }
+
+/// The sector size a torn write is assumed to respect: a power loss
+/// leaves whole sectors written or not, a process killed mid-`write(2)`
+/// stops at a page boundary (a multiple of it).
+pub const TORN_WRITE_ALIGN: usize = 512;
+
+/// Whether the bytes of `data` from `start`, where a record fails to
+/// decode, to the end are what a crash during an append leaves, rather
+/// than damage to a record that was written whole (and may have been
+/// acknowledged). `record_end` is where that record ends when its declared
+/// length fits in `data` (`None`: it runs past the end, so the append
+/// never finished: torn).
+///
+/// A complete record is torn only if nothing but zeros follows it and its
+/// own bytes end in zeros from a `TORN_WRITE_ALIGN`-aligned file offset
+/// on (`base` is the file offset of `data[0]`): the part of the write that
+/// never reached the file of a preallocated or zero-extended segment. A
+/// complete record whose last sector holds data yet fails its checksum
+/// was damaged after it was written: corruption, never cut silently. (A
+/// flipped byte in a record whose last bytes are zeros is the ambiguous
+/// case; it is cut like a torn write, and its bytes are kept as evidence
+/// by the caller.)
+pub fn is_torn_tail(data: &[u8], base: u64, start: usize, record_end: Option<usize>) -> bool {
+    let Some(end) = record_end else { return true };
+    let end = end.min(data.len());
+    if data[end..].iter().any(|&b| b != 0) {
+        return false;
+    }
+    match data[start..end].iter().rposition(|&b| b != 0) {
+        None => true,
+        Some(z) => {
+            let first_zero = base + (start + z + 1) as u64;
+            let aligned = first_zero.div_ceil(TORN_WRITE_ALIGN as u64) * TORN_WRITE_ALIGN as u64;
+            aligned < base + end as u64
+        }
+    }
+}
+
+#[cfg(test)]
+mod torn_tests {
+    use super::*;
+
+    #[test]
+    fn incomplete_and_zero_tails_are_torn_whole_damaged_records_are_not() {
+        let mut d = vec![7u8; 2048];
+        // Runs past the end: the append never finished.
+        assert!(is_torn_tail(&d, 0, 100, None));
+        // All zeros from the record on (a preallocated tail).
+        d[100..].fill(0);
+        assert!(is_torn_tail(&d, 0, 100, Some(1200)));
+        // Data up to 700, zeros from the 1024 boundary on: a write that
+        // stopped at a sector boundary.
+        d[100..700].fill(9);
+        assert!(is_torn_tail(&d, 0, 100, Some(1200)));
+        // The record's last sector holds data: written whole, so damaged.
+        d[100..1100].fill(9);
+        assert!(!is_torn_tail(&d, 0, 100, Some(1100)));
+        assert!(!is_torn_tail(&d, 0, 100, Some(1200)));
+        // Anything but zeros after the record: not a tail at all.
+        let mut e = vec![0u8; 2048];
+        e[100..200].fill(1);
+        e[1500] = 1;
+        assert!(!is_torn_tail(&e, 0, 100, Some(300)));
+        // The alignment is of file offsets, not of the slice: 50 bytes of
+        // data then zeros up to 300 hold a sector boundary only when the
+        // slice starts at file offset 400 (boundary 512), not at 0.
+        let mut x = vec![0u8; 300];
+        x[..50].fill(9);
+        assert!(!is_torn_tail(&x, 0, 0, Some(300)));
+        assert!(is_torn_tail(&x, 400, 0, Some(300)));
+    }
+}

@@ -108,6 +108,67 @@ fn a_torn_tail_is_truncated_and_appends_continue() {
     );
 }
 
+/// Issue #14: a flipped byte in the last complete record of the newest
+/// segment is damage to an acknowledged, fsync'd write, not a torn one:
+/// the log refuses to open, naming the file and offset, and cuts nothing.
+#[test]
+fn a_flipped_byte_in_the_last_complete_record_refuses_to_open() {
+    let d = dir("flip-last");
+    let opts = LogOptions {
+        sync: SyncPolicy::Always,
+        ..Default::default()
+    };
+    let (mut log, _) = open(&d, Arc::new(RealFs), opts.clone());
+    let locs = log
+        .append(&[rec(1, "/p/a", b"one"), rec(2, "/p/b", b"acknowledged")])
+        .unwrap();
+    drop(log);
+    let seg = segments(&d).pop().unwrap();
+    let mut data = std::fs::read(&seg).unwrap();
+    assert_eq!(data.len() as u64, locs[1].offset + u64::from(locs[1].len));
+    data[locs[1].offset as usize + 20] ^= 0x01;
+    std::fs::write(&seg, &data).unwrap();
+    match Log::open(&d, Arc::new(RealFs), opts) {
+        Err(e @ LogError::Corrupt { .. }) => {
+            let msg = e.to_string();
+            assert!(msg.contains(&seg.display().to_string()), "{msg}");
+            assert!(msg.contains(&format!("offset {}", locs[1].offset)), "{msg}");
+            assert!(msg.contains("not a torn write"), "{msg}");
+        }
+        Err(other) => panic!("{other}"),
+        Ok((_, r)) => panic!("opened a damaged log, cut: {:?}", r.truncated_tail),
+    }
+    assert_eq!(std::fs::read(&seg).unwrap(), data, "the evidence is kept");
+}
+
+/// What a crash leaves at the end of a zero-extended segment (the record's
+/// header and first sector written, the rest still zeros) is a torn write:
+/// cut, with the cut bytes kept next to the segment.
+#[test]
+fn a_record_whose_last_sectors_never_landed_is_cut_and_kept_as_evidence() {
+    let d = dir("torn-zeros");
+    let (mut log, _) = open(&d, Arc::new(RealFs), LogOptions::default());
+    log.append(&[rec(1, "/p/a", b"one")]).unwrap();
+    drop(log);
+    let seg = segments(&d).pop().unwrap();
+    let mut data = std::fs::read(&seg).unwrap();
+    let good_len = data.len();
+    let mut whole = bytes::BytesMut::new();
+    rec(2, "/p/b", &[5u8; 3000]).encode(&mut whole);
+    let mut torn = whole.to_vec();
+    // Only the part up to the first 512-byte file boundary landed.
+    let landed = (good_len / 512 + 1) * 512 - good_len;
+    torn[landed..].fill(0);
+    data.extend_from_slice(&torn);
+    std::fs::write(&seg, &data).unwrap();
+    let (log, r) = open(&d, Arc::new(RealFs), LogOptions::default());
+    assert_eq!(r.records.len(), 1);
+    assert_eq!(r.truncated_tail.as_ref().unwrap().1 as usize, good_len);
+    drop(log);
+    let evidence = PathBuf::from(format!("{}.torn-at-{good_len}", seg.display()));
+    assert_eq!(std::fs::read(&evidence).unwrap(), torn);
+}
+
 #[test]
 fn corruption_in_the_middle_is_reported_with_file_and_offset() {
     let d = dir("corrupt");
