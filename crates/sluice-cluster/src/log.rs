@@ -131,7 +131,7 @@ fn prepare_spare(path: &Path) -> std::io::Result<memmap2::MmapMut> {
 }
 
 /// How a log keeps its files.
-#[derive(Clone, Copy, Debug, Default)]
+#[derive(Clone, Debug, Default)]
 pub struct LogOptions {
     /// fsync every append before it counts (persistent shards).
     pub sync: bool,
@@ -141,6 +141,31 @@ pub struct LogOptions {
     /// Write the segments through shared mappings (volatile shards, whose
     /// log lives in tmpfs). Ignored with `sync` or `keep`.
     pub mapped: bool,
+    /// Faults a synced log's writer injects (tests): `fail_sync` fails
+    /// its fsyncs, `space_left` its writes with ENOSPC (the seam
+    /// `sluice-log`'s `FaultFs` gives the history).
+    pub faults: Option<Arc<std::sync::Mutex<sluice_log::Faults>>>,
+}
+
+/// Checks the injected faults before the writer touches the disk.
+fn injected(
+    faults: &Option<Arc<std::sync::Mutex<sluice_log::Faults>>>,
+    write_bytes: Option<usize>,
+) -> std::io::Result<()> {
+    let Some(f) = faults else { return Ok(()) };
+    let mut f = f.lock().unwrap_or_else(|p| p.into_inner());
+    match write_bytes {
+        None if f.fail_sync => Err(std::io::Error::other("injected fsync failure")),
+        Some(n) => match f.space_left {
+            Some(left) if n as u64 > left => Err(std::io::Error::from_raw_os_error(libc::ENOSPC)),
+            Some(left) => {
+                f.space_left = Some(left - n as u64);
+                Ok(())
+            }
+            None => Ok(()),
+        },
+        None => Ok(()),
+    }
 }
 
 struct Disk {
@@ -229,17 +254,38 @@ fn preallocate(file: &File, len: u64) -> std::io::Result<()> {
 /// openraft. So the leader replicates an entry while its own copy is
 /// written and synced, and no consensus task ever waits on the disk (a
 /// write racing an fsync of the same file can stall for most of it).
-fn writer(rx: std::sync::mpsc::Receiver<IoJob>, written: Arc<std::sync::atomic::AtomicU64>) {
+fn writer(
+    rx: std::sync::mpsc::Receiver<IoJob>,
+    written: Arc<std::sync::atomic::AtomicU64>,
+    faults: Option<Arc<std::sync::Mutex<sluice_log::Faults>>>,
+) {
+    // After a failed write or fsync the kernel may have dropped the dirty
+    // pages: a later fsync that succeeds proves nothing about them, so
+    // nothing written after may be reported durable. Every later job
+    // fails with the first error; openraft stops the group on it, and a
+    // restart (which re-reads and checks the files) is the way back.
+    let mut failed: Option<String> = None;
     while let Ok(first) = rx.recv() {
         let mut batch = vec![first];
         while let Ok(j) = rx.try_recv() {
             batch.push(j);
         }
-        let mut res: Result<(), String> = Ok(());
+        let mut res: Result<(), String> = match &failed {
+            Some(e) => Err(format!(
+                "the consensus log stopped accepting writes after an I/O error ({e}); restart the node"
+            )),
+            None => Ok(()),
+        };
         let mut dirty: Vec<Arc<File>> = Vec::new();
         let mut max_index = 0;
         let mut dones = Vec::new();
         for job in batch {
+            if res.is_err() {
+                if let IoJob::Write { done, .. } = job {
+                    dones.extend(done);
+                }
+                continue;
+            }
             let (r, file) = match job {
                 IoJob::Write {
                     file,
@@ -251,7 +297,10 @@ fn writer(rx: std::sync::mpsc::Receiver<IoJob>, written: Arc<std::sync::atomic::
                     dones.extend(done);
                     max_index = max_index.max(m);
                     let mut slices = io_slices(&buf, &parts);
-                    (write_all_vectored(&mut &*file, &mut slices), file)
+                    let len = slices.iter().map(|s| s.len()).sum();
+                    let r = injected(&faults, Some(len))
+                        .and_then(|()| write_all_vectored(&mut &*file, &mut slices));
+                    (r, file)
                 }
                 IoJob::Roll {
                     old,
@@ -268,13 +317,13 @@ fn writer(rx: std::sync::mpsc::Receiver<IoJob>, written: Arc<std::sync::atomic::
             if !dirty.iter().any(|f| Arc::ptr_eq(f, &file)) {
                 dirty.push(file);
             }
-            if let (Err(e), Ok(())) = (r, &res) {
+            if let Err(e) = r {
                 res = Err(format!("writing the consensus log: {e}"));
             }
         }
         if res.is_ok() {
             for f in &dirty {
-                if let Err(e) = f.sync_data() {
+                if let Err(e) = injected(&faults, None).and_then(|()| f.sync_data()) {
                     res = Err(format!("fsync of the consensus log failed: {e}"));
                     break;
                 }
@@ -284,7 +333,12 @@ fn writer(rx: std::sync::mpsc::Receiver<IoJob>, written: Arc<std::sync::atomic::
             Ok(()) => {
                 written.fetch_max(max_index, std::sync::atomic::Ordering::AcqRel);
             }
-            Err(e) => tracing::error!(error = %e, "consensus log I/O failed"),
+            Err(e) => {
+                if failed.is_none() {
+                    tracing::error!(error = %e, "consensus log I/O failed; this log accepts no more writes until the node restarts");
+                    failed = Some(e.clone());
+                }
+            }
         }
         for d in dones {
             d.complete(&res);
@@ -1002,7 +1056,9 @@ impl LogStore {
 
     /// `open`, with the options of `opts` (see `LogOptions`).
     pub fn open_with(dir: &Path, opts: LogOptions) -> std::io::Result<Self> {
-        let LogOptions { sync, keep, .. } = opts;
+        let LogOptions {
+            sync, keep, faults, ..
+        } = opts.clone();
         let mapped = opts.mapped && !sync && !keep;
         std::fs::create_dir_all(dir)?;
         let mut seqs: Vec<u64> = numbered(dir, "seg-")?.into_iter().map(|(s, _)| s).collect();
@@ -1131,7 +1187,7 @@ impl LogStore {
             let w = written.clone();
             std::thread::Builder::new()
                 .name("sluice-log-writer".into())
-                .spawn(move || writer(rx, w))?;
+                .spawn(move || writer(rx, w, faults))?;
             inner.writer = Some((tx, written));
         }
         inner.disk = Some(Disk {
@@ -1494,6 +1550,66 @@ mod tests {
         assert_eq!(g.index.keys().next_back(), Some(&2), "entry 3 was cut");
         let evidence = std::fs::read(format!("{}.torn-at-{}", seg.display(), last.offset)).unwrap();
         assert_eq!(evidence, torn[last.offset as usize..boundary]);
+    }
+
+    /// Issue #14: after a failed fsync nothing may be reported durable,
+    /// not even once fsync works again (the kernel may have dropped the
+    /// dirty pages): the writer fails every later write with the first
+    /// error until the log is reopened.
+    #[test]
+    fn after_a_failed_fsync_a_synced_log_acknowledges_nothing_until_reopened() {
+        let d = tempfile::tempdir().unwrap();
+        let faults = Arc::new(std::sync::Mutex::new(sluice_log::Faults::default()));
+        let opts = LogOptions {
+            sync: true,
+            faults: Some(faults.clone()),
+            ..LogOptions::default()
+        };
+        let s = LogStore::open_with(d.path(), opts.clone()).unwrap();
+        let mut g = s.inner.lock();
+        append(&mut g, vec![entry(1, 1, 100)]);
+        g.record(Record::Vote(Vote::new(2, 1))).unwrap();
+        faults.lock().unwrap().fail_sync = true;
+        let e = g.record(Record::Vote(Vote::new(3, 1))).unwrap_err();
+        assert!(e.to_string().contains("fsync"), "{e}");
+        faults.lock().unwrap().fail_sync = false;
+        let e = g.record(Record::Vote(Vote::new(4, 1))).unwrap_err();
+        assert!(e.to_string().contains("stopped accepting writes"), "{e}");
+        let recs = vec![Record::Entry(entry(1, 2, 100))];
+        let e = g.persist(&recs).err().unwrap();
+        assert!(e.to_string().contains("stopped accepting writes"), "{e}");
+        drop(g);
+        drop(s);
+        // Reopened (a restart): the files are checked again and writes go on.
+        let s = LogStore::open_with(d.path(), opts).unwrap();
+        let mut g = s.inner.lock();
+        assert_eq!(g.index.keys().next_back(), Some(&1));
+        g.record(Record::Vote(Vote::new(5, 1))).unwrap();
+    }
+
+    /// A full disk is an error, and stops the log the same way.
+    #[test]
+    fn a_full_disk_fails_the_append_and_stops_the_synced_log() {
+        let d = tempfile::tempdir().unwrap();
+        let faults = Arc::new(std::sync::Mutex::new(sluice_log::Faults {
+            space_left: Some(1000),
+            ..Default::default()
+        }));
+        let s = LogStore::open_with(
+            d.path(),
+            LogOptions {
+                sync: true,
+                faults: Some(faults),
+                ..LogOptions::default()
+            },
+        )
+        .unwrap();
+        let mut g = s.inner.lock();
+        let recs = vec![Record::Entry(entry(1, 1, 4000))];
+        let e = g.persist(&recs).err().unwrap();
+        assert!(e.to_string().contains("No space left"), "{e}");
+        let e = g.record(Record::Vote(Vote::new(2, 1))).unwrap_err();
+        assert!(e.to_string().contains("stopped accepting writes"), "{e}");
     }
 
     #[test]

@@ -394,7 +394,16 @@ impl ClusterNode {
         // refers to the values in them.
         let keep = shard_of_group(g).is_some_and(|s| s.pool_type == PoolType::Persistent);
         let mapped = shard_of_group(g).is_some_and(|s| s.pool_type == PoolType::Volatile);
-        let log = LogStore::open_with(&dir, LogOptions { sync, keep, mapped }).map_err(io)?;
+        let log = LogStore::open_with(
+            &dir,
+            LogOptions {
+                sync,
+                keep,
+                mapped,
+                faults: None,
+            },
+        )
+        .map_err(io)?;
         let log_handle = log.clone();
         let sm = Sm::open(
             g,
@@ -568,6 +577,15 @@ impl ClusterNode {
             Ok(Err(RaftError::APIError(ClientWriteError::ForwardToLeader(f)))) => {
                 Err(self.not_leader(g.id, f.leader_id))
             }
+            // A storage error (a failed write or fsync of the log) stops
+            // this replica's group for good: the other members elect a
+            // leader and serve on; this node serves the shard again only
+            // after a restart re-reads and checks its files.
+            Ok(Err(RaftError::Fatal(f))) => Err(unavailable(format!(
+                "shard {}: stopped on node {} ({f}); the other members serve it, and this node only after a restart (check its disk: `sluice fsck`)",
+                group_name(g.id),
+                self.id
+            ))),
             Ok(Err(e)) => Err(unavailable(format!(
                 "shard {}: {e}",
                 group_name(g.id)
