@@ -476,11 +476,83 @@ fn encode(rec: &Record, buf: &mut Vec<u8>, seq: u64) -> Result<(), StorageError>
     encode_parts(rec, &[], seq, buf, &mut Vec::new()).map(|_| ())
 }
 
-/// Decodes the records of one segment; returns them with their
-/// locations, and the length of the good prefix.
-fn decode_all(data: &[u8], seq: u64) -> (Vec<(Record, Loc)>, usize) {
+/// Every segment starts with this header: `SLUICERL | format version
+/// u32 | segment number u64 | crc32c of the preceding 20 bytes u32`, so
+/// a file of another format (an older or newer Sluice, or not a log at
+/// all) is refused by name instead of being misread.
+pub const SEGMENT_HEADER: usize = 24;
+const SEGMENT_MAGIC: &[u8; 8] = b"SLUICERL";
+/// The record format this build writes and reads.
+pub const FORMAT_VERSION: u32 = 1;
+
+fn segment_header(seq: u64) -> [u8; SEGMENT_HEADER] {
+    let mut h = [0u8; SEGMENT_HEADER];
+    h[..8].copy_from_slice(SEGMENT_MAGIC);
+    h[8..12].copy_from_slice(&FORMAT_VERSION.to_le_bytes());
+    h[12..20].copy_from_slice(&seq.to_le_bytes());
+    let crc = crc32c::crc32c(&h[..20]);
+    h[20..].copy_from_slice(&crc.to_le_bytes());
+    h
+}
+
+/// What the start of a segment file holds.
+enum Header {
+    Good,
+    /// Shorter than a header, or zeros: a segment whose creation did not
+    /// finish.
+    Missing,
+    Bad(String),
+}
+
+fn check_header(data: &[u8], seq: u64) -> Header {
+    let Some(h) = data.get(..SEGMENT_HEADER) else {
+        return Header::Missing;
+    };
+    if h.iter().all(|&b| b == 0) {
+        return Header::Missing;
+    }
+    if &h[..8] != SEGMENT_MAGIC {
+        return Header::Bad(
+            "no segment header (a log written by Sluice before format version 1, or not a Sluice consensus log)".into(),
+        );
+    }
+    let version = u32::from_le_bytes([h[8], h[9], h[10], h[11]]);
+    if h != segment_header(seq) && crc32c::crc32c(&h[..20]).to_le_bytes() == h[20..] {
+        if version != FORMAT_VERSION {
+            return Header::Bad(format!(
+                "format version {version}; this build reads version {FORMAT_VERSION} (run the Sluice that wrote it, or restore this member from its peers)"
+            ));
+        }
+        return Header::Bad("the header names another segment number".into());
+    }
+    if h != segment_header(seq) {
+        return Header::Bad("the segment header fails its checksum".into());
+    }
+    Header::Good
+}
+
+/// Decodes the records of one segment after its header; returns them
+/// with their locations, and the length of the good prefix (`None`: the
+/// header is missing).
+fn decode_all(data: &[u8], seq: u64) -> std::io::Result<(Vec<(Record, Loc)>, Option<usize>)> {
+    match check_header(data, seq) {
+        Header::Good => {
+            let (recs, good) = decode_records(data, seq, SEGMENT_HEADER);
+            Ok((recs, Some(good)))
+        }
+        Header::Missing => Ok((Vec::new(), None)),
+        Header::Bad(reason) => Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            format!("consensus log segment {seq}: {reason}"),
+        )),
+    }
+}
+
+/// Decodes records from `data[start..]`; returns them with their
+/// locations (offsets into `data`), and where the good prefix ends.
+fn decode_records(data: &[u8], seq: u64, start: usize) -> (Vec<(Record, Loc)>, usize) {
     let mut out = Vec::new();
-    let mut at = 0usize;
+    let mut at = start;
     while at + 8 <= data.len() {
         let len = u32::from_le_bytes([data[at], data[at + 1], data[at + 2], data[at + 3]]) as usize;
         let crc = u32::from_le_bytes([data[at + 4], data[at + 5], data[at + 6], data[at + 7]]);
@@ -508,6 +580,11 @@ fn decode_all(data: &[u8], seq: u64) -> (Vec<(Record, Loc)>, usize) {
 
 /// Saves the non-zero part of a synced log's torn tail next to its
 /// segment (`seg-<n>.log.torn-at-<offset>`) before it is cut.
+/// An error that names the file it is about.
+fn named(path: &Path, e: std::io::Error) -> std::io::Error {
+    std::io::Error::new(e.kind(), format!("{}: {e}", path.display()))
+}
+
 fn keep_torn_evidence(seg: &Path, offset: usize, tail: &[u8]) -> std::io::Result<()> {
     let Some(last) = tail.iter().rposition(|&b| b != 0) else {
         return Ok(());
@@ -537,7 +614,7 @@ fn read_entry(dir: &Path, loc: Loc) -> Result<Entry, StorageError> {
     let mut buf = vec![0u8; 8 + loc.len as usize];
     f.read_exact_at(&mut buf, loc.offset)
         .map_err(|e| read_err(e.to_string()))?;
-    let (recs, _) = decode_all(&buf, loc.seq);
+    let (recs, _) = decode_records(&buf, loc.seq, 0);
     match recs.into_iter().next() {
         Some((Record::Entry(e), _)) => Ok(e),
         _ => Err(read_err("not the entry recorded there".into())),
@@ -732,7 +809,7 @@ impl Inner {
             return Ok(());
         };
         let seq = d.seq + 1;
-        let mut head = Vec::new();
+        let mut head = segment_header(seq).to_vec();
         if let Some(v) = self.vote {
             encode(&Record::Vote(v), &mut head, seq)?;
         }
@@ -1080,7 +1157,11 @@ impl LogStore {
             let path = seg_path(dir, seqs[seqs.len() - 1]);
             let mut data = Vec::new();
             File::open(&path)?.read_to_end(&mut data)?;
-            if !decode_all(&data, seqs[seqs.len() - 1]).0.is_empty() {
+            if !decode_all(&data, seqs[seqs.len() - 1])
+                .map_err(|e| named(&path, e))?
+                .0
+                .is_empty()
+            {
                 break;
             }
             tracing::debug!(file = %path.display(), "consensus log: removing a segment left by an unfinished roll");
@@ -1093,8 +1174,23 @@ impl LogStore {
             let path = seg_path(dir, *s);
             let mut data = Vec::new();
             File::open(&path)?.read_to_end(&mut data)?;
-            let (recs, good) = decode_all(&data, *s);
             let last = i + 1 == seqs.len();
+            let (recs, good) = decode_all(&data, *s).map_err(|e| named(&path, e))?;
+            let good = match good {
+                Some(g) => g,
+                // The only segment, created but never written: started
+                // afresh (its header is written below).
+                None if last => 0,
+                None => {
+                    return Err(named(
+                        &path,
+                        std::io::Error::new(
+                            std::io::ErrorKind::InvalidData,
+                            "a sealed segment has no header",
+                        ),
+                    ))
+                }
+            };
             // A mapped log's sealed segment ends at its seal record.
             let sealed_here = matches!(recs.last(), Some((Record::Seal, _)));
             if good < data.len() && (last || !sealed_here) {
@@ -1169,6 +1265,13 @@ impl LogStore {
             .read(true)
             .write(true)
             .open(seg_path(dir, seq))?;
+        if bytes < SEGMENT_HEADER as u64 {
+            use std::os::unix::fs::FileExt;
+            file.set_len(0)?;
+            file.write_all_at(&segment_header(seq), 0)?;
+            file.sync_all()?;
+            bytes = SEGMENT_HEADER as u64;
+        }
         std::io::Seek::seek(&mut file, std::io::SeekFrom::Start(bytes))?;
         if sync && file.metadata()?.len() < SEGMENT_BYTES {
             // fdatasync of blocks a file already has needs no journal
@@ -1807,15 +1910,46 @@ mod tests {
         drop(g);
         // Corruption in a sealed segment is an error naming the file.
         let mut data = std::fs::read(&seg).unwrap();
-        data[12] ^= 0xff;
+        data[SEGMENT_HEADER + 12] ^= 0xff;
         std::fs::write(&seg, &data).unwrap();
         // (A newer segment with a record: an empty one would be a roll
         // that never finished, and segment 1 the newest again.)
-        let mut head = Vec::new();
+        let mut head = segment_header(2).to_vec();
         encode(&Record::Committed(None), &mut head, 2).unwrap();
         std::fs::write(seg_path(d.path(), 2), &head).unwrap();
         let e = LogStore::open(d.path(), false).err().unwrap();
         assert!(e.to_string().contains("seg-00000001.log"), "{e}");
+        assert!(e.to_string().contains("offset 24"), "the first record's offset: {e}");
+    }
+
+    /// Issue #14: segments carry a header with a format version, so a log
+    /// of another format is refused by name instead of being misread.
+    #[test]
+    fn a_segment_of_another_format_or_without_a_header_is_refused() {
+        let d = tempfile::tempdir().unwrap();
+        {
+            let s = LogStore::open(d.path(), false).unwrap();
+            append(&mut s.inner.lock(), vec![entry(1, 1, 10)]);
+        }
+        let seg = seg_path(d.path(), 1);
+        let good = std::fs::read(&seg).unwrap();
+        assert_eq!(&good[..8], b"SLUICERL");
+        // A newer format.
+        let mut newer = good.clone();
+        newer[8..12].copy_from_slice(&2u32.to_le_bytes());
+        let crc = crc32c::crc32c(&newer[..20]);
+        newer[20..24].copy_from_slice(&crc.to_le_bytes());
+        std::fs::write(&seg, &newer).unwrap();
+        let e = LogStore::open(d.path(), false).err().unwrap().to_string();
+        assert!(e.contains("seg-00000001.log") && e.contains("format version 2"), "{e}");
+        // A log as older builds wrote it: records from the first byte.
+        std::fs::write(&seg, &good[SEGMENT_HEADER..]).unwrap();
+        let e = LogStore::open(d.path(), false).err().unwrap().to_string();
+        assert!(e.contains("seg-00000001.log") && e.contains("no segment header"), "{e}");
+        // Neither was changed.
+        assert_eq!(std::fs::read(&seg).unwrap(), &good[SEGMENT_HEADER..]);
+        std::fs::write(&seg, &good).unwrap();
+        assert_eq!(reopen(d.path()).index.len(), 1);
     }
 
     fn keeping(dir: &Path) -> LogStore {
