@@ -580,6 +580,92 @@ fn decode_records(data: &[u8], seq: u64, start: usize) -> (Vec<(Record, Loc)>, u
 
 /// Saves the non-zero part of a synced log's torn tail next to its
 /// segment (`seg-<n>.log.torn-at-<offset>`) before it is cut.
+/// What follows a segment's last good record.
+pub enum Tail {
+    /// Nothing (or a sealed mapped segment's stale bytes after its seal).
+    Clean,
+    /// What a crash leaves: cut at open.
+    Cut,
+    /// Damage: the log refuses to open.
+    Corrupt(String),
+}
+
+/// One segment checked: its good records, where they end, what follows.
+pub struct Scan {
+    recs: Vec<(Record, Loc)>,
+    pub good: usize,
+    pub tail: Tail,
+}
+
+impl Scan {
+    pub fn records(&self) -> usize {
+        self.recs.len()
+    }
+}
+
+/// Checks a segment (`data`, the whole file) without changing it. Only
+/// the newest segment's tail may be cut. A synced log's file is
+/// preallocated with zeros and never recycled: what a crash leaves past
+/// its last record is an append that did not finish (zeros from a sector
+/// boundary on), while a complete record that fails its checksum was
+/// written whole and fsync'd, so it may have been acknowledged: damage.
+/// An unsynced log lives in RAM or the page cache, where a record cut by
+/// a kill mid-copy, or a recycled file's stale bytes, are what follows
+/// the last good record.
+pub fn scan_segment(
+    data: &[u8],
+    seq: u64,
+    sync: bool,
+    last: bool,
+    path: &Path,
+) -> std::io::Result<Scan> {
+    let (recs, good) = decode_all(data, seq).map_err(|e| named(path, e))?;
+    let good = match good {
+        Some(g) => g,
+        // The only segment, created but never written: started afresh
+        // (its header is written at open).
+        None if last => 0,
+        None => {
+            return Ok(Scan {
+                recs,
+                good: 0,
+                tail: Tail::Corrupt("a sealed segment has no header".into()),
+            })
+        }
+    };
+    // A mapped log's sealed segment ends at its seal record.
+    let sealed_here = matches!(recs.last(), Some((Record::Seal, _)));
+    let tail = if good == data.len() || (!last && sealed_here) {
+        Tail::Clean
+    } else if !last {
+        Tail::Corrupt("a record written whole fails its checksum".into())
+    } else if sync {
+        let t = &data[good..];
+        let record_end = (t.len() >= 8)
+            .then(|| 8 + u32::from_le_bytes([t[0], t[1], t[2], t[3]]) as usize)
+            .filter(|&end| end <= t.len());
+        if sluice_log::is_torn_tail(t, good as u64, 0, record_end) {
+            Tail::Cut
+        } else {
+            Tail::Corrupt(
+                "the last record was written whole and fails its checksum: damage, not a torn write"
+                    .into(),
+            )
+        }
+    } else {
+        Tail::Cut
+    };
+    Ok(Scan { recs, good, tail })
+}
+
+/// The segment files of the log in `dir` (live and kept), oldest first.
+pub fn segment_files(dir: &Path) -> std::io::Result<Vec<(u64, PathBuf)>> {
+    let mut out = numbered(dir, "seg-")?;
+    out.extend(numbered(dir, "kept-")?);
+    out.sort();
+    Ok(out)
+}
+
 /// An error that names the file it is about.
 fn named(path: &Path, e: std::io::Error) -> std::io::Error {
     std::io::Error::new(e.kind(), format!("{}: {e}", path.display()))
@@ -1175,69 +1261,34 @@ impl LogStore {
             let mut data = Vec::new();
             File::open(&path)?.read_to_end(&mut data)?;
             let last = i + 1 == seqs.len();
-            let (recs, good) = decode_all(&data, *s).map_err(|e| named(&path, e))?;
-            let good = match good {
-                Some(g) => g,
-                // The only segment, created but never written: started
-                // afresh (its header is written below).
-                None if last => 0,
-                None => {
-                    return Err(named(
-                        &path,
-                        std::io::Error::new(
-                            std::io::ErrorKind::InvalidData,
-                            "a sealed segment has no header",
+            let Scan { recs, good, tail } = scan_segment(&data, *s, sync, last, &path)?;
+            match tail {
+                Tail::Clean => {}
+                Tail::Corrupt(reason) => {
+                    return Err(std::io::Error::new(
+                        std::io::ErrorKind::InvalidData,
+                        format!(
+                            "consensus log {} is corrupt at offset {good} ({reason}); refusing to start. Repair this member from its peers: see `sluice fsck` and \"Corruption and repair\" in the README",
+                            path.display()
                         ),
                     ))
                 }
-            };
-            // A mapped log's sealed segment ends at its seal record.
-            let sealed_here = matches!(recs.last(), Some((Record::Seal, _)));
-            if good < data.len() && (last || !sealed_here) {
-                let corrupt = || {
-                    std::io::Error::new(
-                        std::io::ErrorKind::InvalidData,
-                        format!(
-                            "consensus log {} is corrupt at offset {good} (a record written whole fails its checksum); refusing to start. Repair this member from its peers: see `sluice fsck` and \"Corruption and repair\" in the README",
-                            path.display()
-                        ),
-                    )
-                };
-                if !last {
-                    return Err(corrupt());
-                }
-                // A synced log's file is preallocated with zeros and never
-                // recycled: what a crash leaves past its last record is an
-                // append that did not finish (zeros from a sector boundary
-                // on). A complete record that fails its checksum was
-                // written whole and fsync'd, so it may have been
-                // acknowledged: refuse rather than cut it. (An unsynced
-                // log lives in RAM or the page cache, where a record cut
-                // by a kill mid-copy, or a recycled file's stale bytes,
-                // are what follows the last good record.)
-                if sync {
-                    let tail = &data[good..];
-                    let record_end = (tail.len() >= 8)
-                        .then(|| {
-                            8 + u32::from_le_bytes([tail[0], tail[1], tail[2], tail[3]]) as usize
-                        })
-                        .filter(|&end| end <= tail.len());
-                    if !sluice_log::is_torn_tail(tail, good as u64, 0, record_end) {
-                        return Err(corrupt());
+                Tail::Cut => {
+                    if sync {
+                        keep_torn_evidence(&path, good, &data[good..])?;
                     }
-                    keep_torn_evidence(&path, good, tail)?;
+                    // A record cut by a crash, or stale bytes of a recycled file.
+                    tracing::debug!(
+                        file = %path.display(),
+                        kept = good,
+                        dropped = data.len() - good,
+                        "consensus log: cut after the last valid record"
+                    );
+                    OpenOptions::new()
+                        .write(true)
+                        .open(&path)?
+                        .set_len(good as u64)?;
                 }
-                // A record cut by a crash, or stale bytes of a recycled file.
-                tracing::debug!(
-                    file = %path.display(),
-                    kept = good,
-                    dropped = data.len() - good,
-                    "consensus log: cut after the last valid record"
-                );
-                OpenOptions::new()
-                    .write(true)
-                    .open(&path)?
-                    .set_len(good as u64)?;
             }
             let mut seg_max = 0;
             for (rec, loc) in recs {
@@ -1919,7 +1970,10 @@ mod tests {
         std::fs::write(seg_path(d.path(), 2), &head).unwrap();
         let e = LogStore::open(d.path(), false).err().unwrap();
         assert!(e.to_string().contains("seg-00000001.log"), "{e}");
-        assert!(e.to_string().contains("offset 24"), "the first record's offset: {e}");
+        assert!(
+            e.to_string().contains("offset 24"),
+            "the first record's offset: {e}"
+        );
     }
 
     /// Issue #14: segments carry a header with a format version, so a log
@@ -1941,11 +1995,17 @@ mod tests {
         newer[20..24].copy_from_slice(&crc.to_le_bytes());
         std::fs::write(&seg, &newer).unwrap();
         let e = LogStore::open(d.path(), false).err().unwrap().to_string();
-        assert!(e.contains("seg-00000001.log") && e.contains("format version 2"), "{e}");
+        assert!(
+            e.contains("seg-00000001.log") && e.contains("format version 2"),
+            "{e}"
+        );
         // A log as older builds wrote it: records from the first byte.
         std::fs::write(&seg, &good[SEGMENT_HEADER..]).unwrap();
         let e = LogStore::open(d.path(), false).err().unwrap().to_string();
-        assert!(e.contains("seg-00000001.log") && e.contains("no segment header"), "{e}");
+        assert!(
+            e.contains("seg-00000001.log") && e.contains("no segment header"),
+            "{e}"
+        );
         // Neither was changed.
         assert_eq!(std::fs::read(&seg).unwrap(), &good[SEGMENT_HEADER..]);
         std::fs::write(&seg, &good).unwrap();

@@ -35,6 +35,9 @@ pub mod versioned;
 
 pub use fs::{FaultFs, Faults, Fs, RealFs, SegmentFile};
 pub use lock::{DirLock, LockError, LOCK_FILE};
-pub use log::{Compacted, Location, Log, LogError, LogOptions, Recovered, SyncPolicy};
+pub use log::{
+    scan_segment, segment_files, Compacted, Location, Log, LogError, LogOptions, Problem,
+    Recovered, Scan, SyncPolicy,
+};
 pub use record::{is_torn_tail, Record, RecordKind, ValueRef, TORN_WRITE_ALIGN};
 pub use versioned::{Entry, History, HistoryError, Range, Resolver};

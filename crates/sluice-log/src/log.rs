@@ -140,6 +140,118 @@ fn header(id: u64) -> Vec<u8> {
     h
 }
 
+/// What is wrong with a segment (see [`scan_segment`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Problem {
+    /// An append that never finished, at the end of the newest segment:
+    /// cut at open (nothing after it was acknowledged).
+    Torn { offset: u64, bytes: u64 },
+    /// Damage: the log refuses to open until it is repaired.
+    Corrupt { offset: u64, reason: String },
+}
+
+/// What scanning one segment found: its good records, where they end, and
+/// what follows them, if anything.
+#[derive(Debug)]
+pub struct Scan {
+    pub records: Vec<(Location, Record)>,
+    pub end: usize,
+    pub problem: Option<Problem>,
+}
+
+/// Checks a segment's header and every record (pure: reads `data`, the
+/// whole file, and changes nothing). Only the newest segment's tail may be
+/// torn, and only if it looks like an append that never finished (see
+/// [`is_torn_tail`]): a record that was written whole and fails its
+/// checksum is damage, and may have been acknowledged.
+pub fn scan_segment(data: &Bytes, id: u64, newest: bool) -> Scan {
+    let mut scan = Scan {
+        records: Vec::new(),
+        end: 0,
+        problem: None,
+    };
+    let len = data.len() as u64;
+    if data.len() < SEGMENT_HEADER || (newest && data[..SEGMENT_HEADER].iter().all(|&b| b == 0)) {
+        scan.problem = Some(if newest {
+            Problem::Torn {
+                offset: 0,
+                bytes: len,
+            }
+        } else {
+            Problem::Corrupt {
+                offset: 0,
+                reason: "segment header is truncated".into(),
+            }
+        });
+        return scan;
+    }
+    if data[..SEGMENT_HEADER] != header(id)[..] {
+        let version = u32::from_le_bytes([data[8], data[9], data[10], data[11]]);
+        let reason = if &data[..MAGIC.len()] == MAGIC && version != FORMAT_VERSION {
+            format!("segment format version {version}; this build reads version {FORMAT_VERSION}")
+        } else {
+            "bad segment header (magic, version, id or checksum)".to_string()
+        };
+        scan.problem = Some(Problem::Corrupt { offset: 0, reason });
+        return scan;
+    }
+    let mut off = SEGMENT_HEADER;
+    while off < data.len() {
+        match decode(&data.slice(off..)) {
+            Ok((r, n)) => {
+                scan.records.push((
+                    Location {
+                        segment: id,
+                        offset: off as u64,
+                        len: n as u32,
+                    },
+                    r,
+                ));
+                off += n;
+            }
+            Err(e) => {
+                let declared = u32::from_le_bytes(
+                    data.get(off..off + 4)
+                        .map_or([0; 4], |b| [b[0], b[1], b[2], b[3]]),
+                ) as usize;
+                let record_end = match e {
+                    Decode::Short => None,
+                    Decode::Bad(_) => Some(off + RECORD_HEADER + declared),
+                };
+                scan.problem = Some(if newest && is_torn_tail(data, 0, off, record_end) {
+                    Problem::Torn {
+                        offset: off as u64,
+                        bytes: len - off as u64,
+                    }
+                } else {
+                    let reason = match e {
+                        Decode::Short => "record runs past the end of a sealed segment".to_string(),
+                        Decode::Bad(r) if newest => format!(
+                            "{r}; the record was written whole, so this is damage, not a torn write (see `sluice fsck`)"
+                        ),
+                        Decode::Bad(r) => r,
+                    };
+                    Problem::Corrupt {
+                        offset: off as u64,
+                        reason,
+                    }
+                });
+                break;
+            }
+        }
+    }
+    scan.end = off;
+    scan
+}
+
+/// The segment files of the log in `dir`, oldest first, with their ids
+/// (for `sluice fsck`).
+pub fn segment_files(dir: &Path) -> std::io::Result<Vec<(u64, PathBuf)>> {
+    let fs: Arc<dyn Fs> = Arc::new(crate::fs::RealFs);
+    let ids = segment_ids(&fs, dir).map_err(|e| std::io::Error::other(e.to_string()))?;
+    Ok(ids.into_iter().map(|id| (id, seg_path(dir, id))).collect())
+}
+
 /// The segment ids in `dir`, ascending.
 /// Saves the bytes of a torn tail next to its segment before they are
 /// cut (`seg-<id>.log.torn-at-<offset>`), unless they are all zeros:
@@ -216,88 +328,32 @@ impl Log {
                 None => Bytes::from(fs.read_all(&path).map_err(io("reading", &path))?),
             };
             rec.bytes += data.len() as u64;
-            if data.len() < SEGMENT_HEADER {
-                if newest {
-                    // Crashed while creating the segment: start it afresh.
+            let scan = scan_segment(&data, id, newest);
+            rec.records.extend(scan.records);
+            let off = match scan.problem {
+                None => scan.end,
+                Some(Problem::Corrupt { offset, reason }) => {
+                    return Err(LogError::Corrupt {
+                        file,
+                        offset,
+                        reason,
+                    })
+                }
+                Some(Problem::Torn { offset, bytes }) => {
+                    let off = offset as usize;
+                    let evidence = keep_evidence(&fs, &path, &data[off..], off)?;
                     let mut f = fs.open_append(&path).map_err(io("opening", &path))?;
-                    f.truncate(0).map_err(io("truncating", &path))?;
-                    f.append(&header(id)).map_err(io("writing", &path))?;
+                    f.truncate(offset).map_err(io("truncating", &path))?;
+                    if off < SEGMENT_HEADER {
+                        // Crashed while creating the segment: start it afresh.
+                        f.append(&header(id)).map_err(io("writing", &path))?;
+                    }
                     f.sync().map_err(io("syncing", &path))?;
-                    rec.truncated_tail = Some((file, 0, data.len() as u64));
-                    last_len = SEGMENT_HEADER as u64;
-                    continue;
+                    tracing::warn!(file = %file, offset, bytes, evidence = ?evidence, "cut a torn record at the end of the log (an append that never finished)");
+                    rec.truncated_tail = Some((file.clone(), offset, bytes));
+                    off.max(SEGMENT_HEADER)
                 }
-                return Err(LogError::Corrupt {
-                    file,
-                    offset: 0,
-                    reason: "segment header is truncated".into(),
-                });
-            }
-            if data[..SEGMENT_HEADER] != header(id)[..] {
-                return Err(LogError::Corrupt {
-                    file,
-                    offset: 0,
-                    reason: "bad segment header (magic, version, id or checksum)".into(),
-                });
-            }
-            let mut off = SEGMENT_HEADER;
-            loop {
-                if off == data.len() {
-                    break;
-                }
-                match decode(&data.slice(off..)) {
-                    Ok((r, n)) => {
-                        rec.records.push((
-                            Location {
-                                segment: id,
-                                offset: off as u64,
-                                len: n as u32,
-                            },
-                            r,
-                        ));
-                        off += n;
-                    }
-                    Err(e) => {
-                        // Only the newest segment's tail may be torn (nothing
-                        // was acknowledged after it), and only if it looks
-                        // like an append that never finished: a record that
-                        // was written whole and fails its checksum is
-                        // damage, and may have been acknowledged.
-                        let declared = u32::from_le_bytes(
-                            data.get(off..off + 4)
-                                .map_or([0; 4], |b| [b[0], b[1], b[2], b[3]]),
-                        ) as usize;
-                        let record_end = match e {
-                            Decode::Short => None,
-                            Decode::Bad(_) => Some(off + RECORD_HEADER + declared),
-                        };
-                        if newest && is_torn_tail(&data, 0, off, record_end) {
-                            let evidence = keep_evidence(&fs, &path, &data[off..], off)?;
-                            let mut f = fs.open_append(&path).map_err(io("opening", &path))?;
-                            f.truncate(off as u64).map_err(io("truncating", &path))?;
-                            f.sync().map_err(io("syncing", &path))?;
-                            tracing::warn!(file = %file, offset = off, bytes = data.len() - off, evidence = ?evidence, "cut a torn record at the end of the log (an append that never finished)");
-                            rec.truncated_tail =
-                                Some((file.clone(), off as u64, (data.len() - off) as u64));
-                            break;
-                        }
-                        let reason = match e {
-                            Decode::Short => {
-                                "record runs past the end of a sealed segment".to_string()
-                            }
-                            Decode::Bad(r) if newest => format!(
-                                "{r}; the record was written whole, so this is damage, not a torn write (see `sluice fsck`)"
-                            ),
-                            Decode::Bad(r) => r,
-                        };
-                        return Err(LogError::Corrupt {
-                            file,
-                            offset: off as u64,
-                            reason,
-                        });
-                    }
-                }
-            }
+            };
             last_len = off as u64;
         }
         let (active_id, active_len) = match ids.last() {
