@@ -8,6 +8,7 @@ mod bench_etcd;
 mod commands;
 mod demo;
 mod dev;
+mod fsck;
 mod plan;
 mod serve;
 mod shell;
@@ -52,6 +53,8 @@ enum Cmd {
     Dev(dev::DevArgs),
     /// Run the demo pipeline (ONNX filter -> classifier -> store) on an embedded node.
     Demo(demo::DemoArgs),
+    /// Check a stopped node's logs for damage (dry run); --repair fixes it.
+    Fsck(fsck::FsckArgs),
     /// Choose models and workers for an inference workflow at minimum cost.
     Plan(plan::PlanArgs),
     #[command(flatten)]
@@ -66,6 +69,7 @@ fn main() -> ExitCode {
         Cmd::Demo(a) => demo::run(a),
         Cmd::Dev(a) => dev::run(a),
         Cmd::Plan(a) => plan::run(a, cli.json),
+        Cmd::Fsck(a) => fsck::run(a, cli.json),
         Cmd::Shell => shell::run(&cli.addr, cli.timeout_ms, cli.json),
         Cmd::Client(c) => commands::run_once(&cli.addr, cli.timeout_ms, cli.json, c),
     };

@@ -827,6 +827,37 @@ fn dev_starts_a_three_node_cluster_and_ctrl_c_stops_it() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// Runs `sluice serve` that must exit with an error (bounded: a server
+/// that starts would never exit by itself); returns its stderr.
+fn serve_must_fail(cwd: &Path, args: &[&str]) -> String {
+    let mut child = Command::new(BIN)
+        .arg("serve")
+        .args(args)
+        .current_dir(cwd)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    let mut waited = Duration::from_millis(1);
+    while child.try_wait().unwrap().is_none() {
+        if std::time::Instant::now() > deadline {
+            let _ = child.kill();
+            let o = child.wait_with_output().unwrap();
+            panic!(
+                "sluice serve {args:?} started, expected it to refuse: {}",
+                String::from_utf8_lossy(&o.stdout)
+            );
+        }
+        // Polling a child that has no other signal to wait on: back off.
+        std::thread::park_timeout(waited);
+        waited = (waited * 2).min(Duration::from_millis(50));
+    }
+    let o = child.wait_with_output().unwrap();
+    assert!(!o.status.success(), "sluice serve {args:?} exited 0");
+    String::from_utf8(o.stderr).unwrap()
+}
+
 /// Issue #14: a second server on a live server's data directory (on
 /// another port, or on the same port where it would fail with "address in
 /// use" only after recovering the directory) must exit before it touches
@@ -854,30 +885,10 @@ fn a_second_server_on_the_same_data_dir_is_refused() {
     n.ok(&["put", "/sensors/p", "kept"]);
     let pools_before = std::fs::read(data.join("pools.json")).unwrap();
     for listen in ["127.0.0.1:0", n.addr.as_str()] {
-        let mut second = Command::new(BIN)
-            .args(["serve", "--listen", listen, "--data-dir"])
-            .arg(&data)
-            .current_dir(&n.dir)
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        // Bounded: a second server that starts would never exit by itself.
-        let deadline = std::time::Instant::now() + Duration::from_secs(20);
-        while second.try_wait().unwrap().is_none() {
-            if std::time::Instant::now() > deadline {
-                let _ = second.kill();
-                let o = second.wait_with_output().unwrap();
-                panic!(
-                    "a second server on {listen} started on a locked data directory: {}",
-                    String::from_utf8_lossy(&o.stdout)
-                );
-            }
-            let _ = n.lines.recv_timeout(Duration::from_millis(20));
-        }
-        let o = second.wait_with_output().unwrap();
-        assert!(!o.status.success(), "second server on {listen} exited 0");
-        let e = String::from_utf8_lossy(&o.stderr);
+        let e = serve_must_fail(
+            &n.dir,
+            &["--listen", listen, "--data-dir", data.to_str().unwrap()],
+        );
         assert!(e.contains("in use by another process"), "{e}");
         assert!(
             e.contains(&n.child.id().to_string()),
@@ -897,5 +908,107 @@ fn a_second_server_on_the_same_data_dir_is_refused() {
     let n2 = start();
     assert_eq!(n2.ok(&["get", "/sensors/p"]), "later\n");
     drop(n2);
+    let _ = std::fs::remove_dir_all(&data);
+}
+
+/// Issue #14: a flipped byte in the last (acknowledged, fsync'd) record of
+/// a persistent history is damage: the node refuses to start naming file
+/// and offset, `sluice fsck` reports it without changing anything, and
+/// `fsck --repair` cuts the history there, keeping the bytes as evidence.
+#[test]
+fn damaged_history_refuses_to_start_and_fsck_reports_and_repairs_it() {
+    let data = temp_dir("fsck-data");
+    let args = [
+        "--listen",
+        "127.0.0.1:0",
+        "--data-dir",
+        data.to_str().unwrap(),
+    ];
+    let n = spawn_node(&temp_dir("fsck"), &args).unwrap();
+    n.ok(&["pools", "create", "/sensors", "--type", "persistent"]);
+    n.ok(&["put", "/sensors/t", "first"]);
+    n.ok(&["put", "/sensors/t", "second-acknowledged"]);
+    // fsck on a running node is refused (it would race the node's writes).
+    let o = Command::new(BIN)
+        .args(["fsck", "--data-dir", data.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert!(!o.status.success());
+    let e = String::from_utf8_lossy(&o.stderr);
+    assert!(e.contains("in use") && e.contains("stopped"), "{e}");
+    assert!(n.terminate().success());
+    let shard = data.join("persistent/sg0-shard0");
+    let seg = std::fs::read_dir(&shard)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .find(|p| p.extension().is_some_and(|x| x == "log"))
+        .unwrap();
+    let mut bytes = std::fs::read(&seg).unwrap();
+    let at = bytes.len() - 3; // inside the last record's value
+    bytes[at] ^= 0x20;
+    std::fs::write(&seg, &bytes).unwrap();
+    let e = serve_must_fail(&data, &args);
+    assert!(
+        e.contains(&seg.display().to_string()) && e.contains("corrupt at offset"),
+        "{e}"
+    );
+    assert_eq!(std::fs::read(&seg).unwrap(), bytes, "the node cut nothing");
+    let fsck = |extra: &[&str]| {
+        Command::new(BIN)
+            .args(["fsck", "--data-dir", data.to_str().unwrap()])
+            .args(extra)
+            .output()
+            .unwrap()
+    };
+    let o = fsck(&[]);
+    assert!(!o.status.success(), "damage is a non-zero exit");
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        out.contains("CORRUPT at offset") && out.contains("dry run"),
+        "{out}"
+    );
+    assert_eq!(
+        std::fs::read(&seg).unwrap(),
+        bytes,
+        "a dry run changes nothing"
+    );
+    let j: serde_json::Value = serde_json::from_slice(&fsck(&["--json"]).stdout).unwrap();
+    assert_eq!(j["damaged"], 1);
+    let offset = j["files"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|f| f["status"] == "corrupt")
+        .unwrap()["offset"]
+        .as_u64()
+        .unwrap();
+    let o = fsck(&["--repair"]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(out.contains("cut ") && out.contains("kept in"), "{out}");
+    assert_eq!(std::fs::metadata(&seg).unwrap().len(), offset);
+    let evidence: Vec<_> = std::fs::read_dir(&data)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| {
+            p.file_name()
+                .unwrap()
+                .to_string_lossy()
+                .starts_with("fsck-evidence-")
+        })
+        .collect();
+    assert_eq!(evidence.len(), 1);
+    let kept = std::fs::read_dir(evidence[0].join("sg0-shard0"))
+        .unwrap()
+        .next()
+        .unwrap()
+        .unwrap()
+        .path();
+    assert_eq!(std::fs::read(kept).unwrap(), &bytes[offset as usize..]);
+    assert!(fsck(&[]).status.success(), "clean after the repair");
+    // The node starts; the damaged version is gone, the one before is there.
+    let n = spawn_node(&temp_dir("fsck"), &args).unwrap();
+    assert_eq!(n.ok(&["get", "/sensors/t"]), "first\n");
+    drop(n);
     let _ = std::fs::remove_dir_all(&data);
 }

@@ -12,6 +12,7 @@
 
 mod config;
 mod conn;
+pub mod fsck;
 mod server;
 mod watch;
 

@@ -1,0 +1,342 @@
+//! `sluice fsck`: checks every log file of a stopped node's data
+//! directory (persistent histories and consensus logs) and, when asked,
+//! repairs what it found, keeping everything it removes as evidence.
+//!
+//! What counts as a torn tail and what as damage is the logs' own rule
+//! (`sluice_log::scan_segment`, `sluice_cluster::log::scan_segment`): a
+//! torn tail is cut by the node itself at its next start; damage makes the
+//! node refuse to start. Volatile shards' logs live in RAM (`/dev/shm`)
+//! and are not checked.
+
+use sluice_log::{DirLock, Problem};
+use std::path::{Path, PathBuf};
+
+/// Which log a file belongs to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LogKind {
+    /// A persistent shard's history (`persistent/sg<g>-shard<s>`).
+    History,
+    /// A replication group's consensus log (`raft/<group>`).
+    Consensus,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum FileStatus {
+    Ok,
+    /// An append that never finished; the node cuts it when it starts.
+    TornTail {
+        offset: u64,
+        bytes: u64,
+    },
+    /// Damage: the node refuses to start until it is repaired.
+    Corrupt {
+        offset: u64,
+        reason: String,
+    },
+}
+
+#[derive(Clone, Debug)]
+pub struct FileReport {
+    pub file: PathBuf,
+    /// The log's directory (a shard's history or a group's log).
+    pub log_dir: PathBuf,
+    pub kind: LogKind,
+    pub records: usize,
+    pub bytes: u64,
+    pub status: FileStatus,
+}
+
+#[derive(Debug)]
+pub struct Report {
+    pub data_dir: PathBuf,
+    /// A cluster member's directory (it holds consensus logs).
+    pub cluster: bool,
+    pub files: Vec<FileReport>,
+}
+
+impl Report {
+    pub fn damaged(&self) -> impl Iterator<Item = &FileReport> {
+        self.files
+            .iter()
+            .filter(|f| matches!(f.status, FileStatus::Corrupt { .. }))
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum FsckError {
+    #[error("{0}; fsck needs the node stopped")]
+    Locked(#[from] sluice_log::LockError),
+    #[error("{0} is not a Sluice data directory (no pools.json); pass the node's --data-dir")]
+    NotADataDir(String),
+    #[error("{what} {path}: {source}")]
+    Io {
+        what: &'static str,
+        path: String,
+        source: std::io::Error,
+    },
+    #[error("{0}")]
+    Refused(String),
+}
+
+fn io(what: &'static str, path: &Path) -> impl FnOnce(std::io::Error) -> FsckError {
+    let path = path.display().to_string();
+    move |source| FsckError::Io { what, path, source }
+}
+
+fn subdirs(dir: &Path) -> Result<Vec<PathBuf>, FsckError> {
+    if !dir.is_dir() {
+        return Ok(Vec::new());
+    }
+    let mut out: Vec<PathBuf> = std::fs::read_dir(dir)
+        .map_err(io("listing", dir))?
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.is_dir())
+        .collect();
+    out.sort();
+    Ok(out)
+}
+
+/// Locks `data_dir` (refused while a node runs on it) and checks it.
+pub fn check(data_dir: &Path) -> Result<(Report, DirLock), FsckError> {
+    if !data_dir.join("pools.json").is_file() {
+        return Err(FsckError::NotADataDir(data_dir.display().to_string()));
+    }
+    let lock = DirLock::acquire(data_dir, "sluice fsck")?;
+    let mut files = Vec::new();
+    for dir in subdirs(&data_dir.join("persistent"))? {
+        let segs = sluice_log::segment_files(&dir).map_err(io("listing", &dir))?;
+        for (i, (id, path)) in segs.iter().enumerate() {
+            let data = bytes::Bytes::from(std::fs::read(path).map_err(io("reading", path))?);
+            let scan = sluice_log::scan_segment(&data, *id, i + 1 == segs.len());
+            files.push(FileReport {
+                file: path.clone(),
+                log_dir: dir.clone(),
+                kind: LogKind::History,
+                records: scan.records.len(),
+                bytes: data.len() as u64,
+                status: match scan.problem {
+                    None => FileStatus::Ok,
+                    Some(Problem::Torn { offset, bytes }) => FileStatus::TornTail { offset, bytes },
+                    Some(Problem::Corrupt { offset, reason }) => {
+                        FileStatus::Corrupt { offset, reason }
+                    }
+                },
+            });
+        }
+    }
+    let raft = data_dir.join("raft");
+    for dir in subdirs(&raft)? {
+        // Persistent groups fsync their log (preallocated, never recycled),
+        // so only they can tell damage from a torn append at the tail.
+        let synced = dir
+            .file_name()
+            .is_some_and(|n| n.to_string_lossy().starts_with("persistent-"));
+        let segs = sluice_cluster::log::segment_files(&dir).map_err(io("listing", &dir))?;
+        let newest = segs
+            .iter()
+            .filter(|(_, p)| {
+                p.file_name()
+                    .is_some_and(|n| n.to_string_lossy().starts_with("seg-"))
+            })
+            .map(|(s, _)| *s)
+            .max();
+        for (seq, path) in &segs {
+            let data = std::fs::read(path).map_err(io("reading", path))?;
+            let last = Some(*seq) == newest
+                && path
+                    .file_name()
+                    .is_some_and(|n| n.to_string_lossy().starts_with("seg-"));
+            let scan = sluice_cluster::log::scan_segment(&data, *seq, synced, last, path);
+            let (records, status) = match scan {
+                Err(e) => (
+                    0,
+                    FileStatus::Corrupt {
+                        offset: 0,
+                        reason: e.to_string(),
+                    },
+                ),
+                Ok(s) => (
+                    s.records(),
+                    match s.tail {
+                        sluice_cluster::log::Tail::Clean => FileStatus::Ok,
+                        sluice_cluster::log::Tail::Cut => FileStatus::TornTail {
+                            offset: s.good as u64,
+                            bytes: (data.len() - s.good) as u64,
+                        },
+                        sluice_cluster::log::Tail::Corrupt(reason) => FileStatus::Corrupt {
+                            offset: s.good as u64,
+                            reason,
+                        },
+                    },
+                ),
+            };
+            files.push(FileReport {
+                file: path.clone(),
+                log_dir: dir.clone(),
+                kind: LogKind::Consensus,
+                records,
+                bytes: data.len() as u64,
+                status,
+            });
+        }
+    }
+    Ok((
+        Report {
+            data_dir: data_dir.to_path_buf(),
+            cluster: raft.is_dir(),
+            files,
+        },
+        lock,
+    ))
+}
+
+/// What a repair did.
+#[derive(Debug, Default)]
+pub struct Repair {
+    /// Where everything removed was put.
+    pub evidence_dir: Option<PathBuf>,
+    /// One line per action.
+    pub actions: Vec<String>,
+}
+
+/// Repairs what `check` found damaged, moving everything it removes into
+/// `<data_dir>/fsck-evidence-<unix seconds>/`:
+/// - a standalone node's history is cut at its first damaged record: that
+///   record and every later one (the rest of its segment, later segments)
+///   are moved aside, so the shard's newest versions from there on are
+///   lost; the report says from which version;
+/// - a cluster member's damaged shard (its history or its consensus log)
+///   is set aside whole, to be restored from its peers. That is only safe
+///   once the member was removed from the shard (`sluice cluster
+///   remove-member`): a member that forgot its log could otherwise vote a
+///   stale leader in and lose acknowledged writes, so `member_removed`
+///   must say it was.
+pub fn repair(report: &Report, member_removed: bool) -> Result<Repair, FsckError> {
+    let damaged: Vec<&FileReport> = report.damaged().collect();
+    let mut out = Repair::default();
+    if damaged.is_empty() {
+        return Ok(out);
+    }
+    if report.cluster && !member_removed {
+        return Err(FsckError::Refused(
+            "this node is a cluster member: its damaged shards must be restored from their peers. First remove it from each damaged shard on a running node (sluice cluster remove-member <shard> <node>), then run fsck --repair --member-removed, start the node, and add it back (sluice cluster add-member <shard> <node>)".into(),
+        ));
+    }
+    let stamp = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    let evidence = report.data_dir.join(format!("fsck-evidence-{stamp}"));
+    std::fs::create_dir_all(&evidence).map_err(io("creating", &evidence))?;
+    out.evidence_dir = Some(evidence.clone());
+    let mut done: Vec<&Path> = Vec::new();
+    for f in damaged {
+        if done.contains(&f.log_dir.as_path()) {
+            continue;
+        }
+        done.push(&f.log_dir);
+        if report.cluster {
+            for dir in shard_dirs(report, &f.log_dir) {
+                let to = evidence.join(dir.file_name().unwrap_or_default());
+                std::fs::rename(&dir, &to).map_err(io("moving", &dir))?;
+                out.actions
+                    .push(format!("moved {} to {}", dir.display(), to.display()));
+            }
+            continue;
+        }
+        let FileStatus::Corrupt { offset, .. } = f.status else {
+            continue;
+        };
+        cut_history(report, f, offset, &evidence, &mut out)?;
+    }
+    Ok(out)
+}
+
+/// The directories of the shard a damaged log belongs to: its history and
+/// its consensus log (`persistent/sg<g>-shard<s>`, `raft/persistent-<g>-<s>`).
+fn shard_dirs(report: &Report, log_dir: &Path) -> Vec<PathBuf> {
+    let name = log_dir
+        .file_name()
+        .map(|n| n.to_string_lossy().to_string())
+        .unwrap_or_default();
+    let (history, consensus) = if let Some(rest) = name.strip_prefix("persistent-") {
+        let (g, s) = rest.split_once('-').unwrap_or((rest, ""));
+        (format!("sg{g}-shard{s}"), name.clone())
+    } else if let Some(rest) = name.strip_prefix("sg") {
+        let (g, s) = rest.split_once("-shard").unwrap_or((rest, ""));
+        (name.clone(), format!("persistent-{g}-{s}"))
+    } else {
+        return vec![log_dir.to_path_buf()];
+    };
+    [
+        report.data_dir.join("persistent").join(history),
+        report.data_dir.join("raft").join(consensus),
+    ]
+    .into_iter()
+    .filter(|d| d.is_dir())
+    .collect()
+}
+
+/// Cuts a standalone history at `offset` of the damaged file: the bytes
+/// from there and every later segment go to `evidence`.
+fn cut_history(
+    report: &Report,
+    f: &FileReport,
+    offset: u64,
+    evidence: &Path,
+    out: &mut Repair,
+) -> Result<(), FsckError> {
+    use std::io::Write;
+    let data = std::fs::read(&f.file).map_err(io("reading", &f.file))?;
+    let name = f
+        .file
+        .file_name()
+        .unwrap_or_default()
+        .to_string_lossy()
+        .to_string();
+    let sub = evidence.join(f.log_dir.file_name().unwrap_or_default());
+    std::fs::create_dir_all(&sub).map_err(io("creating", &sub))?;
+    let cut = sub.join(format!("{name}.from-{offset}"));
+    let mut w = std::fs::File::create(&cut).map_err(io("creating", &cut))?;
+    w.write_all(&data[offset as usize..])
+        .and_then(|()| w.sync_all())
+        .map_err(io("writing", &cut))?;
+    let last_good = report
+        .files
+        .iter()
+        .filter(|o| o.log_dir == f.log_dir && o.file <= f.file)
+        .map(|o| o.records)
+        .sum::<usize>();
+    if offset < 24 {
+        // Not even the header is intact: the segment goes whole.
+        std::fs::remove_file(&f.file).map_err(io("removing", &f.file))?;
+    } else {
+        let file = std::fs::OpenOptions::new()
+            .write(true)
+            .open(&f.file)
+            .map_err(io("opening", &f.file))?;
+        file.set_len(offset)
+            .and_then(|()| file.sync_all())
+            .map_err(io("truncating", &f.file))?;
+    }
+    out.actions.push(format!(
+        "cut {} at offset {offset} ({} bytes moved to {}); the shard keeps its first {last_good} records, later ones are lost",
+        f.file.display(),
+        data.len() as u64 - offset,
+        cut.display()
+    ));
+    for later in report
+        .files
+        .iter()
+        .filter(|o| o.log_dir == f.log_dir && o.file > f.file)
+    {
+        let to = sub.join(later.file.file_name().unwrap_or_default());
+        std::fs::rename(&later.file, &to).map_err(io("moving", &later.file))?;
+        out.actions.push(format!(
+            "moved {} to {}",
+            later.file.display(),
+            to.display()
+        ));
+    }
+    Ok(())
+}
