@@ -1058,3 +1058,137 @@ async fn persistent_shard_histories_are_equal_after_killing_a_minority_under_loa
     );
     assert!(t.elapsed() < Duration::from_secs(5), "{:?}", t.elapsed());
 }
+
+/// Issue #14: a member whose consensus log holds a damaged (complete,
+/// fsync'd) last record refuses to start, `sluice fsck` reports it, and the
+/// documented repair path restores the member from its peers: remove it
+/// from the shard, `fsck --repair --member-removed`, start it, add it back.
+/// Its history then equals the others', with every acknowledged put.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_member_with_a_damaged_log_is_restored_from_its_peers() {
+    let _serial = SERIAL.lock().await;
+    let mut c = Cluster::start_with("[[subgroups.persistent]]\nshards = [[1, 2, 3]]\n");
+    c.ready().await;
+    let client = c.client(4).await;
+    client
+        .create_pool(PoolSpec {
+            pathname: "/pers".into(),
+            pool_type: Some(PoolType::Persistent),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let mut acked = Vec::new();
+    for i in 0..150u64 {
+        let (key, value) = (format!("/pers/k{}", i % 10), format!("v{i}").into_bytes());
+        let p = client.put(&key, value.clone()).await.unwrap();
+        acked.push((key, p.version, p.timestamp_us, value));
+    }
+    let leader = c.leader(1, "persistent/0/0").await.unwrap();
+    let victim = if leader == 3 { 2 } else { 3 };
+    let last = acked.last().unwrap().1;
+    c.wait_for("the victim to apply everything", || async {
+        c.applied_version(victim, "persistent/0/0")
+            .await
+            .unwrap_or(0)
+            >= last
+    })
+    .await;
+    c.kill(victim);
+    // Damage the last record of its newest consensus log segment.
+    let node_dir = c.dir.path().join(format!("node-{victim}"));
+    let group = node_dir.join("raft/persistent-0-0");
+    let seg = std::fs::read_dir(&group)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.file_name().unwrap().to_string_lossy().starts_with("seg-"))
+        .max()
+        .unwrap();
+    let mut data = std::fs::read(&seg).unwrap();
+    let z = data.iter().rposition(|&b| b != 0).unwrap();
+    data[z] = if data[z] == 0xff { 0x7f } else { data[z] + 1 };
+    std::fs::write(&seg, &data).unwrap();
+    c.spawn(victim);
+    let mut child = c.procs.remove(&victim).unwrap();
+    let deadline = Instant::now() + WAIT;
+    let status = loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            break s;
+        }
+        assert!(Instant::now() < deadline, "the damaged member started");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert!(!status.success());
+    let log = std::fs::read_to_string(c.dir.path().join(format!("node-{victim}.log"))).unwrap();
+    assert!(
+        log.contains("corrupt at offset") && log.contains(&seg.display().to_string()),
+        "{log}"
+    );
+    let fsck = |extra: &[&str]| {
+        Command::new(BIN)
+            .args(["fsck", "--data-dir"])
+            .arg(&node_dir)
+            .args(extra)
+            .output()
+            .unwrap()
+    };
+    let o = fsck(&[]);
+    assert!(!o.status.success());
+    assert!(String::from_utf8_lossy(&o.stdout).contains("CORRUPT"));
+    // Setting the shard aside before the member is removed is refused.
+    let o = fsck(&["--repair"]);
+    assert!(!o.status.success());
+    assert!(String::from_utf8_lossy(&o.stderr).contains("remove-member"));
+    assert_eq!(std::fs::read(&seg).unwrap(), data);
+    let r = client
+        .cluster_command(
+            serde_json::json!({"op": "remove_member", "shard": "persistent/0/0", "node": victim}),
+            None,
+        )
+        .await
+        .unwrap();
+    assert_eq!(r["members"].as_array().unwrap().len(), 2, "{r}");
+    let o = fsck(&["--repair", "--member-removed"]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert!(!group.exists(), "the damaged shard was set aside");
+    // Writes go on while the member is out.
+    for i in 150..200u64 {
+        let (key, value) = (format!("/pers/k{}", i % 10), format!("v{i}").into_bytes());
+        let p = client.put(&key, value.clone()).await.unwrap();
+        acked.push((key, p.version, p.timestamp_us, value));
+    }
+    c.spawn(victim);
+    c.client(victim).await;
+    let r = client
+        .cluster_command(
+            serde_json::json!({"op": "add_member", "shard": "persistent/0/0", "node": victim}),
+            None,
+        )
+        .await
+        .unwrap();
+    assert_eq!(r["members"].as_array().unwrap().len(), 3, "{r}");
+    let last = acked.last().unwrap().1;
+    c.wait_for("the restored member to catch up", || async {
+        c.applied_version(victim, "persistent/0/0")
+            .await
+            .unwrap_or(0)
+            >= last
+    })
+    .await;
+    let keys: std::collections::BTreeSet<String> = acked.iter().map(|a| a.0.clone()).collect();
+    let mut restored = HashMap::new();
+    for k in &keys {
+        let mine = node_history(&c, victim, k).await;
+        assert_eq!(mine, node_history(&c, leader, k).await, "history of {k}");
+        for (v, ts, _, val) in mine {
+            restored.insert((k.clone(), v), (ts, val));
+        }
+    }
+    for (key, version, ts, value) in &acked {
+        assert_eq!(
+            restored.get(&(key.clone(), *version)),
+            Some(&(*ts, value.clone())),
+            "{key} version {version}"
+        );
+    }
+}
