@@ -162,6 +162,7 @@ fn new_trace(id: u64) -> Trace {
         id,
         client_sent_us: now,
         hops: Vec::new(),
+        emit_depth: 0,
     }
 }
 

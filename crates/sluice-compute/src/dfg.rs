@@ -350,3 +350,103 @@ impl Graph {
         json!({"id": self.id, "desc": self.desc, "graph": verts})
     }
 }
+
+/// Whether a key under `a` can also be under `b` (one path is a prefix of
+/// the other on a segment boundary): an emit to destination `a` (plus any
+/// suffix) can then trigger the vertex `b`.
+fn paths_overlap(a: &str, b: &str) -> bool {
+    let (a, b) = (a.trim_end_matches('/'), b.trim_end_matches('/'));
+    let under = |x: &str, y: &str| {
+        y.is_empty() || x == y || (x.starts_with(y) && x.as_bytes().get(y.len()) == Some(&b'/'))
+    };
+    under(a, b) || under(b, a)
+}
+
+/// A cycle among vertices, as the pathnames along it (the first repeated
+/// at the end), if the destinations of `vertices` (pathname, destinations)
+/// lead back to where they started.
+pub fn find_cycle(vertices: &[(String, Vec<String>)]) -> Option<Vec<String>> {
+    let next: Vec<Vec<usize>> = vertices
+        .iter()
+        .map(|(_, dests)| {
+            (0..vertices.len())
+                .filter(|&j| dests.iter().any(|d| paths_overlap(d, &vertices[j].0)))
+                .collect()
+        })
+        .collect();
+    // Iterative depth-first search with colours: 0 new, 1 on the path, 2 done.
+    let mut colour = vec![0u8; vertices.len()];
+    for root in 0..vertices.len() {
+        if colour[root] != 0 {
+            continue;
+        }
+        let mut path = vec![(root, 0usize)];
+        colour[root] = 1;
+        while let Some((v, i)) = path.last_mut() {
+            let v = *v;
+            match next[v].get(*i) {
+                Some(&w) => {
+                    *i += 1;
+                    if colour[w] == 1 {
+                        let start = path.iter().position(|(p, _)| *p == w).unwrap_or(0);
+                        let mut cycle: Vec<String> = path[start..]
+                            .iter()
+                            .map(|(p, _)| vertices[*p].0.clone())
+                            .collect();
+                        cycle.push(vertices[w].0.clone());
+                        return Some(cycle);
+                    }
+                    if colour[w] == 0 {
+                        colour[w] = 1;
+                        path.push((w, 0));
+                    }
+                }
+                None => {
+                    colour[v] = 2;
+                    path.pop();
+                }
+            }
+        }
+    }
+    None
+}
+
+#[cfg(test)]
+mod cycle_tests {
+    use super::*;
+
+    fn v(p: &str, d: &[&str]) -> (String, Vec<String>) {
+        (p.to_string(), d.iter().map(|s| s.to_string()).collect())
+    }
+
+    #[test]
+    fn cycles_are_found_and_named_chains_are_not_cycles() {
+        assert_eq!(
+            find_cycle(&[v("/trig/a", &["/trig/b"]), v("/trig/b", &["/trig/a"])]),
+            Some(vec!["/trig/a".into(), "/trig/b".into(), "/trig/a".into()])
+        );
+        // A vertex emitting under its own prefix.
+        assert_eq!(
+            find_cycle(&[v("/trig/a", &["/trig/a/out"])]),
+            Some(vec!["/trig/a".into(), "/trig/a".into()])
+        );
+        // A chain, and a destination that is only a sibling by name.
+        assert_eq!(
+            find_cycle(&[
+                v("/trig/a", &["/trig/b"]),
+                v("/trig/b", &["/vol/out"]),
+                v("/trig/ab", &["/trig/abc"]),
+            ]),
+            None
+        );
+        // A longer cycle through a destination above the vertex.
+        let c = find_cycle(&[
+            v("/in", &["/mid/x"]),
+            v("/mid/x/y", &["/out"]),
+            v("/out", &["/in/again"]),
+        ])
+        .unwrap();
+        assert_eq!(c.first(), c.last());
+        assert_eq!(c.len(), 4);
+    }
+}

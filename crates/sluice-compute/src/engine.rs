@@ -183,7 +183,7 @@ impl Engine {
         let Ok(text) = std::fs::read_to_string(p) else {
             return Ok(0);
         };
-        self.apply(&text).map(|ids| ids.len())
+        self.apply_checked(&text, false).map(|ids| ids.len())
     }
 
     pub fn context(&self) -> &Context {
@@ -198,7 +198,19 @@ impl Engine {
     /// with the same id are replaced). Returns the applied ids. Nothing
     /// changes when any part is invalid.
     pub fn apply(&self, text: &str) -> std::result::Result<Vec<String>, DfgError> {
+        self.apply_checked(text, true)
+    }
+
+    /// `apply`; `check_pools` also requires every destination to have an
+    /// object pool (not when graphs are restored at start: in a cluster
+    /// the pool table may still be catching up then).
+    fn apply_checked(
+        &self,
+        text: &str,
+        check_pools: bool,
+    ) -> std::result::Result<Vec<String>, DfgError> {
         let file = DfgFile::parse(text, &self.registry)?;
+        self.check_graphs(&file, check_pools)?;
         let mut built = Vec::new();
         for (gi, g) in file.graphs.iter().enumerate() {
             let mut entries = Vec::new();
@@ -239,6 +251,60 @@ impl Engine {
         self.install(&graphs);
         tracing::info!(graphs = ?ids, "data flow graphs applied");
         Ok(ids)
+    }
+
+    /// Rejects destinations without a pool and destinations that lead back
+    /// to a vertex they came from (across every installed graph too),
+    /// naming the cycle: such a graph would spin a core forever.
+    fn check_graphs(&self, file: &DfgFile, check_pools: bool) -> std::result::Result<(), DfgError> {
+        let store = self.ctx.store().ok();
+        let mut vertices: Vec<(String, Vec<String>)> = Vec::new();
+        for (gi, g) in file.graphs.iter().enumerate() {
+            for (vi, v) in g.vertices.iter().enumerate() {
+                let mut dests = Vec::new();
+                for (ui, u) in v.udls.iter().enumerate() {
+                    for (di, (d, _)) in u.destinations.iter().enumerate() {
+                        if let (true, Some(store)) = (check_pools, &store) {
+                            if store.pool_of_key(&crate::udl::join_key(d, "x")).is_err() {
+                                return Err(DfgError {
+                                    path: format!("$[{gi}].graph[{vi}].destinations[{ui}][{di}]"),
+                                    reason: format!(
+                                        "destination {d:?} of vertex {:?} has no object pool; create one first (sluice pools create <path>)",
+                                        v.pathname
+                                    ),
+                                });
+                            }
+                        }
+                        dests.push(d.clone());
+                    }
+                }
+                vertices.push((v.pathname.clone(), dests));
+            }
+        }
+        let replaced: Vec<&str> = file.graphs.iter().map(|g| g.id.as_str()).collect();
+        for (id, (g, _)) in self.graphs.lock().iter() {
+            if replaced.contains(&id.as_str()) {
+                continue;
+            }
+            for v in &g.vertices {
+                let dests = v
+                    .udls
+                    .iter()
+                    .flat_map(|u| u.destinations.iter().map(|(d, _)| d.clone()))
+                    .collect();
+                vertices.push((v.pathname.clone(), dests));
+            }
+        }
+        match crate::dfg::find_cycle(&vertices) {
+            None => Ok(()),
+            Some(cycle) => Err(DfgError {
+                path: "$".into(),
+                reason: format!(
+                    "the destinations form a cycle: {}; an object would go round it forever",
+                    cycle.join(" -> ")
+                ),
+            }),
+        }
     }
 
     /// Removes a graph; its in-flight upcalls finish.

@@ -4,7 +4,7 @@ use crate::engine::Publisher;
 use bytes::Bytes;
 use serde_json::Value;
 use sluice_store::Store;
-use sluice_types::{Hop, Object, PutResult, SluiceError, Trace, TRACE_HOPS_MAX};
+use sluice_types::{Hop, Object, PutResult, SluiceError, Trace, EMIT_DEPTH_MAX, TRACE_HOPS_MAX};
 use std::collections::HashMap;
 use std::sync::{Arc, Weak};
 
@@ -138,7 +138,7 @@ impl Context {
         }
     }
 
-    fn store(&self) -> Result<Arc<Store>, SluiceError> {
+    pub(crate) fn store(&self) -> Result<Arc<Store>, SluiceError> {
         self.store
             .upgrade()
             .ok_or_else(|| SluiceError::Unavailable {
@@ -239,9 +239,23 @@ impl<'a> Emitter<'a> {
         self.emitted
     }
 
-    fn next_trace(&self) -> Option<Arc<Trace>> {
-        self.source.trace.as_ref().map(|t| {
+    /// The trace of an object emitted from the source: its latency trace
+    /// plus this hop, and one more emit of depth (always carried, so a
+    /// cycle of lambdas is cut at `EMIT_DEPTH_MAX`).
+    fn next_trace(&self, key: &str) -> Result<Option<Arc<Trace>>, UdlError> {
+        let depth = self.source.trace.as_ref().map_or(0, |t| t.emit_depth);
+        if depth >= EMIT_DEPTH_MAX {
+            return Err(UdlError::Failed(format!(
+                "emit to {key} refused: the object {} went through {depth} lambda emits (limit {EMIT_DEPTH_MAX}); do lambdas emit to each other's keys in a cycle?",
+                self.source.key
+            )));
+        }
+        let Some(t) = self.source.trace.as_ref().filter(|t| t.is_timed()) else {
+            return Ok(Some(Arc::new(Trace::depth_only(depth + 1))));
+        };
+        Ok(Some({
             let mut t = (**t).clone();
+            t.emit_depth = depth + 1;
             if t.hops.len() < TRACE_HOPS_MAX {
                 t.hops.push(Hop {
                     stage: self.stage.to_string(),
@@ -251,12 +265,12 @@ impl<'a> Emitter<'a> {
                 });
             }
             Arc::new(t)
-        })
+        }))
     }
 
     /// Emits `value` under `key_suffix` to every destination of the vertex.
     pub fn emit(&mut self, key_suffix: &str, value: Bytes) -> Result<(), UdlError> {
-        let trace = self.next_trace();
+        let trace = self.next_trace(key_suffix)?;
         let dests = self.destinations;
         for (dest, mode) in dests {
             self.write(dest, *mode, key_suffix, value.clone(), trace.clone())?;
@@ -274,7 +288,7 @@ impl<'a> Emitter<'a> {
         key_suffix: &str,
         value: Bytes,
     ) -> Result<(), UdlError> {
-        let trace = self.next_trace();
+        let trace = self.next_trace(&join_key(dest, key_suffix))?;
         self.write(dest, mode, key_suffix, value, trace)
     }
 
@@ -308,7 +322,10 @@ impl<'a> Emitter<'a> {
             key: Arc::from(key),
             meta: self.source.meta,
             value,
-            trace: self.next_trace(),
+            // A published object triggers nothing: the depth limit is moot.
+            trace: self
+                .next_trace(key)
+                .unwrap_or_else(|_| self.source.trace.clone()),
         })
     }
 }

@@ -15,6 +15,8 @@ pub mod routing;
 pub use error::{Result, SluiceError};
 pub use key::validate_key;
 pub use limits::Limits;
-pub use object::{Hop, Object, ObjectMeta, PutResult, ReqId, Trace, TRACE_HOPS_MAX, VERSION_NONE};
+pub use object::{
+    Hop, Object, ObjectMeta, PutResult, ReqId, Trace, EMIT_DEPTH_MAX, TRACE_HOPS_MAX, VERSION_NONE,
+};
 pub use pool::{PoolMeta, PoolSpec, PoolTable, PoolType, ShardingPolicy};
 pub use routing::{fnv1a64, PoolRouter};

@@ -40,9 +40,31 @@ pub struct Object {
 /// times are microseconds since the Unix epoch on the node's clock.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Trace {
+    /// 0: not a latency trace, only the emit depth below.
     pub id: u64,
     pub client_sent_us: u64,
     pub hops: Vec<Hop>,
+    /// How many lambda emits led to this object (0: a client wrote it).
+    /// Bounded by `EMIT_DEPTH_MAX`, so lambdas that emit to each other's
+    /// keys in a cycle stop instead of spinning forever.
+    #[serde(default)]
+    pub emit_depth: u32,
+}
+
+impl Trace {
+    /// The trace of an object emitted from one carrying `parent`: only the
+    /// depth when `parent` is no latency trace.
+    pub fn depth_only(emit_depth: u32) -> Trace {
+        Trace {
+            emit_depth,
+            ..Trace::default()
+        }
+    }
+
+    /// True when this is a latency trace (a client asked for one).
+    pub fn is_timed(&self) -> bool {
+        self.id != 0
+    }
 }
 
 /// One stage of a traced pipeline.
@@ -61,6 +83,10 @@ pub struct Hop {
 /// Upper bound on hops kept in a trace (a cycle in a data flow graph must
 /// not grow objects without limit).
 pub const TRACE_HOPS_MAX: usize = 64;
+
+/// Upper bound on chained lambda emits (see `Trace::emit_depth`): deeper
+/// than any real pipeline, small enough that a cycle stops at once.
+pub const EMIT_DEPTH_MAX: u32 = 64;
 
 /// What a successful put or remove returns.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]

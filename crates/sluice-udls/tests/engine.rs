@@ -632,3 +632,113 @@ fn onnx_accepts_npy_inputs_and_argmax_mode() {
         .unwrap();
     assert!(label < 10);
 }
+
+/// Issue #14: destinations that lead back to their vertex (within a graph
+/// or across installed graphs) are rejected naming the cycle, and so are
+/// destinations without a pool; nothing is applied.
+#[test]
+fn cyclic_graphs_and_destinations_without_a_pool_are_rejected() {
+    let s = store();
+    let e = engine_with(&s, sluice_udls::registry(), 1, 16, None);
+    let err = e
+        .apply(&graph(
+            "loop",
+            json!([
+                { "pathname": "/in/a", "user_defined_logic_list": ["relay"], "destinations": [{ "/mid/b": "trigger_put" }] },
+                { "pathname": "/mid/b", "user_defined_logic_list": ["relay"], "destinations": [{ "/in/a": "trigger_put" }] }
+            ]),
+        ))
+        .unwrap_err();
+    assert!(err.reason.contains("/in/a -> /mid/b -> /in/a"), "{err}");
+    // A cycle closed by a second graph, against one already installed.
+    e.apply(&graph(
+        "first",
+        json!([{ "pathname": "/in", "user_defined_logic_list": ["relay"], "destinations": [{ "/mid": "trigger_put" }] }]),
+    ))
+    .unwrap();
+    let err = e
+        .apply(&graph(
+            "second",
+            json!([{ "pathname": "/mid/x", "user_defined_logic_list": ["relay"], "destinations": [{ "/in/y": "trigger_put" }] }]),
+        ))
+        .unwrap_err();
+    assert!(err.reason.contains("cycle"), "{err}");
+    // Replacing the first graph by one without the edge makes it acceptable.
+    e.apply(&graph(
+        "first",
+        json!([{ "pathname": "/in", "user_defined_logic_list": ["relay"], "destinations": [{ "/out": "put" }] }]),
+    ))
+    .unwrap();
+    e.apply(&graph(
+        "second",
+        json!([{ "pathname": "/mid/x", "user_defined_logic_list": ["relay"], "destinations": [{ "/in/y": "trigger_put" }] }]),
+    ))
+    .unwrap();
+    let err = e
+        .apply(&graph(
+            "nopool",
+            json!([{ "pathname": "/out", "user_defined_logic_list": ["relay"], "destinations": [{ "/nowhere/z": "put" }] }]),
+        ))
+        .unwrap_err();
+    assert!(
+        err.reason.contains("\"/nowhere/z\"") && err.reason.contains("no object pool"),
+        "{err}"
+    );
+    assert_eq!(e.list().as_array().unwrap().len(), 2);
+}
+
+/// Emits to an arbitrary key: the input's key with one more segment under
+/// `/in`, which triggers itself again (a cycle no DFG declares).
+struct Bouncer;
+impl Udl for Bouncer {
+    fn handle(
+        &self,
+        call: &Upcall<'_>,
+        out: &mut Emitter<'_>,
+        _: &Context,
+    ) -> Result<(), UdlError> {
+        out.emit_to(
+            "/in",
+            sluice_compute::udl::DestMode::TriggerPut,
+            "b",
+            call.object.value.clone(),
+        )
+    }
+}
+
+/// Issue #14: a lambda that emits to keys its own vertex watches is cut
+/// after `EMIT_DEPTH_MAX` emits with a counted, named error, instead of
+/// spinning a core forever.
+#[test]
+fn an_emit_cycle_through_arbitrary_keys_stops_at_the_depth_limit() {
+    let s = store();
+    let mut reg = sluice_udls::registry();
+    reg.register("bounce", |_: &Value, _: &Context| {
+        Ok(Arc::new(Bouncer) as Arc<dyn Udl>)
+    });
+    let e = engine_with(&s, reg, 1, 256, None);
+    e.apply(&graph(
+        "b",
+        json!([{ "pathname": "/in", "user_defined_logic_list": ["bounce"] }]),
+    ))
+    .unwrap();
+    s.trigger_put("/in/start", Bytes::from("x"), None).unwrap();
+    wait_for("the cycle to be cut", || {
+        e.stats()["failures"].as_u64() == Some(1)
+    });
+    let st = e.list()[0]["status"][0].clone();
+    assert!(
+        st["last_error"]
+            .as_str()
+            .unwrap()
+            .contains("64 lambda emits"),
+        "{st}"
+    );
+    let calls = e.stats()["upcalls"].as_u64().unwrap_or(0);
+    assert_eq!(
+        calls,
+        u64::from(sluice_types::EMIT_DEPTH_MAX) + 1,
+        "{}",
+        e.stats()
+    );
+}

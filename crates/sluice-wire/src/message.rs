@@ -354,6 +354,7 @@ fn write_trace(w: &mut MetaWriter, t: Option<&Trace>) {
                     .u64(h.started_us)
                     .u64(h.emitted_us);
             }
+            w.u32(t.emit_depth);
         }
     }
 }
@@ -379,10 +380,12 @@ fn read_trace(r: &mut MetaReader) -> Result<Option<Trace>, SluiceError> {
             emitted_us: r.u64()?,
         });
     }
+    let emit_depth = r.u32()?;
     Ok(Some(Trace {
         id,
         client_sent_us,
         hops,
+        emit_depth,
     }))
 }
 

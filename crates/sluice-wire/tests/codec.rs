@@ -79,10 +79,12 @@ fn arb_trace() -> impl Strategy<Value = Option<Trace>> {
                 ),
                 0..4,
             ),
+            0u32..100,
         )
-            .prop_map(|(id, sent, hops)| Trace {
+            .prop_map(|(id, sent, hops, emit_depth)| Trace {
                 id,
                 client_sent_us: sent,
+                emit_depth,
                 hops: hops
                     .into_iter()
                     .map(|(stage, enqueued_us, started_us, emitted_us)| Hop {
@@ -507,6 +509,7 @@ fn regenerate_corpus() {
             trace: Some(Trace {
                 id: 9,
                 client_sent_us: 1,
+                emit_depth: 3,
                 hops: vec![Hop {
                     stage: "/a".into(),
                     enqueued_us: 2,
