@@ -76,29 +76,60 @@ fn spawn_node(exe: &Path, dir: &Path, layout: &Path, id: u32) -> Result<Child> {
         .with_context(|| format!("starting node {id}"))
 }
 
-/// Waits until every node answers and every group has a leader.
-fn wait_ready(addr: &str, n: u32, timeout: Duration) -> Result<()> {
+/// Waits until every node process this command started is up (it wrote
+/// its "listening on" line: so the port answers for it, not for some other
+/// cluster's process) and every group has a leader. A node that exits
+/// meanwhile fails the wait at once, with the end of its log.
+fn wait_ready(
+    addr: &str,
+    dir: &Path,
+    children: &mut [(u32, Child)],
+    timeout: Duration,
+) -> Result<()> {
     let deadline = Instant::now() + timeout;
     let mut last = String::new();
     while Instant::now() < deadline {
-        match BlockingClient::connect(addr)
-            .and_then(|c| c.cluster_command(serde_json::json!({"op": "info"}), None))
-        {
-            Ok(info) => {
-                let shards_led = info["shards"]
-                    .as_object()
-                    .is_some_and(|m| m.values().all(|s| !s["leader"].is_null()));
-                let reachable = (0..n).all(|i| BlockingClient::connect(&addr_of(addr, i)).is_ok());
-                if shards_led && !info["meta_leader"].is_null() && reachable {
-                    return Ok(());
-                }
-                last = "waiting for leaders".into();
+        for (i, c) in children.iter_mut() {
+            if let Some(status) = c.try_wait()? {
+                bail!(
+                    "node {i} exited during start ({status}):\n{}",
+                    log_tail(dir, *i, 5)
+                );
             }
-            Err(e) => last = e.to_string(),
+        }
+        let listening: Vec<u32> = children
+            .iter()
+            .map(|(i, _)| *i)
+            .filter(|i| log_tail(dir, *i, usize::MAX).contains("listening on"))
+            .collect();
+        if listening.len() < children.len() {
+            last = format!("{} of {} nodes listening", listening.len(), children.len());
+        } else {
+            match BlockingClient::connect(addr)
+                .and_then(|c| c.cluster_command(serde_json::json!({"op": "info"}), None))
+            {
+                Ok(info) => {
+                    let shards_led = info["shards"]
+                        .as_object()
+                        .is_some_and(|m| m.values().all(|s| !s["leader"].is_null()));
+                    if shards_led && !info["meta_leader"].is_null() {
+                        return Ok(());
+                    }
+                    last = "waiting for leaders".into();
+                }
+                Err(e) => last = e.to_string(),
+            }
         }
         std::thread::sleep(Duration::from_millis(100));
     }
     bail!("the cluster did not become ready within {timeout:?} ({last})")
+}
+
+/// The last `n` lines of node `i`'s log.
+fn log_tail(dir: &Path, i: u32, n: usize) -> String {
+    let text = std::fs::read_to_string(dir.join(format!("node-{i}.log"))).unwrap_or_default();
+    let lines: Vec<&str> = text.lines().collect();
+    lines[lines.len().saturating_sub(n)..].join("\n")
 }
 
 fn addr_of(base: &str, i: u32) -> String {
@@ -127,13 +158,18 @@ pub fn run(a: DevArgs) -> Result<()> {
         a.nodes,
         a.dir.display()
     );
-    if let Err(e) = wait_ready(&base, a.nodes, Duration::from_secs(30)) {
+    if let Err(e) = wait_ready(&base, &a.dir, &mut children, Duration::from_secs(30)) {
         for (_, c) in &mut children {
             let _ = c.kill();
             let _ = c.wait();
         }
         return Err(e.context(format!("see the node logs in {}", a.dir.display())));
     }
+    // Client commands run from here find every node by themselves (so
+    // they still reach the cluster when node 0 is down).
+    let endpoints: Vec<String> = (0..a.nodes).map(|i| addr_of(&base, i)).collect();
+    std::fs::write(a.dir.join("endpoints"), endpoints.join("\n") + "\n")
+        .with_context(|| format!("writing {}/endpoints", a.dir.display()))?;
     println!(
         "sluice dev: {} nodes up (layout {})",
         a.nodes,
@@ -147,7 +183,7 @@ pub fn run(a: DevArgs) -> Result<()> {
             a.dir.display()
         );
     }
-    println!("try:\n  sluice put /vol/a hello\n  sluice --addr {} get /vol/a\n  sluice cluster status\nCtrl-C stops every node.", addr_of(&base, a.nodes - 1));
+    println!("try (from this directory, client commands find the nodes in {}/endpoints):\n  sluice put /vol/a hello\n  sluice --addr {} get /vol/a\n  sluice cluster status\nCtrl-C stops every node.", a.dir.display(), addr_of(&base, a.nodes - 1));
     let _ = std::io::stdout().flush();
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -181,5 +217,6 @@ pub fn run(a: DevArgs) -> Result<()> {
     for (_, c) in &mut children {
         let _ = c.wait();
     }
+    let _ = std::fs::remove_file(a.dir.join("endpoints"));
     Ok(())
 }

@@ -23,14 +23,12 @@ use std::process::ExitCode;
     about = "Sluice: AI inference pipelines next to their data"
 )]
 struct Cli {
-    /// Node to talk to (host:port).
-    #[arg(
-        long,
-        global = true,
-        env = "SLUICE_ADDR",
-        default_value = "127.0.0.1:7420"
-    )]
-    addr: String,
+    /// Node(s) to talk to: host:port, or several comma-separated (tried in
+    /// order; in a cluster any live one will do). Default: the addresses in
+    /// ./sluice-dev/endpoints when `sluice dev` left one here, else
+    /// 127.0.0.1:7420.
+    #[arg(long, global = true, env = "SLUICE_ADDR")]
+    addr: Option<String>,
     /// Print machine-readable JSON instead of human output.
     #[arg(long, global = true)]
     json: bool,
@@ -61,17 +59,30 @@ enum Cmd {
     Client(commands::ClientCmd),
 }
 
+/// Where `sluice dev` (run in this directory with its default --dir)
+/// leaves its nodes' addresses for client commands to find.
+const DEV_ENDPOINTS: &str = "sluice-dev/endpoints";
+
+fn default_addr() -> String {
+    std::fs::read_to_string(DEV_ENDPOINTS)
+        .ok()
+        .map(|s| s.split_whitespace().collect::<Vec<_>>().join(","))
+        .filter(|s| !s.is_empty())
+        .unwrap_or_else(|| format!("127.0.0.1:{}", sluice_server::DEFAULT_PORT))
+}
+
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let mut cli = Cli::parse();
+    let addr = cli.addr.take().unwrap_or_else(default_addr);
     let result = match cli.cmd {
         Cmd::Serve(a) => serve::run(a),
-        Cmd::Bench(a) => bench::run(a, &cli.addr, cli.json),
+        Cmd::Bench(a) => bench::run(a, &addr, cli.json),
         Cmd::Demo(a) => demo::run(a),
         Cmd::Dev(a) => dev::run(a),
         Cmd::Plan(a) => plan::run(a, cli.json),
         Cmd::Fsck(a) => fsck::run(a, cli.json),
-        Cmd::Shell => shell::run(&cli.addr, cli.timeout_ms, cli.json),
-        Cmd::Client(c) => commands::run_once(&cli.addr, cli.timeout_ms, cli.json, c),
+        Cmd::Shell => shell::run(&addr, cli.timeout_ms, cli.json),
+        Cmd::Client(c) => commands::run_once(&addr, cli.timeout_ms, cli.json, c),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

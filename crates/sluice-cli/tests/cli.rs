@@ -763,7 +763,7 @@ fn dev_starts_a_three_node_cluster_and_ctrl_c_stops_it() {
             &base.to_string(),
             "--dir",
         ])
-        .arg(dir.join("c"))
+        .arg(dir.join("sluice-dev"))
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
@@ -811,6 +811,59 @@ fn dev_starts_a_three_node_cluster_and_ctrl_c_stops_it() {
         .filter(|g| g["group"] == "volatile/0/0" && g["role"] == "leader")
         .collect();
     assert_eq!(leaders.len(), 1, "{status}");
+    // Issue #14: a second `sluice dev` on the same ports must not report
+    // "3 nodes up" because its probe reached this cluster: its nodes die
+    // with "address in use", and it says so.
+    let mut second = Command::new(BIN)
+        .args([
+            "dev",
+            "--nodes",
+            "3",
+            "--base-port",
+            &base.to_string(),
+            "--dir",
+        ])
+        .arg(dir.join("second"))
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(40);
+    while second.try_wait().unwrap().is_none() {
+        if std::time::Instant::now() > deadline {
+            let _ = second.kill();
+            panic!("a second sluice dev on taken ports did not fail");
+        }
+        std::thread::park_timeout(Duration::from_millis(50));
+    }
+    let o = second.wait_with_output().unwrap();
+    assert!(!o.status.success());
+    let (so, se) = (
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr),
+    );
+    assert!(!so.contains("nodes up"), "{so}");
+    assert!(
+        se.contains("exited during start") && se.contains("in use"),
+        "{se}"
+    );
+    // Several seeds, and the endpoints file `sluice dev` leaves: with node
+    // 0 dead, client commands still reach the other two.
+    let endpoints = std::fs::read_to_string(dir.join("sluice-dev/endpoints")).unwrap();
+    assert_eq!(endpoints.lines().count(), 3, "{endpoints}");
+    unsafe {
+        libc::kill(pids[0].parse().unwrap(), libc::SIGKILL);
+    }
+    let o = Command::new(BIN)
+        .args(["get", "/vol/a"])
+        .env_remove("SLUICE_ADDR")
+        .current_dir(&dir)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert_eq!(String::from_utf8_lossy(&o.stdout), "x\n");
+    let seeds = format!("{a0},127.0.0.1:{}", base + 1);
+    assert_eq!(cli(seeds, &["get", "/vol/a"]), "x\n");
     // SAFETY: signalling the child we spawned.
     unsafe {
         libc::kill(dev.id() as libc::pid_t, libc::SIGINT);

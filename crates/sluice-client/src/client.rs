@@ -19,7 +19,9 @@ use tokio::sync::mpsc;
 /// How a client connects.
 #[derive(Clone, Debug)]
 pub struct ClientConfig {
-    /// `host:port` of a Sluice node.
+    /// `host:port` of a Sluice node, or several comma-separated (seeds:
+    /// the first that answers is used; in a cluster any one will do, the
+    /// client learns the others from it).
     pub addr: String,
     /// Connections kept open to the node; requests are spread across them.
     pub connections: usize,
@@ -153,6 +155,49 @@ pub struct Client {
     inner: Arc<Inner>,
 }
 
+/// Connects to the first of the config's seed addresses (`addr` is one
+/// `host:port` or several, comma-separated, like etcdctl's `--endpoints`)
+/// that answers; the cluster view learned from it names every other node.
+async fn connect_seed(cfg: &ClientConfig) -> Result<(std::net::SocketAddr, Arc<Conn>)> {
+    let seeds: Vec<&str> = cfg
+        .addr
+        .split(',')
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .collect();
+    if seeds.is_empty() {
+        return Err(SluiceError::Connection {
+            reason: format!("no address in {:?}", cfg.addr),
+        });
+    }
+    let mut failures = Vec::new();
+    for seed in &seeds {
+        let addr = match seed.to_socket_addrs().map(|mut a| a.next()) {
+            Ok(Some(a)) => a,
+            Ok(None) => {
+                failures.push(format!("{seed}: resolves to nothing"));
+                continue;
+            }
+            Err(e) => {
+                failures.push(format!("{seed}: bad address: {e}"));
+                continue;
+            }
+        };
+        match Conn::connect(addr, &cfg.client_name, cfg.connect_timeout).await {
+            Ok(c) => return Ok((addr, c)),
+            Err(e) if seeds.len() == 1 => return Err(e),
+            Err(e) => failures.push(format!("{seed}: {e}")),
+        }
+    }
+    Err(SluiceError::Connection {
+        reason: format!(
+            "cannot reach any of the {} seed addresses ({}); is a node running? start one with sluice serve",
+            seeds.len(),
+            failures.join("; ")
+        ),
+    })
+}
+
 fn new_trace(id: u64) -> Trace {
     let now = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
@@ -194,19 +239,9 @@ impl Client {
     }
 
     pub async fn connect_with(cfg: ClientConfig) -> Result<Client> {
-        let addr = cfg
-            .addr
-            .to_socket_addrs()
-            .map_err(|e| SluiceError::Connection {
-                reason: format!("bad address {:?}: {e}", cfg.addr),
-            })?
-            .next()
-            .ok_or_else(|| SluiceError::Connection {
-                reason: format!("address {:?} resolves to nothing", cfg.addr),
-            })?;
+        let (addr, first) = connect_seed(&cfg).await?;
         let n = cfg.connections.max(1);
         let home = NodePool::new(addr, n, &cfg.client_name, cfg.connect_timeout);
-        let first = Conn::connect(addr, &cfg.client_name, cfg.connect_timeout).await?;
         let info = first.info.clone();
         home.fill(0, first);
         for i in 1..home.len() {
