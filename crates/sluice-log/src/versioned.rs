@@ -291,6 +291,20 @@ impl History {
         }
     }
 
+    /// How many versions of `key` are newer than `version` (what retention
+    /// by count looks at), or `None` if `version` is not one of its
+    /// versions held here.
+    pub fn newer_versions(&self, key: &str, version: u64) -> Option<usize> {
+        let chain = self.chains.get(key)?;
+        let i = chain.binary_search_by_key(&version, |e| e.version).ok()?;
+        Some(chain.len() - 1 - i)
+    }
+
+    /// The oldest version of `key` held here.
+    pub fn oldest(&self, key: &str) -> Option<Entry> {
+        self.chains.get(key).and_then(|c| c.first().copied())
+    }
+
     /// The version of `key` current at `timestamp_us`: the newest version
     /// written at or before it.
     pub fn get_by_time(

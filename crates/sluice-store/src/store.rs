@@ -742,12 +742,24 @@ impl Store {
                     });
                 }
                 if v != latest.meta.version {
-                    let found = h.lock().get(key, Some(v)).map_err(history_err)?;
+                    let h = h.lock();
+                    let found = h.get(key, Some(v)).map_err(history_err)?;
+                    let retention = r.pool().retention.as_ref();
                     return match found {
-                        Some((e, value)) => live(Arc::new(object_of(key, e, value)), key),
+                        Some((e, value)) => {
+                            check_retained(retention, &h, key, &e)?;
+                            live(Arc::new(object_of(key, e, value)), key)
+                        }
                         None => Err(SluiceError::VersionNotRetained {
                             key: key.to_string(),
-                            reason: format!("version {v} is not a version of this key"),
+                            reason: match (retention, h.oldest(key)) {
+                                (Some(ret), Some(o)) if v < o.version && v <= r.shard.last_version() => format!(
+                                    "version {v} is not held: the pool's retention ({ret}) dropped this key's versions before {}{}",
+                                    o.version,
+                                    if o.prev_version_by_key == v { "" } else { ", or it was never a version of this key" }
+                                ),
+                                _ => format!("version {v} is not a version of this key"),
+                            },
                         }),
                     };
                 }
@@ -791,12 +803,12 @@ impl Store {
             if latest.meta.timestamp_us <= timestamp_us {
                 live(latest, key)
             } else if let Some(h) = &r.shard.history {
-                match h
-                    .lock()
-                    .get_by_time(key, timestamp_us)
-                    .map_err(history_err)?
-                {
-                    Some((e, value)) => live(Arc::new(object_of(key, e, value)), key),
+                let h = h.lock();
+                match h.get_by_time(key, timestamp_us).map_err(history_err)? {
+                    Some((e, value)) => {
+                        check_retained(r.pool().retention.as_ref(), &h, key, &e)?;
+                        live(Arc::new(object_of(key, e, value)), key)
+                    }
                     None => Err(SluiceError::NotFound {
                         key: key.to_string(),
                     }),
@@ -1252,6 +1264,29 @@ impl Store {
     }
 }
 
+/// Reads honour retention at once: a version the pool's policy drops is
+/// refused even while it is still on disk (the background compaction
+/// reclaims it later). The newest version of a key is always kept.
+fn check_retained(
+    retention: Option<&sluice_types::pool::Retention>,
+    h: &sluice_log::History,
+    key: &str,
+    e: &sluice_log::Entry,
+) -> Result<()> {
+    let Some(ret) = retention else { return Ok(()) };
+    let newer = h.newer_versions(key, e.version).unwrap_or(0);
+    if newer == 0 || ret.keeps(newer, e.timestamp_us, Clock::wall_us()) {
+        return Ok(());
+    }
+    Err(SluiceError::VersionNotRetained {
+        key: key.to_string(),
+        reason: format!(
+            "version {} was dropped by the pool's retention ({ret})",
+            e.version
+        ),
+    })
+}
+
 /// A range of a key's history.
 pub use sluice_log::Range as HistoryRange;
 
@@ -1275,9 +1310,13 @@ impl Store {
                 hint: "; only persistent pools keep history".into(),
             });
         };
-        let versions = h.lock().range(key, range, limit).map_err(history_err)?;
+        let h = h.lock();
+        let versions = h.range(key, range, limit).map_err(history_err)?;
+        // Newest first: once retention drops one, it drops every older one.
+        let retention = r.pool().retention.as_ref();
         Ok(versions
             .into_iter()
+            .take_while(|(e, _)| check_retained(retention, &h, key, e).is_ok())
             .map(|(e, v)| Arc::new(object_of(key, e, v)))
             .collect())
     }

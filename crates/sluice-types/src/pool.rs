@@ -79,6 +79,17 @@ pub struct Retention {
     pub keep_for_s: Option<u64>,
 }
 
+impl std::fmt::Display for Retention {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match (self.keep_versions, self.keep_for_s) {
+            (Some(n), Some(s)) => write!(f, "keeps {n} versions per key, for {s} s"),
+            (Some(n), None) => write!(f, "keeps {n} versions per key"),
+            (None, Some(s)) => write!(f, "keeps versions for {s} s"),
+            (None, None) => write!(f, "keeps every version"),
+        }
+    }
+}
+
 impl Retention {
     /// Whether a version with `newer` newer versions of its key, written at
     /// `timestamp_us`, is kept at time `now_us`.
