@@ -623,6 +623,36 @@ pub fn execute(
                 };
                 seen += 1;
                 let kind = serde_json::to_value(n.kind)?;
+                if n.kind == sluice_wire::DeliveryKindWire::Lagged {
+                    // Every loss is shown: how many, where, which versions.
+                    let lost: serde_json::Value =
+                        serde_json::from_slice(&n.object.value).unwrap_or(json!({}));
+                    if json {
+                        writeln!(
+                            out,
+                            "{}",
+                            json!({"kind": kind, "prefix": &*n.object.key, "dropped": n.object.meta.version, "lost": lost})
+                        )?;
+                    } else {
+                        let range = match (
+                            lost["first_version"].as_u64(),
+                            lost["last_version"].as_u64(),
+                        ) {
+                            (Some(a), Some(b)) if a != VERSION_NONE => {
+                                format!(", versions {a} to {b}")
+                            }
+                            _ => String::new(),
+                        };
+                        writeln!(
+                            out,
+                            "lagged: {} notifications lost ({} fell behind{range}); the versions are still readable with get and history in a persistent pool",
+                            n.object.meta.version,
+                            lost["where"].as_str().unwrap_or("the watcher"),
+                        )?;
+                    }
+                    out.flush()?;
+                    continue;
+                }
                 if json {
                     let mut j = object_json(&n.object, true);
                     j["kind"] = kind;

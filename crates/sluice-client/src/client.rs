@@ -52,8 +52,12 @@ impl Default for ClientConfig {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Notification {
     pub kind: DeliveryKindWire,
-    /// For `Lagged`, `object.meta.version` counts the notifications the
-    /// server dropped because this watcher fell behind.
+    /// For `Lagged`, `object.meta.version` counts the notifications lost
+    /// because this watcher fell behind, and the value is JSON: `dropped`,
+    /// `where` (`server`: its queue for this connection was full, with
+    /// `first_version`, `last_version`, `first_timestamp_us`,
+    /// `last_timestamp_us` of what was lost; `client`: this side's buffer
+    /// was full).
     pub object: Object,
 }
 
@@ -64,6 +68,7 @@ pub struct Watch {
     pub(crate) id: u64,
     pub(crate) conn: Arc<Conn>,
     pub(crate) dropped: Arc<AtomicU64>,
+    pub(crate) prefix: String,
     pub(crate) timeout: Duration,
     /// Runtime to send the unwatch from when the watch is dropped.
     pub(crate) handle: tokio::runtime::Handle,
@@ -74,6 +79,26 @@ impl Watch {
     /// The next notification; `None` when the connection closed.
     pub async fn next(&mut self) -> Option<Notification> {
         loop {
+            // Notices this side's buffer had no room for are reported
+            // before the next one: no loss goes unannounced.
+            let lost = self.dropped.swap(0, Ordering::AcqRel);
+            if lost > 0 {
+                return Some(Notification {
+                    kind: DeliveryKindWire::Lagged,
+                    object: Object {
+                        key: Arc::from(self.prefix.as_str()),
+                        meta: sluice_types::ObjectMeta {
+                            version: lost,
+                            timestamp_us: 0,
+                            previous_version: sluice_types::VERSION_NONE,
+                            previous_version_by_key: sluice_types::VERSION_NONE,
+                            tombstone: false,
+                        },
+                        value: Bytes::from(format!(r#"{{"dropped":{lost},"where":"client"}}"#)),
+                        trace: None,
+                    },
+                });
+            }
             match self.rx.recv().await? {
                 Response::Notify { kind, object } => {
                     return Some(Notification {
@@ -86,7 +111,8 @@ impl Watch {
         }
     }
 
-    /// Notifications dropped on this side because they were not read fast enough.
+    /// Notifications dropped on this side because they were not read fast
+    /// enough and not yet reported by `next` (as a `Lagged` notification).
     pub fn dropped_locally(&self) -> u64 {
         self.dropped.load(Ordering::Relaxed)
     }
@@ -1085,6 +1111,7 @@ impl Client {
                 id,
                 conn,
                 dropped,
+                prefix: prefix.to_string(),
                 timeout: self.inner.cfg.request_timeout,
                 handle: tokio::runtime::Handle::current(),
                 cancelled: false,

@@ -708,3 +708,98 @@ async fn persistent_puts_work_on_a_current_thread_runtime() {
     );
     s.stop().await;
 }
+
+/// Puts `n` values under `/vol/burst/` from `c`, 256 in flight at a
+/// time; returns the versions acknowledged.
+async fn burst(c: &Client, n: usize) -> Vec<u64> {
+    let mut versions = Vec::with_capacity(n);
+    for chunk in (0..n).collect::<Vec<_>>().chunks(256) {
+        let tasks: Vec<_> = chunk
+            .iter()
+            .map(|i| {
+                let (c, i) = (c.clone(), *i);
+                tokio::spawn(async move {
+                    // 1 KiB each: more than socket buffers hold in all.
+                    c.put(&format!("/vol/burst/{}", i % 97), format!("{i:>1024}"))
+                        .await
+                })
+            })
+            .collect();
+        for t in tasks {
+            versions.push(t.await.unwrap().unwrap().version);
+        }
+    }
+    versions
+}
+
+/// Issue #14: a watcher that stops reading loses notices, and every loss
+/// is reported to it: on the server side (its queue for the connection
+/// full, with the range of versions lost) even when nothing is written
+/// after the burst, and on the client side (the SDK's buffer full). What
+/// arrives plus what is reported lost is exactly what was written.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_notice_a_slow_watcher_loses_is_reported() {
+    const N: usize = 30_000;
+    let s = start(|_| {}).await;
+    let writer = s.client().await;
+    // Server side: a raw connection that does not read while the burst runs.
+    let mut raw = handshake(s.addr).await;
+    let mut q = sluice_wire::OutQueue::new();
+    sluice_wire::Request::Watch {
+        prefix: "/vol/burst".into(),
+    }
+    .encode(&mut q, 7, 0);
+    raw.write_all(&q.to_bytes()).await.unwrap();
+    // The SDK: a watch that is not read either.
+    let c = s.client().await;
+    let mut w = c.watch("/vol/burst").await.unwrap();
+    let written = burst(&writer, N).await;
+    assert_eq!(written.len(), N);
+    // Drain the raw connection: notices and loss reports.
+    let (mut seen, mut lost, mut reports) = (Vec::new(), 0u64, 0);
+    while seen.len() as u64 + lost < N as u64 {
+        let Some((id, r)) = read_response(&mut raw).await else {
+            panic!("connection closed after {} seen, {lost} lost", seen.len())
+        };
+        match r {
+            sluice_wire::Response::Notify { kind, object } if id == 7 => {
+                if kind == NotificationKind::Lagged {
+                    let j: serde_json::Value = serde_json::from_slice(&object.value).unwrap();
+                    assert_eq!(j["dropped"].as_u64(), Some(object.meta.version));
+                    assert!(
+                        j["first_version"].as_u64() <= j["last_version"].as_u64(),
+                        "{j}"
+                    );
+                    lost += object.meta.version;
+                    reports += 1;
+                } else {
+                    seen.push(object.meta.version);
+                }
+            }
+            _ => {}
+        }
+    }
+    assert_eq!(seen.len() as u64 + lost, N as u64);
+    assert!(
+        reports > 0 && lost > 0,
+        "the raw watcher fell behind: {} seen",
+        seen.len()
+    );
+    // The SDK's watch: the same accounting through `next`.
+    let (mut got, mut sdk_lost) = (0u64, 0u64);
+    while got + sdk_lost < N as u64 {
+        let n = tokio::time::timeout(Duration::from_secs(10), w.next())
+            .await
+            .expect("a notice or a loss report")
+            .unwrap();
+        if n.kind == NotificationKind::Lagged {
+            sdk_lost += n.object.meta.version;
+        } else {
+            got += 1;
+        }
+    }
+    assert_eq!(got + sdk_lost, N as u64);
+    assert!(sdk_lost > 0, "the SDK watcher fell behind");
+    assert_eq!(w.dropped_locally(), 0, "every local drop was reported");
+    s.stop().await;
+}

@@ -534,7 +534,11 @@ fn check_header(data: &[u8], seq: u64) -> Header {
 /// Decodes the records of one segment after its header; returns them
 /// with their locations, and the length of the good prefix (`None`: the
 /// header is missing).
-fn decode_all(data: &[u8], seq: u64) -> std::io::Result<(Vec<(Record, Loc)>, Option<usize>)> {
+/// Decoded records with their locations, and where the good prefix ends
+/// (`None`: the segment has no header).
+type Decoded = (Vec<(Record, Loc)>, Option<usize>);
+
+fn decode_all(data: &[u8], seq: u64) -> std::io::Result<Decoded> {
     match check_header(data, seq) {
         Header::Good => {
             let (recs, good) = decode_records(data, seq, SEGMENT_HEADER);

@@ -1,7 +1,7 @@
 use crate::config::ServerConfig;
 use crate::server::ServerStats;
 use crate::watch::{Notice, WatchHub, WATCH_QUEUE_LEN};
-use bytes::{Bytes, BytesMut};
+use bytes::BytesMut;
 use sluice_store::Store;
 use sluice_types::{SluiceError, VERSION_NONE};
 use sluice_wire::{
@@ -212,6 +212,10 @@ impl Conn {
                         self.encode_notice(n);
                         if self.out.len() > READ_CHUNK { break; }
                     }
+                    // Losses are reported after what was queued before them.
+                    for n in self.ctx.watches.take_lost(self.id) {
+                        self.encode_notice(n);
+                    }
                 }
             }
             if let Err(e) = flush(sock, &mut self.out).await {
@@ -221,16 +225,7 @@ impl Conn {
     }
 
     fn encode_notice(&mut self, n: Notice) {
-        let o = &n.object;
-        let mut r = ObjRef::of(o);
-        let mut meta = o.meta;
-        let empty = Bytes::new();
-        if n.kind == sluice_wire::DeliveryKindWire::Lagged {
-            // A lag notice carries the number dropped in `version`, no value.
-            meta.version = n.dropped;
-            r.meta = &meta;
-            r.value = &empty;
-        }
+        let r = ObjRef::of(&n.object);
         encode_object(
             &mut self.out,
             n.watch_id,

@@ -5,7 +5,7 @@ use parking_lot::RwLock;
 use sluice_store::{Delivery, DeliveryKind, DeliveryObserver};
 use sluice_types::Object;
 use sluice_wire::DeliveryKindWire;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use tokio::sync::mpsc;
 
@@ -18,8 +18,60 @@ pub struct Notice {
     pub watch_id: u64,
     pub kind: DeliveryKindWire,
     pub object: Arc<Object>,
-    /// For `Lagged`: how many notices were dropped.
-    pub dropped: u64,
+}
+
+/// What a watch lost since it was last told: how many notices, and the
+/// versions and times of the first and last one.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Lost {
+    pub count: u64,
+    pub first_version: u64,
+    pub last_version: u64,
+    pub first_timestamp_us: u64,
+    pub last_timestamp_us: u64,
+}
+
+impl Lost {
+    fn add(&mut self, o: &Object) {
+        if self.count == 0 {
+            self.first_version = o.meta.version;
+            self.first_timestamp_us = o.meta.timestamp_us;
+        }
+        self.count += 1;
+        self.last_version = o.meta.version;
+        self.last_timestamp_us = o.meta.timestamp_us;
+    }
+
+    /// The `Lagged` notice that reports this loss: `meta.version` is the
+    /// count (as before), the value a JSON object with the count and the
+    /// range (versions are `u64::MAX` for trigger puts, which have none).
+    pub fn notice(&self, watch_id: u64, prefix: &str) -> Notice {
+        let value = serde_json::json!({
+            "dropped": self.count,
+            "first_version": self.first_version,
+            "last_version": self.last_version,
+            "first_timestamp_us": self.first_timestamp_us,
+            "last_timestamp_us": self.last_timestamp_us,
+            "where": "server",
+        })
+        .to_string();
+        Notice {
+            watch_id,
+            kind: DeliveryKindWire::Lagged,
+            object: Arc::new(Object {
+                key: Arc::from(prefix),
+                meta: sluice_types::ObjectMeta {
+                    version: self.count,
+                    timestamp_us: self.last_timestamp_us,
+                    previous_version: self.first_version,
+                    previous_version_by_key: self.last_version,
+                    tombstone: false,
+                },
+                value: bytes::Bytes::from(value),
+                trace: None,
+            }),
+        }
+    }
 }
 
 struct Entry {
@@ -27,7 +79,10 @@ struct Entry {
     watch_id: u64,
     prefix: String,
     tx: mpsc::Sender<Notice>,
-    dropped: AtomicU64,
+    /// Notices dropped because the connection's queue was full; reported
+    /// by the connection once it has drained its queue (`take_lost`).
+    lost: parking_lot::Mutex<Lost>,
+    any_lost: AtomicBool,
 }
 
 /// All watches on a node.
@@ -43,7 +98,8 @@ impl WatchHub {
             watch_id,
             prefix,
             tx,
-            dropped: AtomicU64::new(0),
+            lost: parking_lot::Mutex::default(),
+            any_lost: AtomicBool::new(false),
         }));
     }
 
@@ -69,6 +125,23 @@ impl WatchHub {
 
     pub fn len(&self) -> usize {
         self.entries.read().len()
+    }
+
+    /// The loss reports owed to the watches of `conn_id`, reset. Called by
+    /// the connection after it drained its queue: a notice is dropped only
+    /// when that queue is full, so every loss is followed by a drain and
+    /// reported, even when no other delivery comes after it.
+    pub fn take_lost(&self, conn_id: u64) -> Vec<Notice> {
+        let entries = self.entries.read();
+        entries
+            .iter()
+            .filter(|e| e.conn_id == conn_id && e.any_lost.swap(false, Ordering::AcqRel))
+            .map(|e| {
+                let lost = std::mem::take(&mut *e.lost.lock());
+                lost.notice(e.watch_id, &e.prefix)
+            })
+            .filter(|n| n.object.meta.version > 0)
+            .collect()
     }
 }
 
@@ -104,29 +177,14 @@ impl WatchHub {
             .iter()
             .filter(|e| object.key.starts_with(e.prefix.as_str()))
         {
-            let lost = e.dropped.load(Ordering::Relaxed);
-            if lost > 0 {
-                let lag = Notice {
-                    watch_id: e.watch_id,
-                    kind: DeliveryKindWire::Lagged,
-                    object: object.clone(),
-                    dropped: lost,
-                };
-                if e.tx.try_send(lag).is_ok() {
-                    e.dropped.fetch_sub(lost, Ordering::Relaxed);
-                } else {
-                    e.dropped.fetch_add(1, Ordering::Relaxed);
-                    continue;
-                }
-            }
             let n = Notice {
                 watch_id: e.watch_id,
                 kind,
                 object: object.clone(),
-                dropped: 0,
             };
             if e.tx.try_send(n).is_err() {
-                e.dropped.fetch_add(1, Ordering::Relaxed);
+                e.lost.lock().add(object);
+                e.any_lost.store(true, Ordering::Release);
             }
         }
     }
