@@ -724,18 +724,35 @@ fn retention_compacts_persistent_pools_in_the_background() {
     for _ in 0..40 {
         n.ok(&["put", "/r/k", "--file", f.to_str().unwrap()]);
     }
+    // Reads honour retention at once (issue #14), before any compaction.
     let versions = || n.ok(&["history", "/r/k"]).lines().count();
-    assert_eq!(versions(), 40);
-    // The background compactor runs every second: wait (bounded) for it.
+    assert_eq!(versions(), 3);
+    let e = n.fails(&["get", "/r/k", "--version", "1"]);
+    assert!(e.contains("dropped by the pool's retention"), "{e}");
+    // The background compactor (every second) reclaims the disk space:
+    // wait (bounded) for the history's files to shrink.
+    let disk = || -> u64 {
+        let shard = dir.join("data/persistent/sg0-shard0");
+        std::fs::read_dir(shard)
+            .map(|rd| {
+                rd.flatten()
+                    .map(|e| e.metadata().map_or(0, |m| m.len()))
+                    .sum()
+            })
+            .unwrap_or(0)
+    };
+    let before = disk();
+    assert!(before > 40 * 500, "{before}");
     let deadline = std::time::Instant::now() + Duration::from_secs(30);
-    while versions() == 40 {
+    while disk() > before / 2 {
         assert!(
             std::time::Instant::now() < deadline,
-            "retention never applied"
+            "retention never reclaimed space ({} of {before} bytes left)",
+            disk()
         );
         let _ = n.lines.recv_timeout(Duration::from_millis(200));
     }
-    assert!(versions() >= 3);
+    assert_eq!(versions(), 3);
     assert_eq!(n.ok(&["size", "/r/k"]), "500\n");
 }
 

@@ -581,6 +581,39 @@ async fn a_cut_off_leader_acknowledges_nothing_and_catches_up_after_heal() {
     client2.put(&keys[2], "majority").await.unwrap();
     let l2 = c.leader(others[0], "volatile/0/0").await.unwrap();
     assert_ne!(l2, leader);
+    // Issue #14: the cut-off leader no longer claims leadership (no quorum
+    // acknowledged it), so `cluster status` shows one leader, and it
+    // answers NotLeader at once instead of holding writes until a timeout.
+    let st = c.status(leader).await;
+    let g = st["groups"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|g| g["group"] == "volatile/0/0")
+        .unwrap()
+        .clone();
+    assert_ne!(g["role"], "leader", "{g}");
+    assert_ne!(g["leader"].as_u64(), Some(u64::from(leader)), "{g}");
+    let t0 = Instant::now();
+    let r = raw
+        .call(
+            &Request::Put {
+                key: keys[1].clone(),
+                shard: Some(0),
+                expected: None,
+                value: Bytes::from_static(b"lost"),
+                trace: None,
+                req_id: None,
+            },
+            Duration::from_secs(10),
+        )
+        .await;
+    assert!(matches!(r, Err(SluiceError::NotLeader { .. })), "{r:?}");
+    assert!(
+        t0.elapsed() < Duration::from_millis(500),
+        "{:?}",
+        t0.elapsed()
+    );
     client
         .cluster_command(serde_json::json!({"op": "heal"}), Some(leader))
         .await

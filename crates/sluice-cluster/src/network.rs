@@ -43,6 +43,39 @@ pub struct Peers {
     /// Links cut by fault injection (both directions).
     blocked: RwLock<HashSet<u32>>,
     connect_timeout: Duration,
+    /// When peers last acknowledged this node's leadership, per group.
+    pub acks: Acks,
+}
+
+/// When each peer last acknowledged this node as a group's leader: an
+/// append-entries reply that was not a higher vote, or a granted vote. A
+/// leader whose quorum has not acknowledged it lately has probably been
+/// cut off and replaced: it must not keep telling clients it leads.
+#[derive(Default)]
+pub struct Acks(Mutex<HashMap<(u64, u64), std::time::Instant>>);
+
+impl Acks {
+    fn record(&self, group: u64, peer: u64) {
+        self.0
+            .lock()
+            .insert((group, peer), std::time::Instant::now());
+    }
+
+    /// Whether a majority of `voters` (this node `me` counts as itself)
+    /// acknowledged this node within `within`.
+    pub fn quorum_within(&self, group: u64, voters: &[u64], me: u64, within: Duration) -> bool {
+        let acks = self.0.lock();
+        let fresh = voters
+            .iter()
+            .filter(|v| {
+                **v == me
+                    || acks
+                        .get(&(group, **v))
+                        .is_some_and(|t| t.elapsed() <= within)
+            })
+            .count();
+        fresh * 2 > voters.len()
+    }
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -57,6 +90,7 @@ impl Peers {
             connecting: Mutex::default(),
             blocked: RwLock::default(),
             connect_timeout,
+            acks: Acks::default(),
         }
     }
 
@@ -236,7 +270,11 @@ impl RaftNetwork<TypeConfig> for NetClient {
         option: RPCOption,
     ) -> Result<AppendEntriesResponse<u64>, RpcErr<openraft::error::Infallible>> {
         let values = large_values(&rpc.entries);
-        self.rpc(kind::APPEND, &rpc, &values, &option).await
+        let r: AppendEntriesResponse<u64> = self.rpc(kind::APPEND, &rpc, &values, &option).await?;
+        if !matches!(r, AppendEntriesResponse::HigherVote(_)) {
+            self.peers.acks.record(self.group, self.target);
+        }
+        Ok(r)
     }
 
     async fn install_snapshot(
@@ -252,7 +290,11 @@ impl RaftNetwork<TypeConfig> for NetClient {
         rpc: VoteRequest<u64>,
         option: RPCOption,
     ) -> Result<VoteResponse<u64>, RpcErr<openraft::error::Infallible>> {
-        self.rpc(kind::VOTE, &rpc, &[], &option).await
+        let r: VoteResponse<u64> = self.rpc(kind::VOTE, &rpc, &[], &option).await?;
+        if r.vote_granted {
+            self.peers.acks.record(self.group, self.target);
+        }
+        Ok(r)
     }
 
     fn backoff(&self) -> openraft::network::Backoff {

@@ -552,11 +552,41 @@ impl ClusterNode {
     }
 
     fn check_leader(&self, g: &Group) -> Result<(), SluiceError> {
-        let leader = g.metrics.borrow().current_leader;
+        let leader = self.leader_of(g);
         if leader != Some(u64::from(self.id)) {
             return Err(self.not_leader(g.id, leader));
         }
         Ok(())
+    }
+
+    /// The group's leader as this node knows it, except that this node
+    /// does not name itself unless a quorum acknowledged it within an
+    /// election timeout (`election_max_ms`): a leader cut off from its
+    /// peers, or one restarted with a vote of an old term, answers
+    /// `NotLeader` without a hint so clients move on to other members.
+    fn leader_of(&self, g: &Group) -> Option<u64> {
+        let (leader, voters) = {
+            let m = g.metrics.borrow();
+            (
+                m.current_leader,
+                m.membership_config
+                    .membership()
+                    .voter_ids()
+                    .collect::<Vec<u64>>(),
+            )
+        };
+        let me = u64::from(self.id);
+        if leader == Some(me)
+            && !self.peers.acks.quorum_within(
+                g.id,
+                &voters,
+                me,
+                Duration::from_millis(self.settings.election_max_ms),
+            )
+        {
+            return None;
+        }
+        leader
     }
 
     async fn propose(&self, g: &Group, cmd: Command) -> Result<Applied, SluiceError> {
@@ -1142,11 +1172,7 @@ impl ClusterNode {
     pub fn info(&self) -> serde_json::Value {
         let groups = self.groups.read();
         let meta = self.meta.read();
-        let leader = |g: u64| {
-            groups
-                .get(&g)
-                .and_then(|x| x.metrics.borrow().current_leader)
-        };
+        let leader = |g: u64| groups.get(&g).and_then(|x| self.leader_of(x));
         let shards: serde_json::Map<String, serde_json::Value> = meta
             .members
             .iter()
@@ -1172,6 +1198,7 @@ impl ClusterNode {
             .iter()
             .map(|g| {
                 let x = &groups[g];
+                let leader = self.leader_of(x);
                 let m = x.metrics.borrow();
                 let last = m.last_log_index.unwrap_or(0);
                 let lag: BTreeMap<String, u64> = m
@@ -1199,14 +1226,17 @@ impl ClusterNode {
                     "snapshots_built": built,
                     "snapshots_installed": installed,
                     "role": match m.state {
-                        ServerState::Leader => "leader",
+                        ServerState::Leader if leader == Some(u64::from(self.id)) => "leader",
+                        // openraft still holds the role, but no quorum
+                        // has acknowledged it lately.
+                        ServerState::Leader => "leader_without_quorum",
                         ServerState::Follower => "follower",
                         ServerState::Candidate => "candidate",
                         ServerState::Learner => "learner",
                         ServerState::Shutdown => "shutdown",
                     },
                     "term": m.current_term,
-                    "leader": m.current_leader,
+                    "leader": leader,
                     "voters": m.membership_config.membership().voter_ids().collect::<Vec<_>>(),
                     "last_log_index": last,
                     "applied_index": x.sm.applied_index(),
