@@ -28,6 +28,10 @@ pub struct ClientConfig {
     pub connect_timeout: Duration,
     /// How long a request may wait for its reply.
     pub request_timeout: Duration,
+    /// In a cluster, how long one try at one member may take (connect and
+    /// handshake included) before the request moves on to another member:
+    /// a paused or cut-off leader costs one try, not the whole request.
+    pub attempt_timeout: Duration,
     /// Sent in the handshake; shows in server logs.
     pub client_name: String,
     /// Which member of a replicated shard serves reads (cluster only;
@@ -42,6 +46,7 @@ impl Default for ClientConfig {
             connections: 1,
             connect_timeout: Duration::from_secs(3),
             request_timeout: Duration::from_secs(10),
+            attempt_timeout: Duration::from_secs(1),
             client_name: "sluice-client".into(),
             member_selection: MemberSelection::RoundRobin,
         }
@@ -453,23 +458,55 @@ impl Client {
         let deadline = Instant::now() + self.inner.cfg.request_timeout;
         let mut attempt = 0usize;
         let mut avoid: Option<u32> = None;
+        // Members that timed out, failed to connect or were unavailable in
+        // this request: not tried again while others remain, and their
+        // names in other members' (stale) leader hints are not followed.
+        let mut failed: Vec<u32> = Vec::new();
+        let mut timeouts = 0u32;
         loop {
+            if failed.len() >= members.len() {
+                failed.clear();
+            }
+            let next_member = |attempt: usize| {
+                (0..members.len())
+                    .map(|i| members[(attempt + i) % members.len()])
+                    .find(|m| !failed.contains(m) && Some(*m) != avoid)
+                    .unwrap_or(members[attempt % members.len()])
+            };
             let target = match class {
                 Class::Write | Class::Leader => view
                     .leader(name)
-                    .filter(|l| Some(*l) != avoid)
-                    .unwrap_or(members[attempt % members.len()]),
+                    .filter(|l| Some(*l) != avoid && !failed.contains(l))
+                    .unwrap_or_else(|| next_member(attempt)),
                 Class::Read if attempt == 0 => self
                     .inner
                     .selector
                     .select(self.inner.cfg.member_selection, members, fnv(name), key)
                     .map_err(|reason| SluiceError::Connection { reason })?,
-                Class::Read => members[attempt % members.len()],
+                Class::Read => next_member(attempt),
             };
             attempt += 1;
             let left = deadline.saturating_duration_since(Instant::now());
+            // Writes and leader reads bound each try (a paused or cut-off
+            // leader costs one try, not the request); each timeout gives
+            // the next try longer, so a slow but healthy leader (a large
+            // value, a busy disk) still gets its answer through. Stable
+            // reads may wait by design (time reads, catch-up): no bound.
+            let per_try = match class {
+                Class::Write | Class::Leader => {
+                    left.min(self.inner.cfg.attempt_timeout * (1 + timeouts))
+                }
+                Class::Read => left,
+            }
+            .max(Duration::from_millis(1));
             let res = match self.node_pool(target) {
-                Ok(p) => p.call(req, left.max(Duration::from_millis(1))).await,
+                Ok(p) => match tokio::time::timeout(per_try, p.call(req, per_try)).await {
+                    Ok(r) => r,
+                    Err(_) => Err(SluiceError::Timeout {
+                        what: format!("request to node {target}"),
+                        after_ms: per_try.as_millis() as u64,
+                    }),
+                },
                 Err(e) => Err(e),
             };
             let retry = match &res {
@@ -484,20 +521,34 @@ impl Client {
                 Err(SluiceError::NotLeader {
                     leader: Some(l), ..
                 }) => {
+                    // A member still names the one that failed us: it is
+                    // slow rather than gone, or the election is not over.
+                    failed.retain(|f| f != l);
                     view.set_leader(name, *l);
                     avoid = None;
                     true
                 }
                 Err(SluiceError::NotLeader { .. }) => {
                     avoid = Some(target);
-                    true
-                }
-                Err(SluiceError::Connection { .. }) | Err(SluiceError::Timeout { .. }) => {
-                    avoid = Some(target);
                     view.leaders.lock().remove(name);
                     true
                 }
-                Err(SluiceError::Unavailable { .. }) => replicated,
+                Err(SluiceError::Connection { .. }) | Err(SluiceError::Timeout { .. }) => {
+                    timeouts += u32::from(matches!(res, Err(SluiceError::Timeout { .. })));
+                    avoid = Some(target);
+                    failed.push(target);
+                    view.leaders.lock().remove(name);
+                    true
+                }
+                // The shard may have lost its majority here, or this member
+                // stopped its group: try the others (their hints lead to a
+                // new leader) rather than this one again.
+                Err(SluiceError::Unavailable { .. }) if replicated => {
+                    avoid = Some(target);
+                    failed.push(target);
+                    view.leaders.lock().remove(name);
+                    true
+                }
                 Err(SluiceError::ReplicaBehind { .. }) | Err(SluiceError::NotMember { .. }) => {
                     avoid = Some(target);
                     true
