@@ -138,7 +138,10 @@ pub fn entry_values(e: &crate::types::Entry, min: usize) -> Vec<Bytes> {
             crate::types::Command::Write { value: Some(v), .. } if v.len() >= min => {
                 out.push(v.clone())
             }
-            crate::types::Command::Batch(cmds) => cmds.iter().for_each(|c| walk(c, min, out)),
+            crate::types::Command::Batch(ws) => out.extend(
+                ws.iter()
+                    .filter_map(|w| w.value.as_ref().filter(|v| v.len() >= min).cloned()),
+            ),
             _ => {}
         }
     }

@@ -1402,7 +1402,10 @@ fn approx_size(e: &Entry) -> u64 {
             crate::types::Command::Write { key, value, .. } => {
                 (key.len() + value.as_ref().map_or(0, |v| v.len()) + 64) as u64
             }
-            crate::types::Command::Batch(cmds) => cmds.iter().map(of).sum(),
+            crate::types::Command::Batch(ws) => ws
+                .iter()
+                .map(|w| (w.key.len() + w.value.as_ref().map_or(0, |v| v.len()) + 64) as u64)
+                .sum(),
             _ => 256,
         }
     }
@@ -1816,7 +1819,7 @@ mod tests {
         let e = Entry {
             log_id: lid(1, 1),
             payload: EntryPayload::Normal(Command::Batch(vec![
-                Command::Write {
+                crate::types::BatchedWrite {
                     key: "/p/a".into(),
                     value: Some(bytes::Bytes::from(vec![1u8; 100])),
                     expected: None,
@@ -1824,7 +1827,7 @@ mod tests {
                     req_id: None,
                     trace: None,
                 },
-                Command::Write {
+                crate::types::BatchedWrite {
                     key: "/p/small".into(),
                     value: Some(bytes::Bytes::from_static(b"tiny")),
                     expected: None,
@@ -1832,7 +1835,7 @@ mod tests {
                     req_id: None,
                     trace: None,
                 },
-                Command::Write {
+                crate::types::BatchedWrite {
                     key: "/p/b".into(),
                     value: Some(bytes::Bytes::from(vec![2u8; 70_000])),
                     expected: None,

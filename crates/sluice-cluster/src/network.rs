@@ -258,7 +258,7 @@ impl NetClient {
                 other => RPCError::Unreachable(Unreachable::new(&Msg(other.to_string()))),
             })?;
         let res: Result<Resp, RaftError<u64, E>> =
-            bincode::deserialize(&reply).map_err(|e| RPCError::Network(NetworkError::new(&e)))?;
+            decode_peer(&reply).map_err(|e| RPCError::Network(NetworkError::new(&e)))?;
         res.map_err(|e| RPCError::RemoteError(RemoteError::new(self.target, e)))
     }
 }
@@ -351,7 +351,18 @@ mod borrowed {
         Tick {
             timestamp_us: u64,
         },
-        Batch(#[serde(borrow)] Vec<CommandRef<'a>>),
+        Batch(#[serde(borrow)] Vec<WriteRef<'a>>),
+    }
+
+    #[derive(Deserialize)]
+    struct WriteRef<'a> {
+        key: String,
+        #[serde(borrow)]
+        value: Option<&'a [u8]>,
+        expected: Option<u64>,
+        timestamp_us: u64,
+        req_id: Option<ReqId>,
+        trace: Option<Trace>,
     }
 
     impl CommandRef<'_> {
@@ -360,9 +371,18 @@ mod borrowed {
             match self {
                 CommandRef::Meta(j) => Command::Meta(j),
                 CommandRef::Tick { timestamp_us } => Command::Tick { timestamp_us },
-                CommandRef::Batch(cmds) => {
-                    Command::Batch(cmds.into_iter().map(|c| c.into_command(frame)).collect())
-                }
+                CommandRef::Batch(ws) => Command::Batch(
+                    ws.into_iter()
+                        .map(|w| crate::types::BatchedWrite {
+                            key: w.key,
+                            value: w.value.map(|v| frame.slice_ref(v)),
+                            expected: w.expected,
+                            timestamp_us: w.timestamp_us,
+                            req_id: w.req_id,
+                            trace: w.trace,
+                        })
+                        .collect(),
+                ),
                 CommandRef::Write {
                     key,
                     value,
@@ -398,6 +418,49 @@ mod borrowed {
     }
 }
 
+/// Decodes a peer's message or reply. Bounded: it never reads, or
+/// allocates for, more than the message holds (a length prefix beyond it
+/// is an error, not an allocation), and the message types are flat (a
+/// batch holds writes, never batches), so no input exhausts memory or the
+/// stack; a bad message is an error for that message only.
+pub fn decode_peer<'a, T: serde::Deserialize<'a>>(b: &'a [u8]) -> bincode::Result<T> {
+    use bincode::Options;
+    bincode::DefaultOptions::new()
+        .with_fixint_encoding()
+        .allow_trailing_bytes()
+        .with_limit(b.len() as u64)
+        .deserialize(b)
+}
+
+/// A consensus message as a peer sent it.
+pub enum PeerMessage {
+    Append(AppendEntriesRequest<TypeConfig>),
+    Vote(VoteRequest<u64>),
+    Snapshot(InstallSnapshotRequest<TypeConfig>),
+}
+
+/// Decodes a consensus message of `kind` (values of appended entries are
+/// slices of `body`, not copies).
+pub fn decode_message(kind: u8, body: &Bytes) -> Result<PeerMessage, SluiceError> {
+    let bad = |e: bincode::Error| SluiceError::protocol(format!("bad consensus message: {e}"));
+    match kind {
+        kind::APPEND => {
+            let r: borrowed::AppendRef<'_> = decode_peer(body).map_err(bad)?;
+            Ok(PeerMessage::Append(AppendEntriesRequest {
+                vote: r.vote,
+                prev_log_id: r.prev_log_id,
+                entries: r.entries.into_iter().map(|e| e.into_entry(body)).collect(),
+                leader_commit: r.leader_commit,
+            }))
+        }
+        kind::VOTE => Ok(PeerMessage::Vote(decode_peer(body).map_err(bad)?)),
+        kind::SNAPSHOT => Ok(PeerMessage::Snapshot(decode_peer(body).map_err(bad)?)),
+        k => Err(SluiceError::protocol(format!(
+            "unknown consensus message kind {k}"
+        ))),
+    }
+}
+
 /// Decodes a consensus message addressed to `raft`, runs it, and encodes
 /// the reply (the receiving half of `NetClient::rpc`).
 pub async fn dispatch(
@@ -405,10 +468,6 @@ pub async fn dispatch(
     kind: u8,
     body: &Bytes,
 ) -> Result<Bytes, SluiceError> {
-    fn dec<T: DeserializeOwned>(b: &[u8]) -> Result<T, SluiceError> {
-        bincode::deserialize(b)
-            .map_err(|e| SluiceError::protocol(format!("bad consensus message: {e}")))
-    }
     fn enc<T: Serialize>(v: &T) -> Result<Bytes, SluiceError> {
         bincode::serialize(v)
             .map(Bytes::from)
@@ -416,23 +475,10 @@ pub async fn dispatch(
                 reason: e.to_string(),
             })
     }
-    match kind {
-        kind::APPEND => {
-            let r: borrowed::AppendRef<'_> = bincode::deserialize(body)
-                .map_err(|e| SluiceError::protocol(format!("bad consensus message: {e}")))?;
-            let req = AppendEntriesRequest {
-                vote: r.vote,
-                prev_log_id: r.prev_log_id,
-                entries: r.entries.into_iter().map(|e| e.into_entry(body)).collect(),
-                leader_commit: r.leader_commit,
-            };
-            enc(&raft.append_entries(req).await)
-        }
-        kind::VOTE => enc(&raft.vote(dec::<VoteRequest<u64>>(body)?).await),
-        kind::SNAPSHOT => enc(&raft.install_snapshot(dec(body)?).await),
-        k => Err(SluiceError::protocol(format!(
-            "unknown consensus message kind {k}"
-        ))),
+    match decode_message(kind, body)? {
+        PeerMessage::Append(req) => enc(&raft.append_entries(req).await),
+        PeerMessage::Vote(req) => enc(&raft.vote(req).await),
+        PeerMessage::Snapshot(req) => enc(&raft.install_snapshot(req).await),
     }
 }
 
@@ -484,7 +530,7 @@ mod tests {
                 Entry {
                     log_id: lid(10),
                     payload: EntryPayload::Normal(Command::Batch(vec![
-                        Command::Write {
+                        crate::types::BatchedWrite {
                             key: "/p/b".into(),
                             value: Some(value.clone()),
                             expected: None,
@@ -492,7 +538,7 @@ mod tests {
                             req_id: Some(sluice_types::ReqId { client: 1, seq: 3 }),
                             trace: None,
                         },
-                        Command::Write {
+                        crate::types::BatchedWrite {
                             key: "/p/c".into(),
                             value: None,
                             expected: Some(1),
@@ -531,9 +577,7 @@ mod tests {
         let EntryPayload::Normal(Command::Batch(cmds)) = &entries[5].payload else {
             panic!()
         };
-        let Command::Write { value: Some(v), .. } = &cmds[0] else {
-            panic!()
-        };
+        let Some(v) = &cmds[0].value else { panic!() };
         assert!(
             range.contains(&(v.as_ptr() as usize)),
             "a batched value is a slice of the frame too"

@@ -670,7 +670,8 @@ impl ClusterNode {
         let (mut cmds, txs): (Vec<Command>, Vec<_>) = taken.into_iter().unzip();
         let cmd = match cmds.len() {
             1 => cmds.remove(0),
-            _ => Command::Batch(cmds),
+            // Only puts and removes are queued here.
+            _ => Command::Batch(cmds.into_iter().filter_map(Command::into_batched).collect()),
         };
         let n = txs.len();
         match self.propose(g, cmd).await {

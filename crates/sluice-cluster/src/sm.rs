@@ -702,12 +702,12 @@ impl RaftStateMachine<TypeConfig> for Sm {
                 EntryPayload::Normal(Command::Batch(cmds)) => match self.shard {
                     Some(shard) => {
                         let mut out = Vec::with_capacity(cmds.len());
-                        for cmd in cmds {
+                        for w in cmds {
                             out.push(self.apply_write(
                                 &mut st,
                                 e.log_id.index,
                                 shard,
-                                cmd,
+                                w.into(),
                                 &mut refs,
                             )?);
                         }

@@ -31,8 +31,58 @@ pub enum Command {
     Tick { timestamp_us: u64 },
     /// Writes proposed together (puts that arrived while earlier ones were
     /// being replicated): one log entry, one fsync, applied in order,
-    /// each with its own version and result.
-    Batch(Vec<Command>),
+    /// each with its own version and result. Its own element type, so a
+    /// batch never holds a batch: a peer's message decodes to a fixed
+    /// depth whatever it contains.
+    Batch(Vec<BatchedWrite>),
+}
+
+/// One write of a `Command::Batch`: the fields of `Command::Write`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BatchedWrite {
+    pub key: String,
+    pub value: Option<Bytes>,
+    pub expected: Option<u64>,
+    pub timestamp_us: u64,
+    pub req_id: Option<ReqId>,
+    pub trace: Option<Trace>,
+}
+
+impl From<BatchedWrite> for Command {
+    fn from(w: BatchedWrite) -> Command {
+        Command::Write {
+            key: w.key,
+            value: w.value,
+            expected: w.expected,
+            timestamp_us: w.timestamp_us,
+            req_id: w.req_id,
+            trace: w.trace,
+        }
+    }
+}
+
+impl Command {
+    /// A write as a batch element (`None` for anything but a write).
+    pub fn into_batched(self) -> Option<BatchedWrite> {
+        match self {
+            Command::Write {
+                key,
+                value,
+                expected,
+                timestamp_us,
+                req_id,
+                trace,
+            } => Some(BatchedWrite {
+                key,
+                value,
+                expected,
+                timestamp_us,
+                req_id,
+                trace,
+            }),
+            _ => None,
+        }
+    }
 }
 
 /// A metadata change, applied by every node in log order.
