@@ -1078,11 +1078,26 @@ async fn persistent_shard_histories_are_equal_after_killing_a_minority_under_loa
     let leader = c.leader(1, "persistent/0/0").await.unwrap();
     // Group id of persistent/0/0: pool type 2 << 56 (subgroup 0, shard 0).
     let group = 2u64 << 56;
+    // (A peer: the request needs a connection that proved the cluster key.)
+    let peer = c.raw(leader).await;
+    let key = std::fs::read_to_string(c.dir.path().join("cluster.key")).unwrap();
+    let auth = Request::PeerAuth {
+        node: 99,
+        key: key.trim().into(),
+    };
+    assert!(matches!(
+        peer.call(&auth, Duration::from_secs(5)).await,
+        Ok(Response::Ok)
+    ));
     let t = Instant::now();
-    let r = client
-        .cluster_command(
-            serde_json::json!({"op": "time_barrier", "group": group, "timestamp_us": far}),
-            Some(leader),
+    let r = peer
+        .call(
+            &Request::Cluster {
+                command:
+                    serde_json::json!({"op": "time_barrier", "group": group, "timestamp_us": far})
+                        .to_string(),
+            },
+            Duration::from_secs(10),
         )
         .await;
     assert!(
@@ -1304,4 +1319,86 @@ async fn writes_follow_failover_within_the_promised_time() {
         *times.last().unwrap() <= Duration::from_secs(3),
         "{times:?}"
     );
+}
+
+/// Issue #14: consensus messages and internal operations are refused on a
+/// client connection, and after a peer handshake with a wrong key; a
+/// connection that proves the cluster key may send them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn peer_only_requests_need_the_cluster_key() {
+    let _serial = SERIAL.lock().await;
+    let c = Cluster::start();
+    c.ready().await;
+    let raft = Request::Raft {
+        from: 2,
+        group: 0,
+        kind: 2,
+        body: Bytes::from_static(b"\0\0\0\0"),
+        more: Vec::new(),
+    };
+    let internal = [
+        serde_json::json!({"op": "meta_read_index"}),
+        serde_json::json!({"op": "set_members", "group": 1, "members": [1]}),
+        serde_json::json!({"op": "time_barrier", "group": 1, "timestamp_us": 1}),
+    ];
+    let forbidden = |r: Result<Response, SluiceError>| {
+        assert!(matches!(r, Err(SluiceError::Forbidden { .. })), "{r:?}");
+    };
+    let client = c.raw(1).await;
+    forbidden(client.call(&raft, Duration::from_secs(5)).await);
+    for cmd in &internal {
+        let req = Request::Cluster {
+            command: cmd.to_string(),
+        };
+        forbidden(client.call(&req, Duration::from_secs(5)).await);
+    }
+    // Admin commands a person runs stay open to clients.
+    let st = client
+        .call(
+            &Request::Cluster {
+                command: serde_json::json!({"op": "status"}).to_string(),
+            },
+            Duration::from_secs(5),
+        )
+        .await;
+    assert!(matches!(st, Ok(Response::Json(_))), "{st:?}");
+    // A wrong key is refused, and the connection stays a client's.
+    forbidden(
+        client
+            .call(
+                &Request::PeerAuth {
+                    node: 2,
+                    key: "0123456789abcdef0123456789abcdef".into(),
+                },
+                Duration::from_secs(5),
+            )
+            .await,
+    );
+    forbidden(client.call(&raft, Duration::from_secs(5)).await);
+    // The cluster key (next to the layout) makes a connection a peer's.
+    let key = std::fs::read_to_string(c.dir.path().join("cluster.key")).unwrap();
+    let peer = c.raw(1).await;
+    let ok = peer
+        .call(
+            &Request::PeerAuth {
+                node: 2,
+                key: key.trim().into(),
+            },
+            Duration::from_secs(5),
+        )
+        .await;
+    assert!(matches!(ok, Ok(Response::Ok)), "{ok:?}");
+    let leader = c.leader(1, "meta").await;
+    let r = peer
+        .call(
+            &Request::Cluster {
+                command: internal[0].to_string(),
+            },
+            Duration::from_secs(5),
+        )
+        .await;
+    match leader {
+        Some(1) => assert!(matches!(r, Ok(Response::Json(_))), "{r:?}"),
+        _ => assert!(matches!(r, Err(SluiceError::NotLeader { .. })), "{r:?}"),
+    }
 }

@@ -45,6 +45,8 @@ pub struct Peers {
     connect_timeout: Duration,
     /// When peers last acknowledged this node's leadership, per group.
     pub acks: Acks,
+    /// The cluster key this node authenticates with (`Request::PeerAuth`).
+    key: String,
 }
 
 /// When each peer last acknowledged this node as a group's leader: an
@@ -83,8 +85,9 @@ impl Acks {
 struct Msg(String);
 
 impl Peers {
-    pub fn new(me: u32, connect_timeout: Duration) -> Self {
+    pub fn new(me: u32, connect_timeout: Duration, key: String) -> Self {
         Peers {
+            key,
             me,
             conns: Mutex::default(),
             connecting: Mutex::default(),
@@ -140,6 +143,19 @@ impl Peers {
             self.connect_timeout,
         )
         .await?;
+        // Only an authenticated connection may carry consensus messages.
+        let auth = Request::PeerAuth {
+            node: self.me,
+            key: self.key.clone(),
+        };
+        match c.call(&auth, self.connect_timeout).await? {
+            Response::Ok => {}
+            other => {
+                return Err(SluiceError::protocol(format!(
+                    "node {target} answered the peer handshake with {other:?}"
+                )))
+            }
+        }
         self.conns.lock().insert(target, c.clone());
         Ok(c)
     }

@@ -56,6 +56,10 @@ pub struct ClusterSettings {
     pub sync_persistent: bool,
     /// Accept `cluster cut/heal` (dropping links to chosen peers). Tests only.
     pub fault_injection: bool,
+    /// The file holding the key cluster peers authenticate with. Default:
+    /// `cluster.key` next to the layout file (made by the first node that
+    /// starts when missing).
+    pub key_file: Option<PathBuf>,
 }
 
 impl Default for ClusterSettings {
@@ -71,6 +75,7 @@ impl Default for ClusterSettings {
             volatile_dir: None,
             sync_persistent: true,
             fault_injection: false,
+            key_file: None,
         }
     }
 }
@@ -158,6 +163,8 @@ pub struct ClusterNode {
     /// processes on one log would overwrite each other's entries.
     volatile_root: PathBuf,
     _volatile_lock: sluice_log::DirLock,
+    /// The cluster key peers authenticate with (see `cluster_key`).
+    key: String,
     raft_cfg: Arc<openraft::Config>,
     store: Arc<Store>,
     peers: Arc<Peers>,
@@ -246,6 +253,7 @@ impl ClusterNode {
         .map_err(|e| SluiceError::Internal {
             reason: format!("cluster settings: {e}"),
         })?;
+        let key = cluster_key(&settings)?;
         let volatile_root = volatile_root(&settings, &data_dir);
         let volatile_lock = sluice_log::DirLock::acquire(
             &volatile_root,
@@ -259,7 +267,8 @@ impl ClusterNode {
             volatile_root,
             _volatile_lock: volatile_lock,
             meta: Arc::new(RwLock::new(MetaState::from_layout(&layout))),
-            peers: Arc::new(Peers::new(id, Duration::from_millis(500))),
+            peers: Arc::new(Peers::new(id, Duration::from_millis(500), key.clone())),
+            key,
             layout,
             settings,
             data_dir,
@@ -995,10 +1004,33 @@ impl ClusterNode {
         self.meta.read().epoch
     }
 
-    /// Runs an admin command (JSON, `{"op": ...}`).
-    pub async fn admin(&self, command: &str) -> Result<serde_json::Value, SluiceError> {
+    /// Whether `key` is this cluster's key (constant time: a client
+    /// cannot learn it byte by byte from timings).
+    pub fn peer_key_matches(&self, key: &str) -> bool {
+        let (a, b) = (self.key.as_bytes(), key.as_bytes());
+        a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+    }
+
+    /// Runs an admin command (JSON, `{"op": ...}`). `from_peer`: the
+    /// connection authenticated as a cluster peer; the internal operations
+    /// (`set_members`, `time_barrier`, `meta_read_index`) need it.
+    pub async fn admin(
+        &self,
+        command: &str,
+        from_peer: bool,
+    ) -> Result<serde_json::Value, SluiceError> {
         let cmd: Admin = serde_json::from_str(command)
             .map_err(|e| SluiceError::protocol(format!("bad cluster command: {e}")))?;
+        if !from_peer
+            && matches!(
+                cmd,
+                Admin::SetMembers { .. } | Admin::TimeBarrier { .. } | Admin::MetaReadIndex
+            )
+        {
+            return Err(SluiceError::Forbidden {
+                what: "an internal cluster operation from a client connection".into(),
+            });
+        }
         match cmd {
             Admin::Status => Ok(self.status()),
             Admin::Info => Ok(self.info()),
@@ -1336,4 +1368,68 @@ fn volatile_root(settings: &ClusterSettings, data_dir: &std::path::Path) -> Path
         ));
     }
     data_dir.join("raft-volatile")
+}
+
+/// The key cluster peers authenticate with: `[cluster] key_file`, else
+/// `cluster.key` next to the layout file, created (32 random bytes, hex,
+/// mode 0600) by the first node that starts when missing. Every node of a
+/// cluster must have the same file (copy it with the layout).
+fn cluster_key(settings: &ClusterSettings) -> Result<String, SluiceError> {
+    let path = match (&settings.key_file, &settings.layout) {
+        (Some(k), _) => k.clone(),
+        (None, Some(l)) => l
+            .parent()
+            .map_or_else(|| PathBuf::from("cluster.key"), |d| d.join("cluster.key")),
+        (None, None) => {
+            return Err(SluiceError::Internal {
+                reason: "a cluster node needs a key: set [cluster] key_file or layout".into(),
+            })
+        }
+    };
+    let err = |what: &str, e: std::io::Error| SluiceError::Io {
+        reason: format!("{what} the cluster key {}: {e}", path.display()),
+    };
+    if !path.exists() {
+        use std::io::Read;
+        use std::os::unix::fs::OpenOptionsExt;
+        let mut raw = [0u8; 32];
+        std::fs::File::open("/dev/urandom")
+            .and_then(|mut f| f.read_exact(&mut raw))
+            .map_err(|e| err("making", e))?;
+        let hex: String = raw.iter().map(|b| format!("{b:02x}")).collect();
+        // Written aside, then linked into place: a node starting at the
+        // same time reads a whole key or makes its own link fail.
+        let tmp = path.with_extension(format!("key.{}", std::process::id()));
+        let mut f = std::fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(0o600)
+            .open(&tmp)
+            .map_err(|e| err("writing", e))?;
+        std::io::Write::write_all(&mut f, format!("{hex}\n").as_bytes())
+            .and_then(|()| f.sync_all())
+            .map_err(|e| err("writing", e))?;
+        let linked = std::fs::hard_link(&tmp, &path);
+        let _ = std::fs::remove_file(&tmp);
+        match linked {
+            Ok(()) => {
+                tracing::info!(file = %path.display(), "created the cluster key; copy it to every node with the layout")
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+            Err(e) => return Err(err("creating", e)),
+        }
+    }
+    let key = std::fs::read_to_string(&path).map_err(|e| err("reading", e))?;
+    let key = key.trim().to_string();
+    if key.len() < 16 {
+        return Err(SluiceError::Internal {
+            reason: format!(
+                "the cluster key in {} is too short ({} characters; at least 16)",
+                path.display(),
+                key.len()
+            ),
+        });
+    }
+    Ok(key)
 }

@@ -57,6 +57,9 @@ struct Conn {
     deferred_tx: mpsc::Sender<Deferred>,
     deferred_in_flight: Arc<std::sync::atomic::AtomicUsize>,
     handshaken: bool,
+    /// The node this connection authenticated as (`Request::PeerAuth`):
+    /// only then may it carry consensus messages and internal operations.
+    peer: Option<u32>,
     /// Set while re-running a request after a metadata catch-up (no second catch-up).
     retried_after_catch_up: bool,
 }
@@ -86,6 +89,7 @@ pub async fn serve_conn(ctx: Arc<ConnCtx>, mut sock: TcpStream, peer: SocketAddr
         deferred_tx,
         deferred_in_flight: Arc::default(),
         handshaken: false,
+        peer: None,
         retried_after_catch_up: false,
         ctx: ctx.clone(),
     };
@@ -365,7 +369,7 @@ impl Conn {
     fn execute_clustered(&mut self, rid: u64, no_reply: bool, req: Request) -> Option<Request> {
         let Some(cl) = self.ctx.cluster.clone() else {
             return match req {
-                Request::Raft { .. } | Request::Cluster { .. } => {
+                Request::Raft { .. } | Request::Cluster { .. } | Request::PeerAuth { .. } => {
                     Response::error(
                         &mut self.out,
                         rid,
@@ -529,6 +533,32 @@ impl Conn {
                     Err(e) => Response::error(&mut self.out, rid, &e),
                 }
             }
+            (Request::PeerAuth { node, key }, _) => {
+                if cl.peer_key_matches(&key) {
+                    self.peer = Some(node);
+                    Response::Ok.encode(&mut self.out, rid);
+                } else {
+                    tracing::warn!(
+                        conn = self.id,
+                        claimed = node,
+                        "peer handshake with a wrong cluster key refused"
+                    );
+                    Response::error(
+                        &mut self.out,
+                        rid,
+                        &SluiceError::Forbidden {
+                            what: format!("the peer handshake of node {node} (wrong cluster key)"),
+                        },
+                    );
+                }
+            }
+            (Request::Raft { .. }, _) if self.peer.is_none() => Response::error(
+                &mut self.out,
+                rid,
+                &SluiceError::Forbidden {
+                    what: "a consensus message from a client connection".into(),
+                },
+            ),
             (Request::PoolCreate { spec }, _) => {
                 let created_us = store.clock().now_us();
                 self.defer(rid, no_reply, async move {
@@ -562,13 +592,16 @@ impl Conn {
                         .map(Response::Raw),
                 )
             }),
-            (Request::Cluster { command }, _) => self.defer(rid, no_reply, async move {
-                Reply::Resp(
-                    cl.admin(&command)
-                        .await
-                        .map(|v| Response::Json(v.to_string())),
-                )
-            }),
+            (Request::Cluster { command }, _) => {
+                let from_peer = self.peer.is_some();
+                self.defer(rid, no_reply, async move {
+                    Reply::Resp(
+                        cl.admin(&command, from_peer)
+                            .await
+                            .map(|v| Response::Json(v.to_string())),
+                    )
+                })
+            }
             (r, _) => return Some(r),
         }
         None
@@ -652,7 +685,7 @@ impl Conn {
                 version,
                 ..
             } => reply_object(out, rid, store.get(&key, version, shard)),
-            Request::Raft { .. } | Request::Cluster { .. } => {
+            Request::Raft { .. } | Request::Cluster { .. } | Request::PeerAuth { .. } => {
                 unreachable!("handled by execute_clustered")
             }
             Request::GetByTime {

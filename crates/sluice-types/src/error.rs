@@ -33,6 +33,10 @@ pub enum SluiceError {
     },
     #[error("{what} is not supported yet")]
     NotSupported { what: String },
+    /// A request only cluster peers may send (consensus messages, internal
+    /// operations), on a connection that has not authenticated as one.
+    #[error("{what} is refused: only a cluster peer that authenticated with the cluster key may send it")]
+    Forbidden { what: String },
     #[error("key {key:?} not found")]
     NotFound { key: String },
     #[error("key {key:?}: {reason}")]

@@ -39,6 +39,8 @@ pub mod op {
     pub const RAFT: u8 = 0x18;
     /// Cluster administration (JSON command; answered with JSON).
     pub const CLUSTER: u8 = 0x19;
+    /// Node to node: authenticate the connection as a cluster peer.
+    pub const PEER_AUTH: u8 = 0x1A;
 
     pub const HELLO_OK: u8 = 0x81;
     pub const PONG: u8 = 0x82;
@@ -131,6 +133,13 @@ pub enum Request {
     Hello {
         protocol_version: u16,
         client_name: String,
+    },
+    /// Sent by a node right after `Hello` on its connections to peers:
+    /// proves it holds the cluster key, so the connection may carry
+    /// consensus messages and internal operations (answered `Ok`).
+    PeerAuth {
+        node: u32,
+        key: String,
     },
     Ping,
     Put {
@@ -466,6 +475,7 @@ impl Request {
     pub fn opcode(&self) -> u8 {
         match self {
             Request::Hello { .. } => op::HELLO,
+            Request::PeerAuth { .. } => op::PEER_AUTH,
             Request::Ping => op::PING,
             Request::Put { .. } => op::PUT,
             Request::TriggerPut { .. } => op::TRIGGER_PUT,
@@ -501,6 +511,9 @@ impl Request {
                 client_name,
             } => frame(out, opc, flags, request_id, None, |w| {
                 w.u16(*protocol_version).str(client_name);
+            }),
+            Request::PeerAuth { node, key } => frame(out, opc, flags, request_id, None, |w| {
+                w.u32(*node).str(key);
             }),
             Request::Ping | Request::Stats | Request::DfgList => {
                 frame(out, opc, flags, request_id, None, |_| {})
@@ -671,6 +684,10 @@ impl Request {
             op::HELLO => Request::Hello {
                 protocol_version: r.u16()?,
                 client_name: r.str()?,
+            },
+            op::PEER_AUTH => Request::PeerAuth {
+                node: r.u32()?,
+                key: r.str()?,
             },
             op::PING => Request::Ping,
             op::STATS => Request::Stats,
