@@ -1402,3 +1402,425 @@ async fn peer_only_requests_need_the_cluster_key() {
         _ => assert!(matches!(r, Err(SluiceError::NotLeader { .. })), "{r:?}"),
     }
 }
+
+// ---- A fault-injection run (Jepsen-style, issue #14) ------------------
+
+/// One client operation as the client saw it: when it was invoked and
+/// completed (µs since the run started) and its outcome.
+#[derive(Clone, Debug)]
+enum Op {
+    /// A put of a unique value; `Some(version)` if acknowledged, `None`
+    /// if it failed or timed out (it may or may not have happened).
+    Write {
+        key: String,
+        value: Vec<u8>,
+        invoke: u64,
+        complete: u64,
+        version: Option<u64>,
+    },
+    /// A linearizable get that answered (version 0: not found).
+    Read {
+        key: String,
+        invoke: u64,
+        complete: u64,
+        version: u64,
+        value: Vec<u8>,
+    },
+}
+
+/// Checks one key's register history against the order the log gave its
+/// writes (their versions): acknowledged writes in real-time order have
+/// increasing versions; a read returns a version no older than any write
+/// acknowledged before it began, of a write invoked before it ended, and
+/// no older than any read that ended before it began. Returns violations.
+fn check_register(ops: &[Op]) -> Vec<String> {
+    let mut bad = Vec::new();
+    let writes: std::collections::HashMap<&[u8], (u64, Option<u64>)> = ops
+        .iter()
+        .filter_map(|o| match o {
+            Op::Write {
+                value,
+                invoke,
+                version,
+                ..
+            } => Some((value.as_slice(), (*invoke, *version))),
+            _ => None,
+        })
+        .collect();
+    // (invoke, complete, version) of acknowledged writes.
+    let mut acked: Vec<(u64, u64, u64)> = ops
+        .iter()
+        .filter_map(|o| match o {
+            Op::Write {
+                invoke,
+                complete,
+                version: Some(v),
+                ..
+            } => Some((*invoke, *complete, *v)),
+            _ => None,
+        })
+        .collect();
+    // Versions against real time: no write may complete before another
+    // begins yet get a version at or above the other's. Newest version
+    // first, with the earliest completion seen so far.
+    acked.sort_by_key(|w| std::cmp::Reverse(w.2));
+    let mut earliest: Option<(u64, u64)> = None; // (complete, version)
+    for &(i, c, v) in &acked {
+        if let Some((ec, ev)) = earliest {
+            if ec < i {
+                bad.push(format!(
+                    "write at version {ev} completed before the write at version {v} began"
+                ));
+            }
+        }
+        if earliest.is_none_or(|(ec, _)| c < ec) {
+            earliest = Some((c, v));
+        }
+    }
+    // Newest version acknowledged by each completion time (prefix max).
+    acked.sort_by_key(|w| w.1);
+    let mut newest_by: Vec<(u64, u64)> = Vec::with_capacity(acked.len());
+    for &(_, c, v) in &acked {
+        let m = newest_by.last().map_or(v, |l| l.1.max(v));
+        newest_by.push((c, m));
+    }
+    let mut reads: Vec<(u64, u64, u64, &[u8])> = ops
+        .iter()
+        .filter_map(|o| match o {
+            Op::Read {
+                invoke,
+                complete,
+                version,
+                value,
+                ..
+            } => Some((*invoke, *complete, *version, value.as_slice())),
+            _ => None,
+        })
+        .collect();
+    reads.sort_by_key(|r| r.1);
+    let mut read_max: Vec<(u64, u64)> = Vec::with_capacity(reads.len());
+    for &(_, c, v, _) in &reads {
+        let m = read_max.last().map_or(v, |l| l.1.max(v));
+        read_max.push((c, m));
+    }
+    // The newest version of entries that completed strictly before `t`.
+    let before = |table: &[(u64, u64)], t: u64| {
+        let n = table.partition_point(|e| e.0 < t);
+        n.checked_sub(1).map(|i| table[i].1)
+    };
+    for &(ri, rc, rv, rval) in &reads {
+        if let Some(w) = before(&newest_by, ri).filter(|w| rv < *w) {
+            bad.push(format!(
+                "read [{ri}, {rc}] returned version {rv}, older than version {w} acknowledged before it began"
+            ));
+        }
+        if let Some(q) = before(&read_max, ri).filter(|q| rv < *q) {
+            bad.push(format!(
+                "read [{ri}, {rc}] returned version {rv} after an earlier read returned {q}"
+            ));
+        }
+        if rv > 0 {
+            match writes.get(rval) {
+                None => bad.push(format!("read returned a value no client wrote: {rval:?}")),
+                Some((wi, _)) if *wi > rc => bad.push(format!(
+                    "read [{ri}, {rc}] returned a write invoked later, at {wi}"
+                )),
+                Some((_, Some(v))) if *v != rv => bad.push(format!(
+                    "read returned version {rv} of a value acknowledged as version {v}"
+                )),
+                _ => {}
+            }
+        }
+    }
+    bad
+}
+
+#[test]
+fn the_register_checker_finds_what_it_must() {
+    let w = |key: &str, v: &str, i, c, ver| Op::Write {
+        key: key.into(),
+        value: v.into(),
+        invoke: i,
+        complete: c,
+        version: ver,
+    };
+    let r = |i, c, ver, v: &str| Op::Read {
+        key: "k".into(),
+        invoke: i,
+        complete: c,
+        version: ver,
+        value: v.into(),
+    };
+    // Fine: overlapping writes in either order, reads of the newest.
+    let good = [
+        w("k", "a", 0, 10, Some(1)),
+        w("k", "b", 5, 20, Some(3)),
+        r(21, 25, 3, "b"),
+        r(26, 30, 3, "b"),
+    ];
+    assert!(
+        check_register(&good).is_empty(),
+        "{:?}",
+        check_register(&good)
+    );
+    // A stale read, a read of the future, versions against real time.
+    assert_eq!(
+        check_register(&[
+            w("k", "a", 0, 10, Some(1)),
+            w("k", "b", 11, 20, Some(2)),
+            r(21, 22, 1, "a")
+        ])
+        .len(),
+        1
+    );
+    assert_eq!(
+        check_register(&[w("k", "a", 30, 40, None), r(0, 10, 1, "a")]).len(),
+        1
+    );
+    assert_eq!(
+        check_register(&[w("k", "a", 0, 10, Some(5)), w("k", "b", 11, 20, Some(4))]).len(),
+        1
+    );
+    assert_eq!(
+        check_register(&[
+            w("k", "a", 0, 10, Some(1)),
+            w("k", "b", 0, 10, Some(2)),
+            r(11, 12, 2, "b"),
+            r(13, 14, 1, "a")
+        ])
+        .len(),
+        2,
+        "stale, and older than an earlier read"
+    );
+}
+
+/// A Jepsen-style run: a persistent shard on nodes 1-3 under concurrent
+/// clients (writes of unique values, linearizable reads) while a nemesis
+/// kills and restarts, pauses and partitions one member at a time; then
+/// checks durability (every acknowledged write is in every replica's
+/// history at its version), convergence (identical histories), version
+/// density, and linearizability of every key's register history.
+/// `SLUICE_CHAOS_SEED` and `SLUICE_CHAOS_SECS` (CI: 12 s) set the run.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn chaos_run_loses_nothing_and_stays_linearizable() {
+    let _serial = SERIAL.lock().await;
+    let seed: u64 = std::env::var("SLUICE_CHAOS_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(1);
+    let secs: u64 = std::env::var("SLUICE_CHAOS_SECS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(12);
+    let mut c = Cluster::start_with("[[subgroups.persistent]]\nshards = [[1, 2, 3]]\n");
+    c.ready().await;
+    let admin = c.client(4).await;
+    admin
+        .create_pool(PoolSpec {
+            pathname: "/jep".into(),
+            pool_type: Some(PoolType::Persistent),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let keys: Vec<String> = (0..4).map(|i| format!("/jep/r{i}")).collect();
+    let t0 = Instant::now();
+    let now = move || t0.elapsed().as_micros() as u64;
+    let deadline = t0 + Duration::from_secs(secs);
+    let history: Arc<Mutex<Vec<Op>>> = Arc::default();
+    let mut clients = Vec::new();
+    for w in 0..4u64 {
+        let client = Client::connect_with(ClientConfig {
+            addr: c.addr(4 + (w as u32 % 2)),
+            request_timeout: Duration::from_secs(4),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+        let (keys, history) = (keys.clone(), history.clone());
+        clients.push(tokio::spawn(async move {
+            let mut rng = seed ^ (w + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+            let mut n = 0u64;
+            while Instant::now() < deadline {
+                rng ^= rng << 13;
+                rng ^= rng >> 7;
+                rng ^= rng << 17;
+                let key = keys[(rng % keys.len() as u64) as usize].clone();
+                let invoke = now();
+                let op = if rng % 3 == 0 {
+                    match client.get_linearizable(&key).await {
+                        Ok(o) => Some(Op::Read {
+                            key,
+                            invoke,
+                            complete: now(),
+                            version: o.meta.version,
+                            value: o.value.to_vec(),
+                        }),
+                        Err(SluiceError::NotFound { .. }) => Some(Op::Read {
+                            key,
+                            invoke,
+                            complete: now(),
+                            version: 0,
+                            value: Vec::new(),
+                        }),
+                        Err(_) => None, // a failed read tells nothing
+                    }
+                } else {
+                    n += 1;
+                    let value = format!("c{w}-{n}").into_bytes();
+                    let r = client.put(&key, value.clone()).await;
+                    Some(Op::Write {
+                        key,
+                        value,
+                        invoke,
+                        complete: now(),
+                        version: r.ok().map(|p| p.version),
+                    })
+                };
+                history.lock().unwrap().extend(op);
+            }
+        }));
+    }
+    // The nemesis: one fault at a time on a member of the shard.
+    let mut rng = seed.wrapping_mul(0xBF58_476D_1CE4_E5B9) | 1;
+    let mut faults: BTreeMap<&str, usize> = BTreeMap::new();
+    while Instant::now() + Duration::from_millis(1500) < deadline {
+        rng ^= rng << 13;
+        rng ^= rng >> 7;
+        rng ^= rng << 17;
+        let victim = 1 + (rng % 3) as u32;
+        let hold = Duration::from_millis(300 + rng % 900);
+        match (rng >> 8) % 3 {
+            0 => {
+                c.kill(victim);
+                tokio::time::sleep(hold).await;
+                c.spawn(victim);
+                *faults.entry("kill+restart").or_default() += 1;
+            }
+            1 => {
+                let pid = c.procs[&victim].id() as libc::pid_t;
+                unsafe { libc::kill(pid, libc::SIGSTOP) };
+                tokio::time::sleep(hold).await;
+                unsafe { libc::kill(pid, libc::SIGCONT) };
+                *faults.entry("pause").or_default() += 1;
+            }
+            _ => {
+                let others: Vec<u32> = (1..=5).filter(|i| *i != victim).collect();
+                let cut = |cmd: serde_json::Value| {
+                    let c = &c;
+                    async move {
+                        c.raw(victim)
+                            .await
+                            .call(
+                                &Request::Cluster {
+                                    command: cmd.to_string(),
+                                },
+                                Duration::from_secs(5),
+                            )
+                            .await
+                    }
+                };
+                if cut(serde_json::json!({"op": "cut", "peers": others}))
+                    .await
+                    .is_ok()
+                {
+                    tokio::time::sleep(hold).await;
+                    let _ = cut(serde_json::json!({"op": "heal"})).await;
+                    *faults.entry("partition").or_default() += 1;
+                }
+            }
+        }
+        // Let the cluster settle between faults (bounded, on a condition).
+        c.ready().await;
+    }
+    for t in clients {
+        t.await.unwrap();
+    }
+    let ops = history.lock().unwrap().clone();
+    let last = ops
+        .iter()
+        .filter_map(|o| match o {
+            Op::Write { version, .. } => *version,
+            _ => None,
+        })
+        .max()
+        .unwrap_or(0);
+    for id in [1, 2, 3] {
+        let c = &c;
+        c.wait_for(
+            &format!("node {id} to apply version {last}"),
+            || async move { c.applied_version(id, "persistent/0/0").await.unwrap_or(0) >= last },
+        )
+        .await;
+    }
+    // Durability and convergence.
+    let mut lost = Vec::new();
+    let mut all_versions = Vec::new();
+    for key in &keys {
+        let h1 = node_history(&c, 1, key).await;
+        for id in [2, 3] {
+            assert_eq!(
+                h1,
+                node_history(&c, id, key).await,
+                "{key}: node {id} differs from node 1"
+            );
+        }
+        all_versions.extend(h1.iter().map(|v| v.0));
+        for o in &ops {
+            if let Op::Write {
+                key: k,
+                value,
+                version: Some(v),
+                ..
+            } = o
+            {
+                if k == key && !h1.iter().any(|h| h.0 == *v && &h.3 == value) {
+                    lost.push((k.clone(), *v));
+                }
+            }
+        }
+    }
+    all_versions.sort_unstable();
+    // Linearizability of every register.
+    let mut violations = Vec::new();
+    for key in &keys {
+        let of_key: Vec<Op> = ops
+            .iter()
+            .filter(|o| matches!(o, Op::Write { key: k, .. } | Op::Read { key: k, .. } if k == key))
+            .cloned()
+            .collect();
+        violations.extend(
+            check_register(&of_key)
+                .into_iter()
+                .map(|v| format!("{key}: {v}")),
+        );
+    }
+    let acked = ops
+        .iter()
+        .filter(|o| {
+            matches!(
+                o,
+                Op::Write {
+                    version: Some(_),
+                    ..
+                }
+            )
+        })
+        .count();
+    let reads = ops.iter().filter(|o| matches!(o, Op::Read { .. })).count();
+    eprintln!(
+        "chaos seed {seed}, {secs} s: {} operations ({acked} acknowledged writes, {reads} linearizable reads), faults {faults:?}, lost {}, violations {}, {} versions",
+        ops.len(),
+        lost.len(),
+        violations.len(),
+        all_versions.len()
+    );
+    assert!(lost.is_empty(), "acknowledged writes lost: {lost:?}");
+    assert!(violations.is_empty(), "{violations:#?}");
+    assert_eq!(
+        all_versions,
+        (1..=all_versions.len() as u64).collect::<Vec<_>>(),
+        "versions are dense"
+    );
+    assert!(acked > 0 && reads > 0 && !faults.is_empty());
+}
