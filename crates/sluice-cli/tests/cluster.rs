@@ -1647,7 +1647,7 @@ async fn chaos_run_loses_nothing_and_stays_linearizable() {
                 rng ^= rng << 17;
                 let key = keys[(rng % keys.len() as u64) as usize].clone();
                 let invoke = now();
-                let op = if rng % 3 == 0 {
+                let op = if rng.is_multiple_of(3) {
                     match client.get_linearizable(&key).await {
                         Ok(o) => Some(Op::Read {
                             key,
@@ -1690,6 +1690,11 @@ async fn chaos_run_loses_nothing_and_stays_linearizable() {
         rng ^= rng << 17;
         let victim = 1 + (rng % 3) as u32;
         let hold = Duration::from_millis(300 + rng % 900);
+        eprintln!(
+            "nemesis at {:.1} s: fault {} on node {victim} for {hold:?}",
+            t0.elapsed().as_secs_f64(),
+            (rng >> 8) % 3
+        );
         match (rng >> 8) % 3 {
             0 => {
                 c.kill(victim);
@@ -1725,7 +1730,12 @@ async fn chaos_run_loses_nothing_and_stays_linearizable() {
                     .is_ok()
                 {
                     tokio::time::sleep(hold).await;
-                    let _ = cut(serde_json::json!({"op": "heal"})).await;
+                    // The heal must land (a lost one would leave the node
+                    // cut for the rest of the run): retry, bounded.
+                    c.wait_for(&format!("node {victim} to heal"), || async {
+                        cut(serde_json::json!({"op": "heal"})).await.is_ok()
+                    })
+                    .await;
                     *faults.entry("partition").or_default() += 1;
                 }
             }
