@@ -831,33 +831,19 @@ fn dev_starts_a_three_node_cluster_and_ctrl_c_stops_it() {
     // Issue #14: a second `sluice dev` on the same ports must not report
     // "3 nodes up" because its probe reached this cluster: its nodes die
     // with "address in use", and it says so.
-    let mut second = Command::new(BIN)
-        .args([
+    let second = dir.join("second");
+    let (so, se) = must_fail(
+        &dir,
+        &[
             "dev",
             "--nodes",
             "3",
             "--base-port",
             &base.to_string(),
             "--dir",
-        ])
-        .arg(dir.join("second"))
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let deadline = std::time::Instant::now() + Duration::from_secs(40);
-    while second.try_wait().unwrap().is_none() {
-        if std::time::Instant::now() > deadline {
-            let _ = second.kill();
-            panic!("a second sluice dev on taken ports did not fail");
-        }
-        std::thread::park_timeout(Duration::from_millis(50));
-    }
-    let o = second.wait_with_output().unwrap();
-    assert!(!o.status.success());
-    let (so, se) = (
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr),
+            second.to_str().unwrap(),
+        ],
+        Duration::from_secs(40),
     );
     assert!(!so.contains("nodes up"), "{so}");
     assert!(
@@ -897,25 +883,24 @@ fn dev_starts_a_three_node_cluster_and_ctrl_c_stops_it() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
-/// Runs `sluice serve` that must exit with an error (bounded: a server
-/// that starts would never exit by itself); returns its stderr.
-fn serve_must_fail(cwd: &Path, args: &[&str]) -> String {
+/// Runs `sluice ARGS` that must exit with an error (bounded: a server
+/// that starts would never exit by itself); returns its stdout and stderr.
+fn must_fail(cwd: &Path, args: &[&str], within: Duration) -> (String, String) {
     let mut child = Command::new(BIN)
-        .arg("serve")
         .args(args)
         .current_dir(cwd)
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    let deadline = std::time::Instant::now() + within;
     let mut waited = Duration::from_millis(1);
     while child.try_wait().unwrap().is_none() {
         if std::time::Instant::now() > deadline {
             let _ = child.kill();
             let o = child.wait_with_output().unwrap();
             panic!(
-                "sluice serve {args:?} started, expected it to refuse: {}",
+                "sluice {args:?} kept running, expected it to refuse: {}",
                 String::from_utf8_lossy(&o.stdout)
             );
         }
@@ -924,8 +909,19 @@ fn serve_must_fail(cwd: &Path, args: &[&str]) -> String {
         waited = (waited * 2).min(Duration::from_millis(50));
     }
     let o = child.wait_with_output().unwrap();
-    assert!(!o.status.success(), "sluice serve {args:?} exited 0");
-    String::from_utf8(o.stderr).unwrap()
+    assert!(!o.status.success(), "sluice {args:?} exited 0");
+    (
+        String::from_utf8(o.stdout).unwrap(),
+        String::from_utf8(o.stderr).unwrap(),
+    )
+}
+
+/// `sluice serve ARGS` that must refuse to start; returns its stderr.
+fn serve_must_fail(cwd: &Path, args: &[&str]) -> String {
+    let all: Vec<&str> = std::iter::once("serve")
+        .chain(args.iter().copied())
+        .collect();
+    must_fail(cwd, &all, Duration::from_secs(20)).1
 }
 
 /// Issue #14: a second server on a live server's data directory (on
