@@ -183,12 +183,19 @@ impl Cluster {
                 c
             }
         };
-        match c
-            .cluster_command(serde_json::json!({"op": "status"}), Some(id))
-            .await
-        {
+        let cmd = serde_json::json!({"op": "status"});
+        match c.cluster_command(cmd.clone(), Some(id)).await {
             Ok(s) => s,
-            Err(e) => panic!("status of node {id}: {e}\n{}", self.logs()),
+            // The node restarted (or is starting): wait for it as a new
+            // client would, then ask again.
+            Err(_) => {
+                let c = self.client(id).await;
+                self.pollers.lock().await.insert(id, c.clone());
+                match c.cluster_command(cmd, Some(id)).await {
+                    Ok(s) => s,
+                    Err(e) => panic!("status of node {id}: {e}\n{}", self.logs()),
+                }
+            }
         }
     }
 
