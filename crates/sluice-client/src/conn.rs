@@ -117,7 +117,10 @@ impl Conn {
             conn.info.limits.max_meta_bytes.saturating_mul(2),
             conn.info.limits.max_value_bytes.saturating_mul(2),
         );
-        tokio::spawn(read_loop(conn.clone(), rd, buf, decoder));
+        // The reader holds the connection weakly: once every user has
+        // dropped it, the write half closes, the server ends the
+        // connection, and the reader sees the end and exits.
+        tokio::spawn(read_loop(Arc::downgrade(&conn), rd, buf, decoder));
         Ok(conn)
     }
 
@@ -214,12 +217,14 @@ impl Conn {
 }
 
 async fn read_loop(
-    conn: Arc<Conn>,
+    weak: std::sync::Weak<Conn>,
     mut rd: OwnedReadHalf,
     mut buf: BytesMut,
     decoder: FrameDecoder,
 ) {
     'outer: loop {
+        // Held only while frames are dispatched, never across a read.
+        let Some(conn) = weak.upgrade() else { return };
         loop {
             let frame = match decoder.decode(&mut buf) {
                 Ok(Some(f)) => f,
@@ -274,11 +279,13 @@ async fn read_loop(
                 buf.reserve(need - buf.len());
             }
         }
+        drop(conn);
         match rd.read_buf(&mut buf).await {
             Ok(0) | Err(_) => break,
             Ok(_) => {}
         }
     }
+    let Some(conn) = weak.upgrade() else { return };
     conn.alive.store(false, Ordering::Release);
     // Fail every waiter now rather than at its timeout.
     let err = conn.dead_error();

@@ -803,3 +803,42 @@ async fn every_notice_a_slow_watcher_loses_is_reported() {
     assert_eq!(w.dropped_locally(), 0, "every local drop was reported");
     s.stop().await;
 }
+
+/// A dropped client closes its connections (its reader task used to keep
+/// each one open: a process making clients in a loop exhausted the node's
+/// connection limit, found by the chaos run of issue #14).
+#[tokio::test]
+async fn a_dropped_client_closes_its_connections() {
+    let s = start(|_| {}).await;
+    let observer = s.client().await;
+    let open = || async {
+        observer.stats().await.unwrap()["connections"]["open"]
+            .as_u64()
+            .unwrap()
+    };
+    let base = open().await;
+    let clients: Vec<Client> = connect_clients(&s, 5).await;
+    for c in &clients {
+        c.put("/vol/x", "1").await.unwrap();
+    }
+    assert_eq!(open().await, base + 5);
+    drop(clients);
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while open().await > base {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{} connections still open after the clients were dropped",
+            open().await - base
+        );
+        tokio::task::yield_now().await;
+    }
+    s.stop().await;
+}
+
+async fn connect_clients(s: &TestServer, n: usize) -> Vec<Client> {
+    let mut out = Vec::new();
+    for _ in 0..n {
+        out.push(s.client().await);
+    }
+    out
+}
