@@ -138,6 +138,23 @@ impl Cluster {
         }
     }
 
+    /// A cluster with a persistent shard on nodes 1-3 and a persistent
+    /// pool at `path`, ready; with a client whose home is node 4.
+    async fn with_persistent_pool(path: &str) -> (Cluster, Client) {
+        let c = Cluster::start_with("[[subgroups.persistent]]\nshards = [[1, 2, 3]]\n");
+        c.ready().await;
+        let client = c.client(4).await;
+        client
+            .create_pool(PoolSpec {
+                pathname: path.into(),
+                pool_type: Some(PoolType::Persistent),
+                ..Default::default()
+            })
+            .await
+            .unwrap();
+        (c, client)
+    }
+
     fn addr(&self, id: u32) -> String {
         self.addrs[&id].to_string()
     }
@@ -894,17 +911,7 @@ async fn persistent_shard_histories_are_equal_after_killing_a_minority_under_loa
     let _serial = SERIAL.lock().await;
     // One persistent shard on nodes 1, 2, 3 (snapshot every 100 entries,
     // so a member that was down long enough comes back by snapshot).
-    let mut c = Cluster::start_with("[[subgroups.persistent]]\nshards = [[1, 2, 3]]\n");
-    c.ready().await;
-    let client = c.client(4).await;
-    client
-        .create_pool(PoolSpec {
-            pathname: "/pers".into(),
-            pool_type: Some(PoolType::Persistent),
-            ..Default::default()
-        })
-        .await
-        .unwrap();
+    let (mut c, client) = Cluster::with_persistent_pool("/pers").await;
     let acked: AckedPuts = Arc::default();
     let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let mut writers = Vec::new();
@@ -1155,17 +1162,7 @@ async fn persistent_shard_histories_are_equal_after_killing_a_minority_under_loa
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_member_with_a_damaged_log_is_restored_from_its_peers() {
     let _serial = SERIAL.lock().await;
-    let mut c = Cluster::start_with("[[subgroups.persistent]]\nshards = [[1, 2, 3]]\n");
-    c.ready().await;
-    let client = c.client(4).await;
-    client
-        .create_pool(PoolSpec {
-            pathname: "/pers".into(),
-            pool_type: Some(PoolType::Persistent),
-            ..Default::default()
-        })
-        .await
-        .unwrap();
+    let (mut c, client) = Cluster::with_persistent_pool("/pers").await;
     let mut acked = Vec::new();
     for i in 0..150u64 {
         let (key, value) = (format!("/pers/k{}", i % 10), format!("v{i}").into_bytes());
@@ -1661,17 +1658,7 @@ async fn chaos_run_loses_nothing_and_stays_linearizable() {
         .split(',')
         .map(|s| s.trim().to_string())
         .collect();
-    let mut c = Cluster::start_with("[[subgroups.persistent]]\nshards = [[1, 2, 3]]\n");
-    c.ready().await;
-    let admin = c.client(4).await;
-    admin
-        .create_pool(PoolSpec {
-            pathname: "/jep".into(),
-            pool_type: Some(PoolType::Persistent),
-            ..Default::default()
-        })
-        .await
-        .unwrap();
+    let (mut c, _admin) = Cluster::with_persistent_pool("/jep").await;
     let keys: Vec<String> = (0..4).map(|i| format!("/jep/r{i}")).collect();
     let t0 = Instant::now();
     let now = move || t0.elapsed().as_micros() as u64;
