@@ -65,18 +65,27 @@ impl Acks {
 
     /// Whether a majority of `voters` (this node `me` counts as itself)
     /// acknowledged this node within `within`.
-    pub fn quorum_within(&self, group: u64, voters: &[u64], me: u64, within: Duration) -> bool {
+    pub fn quorum_within(
+        &self,
+        group: u64,
+        voters: impl IntoIterator<Item = u64>,
+        me: u64,
+        within: Duration,
+    ) -> bool {
+        let now = std::time::Instant::now();
         let acks = self.0.lock();
-        let fresh = voters
-            .iter()
-            .filter(|v| {
-                **v == me
-                    || acks
-                        .get(&(group, **v))
-                        .is_some_and(|t| t.elapsed() <= within)
-            })
-            .count();
-        fresh * 2 > voters.len()
+        let (mut total, mut fresh) = (0usize, 0usize);
+        for v in voters {
+            total += 1;
+            if v == me
+                || acks
+                    .get(&(group, v))
+                    .is_some_and(|t| now.saturating_duration_since(*t) <= within)
+            {
+                fresh += 1;
+            }
+        }
+        fresh * 2 > total
     }
 }
 
@@ -354,19 +363,12 @@ mod borrowed {
 
     #[derive(Deserialize)]
     enum CommandRef<'a> {
-        Write {
-            key: String,
-            #[serde(borrow)]
-            value: Option<&'a [u8]>,
-            expected: Option<u64>,
-            timestamp_us: u64,
-            req_id: Option<ReqId>,
-            trace: Option<Trace>,
-        },
+        // bincode writes a struct variant's fields right after its tag,
+        // exactly as a newtype variant holding a struct of the same
+        // fields: one borrowed mirror serves a write and a batch element.
+        Write(#[serde(borrow)] WriteRef<'a>),
         Meta(String),
-        Tick {
-            timestamp_us: u64,
-        },
+        Tick { timestamp_us: u64 },
         Batch(#[serde(borrow)] Vec<WriteRef<'a>>),
     }
 
@@ -381,39 +383,30 @@ mod borrowed {
         trace: Option<Trace>,
     }
 
+    impl WriteRef<'_> {
+        /// The write, its value sliced out of `frame` (no copy).
+        fn into_write(self, frame: &Bytes) -> crate::types::BatchedWrite {
+            crate::types::BatchedWrite {
+                key: self.key,
+                value: self.value.map(|v| frame.slice_ref(v)),
+                expected: self.expected,
+                timestamp_us: self.timestamp_us,
+                req_id: self.req_id,
+                trace: self.trace,
+            }
+        }
+    }
+
     impl CommandRef<'_> {
         /// The command, its values sliced out of `frame` (no copy).
         fn into_command(self, frame: &Bytes) -> Command {
             match self {
                 CommandRef::Meta(j) => Command::Meta(j),
                 CommandRef::Tick { timestamp_us } => Command::Tick { timestamp_us },
-                CommandRef::Batch(ws) => Command::Batch(
-                    ws.into_iter()
-                        .map(|w| crate::types::BatchedWrite {
-                            key: w.key,
-                            value: w.value.map(|v| frame.slice_ref(v)),
-                            expected: w.expected,
-                            timestamp_us: w.timestamp_us,
-                            req_id: w.req_id,
-                            trace: w.trace,
-                        })
-                        .collect(),
-                ),
-                CommandRef::Write {
-                    key,
-                    value,
-                    expected,
-                    timestamp_us,
-                    req_id,
-                    trace,
-                } => Command::Write {
-                    key,
-                    value: value.map(|v| frame.slice_ref(v)),
-                    expected,
-                    timestamp_us,
-                    req_id,
-                    trace,
-                },
+                CommandRef::Batch(ws) => {
+                    Command::Batch(ws.into_iter().map(|w| w.into_write(frame)).collect())
+                }
+                CommandRef::Write(w) => w.into_write(frame).into(),
             }
         }
     }

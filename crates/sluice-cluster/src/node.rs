@@ -574,28 +574,17 @@ impl ClusterNode {
     /// peers, or one restarted with a vote of an old term, answers
     /// `NotLeader` without a hint so clients move on to other members.
     fn leader_of(&self, g: &Group) -> Option<u64> {
-        let (leader, voters) = {
-            let m = g.metrics.borrow();
-            (
-                m.current_leader,
-                m.membership_config
-                    .membership()
-                    .voter_ids()
-                    .collect::<Vec<u64>>(),
-            )
-        };
         let me = u64::from(self.id);
-        if leader == Some(me)
-            && !self.peers.acks.quorum_within(
+        let m = g.metrics.borrow();
+        // On every write: no allocation, one short lock.
+        let confirmed = m.current_leader != Some(me)
+            || self.peers.acks.quorum_within(
                 g.id,
-                &voters,
+                m.membership_config.membership().voter_ids(),
                 me,
                 Duration::from_millis(self.settings.election_max_ms),
-            )
-        {
-            return None;
-        }
-        leader
+            );
+        m.current_leader.filter(|_| confirmed)
     }
 
     async fn propose(&self, g: &Group, cmd: Command) -> Result<Applied, SluiceError> {
@@ -1432,4 +1421,35 @@ fn cluster_key(settings: &ClusterSettings) -> Result<String, SluiceError> {
         });
     }
     Ok(key)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_cluster_key_is_made_once_next_to_the_layout_and_a_short_one_is_refused() {
+        let d = tempfile::tempdir().unwrap();
+        let settings = ClusterSettings {
+            layout: Some(d.path().join("layout.toml")),
+            ..Default::default()
+        };
+        let k1 = cluster_key(&settings).unwrap();
+        assert_eq!(k1.len(), 64, "32 random bytes, hex");
+        // Every node reading the same file gets the same key.
+        assert_eq!(cluster_key(&settings).unwrap(), k1);
+        let short = d.path().join("short.key");
+        std::fs::write(&short, "abc\n").unwrap();
+        let e = cluster_key(&ClusterSettings {
+            key_file: Some(short),
+            ..Default::default()
+        })
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("too short"), "{e}");
+        let e = cluster_key(&ClusterSettings::default())
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("key_file"), "{e}");
+    }
 }

@@ -1,5 +1,6 @@
-//! The append-only segment log behind persistent pools (issue #6; the
-//! store does not use it yet).
+//! The append-only segment log behind persistent pools (the history of a
+//! persistent shard, standalone or replicated), and the data-directory
+//! lock every node takes.
 //!
 //! A log is a directory of segment files `seg-<id:016x>.log`. Each starts
 //! with a header (magic, format version, segment id, CRC32C) and holds
