@@ -106,6 +106,15 @@ pub enum ClientCmd {
         /// Stop after this many notifications.
         #[arg(long)]
         count: Option<u64>,
+        /// Persistent pools: first replay every stored version from this
+        /// one on (versions are numbered per shard), then go on live;
+        /// resume after a reconnect from the last version seen + 1.
+        #[arg(long)]
+        from_version: Option<u64>,
+        /// Persistent pools: first replay every version written at or
+        /// after this time (µs since the epoch), then go on live.
+        #[arg(long, conflicts_with = "from_version")]
+        from_time: Option<u64>,
     },
     /// Manage data flow graphs (lambdas) on the node.
     #[command(subcommand)]
@@ -174,8 +183,13 @@ pub enum PoolsCmd {
         #[arg(long)]
         keep_for_s: Option<u64>,
     },
-    /// Remove (soft-delete) a pool.
+    /// Remove a pool: its keys can no longer be read or written, but
+    /// stay stored until `pools purge` (a new pool at the path is refused
+    /// until then, so it always starts empty).
     Rm { path: String },
+    /// Delete a removed pool's objects for good (every version, from
+    /// memory and disk, on every replica) and free its path.
+    Purge { path: String },
     /// List pools.
     Ls {
         /// Include deleted pools.
@@ -610,10 +624,31 @@ pub fn execute(
             }
         }
         ClientCmd::Pools(p) => pools(c, p, json, out)?,
-        ClientCmd::Watch { prefix, count } => {
-            let mut w = c.watch(&prefix)?;
+        ClientCmd::Watch {
+            prefix,
+            count,
+            from_version,
+            from_time,
+        } => {
+            let from = from_version
+                .map(sluice_wire::WatchFrom::Version)
+                .or(from_time.map(sluice_wire::WatchFrom::Time));
+            let mut w = match from {
+                Some(f) => c.watch_from(&prefix, f)?,
+                None => c.watch(&prefix)?,
+            };
             if !json {
-                writeln!(out, "watching {prefix} (Ctrl-C to stop)")?;
+                match from {
+                    Some(sluice_wire::WatchFrom::Version(v)) => writeln!(
+                        out,
+                        "watching {prefix} from version {v}: stored versions first, then live (Ctrl-C to stop)"
+                    )?,
+                    Some(sluice_wire::WatchFrom::Time(t)) => writeln!(
+                        out,
+                        "watching {prefix} from time {t} µs: stored versions first, then live (Ctrl-C to stop)"
+                    )?,
+                    None => writeln!(out, "watching {prefix} (Ctrl-C to stop)")?,
+                }
             }
             out.flush()?;
             let mut seen = 0u64;
@@ -643,12 +678,20 @@ pub fn execute(
                             }
                             _ => String::new(),
                         };
-                        writeln!(
-                            out,
-                            "lagged: {} notifications lost ({} fell behind{range}); the versions are still readable with get and history in a persistent pool",
-                            n.object.meta.version,
-                            lost["where"].as_str().unwrap_or("the watcher"),
-                        )?;
+                        if lost["where"] == "retention" {
+                            writeln!(
+                                out,
+                                "lost: {} versions{range} were dropped by the pool's retention before they could be replayed",
+                                n.object.meta.version,
+                            )?;
+                        } else {
+                            writeln!(
+                                out,
+                                "lagged: {} notifications lost ({} fell behind{range}); the versions are still readable with get and history in a persistent pool",
+                                n.object.meta.version,
+                                lost["where"].as_str().unwrap_or("the watcher"),
+                            )?;
+                        }
                     }
                     out.flush()?;
                     continue;
@@ -799,6 +842,18 @@ fn pools(c: &BlockingClient, cmd: PoolsCmd, json: bool, out: &mut dyn Write) -> 
         PoolsCmd::Rm { path } => {
             let p = c.remove_pool(&path)?;
             show(out, &p)?;
+        }
+        PoolsCmd::Purge { path } => {
+            let r = c.purge_pool(&path)?;
+            if json {
+                print_json(out, &json!({"pool": path, "purged": r}))?;
+            } else {
+                writeln!(
+                    out,
+                    "purged {path}: {} keys, {} versions deleted, {} bytes of history reclaimed; the path is free",
+                    r.keys, r.versions, r.bytes
+                )?;
+            }
         }
         PoolsCmd::Ls { all } => {
             let ps = c.list_pools(all)?;

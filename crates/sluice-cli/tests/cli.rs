@@ -308,6 +308,18 @@ fn pools_commands_and_errors() {
     assert!(e.contains("is deleted"), "{e}");
     let e = n.fails(&["pools", "rm", "/positions"]);
     assert!(e.contains("not found"), "{e}");
+    // A pool created again at the path starts empty: refused until the
+    // removed pool's objects are purged (they used to come back).
+    let e = n.fails(&["pools", "create", "/positions", "--type", "trigger"]);
+    assert!(e.contains("sluice pools purge /positions"), "{e}");
+    let out = n.ok(&["pools", "purge", "/positions"]);
+    assert!(out.contains("purged /positions: 1 keys"), "{out}");
+    assert!(!n.ok(&["pools", "ls", "--all"]).contains("/positions"));
+    n.ok(&["pools", "create", "/positions", "--type", "volatile"]);
+    let e = n.fails(&["get", "/positions/little3_7_42"]);
+    assert!(e.contains("not found"), "{e}");
+    let e = n.fails(&["pools", "purge", "/positions"]);
+    assert!(e.contains("remove it first"), "{e}");
     let e = n.fails(&["put", "/nowhere/x", "v"]);
     assert!(
         e.contains("no object pool covers key \"/nowhere/x\""),
@@ -347,6 +359,40 @@ fn watch_receives_trigger_puts_and_shell_runs_commands() {
         "trigger_put /trig/cam/2 version none frame-2"
     );
     assert!(w.wait().unwrap().success());
+
+    // A watch on a persistent pool resumes from a version: stored ones
+    // first, then live.
+    n.ok(&["pools", "create", "/hist", "--type", "persistent"]);
+    for v in ["a", "b", "c"] {
+        n.ok(&["put", "/hist/k", v]);
+    }
+    let mut w = Command::new(BIN)
+        .args([
+            "--addr",
+            &n.addr,
+            "watch",
+            "/hist",
+            "--from-version",
+            "2",
+            "--count",
+            "3",
+        ])
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(w.stdout.take().unwrap()).lines();
+    assert!(lines
+        .next()
+        .unwrap()
+        .unwrap()
+        .starts_with("watching /hist from version 2"));
+    assert_eq!(lines.next().unwrap().unwrap(), "put /hist/k version 2 b");
+    assert_eq!(lines.next().unwrap().unwrap(), "put /hist/k version 3 c");
+    n.ok(&["put", "/hist/k", "d"]);
+    assert_eq!(lines.next().unwrap().unwrap(), "put /hist/k version 4 d");
+    assert!(w.wait().unwrap().success());
+    let e = n.fails(&["watch", "/vol", "--from-version", "1"]);
+    assert!(e.contains("only persistent pools"), "{e}");
 
     let script = b"put /vol/s 'hello shell'\nget /vol/s\nget /vol/missing\nbogus\n--json size /vol/s\nquit\nput /vol/never x\n";
     let o = n.sluice_stdin(&["shell"], Some(script));

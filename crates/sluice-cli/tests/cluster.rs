@@ -906,6 +906,85 @@ async fn node_history(c: &Cluster, id: u32, key: &str) -> Vec<Version> {
     out
 }
 
+/// Issue #14: `pools rm` then `pools create` revived the old objects. In a
+/// cluster a removed pool is purged on every replica, through each
+/// shard's log, and a pool created again at its path starts empty on
+/// every member, also on one that restarts afterwards.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_purged_pool_is_gone_on_every_replica_and_a_new_one_starts_empty() {
+    let _serial = SERIAL.lock().await;
+    let (mut c, client) = Cluster::with_persistent_pool("/pp").await;
+    let vol = PoolSpec {
+        pathname: "/vp".into(),
+        pool_type: Some(PoolType::Volatile),
+        ..Default::default()
+    };
+    client.create_pool(vol.clone()).await.unwrap();
+    for i in 0..30 {
+        client
+            .put(&format!("/pp/k{}", i % 3), format!("old-{i}"))
+            .await
+            .unwrap();
+        client.put(&format!("/vp/k{i}"), "old").await.unwrap();
+    }
+    client.remove_pool("/pp").await.unwrap();
+    client.remove_pool("/vp").await.unwrap();
+    let e = client.create_pool(vol.clone()).await.unwrap_err();
+    assert!(e.to_string().contains("sluice pools purge /vp"), "{e}");
+    client
+        .create_pool(PoolSpec {
+            pathname: "/live".into(),
+            pool_type: Some(PoolType::Volatile),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let e = client.purge_pool("/live").await.unwrap_err();
+    assert!(e.to_string().contains("remove it first"), "{e}");
+
+    let r = client.purge_pool("/pp").await.unwrap();
+    // As the shard's leader applied it (every replica does the same).
+    assert_eq!((r.keys, r.versions), (3, 30), "{r:?}");
+    let r = client.purge_pool("/vp").await.unwrap();
+    assert_eq!(r.keys, 30, "{r:?}");
+    client
+        .create_pool(PoolSpec {
+            pathname: "/pp".into(),
+            pool_type: Some(PoolType::Persistent),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    client.create_pool(vol).await.unwrap();
+    for i in 0..30 {
+        let e = client.get(&format!("/vp/k{i}")).await.unwrap_err();
+        assert!(matches!(e, SluiceError::NotFound { .. }), "{e}");
+    }
+    for k in 0..3 {
+        let e = client.get(&format!("/pp/k{k}")).await.unwrap_err();
+        assert!(matches!(e, SluiceError::NotFound { .. }), "{e}");
+    }
+    // Every replica applied the purge (a follower may still be applying).
+    for id in 1..=3 {
+        c.wait_for(&format!("node {id} to drop the purged history"), || async {
+            node_history(&c, id, "/pp/k0").await.is_empty()
+        })
+        .await;
+    }
+    // A member restarted afterwards replays its log: nothing comes back.
+    c.kill(2);
+    c.spawn(2);
+    c.ready().await;
+    let applied = c.applied_version(1, "persistent/0/0").await.unwrap();
+    c.wait_for("node 2 to replay its log", || async {
+        c.applied_version(2, "persistent/0/0").await.unwrap_or(0) >= applied
+    })
+    .await;
+    for k in 0..3 {
+        assert!(node_history(&c, 2, &format!("/pp/k{k}")).await.is_empty());
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn persistent_shard_histories_are_equal_after_killing_a_minority_under_load() {
     let _serial = SERIAL.lock().await;

@@ -115,6 +115,20 @@ impl BlockingClient {
         })
     }
 
+    /// `Client::watch_from`: replays a persistent pool's stored versions
+    /// from a version or time, then goes on live.
+    pub fn watch_from(
+        &self,
+        prefix: &str,
+        from: sluice_wire::WatchFrom,
+    ) -> Result<BlockingWatch<'_>> {
+        let watch = self.rt.block_on(self.client.watch_from(prefix, from))?;
+        Ok(BlockingWatch {
+            rt: &self.rt,
+            watch,
+        })
+    }
+
     blocking! {
         fn remove(&self, key: &str) -> Result<PutResult>;
         fn remove_if_version(&self, key: &str, expected_version: u64) -> Result<PutResult>;
@@ -124,6 +138,7 @@ impl BlockingClient {
         fn get_size(&self, key: &str, version: Option<u64>, timestamp_us: Option<u64>) -> Result<u64>;
         fn create_pool(&self, spec: PoolSpec) -> Result<PoolMeta>;
         fn remove_pool(&self, path: &str) -> Result<PoolMeta>;
+        fn purge_pool(&self, path: &str) -> Result<sluice_types::PurgeReport>;
         fn get_pool(&self, path: &str) -> Result<PoolMeta>;
         fn pool_of_key(&self, key: &str) -> Result<PoolMeta>;
         fn list_pools(&self, include_deleted: bool) -> Result<Vec<PoolMeta>>;

@@ -1113,6 +1113,27 @@ impl Client {
         Ok(p)
     }
 
+    /// Deletes a removed pool's objects for good (every version of a
+    /// persistent pool, on every replica) and frees its path for a new
+    /// pool. Refused for a live pool.
+    pub async fn purge_pool(&self, path: &str) -> Result<sluice_types::PurgeReport> {
+        let req = Request::PoolPurge {
+            path: path.to_string(),
+        };
+        let r = match self.inner.cluster.load_full() {
+            Some(view) => self.meta_call(&view, &req).await,
+            None => self.call(&req).await,
+        };
+        let report = match r? {
+            Response::Json(j) => serde_json::from_str(&j).map_err(|e| {
+                SluiceError::protocol(format!("bad reply to a pool purge ({e}): {j}"))
+            })?,
+            other => return Err(unexpected(other)),
+        };
+        self.refresh_pools().await?;
+        Ok(report)
+    }
+
     pub async fn get_pool(&self, path: &str) -> Result<PoolMeta> {
         self.pool_call(Request::PoolGet {
             path: path.to_string(),
@@ -1137,6 +1158,24 @@ impl Client {
 
     /// Subscribes to every delivery (put, trigger put, remove) of keys under `prefix`.
     pub async fn watch(&self, prefix: &str) -> Result<Watch> {
+        self.watch_with(prefix, None).await
+    }
+
+    /// A watch on a persistent pool that first replays every stored
+    /// version under `prefix` from `from` on (in version order per shard),
+    /// then goes on live with nothing missed or repeated in between: a
+    /// watcher resumes after a reconnect from the version (or time) after
+    /// the last one it saw. Versions the pool's retention already dropped
+    /// are reported as one `Lagged` notice first.
+    pub async fn watch_from(&self, prefix: &str, from: sluice_wire::WatchFrom) -> Result<Watch> {
+        self.watch_with(prefix, Some(from)).await
+    }
+
+    async fn watch_with(
+        &self,
+        prefix: &str,
+        from: Option<sluice_wire::WatchFrom>,
+    ) -> Result<Watch> {
         let conn = self.conn().await?;
         let (tx, mut rx) = mpsc::channel(sluice_server_queue_len());
         let dropped = Arc::new(AtomicU64::new(0));
@@ -1144,6 +1183,7 @@ impl Client {
             .open_stream(
                 &Request::Watch {
                     prefix: prefix.to_string(),
+                    from,
                 },
                 tx,
                 dropped.clone(),

@@ -24,4 +24,4 @@ pub use sluice_types::pool::Retention;
 pub use sluice_types::{
     Object, ObjectMeta, PoolMeta, PoolSpec, PoolType, PutResult, SluiceError, VERSION_NONE,
 };
-pub use sluice_wire::{DeliveryKindWire as NotificationKind, ServerInfo};
+pub use sluice_wire::{DeliveryKindWire as NotificationKind, ServerInfo, WatchFrom};

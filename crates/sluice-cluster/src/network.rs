@@ -370,6 +370,7 @@ mod borrowed {
         Meta(String),
         Tick { timestamp_us: u64 },
         Batch(#[serde(borrow)] Vec<WriteRef<'a>>),
+        Purge { prefix: String, except: Vec<String> },
     }
 
     #[derive(Deserialize)]
@@ -407,6 +408,7 @@ mod borrowed {
                     Command::Batch(ws.into_iter().map(|w| w.into_write(frame)).collect())
                 }
                 CommandRef::Write(w) => w.into_write(frame).into(),
+                CommandRef::Purge { prefix, except } => Command::Purge { prefix, except },
             }
         }
     }

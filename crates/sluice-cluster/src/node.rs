@@ -16,7 +16,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::json;
 use sluice_store::{ShardId, Store};
 use sluice_types::cluster::ClusterLayout;
-use sluice_types::{PoolType, PutResult, ReqId, SluiceError, Trace};
+use sluice_types::{PoolType, PurgeReport, PutResult, ReqId, SluiceError, Trace};
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -216,6 +216,13 @@ enum Admin {
     TimeBarrier {
         group: u64,
         timestamp_us: u64,
+    },
+    /// Internal: replicate a purge of a removed pool's keys in `group`
+    /// (sent to its leader); answers what it deleted there.
+    PurgeShard {
+        group: u64,
+        prefix: String,
+        except: Vec<String>,
     },
 }
 
@@ -743,6 +750,52 @@ impl ClusterNode {
                 .writer_seq
                 .fetch_add(1, std::sync::atomic::Ordering::Relaxed),
         });
+        let req = sluice_wire::Request::Put {
+            key: key.clone(),
+            shard: Some(shard.shard),
+            expected: None,
+            value: value.clone(),
+            trace: trace.clone(),
+            req_id,
+        };
+        self.at_leader(
+            g,
+            || {
+                self.write(
+                    shard,
+                    key.clone(),
+                    Some(value.clone()),
+                    None,
+                    req_id,
+                    trace.clone(),
+                )
+            },
+            &req,
+            |r| match r {
+                sluice_wire::Response::PutOk(p) => Ok(p),
+                other => Err(SluiceError::protocol(format!(
+                    "unexpected reply to a forwarded put: {other:?}"
+                ))),
+            },
+        )
+        .await
+    }
+
+    /// Runs an operation on `group`'s leader: `here()` when this node
+    /// leads it, else `req` sent to the leader, its reply read by `reply`.
+    /// Follows leader hints, and tries the members in turn while none is
+    /// known, until the write timeout.
+    async fn at_leader<T, H, F>(
+        &self,
+        group: u64,
+        mut here: H,
+        req: &sluice_wire::Request,
+        reply: impl Fn(sluice_wire::Response) -> Result<T, SluiceError>,
+    ) -> Result<T, SluiceError>
+    where
+        H: FnMut() -> F,
+        F: std::future::Future<Output = Result<T, SluiceError>>,
+    {
         let t = Duration::from_millis(self.settings.write_timeout_ms);
         let deadline = tokio::time::Instant::now() + t;
         let mut hint: Option<u32> = None;
@@ -751,47 +804,25 @@ impl ClusterNode {
             let known = self
                 .groups
                 .read()
-                .get(&g)
+                .get(&group)
                 .and_then(|x| x.metrics.borrow().current_leader)
                 .map(|l| l as u32);
-            let members = self.members_of(g);
+            let members = self.members_of(group);
             let target = hint
                 .or(known)
                 .or_else(|| (!members.is_empty()).then(|| members[attempt % members.len()]));
             attempt += 1;
             let r = match target {
-                Some(l) if l == self.id => {
-                    self.write(
-                        shard,
-                        key.clone(),
-                        Some(value.clone()),
-                        None,
-                        req_id,
-                        trace.clone(),
-                    )
-                    .await
-                }
+                Some(l) if l == self.id => here().await,
                 Some(l) => match self.layout.address_of(l) {
-                    Some(addr) => {
-                        let req = sluice_wire::Request::Put {
-                            key: key.clone(),
-                            shard: Some(shard.shard),
-                            expected: None,
-                            value: value.clone(),
-                            trace: trace.clone(),
-                            req_id,
-                        };
-                        match self.peers.request(l, &addr.to_string(), &req, t).await {
-                            Ok(sluice_wire::Response::PutOk(p)) => Ok(p),
-                            Ok(other) => Err(SluiceError::protocol(format!(
-                                "unexpected reply to a forwarded put: {other:?}"
-                            ))),
-                            Err(e) => Err(e),
-                        }
-                    }
-                    None => Err(self.not_leader(g, None)),
+                    Some(addr) => self
+                        .peers
+                        .request(l, &addr.to_string(), req, t)
+                        .await
+                        .and_then(&reply),
+                    None => Err(self.not_leader(group, None)),
                 },
-                None => Err(self.not_leader(g, None)),
+                None => Err(self.not_leader(group, None)),
             };
             hint = None;
             match r {
@@ -947,6 +978,81 @@ impl ClusterNode {
         }
     }
 
+    /// Purges a removed pool everywhere: each of its shards deletes the
+    /// pool's keys through its own log (every member, in log order), then
+    /// the metadata group drops the pool and frees the path. Interrupted,
+    /// it can run again (the pool stays removed until the last step).
+    pub async fn purge_pool(&self, path: &str) -> Result<PurgeReport, SluiceError> {
+        self.meta_catch_up().await?;
+        let (meta, except) = self.store.pool_table().purge_scope(path)?;
+        let mut total = PurgeReport::default();
+        for shard in self.store.shards_of_pool(&meta) {
+            if let Some(g) = group_of(shard) {
+                total += self.purge_shard(g, path, &except).await?;
+            }
+        }
+        self.meta_write(MetaCommand::PoolPurge {
+            path: path.to_string(),
+        })
+        .await?;
+        tracing::info!(pool = %path, keys = total.keys, versions = total.versions, bytes = total.bytes, "pool purged");
+        Ok(total)
+    }
+
+    /// One shard's part of `purge_pool`, proposed by its leader (here or
+    /// forwarded, following leader hints until the write timeout).
+    async fn purge_shard(
+        &self,
+        group: u64,
+        prefix: &str,
+        except: &[String],
+    ) -> Result<PurgeReport, SluiceError> {
+        let req = sluice_wire::Request::Cluster {
+            command:
+                json!({"op": "purge_shard", "group": group, "prefix": prefix, "except": except})
+                    .to_string(),
+        };
+        self.at_leader(
+            group,
+            || async {
+                let g = self.local_group(group)?;
+                self.propose_purge(&g, prefix.to_string(), except.to_vec())
+                    .await
+            },
+            &req,
+            |r| match r {
+                sluice_wire::Response::Json(j) => serde_json::from_str(&j).map_err(|e| {
+                    SluiceError::protocol(format!("bad reply to a shard purge ({e}): {j}"))
+                }),
+                other => Err(SluiceError::protocol(format!(
+                    "unexpected reply to a shard purge: {other:?}"
+                ))),
+            },
+        )
+        .await
+    }
+
+    /// Leader side of a shard purge: first catches up with the metadata
+    /// group (so this leader sees the pool removed and refuses writes to
+    /// it from now on), then replicates the purge.
+    async fn propose_purge(
+        &self,
+        g: &Group,
+        prefix: String,
+        except: Vec<String>,
+    ) -> Result<PurgeReport, SluiceError> {
+        self.meta_catch_up().await?;
+        match self
+            .propose_at(g, Command::Purge { prefix, except })
+            .await?
+        {
+            (_, Applied::Purged(r)) => r.map_err(|e| Applied::decode_err(&e)),
+            (_, other) => Err(SluiceError::Internal {
+                reason: format!("unexpected apply result {other:?}"),
+            }),
+        }
+    }
+
     /// Brings this node's pool table and membership up to date with the
     /// metadata leader (everything committed before the call), e.g. before
     /// telling a client that a key has no pool: a client may have learned
@@ -1013,7 +1119,10 @@ impl ClusterNode {
         if !from_peer
             && matches!(
                 cmd,
-                Admin::SetMembers { .. } | Admin::TimeBarrier { .. } | Admin::MetaReadIndex
+                Admin::SetMembers { .. }
+                    | Admin::TimeBarrier { .. }
+                    | Admin::MetaReadIndex
+                    | Admin::PurgeShard { .. }
             )
         {
             return Err(SluiceError::Forbidden {
@@ -1052,6 +1161,17 @@ impl ClusterNode {
                 let g = self.local_group(group)?;
                 let index = self.tick(&g, timestamp_us).await?;
                 Ok(json!({ "index": index }))
+            }
+            Admin::PurgeShard {
+                group,
+                prefix,
+                except,
+            } => {
+                let g = self.local_group(group)?;
+                let r = self.propose_purge(&g, prefix, except).await?;
+                serde_json::to_value(r).map_err(|e| SluiceError::Internal {
+                    reason: e.to_string(),
+                })
             }
             Admin::SetMembers { group, members } => self
                 .meta_write(MetaCommand::SetMembers { group, members })

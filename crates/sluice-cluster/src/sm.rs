@@ -498,6 +498,7 @@ impl Sm {
                 to_json(self.store.create_pool_at(&spec, created_us))
             }
             MetaCommand::PoolRemove { path } => to_json(self.store.remove_pool(&path)),
+            MetaCommand::PoolPurge { path } => to_json(self.store.drop_purged_pool(&path)),
             MetaCommand::SetMembers { group, members } => {
                 self.meta.write().members.insert(group, members);
                 Ok("{}".to_string())
@@ -699,6 +700,19 @@ impl RaftStateMachine<TypeConfig> for Sm {
                     }
                     Applied::None
                 }
+                EntryPayload::Normal(Command::Purge { prefix, except }) => match self.shard {
+                    Some(shard) => match self.store.purge_shard(shard, &prefix, &except) {
+                        Ok(r) => Applied::Purged(Ok(r)),
+                        Err(e @ SluiceError::Io { .. }) => {
+                            // As for a write: this replica's disk failed,
+                            // the others' may not have; stop here.
+                            tracing::error!(shard = %shard, error = %e, "purging a shard failed; stopping this replica of the group");
+                            return Err(sm_err(e));
+                        }
+                        Err(e) => Applied::Purged(Err(Applied::err(&e))),
+                    },
+                    None => Applied::None,
+                },
                 EntryPayload::Normal(Command::Batch(cmds)) => match self.shard {
                     Some(shard) => {
                         let mut out = Vec::with_capacity(cmds.len());

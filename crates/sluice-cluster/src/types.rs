@@ -35,6 +35,10 @@ pub enum Command {
     /// batch never holds a batch: a peer's message decodes to a fixed
     /// depth whatever it contains.
     Batch(Vec<BatchedWrite>),
+    /// Deletes every key under `prefix` (a removed pool's path) but not
+    /// under one of `except` (pools inside it), with all their versions
+    /// (`Store::purge_shard`).
+    Purge { prefix: String, except: Vec<String> },
 }
 
 /// One write of a `Command::Batch`: the fields of `Command::Write`.
@@ -96,6 +100,10 @@ pub enum MetaCommand {
     PoolRemove {
         path: String,
     },
+    /// Drops a removed pool whose shards were purged (`PoolTable::purge`).
+    PoolPurge {
+        path: String,
+    },
     /// The members of a shard after a membership change (what clients
     /// route by).
     SetMembers {
@@ -114,6 +122,7 @@ pub enum Applied {
     None,
     /// One result per command of a `Command::Batch`.
     Batch(Vec<Applied>),
+    Purged(Result<sluice_types::PurgeReport, String>),
 }
 
 impl Applied {

@@ -41,4 +41,4 @@ pub use log::{
     Recovered, Scan, SyncPolicy,
 };
 pub use record::{is_torn_tail, Record, RecordKind, ValueRef, TORN_WRITE_ALIGN};
-pub use versioned::{Entry, History, HistoryError, Range, Resolver};
+pub use versioned::{Changes, Entry, History, HistoryError, Range, Resolver};

@@ -406,6 +406,18 @@ impl Log {
         Ok(())
     }
 
+    /// Seals the active segment (when it holds any record) and starts a
+    /// new one, so everything written so far can be compacted.
+    pub fn seal_active(&mut self) -> Result<()> {
+        if let Some(p) = &self.poisoned {
+            return Err(LogError::Poisoned(p.clone()));
+        }
+        if self.active_len > SEGMENT_HEADER as u64 {
+            self.roll()?;
+        }
+        Ok(())
+    }
+
     /// Appends records as one write; returns where each landed. With
     /// `SyncPolicy::Always` they are on disk when this returns. On error
     /// nothing of this call remains in the log.

@@ -30,6 +30,15 @@ pub struct Entry {
     pub value_segment: Option<u64>,
 }
 
+/// What `History::changes` found.
+pub struct Changes {
+    /// (key, version) in range, oldest first.
+    pub versions: Vec<(String, Entry)>,
+    /// (key, newest version no longer held) for keys whose older
+    /// versions in range were compacted away.
+    pub gone: Vec<(String, u64)>,
+}
+
 /// Bounds of a history read.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Range {
@@ -357,6 +366,54 @@ impl History {
         Ok(out)
     }
 
+    /// Every version of every key under `prefix` that lies in `range` and
+    /// is at most `upto`, oldest first (what a resumed watch replays),
+    /// with, per key, the newest version below the range that is no
+    /// longer held (compacted away by retention), if any: the replay
+    /// reports those as lost.
+    pub fn changes(&self, prefix: &str, range: Range, upto: u64) -> Changes {
+        let in_range = |e: &Entry| match range {
+            Range::Versions { from, to } => (from..=to).contains(&e.version),
+            Range::Times { from, to } => (from..=to).contains(&e.timestamp_us),
+        };
+        let mut out = Vec::new();
+        let mut gone = Vec::new();
+        for (k, c) in self.chains.iter().filter(|(k, _)| k.starts_with(prefix)) {
+            let held: Vec<&Entry> = c
+                .iter()
+                .filter(|e| e.version <= upto && in_range(e))
+                .collect();
+            // The oldest version held points back at one no longer here:
+            // when that one falls in the range, it (and maybe more) is lost.
+            if let Some(first) = c.first() {
+                let prev = first.prev_version_by_key;
+                let dropped_in_range = prev != u64::MAX
+                    && match range {
+                        Range::Versions { from, .. } => prev >= from,
+                        // Times of dropped versions are unknown; any
+                        // dropped predecessor of a version in range counts.
+                        Range::Times { .. } => {
+                            held.first().is_some_and(|h| h.version == first.version)
+                        }
+                    };
+                if dropped_in_range {
+                    gone.push((k.clone(), prev));
+                }
+            }
+            out.extend(held.into_iter().map(|e| (k.clone(), *e)));
+        }
+        out.sort_unstable_by_key(|(_, e)| e.version);
+        Changes {
+            versions: out,
+            gone,
+        }
+    }
+
+    /// The value of one indexed version (see `changes`).
+    pub fn value(&self, key: &str, e: &Entry) -> Result<Bytes, HistoryError> {
+        self.value_of(key, e)
+    }
+
     /// Keys live at a version: their newest version ≤ `version` is not a
     /// tombstone. Sorted; optionally under a prefix.
     pub fn keys_at_version(&self, version: u64, prefix: Option<&str>) -> Vec<String> {
@@ -415,6 +472,30 @@ impl History {
             }
         }
         out
+    }
+
+    /// Forgets every key `purged` accepts (all its versions; the pool
+    /// holding it was purged) and seals the active segment, so that a
+    /// compaction of every sealed segment then removes their records from
+    /// the disk. Returns (keys, versions) forgotten.
+    pub fn forget(
+        &mut self,
+        purged: impl Fn(&str) -> bool,
+    ) -> Result<(usize, usize), HistoryError> {
+        let (mut keys, mut versions) = (0, 0);
+        self.chains.retain(|k, c| {
+            let gone = purged(k);
+            if gone {
+                keys += 1;
+                versions += c.len();
+            }
+            !gone
+        });
+        self.latest.retain(|k, _| !purged(k));
+        if versions > 0 {
+            self.log.seal_active()?;
+        }
+        Ok((keys, versions))
     }
 
     /// Sealed segments, oldest first.

@@ -17,6 +17,10 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::sync::{mpsc, watch, Semaphore};
 
+/// Most versions, and value bytes, a resumed watch replays.
+const REPLAY_MAX: usize = 100_000;
+const REPLAY_BYTES_MAX: usize = 256 << 20;
+
 /// Most versions one history reply carries (clients page for more).
 const HISTORY_PAGE_MAX: u32 = 1024;
 
@@ -226,6 +230,97 @@ impl Conn {
                 return Close::Io(e);
             }
         }
+    }
+
+    /// Registers a watch that resumes on a persistent pool at `from`
+    /// and returns what it replays: a loss report for versions retention
+    /// dropped, then every stored version in range, oldest first.
+    fn resume_watch(
+        &self,
+        rid: u64,
+        prefix: &str,
+        from: sluice_wire::WatchFrom,
+    ) -> Result<Vec<Notice>, SluiceError> {
+        let store = &*self.ctx.store;
+        let pool = store.pool_of_key(prefix.trim_end_matches('/'))?;
+        if pool.deleted {
+            return Err(SluiceError::PoolDeleted {
+                pool: pool.pathname,
+                key: prefix.to_string(),
+            });
+        }
+        if pool.pool_type != sluice_types::PoolType::Persistent {
+            return Err(SluiceError::NotSupported {
+                what: format!(
+                    "resuming a watch from a version or time on {} (a {} pool keeps only the latest version of each key; only persistent pools keep the history a watch can resume from)",
+                    pool.pathname, pool.pool_type
+                ),
+            });
+        }
+        let range = match from {
+            sluice_wire::WatchFrom::Version(v) => sluice_store::HistoryRange::Versions {
+                from: v,
+                to: u64::MAX,
+            },
+            sluice_wire::WatchFrom::Time(t) => sluice_store::HistoryRange::Times {
+                from: t,
+                to: u64::MAX,
+            },
+        };
+        let watches = &self.ctx.watches;
+        let cut = store.at_versions(&store.shards_of_pool(&pool), |cut| {
+            watches.add_resumed(
+                self.id,
+                rid,
+                prefix.to_string(),
+                self.notify_tx.clone(),
+                cut.to_vec(),
+            )
+        });
+        let mut objects = Vec::new();
+        let mut lost = crate::watch::Lost::default();
+        let mut bytes = 0usize;
+        for (shard, upto) in cut {
+            let r = store
+                .replay(shard, prefix, range, upto, REPLAY_MAX - objects.len())
+                .and_then(|r| {
+                    bytes += r.objects.iter().map(|o| o.value.len()).sum::<usize>();
+                    if bytes > REPLAY_BYTES_MAX {
+                        return Err(SluiceError::NotSupported {
+                            what: format!(
+                                "resuming a watch on {prefix:?}: the replay holds more than {} MiB (resume from a later version or time, or read the older ones with `history`)",
+                                REPLAY_BYTES_MAX >> 20
+                            ),
+                        });
+                    }
+                    Ok(r)
+                });
+            let r = match r {
+                Ok(r) => r,
+                Err(e) => {
+                    watches.remove(self.id, rid);
+                    return Err(e);
+                }
+            };
+            lost.merge_range(r.dropped, r.first_dropped, r.last_dropped);
+            objects.extend(r.objects);
+        }
+        // Shards interleave by time; each shard's versions stay in order.
+        objects.sort_by_key(|o| (o.meta.timestamp_us, o.meta.version));
+        let mut out = Vec::with_capacity(objects.len() + 1);
+        if lost.count > 0 {
+            out.push(lost.notice_from(rid, prefix, "retention"));
+        }
+        out.extend(objects.into_iter().map(|o| Notice {
+            watch_id: rid,
+            kind: if o.meta.tombstone {
+                sluice_wire::DeliveryKindWire::Remove
+            } else {
+                sluice_wire::DeliveryKindWire::Put
+            },
+            object: o,
+        }));
+        Ok(out)
     }
 
     fn encode_notice(&mut self, n: Notice) {
@@ -569,6 +664,15 @@ impl Conn {
                     )
                 })
             }
+            (Request::PoolPurge { path }, _) => self.defer(rid, no_reply, async move {
+                Reply::Resp(cl.purge_pool(&path).await.and_then(|r| {
+                    serde_json::to_string(&r).map(Response::Json).map_err(|e| {
+                        SluiceError::Internal {
+                            reason: e.to_string(),
+                        }
+                    })
+                }))
+            }),
             (Request::PoolRemove { path }, _) => self.defer(rid, no_reply, async move {
                 Reply::Resp(
                     cl.meta_write(sluice_cluster::MetaCommand::PoolRemove { path })
@@ -798,7 +902,7 @@ impl Conn {
                 Ok(p) => Response::Pool(p).encode(out, rid),
                 Err(e) => reply_err(out, &e),
             },
-            Request::Watch { prefix } => {
+            Request::Watch { prefix, from } => {
                 let max = limits.max_watches_per_conn;
                 if self.ctx.watches.count_for(self.id) >= max as usize {
                     return reply_err(out, &SluiceError::TooManyWatches { max });
@@ -806,12 +910,33 @@ impl Conn {
                 if let Err(e) = sluice_types::validate_key(&prefix, limits.max_key_bytes as usize) {
                     return reply_err(out, &e);
                 }
-                // Reply before registering so WATCH_OK precedes the first notice.
-                Response::WatchOk { watch_id: rid }.encode(out, rid);
-                self.ctx
-                    .watches
-                    .add(self.id, rid, prefix, self.notify_tx.clone());
+                let Some(from) = from else {
+                    // Reply before registering so WATCH_OK precedes the first notice.
+                    Response::WatchOk { watch_id: rid }.encode(out, rid);
+                    self.ctx
+                        .watches
+                        .add(self.id, rid, prefix, self.notify_tx.clone());
+                    return;
+                };
+                // Registered before the replay is read: the notices of
+                // live writes wait in the channel until this returns, so
+                // WATCH_OK, then the replay, then they go out in order.
+                match off_event_loop(|| self.resume_watch(rid, &prefix, from)) {
+                    Ok(notices) => {
+                        Response::WatchOk { watch_id: rid }.encode(&mut self.out, rid);
+                        for n in notices {
+                            self.encode_notice(n);
+                        }
+                    }
+                    Err(e) => Response::error(&mut self.out, rid, &e),
+                }
             }
+            Request::PoolPurge { path } => match off_event_loop(|| store.purge_pool(&path)) {
+                Ok(r) => {
+                    Response::Json(serde_json::to_string(&r).unwrap_or_default()).encode(out, rid)
+                }
+                Err(e) => reply_err(out, &e),
+            },
             Request::Unwatch { watch_id } => {
                 if self.ctx.watches.remove(self.id, watch_id) {
                     Response::Ok.encode(out, rid)

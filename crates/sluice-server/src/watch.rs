@@ -2,7 +2,7 @@
 //! whose key starts with its prefix to the connection that opened it.
 
 use parking_lot::RwLock;
-use sluice_store::{Delivery, DeliveryKind, DeliveryObserver};
+use sluice_store::{Delivery, DeliveryKind, DeliveryObserver, ShardId};
 use sluice_types::Object;
 use sluice_wire::DeliveryKindWire;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -42,17 +42,37 @@ impl Lost {
         self.last_timestamp_us = o.meta.timestamp_us;
     }
 
+    /// Adds `count` losses between versions `first` and `last` (times
+    /// unknown).
+    pub fn merge_range(&mut self, count: u64, first: u64, last: u64) {
+        if count == 0 {
+            return;
+        }
+        if self.count == 0 || first < self.first_version {
+            self.first_version = first;
+        }
+        self.last_version = self.last_version.max(last);
+        self.count += count;
+    }
+
     /// The `Lagged` notice that reports this loss: `meta.version` is the
     /// count (as before), the value a JSON object with the count and the
     /// range (versions are `u64::MAX` for trigger puts, which have none).
     pub fn notice(&self, watch_id: u64, prefix: &str) -> Notice {
+        self.notice_from(watch_id, prefix, "server")
+    }
+
+    /// The notice, saying where the loss happened (`server`: the node's
+    /// queue overflowed; `retention`: a resumed watch found the versions
+    /// gone).
+    pub fn notice_from(&self, watch_id: u64, prefix: &str, place: &str) -> Notice {
         let value = serde_json::json!({
             "dropped": self.count,
             "first_version": self.first_version,
             "last_version": self.last_version,
             "first_timestamp_us": self.first_timestamp_us,
             "last_timestamp_us": self.last_timestamp_us,
-            "where": "server",
+            "where": place,
         })
         .to_string();
         Notice {
@@ -83,6 +103,24 @@ struct Entry {
     /// by the connection once it has drained its queue (`take_lost`).
     lost: parking_lot::Mutex<Lost>,
     any_lost: AtomicBool,
+    /// A resumed watch: per shard, the last version its replay covers;
+    /// live deliveries up to it are not sent again.
+    replayed: Vec<(ShardId, u64)>,
+}
+
+impl Entry {
+    fn wants(&self, object: &Object, shard: Option<ShardId>) -> bool {
+        if !object.key.starts_with(self.prefix.as_str()) {
+            return false;
+        }
+        match shard {
+            Some(s) => !self
+                .replayed
+                .iter()
+                .any(|(id, upto)| *id == s && object.meta.version <= *upto),
+            None => true,
+        }
+    }
 }
 
 /// All watches on a node.
@@ -93,6 +131,19 @@ pub struct WatchHub {
 
 impl WatchHub {
     pub fn add(&self, conn_id: u64, watch_id: u64, prefix: String, tx: mpsc::Sender<Notice>) {
+        self.add_resumed(conn_id, watch_id, prefix, tx, Vec::new());
+    }
+
+    /// A watch whose replay covers each listed shard up to a version:
+    /// only later deliveries of those shards are forwarded.
+    pub fn add_resumed(
+        &self,
+        conn_id: u64,
+        watch_id: u64,
+        prefix: String,
+        tx: mpsc::Sender<Notice>,
+        replayed: Vec<(ShardId, u64)>,
+    ) {
         self.entries.write().push(Arc::new(Entry {
             conn_id,
             watch_id,
@@ -100,6 +151,7 @@ impl WatchHub {
             tx,
             lost: parking_lot::Mutex::default(),
             any_lost: AtomicBool::new(false),
+            replayed,
         }));
     }
 
@@ -147,7 +199,7 @@ impl WatchHub {
 
 impl DeliveryObserver for WatchHub {
     fn on_delivery(&self, d: &Delivery<'_>) -> sluice_types::Result<()> {
-        self.publish(d.object, d.kind.into_wire());
+        self.publish_from(d.object, d.kind.into_wire(), Some(d.shard));
         Ok(())
     }
 }
@@ -169,14 +221,17 @@ impl IntoWire for DeliveryKind {
 impl WatchHub {
     /// Queues `object` for every watch whose prefix covers its key.
     pub fn publish(&self, object: &Arc<Object>, kind: DeliveryKindWire) {
+        self.publish_from(object, kind, None);
+    }
+
+    /// `publish` of a delivery from a shard (resumed watches skip what
+    /// their replay already sent).
+    fn publish_from(&self, object: &Arc<Object>, kind: DeliveryKindWire, shard: Option<ShardId>) {
         let entries = self.entries.read();
         if entries.is_empty() {
             return;
         }
-        for e in entries
-            .iter()
-            .filter(|e| object.key.starts_with(e.prefix.as_str()))
-        {
+        for e in entries.iter().filter(|e| e.wants(object, shard)) {
             let n = Notice {
                 watch_id: e.watch_id,
                 kind,
@@ -193,5 +248,70 @@ impl WatchHub {
 impl sluice_compute::Publisher for WatchHub {
     fn publish(&self, object: &Arc<Object>) {
         WatchHub::publish(self, object, DeliveryKindWire::Notify);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use sluice_types::{ObjectMeta, PoolMeta, PoolType};
+
+    fn object(key: &str, version: u64) -> Arc<Object> {
+        Arc::new(Object {
+            key: Arc::from(key),
+            meta: ObjectMeta {
+                version,
+                timestamp_us: version,
+                previous_version: 0,
+                previous_version_by_key: 0,
+                tombstone: false,
+            },
+            value: bytes::Bytes::new(),
+            trace: None,
+        })
+    }
+
+    /// A resumed watch is not sent again what its replay covered (per
+    /// shard, up to the version it was registered at), and gets the rest.
+    #[test]
+    fn a_resumed_watch_skips_what_its_replay_sent() {
+        let shard = |i| ShardId {
+            pool_type: PoolType::Persistent,
+            subgroup: 0,
+            shard: i,
+        };
+        let pool = PoolMeta {
+            pathname: "/p".into(),
+            pool_type: PoolType::Persistent,
+            subgroup_index: 0,
+            sharding_policy: Default::default(),
+            shard_count: 2,
+            affinity_set_regex: None,
+            object_locations: Default::default(),
+            access_policy: Default::default(),
+            retention: None,
+            deleted: false,
+            creation_version: 1,
+            creation_timestamp_us: 0,
+        };
+        let hub = WatchHub::default();
+        let (tx, mut rx) = mpsc::channel(16);
+        hub.add_resumed(1, 5, "/p".into(), tx, vec![(shard(0), 10), (shard(1), 3)]);
+        for (s, v) in [(0, 9), (0, 10), (0, 11), (1, 3), (1, 4)] {
+            hub.on_delivery(&Delivery {
+                pool: &pool,
+                shard: shard(s),
+                object: &object("/p/k", v),
+                kind: DeliveryKind::Put,
+            })
+            .unwrap();
+        }
+        // A lambda's emit carries no shard: always forwarded.
+        hub.publish(&object("/p/emitted", 1), DeliveryKindWire::Notify);
+        let mut got = Vec::new();
+        while let Ok(n) = rx.try_recv() {
+            got.push(n.object.meta.version);
+        }
+        assert_eq!(got, vec![11, 4, 1]);
     }
 }

@@ -19,5 +19,5 @@ pub use layout::{Layout, ShardId};
 pub use shard::Shard;
 pub use sluice_log::{Resolver as ValueResolver, ValueRef};
 pub use store::{
-    Delivery, DeliveryKind, DeliveryObserver, HistoryRange, Store, StoreConfig, StoreStats,
+    Delivery, DeliveryKind, DeliveryObserver, HistoryRange, Replay, Store, StoreConfig, StoreStats,
 };

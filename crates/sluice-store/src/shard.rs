@@ -24,6 +24,9 @@ pub struct Shard {
     pub(crate) history: Option<Mutex<sluice_log::History>>,
     /// Group commit state, for persistent shards with the batch policy.
     pub(crate) commit: Option<GroupCommit>,
+    /// Held while the history's segments are rewritten (retention or a
+    /// purge): one rewrite of a segment at a time.
+    pub(crate) compaction: Mutex<()>,
 }
 
 /// Group commit: writers append under the shard's write lock, then one of
@@ -60,6 +63,7 @@ impl Shard {
             objects: papaya::HashMap::new(),
             history: None,
             commit: None,
+            compaction: Mutex::new(()),
         }
     }
 

@@ -9,7 +9,7 @@ use sluice_types::object::fmt_version;
 use sluice_types::pool::validate_spec;
 use sluice_types::{
     validate_key, Object, ObjectMeta, PoolMeta, PoolRouter, PoolSpec, PoolTable, PoolType,
-    PutResult, Result, SluiceError, Trace, VERSION_NONE,
+    PurgeReport, PutResult, Result, SluiceError, Trace, VERSION_NONE,
 };
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -242,21 +242,123 @@ impl Store {
         let (pool_type, shard_count) = validate_spec(spec, self.cfg.max_key_bytes, |t, sg| {
             self.cfg.layout.shards_of(t, sg)
         })?;
-        let _g = self.pool_write.lock();
-        let mut table = self.pools.load().table.clone();
-        let meta = table.create(spec, pool_type, shard_count, created_us)?;
-        self.commit_pools(table)?;
+        let meta = self.change_pools(|t| t.create(spec, pool_type, shard_count, created_us))?;
         tracing::info!(pool = %meta.pathname, pool_type = %meta.pool_type, "pool created");
         Ok(meta)
     }
 
     pub fn remove_pool(&self, path: &str) -> Result<PoolMeta> {
-        let _g = self.pool_write.lock();
-        let mut table = self.pools.load().table.clone();
-        let meta = table.remove(path)?;
-        self.commit_pools(table)?;
+        let meta = self.change_pools(|t| t.remove(path))?;
         tracing::info!(pool = %path, "pool removed (soft delete)");
         Ok(meta)
+    }
+
+    /// Applies one change to a copy of the pool table and installs it
+    /// (written to disk first, when the table has a file).
+    fn change_pools(
+        &self,
+        change: impl FnOnce(&mut PoolTable) -> Result<PoolMeta>,
+    ) -> Result<PoolMeta> {
+        let _g = self.pool_write.lock();
+        let mut table = self.pools.load().table.clone();
+        let meta = change(&mut table)?;
+        self.commit_pools(table)?;
+        Ok(meta)
+    }
+
+    /// Deletes a removed pool's objects for good (every version of a
+    /// persistent pool, from memory and disk) and then its entry in the
+    /// pool table, which frees the path for a new pool. Keys of other
+    /// pools inside the path stay. Interrupted, it can simply run again:
+    /// the table entry goes last.
+    pub fn purge_pool(&self, path: &str) -> Result<PurgeReport> {
+        let (meta, inner) = self.pools.load().table.purge_scope(path)?;
+        let mut total = PurgeReport::default();
+        for id in self.shards_of_pool(&meta) {
+            total += self.purge_shard(id, path, &inner)?;
+        }
+        self.drop_purged_pool(path)?;
+        tracing::info!(pool = %path, keys = total.keys, versions = total.versions, bytes = total.bytes, "pool purged");
+        Ok(total)
+    }
+
+    /// The last step of a purge: the removed pool leaves the table (its
+    /// shards were purged), and its path is free.
+    pub fn drop_purged_pool(&self, path: &str) -> Result<PoolMeta> {
+        self.change_pools(|t| t.purge(path))
+    }
+
+    /// The shards a pool's keys can live on (its type and subgroup).
+    pub fn shards_of_pool(&self, pool: &PoolMeta) -> Vec<ShardId> {
+        let mut ids: Vec<ShardId> = self
+            .shards
+            .keys()
+            .filter(|id| id.pool_type == pool.pool_type && id.subgroup == pool.subgroup_index)
+            .copied()
+            .collect();
+        ids.sort_by_key(|id| id.shard);
+        ids
+    }
+
+    /// Deletes from one shard every key under `prefix` but not under one
+    /// of `except` (pools inside it), with all their versions; a
+    /// persistent shard's history is rewritten without them. Replicas
+    /// apply it in log order, with the same arguments, so they agree.
+    pub fn purge_shard(
+        &self,
+        shard: ShardId,
+        prefix: &str,
+        except: &[String],
+    ) -> Result<PurgeReport> {
+        let s = self
+            .shards
+            .get(&shard)
+            .ok_or_else(|| SluiceError::UnknownShard {
+                subgroup: format!("{}/{}", shard.pool_type, shard.subgroup),
+                shard: shard.shard,
+            })?;
+        let purged = |k: &str| path_covers(prefix, k) && !except.iter().any(|e| path_covers(e, k));
+        let mut report = {
+            let _w = s.write_lock.lock();
+            // Writes still waiting for their group commit become visible
+            // once durable: let them land first, then delete them too.
+            if let Some(c) = &s.commit {
+                let last = c.state.lock().pending.back().map(|o| o.meta.version);
+                if let Some(v) = last {
+                    group_commit(s, c, v)?;
+                }
+            }
+            let map = s.objects.pin();
+            let doomed: Vec<Arc<str>> = map
+                .iter()
+                .filter(|(k, _)| purged(k))
+                .map(|(k, _)| k.clone())
+                .collect();
+            for k in &doomed {
+                map.remove(k);
+            }
+            let keys = doomed.len() as u64;
+            match &s.history {
+                Some(h) => {
+                    let (hk, hv) = h.lock().forget(purged).map_err(history_err)?;
+                    PurgeReport {
+                        keys: keys.max(hk as u64),
+                        versions: hv as u64,
+                        bytes: 0,
+                    }
+                }
+                None => PurgeReport {
+                    keys,
+                    versions: keys,
+                    bytes: 0,
+                },
+            }
+        };
+        if report.versions > 0 && s.history.is_some() {
+            // Everything the history no longer indexes leaves the disk.
+            report.bytes = self.compact_shard(s, |_, _, _| true)?.1;
+        }
+        Ok(report)
     }
 
     fn commit_pools(&self, table: PoolTable) -> Result<()> {
@@ -1287,6 +1389,28 @@ fn check_retained(
     })
 }
 
+/// What a resumed watch replays from one shard (`Store::replay`).
+#[derive(Default)]
+pub struct Replay {
+    /// Stored versions in range, oldest first.
+    pub objects: Vec<Arc<Object>>,
+    /// Versions in range that retention dropped: how many (at least), and
+    /// the lowest and highest of them known.
+    pub dropped: u64,
+    pub first_dropped: u64,
+    pub last_dropped: u64,
+}
+
+impl Replay {
+    fn drop_version(&mut self, v: u64) {
+        if self.dropped == 0 || v < self.first_dropped {
+            self.first_dropped = v;
+        }
+        self.last_dropped = self.last_dropped.max(v);
+        self.dropped += 1;
+    }
+}
+
 /// A range of a key's history.
 pub use sluice_log::Range as HistoryRange;
 
@@ -1339,49 +1463,129 @@ impl Store {
         let now = Clock::wall_us();
         let (mut dropped, mut reclaimed) = (0usize, 0u64);
         for shard in self.shards.values() {
-            let Some(h) = &shard.history else { continue };
-            let (fs, dir, sealed, epoch) = {
-                let g = h.lock();
-                let (fs, dir) = g.storage();
-                (
-                    fs,
-                    dir,
-                    g.sealed_segments().map_err(history_err)?,
-                    g.epoch(),
-                )
-            };
-            for seg in sealed {
-                let keep = h.lock().compaction_plan(seg, |key, e, newer| {
-                    match view.table.pool_of(key).and_then(|p| p.retention.as_ref()) {
-                        Some(r) => r.keeps(newer, e.timestamp_us, now),
-                        None => true,
-                    }
-                });
-                let c = sluice_log::Log::prepare_compacted(&fs, &dir, seg, |r| {
-                    keep.contains(&r.version)
-                });
-                let mut g = h.lock();
-                if g.epoch() != epoch {
-                    // The history was rolled back meanwhile (a replica
-                    // installing a snapshot): this plan is stale.
-                    let _ = std::fs::remove_file(dir.join(format!("seg-{seg:016x}.compact")));
-                    break;
+            let (d, r) = self.compact_shard(shard, |key, e, newer| {
+                match view.table.pool_of(key).and_then(|p| p.retention.as_ref()) {
+                    Some(r) => r.keeps(newer, e.timestamp_us, now),
+                    None => true,
                 }
-                let c = c.map_err(|e| SluiceError::Io {
-                    reason: format!("compacting shard {}: {e}", shard.id),
-                })?;
-                if c.dropped == 0 {
-                    // Nothing to reclaim: leave the segment as it is.
-                    let _ = std::fs::remove_file(dir.join(format!("seg-{seg:016x}.compact")));
-                    continue;
-                }
-                g.install_compacted(&c).map_err(history_err)?;
-                dropped += c.dropped;
-                reclaimed += c.bytes_before.saturating_sub(c.bytes_after);
-            }
+            })?;
+            dropped += d;
+            reclaimed += r;
         }
         if dropped > 0 {
             tracing::info!(dropped, reclaimed_bytes = reclaimed, "retention compaction");
+        }
+        Ok((dropped, reclaimed))
+    }
+
+    /// Locks the given shards' writers, reads each one's last version,
+    /// runs `f` with them (e.g. registers a watch) and lets writers go on: every
+    /// write with a version at most the one returned was assigned before
+    /// `f` ran, every later one after it.
+    pub fn at_versions(
+        &self,
+        ids: &[ShardId],
+        f: impl FnOnce(&[(ShardId, u64)]),
+    ) -> Vec<(ShardId, u64)> {
+        let mut ids = ids.to_vec();
+        ids.sort_by_key(|id| (id.pool_type as u8, id.subgroup, id.shard));
+        let shards: Vec<&Arc<Shard>> = ids.iter().filter_map(|id| self.shards.get(id)).collect();
+        let _locks: Vec<_> = shards.iter().map(|s| s.write_lock.lock()).collect();
+        let out: Vec<(ShardId, u64)> = shards.iter().map(|s| (s.id, s.last_version())).collect();
+        f(&out);
+        out
+    }
+
+    /// Every stored version under `prefix` on a persistent shard in
+    /// `range` and at most version `upto`, oldest first, for a resumed
+    /// watch; at most `limit` (more is an error naming the count).
+    /// Versions the pool's retention drops are counted, not returned.
+    pub fn replay(
+        &self,
+        shard: ShardId,
+        prefix: &str,
+        range: HistoryRange,
+        upto: u64,
+        limit: usize,
+    ) -> Result<Replay> {
+        let (_, h) = self.persistent_shard(shard)?;
+        let view = self.pools.load();
+        let h = h.lock();
+        let sluice_log::Changes {
+            versions: entries,
+            gone,
+        } = h.changes(prefix, range, upto);
+        if entries.len() > limit {
+            return Err(SluiceError::NotSupported {
+                what: format!(
+                    "resuming a watch on {prefix:?} {} versions back on shard {shard} (at most {limit} are replayed; resume from a later version or time, or read the older ones with `history`)",
+                    entries.len()
+                ),
+            });
+        }
+        let mut out = Replay::default();
+        for (_, v) in gone {
+            out.drop_version(v);
+        }
+        for (key, e) in entries {
+            let retention = view.table.pool_of(&key).and_then(|p| p.retention.as_ref());
+            if check_retained(retention, &h, &key, &e).is_err() {
+                out.drop_version(e.version);
+                continue;
+            }
+            let value = h.value(&key, &e).map_err(history_err)?;
+            out.objects.push(Arc::new(object_of(&key, e, value)));
+        }
+        Ok(out)
+    }
+
+    /// Rewrites every sealed segment of a persistent shard without the
+    /// records its history no longer indexes and the versions `keep`
+    /// refuses (the newest version of a key always stays). The rewrite
+    /// runs without the history lock (sealed segments never change); only
+    /// each swap takes it. Returns (records dropped, bytes reclaimed).
+    fn compact_shard(
+        &self,
+        shard: &Shard,
+        keep: impl Fn(&str, &sluice_log::Entry, usize) -> bool,
+    ) -> Result<(usize, u64)> {
+        let Some(h) = &shard.history else {
+            return Ok((0, 0));
+        };
+        let _one = shard.compaction.lock();
+        let (fs, dir, sealed, epoch) = {
+            let g = h.lock();
+            let (fs, dir) = g.storage();
+            (
+                fs,
+                dir,
+                g.sealed_segments().map_err(history_err)?,
+                g.epoch(),
+            )
+        };
+        let (mut dropped, mut reclaimed) = (0usize, 0u64);
+        for seg in sealed {
+            let kept = h.lock().compaction_plan(seg, &keep);
+            let c =
+                sluice_log::Log::prepare_compacted(&fs, &dir, seg, |r| kept.contains(&r.version));
+            let mut g = h.lock();
+            if g.epoch() != epoch {
+                // The history was rolled back meanwhile (a replica
+                // installing a snapshot): this plan is stale.
+                let _ = std::fs::remove_file(dir.join(format!("seg-{seg:016x}.compact")));
+                break;
+            }
+            let c = c.map_err(|e| SluiceError::Io {
+                reason: format!("compacting shard {}: {e}", shard.id),
+            })?;
+            if c.dropped == 0 {
+                // Nothing to reclaim: leave the segment as it is.
+                let _ = std::fs::remove_file(dir.join(format!("seg-{seg:016x}.compact")));
+                continue;
+            }
+            g.install_compacted(&c).map_err(history_err)?;
+            dropped += c.dropped;
+            reclaimed += c.bytes_before.saturating_sub(c.bytes_after);
         }
         Ok((dropped, reclaimed))
     }

@@ -363,3 +363,77 @@ fn reads_honour_retention_before_compaction_and_name_it() {
     );
     let _ = std::fs::remove_dir_all(d);
 }
+
+/// Every file under `d`, concatenated (to look for bytes on disk).
+fn disk_bytes(d: &std::path::Path) -> Vec<u8> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir(d).unwrap() {
+        let p = e.unwrap().path();
+        if p.is_dir() {
+            out.extend(disk_bytes(&p));
+        } else {
+            out.extend(std::fs::read(&p).unwrap());
+        }
+    }
+    out
+}
+
+fn contains(hay: &[u8], needle: &[u8]) -> bool {
+    hay.windows(needle.len()).any(|w| w == needle)
+}
+
+/// A purged persistent pool's versions leave memory and disk: nothing of
+/// them comes back after a restart, and a new pool at the path is empty.
+#[test]
+fn purge_deletes_a_persistent_pools_history_for_good() {
+    let d = dir();
+    {
+        let s = open(&d);
+        s.create_pool(&PoolSpec {
+            pathname: "/q".into(),
+            pool_type: Some(PoolType::Persistent),
+            ..Default::default()
+        })
+        .unwrap();
+        for i in 0..50 {
+            s.put(
+                &format!("/p/k{}", i % 5),
+                b(&format!("secret-{i}")),
+                None,
+                None,
+            )
+            .unwrap();
+            s.put("/q/stay", b(&format!("kept-{i}")), None, None)
+                .unwrap();
+        }
+        s.remove_pool("/p").unwrap();
+        assert!(contains(&disk_bytes(&d), b"secret-7"));
+        let r = s.purge_pool("/p").unwrap();
+        assert_eq!((r.keys, r.versions), (5, 50));
+        assert!(r.bytes > 0, "{r:?}");
+        assert!(
+            !contains(&disk_bytes(&d), b"secret-"),
+            "purged values are still on disk"
+        );
+    }
+    let s = open(&d); // re-creates /p (persistent): it must start empty
+    let p = s.get_pool("/p").unwrap();
+    assert!(!p.deleted);
+    for k in 0..5 {
+        let e = s.get(&format!("/p/k{k}"), None, None).unwrap_err();
+        assert!(matches!(e, SluiceError::NotFound { .. }), "{e}");
+    }
+    let all = |key| {
+        let every = HistoryRange::Versions {
+            from: 0,
+            to: u64::MAX,
+        };
+        s.history(key, every, 100, None).unwrap()
+    };
+    assert!(all("/p/k1").is_empty());
+    // The other pool of the same shards kept every version.
+    let h = all("/q/stay");
+    assert_eq!(h.len(), 50);
+    assert_eq!(s.get("/q/stay", None, None).unwrap().value, b("kept-49"));
+    let _ = std::fs::remove_dir_all(&d);
+}

@@ -363,3 +363,49 @@ fn replicated_writes_apply_the_same_with_or_without_the_pool() {
         assert_eq!(objs[0].meta.previous_version_by_key, 1);
     }
 }
+
+/// The defect: `pools rm` then `pools create` on the same path revived the
+/// removed pool's objects. A new pool must start empty: creating over a
+/// removed pool is refused until `purge` deletes its objects.
+#[test]
+fn a_pool_created_again_at_a_removed_path_starts_empty() {
+    let s = store_with_shards(2);
+    let spec = |t| PoolSpec {
+        pathname: "/r".into(),
+        pool_type: Some(t),
+        ..Default::default()
+    };
+    s.create_pool(&spec(PoolType::Volatile)).unwrap();
+    s.create_pool(&PoolSpec {
+        pathname: "/r/inner".into(),
+        pool_type: Some(PoolType::Volatile),
+        ..Default::default()
+    })
+    .unwrap();
+    for i in 0..20 {
+        s.put(&format!("/r/k{i}"), b("old"), None, None).unwrap();
+    }
+    s.put("/r/inner/x", b("kept"), None, None).unwrap();
+    s.remove_pool("/r").unwrap();
+    let e = s.create_pool(&spec(PoolType::Volatile)).unwrap_err();
+    assert!(e.to_string().contains("sluice pools purge /r"), "{e}");
+    let e = s.create_pool(&spec(PoolType::Trigger)).unwrap_err();
+    assert!(e.to_string().contains("still holds its objects"), "{e}");
+
+    let r = s.purge_pool("/r").unwrap();
+    assert_eq!((r.keys, r.versions), (20, 20));
+    assert!(s.list_pools(true).iter().all(|p| p.pathname != "/r"));
+    s.create_pool(&spec(PoolType::Volatile)).unwrap();
+    for i in 0..20 {
+        let e = s.get(&format!("/r/k{i}"), None, None).unwrap_err();
+        assert!(matches!(e, SluiceError::NotFound { .. }), "{e}");
+    }
+    assert!(s.list_keys("/r", None, None).unwrap().is_empty());
+    // A pool inside the purged path keeps its keys.
+    assert_eq!(s.get("/r/inner/x", None, None).unwrap().value, b("kept"));
+    // Only a removed pool can be purged; a missing one is named.
+    let e = s.purge_pool("/r").unwrap_err();
+    assert!(e.to_string().contains("remove it first"), "{e}");
+    let e = s.purge_pool("/nope").unwrap_err();
+    assert!(matches!(e, SluiceError::PoolNotFound { .. }), "{e}");
+}

@@ -18,5 +18,5 @@ pub use limits::Limits;
 pub use object::{
     Hop, Object, ObjectMeta, PutResult, ReqId, Trace, EMIT_DEPTH_MAX, TRACE_HOPS_MAX, VERSION_NONE,
 };
-pub use pool::{PoolMeta, PoolSpec, PoolTable, PoolType, ShardingPolicy};
+pub use pool::{PoolMeta, PoolSpec, PoolTable, PoolType, PurgeReport, ShardingPolicy};
 pub use routing::{fnv1a64, PoolRouter};

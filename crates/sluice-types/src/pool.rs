@@ -210,6 +210,26 @@ pub fn validate_spec(
     Ok((pool_type, shards))
 }
 
+/// What purging a removed pool deleted.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PurgeReport {
+    /// Keys deleted (counted once per shard replica that held them).
+    pub keys: u64,
+    /// Versions deleted: every version of a persistent pool's keys, one
+    /// per key elsewhere.
+    pub versions: u64,
+    /// Bytes of history segments given back to the file system.
+    pub bytes: u64,
+}
+
+impl std::ops::AddAssign for PurgeReport {
+    fn add_assign(&mut self, o: PurgeReport) {
+        self.keys += o.keys;
+        self.versions += o.versions;
+        self.bytes += o.bytes;
+    }
+}
+
 /// The pool table: every pool ever created, deleted ones included.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PoolTable {
@@ -269,12 +289,24 @@ impl PoolTable {
         shard_count: u32,
         now_us: u64,
     ) -> Result<PoolMeta> {
-        if let Some(existing) = self.pools.get(&spec.pathname) {
-            if !existing.deleted {
+        match self.pools.get(&spec.pathname) {
+            Some(existing) if !existing.deleted => {
                 return Err(SluiceError::PoolExists {
                     pool: spec.pathname.clone(),
-                });
+                })
             }
+            // A new pool starts empty: the removed pool's objects are still
+            // stored under this path until they are purged.
+            Some(_) => {
+                return Err(SluiceError::InvalidPool {
+                    pool: spec.pathname.clone(),
+                    reason: format!(
+                        "a removed pool at this path still holds its objects; `sluice pools purge {}` deletes them for good, then the path is free",
+                        spec.pathname
+                    ),
+                })
+            }
+            None => {}
         }
         self.version += 1;
         let meta = PoolMeta {
@@ -292,6 +324,42 @@ impl PoolTable {
             creation_timestamp_us: now_us,
         };
         self.pools.insert(spec.pathname.clone(), meta.clone());
+        Ok(meta)
+    }
+
+    /// What purging the removed pool at `path` deletes: its metadata and
+    /// the paths of the other pools inside it, whose keys stay (a key
+    /// belongs to the longest pool path that covers it).
+    pub fn purge_scope(&self, path: &str) -> Result<(PoolMeta, Vec<String>)> {
+        let p = self
+            .pools
+            .get(path)
+            .ok_or_else(|| SluiceError::PoolNotFound {
+                pool: path.to_string(),
+            })?;
+        if !p.deleted {
+            return Err(SluiceError::InvalidPool {
+                pool: path.to_string(),
+                reason: format!(
+                    "the pool is live; remove it first (`sluice pools rm {path}`), then purge it"
+                ),
+            });
+        }
+        let inner = self
+            .pools
+            .keys()
+            .filter(|q| q.as_str() != path && path_covers(path, q))
+            .cloned()
+            .collect();
+        Ok((p.clone(), inner))
+    }
+
+    /// Drops a removed pool from the table once its objects are purged:
+    /// the path is free for a new pool.
+    pub fn purge(&mut self, path: &str) -> Result<PoolMeta> {
+        let (meta, _) = self.purge_scope(path)?;
+        self.pools.remove(path);
+        self.version += 1;
         Ok(meta)
     }
 
@@ -355,13 +423,34 @@ mod tests {
             pool_type: Some(PoolType::Volatile),
             ..Default::default()
         };
+        // Its objects are still stored: a new pool there is refused until
+        // they are purged.
+        let e = t.create(&spec, PoolType::Volatile, 1, 5).unwrap_err();
+        assert!(e.to_string().contains("sluice pools purge /a"), "{e}");
+        t.purge("/a").unwrap();
+        assert!(t.get("/a").is_none());
+        assert!(matches!(
+            t.purge("/a"),
+            Err(SluiceError::PoolNotFound { .. })
+        ));
         let p = t.create(&spec, PoolType::Volatile, 1, 5).unwrap();
         assert!(!p.deleted);
-        assert_eq!(p.creation_version, 3);
+        assert_eq!(p.creation_version, 4);
         assert!(matches!(
             t.create(&spec, PoolType::Volatile, 1, 5),
             Err(SluiceError::PoolExists { .. })
         ));
+    }
+
+    #[test]
+    fn purge_takes_removed_pools_only_and_spares_pools_inside() {
+        let mut t = table(&["/a", "/a/b", "/ab"]);
+        let e = t.purge("/a").unwrap_err();
+        assert!(e.to_string().contains("the pool is live"), "{e}");
+        t.remove("/a").unwrap();
+        let (meta, inner) = t.purge_scope("/a").unwrap();
+        assert_eq!(meta.pathname, "/a");
+        assert_eq!(inner, vec!["/a/b".to_string()]);
     }
 
     #[test]

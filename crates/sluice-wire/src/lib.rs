@@ -28,7 +28,7 @@ pub use codec::{MetaReader, MetaWriter};
 pub use frame::{Frame, FrameDecoder, FrameError, FLAG_NO_REPLY, HEADER_LEN, MAGIC};
 pub use message::{
     encode_object, encode_objects, op, DeliveryKindWire, MultiGetItem, ObjRef, Request, Response,
-    ServerInfo, WireObject,
+    ServerInfo, WatchFrom, WireObject,
 };
 pub use out::OutQueue;
 

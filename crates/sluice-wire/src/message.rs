@@ -41,6 +41,7 @@ pub mod op {
     pub const CLUSTER: u8 = 0x19;
     /// Node to node: authenticate the connection as a cluster peer.
     pub const PEER_AUTH: u8 = 0x1A;
+    pub const POOL_PURGE: u8 = 0x1B;
 
     pub const HELLO_OK: u8 = 0x81;
     pub const PONG: u8 = 0x82;
@@ -127,6 +128,14 @@ impl DeliveryKindWire {
     }
 }
 
+/// Where a resumed watch starts: every stored version at or after a
+/// version (numbered per shard) or a time (µs since the epoch).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum WatchFrom {
+    Version(u64),
+    Time(u64),
+}
+
 /// `shard` is `None` when the client leaves routing to the server.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Request {
@@ -205,6 +214,10 @@ pub enum Request {
     PoolRemove {
         path: String,
     },
+    /// Deletes a removed pool's objects for good and frees its path.
+    PoolPurge {
+        path: String,
+    },
     PoolList {
         include_deleted: bool,
     },
@@ -216,6 +229,9 @@ pub enum Request {
     },
     Watch {
         prefix: String,
+        /// Replay what a persistent pool stored from this point before
+        /// the live notifications (a watcher resuming after a reconnect).
+        from: Option<WatchFrom>,
     },
     Unwatch {
         watch_id: u64,
@@ -487,6 +503,7 @@ impl Request {
             Request::MultiGet { .. } => op::MULTI_GET,
             Request::PoolCreate { .. } => op::POOL_CREATE,
             Request::PoolRemove { .. } => op::POOL_REMOVE,
+            Request::PoolPurge { .. } => op::POOL_PURGE,
             Request::PoolList { .. } => op::POOL_LIST,
             Request::PoolGet { .. } => op::POOL_GET,
             Request::PoolOfKey { .. } => op::POOL_OF_KEY,
@@ -647,11 +664,11 @@ impl Request {
             Request::PoolCreate { spec } => frame(out, opc, flags, request_id, None, |w| {
                 w.str(&json(spec));
             }),
-            Request::PoolRemove { path } | Request::PoolGet { path } => {
-                frame(out, opc, flags, request_id, None, |w| {
-                    w.str(path);
-                })
-            }
+            Request::PoolRemove { path }
+            | Request::PoolPurge { path }
+            | Request::PoolGet { path } => frame(out, opc, flags, request_id, None, |w| {
+                w.str(path);
+            }),
             Request::PoolList { include_deleted } => {
                 frame(out, opc, flags, request_id, None, |w| {
                     w.u8(*include_deleted as u8);
@@ -660,8 +677,13 @@ impl Request {
             Request::PoolOfKey { key } => frame(out, opc, flags, request_id, None, |w| {
                 w.str(key);
             }),
-            Request::Watch { prefix } => frame(out, opc, flags, request_id, None, |w| {
+            Request::Watch { prefix, from } => frame(out, opc, flags, request_id, None, |w| {
                 w.str(prefix);
+                match from {
+                    None => w.u8(0),
+                    Some(WatchFrom::Version(v)) => w.u8(1).u64(*v),
+                    Some(WatchFrom::Time(t)) => w.u8(2).u64(*t),
+                };
             }),
             Request::Unwatch { watch_id } => frame(out, opc, flags, request_id, None, |w| {
                 w.u64(*watch_id);
@@ -776,12 +798,25 @@ impl Request {
                 spec: from_json(&r.str()?)?,
             },
             op::POOL_REMOVE => Request::PoolRemove { path: r.str()? },
+            op::POOL_PURGE => Request::PoolPurge { path: r.str()? },
             op::POOL_LIST => Request::PoolList {
                 include_deleted: r.bool()?,
             },
             op::POOL_GET => Request::PoolGet { path: r.str()? },
             op::POOL_OF_KEY => Request::PoolOfKey { key: r.str()? },
-            op::WATCH => Request::Watch { prefix: r.str()? },
+            op::WATCH => Request::Watch {
+                prefix: r.str()?,
+                from: match r.u8()? {
+                    0 => None,
+                    1 => Some(WatchFrom::Version(r.u64()?)),
+                    2 => Some(WatchFrom::Time(r.u64()?)),
+                    t => {
+                        return Err(SluiceError::protocol(format!(
+                            "bad watch resume kind {t} (0 none, 1 version, 2 time)"
+                        )))
+                    }
+                },
+            },
             op::UNWATCH => Request::Unwatch { watch_id: r.u64()? },
             other => {
                 return Err(SluiceError::protocol(format!(

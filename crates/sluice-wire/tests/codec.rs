@@ -8,7 +8,8 @@ use bytes::{Bytes, BytesMut};
 use proptest::prelude::*;
 use sluice_types::{Hop, ObjectMeta, PoolSpec, PoolType, PutResult, ReqId, SluiceError, Trace};
 use sluice_wire::{
-    DeliveryKindWire, FrameDecoder, FrameError, OutQueue, Request, Response, WireObject, HEADER_LEN,
+    DeliveryKindWire, FrameDecoder, FrameError, OutQueue, Request, Response, WatchFrom, WireObject,
+    HEADER_LEN,
 };
 
 const DEC: FrameDecoder = FrameDecoder {
@@ -216,7 +217,15 @@ fn arb_request() -> impl Strategy<Value = Request> {
         any::<bool>().prop_map(|include_deleted| Request::PoolList { include_deleted }),
         arb_key().prop_map(|path| Request::PoolGet { path }),
         arb_key().prop_map(|key| Request::PoolOfKey { key }),
-        arb_key().prop_map(|prefix| Request::Watch { prefix }),
+        (
+            arb_key(),
+            proptest::option::of(prop_oneof![
+                any::<u64>().prop_map(WatchFrom::Version),
+                any::<u64>().prop_map(WatchFrom::Time),
+            ])
+        )
+            .prop_map(|(prefix, from)| Request::Watch { prefix, from }),
+        arb_key().prop_map(|path| Request::PoolPurge { path }),
         any::<u64>().prop_map(|watch_id| Request::Unwatch { watch_id }),
         Just(Request::DfgList),
         (
@@ -565,6 +574,7 @@ fn regenerate_corpus() {
         },
         Request::Watch {
             prefix: "/vol".into(),
+            from: Some(WatchFrom::Version(3)),
         },
     ];
     for (i, r) in reqs.iter().enumerate() {
