@@ -421,6 +421,13 @@ struct Inner {
 #[derive(Clone, Default)]
 pub struct LogStore {
     inner: Arc<Mutex<Inner>>,
+    /// One past the last log index the state machine's saved snapshot
+    /// covers (0: no snapshot saved; `u64::MAX` while no state machine
+    /// has said: nothing is kept on disk). A purge never goes past it: openraft 0.9 purges the log
+    /// right after it hands a leader's snapshot to the state machine,
+    /// before that snapshot is saved, and a crash in between left a log
+    /// purged past the snapshot on disk (the restart then panicked).
+    snapshot_floor: Arc<std::sync::atomic::AtomicU64>,
 }
 
 fn io_err(e: impl std::fmt::Display) -> StorageError {
@@ -1368,7 +1375,29 @@ impl LogStore {
         inner.drop_purged_segments();
         Ok(LogStore {
             inner: Arc::new(Mutex::new(inner)),
+            snapshot_floor: Arc::new(std::sync::atomic::AtomicU64::new(u64::MAX)),
         })
+    }
+
+    /// Where the state machine records the last index its saved
+    /// snapshot covers (see `snapshot_floor`).
+    pub fn snapshot_floor(&self) -> Arc<std::sync::atomic::AtomicU64> {
+        self.snapshot_floor.clone()
+    }
+
+    /// Purges everything the saved snapshot `upto` covers, if the log
+    /// still holds it (at open: a purge held back by `snapshot_floor` may
+    /// have left entries the member never received missing between the
+    /// purge point and the snapshot, and openraft refuses a log with a
+    /// gap).
+    pub fn purge_covered(&self, upto: LogId) -> Result<(), StorageError> {
+        let mut g = self.inner.lock();
+        if g.last_purged.is_some_and(|p| p.index >= upto.index) {
+            return Ok(());
+        }
+        g.record(Record::Purge(upto))?;
+        g.drop_purged_segments();
+        Ok(())
     }
 
     /// Bytes of entries held in memory (not yet covered by a snapshot).
@@ -1555,9 +1584,35 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     }
 
     async fn purge(&mut self, log_id: LogId) -> Result<(), StorageError> {
+        let floor = self
+            .snapshot_floor
+            .load(std::sync::atomic::Ordering::Acquire);
         let mut g = self.inner.lock();
-        g.record(Record::Purge(log_id))?;
-        g.drop_purged_segments();
+        // Past the saved snapshot, only up to it: the rest goes with a
+        // later purge (openraft reads nothing at or below what it asked
+        // to purge, so holding it longer changes nothing but memory).
+        let upto = if log_id.index < floor {
+            Some(log_id)
+        } else {
+            floor
+                .checked_sub(1)
+                .and_then(|i| g.index.get(&i))
+                .map(|h| h.log_id)
+        };
+        match upto {
+            Some(id) if g.last_purged.is_none_or(|p| p.index < id.index) => {
+                if id != log_id {
+                    tracing::debug!(
+                        asked = log_id.index,
+                        upto = id.index,
+                        "purge held back to the saved snapshot"
+                    );
+                }
+                g.record(Record::Purge(id))?;
+                g.drop_purged_segments();
+            }
+            _ => {}
+        }
         Ok(())
     }
 }
@@ -1601,6 +1656,60 @@ mod tests {
     fn reopen(dir: &Path) -> Inner {
         let s = LogStore::open(dir, false).unwrap();
         Arc::try_unwrap(s.inner).ok().unwrap().into_inner()
+    }
+
+    /// Issue #14 (found by the chaos run): openraft purged the log up to
+    /// a leader's snapshot before the state machine had saved it; killed
+    /// in between, the member restarted with a log purged past its saved
+    /// snapshot and openraft panicked. A purge now stops at the snapshot
+    /// the state machine says is saved, and catches up with a later one.
+    #[tokio::test]
+    async fn a_purge_never_passes_the_saved_snapshot() {
+        let d = tempfile::tempdir().unwrap();
+        let mut s = LogStore::open(d.path(), false).unwrap();
+        append(
+            &mut s.inner.lock(),
+            (1..=40).map(|i| entry(1, i, 10)).collect(),
+        );
+        let floor = s.snapshot_floor();
+        floor.store(0, std::sync::atomic::Ordering::Release); // nothing saved yet
+        s.purge(lid(1, 30)).await.unwrap();
+        assert_eq!(s.get_log_state().await.unwrap().last_purged_log_id, None);
+        floor.store(11, std::sync::atomic::Ordering::Release); // saved up to 10
+        s.purge(lid(1, 30)).await.unwrap();
+        assert_eq!(
+            s.get_log_state().await.unwrap().last_purged_log_id,
+            Some(lid(1, 10))
+        );
+        drop(s);
+        let g = reopen(d.path());
+        assert_eq!(g.last_purged, Some(lid(1, 10)), "held back on disk too");
+        assert_eq!(g.index.keys().next(), Some(&11));
+        let mut s = LogStore::open(d.path(), false).unwrap();
+        s.snapshot_floor()
+            .store(36, std::sync::atomic::Ordering::Release);
+        s.purge(lid(1, 30)).await.unwrap();
+        assert_eq!(
+            s.get_log_state().await.unwrap().last_purged_log_id,
+            Some(lid(1, 30))
+        );
+        // A member that installed a leader's snapshot (up to 60) and then
+        // received entries after it: the held-back purge left a gap (41 to
+        // 60 never arrived). Opening over the saved snapshot purges what
+        // it covers, gap included: the log is contiguous again.
+        append(
+            &mut s.inner.lock(),
+            (61..=70).map(|i| entry(2, i, 10)).collect(),
+        );
+        drop(s);
+        let s = LogStore::open(d.path(), false).unwrap();
+        s.purge_covered(lid(2, 60)).unwrap();
+        let g = s.inner.lock();
+        assert_eq!(g.last_purged, Some(lid(2, 60)));
+        assert_eq!(
+            g.index.keys().copied().collect::<Vec<_>>(),
+            (61..=70).collect::<Vec<_>>()
+        );
     }
 
     #[test]

@@ -179,7 +179,15 @@ pub struct ClusterNode {
     writer_seq: std::sync::atomic::AtomicU64,
     /// This node itself, for tasks it spawns (set once by `start`).
     me: std::sync::OnceLock<std::sync::Weak<ClusterNode>>,
+    /// When each group was last started again (`on_group_stopped`).
+    restarts: parking_lot::Mutex<HashMap<u64, Vec<std::time::Instant>>>,
+    /// Groups whose stop was asked for by fault injection, to be started
+    /// again (tests of `on_group_stopped`).
+    restart_requested: parking_lot::Mutex<std::collections::HashSet<u64>>,
 }
+
+/// How often a group stopped by openraft is started again, at most.
+const RESTARTS_PER_MINUTE: usize = 3;
 
 fn unavailable(reason: String) -> SluiceError {
     SluiceError::Unavailable { reason }
@@ -203,6 +211,11 @@ enum Admin {
         peers: Vec<u32>,
     },
     Heal,
+    /// Fault injection: stop this node's consensus core of `shard` as
+    /// openraft stops one on its own bug (the node starts it again).
+    StopGroup {
+        shard: String,
+    },
     /// Internal: record a shard's members (sent to the metadata leader).
     SetMembers {
         group: u64,
@@ -294,6 +307,8 @@ impl ClusterNode {
             ),
             writer_seq: std::sync::atomic::AtomicU64::new(1),
             me: std::sync::OnceLock::new(),
+            restarts: Default::default(),
+            restart_requested: Default::default(),
         });
         let _ = node.me.set(Arc::downgrade(&node));
         let mut wanted: BTreeSet<u64> = BTreeSet::from([META_GROUP]);
@@ -420,7 +435,6 @@ impl ClusterNode {
             },
         )
         .map_err(io)?;
-        let log_handle = log.clone();
         let sm = Sm::open(
             g,
             self.store.clone(),
@@ -432,6 +446,15 @@ impl ClusterNode {
         .map_err(|e| SluiceError::Io {
             reason: format!("restoring the snapshot in {}: {e}", dir.display()),
         })?;
+        let group = self.start_raft(g, log, sm).await?;
+        self.groups.write().insert(g, group.clone());
+        Ok(group)
+    }
+
+    /// Starts the consensus core of group `g` over its log and state
+    /// machine, and a task that reports its leadership changes and
+    /// watches for it to stop (see `on_group_stopped`).
+    async fn start_raft(&self, g: u64, log: LogStore, sm: Sm) -> Result<Arc<Group>, SluiceError> {
         let raft = Raft::new(
             u64::from(self.id),
             self.raft_cfg.clone(),
@@ -439,7 +462,7 @@ impl ClusterNode {
                 peers: self.peers.clone(),
                 group: g,
             },
-            log,
+            log.clone(),
             sm.clone(),
         )
         .await
@@ -451,7 +474,7 @@ impl ClusterNode {
             metrics: raft.metrics(),
             raft,
             sm,
-            log: log_handle,
+            log,
             snapshot_asked: parking_lot::Mutex::new(None),
             batch: Default::default(),
         });
@@ -460,6 +483,8 @@ impl ClusterNode {
         // dead peer).
         let mut m = group.raft.metrics();
         let me = u64::from(self.id);
+        let node = self.me.get().cloned();
+        let this = Arc::downgrade(&group);
         tokio::spawn(async move {
             let mut last: Option<(u64, Option<u64>)> = None;
             while m.changed().await.is_ok() {
@@ -482,9 +507,67 @@ impl ClusterNode {
                     last = Some((term, leader));
                 }
             }
+            // The core has stopped (its metrics sender is gone).
+            let why = m.borrow().running_state.clone();
+            if let (Some(node), Some(old), Err(why)) =
+                (node.and_then(|n| n.upgrade()), this.upgrade(), why)
+            {
+                node.on_group_stopped(old, why).await;
+            }
         });
-        self.groups.write().insert(g, group.clone());
         Ok(group)
+    }
+
+    /// A group's consensus core stopped. openraft 0.9 stops a core with
+    /// "replication channel closed" when, after a higher vote ended a
+    /// replication stream, it hands that stream a snapshot to send: a bug
+    /// of its own, nothing wrong with this node's disk. Such a group is
+    /// started again on the same log and state machine (both intact in
+    /// memory, as the stopped core left them), at most
+    /// `RESTARTS_PER_MINUTE` times a minute. Any other stop (a failed
+    /// disk write, a panic, a shutdown) stays: the node serves the group
+    /// again only after a restart re-reads and checks its files.
+    fn on_group_stopped(
+        self: Arc<Self>,
+        old: Arc<Group>,
+        why: openraft::error::Fatal<u64>,
+    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>> {
+        // Boxed: starting a group spawns the task that calls this.
+        Box::pin(async move { self.restart_stopped(old, why).await })
+    }
+
+    async fn restart_stopped(&self, old: Arc<Group>, why: openraft::error::Fatal<u64>) {
+        let g = old.id;
+        let requested = self.restart_requested.lock().remove(&g);
+        let openraft_bug = why.to_string().contains("replication channel closed");
+        if !(openraft_bug || requested && matches!(why, openraft::error::Fatal::Stopped)) {
+            if !matches!(why, openraft::error::Fatal::Stopped) {
+                tracing::error!(group = %group_name(g), error = %why, "replication group stopped on this node; it serves again after a restart (check the disk: `sluice fsck`)");
+            }
+            return;
+        }
+        {
+            let mut recent = self.restarts.lock();
+            let times = recent.entry(g).or_default();
+            times.retain(|t| t.elapsed() < Duration::from_secs(60));
+            if times.len() >= RESTARTS_PER_MINUTE {
+                tracing::error!(group = %group_name(g), error = %why, "replication group stopped again; not restarting it (more than {RESTARTS_PER_MINUTE} restarts in a minute)");
+                return;
+            }
+            times.push(std::time::Instant::now());
+        }
+        tracing::warn!(group = %group_name(g), error = %why, "replication group stopped; starting it again on its log and state");
+        match self.start_raft(g, old.log.clone(), old.sm.clone()).await {
+            Ok(group) => {
+                let mut gs = self.groups.write();
+                if gs.get(&g).is_some_and(|x| Arc::ptr_eq(x, &old)) {
+                    gs.insert(g, group);
+                }
+            }
+            Err(e) => {
+                tracing::error!(group = %group_name(g), error = %e, "could not start the replication group again")
+            }
+        }
     }
 
     /// Handles a consensus message from a peer.
@@ -1134,7 +1217,9 @@ impl ClusterNode {
             Admin::Info => Ok(self.info()),
             Admin::AddMember { shard, node } => self.add_member(&shard, node).await,
             Admin::RemoveMember { shard, node } => self.remove_member(&shard, node).await,
-            Admin::Cut { .. } | Admin::Heal if !self.settings.fault_injection => {
+            Admin::Cut { .. } | Admin::Heal | Admin::StopGroup { .. }
+                if !self.settings.fault_injection =>
+            {
                 Err(SluiceError::NotSupported {
                     what: "fault injection on this node (start it with [cluster] fault_injection = true)".into(),
                 })
@@ -1177,6 +1262,13 @@ impl ClusterNode {
                 .meta_write(MetaCommand::SetMembers { group, members })
                 .await
                 .map(|_| json!({})),
+            Admin::StopGroup { shard } => {
+                let g = self.local(parse_shard(&shard)?)?;
+                self.restart_requested.lock().insert(g.id);
+                tracing::warn!(shard, "fault injection: consensus core stopped");
+                let _ = g.raft.shutdown().await;
+                Ok(json!({"node": self.id, "stopped": shard}))
+            }
             Admin::Heal => {
                 self.peers.heal();
                 tracing::warn!("fault injection: links healed");

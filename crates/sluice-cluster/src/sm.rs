@@ -134,6 +134,9 @@ pub struct Sm {
     st: Arc<Mutex<State>>,
     /// Serialises writing the snapshot file (built here or received).
     save_lock: Arc<Mutex<()>>,
+    /// The log's `snapshot_floor`: one past the last index the saved
+    /// snapshot covers (the log is never purged past it).
+    floor: Option<Arc<std::sync::atomic::AtomicU64>>,
 }
 
 /// Writes the bytes of `bincode::serialize(&(meta, data))` (a
@@ -252,10 +255,13 @@ impl Sm {
                 )
                 .map_err(sm_err)?;
         }
+        let covered = log.clone().filter(|_| dir.is_some());
+        let floor = covered.as_ref().map(|l| l.snapshot_floor());
         let sm = Sm {
             group,
             shard,
             persistent,
+            floor,
             log: log.filter(|_| persistent),
             store,
             meta,
@@ -264,10 +270,15 @@ impl Sm {
             st: Arc::default(),
             save_lock: Arc::default(),
         };
+        sm.set_floor(None);
         if let Some(d) = &sm.dir {
             let path = d.join("snapshot");
             if path.exists() {
                 let (meta, data) = read_snapshot_file(&path)?;
+                sm.set_floor(meta.last_log_id);
+                if let (Some(log), Some(last)) = (&covered, meta.last_log_id) {
+                    log.purge_covered(last)?;
+                }
                 {
                     let mut st = sm.st.lock();
                     sm.restore(&mut st, &meta, &data)?;
@@ -286,6 +297,17 @@ impl Sm {
             }
         }
         Ok(sm)
+    }
+
+    /// Tells the log how far the saved snapshot reaches (`None`: no
+    /// snapshot is saved, nothing may be purged).
+    fn set_floor(&self, last: Option<LogId>) {
+        if let Some(f) = &self.floor {
+            f.store(
+                last.map_or(0, |l| l.index + 1),
+                std::sync::atomic::Ordering::Release,
+            );
+        }
     }
 
     fn dedup_copy(st: &State) -> Vec<(u64, ClientWindow)> {
@@ -405,6 +427,7 @@ impl Sm {
         let _ = std::fs::remove_file(&old);
         let kept = std::fs::hard_link(&cur, &old).is_ok();
         std::fs::rename(&tmp, &cur).map_err(sm_err)?;
+        self.set_floor(meta.last_log_id);
         if kept {
             let _ = std::fs::rename(&old, &tmp);
         }
