@@ -11,5 +11,5 @@ if ! command -v redis-server >/dev/null; then
   echo "installing redis-server (apt)" >&2
   apt-get update -qq && apt-get install -y -qq redis-server >/dev/null
 fi
-cargo build --release -p sluice-cli
+cargo build --release -p sluice-cli -p sluice-bench
 ./target/release/sluice bench cluster --duration-ms 2000 --failovers 5 --node-threads 1 "$@"

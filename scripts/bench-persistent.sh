@@ -13,5 +13,5 @@ if ! command -v etcd >/dev/null || ! command -v etcdctl >/dev/null; then
   echo "installing etcd-server and etcd-client (apt)" >&2
   apt-get update -qq && apt-get install -y -qq etcd-server etcd-client >/dev/null
 fi
-cargo build --release -p sluice-cli
+cargo build --release -p sluice-cli -p sluice-bench
 ./target/release/sluice bench persistent --duration-ms 2000 --recovery-mib 256 --node-threads 1 "$@"

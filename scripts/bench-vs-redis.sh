@@ -18,5 +18,5 @@ for _ in $(seq 100); do
   redis-cli -p "$PORT" ping >/dev/null 2>&1 && break
   sleep 0.1
 done
-cargo build --release -p sluice-cli
+cargo build --release -p sluice-cli -p sluice-bench
 ./target/release/sluice bench --redis "127.0.0.1:$PORT" "$@"

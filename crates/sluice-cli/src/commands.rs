@@ -6,7 +6,7 @@ use serde_json::json;
 use sluice_client::{
     BlockingClient, ClientConfig, Object, PoolMeta, PoolSpec, PoolType, VERSION_NONE,
 };
-use std::io::{Read, Write};
+use std::io::{IsTerminal, Read, Write};
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -15,9 +15,14 @@ pub enum ClientCmd {
     /// Store a value: from VALUE, --file, or standard input.
     Put {
         key: String,
+        /// The value (else --file, or standard input when it is piped).
         value: Option<String>,
         #[arg(long, conflicts_with = "value")]
         file: Option<PathBuf>,
+        /// Read the value from standard input even when it is empty (an
+        /// empty value) or a terminal.
+        #[arg(long, conflicts_with_all = ["value", "file"])]
+        stdin: bool,
         /// Only if the key's current version is this (`none`: only if absent).
         #[arg(long)]
         expect_version: Option<String>,
@@ -31,6 +36,10 @@ pub enum ClientCmd {
         value: Option<String>,
         #[arg(long, conflicts_with = "value")]
         file: Option<PathBuf>,
+        /// Read the value from standard input even when it is empty or a
+        /// terminal.
+        #[arg(long, conflicts_with_all = ["value", "file"])]
+        stdin: bool,
     },
     /// Print a value (latest, --version V, or --at TIMESTAMP_US).
     Get {
@@ -126,6 +135,10 @@ pub enum ClientCmd {
     Stats,
     /// Round trip time to the node.
     Ping,
+    /// Whether the node serves: it answers, and in a cluster every group it
+    /// is a member of has a leader. Exit code 0 when healthy, 1 when not
+    /// (for scripts and probes).
+    Health,
 }
 
 #[derive(clap::Subcommand, Debug)]
@@ -159,6 +172,8 @@ pub enum DfgCmd {
     Ls,
     /// Remove a graph by id.
     Rm { id: String },
+    /// One graph: its vertices, lambdas and counters (JSON).
+    Show { id: String },
 }
 
 #[derive(clap::Subcommand, Debug)]
@@ -230,20 +245,40 @@ fn parse_expect(s: &Option<String>) -> Result<Option<u64>> {
     }
 }
 
-fn read_value(value: Option<String>, file: Option<PathBuf>, stdin_ok: bool) -> Result<Bytes> {
+/// The value of a put: the argument, a file, or standard input. Standard
+/// input is read by itself only when it is piped and not empty (an empty
+/// value stored by accident is worse than an error); `--stdin` reads it
+/// whatever it holds.
+fn read_value(
+    value: Option<String>,
+    file: Option<PathBuf>,
+    stdin: bool,
+    stdin_ok: bool,
+) -> Result<Bytes> {
+    let read_stdin = || -> Result<Vec<u8>> {
+        let mut buf = Vec::new();
+        std::io::stdin()
+            .read_to_end(&mut buf)
+            .context("reading the value from standard input")?;
+        Ok(buf)
+    };
     match (value, file) {
         (Some(v), _) => Ok(Bytes::from(v)),
         (None, Some(f)) => Ok(Bytes::from(
             std::fs::read(&f).with_context(|| format!("reading {}", f.display()))?,
         )),
-        (None, None) if stdin_ok => {
-            let mut buf = Vec::new();
-            std::io::stdin()
-                .read_to_end(&mut buf)
-                .context("reading the value from standard input")?;
+        (None, None) if !stdin_ok => bail!("give a value or --file"),
+        (None, None) if stdin => Ok(Bytes::from(read_stdin()?)),
+        (None, None) if std::io::stdin().is_terminal() => {
+            bail!("give a value, --file FILE, or pipe it in (--stdin reads the terminal)")
+        }
+        (None, None) => {
+            let buf = read_stdin()?;
+            if buf.is_empty() {
+                bail!("standard input is empty: give a value ('' for an empty one), --file FILE, or --stdin to store what it holds")
+            }
             Ok(Bytes::from(buf))
         }
-        (None, None) => bail!("give a value or --file"),
     }
 }
 
@@ -396,10 +431,11 @@ pub fn execute(
             key,
             value,
             file,
+            stdin,
             expect_version,
             forget,
         } => {
-            let v = read_value(value, file, stdin_ok)?;
+            let v = read_value(value, file, stdin, stdin_ok)?;
             if forget {
                 c.put_and_forget(&key, v)?;
                 if json {
@@ -426,8 +462,13 @@ pub fn execute(
                 )?;
             }
         }
-        ClientCmd::Trigger { key, value, file } => {
-            let ts = c.trigger_put(&key, read_value(value, file, stdin_ok)?)?;
+        ClientCmd::Trigger {
+            key,
+            value,
+            file,
+            stdin,
+        } => {
+            let ts = c.trigger_put(&key, read_value(value, file, stdin, stdin_ok)?)?;
             if json {
                 print_json(out, &json!({"key": key, "timestamp_us": ts}))?;
             } else {
@@ -763,6 +804,16 @@ pub fn execute(
                 }
             }
         }
+        ClientCmd::Dfg(DfgCmd::Show { id }) => {
+            let r = c.dfg_list()?;
+            let g = r
+                .as_array()
+                .into_iter()
+                .flatten()
+                .find(|g| g["id"] == id.as_str())
+                .ok_or(sluice_client::SluiceError::DfgNotFound { id })?;
+            print_json(out, g)?;
+        }
         ClientCmd::Dfg(DfgCmd::Rm { id }) => {
             c.dfg_remove(&id)?;
             if json {
@@ -775,6 +826,42 @@ pub fn execute(
         ClientCmd::Stats => {
             let s = c.stats()?;
             print_json(out, &s)?;
+        }
+        ClientCmd::Health => {
+            let rtt = c.ping()?;
+            let node = c.server_info().node_id;
+            let mut leaderless = Vec::new();
+            match c.cluster_command(json!({"op": "status"}), None) {
+                Ok(st) => {
+                    for g in st["groups"].as_array().into_iter().flatten() {
+                        if g["leader"].is_null() {
+                            leaderless.push(g["group"].as_str().unwrap_or("?").to_string());
+                        }
+                    }
+                }
+                // A standalone node has no groups to check.
+                Err(sluice_client::SluiceError::NotSupported { .. }) => {}
+                Err(e) => return Err(e.into()),
+            }
+            if json {
+                print_json(
+                    out,
+                    &json!({"node": node, "healthy": leaderless.is_empty(), "rtt_us": rtt.as_micros() as u64, "groups_without_leader": leaderless}),
+                )?;
+            }
+            if !leaderless.is_empty() {
+                bail!(
+                    "node {node} answers, but these groups have no leader: {}",
+                    leaderless.join(", ")
+                );
+            }
+            if !json {
+                writeln!(
+                    out,
+                    "healthy: node {node} answered in {} µs",
+                    rtt.as_micros()
+                )?;
+            }
         }
         ClientCmd::Ping => {
             let rtt = c.ping()?;

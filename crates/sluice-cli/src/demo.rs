@@ -34,12 +34,12 @@ const STAGES: [&str; 3] = ["/demo/frames", "/demo/digits", "/demo/labels"];
 
 #[derive(clap::Args)]
 pub struct DemoArgs {
-    /// Frames per second streamed into the pipeline.
-    #[arg(long, default_value_t = 500)]
+    /// Frames per second streamed into the pipeline (at least 1).
+    #[arg(long, default_value_t = 500, value_parser = clap::value_parser!(u64).range(1..))]
     rate: u64,
-    /// How many of the held-out frames to stream (default: all).
-    #[arg(long)]
-    images: Option<usize>,
+    /// How many of the held-out frames to stream, at least 1 (default: all).
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
+    images: Option<u64>,
     /// Where to write the latency breakdown chart.
     #[arg(long, default_value = "sluice-demo-latency.svg")]
     svg: PathBuf,
@@ -109,7 +109,7 @@ fn pct(v: &mut [u64], q: f64) -> u64 {
 async fn demo(a: DemoArgs) -> Result<()> {
     let offline: serde_json::Value = serde_json::from_str(OFFLINE)?;
     let n_all = IMAGES.len() / (64 * 4);
-    let n = a.images.unwrap_or(n_all).min(n_all);
+    let n = a.images.map_or(n_all, |i| i as usize).min(n_all);
     let dir = std::env::temp_dir().join(format!("sluice-demo-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     let cfg = ServerConfig {
@@ -157,7 +157,7 @@ async fn demo(a: DemoArgs) -> Result<()> {
     );
 
     let mut watch = c.watch("/demo/results").await?;
-    let rate = a.rate.max(1);
+    let rate = a.rate;
     println!(
         "== streaming {n} held-out frames at {rate}/s ({} digits + unusable frames)",
         offline["digits"]
@@ -196,7 +196,7 @@ async fn demo(a: DemoArgs) -> Result<()> {
             continue;
         };
         if let Some(t) = &note.object.trace {
-            e2e_us.push(sluice_store::Clock::wall_us().saturating_sub(t.client_sent_us));
+            e2e_us.push(sluice_client::wall_us().saturating_sub(t.client_sent_us));
         }
         results.insert(
             idx,

@@ -46,6 +46,36 @@ pub fn default_layout(n: u32, base_port: u16) -> String {
     s
 }
 
+/// The command line that runs node `id` of a `sluice dev` cluster (what
+/// `sluice dev` starts, and what restarts a node that was stopped).
+fn node_args(dir: &Path, layout: &Path, id: u32) -> Vec<std::ffi::OsString> {
+    vec![
+        "serve".into(),
+        "--config".into(),
+        dir.join(format!("node-{id}.toml")).into(),
+        "--cluster".into(),
+        layout.into(),
+        "--node-id".into(),
+        id.to_string().into(),
+        "--data-dir".into(),
+        dir.join(format!("node-{id}")).into(),
+    ]
+}
+
+/// What to type to restart node `id` by hand, its log appended to.
+fn restart_hint(exe: &Path, dir: &Path, layout: &Path, id: u32) -> String {
+    let args: Vec<String> = node_args(dir, layout, id)
+        .iter()
+        .map(|a| a.to_string_lossy().into_owned())
+        .collect();
+    format!(
+        "{} {} >> {} 2>&1 &",
+        exe.display(),
+        args.join(" "),
+        dir.join(format!("node-{id}.log")).display()
+    )
+}
+
 fn spawn_node(exe: &Path, dir: &Path, layout: &Path, id: u32) -> Result<Child> {
     let log = std::fs::File::create(dir.join(format!("node-{id}.log")))?;
     // Everything under --dir (so --fresh really starts afresh).
@@ -60,15 +90,7 @@ fn spawn_node(exe: &Path, dir: &Path, layout: &Path, id: u32) -> Result<Child> {
         ),
     )?;
     Command::new(exe)
-        .arg("serve")
-        .arg("--config")
-        .arg(&cfg)
-        .arg("--cluster")
-        .arg(layout)
-        .arg("--node-id")
-        .arg(id.to_string())
-        .arg("--data-dir")
-        .arg(dir.join(format!("node-{id}")))
+        .args(node_args(dir, layout, id))
         .stdin(Stdio::null())
         .stdout(log.try_clone()?)
         .stderr(log)
@@ -196,11 +218,15 @@ pub fn run(a: DevArgs) -> Result<()> {
                 _ = tokio::signal::ctrl_c() => break,
                 _ = tick.tick() => {
                     for (k, (i, c)) in children.iter_mut().enumerate() {
+                        if reported[k] {
+                            continue; // reaped: its pid may belong to another process now
+                        }
                         if let Ok(Some(st)) = c.try_wait() {
-                            if !reported[k] {
-                                eprintln!("sluice dev: node {i} exited ({st}); the others keep serving");
-                                reported[k] = true;
-                            }
+                            eprintln!(
+                                "sluice dev: node {i} exited ({st}); the others keep serving. Restart it with:\n  {}",
+                                restart_hint(&exe, &a.dir, &layout, *i)
+                            );
+                            reported[k] = true;
                         }
                     }
                 }
@@ -208,7 +234,12 @@ pub fn run(a: DevArgs) -> Result<()> {
         }
     });
     eprintln!("sluice dev: stopping");
-    for (_, c) in &mut children {
+    for (k, (_, c)) in children.iter_mut().enumerate() {
+        // A reaped child's pid may have been given to another process:
+        // only children still running (not reaped) are signalled.
+        if reported[k] || !matches!(c.try_wait(), Ok(None)) {
+            continue;
+        }
         // SAFETY: signalling a child process we spawned and have not reaped.
         unsafe {
             libc::kill(c.id() as libc::pid_t, libc::SIGTERM);

@@ -3,8 +3,6 @@
 //! the demo pipeline on an embedded node; `plan` plans deployments.
 
 mod bench;
-mod bench_cluster;
-mod bench_etcd;
 mod commands;
 mod demo;
 mod dev;
@@ -45,8 +43,14 @@ enum Cmd {
     Serve(serve::ServeArgs),
     /// Interactive prompt: type client commands without the `sluice` prefix.
     Shell,
-    /// Benchmarks (core, memory, pipeline, persistent, plan), each next to a baseline.
-    Bench(bench::BenchArgs),
+    /// Benchmarks (core, memory, pipeline, persistent, plan, cluster), each
+    /// next to a baseline: runs the `sluice-bench` binary (see `sluice bench --help`).
+    #[command(disable_help_flag = true)]
+    Bench {
+        /// Arguments for `sluice-bench`.
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<String>,
+    },
     /// Start a local cluster of N real node processes (Ctrl-C stops it).
     Dev(dev::DevArgs),
     /// Run the demo pipeline (ONNX filter -> classifier -> store) on an embedded node.
@@ -76,7 +80,7 @@ fn main() -> ExitCode {
     let addr = cli.addr.take().unwrap_or_else(default_addr);
     let result = match cli.cmd {
         Cmd::Serve(a) => serve::run(a),
-        Cmd::Bench(a) => bench::run(a, &addr, cli.json),
+        Cmd::Bench { args } => bench::run(&args, cli.json),
         Cmd::Demo(a) => demo::run(a),
         Cmd::Dev(a) => dev::run(a),
         Cmd::Plan(a) => plan::run(a, cli.json),

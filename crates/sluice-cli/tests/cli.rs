@@ -208,6 +208,16 @@ fn put_get_versions_and_values_from_args_files_and_stdin() {
         n.ok(&["get", "/vol/t", "--at", &(ts + 10).to_string()]),
         "x\n"
     );
+    // An empty standard input is not taken for an empty value (issue #15);
+    // `--stdin` stores what it holds, empty included.
+    let o = n.sluice_stdin(&["put", "/vol/empty"], Some(b""));
+    assert!(!o.status.success());
+    let e = String::from_utf8_lossy(&o.stderr);
+    assert!(e.contains("standard input is empty"), "{e}");
+    assert!(n.fails(&["get", "/vol/empty"]).contains("not found"));
+    let o = n.sluice_stdin(&["put", "/vol/empty", "--stdin"], Some(b""));
+    assert!(o.status.success());
+    assert_eq!(n.ok(&["size", "/vol/empty"]), "0\n");
 }
 
 #[test]
@@ -419,6 +429,19 @@ fn stats_ping_and_graceful_shutdown() {
     let j: serde_json::Value = serde_json::from_str(&n.ok(&["stats"])).unwrap();
     assert_eq!(j["store"]["puts"], 1);
     assert!(n.ok(&["ping"]).starts_with("pong from node 0"));
+    // A health check for scripts: exit code 0 when the node serves.
+    assert!(n.ok(&["health"]).starts_with("healthy: node 0"));
+    let j: serde_json::Value = serde_json::from_str(&n.ok(&["--json", "health"])).unwrap();
+    assert_eq!(j["healthy"], true, "{j}");
+    let dead = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap();
+    let o = Command::new(BIN)
+        .args(["--addr", &dead.to_string(), "health"])
+        .output()
+        .unwrap();
+    assert!(!o.status.success(), "health of a node that is not there");
     // Cluster commands on a standalone node: a clear error, not a hang.
     let o = n.sluice(&["cluster", "status"]);
     assert!(!o.status.success());
@@ -496,6 +519,14 @@ fn default_serve_uses_documented_port_and_data_dir() {
 
 #[test]
 fn demo_pipeline_matches_offline_accuracy() {
+    // Issue #15: no frames printed "accuracy NaN" and exited 0; a rate of
+    // 0 silently ran at 1/s. Both are refused, naming the flag.
+    for bad in [["--images", "0"], ["--rate", "0"]] {
+        let o = Command::new(BIN).arg("demo").args(bad).output().unwrap();
+        assert!(!o.status.success(), "demo {bad:?} ran");
+        let e = String::from_utf8_lossy(&o.stderr);
+        assert!(e.contains(bad[0]) && e.contains("0"), "{e}");
+    }
     let dir = temp_dir("demo");
     let svg = dir.join("chart.svg");
     let o = Command::new(BIN)
@@ -650,6 +681,12 @@ fn dfg_apply_ls_rm_on_a_running_node() {
         ls.contains("echo relay /trig/in to /out") && ls.contains("calls 1 emitted 1"),
         "{ls}"
     );
+    // One graph, as JSON (issue #15).
+    let g: serde_json::Value = serde_json::from_str(&n.ok(&["dfg", "show", "echo"])).unwrap();
+    assert_eq!(g["id"], "echo", "{g}");
+    assert!(n
+        .fails(&["dfg", "show", "nope"])
+        .contains("data flow graph \"nope\" not found"));
     // Invalid graphs are rejected whole with the JSON path.
     std::fs::write(&f, r#"[{"id": "bad", "graph": [{"pathname": "/trig/x", "user_defined_logic_list": ["relay"], "user_defined_logic_hook_list": ["sometimes"]}]}]"#).unwrap();
     let e = n.fails(&["dfg", "apply", f.to_str().unwrap()]);
@@ -731,6 +768,10 @@ fn persistent_preview_keeps_history_across_restarts() {
         "/p/a\n"
     );
     assert_eq!(n.ok(&["ls", "/p"]), "");
+    // A version not written yet lists nothing it could be right about: an
+    // error (it used to list the current keys, issue #15).
+    let e = n.fails(&["ls", "/p", "--at-version", "1000000"]);
+    assert!(e.contains("has not been written yet"), "{e}");
     let e = n.fails(&["history", "/vol/x"]);
     assert!(
         e.contains("only persistent pools keep history") || e.contains("not found"),
@@ -913,6 +954,51 @@ fn dev_starts_a_three_node_cluster_and_ctrl_c_stops_it() {
     assert_eq!(String::from_utf8_lossy(&o.stdout), "x\n");
     let seeds = format!("{a0},127.0.0.1:{}", base + 1);
     assert_eq!(cli(seeds, &["get", "/vol/a"]), "x\n");
+    // Issue #15: `sluice dev` says how to restart the node that died; the
+    // command it prints brings it back into the cluster.
+    let mut err = BufReader::new(dev.stderr.take().unwrap());
+    let hint = loop {
+        let mut l = String::new();
+        assert!(
+            err.read_line(&mut l).unwrap() > 0,
+            "sluice dev said nothing about node 0"
+        );
+        if l.contains("node 0 exited") && l.contains("Restart it with") {
+            let mut cmd = String::new();
+            err.read_line(&mut cmd).unwrap();
+            break cmd;
+        }
+    };
+    let words: Vec<&str> = hint.split_whitespace().collect();
+    let end = words
+        .iter()
+        .position(|w| *w == ">>")
+        .expect("the hint appends to the log");
+    assert!(hint.contains("--node-id 0"), "{hint}");
+    let mut again = Command::new(words[0])
+        .args(&words[1..end])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let o = Command::new(BIN)
+            .args(["--addr", &a0, "get", "/vol/a"])
+            .output()
+            .unwrap();
+        if o.status.success() {
+            assert_eq!(String::from_utf8_lossy(&o.stdout), "x\n");
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "node 0 did not come back"
+        );
+        std::thread::park_timeout(Duration::from_millis(100));
+    }
+    let _ = again.kill();
+    let _ = again.wait();
     // SAFETY: signalling the child we spawned.
     unsafe {
         libc::kill(dev.id() as libc::pid_t, libc::SIGINT);
@@ -1123,4 +1209,61 @@ fn damaged_history_refuses_to_start_and_fsck_reports_and_repairs_it() {
     assert_eq!(n.ok(&["get", "/sensors/t"]), "first\n");
     drop(n);
     let _ = std::fs::remove_dir_all(&data);
+}
+
+/// Issue #15: an error is printed once (its cause used to appear twice:
+/// in the message and again as its source), and a node whose log goes to
+/// a file or a pipe writes no colour codes.
+#[test]
+fn errors_print_once_and_logs_off_a_terminal_have_no_colour() {
+    let n = start_node();
+    let dir = temp_dir("twice");
+    let data = dir.join("data");
+    let e = serve_must_fail(
+        &dir,
+        &["--listen", &n.addr, "--data-dir", data.to_str().unwrap()],
+    );
+    assert_eq!(e.matches("in use").count(), 1, "{e}");
+    assert!(!e.contains('\x1b'), "colour codes in a piped log: {e:?}");
+    std::fs::write(data.join("pools.json"), b"{ not json").unwrap();
+    let e = serve_must_fail(
+        &dir,
+        &[
+            "--listen",
+            "127.0.0.1:0",
+            "--data-dir",
+            data.to_str().unwrap(),
+        ],
+    );
+    assert_eq!(e.matches("is corrupt").count(), 1, "{e}");
+    assert!(!e.contains('\x1b'), "{e:?}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Issue #15: errors a new user met said the wrong thing: an unknown DFG
+/// id was a "key ... not found", and a port that is not a Sluice node was
+/// "is this a Sluice client?".
+#[test]
+fn errors_name_what_is_wrong() {
+    let n = start_node();
+    let e = n.fails(&["dfg", "rm", "shout"]);
+    assert!(e.contains("data flow graph \"shout\" not found"), "{e}");
+    assert!(!e.contains("key \""), "{e}");
+    // Something that is not a Sluice node on the port.
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = l.local_addr().unwrap().to_string();
+    std::thread::spawn(move || {
+        for s in l.incoming().take(4) {
+            let mut s = s.unwrap();
+            let _ = std::io::Write::write_all(&mut s, b"HTTP/1.1 400 Bad Request\r\n\r\n");
+        }
+    });
+    let o = Command::new(BIN)
+        .args(["--addr", &addr, "get", "/vol/a"])
+        .output()
+        .unwrap();
+    assert!(!o.status.success());
+    let e = String::from_utf8_lossy(&o.stderr);
+    assert!(e.contains("is not a Sluice node"), "{e}");
+    assert!(!e.contains("Sluice client"), "{e}");
 }

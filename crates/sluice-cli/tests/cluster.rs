@@ -1235,13 +1235,13 @@ async fn persistent_shard_histories_are_equal_after_killing_a_minority_under_loa
         .max_by_key(|a| a.1)
         .unwrap()
         .clone();
-    let ahead = sluice_store::Clock::wall_us() + 100_000;
+    let ahead = sluice_client::wall_us() + 100_000;
     let r = get_by_time_raw(&raw, &key, ahead, 5000).await.unwrap();
     let Response::Object(o) = r else {
         panic!("{r:?}")
     };
     assert!(
-        sluice_store::Clock::wall_us() >= ahead,
+        sluice_client::wall_us() >= ahead,
         "answered before the time had come"
     );
     assert!(
@@ -1251,7 +1251,7 @@ async fn persistent_shard_histories_are_equal_after_killing_a_minority_under_loa
         newest.1
     );
     // Unless wait_ms is too short: then a clear error, not a guess.
-    let far = sluice_store::Clock::wall_us() + 60_000_000;
+    let far = sluice_client::wall_us() + 60_000_000;
     let r = get_by_time_raw(&raw, &key, far, 10).await;
     assert!(
         matches!(&r, Err(SluiceError::Unavailable { reason }) if reason.contains("not stable yet")),

@@ -229,14 +229,21 @@ async fn connect_seed(cfg: &ClientConfig) -> Result<(std::net::SocketAddr, Arc<C
     })
 }
 
+/// A random 64-bit id from the operating system's random source (std
+/// seeds every `RandomState` from it): deduplication of retried writes
+/// relies on client ids never colliding, which a clock and a pid do not
+/// promise.
+fn random_u64() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u64(sluice_types::wall_us());
+    h.finish()
+}
+
 fn new_trace(id: u64) -> Trace {
-    let now = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_micros() as u64)
-        .unwrap_or(0);
     Trace {
         id,
-        client_sent_us: now,
+        client_sent_us: sluice_types::wall_us(),
         hops: Vec::new(),
         emit_depth: 0,
     }
@@ -281,12 +288,7 @@ impl Client {
                 Conn::connect(addr, &cfg.client_name, cfg.connect_timeout).await?,
             );
         }
-        let seed = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_nanos() as u64)
-            ^ (u64::from(std::process::id()) << 32)
-            ^ (&home as *const NodePool as u64);
-        let client_id = sluice_types::fnv1a64(&seed.to_le_bytes());
+        let client_id = random_u64();
         let client = Client {
             inner: Arc::new(Inner {
                 cfg,
@@ -1345,4 +1347,16 @@ impl Client {
 /// Client-side queue for one watch; matches the server's per-connection queue.
 fn sluice_server_queue_len() -> usize {
     4096
+}
+
+#[cfg(test)]
+mod tests {
+    /// Client ids come from the OS's random source: distinct per client
+    /// (deduplication of retried writes is keyed by them).
+    #[test]
+    fn client_ids_are_distinct() {
+        let ids: std::collections::HashSet<u64> =
+            (0..10_000).map(|_| super::random_u64()).collect();
+        assert_eq!(ids.len(), 10_000);
+    }
 }

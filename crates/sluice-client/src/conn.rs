@@ -75,10 +75,12 @@ impl Conn {
         let mut buf = BytesMut::with_capacity(4096);
         let info = tokio::time::timeout(connect_timeout, async {
             loop {
-                if let Some(f) = decoder
-                    .decode(&mut buf)
-                    .map_err(|e| SluiceError::protocol(e.to_string()))?
-                {
+                if let Some(f) = decoder.decode(&mut buf).map_err(|e| match e {
+                    sluice_wire::FrameError::BadMagic(_) => conn_err(format!(
+                        "{addr} is not a Sluice node (it answered with something other than Sluice frames); check the address and port"
+                    )),
+                    e => SluiceError::protocol(e.to_string()),
+                })? {
                     return match Response::decode(f)? {
                         Response::HelloOk(info) => Ok(info),
                         Response::Error(e) => Err(e),

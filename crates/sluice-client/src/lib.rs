@@ -21,6 +21,7 @@ pub use client::{Client, ClientConfig, Notification, Watch};
 /// to talk to each other).
 pub use conn::Conn;
 pub use sluice_types::pool::Retention;
+pub use sluice_types::wall_us;
 pub use sluice_types::{
     Object, ObjectMeta, PoolMeta, PoolSpec, PoolType, PutResult, SluiceError, VERSION_NONE,
 };

@@ -1198,7 +1198,7 @@ impl ClusterNode {
         from_peer: bool,
     ) -> Result<serde_json::Value, SluiceError> {
         let cmd: Admin = serde_json::from_str(command)
-            .map_err(|e| SluiceError::protocol(format!("bad cluster command: {e}")))?;
+            .map_err(|e| SluiceError::invalid_argument("cluster command", e.to_string()))?;
         if !from_peer
             && matches!(
                 cmd,
@@ -1295,12 +1295,12 @@ impl ClusterNode {
         let s = parse_shard(shard)?;
         let g = self.local(s)?;
         self.check_leader(&g)?;
-        let addr = self
-            .layout
-            .address_of(node)
-            .ok_or_else(|| SluiceError::Protocol {
-                reason: format!("node {node} is not in the layout's [[nodes]]"),
-            })?;
+        let addr = self.layout.address_of(node).ok_or_else(|| {
+            SluiceError::invalid_argument(
+                format!("node {node}"),
+                "it is not in the layout's [[nodes]]",
+            )
+        })?;
         let mut voters = Self::voters(&g);
         let api = |e: RaftError<u64, ClientWriteError<u64, BasicNode>>| match e {
             RaftError::APIError(ClientWriteError::ForwardToLeader(f)) => {
@@ -1310,9 +1310,10 @@ impl ClusterNode {
         };
         if add {
             if voters.contains(&u64::from(node)) {
-                return Err(SluiceError::Protocol {
-                    reason: format!("node {node} is already a member of {shard}"),
-                });
+                return Err(SluiceError::invalid_argument(
+                    format!("node {node}"),
+                    format!("it is already a member of {shard}"),
+                ));
             }
             // Blocks until the newcomer has caught up (log or snapshot).
             g.raft
@@ -1322,14 +1323,16 @@ impl ClusterNode {
             voters.insert(u64::from(node));
         } else {
             if !voters.remove(&u64::from(node)) {
-                return Err(SluiceError::Protocol {
-                    reason: format!("node {node} is not a member of {shard}"),
-                });
+                return Err(SluiceError::invalid_argument(
+                    format!("node {node}"),
+                    format!("it is not a member of {shard}"),
+                ));
             }
             if voters.is_empty() {
-                return Err(SluiceError::Protocol {
-                    reason: format!("cannot remove the last member of {shard}"),
-                });
+                return Err(SluiceError::invalid_argument(
+                    format!("node {node}"),
+                    format!("it is the last member of {shard}, which cannot be removed"),
+                ));
             }
         }
         g.raft

@@ -201,10 +201,9 @@ pub fn group_name(g: u64) -> String {
 
 /// Parses `volatile/0/1` (pool type / subgroup / shard).
 pub fn parse_shard(s: &str) -> Result<ShardId, SluiceError> {
-    let bad = || SluiceError::Protocol {
-        reason: format!(
-            "bad shard {s:?}: expected <volatile|persistent>/<subgroup>/<shard>, e.g. volatile/0/0"
-        ),
+    let bad = || SluiceError::InvalidArgument {
+        what: format!("shard {s:?}"),
+        reason: "expected <volatile|persistent>/<subgroup>/<shard>, e.g. volatile/0/0".into(),
     };
     let mut it = s.split('/');
     let (Some(t), Some(g), Some(i), None) = (it.next(), it.next(), it.next(), it.next()) else {
@@ -249,7 +248,11 @@ mod tests {
             shard: 0,
         };
         assert_eq!(group_of(t), None);
-        assert!(parse_shard("trigger/0/0").is_err());
+        let e = parse_shard("trigger/0/0").unwrap_err();
+        assert!(
+            e.to_string().starts_with("invalid shard \"trigger/0/0\""),
+            "{e}"
+        );
         assert!(parse_shard("volatile/x/0").is_err());
     }
 

@@ -311,9 +311,7 @@ impl Engine {
     pub fn remove(&self, id: &str) -> Result<()> {
         let mut graphs = self.graphs.lock();
         if graphs.remove(id).is_none() {
-            return Err(SluiceError::NotFound {
-                key: format!("data flow graph {id:?}"),
-            });
+            return Err(SluiceError::DfgNotFound { id: id.to_string() });
         }
         self.install(&graphs);
         tracing::info!(graph = id, "data flow graph removed");

@@ -17,8 +17,8 @@ use std::path::{Path, PathBuf};
 pub enum LockError {
     #[error("{dir} is in use by another process ({holder}); stop it first, or give this one another directory")]
     Held { dir: PathBuf, holder: String },
-    #[error("cannot lock {dir}: {source}")]
-    Io { dir: PathBuf, source: io::Error },
+    #[error("cannot lock {dir}: {error}")]
+    Io { dir: PathBuf, error: io::Error },
 }
 
 /// Held for as long as the value lives; dropping it (or the process
@@ -37,9 +37,9 @@ impl DirLock {
     /// process to whoever is refused later (e.g. "sluice serve on
     /// 127.0.0.1:7420"); the pid is added.
     pub fn acquire(dir: &Path, holder: &str) -> Result<DirLock, LockError> {
-        let io_err = |source| LockError::Io {
+        let io_err = |error| LockError::Io {
             dir: dir.to_path_buf(),
-            source,
+            error,
         };
         std::fs::create_dir_all(dir).map_err(io_err)?;
         let mut file = std::fs::OpenOptions::new()

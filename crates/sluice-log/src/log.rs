@@ -56,11 +56,13 @@ pub struct Location {
 
 #[derive(Debug, thiserror::Error)]
 pub enum LogError {
-    #[error("{op} {file}: {source}")]
+    // The I/O error is part of the message, not a `source`: printed
+    // with its chain (`{:#}`), it would appear twice.
+    #[error("{op} {file}: {error}")]
     Io {
         op: &'static str,
         file: String,
-        source: std::io::Error,
+        error: std::io::Error,
     },
     #[error("{file} is corrupt at offset {offset}: {reason}; the log will not open until the file is repaired or removed")]
     Corrupt {
@@ -79,7 +81,7 @@ pub enum LogError {
 impl LogError {
     /// True for "no space left on device".
     pub fn is_disk_full(&self) -> bool {
-        matches!(self, LogError::Io { source, .. } if source.raw_os_error() == Some(28))
+        matches!(self, LogError::Io { error, .. } if error.raw_os_error() == Some(28))
     }
 }
 
@@ -291,7 +293,7 @@ fn segment_ids(fs: &Arc<dyn Fs>, dir: &Path) -> Result<Vec<u64>> {
 
 fn io(op: &'static str, file: &Path) -> impl FnOnce(std::io::Error) -> LogError {
     let file = file.display().to_string();
-    move |source| LogError::Io { op, file, source }
+    move |error| LogError::Io { op, file, error }
 }
 
 impl Log {
@@ -469,7 +471,7 @@ impl Log {
             return Err(LogError::Io {
                 op: "appending to",
                 file: path.display().to_string(),
-                source: e,
+                error: e,
             });
         }
         let before = self.active_len;
@@ -486,7 +488,7 @@ impl Log {
                     return Err(LogError::Io {
                         op: "syncing",
                         file: path.display().to_string(),
-                        source: e,
+                        error: e,
                     });
                 }
             }
@@ -660,6 +662,12 @@ impl Log {
             bytes_before: data.len() as u64,
             bytes_after: out.len() as u64,
         })
+    }
+
+    /// Drops a compacted copy of segment `id` that will not be installed
+    /// (nothing to reclaim, or the plan went stale).
+    pub fn discard_compacted(dir: &Path, id: u64) {
+        let _ = std::fs::remove_file(seg_path(dir, id).with_extension("compact"));
     }
 
     /// Atomically replaces the segment with its compacted copy.

@@ -62,17 +62,25 @@ impl Report {
     }
 }
 
+impl From<sluice_log::LockError> for FsckError {
+    fn from(e: sluice_log::LockError) -> Self {
+        FsckError::Locked(e)
+    }
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum FsckError {
+    // Not `#[from]`: that would make the lock error a `source` too, and
+    // printed with its chain it would appear twice.
     #[error("{0}; fsck needs the node stopped")]
-    Locked(#[from] sluice_log::LockError),
+    Locked(sluice_log::LockError),
     #[error("{0} is not a Sluice data directory (no pools.json); pass the node's --data-dir")]
     NotADataDir(String),
-    #[error("{what} {path}: {source}")]
+    #[error("{what} {path}: {error}")]
     Io {
         what: &'static str,
         path: String,
-        source: std::io::Error,
+        error: std::io::Error,
     },
     #[error("{0}")]
     Refused(String),
@@ -80,7 +88,7 @@ pub enum FsckError {
 
 fn io(what: &'static str, path: &Path) -> impl FnOnce(std::io::Error) -> FsckError {
     let path = path.display().to_string();
-    move |source| FsckError::Io { what, path, source }
+    move |error| FsckError::Io { what, path, error }
 }
 
 fn subdirs(dir: &Path) -> Result<Vec<PathBuf>, FsckError> {

@@ -18,15 +18,17 @@ use tokio::sync::{watch, Semaphore};
 pub enum ServerError {
     #[error("invalid configuration: {0}")]
     Config(String),
-    #[error("cannot listen on {addr}: {source} (is another sluice running? pick another address with --listen)")]
+    // Causes are part of each message, never a `source` as well:
+    // printed with its chain (`{:#}`), an error would appear twice.
+    #[error("cannot listen on {addr}: {error} (is another sluice running? pick another address with --listen)")]
     Bind {
         addr: SocketAddr,
-        source: std::io::Error,
+        error: std::io::Error,
     },
-    #[error("data directory: {0}")]
+    #[error(transparent)]
     DataDirInUse(#[from] sluice_log::LockError),
-    #[error("cannot open the store in {dir}: {source}")]
-    Store { dir: String, source: SluiceError },
+    #[error("cannot open the store in {dir}: {error}")]
+    Store { dir: String, error: SluiceError },
 }
 
 /// Applies retention in the background until the store is dropped.
@@ -132,9 +134,9 @@ impl Server {
             },
             persistent_segment_bytes: cfg.persistent.segment_bytes,
         })
-        .map_err(|source| ServerError::Store {
+        .map_err(|error| ServerError::Store {
             dir: cfg.data_dir.display().to_string(),
-            source,
+            error,
         })?;
         let store = Arc::new(store);
         let cluster = match cluster_layout {
@@ -148,9 +150,9 @@ impl Server {
                     store.clone(),
                 )
                 .await
-                .map_err(|source| ServerError::Store {
+                .map_err(|error| ServerError::Store {
                     dir: cfg.data_dir.display().to_string(),
-                    source,
+                    error,
                 })?,
             ),
         };
@@ -197,9 +199,9 @@ impl Server {
         cfg.validate().map_err(ServerError::Config)?;
         let listener = TcpListener::bind(cfg.listen)
             .await
-            .map_err(|source| ServerError::Bind {
+            .map_err(|error| ServerError::Bind {
                 addr: cfg.listen,
-                source,
+                error,
             })?;
         let watches = Arc::new(WatchHub::default());
         store.add_observer(watches.clone());

@@ -1,5 +1,4 @@
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{SystemTime, UNIX_EPOCH};
 
 /// A node's timestamp source: wall-clock microseconds, but strictly
 /// increasing, so a timestamp never goes backwards on a node even if the
@@ -16,10 +15,7 @@ impl Clock {
     }
 
     pub fn wall_us() -> u64 {
-        SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map(|d| d.as_micros() as u64)
-            .unwrap_or(0)
+        sluice_types::wall_us()
     }
 
     /// The next timestamp: greater than every one handed out before.

@@ -1572,7 +1572,7 @@ impl Store {
             if g.epoch() != epoch {
                 // The history was rolled back meanwhile (a replica
                 // installing a snapshot): this plan is stale.
-                let _ = std::fs::remove_file(dir.join(format!("seg-{seg:016x}.compact")));
+                sluice_log::Log::discard_compacted(&dir, seg);
                 break;
             }
             let c = c.map_err(|e| SluiceError::Io {
@@ -1580,7 +1580,7 @@ impl Store {
             })?;
             if c.dropped == 0 {
                 // Nothing to reclaim: leave the segment as it is.
-                let _ = std::fs::remove_file(dir.join(format!("seg-{seg:016x}.compact")));
+                sluice_log::Log::discard_compacted(&dir, seg);
                 continue;
             }
             g.install_compacted(&c).map_err(history_err)?;
@@ -1607,6 +1607,24 @@ impl Store {
         prefix: Option<&str>,
         version: u64,
     ) -> Result<Vec<String>> {
+        // A version no shard of the pool has reached names no state yet:
+        // refused, as a get of it is (it used to list the current keys).
+        let meta = self.get_pool(pool)?;
+        let latest = self
+            .shards_of_pool(&meta)
+            .iter()
+            .filter_map(|id| self.shards.get(id))
+            .map(|s| s.last_version())
+            .max()
+            .unwrap_or(0);
+        if version > latest {
+            return Err(SluiceError::VersionNotRetained {
+                key: pool.to_string(),
+                reason: format!(
+                    "version {version} has not been written yet (the pool's shards are at version {latest} at most)"
+                ),
+            });
+        }
         self.list_keys_at(pool, prefix, |h, p| h.keys_at_version(version, p))
     }
 

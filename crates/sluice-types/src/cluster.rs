@@ -1,5 +1,5 @@
-//! The cluster layout and member selection (issue #4 groundwork: parsed,
-//! validated and tested; the single-node server does not use it yet).
+//! The cluster layout and member selection: what `sluice serve --cluster`
+//! loads and `sluice-cluster` builds its replication groups from.
 //!
 //! A layout names the nodes and, per pool type, the subgroups and their
 //! shards, each shard a list of member node ids (Cascade's layout.json

@@ -93,6 +93,12 @@ pub enum SluiceError {
     InvalidDfg { path: String, reason: String },
     #[error("protocol error: {reason}")]
     Protocol { reason: String },
+    /// A request well formed on the wire whose argument is wrong (a shard
+    /// name, a member, a command): what it is, and why.
+    #[error("invalid {what}: {reason}")]
+    InvalidArgument { what: String, reason: String },
+    #[error("data flow graph {id:?} not found (`sluice dfg ls` lists the applied ones)")]
+    DfgNotFound { id: String },
     #[error("{what} timed out after {after_ms} ms")]
     Timeout { what: String, after_ms: u64 },
     #[error("connection error: {reason}")]
@@ -109,6 +115,13 @@ impl SluiceError {
     pub fn invalid_key(key: &str, reason: impl Into<String>) -> Self {
         SluiceError::InvalidKey {
             key: key.to_string(),
+            reason: reason.into(),
+        }
+    }
+
+    pub fn invalid_argument(what: impl Into<String>, reason: impl Into<String>) -> Self {
+        SluiceError::InvalidArgument {
+            what: what.into(),
             reason: reason.into(),
         }
     }

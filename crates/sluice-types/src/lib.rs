@@ -13,6 +13,14 @@ pub mod pool;
 pub mod routing;
 
 pub use error::{Result, SluiceError};
+
+/// Microseconds since the Unix epoch (0 if the clock is before it): the
+/// time every timestamp in Sluice is in.
+pub fn wall_us() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_micros() as u64)
+}
 pub use key::validate_key;
 pub use limits::Limits;
 pub use object::{

@@ -5,6 +5,7 @@
 //! enters the build, so the engine itself stays light.
 
 pub mod npy;
+#[cfg(feature = "onnx")]
 pub mod onnx;
 
 use serde_json::Value;
@@ -42,8 +43,15 @@ pub fn register_all(r: &mut Registry) {
             topic: topic.to_string(),
         }) as Arc<dyn Udl>)
     });
+    #[cfg(feature = "onnx")]
     r.register("onnx", |c: &Value, ctx: &Context| {
         onnx::OnnxUdl::from_config(c, ctx).map(|u| Arc::new(u) as Arc<dyn Udl>)
+    });
+    #[cfg(not(feature = "onnx"))]
+    r.register("onnx", |_: &Value, _: &Context| {
+        Err::<Arc<dyn Udl>, _>(
+            "this node was built without the onnx UDL (the `onnx` feature of sluice-server / sluice-udls)".into(),
+        )
     });
 }
 

@@ -359,7 +359,10 @@ fn invalid_graphs_are_rejected_whole_with_the_json_path() {
         "relay"
     );
     e.remove("u").unwrap();
-    assert!(matches!(e.remove("u"), Err(SluiceError::NotFound { .. })));
+    assert!(matches!(
+        e.remove("u"),
+        Err(SluiceError::DfgNotFound { .. })
+    ));
 }
 
 #[test]

@@ -6,8 +6,8 @@
 //! cost. Requests go to the leader, as Sluice's client sends puts to the
 //! shard's leader.
 
-use crate::bench::Op;
-use crate::bench_cluster::free_port;
+use crate::harness::Op;
+use crate::procs::free_port;
 use anyhow::{bail, Context, Result};
 use bytes::{BufMut, Bytes, BytesMut};
 use std::path::PathBuf;
@@ -16,10 +16,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// A 3-member etcd cluster, killed and removed on drop.
-pub(crate) struct Etcd {
+pub struct Etcd {
     children: Vec<Child>,
     /// Client URLs (host:port), by member.
-    pub(crate) clients: Vec<String>,
+    pub clients: Vec<String>,
     dir: PathBuf,
 }
 
@@ -35,7 +35,7 @@ impl Drop for Etcd {
 
 /// Starts three etcd members with their data under `dir` (the same disk
 /// Sluice's logs use) and waits until a put succeeds.
-pub(crate) fn start_etcd(dir: PathBuf) -> Result<Etcd> {
+pub fn start_etcd(dir: PathBuf) -> Result<Etcd> {
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir)?;
     let peers: Vec<u16> = (0..3).map(|_| free_port()).collect::<Result<_>>()?;
@@ -91,7 +91,7 @@ pub(crate) fn start_etcd(dir: PathBuf) -> Result<Etcd> {
 impl Etcd {
     /// The client address of the current leader, once the cluster takes
     /// puts (asked with `etcdctl endpoint status`).
-    pub(crate) async fn leader(&self) -> Result<String> {
+    pub async fn leader(&self) -> Result<String> {
         let deadline = Instant::now() + Duration::from_secs(30);
         loop {
             let out = Command::new("etcdctl")
@@ -161,14 +161,14 @@ fn put_frame(key: &[u8], value: &[u8]) -> Bytes {
 /// One client: an HTTP/2 connection to an etcd member, putting `size`-byte
 /// values under 64 keys of `prefix` in turn (bodies encoded up front).
 #[derive(Clone)]
-pub(crate) struct EtcdOp {
+pub struct EtcdOp {
     send: h2::client::SendRequest<Bytes>,
     authority: String,
     bodies: Arc<Vec<Bytes>>,
 }
 
 impl EtcdOp {
-    pub(crate) async fn connect(addr: &str, prefix: &str, size: usize) -> Result<EtcdOp> {
+    pub async fn connect(addr: &str, prefix: &str, size: usize) -> Result<EtcdOp> {
         let tcp = tokio::net::TcpStream::connect(addr)
             .await
             .with_context(|| format!("connecting to etcd at {addr}"))?;

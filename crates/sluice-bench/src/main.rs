@@ -1,0 +1,181 @@
+//! `sluice-bench`: Sluice's benchmarks, each next to a baseline measured
+//! in the same run (a raw loopback TCP exchange, redis-server, etcd).
+//! Its own binary, so the product (`sluice`) carries no benchmark peers
+//! (HTTP/2 for etcd's gRPC, RESP); `sluice bench ...` runs this binary.
+//!
+//! Modules: `harness` (node processes, histograms, drivers, report),
+//! `peers` (what is measured and compared with), `procs` (a local
+//! cluster), `etcd`, and the benchmarks: `single` (one node) and
+//! `cluster`. Each depends only on those before it in this list.
+
+mod cluster;
+mod etcd;
+mod harness;
+mod peers;
+mod procs;
+mod single;
+
+use anyhow::Result;
+use clap::Parser;
+use std::process::ExitCode;
+
+#[derive(Parser)]
+#[command(
+    name = "sluice-bench",
+    version,
+    about = "Sluice's benchmarks (HDR histograms, open and closed loop), each next to a baseline measured in the same run"
+)]
+struct Cli {
+    /// Print results as JSON.
+    #[arg(long, global = true)]
+    json: bool,
+    #[command(flatten)]
+    bench: BenchArgs,
+}
+
+#[derive(clap::Args)]
+pub struct BenchArgs {
+    #[command(subcommand)]
+    pub what: Option<BenchWhat>,
+    #[command(flatten)]
+    pub core: CoreArgs,
+}
+
+#[derive(clap::Subcommand)]
+pub enum BenchWhat {
+    /// put/get/trigger_put latency and throughput (the default).
+    Core(CoreArgs),
+    /// RSS of a node holding many objects.
+    Memory(MemoryArgs),
+    /// Optimizer time of `sluice plan` on generated instances.
+    Plan(PlanBenchArgs),
+    /// No-op lambda pipelines of 1..4 relay stages (Cascade's Fig. 7).
+    Pipeline(PipelineArgs),
+    /// Persistent pools: durable puts, time reads, recovery, next to etcd.
+    Persistent(PersistentArgs),
+    /// Replicated shards of 1, 3 and 5 nodes (real processes) next to
+    /// redis-server with two replicas and WAIT 2, and failover time.
+    Cluster(cluster::ClusterBenchArgs),
+}
+
+#[derive(clap::Args, Clone)]
+pub struct PersistentArgs {
+    /// Value sizes in bytes.
+    #[arg(long, value_delimiter = ',', default_value = "10240,1048576")]
+    pub sizes: Vec<usize>,
+    /// Length of each measurement phase.
+    #[arg(long, default_value_t = 2000)]
+    pub duration_ms: u64,
+    /// Concurrent clients in the throughput phase.
+    #[arg(long, default_value_t = 16)]
+    pub clients: usize,
+    /// Size of the log written for the recovery measurement, in MiB.
+    #[arg(long, default_value_t = 1024)]
+    pub recovery_mib: u64,
+    /// Shard sizes: 1 is a standalone node (every sync policy), 3 a
+    /// cluster of three node processes replicating one persistent shard.
+    #[arg(long, value_delimiter = ',', default_value = "1,3")]
+    pub shard_sizes: Vec<u32>,
+    /// `[persistent] sync` of the 3-node cluster (in a cluster, `always`
+    /// and `batch` both fsync the consensus log through its group-commit
+    /// thread; `never` leaves it to the OS).
+    #[arg(long, default_value = "always")]
+    pub cluster_sync: String,
+    /// Skip the 3-member etcd comparison.
+    #[arg(long)]
+    pub no_etcd: bool,
+    /// Tokio worker threads per cluster node (0: one per core).
+    #[arg(long, default_value_t = 0)]
+    pub node_threads: usize,
+}
+
+#[derive(clap::Args, Clone)]
+pub struct PipelineArgs {
+    /// Benchmark this running node instead of starting one.
+    #[arg(long)]
+    pub server: Option<String>,
+    /// Value sizes in bytes.
+    #[arg(long, value_delimiter = ',', default_value = "10240,1048576")]
+    pub sizes: Vec<usize>,
+    /// Most relay stages.
+    #[arg(long, default_value_t = 4)]
+    pub max_stages: usize,
+    /// Length of each measurement phase.
+    #[arg(long, default_value_t = 1500)]
+    pub duration_ms: u64,
+    /// Requests in flight in the throughput phase.
+    #[arg(long, default_value_t = 32)]
+    pub window: usize,
+}
+
+#[derive(clap::Args, Clone)]
+pub struct PlanBenchArgs {
+    /// Worker counts to generate (the paper's small..xlarge).
+    #[arg(long, value_delimiter = ',', default_value = "5,9,15,30")]
+    pub workers: Vec<usize>,
+    /// Instances per size.
+    #[arg(long, default_value_t = 20)]
+    pub instances: u64,
+    /// Run the exhaustive search up to this many workers, for the optimality gap.
+    #[arg(long, default_value_t = 9)]
+    pub exhaustive_max_workers: usize,
+}
+
+#[derive(clap::Args, Clone)]
+pub struct CoreArgs {
+    /// Benchmark this running node instead of starting one.
+    #[arg(long)]
+    pub server: Option<String>,
+    /// Value sizes in bytes.
+    #[arg(long, value_delimiter = ',', default_value = "1024,10240,1048576")]
+    pub sizes: Vec<usize>,
+    /// Operations to measure: put, get, trigger.
+    #[arg(long, value_delimiter = ',', default_value = "put,get,trigger")]
+    pub ops: Vec<String>,
+    /// Concurrent clients (one connection each) in the throughput phase.
+    #[arg(long, default_value_t = 16)]
+    pub clients: usize,
+    /// Length of each measurement phase.
+    #[arg(long, default_value_t = 2000)]
+    pub duration_ms: u64,
+    /// Open-loop rate in ops/s (0: half the closed-loop single-client rate).
+    #[arg(long, default_value_t = 0)]
+    pub rate: u64,
+    /// Also measure redis-server at this address (SET/GET) with the same harness.
+    #[arg(long)]
+    pub redis: Option<String>,
+    /// Write the results as JSON to this file.
+    #[arg(long)]
+    pub out: Option<std::path::PathBuf>,
+}
+
+#[derive(clap::Args, Clone)]
+pub struct MemoryArgs {
+    #[arg(long, default_value_t = 1_000_000)]
+    pub objects: u64,
+    #[arg(long, default_value_t = 1024)]
+    pub size: usize,
+}
+
+pub fn run(a: BenchArgs, json: bool) -> Result<()> {
+    match a.what {
+        Some(BenchWhat::Memory(m)) => single::memory(m, json),
+        Some(BenchWhat::Plan(p)) => single::plan_bench(p, json),
+        Some(BenchWhat::Pipeline(p)) => single::pipeline_bench(p, json),
+        Some(BenchWhat::Persistent(p)) => single::persistent_bench(p, json),
+        Some(BenchWhat::Cluster(c)) => cluster::run(c, json),
+        Some(BenchWhat::Core(c)) => single::core(c, json),
+        None => single::core(a.core, json),
+    }
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match run(cli.bench, cli.json) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}

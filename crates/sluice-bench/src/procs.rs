@@ -1,0 +1,146 @@
+//! A local cluster of `sluice serve` processes.
+
+use anyhow::{bail, Context, Result};
+use sluice_client::{Client, ClientConfig};
+use std::net::TcpListener;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// A local cluster of `sluice serve` processes, killed on drop.
+pub struct Procs {
+    dir: PathBuf,
+    /// Volatile shards' logs (RAM-backed when /dev/shm exists), removed on drop.
+    shm: PathBuf,
+    layout: PathBuf,
+    pub addrs: Vec<String>,
+    children: Vec<Option<Child>>,
+}
+
+pub fn free_port() -> Result<u16> {
+    Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
+}
+
+impl Procs {
+    pub fn start(n: u32, threads: usize) -> Result<Procs> {
+        Procs::start_with(n, threads, None)
+    }
+
+    /// `n` nodes, one volatile and one trigger shard on all of them; with
+    /// `persistent_sync`, also one persistent shard (its consensus log on
+    /// the disk under the temporary directory, synced per that policy).
+    pub fn start_with(n: u32, threads: usize, persistent_sync: Option<&str>) -> Result<Procs> {
+        let dir =
+            std::env::temp_dir().join(format!("sluice-bench-cluster-{}-{n}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir)?;
+        let mut addrs = Vec::new();
+        let mut text = String::from("version = 1\n");
+        for i in 0..n {
+            let a = format!("127.0.0.1:{}", free_port()?);
+            text.push_str(&format!("[[nodes]]\nid = {i}\naddress = \"{a}\"\n"));
+            addrs.push(a);
+        }
+        let members: Vec<String> = (0..n).map(|i| i.to_string()).collect();
+        text.push_str(&format!(
+            "[[subgroups.volatile]]\nshards = [[{m}]]\n[[subgroups.trigger]]\nshards = [[{m}]]\n",
+            m = members.join(", ")
+        ));
+        if persistent_sync.is_some() {
+            text.push_str(&format!(
+                "[[subgroups.persistent]]\nshards = [[{}]]\n",
+                members.join(", ")
+            ));
+        }
+        let layout = dir.join("layout.toml");
+        std::fs::write(&layout, text)?;
+        let shm = if std::path::Path::new("/dev/shm").is_dir() {
+            PathBuf::from(format!("/dev/shm/sluice-bench-{}-{n}", std::process::id()))
+        } else {
+            dir.join("volatile")
+        };
+        for i in 0..n {
+            std::fs::write(
+                dir.join(format!("node-{i}.toml")),
+                format!(
+                    "worker_threads = {threads}\n[persistent]\nsync = \"{}\"\n[cluster]\nvolatile_dir = \"{}\"\n",
+                    persistent_sync.unwrap_or("always"),
+                    shm.join(format!("node-{i}")).display()
+                ),
+            )?;
+        }
+        let mut p = Procs {
+            dir,
+            shm,
+            layout,
+            addrs,
+            children: Vec::new(),
+        };
+        for i in 0..n {
+            let c = p.spawn(i)?;
+            p.children.push(Some(c));
+        }
+        Ok(p)
+    }
+
+    fn spawn(&self, i: u32) -> Result<Child> {
+        let exe = crate::harness::sluice_exe()?;
+        Command::new(exe)
+            .arg("serve")
+            .arg("--config")
+            .arg(self.dir.join(format!("node-{i}.toml")))
+            .arg("--cluster")
+            .arg(&self.layout)
+            .arg("--node-id")
+            .arg(i.to_string())
+            .arg("--data-dir")
+            .arg(self.dir.join(format!("node-{i}")))
+            .env("SLUICE_LOG", "warn,openraft=off")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .context("starting `sluice serve --cluster`")
+    }
+
+    pub fn kill(&mut self, i: u32) {
+        if let Some(mut c) = self.children[i as usize].take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    pub fn restart(&mut self, i: u32) -> Result<()> {
+        let c = self.spawn(i)?;
+        self.children[i as usize] = Some(c);
+        Ok(())
+    }
+}
+
+impl Drop for Procs {
+    fn drop(&mut self) {
+        for c in self.children.iter_mut().flatten() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+        let _ = std::fs::remove_dir_all(&self.dir);
+        let _ = std::fs::remove_dir_all(&self.shm);
+    }
+}
+
+pub async fn connect(addr: &str, timeout: Duration) -> Result<Client> {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        match Client::connect_with(ClientConfig {
+            addr: addr.to_string(),
+            request_timeout: timeout,
+            ..Default::default()
+        })
+        .await
+        {
+            Ok(c) => return Ok(c),
+            Err(e) if Instant::now() > deadline => bail!("node {addr} did not come up: {e}"),
+            Err(_) => tokio::time::sleep(Duration::from_millis(50)).await,
+        }
+    }
+}
