@@ -227,6 +227,60 @@ pub fn connect(addr: &str, timeout_ms: u64) -> Result<BlockingClient> {
     .with_context(|| format!("connecting to {addr}"))
 }
 
+/// Whether values are escaped for a terminal (set once by `main`).
+static ESCAPE: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+pub fn escape_values(on: bool) {
+    ESCAPE.store(on, std::sync::atomic::Ordering::Relaxed);
+}
+
+/// A value as printed: as it is, or, on a terminal, when it is not plain
+/// text, quoted with escapes as redis-cli does (`"\x00\xffa\n"`), so
+/// binary bytes never reach the terminal.
+fn shown(v: &[u8]) -> std::borrow::Cow<'_, [u8]> {
+    if !ESCAPE.load(std::sync::atomic::Ordering::Relaxed) {
+        return v.into();
+    }
+    escaped(v)
+}
+
+fn escaped(v: &[u8]) -> std::borrow::Cow<'_, [u8]> {
+    let text = std::str::from_utf8(v).ok();
+    let plain = text.is_some_and(|t| t.chars().all(|c| !c.is_control() || c == '\n' || c == '\t'));
+    if plain {
+        return v.into();
+    }
+    let mut out = String::from("\"");
+    let push_byte = |out: &mut String, b: u8| match b {
+        b'\n' => out.push_str("\\n"),
+        b'\r' => out.push_str("\\r"),
+        b'\t' => out.push_str("\\t"),
+        b'"' => out.push_str("\\\""),
+        b'\\' => out.push_str("\\\\"),
+        0x20..=0x7e => out.push(b as char),
+        _ => out.push_str(&format!("\\x{b:02x}")),
+    };
+    match text {
+        // Valid UTF-8 with control characters: escape those, keep the rest.
+        Some(t) => {
+            for c in t.chars() {
+                if c.is_ascii() {
+                    push_byte(&mut out, c as u8);
+                } else if c.is_control() {
+                    for b in c.to_string().bytes() {
+                        push_byte(&mut out, b);
+                    }
+                } else {
+                    out.push(c);
+                }
+            }
+        }
+        None => v.iter().for_each(|b| push_byte(&mut out, *b)),
+    }
+    out.push('"');
+    out.into_bytes().into()
+}
+
 pub fn run_once(addr: &str, timeout_ms: u64, json: bool, cmd: ClientCmd) -> Result<()> {
     let c = connect(addr, timeout_ms)?;
     let stdout = std::io::stdout();
@@ -363,7 +417,7 @@ fn cluster(c: &BlockingClient, cmd: ClusterCmd, json: bool, out: &mut dyn Write)
             writeln!(out, "metadata epoch {}", info["epoch"])?;
             writeln!(
                 out,
-                "{:<6} {:<16} {:<10} {:>5} {:>7} {:>9} {:>9} {:>9}  lag",
+                "{:<6} {:<16} {:<21} {:>5} {:>7} {:>9} {:>9} {:>9}  lag",
                 "node", "group", "role", "term", "leader", "log", "applied", "version"
             )?;
             for s in &all {
@@ -382,9 +436,16 @@ fn cluster(c: &BlockingClient, cmd: ClusterCmd, json: bool, out: &mut dyn Write)
                     v => v.to_string(),
                 };
                 for g in s["groups"].as_array().into_iter().flatten() {
+                    // Followers' lag in entries: "2:0 3:15" (none but on a leader).
+                    let lag: Vec<String> = g["lag"]
+                        .as_object()
+                        .into_iter()
+                        .flatten()
+                        .map(|(node, n)| format!("{node}:{n}"))
+                        .collect();
                     writeln!(
                         out,
-                        "{:<6} {:<16} {:<10} {:>5} {:>7} {:>9} {:>9} {:>9}  {}",
+                        "{:<6} {:<16} {:<21} {:>5} {:>7} {:>9} {:>9} {:>9}  {}",
                         t(&s["node"]),
                         t(&g["group"]),
                         t(&g["role"]),
@@ -393,7 +454,11 @@ fn cluster(c: &BlockingClient, cmd: ClusterCmd, json: bool, out: &mut dyn Write)
                         t(&g["last_log_index"]),
                         t(&g["applied_index"]),
                         t(&g["applied_version"]),
-                        t(&g["lag"])
+                        if lag.is_empty() {
+                            "-".to_string()
+                        } else {
+                            lag.join(" ")
+                        }
                     )?;
                 }
             }
@@ -412,11 +477,43 @@ fn cluster(c: &BlockingClient, cmd: ClusterCmd, json: bool, out: &mut dyn Write)
     };
     let r = c.cluster_command(command, node)?;
     if json {
-        print_json(out, &r)
-    } else {
-        writeln!(out, "{r}")?;
-        Ok(())
+        return print_json(out, &r);
     }
+    match &cmd {
+        ClusterCmd::AddMember { shard, node } | ClusterCmd::RemoveMember { shard, node } => {
+            let members: Vec<String> = r["members"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .map(|m| m.to_string())
+                .collect();
+            let what = if matches!(cmd, ClusterCmd::AddMember { .. }) {
+                "added to"
+            } else {
+                "removed from"
+            };
+            writeln!(
+                out,
+                "node {node} {what} {shard}; members now {}",
+                members.join(", ")
+            )?;
+        }
+        ClusterCmd::Cut { node, .. } | ClusterCmd::Heal { node } => {
+            let cut: Vec<String> = r["cut"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .map(|m| m.to_string())
+                .collect();
+            if cut.is_empty() {
+                writeln!(out, "node {node}: every link open")?;
+            } else {
+                writeln!(out, "node {node}: links to {} cut", cut.join(", "))?;
+            }
+        }
+        ClusterCmd::Status => {}
+    }
+    Ok(())
 }
 
 pub fn execute(
@@ -515,8 +612,9 @@ pub fn execute(
                     f.display()
                 )?;
             } else {
-                out.write_all(&o.value)?;
-                if o.value.last() != Some(&b'\n') && std::str::from_utf8(&o.value).is_ok() {
+                let v = shown(&o.value);
+                out.write_all(&v)?;
+                if v.last() != Some(&b'\n') && std::str::from_utf8(&v).is_ok() {
                     writeln!(out)?;
                 }
             }
@@ -530,7 +628,7 @@ pub fn execute(
             if json {
                 print_json(out, &object_json(&o, true))?;
             } else {
-                out.write_all(&o.value)?;
+                out.write_all(&shown(&o.value))?;
                 writeln!(out)?;
             }
         }
@@ -574,7 +672,7 @@ pub fn execute(
                             out,
                             "{k}\tversion {}\t{}",
                             o.meta.version,
-                            String::from_utf8_lossy(&o.value)
+                            String::from_utf8_lossy(&shown(&o.value))
                         )?,
                         Err(e) => writeln!(out, "{k}\terror: {e}")?,
                     }
@@ -646,7 +744,7 @@ pub fn execute(
                     let v = if o.meta.tombstone {
                         "(removed)".to_string()
                     } else {
-                        String::from_utf8_lossy(&o.value).into_owned()
+                        String::from_utf8_lossy(&shown(&o.value)).into_owned()
                     };
                     writeln!(
                         out,
@@ -748,7 +846,7 @@ pub fn execute(
                         kind.as_str().unwrap_or("?"),
                         n.object.key,
                         version_str(n.object.meta.version),
-                        String::from_utf8_lossy(&n.object.value)
+                        String::from_utf8_lossy(&shown(&n.object.value))
                     )?;
                 }
                 out.flush()?;
@@ -954,14 +1052,25 @@ fn pools(c: &BlockingClient, cmd: PoolsCmd, json: bool, out: &mut dyn Write) -> 
         }
         PoolsCmd::Show { path } => {
             let p = c.get_pool(&path)?;
+            // How many keys it holds (live ones, from every shard); a
+            // trigger pool stores none, a removed one serves none.
+            let keys = match (p.pool_type, p.deleted) {
+                (PoolType::Trigger, _) | (_, true) => None,
+                _ => Some(c.list_keys(&path, None)?.len()),
+            };
             if json {
-                print_json(out, &serde_json::to_value(&p)?)?;
+                let mut j = serde_json::to_value(&p)?;
+                j["keys"] = json!(keys);
+                print_json(out, &j)?;
             } else {
                 writeln!(
                     out,
                     "{}",
                     toml::to_string_pretty(&p).unwrap_or_else(|_| pool_line(&p))
                 )?;
+                if let Some(n) = keys {
+                    writeln!(out, "keys = {n}")?;
+                }
             }
         }
         PoolsCmd::Find { key } => {
@@ -970,4 +1079,21 @@ fn pools(c: &BlockingClient, cmd: PoolsCmd, json: bool, out: &mut dyn Write) -> 
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::escaped;
+
+    #[test]
+    fn binary_values_are_escaped_and_text_is_not() {
+        assert_eq!(&*escaped(b"plain text\n\tok"), b"plain text\n\tok");
+        assert_eq!(&*escaped("héllo".as_bytes()), "héllo".as_bytes());
+        assert_eq!(&*escaped(b"\x00\xffa\n"), br#""\x00\xffa\n""#);
+        assert_eq!(&*escaped(b"bell\x07 \"q\" \\"), br#""bell\x07 \"q\" \\""#);
+        assert_eq!(
+            &*escaped("é\x1b[31m".as_bytes()),
+            "\"é\\x1b[31m\"".as_bytes()
+        );
+    }
 }

@@ -30,6 +30,10 @@ struct Cli {
     /// Print machine-readable JSON instead of human output.
     #[arg(long, global = true)]
     json: bool,
+    /// Print values as they are, bytes and all (the default when standard
+    /// output is not a terminal; on a terminal binary values are escaped).
+    #[arg(long, global = true)]
+    raw: bool,
     /// Per-request timeout in milliseconds.
     #[arg(long, global = true, default_value_t = 10_000)]
     timeout_ms: u64,
@@ -78,6 +82,7 @@ fn default_addr() -> String {
 fn main() -> ExitCode {
     let mut cli = Cli::parse();
     let addr = cli.addr.take().unwrap_or_else(default_addr);
+    commands::escape_values(!cli.raw && std::io::IsTerminal::is_terminal(&std::io::stdout()));
     let result = match cli.cmd {
         Cmd::Serve(a) => serve::run(a),
         Cmd::Bench { args } => bench::run(&args, cli.json),

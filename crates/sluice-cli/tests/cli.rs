@@ -288,6 +288,12 @@ fn pools_commands_and_errors() {
         .ok(&["pools", "find", "/positions/little3_7_42"])
         .starts_with("/positions"));
     n.ok(&["put", "/positions/little3_7_42", "p"]);
+    n.ok(&["put", "/positions/pinned", "q"]);
+    // Key counts per pool (issue #15).
+    assert!(n.ok(&["pools", "show", "/positions"]).contains("keys = 2"));
+    let j: serde_json::Value =
+        serde_json::from_str(&n.ok(&["--json", "pools", "show", "/positions"])).unwrap();
+    assert_eq!(j["keys"], 2, "{j}");
     let e = n.fails(&["pools", "create", "/positions", "--type", "volatile"]);
     assert!(e.contains("already exists"), "{e}");
     // Persistent pools are on by default.
@@ -323,7 +329,7 @@ fn pools_commands_and_errors() {
     let e = n.fails(&["pools", "create", "/positions", "--type", "trigger"]);
     assert!(e.contains("sluice pools purge /positions"), "{e}");
     let out = n.ok(&["pools", "purge", "/positions"]);
-    assert!(out.contains("purged /positions: 1 keys"), "{out}");
+    assert!(out.contains("purged /positions: 2 keys"), "{out}");
     assert!(!n.ok(&["pools", "ls", "--all"]).contains("/positions"));
     n.ok(&["pools", "create", "/positions", "--type", "volatile"]);
     let e = n.fails(&["get", "/positions/little3_7_42"]);
@@ -915,6 +921,32 @@ fn dev_starts_a_three_node_cluster_and_ctrl_c_stops_it() {
         .filter(|g| g["group"] == "volatile/0/0" && g["role"] == "leader")
         .collect();
     assert_eq!(leaders.len(), 1, "{status}");
+    // In human form: no raw JSON; followers' lag as node:entries.
+    let human = cli(a0.clone(), &["cluster", "status"]);
+    assert!(!human.contains('{'), "{human}");
+    assert!(
+        human.lines().any(|l| l.contains(" leader ")
+            && l.split_whitespace()
+                .last()
+                .is_some_and(|lag| lag.contains(':'))),
+        "{human}"
+    );
+    // Membership changes answer in words, not JSON.
+    let r = cli(
+        a0.clone(),
+        &["cluster", "remove-member", "volatile/0/0", "2"],
+    );
+    assert_eq!(
+        r.trim(),
+        "node 2 removed from volatile/0/0; members now 0, 1",
+        "{r}"
+    );
+    let r = cli(a0.clone(), &["cluster", "add-member", "volatile/0/0", "2"]);
+    assert_eq!(
+        r.trim(),
+        "node 2 added to volatile/0/0; members now 0, 1, 2",
+        "{r}"
+    );
     // Issue #14: a second `sluice dev` on the same ports must not report
     // "3 nodes up" because its probe reached this cluster: its nodes die
     // with "address in use", and it says so.
@@ -1266,4 +1298,69 @@ fn errors_name_what_is_wrong() {
     let e = String::from_utf8_lossy(&o.stderr);
     assert!(e.contains("is not a Sluice node"), "{e}");
     assert!(!e.contains("Sluice client"), "{e}");
+}
+
+/// Issue #15: `get` printed binary values raw to the terminal. On a
+/// terminal they are escaped now, as redis-cli does; to a pipe, or with
+/// `--raw`, the bytes are written as they are.
+#[test]
+fn binary_values_are_escaped_on_a_terminal_only() {
+    use std::os::fd::FromRawFd;
+    let n = start_node();
+    let dir = temp_dir("binary");
+    let f = dir.join("value");
+    std::fs::write(&f, b"\x00\xffa\n").unwrap();
+    n.ok(&["put", "/vol/bin", "--file", f.to_str().unwrap()]);
+    n.ok(&["put", "/vol/text", "plain"]);
+    assert_eq!(n.sluice(&["get", "/vol/bin"]).stdout, b"\x00\xffa\n");
+    let on_a_terminal = |args: &[&str]| -> Vec<u8> {
+        let (mut master, mut slave) = (0, 0);
+        // SAFETY: openpty writes two new descriptors, owned below.
+        let r = unsafe {
+            libc::openpty(
+                &mut master,
+                &mut slave,
+                std::ptr::null_mut(),
+                std::ptr::null(),
+                std::ptr::null(),
+            )
+        };
+        assert_eq!(r, 0, "openpty");
+        // SAFETY: both descriptors are fresh and owned by nothing else.
+        let (slave, mut master) = unsafe {
+            (
+                std::fs::File::from_raw_fd(slave),
+                std::fs::File::from_raw_fd(master),
+            )
+        };
+        let st = Command::new(BIN)
+            .args(["--addr", &n.addr])
+            .args(args)
+            .stdout(Stdio::from(slave))
+            .status()
+            .unwrap();
+        assert!(st.success(), "{args:?}");
+        // Every copy of the terminal's other end is closed now: read what
+        // it holds until it reports the end.
+        let mut out = Vec::new();
+        let mut buf = [0u8; 4096];
+        while let Ok(k) = std::io::Read::read(&mut master, &mut buf) {
+            if k == 0 {
+                break;
+            }
+            out.extend_from_slice(&buf[..k]);
+        }
+        out
+    };
+    // (The terminal turns each \n into \r\n.)
+    assert_eq!(
+        on_a_terminal(&["get", "/vol/bin"]),
+        br#""\x00\xffa\n""#.iter().chain(b"\r\n").copied().collect::<Vec<u8>>()
+    );
+    assert_eq!(on_a_terminal(&["get", "/vol/text"]), b"plain\r\n");
+    assert_eq!(
+        on_a_terminal(&["--raw", "get", "/vol/bin"]),
+        b"\x00\xffa\r\n"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
 }

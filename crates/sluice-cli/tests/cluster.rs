@@ -774,6 +774,15 @@ async fn membership_change_adds_replaces_and_removes_members() {
         matches!(r, Err(SluiceError::NotMember { .. }))
     })
     .await;
+    // Its status says so (it used to show "follower", issue #15).
+    c.wait_for("node 4 to report itself removed from shard 1", || async {
+        let st = c.status(4).await;
+        st["groups"].as_array().is_some_and(|gs| {
+            gs.iter()
+                .any(|g| g["group"] == "volatile/0/1" && g["role"] == "removed")
+        })
+    })
+    .await;
 }
 
 /// A lambda on a replicated shard: the put is applied on all three

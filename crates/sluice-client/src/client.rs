@@ -350,6 +350,7 @@ impl Client {
             command: command.to_string(),
         };
         let deadline = Instant::now() + self.inner.cfg.request_timeout;
+        let mut backoff = sluice_types::retry::Backoff::for_leader(deadline);
         let mut target = node;
         loop {
             let r = match target {
@@ -383,7 +384,7 @@ impl Client {
                     return Err(e)
                 }
                 Err(SluiceError::NotLeader { .. }) if node.is_none() => {
-                    tokio::time::sleep(Duration::from_millis(50)).await
+                    tokio::time::sleep(backoff.next_pause().unwrap_or_default()).await
                 }
                 Err(e) => return Err(e),
             }
@@ -458,6 +459,7 @@ impl Client {
             _ => req,
         };
         let deadline = Instant::now() + self.inner.cfg.request_timeout;
+        let mut backoff = sluice_types::retry::Backoff::for_leader(deadline);
         let mut attempt = 0usize;
         let mut avoid: Option<u32> = None;
         // Members that timed out, failed to connect or were unavailable in
@@ -562,7 +564,7 @@ impl Client {
             }
             if attempt >= members.len() {
                 // Every member tried: give an election time to finish.
-                tokio::time::sleep(Duration::from_millis(20 * attempt.min(10) as u64)).await;
+                tokio::time::sleep(backoff.next_pause().unwrap_or_default()).await;
             }
         }
     }
@@ -1073,6 +1075,7 @@ impl Client {
     /// A replicated metadata change: to the metadata group's leader.
     async fn meta_call(&self, view: &ClusterView, req: &Request) -> Result<Response> {
         let deadline = Instant::now() + self.inner.cfg.request_timeout;
+        let mut backoff = sluice_types::retry::Backoff::for_leader(deadline);
         loop {
             let r = match view.leader("meta") {
                 Some(l) => {
@@ -1090,7 +1093,7 @@ impl Client {
                     if Instant::now() < deadline =>
                 {
                     view.leaders.lock().remove("meta");
-                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    tokio::time::sleep(backoff.next_pause().unwrap_or_default()).await;
                 }
                 _ => return r,
             }

@@ -881,6 +881,7 @@ impl ClusterNode {
     {
         let t = Duration::from_millis(self.settings.write_timeout_ms);
         let deadline = tokio::time::Instant::now() + t;
+        let mut backoff = sluice_types::retry::Backoff::for_leader(deadline.into_std());
         let mut hint: Option<u32> = None;
         let mut attempt = 0usize;
         loop {
@@ -914,13 +915,13 @@ impl ClusterNode {
                 {
                     hint = leader;
                     if hint.is_none() {
-                        tokio::time::sleep(Duration::from_millis(20)).await;
+                        tokio::time::sleep(backoff.next_pause().unwrap_or_default()).await;
                     }
                 }
                 Err(SluiceError::Connection { .. } | SluiceError::Unavailable { .. })
                     if tokio::time::Instant::now() < deadline =>
                 {
-                    tokio::time::sleep(Duration::from_millis(20)).await
+                    tokio::time::sleep(backoff.next_pause().unwrap_or_default()).await
                 }
                 other => return other,
             }
@@ -1349,6 +1350,7 @@ impl ClusterNode {
     async fn record_members(&self, group: u64, members: &[u32]) -> Result<(), SluiceError> {
         let t = Duration::from_millis(self.settings.write_timeout_ms);
         let deadline = tokio::time::Instant::now() + t;
+        let mut backoff = sluice_types::retry::Backoff::for_leader(deadline.into_std());
         let cmd = json!({"op": "set_members", "group": group, "members": members});
         loop {
             let leader = self
@@ -1385,7 +1387,7 @@ impl ClusterNode {
                 Err(SluiceError::NotLeader { .. }) | Err(SluiceError::Connection { .. })
                     if tokio::time::Instant::now() < deadline =>
                 {
-                    tokio::time::sleep(Duration::from_millis(20)).await
+                    tokio::time::sleep(backoff.next_pause().unwrap_or_default()).await
                 }
                 other => return other,
             }
@@ -1457,12 +1459,19 @@ impl ClusterNode {
                     .and_then(|s| self.store.shard(s))
                     .map(|s| s.last_version());
                 let (built, installed) = x.sm.snapshot_counts();
+                let me = u64::from(self.id);
+                let membership = m.membership_config.membership();
+                // A node taken out of a group keeps its copy (and openraft
+                // calls it a follower or learner): it is no member.
+                let member = membership.voter_ids().any(|v| v == me)
+                    || membership.learner_ids().any(|l| l == me);
                 json!({
                     "group": group_name(*g),
                     "snapshot_index": m.snapshot.map(|l| l.index),
                     "snapshots_built": built,
                     "snapshots_installed": installed,
                     "role": match m.state {
+                        ServerState::Follower | ServerState::Learner if !member => "removed",
                         ServerState::Leader if leader == Some(u64::from(self.id)) => "leader",
                         // openraft still holds the role, but no quorum
                         // has acknowledged it lately.

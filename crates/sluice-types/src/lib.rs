@@ -10,6 +10,7 @@ pub mod key;
 pub mod limits;
 pub mod object;
 pub mod pool;
+pub mod retry;
 pub mod routing;
 
 pub use error::{Result, SluiceError};
