@@ -229,17 +229,6 @@ async fn connect_seed(cfg: &ClientConfig) -> Result<(std::net::SocketAddr, Arc<C
     })
 }
 
-/// A random 64-bit id from the operating system's random source (std
-/// seeds every `RandomState` from it): deduplication of retried writes
-/// relies on client ids never colliding, which a clock and a pid do not
-/// promise.
-fn random_u64() -> u64 {
-    use std::hash::{BuildHasher, Hasher};
-    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
-    h.write_u64(sluice_types::wall_us());
-    h.finish()
-}
-
 fn new_trace(id: u64) -> Trace {
     Trace {
         id,
@@ -288,7 +277,9 @@ impl Client {
                 Conn::connect(addr, &cfg.client_name, cfg.connect_timeout).await?,
             );
         }
-        let client_id = random_u64();
+        // Deduplication of retried writes relies on client ids never
+        // colliding, which a clock and a pid do not promise.
+        let client_id = sluice_types::random_u64();
         let client = Client {
             inner: Arc::new(Inner {
                 cfg,
@@ -1359,7 +1350,7 @@ mod tests {
     #[test]
     fn client_ids_are_distinct() {
         let ids: std::collections::HashSet<u64> =
-            (0..10_000).map(|_| super::random_u64()).collect();
+            (0..10_000).map(|_| sluice_types::random_u64()).collect();
         assert_eq!(ids.len(), 10_000);
     }
 }

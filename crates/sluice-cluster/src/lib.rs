@@ -18,6 +18,7 @@ pub mod chunks;
 pub mod log;
 pub mod network;
 pub mod node;
+pub mod rt;
 pub mod sm;
 pub mod types;
 

@@ -808,7 +808,7 @@ impl Inner {
             // Durable before returning: queue, then wait for the writer.
             let (tx, rx) = std::sync::mpsc::sync_channel(1);
             let locs = self.persist_with(recs, Some(Done::Wait(tx)))?;
-            return match crate::sm::blocking(|| rx.recv()) {
+            return match crate::rt::blocking(|| rx.recv()) {
                 Ok(Ok(())) => Ok(locs),
                 Ok(Err(e)) => Err(io_err(std::io::Error::other(e))),
                 Err(_) => Err(io_err(std::io::Error::other(

@@ -3,6 +3,7 @@
 //! metadata group), deduplicates retried client writes, and builds and
 //! installs snapshots.
 
+use crate::rt::blocking;
 use crate::types::{
     group_of, shard_of_group, Applied, Command, Entry, LogId, MetaCommand, SnapshotMeta,
     StorageError, StoredMembership, TypeConfig,
@@ -210,17 +211,6 @@ fn objects_of(records: Vec<(String, ObjectMeta, Bytes)>) -> Vec<Arc<Object>> {
             })
         })
         .collect()
-}
-
-/// Runs disk work from async code without stalling the runtime's other
-/// tasks (outside a multi-threaded runtime it just runs).
-pub(crate) fn blocking<T>(f: impl FnOnce() -> T) -> T {
-    match tokio::runtime::Handle::try_current() {
-        Ok(h) if h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread => {
-            tokio::task::block_in_place(f)
-        }
-        _ => f(),
-    }
 }
 
 /// Data in one buffer, as one part.

@@ -2,7 +2,7 @@
 
 use crate::dfg::{DfgError, DfgFile, Graph, Hook, Policy, ShardDispatcher};
 use crate::trie::PrefixTrie;
-use crate::udl::{Context, DestMode, Emitter, Registry, Udl, Upcall};
+use crate::udl::{Context, DestMode, Emitter, Publisher, Registry, Udl, Upcall};
 use arc_swap::ArcSwap;
 use hdrhistogram::Histogram;
 use parking_lot::Mutex;
@@ -16,11 +16,6 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::mpsc::{sync_channel, Receiver, SyncSender, TrySendError};
 use std::sync::{Arc, Weak};
 use std::time::Instant;
-
-/// Pushes objects to watching clients (the server's watch hub).
-pub trait Publisher: Send + Sync {
-    fn publish(&self, object: &Arc<Object>);
-}
 
 /// Which member of a shard this node is, for the `one` shard dispatcher.
 /// A single node is member 0 of 1 for every shard.

@@ -26,5 +26,5 @@ pub mod trie;
 pub mod udl;
 
 pub use dfg::{DfgError, DfgFile};
-pub use engine::{Engine, EngineConfig, Membership, Publisher};
-pub use udl::{Context, Emitter, Registry, Udl, UdlError, UdlFactory, Upcall, Writer};
+pub use engine::{Engine, EngineConfig, Membership};
+pub use udl::{Context, Emitter, Publisher, Registry, Udl, UdlError, UdlFactory, Upcall, Writer};

@@ -1,12 +1,17 @@
 //! The UDL API: what a lambda sees and what it can do.
 
-use crate::engine::Publisher;
 use bytes::Bytes;
 use serde_json::Value;
 use sluice_store::Store;
 use sluice_types::{Hop, Object, PutResult, SluiceError, Trace, EMIT_DEPTH_MAX, TRACE_HOPS_MAX};
 use std::collections::HashMap;
 use std::sync::{Arc, Weak};
+
+/// Pushes objects to watching clients (the server's watch hub); what a
+/// lambda's `publish` reaches.
+pub trait Publisher: Send + Sync {
+    fn publish(&self, object: &Arc<Object>);
+}
 
 /// Why a UDL call failed. Counted, logged with the key, kept as the
 /// vertex's `last_error`; never fatal to the worker.

@@ -1,7 +1,8 @@
 use crate::config::ServerConfig;
-use crate::server::ServerStats;
+use crate::stats::ServerStats;
 use crate::watch::{Notice, WatchHub, WATCH_QUEUE_LEN};
 use bytes::BytesMut;
+use sluice_cluster::rt::blocking as off_event_loop;
 use sluice_store::Store;
 use sluice_types::{SluiceError, VERSION_NONE};
 use sluice_wire::{
@@ -1056,16 +1057,6 @@ fn stable_now(
         off_event_loop(check)
     } else {
         check()
-    }
-}
-
-/// Runs a call that may block (on the disk, or loading a model). On a multi-threaded runtime the
-/// worker hands its other tasks to a new worker meanwhile; a current-thread
-/// runtime (an embedding application's choice) cannot, so the call just runs.
-fn off_event_loop<T>(f: impl FnOnce() -> T) -> T {
-    match tokio::runtime::Handle::try_current().map(|h| h.runtime_flavor()) {
-        Ok(tokio::runtime::RuntimeFlavor::MultiThread) => tokio::task::block_in_place(f),
-        _ => f(),
     }
 }
 

@@ -14,6 +14,7 @@ mod config;
 mod conn;
 pub mod fsck;
 mod server;
+mod stats;
 mod watch;
 
 pub use config::{ComputeConfig, PersistentConfig, ServerConfig, Timeouts, DEFAULT_PORT};

@@ -1,5 +1,6 @@
 use crate::config::ServerConfig;
 use crate::conn::{serve_conn, ConnCtx};
+use crate::stats::ServerStats;
 use crate::watch::WatchHub;
 use sluice_compute::{Engine, EngineConfig, Registry};
 use sluice_store::{Store, StoreConfig};
@@ -45,16 +46,6 @@ fn spawn_compactor(store: std::sync::Weak<Store>, every: Duration) {
     if let Err(e) = spawned {
         tracing::warn!(error = %e, "cannot start the compaction thread; retention is not applied");
     }
-}
-
-/// Counters shared by every connection.
-#[derive(Default)]
-pub struct ServerStats {
-    pub connections_accepted: AtomicU64,
-    pub connections_rejected: AtomicU64,
-    pub connections_open: AtomicU64,
-    pub protocol_errors: AtomicU64,
-    pub requests: AtomicU64,
 }
 
 /// A bound, not yet running, node.

@@ -15,6 +15,15 @@ pub mod routing;
 
 pub use error::{Result, SluiceError};
 
+/// A random 64-bit number from the operating system's random source
+/// (std seeds every `RandomState` from it): client ids, retry jitter.
+pub fn random_u64() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u64(wall_us());
+    h.finish()
+}
+
 /// Microseconds since the Unix epoch (0 if the clock is before it): the
 /// time every timestamp in Sluice is in.
 pub fn wall_us() -> u64 {

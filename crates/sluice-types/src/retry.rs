@@ -22,7 +22,7 @@ impl Backoff {
             step: first.max(Duration::from_micros(1)),
             max: max.max(first),
             deadline,
-            rng: seed(),
+            rng: crate::random_u64() | 1,
         }
     }
 
@@ -52,15 +52,6 @@ impl Backoff {
         self.step = (self.step * 2).min(self.max);
         Some(pause.min(left))
     }
-}
-
-/// A seed from the operating system's random source (std seeds each
-/// `RandomState` from it).
-fn seed() -> u64 {
-    use std::hash::{BuildHasher, Hasher};
-    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
-    h.write_u64(crate::wall_us());
-    h.finish() | 1
 }
 
 #[cfg(test)]
