@@ -16,17 +16,14 @@ struct Node {
     lines: mpsc::Receiver<String>,
 }
 
+/// A fresh directory that outlives this call (node processes and the
+/// `Node` that removes it when dropped own it from here).
 fn temp_dir(tag: &str) -> PathBuf {
-    use std::sync::atomic::{AtomicU32, Ordering};
-    static N: AtomicU32 = AtomicU32::new(0);
-    let d = std::env::temp_dir().join(format!(
-        "sluice-cli-{tag}-{}-{}",
-        std::process::id(),
-        N.fetch_add(1, Ordering::Relaxed)
-    ));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
-    d
+    tempfile::Builder::new()
+        .prefix(&format!("sluice-cli-{tag}-"))
+        .tempdir()
+        .unwrap()
+        .keep()
 }
 
 /// Starts `sluice serve` with `args` in `cwd` and waits (bounded) for its

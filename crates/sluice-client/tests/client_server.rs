@@ -8,6 +8,7 @@ use sluice_server::{Server, ServerConfig};
 use sluice_store::Layout;
 use std::net::SocketAddr;
 use std::time::Duration;
+use tempfile::TempDir;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::sync::oneshot;
@@ -19,30 +20,16 @@ struct TestServer {
     _dir: TempDir,
 }
 
-struct TempDir(std::path::PathBuf);
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
+/// A fresh data directory, removed when dropped.
 fn temp_dir() -> TempDir {
-    use std::sync::atomic::{AtomicU32, Ordering};
-    static N: AtomicU32 = AtomicU32::new(0);
-    let p = std::env::temp_dir().join(format!(
-        "sluice-ct-{}-{}",
-        std::process::id(),
-        N.fetch_add(1, Ordering::Relaxed)
-    ));
-    let _ = std::fs::remove_dir_all(&p);
-    TempDir(p)
+    tempfile::tempdir().unwrap()
 }
 
 async fn start(tweak: impl FnOnce(&mut ServerConfig)) -> TestServer {
     let dir = temp_dir();
     let mut cfg = ServerConfig {
         listen: "127.0.0.1:0".parse().unwrap(),
-        data_dir: dir.0.clone(),
+        data_dir: dir.path().to_path_buf(),
         ..Default::default()
     };
     cfg.layout = Layout {
@@ -593,7 +580,7 @@ async fn server_restart_keeps_pools_and_client_reconnects() {
     let dir = temp_dir();
     let mk = |listen: SocketAddr| ServerConfig {
         listen,
-        data_dir: dir.0.clone(),
+        data_dir: dir.path().to_path_buf(),
         ..Default::default()
     };
     let server = Server::bind(mk("127.0.0.1:0".parse().unwrap()))

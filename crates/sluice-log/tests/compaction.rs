@@ -5,16 +5,9 @@ use bytes::Bytes;
 use sluice_log::{History, Log, LogOptions, RealFs, SyncPolicy};
 use std::sync::Arc;
 
-fn dir() -> std::path::PathBuf {
-    use std::sync::atomic::{AtomicU32, Ordering};
-    static N: AtomicU32 = AtomicU32::new(0);
-    let d = std::env::temp_dir().join(format!(
-        "sluice-compact-{}-{}",
-        std::process::id(),
-        N.fetch_add(1, Ordering::Relaxed)
-    ));
-    let _ = std::fs::remove_dir_all(&d);
-    d
+/// A fresh directory, removed when dropped.
+fn dir() -> tempfile::TempDir {
+    tempfile::tempdir().unwrap()
 }
 
 fn opts() -> LogOptions {
@@ -55,8 +48,9 @@ fn compact_all(h: &mut History, keep_newer_than: usize) -> (usize, u64, u64) {
 
 #[test]
 fn keep_last_n_versions_per_key_and_survive_reopen() {
-    let d = dir();
-    let (mut h, _) = History::open(&d, Arc::new(RealFs), opts()).unwrap();
+    let _d_dir = dir();
+    let d = _d_dir.path();
+    let (mut h, _) = History::open(d, Arc::new(RealFs), opts()).unwrap();
     fill(&mut h, 60);
     let (dropped, before, after) = compact_all(&mut h, 2);
     assert!(
@@ -107,33 +101,34 @@ fn keep_last_n_versions_per_key_and_survive_reopen() {
     h.write("/p/k0", 61, 610, Some(Bytes::from("after compaction")))
         .unwrap();
     drop(h);
-    let (h, rec) = History::open(&d, Arc::new(RealFs), opts()).unwrap();
+    let (h, rec) = History::open(d, Arc::new(RealFs), opts()).unwrap();
     assert!(rec.truncated_tail.is_none());
     assert_eq!(
         &h.get("/p/k0", None).unwrap().unwrap().1[..],
         b"after compaction"
     );
-    let _ = std::fs::remove_dir_all(&d);
+    let _ = std::fs::remove_dir_all(d);
 }
 
 #[test]
 fn a_crash_before_the_swap_leaves_the_original_intact() {
-    let d = dir();
-    let (mut h, _) = History::open(&d, Arc::new(RealFs), opts()).unwrap();
+    let _d_dir = dir();
+    let d = _d_dir.path();
+    let (mut h, _) = History::open(d, Arc::new(RealFs), opts()).unwrap();
     fill(&mut h, 30);
     let (fs, dd) = h.storage();
     let seg = h.sealed_segments().unwrap()[0];
     let c = Log::prepare_compacted(&fs, &dd, seg, |_| false).unwrap();
     assert!(c.dropped > 0);
-    assert!(std::fs::read_dir(&d).unwrap().any(|e| e
+    assert!(std::fs::read_dir(d).unwrap().any(|e| e
         .unwrap()
         .path()
         .extension()
         .is_some_and(|x| x == "compact")));
     drop(h); // "crash": never installed
-    let (h, _) = History::open(&d, Arc::new(RealFs), opts()).unwrap();
+    let (h, _) = History::open(d, Arc::new(RealFs), opts()).unwrap();
     assert!(
-        !std::fs::read_dir(&d).unwrap().any(|e| e
+        !std::fs::read_dir(d).unwrap().any(|e| e
             .unwrap()
             .path()
             .extension()
@@ -145,5 +140,5 @@ fn a_crash_before_the_swap_leaves_the_original_intact() {
         h.get("/p/k1", Some(1)).unwrap().is_some(),
         "nothing was dropped"
     );
-    let _ = std::fs::remove_dir_all(&d);
+    let _ = std::fs::remove_dir_all(d);
 }

@@ -13,16 +13,9 @@ struct W {
     value: Option<Vec<u8>>,
 }
 
-fn dir() -> std::path::PathBuf {
-    use std::sync::atomic::{AtomicU32, Ordering};
-    static N: AtomicU32 = AtomicU32::new(0);
-    let d = std::env::temp_dir().join(format!(
-        "sluice-hist-{}-{}",
-        std::process::id(),
-        N.fetch_add(1, Ordering::Relaxed)
-    ));
-    let _ = std::fs::remove_dir_all(&d);
-    d
+/// A fresh directory, removed when dropped.
+fn dir() -> tempfile::TempDir {
+    tempfile::tempdir().unwrap()
 }
 
 /// The model's answer: newest write to `key` satisfying `pred`.
@@ -128,25 +121,27 @@ proptest! {
         ops in proptest::collection::vec((0u8..4, any::<bool>(), 0u64..5, proptest::collection::vec(any::<u8>(), 0..40)), 1..80),
         probes in proptest::collection::vec((any::<u8>(), 0u64..200), 1..20),
     ) {
-        let d = dir();
+        let _d_dir = dir();
+        let d = _d_dir.path();
         let opts = LogOptions { segment_bytes_max: 2048, sync: SyncPolicy::Never, ..Default::default() };
-        let (mut h, _) = History::open(&d, Arc::new(RealFs), opts.clone()).unwrap();
+        let (mut h, _) = History::open(d, Arc::new(RealFs), opts.clone()).unwrap();
         let ws = write_ops(&mut h, ops);
         check(&h, &ws, &probes)?;
         h.sync().unwrap();
         drop(h);
-        let (h, rec) = History::open(&d, Arc::new(RealFs), opts).unwrap();
+        let (h, rec) = History::open(d, Arc::new(RealFs), opts).unwrap();
         prop_assert_eq!(rec.records.len(), 0, "records were moved into the indexes");
         check(&h, &ws, &probes)?;
         prop_assert_eq!(h.last_version(), ws.len() as u64);
-        let _ = std::fs::remove_dir_all(&d);
+        let _ = std::fs::remove_dir_all(d);
     }
 }
 
 #[test]
 fn versions_and_timestamps_must_move_forward() {
-    let d = dir();
-    let (mut h, _) = History::open(&d, Arc::new(RealFs), LogOptions::default()).unwrap();
+    let _d_dir = dir();
+    let d = _d_dir.path();
+    let (mut h, _) = History::open(d, Arc::new(RealFs), LogOptions::default()).unwrap();
     h.write("/p/a", 5, 100, Some(Bytes::from("x"))).unwrap();
     let e = h.write("/p/a", 5, 101, Some(Bytes::from("y"))).unwrap_err();
     assert!(
@@ -159,7 +154,7 @@ fn versions_and_timestamps_must_move_forward() {
     let en = h.write("/p/a", 6, 100, None).unwrap();
     assert!(en.tombstone && en.prev_version_by_key == 5);
     assert_eq!(h.key_of_version(6), Some("/p/a"));
-    let _ = std::fs::remove_dir_all(&d);
+    let _ = std::fs::remove_dir_all(d);
 }
 
 proptest! {
@@ -175,9 +170,10 @@ proptest! {
         more in proptest::collection::vec((0u8..4, proptest::collection::vec(any::<u8>(), 0..40)), 0..20),
         probes in proptest::collection::vec((any::<u8>(), 0u64..200), 1..20),
     ) {
-        let d = dir();
+        let _d_dir = dir();
+        let d = _d_dir.path();
         let opts = LogOptions { segment_bytes_max: 2048, sync: SyncPolicy::Never, ..Default::default() };
-        let (mut h, _) = History::open(&d, Arc::new(RealFs), opts.clone()).unwrap();
+        let (mut h, _) = History::open(d, Arc::new(RealFs), opts.clone()).unwrap();
         let mut ws = write_ops(&mut h, ops);
         let cut = cut.min(ws.len());
         let epoch = h.epoch();
@@ -202,17 +198,18 @@ proptest! {
             prop_assert_eq!(v.as_ref(), w.value.as_deref().unwrap_or_default());
         }
         drop(h);
-        let (h, _) = History::open(&d, Arc::new(RealFs), opts).unwrap();
+        let (h, _) = History::open(d, Arc::new(RealFs), opts).unwrap();
         check(&h, &ws, &probes)?;
         prop_assert_eq!(h.last_version(), ws.len() as u64);
-        let _ = std::fs::remove_dir_all(&d);
+        let _ = std::fs::remove_dir_all(d);
     }
 }
 
 #[test]
 fn values_by_reference_are_read_through_the_resolver() {
     use sluice_log::ValueRef;
-    let d = dir();
+    let _d_dir = dir();
+    let d = _d_dir.path();
     // Values "live elsewhere": a map from (segment, offset) to bytes.
     let outside: Arc<std::collections::HashMap<(u64, u64), Bytes>> = Arc::new(
         (1..=3u64)
@@ -237,7 +234,7 @@ fn values_by_reference_are_read_through_the_resolver() {
         ..Default::default()
     };
     {
-        let (mut h, _) = History::open(&d, Arc::new(RealFs), opts.clone()).unwrap();
+        let (mut h, _) = History::open(d, Arc::new(RealFs), opts.clone()).unwrap();
         h.set_resolver(resolver(outside.clone()));
         for v in 1..=3u64 {
             h.write_ref("/p/k", v, v * 10, at(v), outside[&(7, v * 100)].clone())
@@ -257,7 +254,7 @@ fn values_by_reference_are_read_through_the_resolver() {
     }
     // Reopened without a resolver: values by reference are an error that
     // names the key and version, never a wrong value.
-    let (mut h, _) = History::open(&d, Arc::new(RealFs), opts).unwrap();
+    let (mut h, _) = History::open(d, Arc::new(RealFs), opts).unwrap();
     let e = h.get("/p/k", None).unwrap_err().to_string();
     assert!(
         e.contains("/p/k") && e.contains("version 2") && e.contains("no resolver"),
@@ -265,5 +262,5 @@ fn values_by_reference_are_read_through_the_resolver() {
     );
     h.set_resolver(resolver(outside));
     assert_eq!(h.get("/p/k", None).unwrap().unwrap().1, "value-2");
-    let _ = std::fs::remove_dir_all(&d);
+    let _ = std::fs::remove_dir_all(d);
 }

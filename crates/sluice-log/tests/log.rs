@@ -5,16 +5,9 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-fn dir(tag: &str) -> PathBuf {
-    use std::sync::atomic::{AtomicU32, Ordering};
-    static N: AtomicU32 = AtomicU32::new(0);
-    let d = std::env::temp_dir().join(format!(
-        "sluice-log-{tag}-{}-{}",
-        std::process::id(),
-        N.fetch_add(1, Ordering::Relaxed)
-    ));
-    let _ = std::fs::remove_dir_all(&d);
-    d
+/// A fresh directory, removed when dropped.
+fn dir(_tag: &str) -> tempfile::TempDir {
+    tempfile::tempdir().unwrap()
 }
 
 fn rec(v: u64, key: &str, value: &[u8]) -> Record {
@@ -43,13 +36,14 @@ fn segments(d: &std::path::Path) -> Vec<PathBuf> {
 
 #[test]
 fn records_survive_reopen_and_segments_roll_over() {
-    let d = dir("roll");
+    let _d_dir = dir("roll");
+    let d = _d_dir.path();
     let opts = LogOptions {
         segment_bytes_max: 4096,
         sync: SyncPolicy::Always,
         ..Default::default()
     };
-    let (mut log, r) = open(&d, Arc::new(RealFs), opts.clone());
+    let (mut log, r) = open(d, Arc::new(RealFs), opts.clone());
     assert!(r.records.is_empty());
     let mut locs = Vec::new();
     for v in 1..=100u64 {
@@ -58,10 +52,10 @@ fn records_survive_reopen_and_segments_roll_over() {
                 .unwrap(),
         );
     }
-    assert!(segments(&d).len() > 1, "rolled over at 4 KiB");
+    assert!(segments(d).len() > 1, "rolled over at 4 KiB");
     assert_eq!(log.read(locs[41]).unwrap(), rec(42, "/p/k0", &[42u8; 100]));
     drop(log);
-    let (log, r) = open(&d, Arc::new(RealFs), opts);
+    let (log, r) = open(d, Arc::new(RealFs), opts);
     assert_eq!(r.records.len(), 100);
     assert!(r.truncated_tail.is_none());
     for (i, (loc, record)) in r.records.iter().enumerate() {
@@ -76,20 +70,21 @@ fn records_survive_reopen_and_segments_roll_over() {
 
 #[test]
 fn a_torn_tail_is_truncated_and_appends_continue() {
-    let d = dir("torn");
-    let (mut log, _) = open(&d, Arc::new(RealFs), LogOptions::default());
+    let _d_dir = dir("torn");
+    let d = _d_dir.path();
+    let (mut log, _) = open(d, Arc::new(RealFs), LogOptions::default());
     log.append(&[rec(1, "/p/a", b"one"), rec(2, "/p/b", b"two")])
         .unwrap();
     drop(log);
     // A crash in the middle of writing record 3: only part of it landed.
-    let seg = segments(&d).pop().unwrap();
+    let seg = segments(d).pop().unwrap();
     let mut partial = bytes::BytesMut::new();
     rec(3, "/p/c", b"three").encode(&mut partial);
     let mut data = std::fs::read(&seg).unwrap();
     let good_len = data.len();
     data.extend_from_slice(&partial[..partial.len() - 3]);
     std::fs::write(&seg, &data).unwrap();
-    let (mut log, r) = open(&d, Arc::new(RealFs), LogOptions::default());
+    let (mut log, r) = open(d, Arc::new(RealFs), LogOptions::default());
     assert_eq!(r.records.len(), 2);
     let (_, off, removed) = r.truncated_tail.clone().unwrap();
     assert_eq!(
@@ -100,7 +95,7 @@ fn a_torn_tail_is_truncated_and_appends_continue() {
     log.append(&[rec(3, "/p/c", b"three")]).unwrap();
     drop(log);
     assert_eq!(
-        open(&d, Arc::new(RealFs), LogOptions::default())
+        open(d, Arc::new(RealFs), LogOptions::default())
             .1
             .records
             .len(),
@@ -113,22 +108,23 @@ fn a_torn_tail_is_truncated_and_appends_continue() {
 /// the log refuses to open, naming the file and offset, and cuts nothing.
 #[test]
 fn a_flipped_byte_in_the_last_complete_record_refuses_to_open() {
-    let d = dir("flip-last");
+    let _d_dir = dir("flip-last");
+    let d = _d_dir.path();
     let opts = LogOptions {
         sync: SyncPolicy::Always,
         ..Default::default()
     };
-    let (mut log, _) = open(&d, Arc::new(RealFs), opts.clone());
+    let (mut log, _) = open(d, Arc::new(RealFs), opts.clone());
     let locs = log
         .append(&[rec(1, "/p/a", b"one"), rec(2, "/p/b", b"acknowledged")])
         .unwrap();
     drop(log);
-    let seg = segments(&d).pop().unwrap();
+    let seg = segments(d).pop().unwrap();
     let mut data = std::fs::read(&seg).unwrap();
     assert_eq!(data.len() as u64, locs[1].offset + u64::from(locs[1].len));
     data[locs[1].offset as usize + 20] ^= 0x01;
     std::fs::write(&seg, &data).unwrap();
-    match Log::open(&d, Arc::new(RealFs), opts) {
+    match Log::open(d, Arc::new(RealFs), opts) {
         Err(e @ LogError::Corrupt { .. }) => {
             let msg = e.to_string();
             assert!(msg.contains(&seg.display().to_string()), "{msg}");
@@ -146,11 +142,12 @@ fn a_flipped_byte_in_the_last_complete_record_refuses_to_open() {
 /// cut, with the cut bytes kept next to the segment.
 #[test]
 fn a_record_whose_last_sectors_never_landed_is_cut_and_kept_as_evidence() {
-    let d = dir("torn-zeros");
-    let (mut log, _) = open(&d, Arc::new(RealFs), LogOptions::default());
+    let _d_dir = dir("torn-zeros");
+    let d = _d_dir.path();
+    let (mut log, _) = open(d, Arc::new(RealFs), LogOptions::default());
     log.append(&[rec(1, "/p/a", b"one")]).unwrap();
     drop(log);
-    let seg = segments(&d).pop().unwrap();
+    let seg = segments(d).pop().unwrap();
     let mut data = std::fs::read(&seg).unwrap();
     let good_len = data.len();
     let mut whole = bytes::BytesMut::new();
@@ -161,7 +158,7 @@ fn a_record_whose_last_sectors_never_landed_is_cut_and_kept_as_evidence() {
     torn[landed..].fill(0);
     data.extend_from_slice(&torn);
     std::fs::write(&seg, &data).unwrap();
-    let (log, r) = open(&d, Arc::new(RealFs), LogOptions::default());
+    let (log, r) = open(d, Arc::new(RealFs), LogOptions::default());
     assert_eq!(r.records.len(), 1);
     assert_eq!(r.truncated_tail.as_ref().unwrap().1 as usize, good_len);
     drop(log);
@@ -171,8 +168,9 @@ fn a_record_whose_last_sectors_never_landed_is_cut_and_kept_as_evidence() {
 
 #[test]
 fn corruption_in_the_middle_is_reported_with_file_and_offset() {
-    let d = dir("corrupt");
-    let (mut log, _) = open(&d, Arc::new(RealFs), LogOptions::default());
+    let _d_dir = dir("corrupt");
+    let d = _d_dir.path();
+    let (mut log, _) = open(d, Arc::new(RealFs), LogOptions::default());
     let locs = log
         .append(&[
             rec(1, "/p/a", b"aaaa"),
@@ -181,12 +179,12 @@ fn corruption_in_the_middle_is_reported_with_file_and_offset() {
         ])
         .unwrap();
     drop(log);
-    let seg = segments(&d).pop().unwrap();
+    let seg = segments(d).pop().unwrap();
     let mut data = std::fs::read(&seg).unwrap();
     let flip = locs[1].offset as usize + locs[1].len as usize - 2; // inside record 2's value
     data[flip] ^= 0xff;
     std::fs::write(&seg, &data).unwrap();
-    match Log::open(&d, Arc::new(RealFs), LogOptions::default()) {
+    match Log::open(d, Arc::new(RealFs), LogOptions::default()) {
         Err(e @ LogError::Corrupt { .. }) => {
             let msg = e.to_string();
             assert!(
@@ -205,15 +203,16 @@ fn corruption_in_the_middle_is_reported_with_file_and_offset() {
 
 #[test]
 fn a_bad_segment_header_refuses_to_open() {
-    let d = dir("hdr");
-    let (mut log, _) = open(&d, Arc::new(RealFs), LogOptions::default());
+    let _d_dir = dir("hdr");
+    let d = _d_dir.path();
+    let (mut log, _) = open(d, Arc::new(RealFs), LogOptions::default());
     log.append(&[rec(1, "/p/a", b"x")]).unwrap();
     drop(log);
-    let seg = segments(&d).pop().unwrap();
+    let seg = segments(d).pop().unwrap();
     let mut data = std::fs::read(&seg).unwrap();
     data[0] = b'X';
     std::fs::write(&seg, &data).unwrap();
-    let e = Log::open(&d, Arc::new(RealFs), LogOptions::default())
+    let e = Log::open(d, Arc::new(RealFs), LogOptions::default())
         .err()
         .unwrap();
     assert!(e.to_string().contains("bad segment header"), "{e}");
@@ -221,9 +220,10 @@ fn a_bad_segment_header_refuses_to_open() {
 
 #[test]
 fn short_writes_enospc_and_fsync_failures_lose_nothing_acknowledged() {
-    let d = dir("faults");
+    let _d_dir = dir("faults");
+    let d = _d_dir.path();
     let fs = FaultFs::default();
-    let (mut log, _) = open(&d, Arc::new(fs.clone()), LogOptions::default());
+    let (mut log, _) = open(d, Arc::new(fs.clone()), LogOptions::default());
     log.append(&[rec(1, "/p/a", b"kept")]).unwrap();
 
     fs.faults.lock().unwrap().short_write = Some(10);
@@ -243,7 +243,7 @@ fn short_writes_enospc_and_fsync_failures_lose_nothing_acknowledged() {
     log.append(&[rec(6, "/p/f", b"durable")]).unwrap();
     drop(log);
 
-    let (_, r) = open(&d, Arc::new(RealFs), LogOptions::default());
+    let (_, r) = open(d, Arc::new(RealFs), LogOptions::default());
     let versions: Vec<u64> = r.records.iter().map(|(_, x)| x.version).collect();
     assert_eq!(versions, vec![1, 3, 6], "exactly the acknowledged appends");
     assert!(
@@ -254,14 +254,15 @@ fn short_writes_enospc_and_fsync_failures_lose_nothing_acknowledged() {
 
 #[test]
 fn batch_policy_reports_when_a_sync_is_due() {
-    let d = dir("batch");
+    let _d_dir = dir("batch");
+    let d = _d_dir.path();
     let opts = LogOptions {
         sync: SyncPolicy::Batch {
             max_delay: Duration::from_millis(5),
         },
         ..Default::default()
     };
-    let (mut log, _) = open(&d, Arc::new(RealFs), opts);
+    let (mut log, _) = open(d, Arc::new(RealFs), opts);
     assert!(!log.sync_due());
     log.append(&[rec(1, "/p/a", b"x")]).unwrap();
     let t = std::time::Instant::now();
@@ -280,9 +281,10 @@ proptest! {
         recs in proptest::collection::vec(("(/[a-z]{1,6}){1,3}", proptest::collection::vec(any::<u8>(), 0..300), any::<bool>()), 1..60),
         seg_max in 256u64..4096,
     ) {
-        let d = dir("prop");
+        let _d_dir = dir("prop");
+        let d = _d_dir.path();
         let opts = LogOptions { segment_bytes_max: seg_max, sync: SyncPolicy::Never, ..Default::default() };
-        let (mut log, _) = open(&d, Arc::new(RealFs), opts.clone());
+        let (mut log, _) = open(d, Arc::new(RealFs), opts.clone());
         let mut want = Vec::new();
         for (i, (k, v, remove)) in recs.into_iter().enumerate() {
             let mut r = rec(i as u64 + 1, &k, &v);
@@ -295,22 +297,23 @@ proptest! {
         }
         log.sync().unwrap();
         drop(log);
-        let (_, got) = open(&d, Arc::new(RealFs), opts);
+        let (_, got) = open(d, Arc::new(RealFs), opts);
         let got: Vec<Record> = got.records.into_iter().map(|(_, r)| r).collect();
         prop_assert_eq!(got, want);
-        let _ = std::fs::remove_dir_all(&d);
+        let _ = std::fs::remove_dir_all(d);
     }
 }
 
 #[test]
 fn sealed_segments_are_read_through_a_shared_memory_map() {
-    let d = dir("mmap");
+    let _d_dir = dir("mmap");
+    let d = _d_dir.path();
     let opts = LogOptions {
         segment_bytes_max: 1024,
         sync: SyncPolicy::Never,
         ..Default::default()
     };
-    let (mut log, _) = open(&d, Arc::new(RealFs), opts);
+    let (mut log, _) = open(d, Arc::new(RealFs), opts);
     let mut locs = Vec::new();
     for v in 1..=40u64 {
         locs.extend(log.append(&[rec(v, "/p/k", &[v as u8; 64])]).unwrap());
@@ -331,13 +334,14 @@ fn sealed_segments_are_read_through_a_shared_memory_map() {
 
 #[test]
 fn without_sync_on_roll_sealed_segments_stay_pending_until_synced() {
-    let d = dir("unsynced");
+    let _d_dir = dir("unsynced");
+    let d = _d_dir.path();
     let opts = LogOptions {
         segment_bytes_max: 1024,
         sync: SyncPolicy::Never,
         sync_on_roll: false,
     };
-    let (mut log, _) = open(&d, Arc::new(RealFs), opts);
+    let (mut log, _) = open(d, Arc::new(RealFs), opts);
     for v in 1..=40u64 {
         log.append(&[rec(v, "/p/k", &[7u8; 100])]).unwrap();
     }
@@ -357,5 +361,5 @@ fn without_sync_on_roll_sealed_segments_stay_pending_until_synced() {
     log.append(&[rec(41, "/p/k", b"x")]).unwrap();
     let again: Vec<u64> = log.take_unsynced().into_iter().map(|(id, _)| id).collect();
     assert_eq!(again, vec![log.active_segment()]);
-    let _ = std::fs::remove_dir_all(&d);
+    let _ = std::fs::remove_dir_all(d);
 }

@@ -150,8 +150,9 @@ fn example_toml_plans_and_exports() {
     assert_valid(&p, &r.plan);
     let ex = r.exhaustive.as_ref().unwrap();
     assert!(r.plan.total_cost >= ex.total_cost - 1e-9);
-    let dir = std::env::temp_dir().join(format!("sluice-plan-export-{}", std::process::id()));
-    sluice_plan::export::write(&dir, &p, &r.plan).unwrap();
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    sluice_plan::export::write(dir, &p, &r.plan).unwrap();
     let layout: toml::Value =
         toml::from_str(&std::fs::read_to_string(dir.join("layout.toml")).unwrap()).unwrap();
     let used: usize = r.plan.assignment.iter().map(Vec::len).sum();
@@ -172,7 +173,6 @@ fn example_toml_plans_and_exports() {
         .find(|v| v["pathname"] == "/plan/alert")
         .unwrap();
     assert_eq!(alert["user_defined_logic_list"][0], "relay");
-    std::fs::remove_dir_all(dir).unwrap();
 }
 
 #[test]
@@ -234,8 +234,11 @@ fn infeasible_targets_are_clear_errors() {
 }
 
 fn write_tmp(name: &str, text: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("sluice-plan-in-{}-{name}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = tempfile::Builder::new()
+        .prefix(&format!("sluice-plan-in-{name}-"))
+        .tempdir()
+        .unwrap()
+        .keep();
     let p = dir.join(name);
     std::fs::write(&p, text).unwrap();
     p
@@ -290,8 +293,8 @@ fn input_errors_name_file_line_and_field() {
         "{e}"
     );
     // A JellyBean directory with a bad number: file, line and column name.
-    let dir = std::env::temp_dir().join(format!("sluice-plan-jb-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
     for f in std::fs::read_dir(fixture()).unwrap() {
         let f = f.unwrap().path();
         std::fs::copy(&f, dir.join(f.file_name().unwrap())).unwrap();
@@ -301,7 +304,7 @@ fn input_errors_name_file_line_and_field() {
         .unwrap()
         .replace("0.192", "cheap");
     std::fs::write(&specs, t).unwrap();
-    let e = load(&dir).unwrap_err().to_string();
+    let e = load(dir).unwrap_err().to_string();
     assert!(
         e.contains("workers_specs.csv:2: cost: \"cheap\" is not a number"),
         "{e}"
@@ -311,12 +314,11 @@ fn input_errors_name_file_line_and_field() {
         "ReadImage,ExtractImageFeature,extra\n",
     )
     .unwrap();
-    let e = load(&dir).unwrap_err().to_string();
+    let e = load(dir).unwrap_err().to_string();
     assert!(
         e.contains("logical_graph.csv:1: row: expected 2 columns, found 3"),
         "{e}"
     );
-    std::fs::remove_dir_all(dir).unwrap();
 }
 
 fn small() -> impl Strategy<Value = (u64, usize, usize, bool, usize)> {

@@ -4,18 +4,10 @@
 use bytes::Bytes;
 use sluice_store::{HistoryRange, Layout, Store, StoreConfig};
 use sluice_types::{PoolSpec, PoolType, SluiceError, VERSION_NONE};
-use std::path::PathBuf;
 
-fn dir() -> PathBuf {
-    use std::sync::atomic::{AtomicU32, Ordering};
-    static N: AtomicU32 = AtomicU32::new(0);
-    let d = std::env::temp_dir().join(format!(
-        "sluice-pstore-{}-{}",
-        std::process::id(),
-        N.fetch_add(1, Ordering::Relaxed)
-    ));
-    let _ = std::fs::remove_dir_all(&d);
-    d
+/// A fresh directory, removed when dropped.
+fn dir() -> tempfile::TempDir {
+    tempfile::tempdir().unwrap()
 }
 
 fn open(d: &std::path::Path) -> Store {
@@ -58,10 +50,11 @@ fn persistent_pools_are_refused_unless_enabled() {
 
 #[test]
 fn every_version_survives_a_restart_with_time_reads_and_history() {
-    let d = dir();
+    let _d_dir = dir();
+    let d = _d_dir.path();
     let (v1, v2, v3, t1, t2, t3);
     {
-        let s = open(&d);
+        let s = open(d);
         let r1 = s.put("/p/a", b("one"), None, None).unwrap();
         let r2 = s.put("/p/a", b("two"), Some(r1.version), None).unwrap();
         s.put("/p/b", b("other"), None, None).unwrap();
@@ -75,7 +68,7 @@ fn every_version_survives_a_restart_with_time_reads_and_history() {
             r3.timestamp_us,
         );
     }
-    let s = open(&d);
+    let s = open(d);
     // Latest: removed; history intact.
     assert!(matches!(
         s.get("/p/a", None, None),
@@ -158,8 +151,9 @@ fn every_version_survives_a_restart_with_time_reads_and_history() {
 
 #[test]
 fn history_is_only_for_persistent_pools() {
-    let d = dir();
-    let s = open(&d);
+    let _d_dir = dir();
+    let d = _d_dir.path();
+    let s = open(d);
     s.put("/vol/x", b("v"), None, None).unwrap();
     let e = s
         .history(
@@ -184,7 +178,8 @@ fn history_is_only_for_persistent_pools() {
 #[test]
 fn retention_drops_old_versions_of_its_pool_only() {
     use sluice_types::pool::Retention;
-    let d = dir();
+    let _d_dir = dir();
+    let d = _d_dir.path();
     let s = Store::open(StoreConfig {
         layout: Layout {
             version: 1,
@@ -283,7 +278,8 @@ fn retention_drops_old_versions_of_its_pool_only() {
 #[test]
 fn reads_honour_retention_before_compaction_and_name_it() {
     use sluice_types::pool::Retention;
-    let d = dir();
+    let _d_dir = dir();
+    let d = _d_dir.path();
     let s = Store::open(StoreConfig {
         layout: Layout {
             version: 1,
@@ -386,9 +382,10 @@ fn contains(hay: &[u8], needle: &[u8]) -> bool {
 /// them comes back after a restart, and a new pool at the path is empty.
 #[test]
 fn purge_deletes_a_persistent_pools_history_for_good() {
-    let d = dir();
+    let _d_dir = dir();
+    let d = _d_dir.path();
     {
-        let s = open(&d);
+        let s = open(d);
         s.create_pool(&PoolSpec {
             pathname: "/q".into(),
             pool_type: Some(PoolType::Persistent),
@@ -407,16 +404,16 @@ fn purge_deletes_a_persistent_pools_history_for_good() {
                 .unwrap();
         }
         s.remove_pool("/p").unwrap();
-        assert!(contains(&disk_bytes(&d), b"secret-7"));
+        assert!(contains(&disk_bytes(d), b"secret-7"));
         let r = s.purge_pool("/p").unwrap();
         assert_eq!((r.keys, r.versions), (5, 50));
         assert!(r.bytes > 0, "{r:?}");
         assert!(
-            !contains(&disk_bytes(&d), b"secret-"),
+            !contains(&disk_bytes(d), b"secret-"),
             "purged values are still on disk"
         );
     }
-    let s = open(&d); // re-creates /p (persistent): it must start empty
+    let s = open(d); // re-creates /p (persistent): it must start empty
     let p = s.get_pool("/p").unwrap();
     assert!(!p.deleted);
     for k in 0..5 {
@@ -435,5 +432,5 @@ fn purge_deletes_a_persistent_pools_history_for_good() {
     let h = all("/q/stay");
     assert_eq!(h.len(), 50);
     assert_eq!(s.get("/q/stay", None, None).unwrap().value, b("kept-49"));
-    let _ = std::fs::remove_dir_all(&d);
+    let _ = std::fs::remove_dir_all(d);
 }

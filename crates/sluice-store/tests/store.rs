@@ -210,9 +210,8 @@ fn observers_see_puts_triggers_and_removes() {
 
 #[test]
 fn pool_table_survives_reopen() {
-    let dir = std::env::temp_dir().join(format!("sluice-store-test-{}", std::process::id()));
-    let path = dir.join("pools.json");
-    let _ = std::fs::remove_dir_all(&dir);
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("pools.json");
     let cfg = StoreConfig {
         pool_table_path: Some(path.clone()),
         ..Default::default()
@@ -249,7 +248,6 @@ fn pool_table_survives_reopen() {
     .err()
     .unwrap();
     assert!(e.to_string().contains("corrupt"), "{e}");
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 #[test]
