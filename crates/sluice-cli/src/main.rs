@@ -95,6 +95,20 @@ fn main() -> ExitCode {
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
+        // Under --json an error is JSON too (on standard error): the
+        // message, and the typed error when there is one (its `error`
+        // field names the kind, e.g. "not_found").
+        Err(e) if cli.json => {
+            let typed = e
+                .chain()
+                .find_map(|c| c.downcast_ref::<sluice_client::SluiceError>());
+            let j = serde_json::json!({
+                "message": format!("{e:#}"),
+                "error": typed.and_then(|t| serde_json::to_value(t).ok()),
+            });
+            eprintln!("{j}");
+            ExitCode::FAILURE
+        }
         Err(e) => {
             eprintln!("error: {e:#}");
             ExitCode::FAILURE

@@ -1277,6 +1277,15 @@ fn errors_name_what_is_wrong() {
     let n = start_node();
     let e = n.fails(&["dfg", "rm", "shout"]);
     assert!(e.contains("data flow graph \"shout\" not found"), "{e}");
+    // Under --json, errors are JSON (they were plain text), with the
+    // typed error's kind.
+    let e = n.fails(&["--json", "get", "/vol/missing"]);
+    let j: serde_json::Value = serde_json::from_str(e.trim()).expect("a JSON error");
+    assert_eq!(j["error"]["error"], "not_found", "{j}");
+    assert!(
+        j["message"].as_str().unwrap().contains("/vol/missing"),
+        "{j}"
+    );
     assert!(!e.contains("key \""), "{e}");
     // Something that is not a Sluice node on the port.
     let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
