@@ -387,83 +387,84 @@ fn print_json(out: &mut dyn Write, v: &serde_json::Value) -> Result<()> {
     Ok(())
 }
 
-/// Runs one client command. `stdin_ok` is false in the shell, where
-/// standard input carries commands, not values.
+/// `cluster status`: every node's groups, asked of each node.
+fn cluster_status(c: &BlockingClient, json: bool, out: &mut dyn Write) -> Result<()> {
+    let info = c.cluster_command(json!({"op": "info"}), None)?;
+    let nodes: Vec<u32> = info["nodes"]
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .filter_map(|n| n["id"].as_u64().map(|i| i as u32))
+                .collect()
+        })
+        .unwrap_or_default();
+    let mut all = Vec::new();
+    for n in nodes {
+        match c.cluster_command(json!({"op": "status"}), Some(n)) {
+            Ok(s) => all.push(s),
+            Err(e) => all.push(json!({"node": n, "error": e.to_string()})),
+        }
+    }
+    if json {
+        return print_json(out, &json!({"epoch": info["epoch"], "nodes": all}));
+    }
+    writeln!(out, "metadata epoch {}", info["epoch"])?;
+    writeln!(
+        out,
+        "{:<6} {:<16} {:<21} {:>5} {:>7} {:>9} {:>9} {:>9}  lag",
+        "node", "group", "role", "term", "leader", "log", "applied", "version"
+    )?;
+    for s in &all {
+        if let Some(e) = s.get("error") {
+            writeln!(
+                out,
+                "{:<6} unreachable: {}",
+                s["node"],
+                e.as_str().unwrap_or("")
+            )?;
+            continue;
+        }
+        let t = |v: &serde_json::Value| match v {
+            serde_json::Value::String(s) => s.clone(),
+            serde_json::Value::Null => "-".into(),
+            v => v.to_string(),
+        };
+        for g in s["groups"].as_array().into_iter().flatten() {
+            // Followers' lag in entries: "2:0 3:15" (none but on a leader).
+            let lag: Vec<String> = g["lag"]
+                .as_object()
+                .into_iter()
+                .flatten()
+                .map(|(node, n)| format!("{node}:{n}"))
+                .collect();
+            writeln!(
+                out,
+                "{:<6} {:<16} {:<21} {:>5} {:>7} {:>9} {:>9} {:>9}  {}",
+                t(&s["node"]),
+                t(&g["group"]),
+                t(&g["role"]),
+                t(&g["term"]),
+                t(&g["leader"]),
+                t(&g["last_log_index"]),
+                t(&g["applied_index"]),
+                t(&g["applied_version"]),
+                if lag.is_empty() {
+                    "-".to_string()
+                } else {
+                    lag.join(" ")
+                }
+            )?;
+        }
+    }
+    Ok(())
+}
+
 fn cluster(c: &BlockingClient, cmd: ClusterCmd, json: bool, out: &mut dyn Write) -> Result<()> {
     if c.async_client().cluster_epoch().is_none() {
         bail!("this node runs standalone (start nodes with --cluster LAYOUT, or try `sluice dev`)");
     }
     let (command, node) = match &cmd {
-        ClusterCmd::Status => {
-            let info = c.cluster_command(json!({"op": "info"}), None)?;
-            let nodes: Vec<u32> = info["nodes"]
-                .as_array()
-                .map(|a| {
-                    a.iter()
-                        .filter_map(|n| n["id"].as_u64().map(|i| i as u32))
-                        .collect()
-                })
-                .unwrap_or_default();
-            let mut all = Vec::new();
-            for n in nodes {
-                match c.cluster_command(json!({"op": "status"}), Some(n)) {
-                    Ok(s) => all.push(s),
-                    Err(e) => all.push(json!({"node": n, "error": e.to_string()})),
-                }
-            }
-            if json {
-                return print_json(out, &json!({"epoch": info["epoch"], "nodes": all}));
-            }
-            writeln!(out, "metadata epoch {}", info["epoch"])?;
-            writeln!(
-                out,
-                "{:<6} {:<16} {:<21} {:>5} {:>7} {:>9} {:>9} {:>9}  lag",
-                "node", "group", "role", "term", "leader", "log", "applied", "version"
-            )?;
-            for s in &all {
-                if let Some(e) = s.get("error") {
-                    writeln!(
-                        out,
-                        "{:<6} unreachable: {}",
-                        s["node"],
-                        e.as_str().unwrap_or("")
-                    )?;
-                    continue;
-                }
-                let t = |v: &serde_json::Value| match v {
-                    serde_json::Value::String(s) => s.clone(),
-                    serde_json::Value::Null => "-".into(),
-                    v => v.to_string(),
-                };
-                for g in s["groups"].as_array().into_iter().flatten() {
-                    // Followers' lag in entries: "2:0 3:15" (none but on a leader).
-                    let lag: Vec<String> = g["lag"]
-                        .as_object()
-                        .into_iter()
-                        .flatten()
-                        .map(|(node, n)| format!("{node}:{n}"))
-                        .collect();
-                    writeln!(
-                        out,
-                        "{:<6} {:<16} {:<21} {:>5} {:>7} {:>9} {:>9} {:>9}  {}",
-                        t(&s["node"]),
-                        t(&g["group"]),
-                        t(&g["role"]),
-                        t(&g["term"]),
-                        t(&g["leader"]),
-                        t(&g["last_log_index"]),
-                        t(&g["applied_index"]),
-                        t(&g["applied_version"]),
-                        if lag.is_empty() {
-                            "-".to_string()
-                        } else {
-                            lag.join(" ")
-                        }
-                    )?;
-                }
-            }
-            return Ok(());
-        }
+        ClusterCmd::Status => return cluster_status(c, json, out),
         ClusterCmd::AddMember { shard, node } => (
             json!({"op": "add_member", "shard": shard, "node": node}),
             None,
@@ -516,6 +517,8 @@ fn cluster(c: &BlockingClient, cmd: ClusterCmd, json: bool, out: &mut dyn Write)
     Ok(())
 }
 
+/// Runs one client command. `stdin_ok` is false in the shell, where
+/// standard input carries commands, not values.
 pub fn execute(
     c: &BlockingClient,
     cmd: ClientCmd,
@@ -523,6 +526,39 @@ pub fn execute(
     out: &mut dyn Write,
     stdin_ok: bool,
 ) -> Result<()> {
+    let cmd = match cmd {
+        ClientCmd::Pools(p) => return pools(c, p, json, out),
+        ClientCmd::Cluster(cmd) => return cluster(c, cmd, json, out),
+        ClientCmd::Dfg(cmd) => return dfg(c, cmd, json, out),
+        other => other,
+    };
+    // Each group handles its own commands and hands back the others.
+    let Some(cmd) = writes(c, cmd, json, out, stdin_ok)? else {
+        return Ok(());
+    };
+    let Some(cmd) = reads(c, cmd, json, out)? else {
+        return Ok(());
+    };
+    let Some(cmd) = lists(c, cmd, json, out)? else {
+        return Ok(());
+    };
+    let Some(cmd) = watch(c, cmd, json, out)? else {
+        return Ok(());
+    };
+    match node(c, cmd, json, out)? {
+        None => Ok(()),
+        Some(other) => bail!("internal error: no handler for {other:?}"),
+    }
+}
+
+/// Puts, trigger puts and removes. Hands back a command it does not handle.
+fn writes(
+    c: &BlockingClient,
+    cmd: ClientCmd,
+    json: bool,
+    out: &mut dyn Write,
+    stdin_ok: bool,
+) -> Result<Option<ClientCmd>> {
     match cmd {
         ClientCmd::Put {
             key,
@@ -540,7 +576,7 @@ pub fn execute(
                 } else {
                     writeln!(out, "sent {key} (not acknowledged)")?;
                 }
-                return Ok(());
+                return Ok(None);
             }
             let r = match parse_expect(&expect_version)? {
                 Some(e) => c.put_if_version(&key, v, e)?,
@@ -572,6 +608,36 @@ pub fn execute(
                 writeln!(out, "triggered {key} at {ts}")?;
             }
         }
+        ClientCmd::Rm {
+            key,
+            expect_version,
+        } => {
+            let r = match parse_expect(&expect_version)? {
+                Some(e) => c.remove_if_version(&key, e)?,
+                None => c.remove(&key)?,
+            };
+            if json {
+                print_json(
+                    out,
+                    &json!({"key": key, "version": r.version, "timestamp_us": r.timestamp_us, "removed": true}),
+                )?;
+            } else {
+                writeln!(out, "removed {key} (tombstone version {})", r.version)?;
+            }
+        }
+        other => return Ok(Some(other)),
+    }
+    Ok(None)
+}
+
+/// Reads of one key: latest, by version, by time, size. Hands back a command it does not handle.
+fn reads(
+    c: &BlockingClient,
+    cmd: ClientCmd,
+    json: bool,
+    out: &mut dyn Write,
+) -> Result<Option<ClientCmd>> {
+    match cmd {
         ClientCmd::Get {
             key,
             linearizable,
@@ -637,7 +703,7 @@ pub fn execute(
             timestamp_us,
             unstable: false,
         } => {
-            return execute(
+            return reads(
                 c,
                 ClientCmd::Get {
                     key,
@@ -649,9 +715,29 @@ pub fn execute(
                 },
                 json,
                 out,
-                stdin_ok,
             )
         }
+        ClientCmd::Size { key, version, at } => {
+            let n = c.get_size(&key, version, at)?;
+            if json {
+                print_json(out, &json!({"key": key, "size": n}))?;
+            } else {
+                writeln!(out, "{n}")?;
+            }
+        }
+        other => return Ok(Some(other)),
+    }
+    Ok(None)
+}
+
+/// Reads of many keys: several keys, the keys of a pool, a key's history. Hands back a command it does not handle.
+fn lists(
+    c: &BlockingClient,
+    cmd: ClientCmd,
+    json: bool,
+    out: &mut dyn Write,
+) -> Result<Option<ClientCmd>> {
+    match cmd {
         ClientCmd::Mget { keys } => {
             let refs: Vec<&str> = keys.iter().map(String::as_str).collect();
             let res = c.multi_get(&refs)?;
@@ -677,23 +763,6 @@ pub fn execute(
                         Err(e) => writeln!(out, "{k}\terror: {e}")?,
                     }
                 }
-            }
-        }
-        ClientCmd::Rm {
-            key,
-            expect_version,
-        } => {
-            let r = match parse_expect(&expect_version)? {
-                Some(e) => c.remove_if_version(&key, e)?,
-                None => c.remove(&key)?,
-            };
-            if json {
-                print_json(
-                    out,
-                    &json!({"key": key, "version": r.version, "timestamp_us": r.timestamp_us, "removed": true}),
-                )?;
-            } else {
-                writeln!(out, "removed {key} (tombstone version {})", r.version)?;
             }
         }
         ClientCmd::Ls {
@@ -754,15 +823,19 @@ pub fn execute(
                 }
             }
         }
-        ClientCmd::Size { key, version, at } => {
-            let n = c.get_size(&key, version, at)?;
-            if json {
-                print_json(out, &json!({"key": key, "size": n}))?;
-            } else {
-                writeln!(out, "{n}")?;
-            }
-        }
-        ClientCmd::Pools(p) => pools(c, p, json, out)?,
+        other => return Ok(Some(other)),
+    }
+    Ok(None)
+}
+
+/// Notifications under a prefix, printed as they come. Hands back a command it does not handle.
+fn watch(
+    c: &BlockingClient,
+    cmd: ClientCmd,
+    json: bool,
+    out: &mut dyn Write,
+) -> Result<Option<ClientCmd>> {
+    match cmd {
         ClientCmd::Watch {
             prefix,
             count,
@@ -852,7 +925,15 @@ pub fn execute(
                 out.flush()?;
             }
         }
-        ClientCmd::Dfg(DfgCmd::Apply { file }) => {
+        other => return Ok(Some(other)),
+    }
+    Ok(None)
+}
+
+/// Data flow graphs: apply, list, show, remove.
+fn dfg(c: &BlockingClient, cmd: DfgCmd, json: bool, out: &mut dyn Write) -> Result<()> {
+    match cmd {
+        DfgCmd::Apply { file } => {
             let text = std::fs::read_to_string(&file)
                 .with_context(|| format!("reading {}", file.display()))?;
             let r = c
@@ -870,7 +951,7 @@ pub fn execute(
                 writeln!(out, "applied {}", ids.join(", "))?;
             }
         }
-        ClientCmd::Dfg(DfgCmd::Ls) => {
+        DfgCmd::Ls => {
             let r = c.dfg_list()?;
             if json {
                 print_json(out, &r)?;
@@ -902,7 +983,7 @@ pub fn execute(
                 }
             }
         }
-        ClientCmd::Dfg(DfgCmd::Show { id }) => {
+        DfgCmd::Show { id } => {
             let r = c.dfg_list()?;
             let g = r
                 .as_array()
@@ -912,7 +993,7 @@ pub fn execute(
                 .ok_or(sluice_client::SluiceError::DfgNotFound { id })?;
             print_json(out, g)?;
         }
-        ClientCmd::Dfg(DfgCmd::Rm { id }) => {
+        DfgCmd::Rm { id } => {
             c.dfg_remove(&id)?;
             if json {
                 print_json(out, &json!({"removed": id}))?;
@@ -920,7 +1001,18 @@ pub fn execute(
                 writeln!(out, "removed {id}")?;
             }
         }
-        ClientCmd::Cluster(cmd) => cluster(c, cmd, json, out)?,
+    }
+    Ok(())
+}
+
+/// The node itself: counters, health, round trip. Hands back a command it does not handle.
+fn node(
+    c: &BlockingClient,
+    cmd: ClientCmd,
+    json: bool,
+    out: &mut dyn Write,
+) -> Result<Option<ClientCmd>> {
+    match cmd {
         ClientCmd::Stats => {
             let s = c.stats()?;
             print_json(out, &s)?;
@@ -974,8 +1066,9 @@ pub fn execute(
                 )?;
             }
         }
+        other => return Ok(Some(other)),
     }
-    Ok(())
+    Ok(None)
 }
 
 fn pools(c: &BlockingClient, cmd: PoolsCmd, json: bool, out: &mut dyn Write) -> Result<()> {
