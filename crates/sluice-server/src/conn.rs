@@ -716,9 +716,42 @@ impl Conn {
         let Some(req) = self.execute_clustered(rid, no_reply, req) else {
             return;
         };
+        // One handler per kind of request (the match is exhaustive).
+        match &req {
+            Request::Hello { .. }
+            | Request::Ping
+            | Request::Put { .. }
+            | Request::TriggerPut { .. }
+            | Request::Remove { .. } => self.exec_session_and_writes(rid, no_reply, req),
+            Request::Get { .. } | Request::GetByTime { .. } | Request::GetSize { .. } => {
+                self.exec_point_reads(rid, no_reply, req)
+            }
+            Request::ListKeys { .. }
+            | Request::MultiGet { .. }
+            | Request::History { .. }
+            | Request::ListKeysAt { .. } => self.exec_range_reads(rid, no_reply, req),
+            Request::PoolCreate { .. }
+            | Request::PoolRemove { .. }
+            | Request::PoolList { .. }
+            | Request::PoolGet { .. }
+            | Request::PoolOfKey { .. }
+            | Request::PoolPurge { .. } => self.exec_pools(rid, no_reply, req),
+            Request::Watch { .. }
+            | Request::Unwatch { .. }
+            | Request::DfgApply { .. }
+            | Request::DfgList
+            | Request::DfgRemove { .. }
+            | Request::Stats
+            | Request::Raft { .. }
+            | Request::Cluster { .. }
+            | Request::PeerAuth { .. } => self.exec_node(rid, no_reply, req),
+        }
+    }
+
+    /// The handshake twice, pings, and writes: put, trigger put, remove.
+    fn exec_session_and_writes(&mut self, rid: u64, no_reply: bool, req: Request) {
         let store = &*self.ctx.store;
         let out = &mut self.out;
-        let limits = &self.ctx.cfg.limits;
         let reply_err = |out: &mut OutQueue, e: &SluiceError| Response::error(out, rid, e);
         match req {
             Request::Hello { .. } => reply_err(out, &SluiceError::protocol("HELLO sent twice")),
@@ -784,15 +817,23 @@ impl Conn {
                 Ok(p) => Response::put_ok(out, rid, &p),
                 Err(e) => reply_err(out, &e),
             },
+            other => self.misrouted(rid, &other),
+        }
+    }
+
+    /// Reads of one key: latest or by version, by time, its size.
+    fn exec_point_reads(&mut self, rid: u64, _no_reply: bool, req: Request) {
+        let store = &*self.ctx.store;
+        let out = &mut self.out;
+        let limits = &self.ctx.cfg.limits;
+        let reply_err = |out: &mut OutQueue, e: &SluiceError| Response::error(out, rid, e);
+        match req {
             Request::Get {
                 key,
                 shard,
                 version,
                 ..
             } => reply_object(out, rid, store.get(&key, version, shard)),
-            Request::Raft { .. } | Request::Cluster { .. } | Request::PeerAuth { .. } => {
-                unreachable!("handled by execute_clustered")
-            }
             Request::GetByTime {
                 key,
                 shard,
@@ -855,6 +896,17 @@ impl Conn {
                     Err(e) => reply_err(out, &e),
                 }
             }
+            other => self.misrouted(rid, &other),
+        }
+    }
+
+    /// Reads of many keys or versions: listings, multi-get, history.
+    fn exec_range_reads(&mut self, rid: u64, _no_reply: bool, req: Request) {
+        let store = &*self.ctx.store;
+        let out = &mut self.out;
+        let limits = &self.ctx.cfg.limits;
+        let reply_err = |out: &mut OutQueue, e: &SluiceError| Response::error(out, rid, e);
+        match req {
             Request::ListKeys {
                 pool,
                 prefix,
@@ -884,84 +936,6 @@ impl Conn {
                 encode_objects(out, rid, &items);
             }
             // Control-plane writes fsync the pool table or load models: off the event loop.
-            Request::PoolCreate { spec } => match off_event_loop(|| store.create_pool(&spec)) {
-                Ok(p) => Response::Pool(p).encode(out, rid),
-                Err(e) => reply_err(out, &e),
-            },
-            Request::PoolRemove { path } => match off_event_loop(|| store.remove_pool(&path)) {
-                Ok(p) => Response::Pool(p).encode(out, rid),
-                Err(e) => reply_err(out, &e),
-            },
-            Request::PoolList { include_deleted } => {
-                Response::Pools(store.list_pools(include_deleted)).encode(out, rid)
-            }
-            Request::PoolGet { path } => match store.get_pool(&path) {
-                Ok(p) => Response::Pool(p).encode(out, rid),
-                Err(e) => reply_err(out, &e),
-            },
-            Request::PoolOfKey { key } => match store.pool_of_key(&key) {
-                Ok(p) => Response::Pool(p).encode(out, rid),
-                Err(e) => reply_err(out, &e),
-            },
-            Request::Watch { prefix, from } => {
-                let max = limits.max_watches_per_conn;
-                if self.ctx.watches.count_for(self.id) >= max as usize {
-                    return reply_err(out, &SluiceError::TooManyWatches { max });
-                }
-                if let Err(e) = sluice_types::validate_key(&prefix, limits.max_key_bytes as usize) {
-                    return reply_err(out, &e);
-                }
-                let Some(from) = from else {
-                    // Reply before registering so WATCH_OK precedes the first notice.
-                    Response::WatchOk { watch_id: rid }.encode(out, rid);
-                    self.ctx
-                        .watches
-                        .add(self.id, rid, prefix, self.notify_tx.clone());
-                    return;
-                };
-                // Registered before the replay is read: the notices of
-                // live writes wait in the channel until this returns, so
-                // WATCH_OK, then the replay, then they go out in order.
-                match off_event_loop(|| self.resume_watch(rid, &prefix, from)) {
-                    Ok(notices) => {
-                        Response::WatchOk { watch_id: rid }.encode(&mut self.out, rid);
-                        for n in notices {
-                            self.encode_notice(n);
-                        }
-                    }
-                    Err(e) => Response::error(&mut self.out, rid, &e),
-                }
-            }
-            Request::PoolPurge { path } => match off_event_loop(|| store.purge_pool(&path)) {
-                Ok(r) => {
-                    Response::Json(serde_json::to_string(&r).unwrap_or_default()).encode(out, rid)
-                }
-                Err(e) => reply_err(out, &e),
-            },
-            Request::Unwatch { watch_id } => {
-                if self.ctx.watches.remove(self.id, watch_id) {
-                    Response::Ok.encode(out, rid)
-                } else {
-                    reply_err(
-                        out,
-                        &SluiceError::NotFound {
-                            key: format!("watch {watch_id}"),
-                        },
-                    )
-                }
-            }
-            Request::DfgApply { text } => match off_event_loop(|| self.ctx.engine.apply(&text)) {
-                Ok(ids) => Response::Json(serde_json::json!({ "applied": ids }).to_string())
-                    .encode(out, rid),
-                Err(e) => reply_err(
-                    out,
-                    &SluiceError::InvalidDfg {
-                        path: e.path,
-                        reason: e.reason,
-                    },
-                ),
-            },
-            Request::DfgList => Response::Json(self.ctx.engine.list().to_string()).encode(out, rid),
             Request::History {
                 key,
                 shard,
@@ -1003,6 +977,108 @@ impl Conn {
                     Err(e) => reply_err(out, &e),
                 }
             }
+            other => self.misrouted(rid, &other),
+        }
+    }
+
+    /// Pool management.
+    fn exec_pools(&mut self, rid: u64, _no_reply: bool, req: Request) {
+        let store = &*self.ctx.store;
+        let out = &mut self.out;
+        let reply_err = |out: &mut OutQueue, e: &SluiceError| Response::error(out, rid, e);
+        match req {
+            Request::PoolCreate { spec } => match off_event_loop(|| store.create_pool(&spec)) {
+                Ok(p) => Response::Pool(p).encode(out, rid),
+                Err(e) => reply_err(out, &e),
+            },
+            Request::PoolRemove { path } => match off_event_loop(|| store.remove_pool(&path)) {
+                Ok(p) => Response::Pool(p).encode(out, rid),
+                Err(e) => reply_err(out, &e),
+            },
+            Request::PoolList { include_deleted } => {
+                Response::Pools(store.list_pools(include_deleted)).encode(out, rid)
+            }
+            Request::PoolGet { path } => match store.get_pool(&path) {
+                Ok(p) => Response::Pool(p).encode(out, rid),
+                Err(e) => reply_err(out, &e),
+            },
+            Request::PoolOfKey { key } => match store.pool_of_key(&key) {
+                Ok(p) => Response::Pool(p).encode(out, rid),
+                Err(e) => reply_err(out, &e),
+            },
+            Request::PoolPurge { path } => match off_event_loop(|| store.purge_pool(&path)) {
+                Ok(r) => {
+                    Response::Json(serde_json::to_string(&r).unwrap_or_default()).encode(out, rid)
+                }
+                Err(e) => reply_err(out, &e),
+            },
+            other => self.misrouted(rid, &other),
+        }
+    }
+
+    /// Watches, data flow graphs, counters, and what only a cluster node serves.
+    fn exec_node(&mut self, rid: u64, _no_reply: bool, req: Request) {
+        let store = &*self.ctx.store;
+        let out = &mut self.out;
+        let limits = &self.ctx.cfg.limits;
+        let reply_err = |out: &mut OutQueue, e: &SluiceError| Response::error(out, rid, e);
+        match req {
+            Request::Raft { .. } | Request::Cluster { .. } | Request::PeerAuth { .. } => {
+                unreachable!("handled by execute_clustered")
+            }
+            Request::Watch { prefix, from } => {
+                let max = limits.max_watches_per_conn;
+                if self.ctx.watches.count_for(self.id) >= max as usize {
+                    return reply_err(out, &SluiceError::TooManyWatches { max });
+                }
+                if let Err(e) = sluice_types::validate_key(&prefix, limits.max_key_bytes as usize) {
+                    return reply_err(out, &e);
+                }
+                let Some(from) = from else {
+                    // Reply before registering so WATCH_OK precedes the first notice.
+                    Response::WatchOk { watch_id: rid }.encode(out, rid);
+                    self.ctx
+                        .watches
+                        .add(self.id, rid, prefix, self.notify_tx.clone());
+                    return;
+                };
+                // Registered before the replay is read: the notices of
+                // live writes wait in the channel until this returns, so
+                // WATCH_OK, then the replay, then they go out in order.
+                match off_event_loop(|| self.resume_watch(rid, &prefix, from)) {
+                    Ok(notices) => {
+                        Response::WatchOk { watch_id: rid }.encode(&mut self.out, rid);
+                        for n in notices {
+                            self.encode_notice(n);
+                        }
+                    }
+                    Err(e) => Response::error(&mut self.out, rid, &e),
+                }
+            }
+            Request::Unwatch { watch_id } => {
+                if self.ctx.watches.remove(self.id, watch_id) {
+                    Response::Ok.encode(out, rid)
+                } else {
+                    reply_err(
+                        out,
+                        &SluiceError::NotFound {
+                            key: format!("watch {watch_id}"),
+                        },
+                    )
+                }
+            }
+            Request::DfgApply { text } => match off_event_loop(|| self.ctx.engine.apply(&text)) {
+                Ok(ids) => Response::Json(serde_json::json!({ "applied": ids }).to_string())
+                    .encode(out, rid),
+                Err(e) => reply_err(
+                    out,
+                    &SluiceError::InvalidDfg {
+                        path: e.path,
+                        reason: e.reason,
+                    },
+                ),
+            },
+            Request::DfgList => Response::Json(self.ctx.engine.list().to_string()).encode(out, rid),
             Request::DfgRemove { id } => match off_event_loop(|| self.ctx.engine.remove(&id)) {
                 Ok(()) => Response::Ok.encode(out, rid),
                 Err(e) => reply_err(out, &e),
@@ -1030,7 +1106,20 @@ impl Conn {
                 });
                 Response::Stats(v.to_string()).encode(out, rid)
             }
+            other => self.misrouted(rid, &other),
         }
+    }
+
+    /// A request handed to a handler of another kind (a bug of the
+    /// dispatch in `execute`): the client gets an internal error.
+    fn misrouted(&mut self, rid: u64, req: &Request) {
+        Response::error(
+            &mut self.out,
+            rid,
+            &SluiceError::Internal {
+                reason: format!("request {:#04x} reached the wrong handler", req.opcode()),
+            },
+        )
     }
 }
 
