@@ -387,6 +387,15 @@ fn print_json(out: &mut dyn Write, v: &serde_json::Value) -> Result<()> {
     Ok(())
 }
 
+/// The items of a JSON array as text (numbers, node ids).
+fn listed(v: &serde_json::Value) -> Vec<String> {
+    v.as_array()
+        .into_iter()
+        .flatten()
+        .map(|m| m.to_string())
+        .collect()
+}
+
 /// `cluster status`: every node's groups, asked of each node.
 fn cluster_status(c: &BlockingClient, json: bool, out: &mut dyn Write) -> Result<()> {
     let info = c.cluster_command(json!({"op": "info"}), None)?;
@@ -482,12 +491,7 @@ fn cluster(c: &BlockingClient, cmd: ClusterCmd, json: bool, out: &mut dyn Write)
     }
     match &cmd {
         ClusterCmd::AddMember { shard, node } | ClusterCmd::RemoveMember { shard, node } => {
-            let members: Vec<String> = r["members"]
-                .as_array()
-                .into_iter()
-                .flatten()
-                .map(|m| m.to_string())
-                .collect();
+            let members = listed(&r["members"]);
             let what = if matches!(cmd, ClusterCmd::AddMember { .. }) {
                 "added to"
             } else {
@@ -500,12 +504,7 @@ fn cluster(c: &BlockingClient, cmd: ClusterCmd, json: bool, out: &mut dyn Write)
             )?;
         }
         ClusterCmd::Cut { node, .. } | ClusterCmd::Heal { node } => {
-            let cut: Vec<String> = r["cut"]
-                .as_array()
-                .into_iter()
-                .flatten()
-                .map(|m| m.to_string())
-                .collect();
+            let cut = listed(&r["cut"]);
             if cut.is_empty() {
                 writeln!(out, "node {node}: every link open")?;
             } else {

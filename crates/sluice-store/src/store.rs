@@ -213,6 +213,16 @@ impl Store {
         self.shards.values()
     }
 
+    /// A shard this node holds, or `UnknownShard` naming it.
+    fn shard_or_err(&self, shard: ShardId) -> Result<&Arc<Shard>> {
+        self.shards
+            .get(&shard)
+            .ok_or_else(|| SluiceError::UnknownShard {
+                subgroup: format!("{}/{}", shard.pool_type, shard.subgroup),
+                shard: shard.shard,
+            })
+    }
+
     /// Registers an observer for every later delivery.
     pub fn add_observer(&self, obs: Arc<dyn DeliveryObserver>) {
         self.observers.rcu(|cur| {
@@ -310,13 +320,7 @@ impl Store {
         prefix: &str,
         except: &[String],
     ) -> Result<PurgeReport> {
-        let s = self
-            .shards
-            .get(&shard)
-            .ok_or_else(|| SluiceError::UnknownShard {
-                subgroup: format!("{}/{}", shard.pool_type, shard.subgroup),
-                shard: shard.shard,
-            })?;
+        let s = self.shard_or_err(shard)?;
         let purged = |k: &str| path_covers(prefix, k) && !except.iter().any(|e| path_covers(e, k));
         let mut report = {
             let _w = s.write_lock.lock();
@@ -604,16 +608,10 @@ impl Store {
                 creation_timestamp_us: 0,
             })),
         };
-        let r =
-            Routed {
-                router,
-                shard: self.shards.get(&shard).cloned().ok_or_else(|| {
-                    SluiceError::UnknownShard {
-                        subgroup: format!("{}/{}", shard.pool_type, shard.subgroup),
-                        shard: shard.shard,
-                    }
-                })?,
-            };
+        let r = Routed {
+            router,
+            shard: self.shard_or_err(shard)?.clone(),
+        };
         self.clock.observe(timestamp_us);
         let res = self.write_routed(&r, key, value, expected, trace, Some(timestamp_us), at);
         self.count_err(res)
@@ -636,13 +634,7 @@ impl Store {
         last_version: u64,
         objects: Vec<Arc<Object>>,
     ) -> Result<()> {
-        let s = self
-            .shards
-            .get(&shard)
-            .ok_or_else(|| SluiceError::UnknownShard {
-                subgroup: format!("{}/{}", shard.pool_type, shard.subgroup),
-                shard: shard.shard,
-            })?;
+        let s = self.shard_or_err(shard)?;
         let _w = s.write_lock.lock();
         let map = s.objects.pin();
         map.clear();
@@ -1253,13 +1245,7 @@ impl Store {
         &self,
         shard: ShardId,
     ) -> Result<(&Arc<Shard>, &Mutex<sluice_log::History>)> {
-        let s = self
-            .shards
-            .get(&shard)
-            .ok_or_else(|| SluiceError::UnknownShard {
-                subgroup: format!("{}/{}", shard.pool_type, shard.subgroup),
-                shard: shard.shard,
-            })?;
+        let s = self.shard_or_err(shard)?;
         let h = s.history.as_ref().ok_or_else(|| SluiceError::Internal {
             reason: format!(
                 "shard {shard} keeps no history (persistent pools are not enabled on this node)"
