@@ -125,36 +125,7 @@ async fn demo(a: DemoArgs) -> Result<()> {
     }));
     println!("== embedded node on {addr}");
     let c = Client::connect(&addr).await?;
-    for (path, t) in [
-        ("/models", PoolType::Volatile),
-        ("/demo/results", PoolType::Volatile),
-        ("/demo/frames", PoolType::Trigger),
-        ("/demo/digits", PoolType::Trigger),
-        ("/demo/labels", PoolType::Trigger),
-    ] {
-        c.create_pool(PoolSpec {
-            pathname: path.into(),
-            pool_type: Some(t),
-            ..Default::default()
-        })
-        .await?;
-    }
-    c.put("/models/filter", Bytes::from_static(FILTER_ONNX))
-        .await?;
-    c.put("/models/classifier", Bytes::from_static(CLASSIFIER_ONNX))
-        .await?;
-    println!(
-        "== models uploaded as objects: /models/filter ({} B), /models/classifier ({} B)",
-        FILTER_ONNX.len(),
-        CLASSIFIER_ONNX.len()
-    );
-    c.dfg_apply(&dfg_json())
-        .await
-        .context("deploying the demo data flow graph")?;
-    println!(
-        "== data flow graph deployed: {} -> {} -> {} -> /demo/results",
-        STAGES[0], STAGES[1], STAGES[2]
-    );
+    install_pipeline(&c).await?;
 
     let mut watch = c.watch("/demo/results").await?;
     let rate = a.rate;
@@ -222,9 +193,75 @@ async fn demo(a: DemoArgs) -> Result<()> {
     sender.await??;
     let wall = t0.elapsed();
 
+    let correct = accuracy(&results, &offline, n);
+    let p50s = latency_breakdown(&results, &mut e2e_us, n, wall);
+    write_svg(&a.svg, &p50s).with_context(|| format!("writing {}", a.svg.display()))?;
+    println!("== chart written to {}", a.svg.display());
+    let st = c.stats().await?;
+    println!(
+        "== compute: {} upcalls, {} failures, {} panics, dispatch overhead p50 {} µs",
+        st["compute"]["upcalls"],
+        st["compute"]["failures"],
+        st["compute"]["panics"],
+        st["compute"]["dispatch_overhead_us"]["p50"]
+    );
+    let _ = stop_tx.send(());
+    let _ = node.await;
+    let _ = std::fs::remove_dir_all(dir);
+    let expected = offline["offline_pipeline_correct"].as_u64().unwrap_or(0) as usize;
+    if a.check && n == n_all && correct != expected {
+        bail!("pipeline accuracy {correct}/{n} differs from the offline accuracy {expected}/{n}");
+    }
+    println!("demo finished");
+    Ok(())
+}
+
+/// The demo's pools, its two models (uploaded as objects) and its data
+/// flow graph.
+async fn install_pipeline(c: &Client) -> Result<()> {
+    for (path, t) in [
+        ("/models", PoolType::Volatile),
+        ("/demo/results", PoolType::Volatile),
+        ("/demo/frames", PoolType::Trigger),
+        ("/demo/digits", PoolType::Trigger),
+        ("/demo/labels", PoolType::Trigger),
+    ] {
+        c.create_pool(PoolSpec {
+            pathname: path.into(),
+            pool_type: Some(t),
+            ..Default::default()
+        })
+        .await?;
+    }
+    c.put("/models/filter", Bytes::from_static(FILTER_ONNX))
+        .await?;
+    c.put("/models/classifier", Bytes::from_static(CLASSIFIER_ONNX))
+        .await?;
+    println!(
+        "== models uploaded as objects: /models/filter ({} B), /models/classifier ({} B)",
+        FILTER_ONNX.len(),
+        CLASSIFIER_ONNX.len()
+    );
+    c.dfg_apply(&dfg_json())
+        .await
+        .context("deploying the demo data flow graph")?;
+    println!(
+        "== data flow graph deployed: {} -> {} -> {} -> /demo/results",
+        STAGES[0], STAGES[1], STAGES[2]
+    );
+    Ok(())
+}
+
+/// Prints the pipeline's accuracy next to the models' offline accuracy
+/// on the same frames; returns how many frames it got right.
+fn accuracy(
+    results: &HashMap<usize, (String, Option<sluice_client::Object>)>,
+    offline: &serde_json::Value,
+    n: usize,
+) -> usize {
     // Accuracy, with the offline definition.
     let mut correct = 0;
-    for (i, (v, _)) in &results {
+    for (i, (v, _)) in results {
         let label = LABELS[*i] as i8;
         let ok = if label < 0 {
             v == "unusable"
@@ -241,7 +278,18 @@ async fn demo(a: DemoArgs) -> Result<()> {
         offline["offline_pipeline_correct"],
         offline["images"]
     );
+    correct
+}
 
+/// Prints each stage's latency (transfer, queueing, compute, forward: p50
+/// and p99) from the results' traces, and the end-to-end latency; returns
+/// the p50s per stage for the chart.
+fn latency_breakdown(
+    results: &HashMap<usize, (String, Option<sluice_client::Object>)>,
+    e2e_us: &mut [u64],
+    n: usize,
+    wall: Duration,
+) -> Vec<[u64; 4]> {
     // Latency breakdown from the traces.
     let mut stages: Vec<Breakdown> = (0..3).map(|_| Breakdown::default()).collect();
     for (_, obj) in results.values() {
@@ -303,28 +351,10 @@ async fn demo(a: DemoArgs) -> Result<()> {
     }
     println!(
         "end to end (client send -> result notification): p50 {} µs, p99 {} µs",
-        pct(&mut e2e_us, 0.5),
-        pct(&mut e2e_us.clone(), 0.99)
+        pct(e2e_us, 0.5),
+        pct(&mut e2e_us.to_vec(), 0.99)
     );
-    write_svg(&a.svg, &p50s).with_context(|| format!("writing {}", a.svg.display()))?;
-    println!("== chart written to {}", a.svg.display());
-    let st = c.stats().await?;
-    println!(
-        "== compute: {} upcalls, {} failures, {} panics, dispatch overhead p50 {} µs",
-        st["compute"]["upcalls"],
-        st["compute"]["failures"],
-        st["compute"]["panics"],
-        st["compute"]["dispatch_overhead_us"]["p50"]
-    );
-    let _ = stop_tx.send(());
-    let _ = node.await;
-    let _ = std::fs::remove_dir_all(dir);
-    let expected = offline["offline_pipeline_correct"].as_u64().unwrap_or(0) as usize;
-    if a.check && n == n_all && correct != expected {
-        bail!("pipeline accuracy {correct}/{n} differs from the offline accuracy {expected}/{n}");
-    }
-    println!("demo finished");
-    Ok(())
+    p50s
 }
 
 /// A stacked horizontal bar per stage of the p50 components (Fig. 10a style).
