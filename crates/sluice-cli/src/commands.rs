@@ -550,7 +550,8 @@ pub fn execute(
     }
 }
 
-/// Puts, trigger puts and removes. Hands back a command it does not handle.
+/// Puts, trigger puts and removes. Hands back a command it does not
+/// handle.
 fn writes(
     c: &BlockingClient,
     cmd: ClientCmd,
@@ -629,7 +630,8 @@ fn writes(
     Ok(None)
 }
 
-/// Reads of one key: latest, by version, by time, size. Hands back a command it does not handle.
+/// Reads of one key: latest, by version, by time, size. Hands back a
+/// command it does not handle.
 fn reads(
     c: &BlockingClient,
     cmd: ClientCmd,
@@ -729,7 +731,8 @@ fn reads(
     Ok(None)
 }
 
-/// Reads of many keys: several keys, the keys of a pool, a key's history. Hands back a command it does not handle.
+/// Reads of many keys: several keys, the keys of a pool, a key's history.
+/// Hands back a command it does not handle.
 fn lists(
     c: &BlockingClient,
     cmd: ClientCmd,
@@ -827,7 +830,8 @@ fn lists(
     Ok(None)
 }
 
-/// Notifications under a prefix, printed as they come. Hands back a command it does not handle.
+/// Notifications under a prefix, printed as they come. Hands back a
+/// command it does not handle.
 fn watch(
     c: &BlockingClient,
     cmd: ClientCmd,
@@ -1004,7 +1008,8 @@ fn dfg(c: &BlockingClient, cmd: DfgCmd, json: bool, out: &mut dyn Write) -> Resu
     Ok(())
 }
 
-/// The node itself: counters, health, round trip. Hands back a command it does not handle.
+/// The node itself: counters, health, round trip. Hands back a command
+/// it does not handle.
 fn node(
     c: &BlockingClient,
     cmd: ClientCmd,
