@@ -282,20 +282,14 @@ impl Conn {
         let mut lost = crate::watch::Lost::default();
         let mut bytes = 0usize;
         for (shard, upto) in cut {
-            let r = store
-                .replay(shard, prefix, range, upto, REPLAY_MAX - objects.len())
-                .and_then(|r| {
-                    bytes += r.objects.iter().map(|o| o.value.len()).sum::<usize>();
-                    if bytes > REPLAY_BYTES_MAX {
-                        return Err(SluiceError::NotSupported {
-                            what: format!(
-                                "resuming a watch on {prefix:?}: the replay holds more than {} MiB (resume from a later version or time, or read the older ones with `history`)",
-                                REPLAY_BYTES_MAX >> 20
-                            ),
-                        });
-                    }
-                    Ok(r)
-                });
+            let r = store.replay(
+                shard,
+                prefix,
+                range,
+                upto,
+                REPLAY_MAX - objects.len(),
+                REPLAY_BYTES_MAX - bytes,
+            );
             let r = match r {
                 Ok(r) => r,
                 Err(e) => {
@@ -303,6 +297,7 @@ impl Conn {
                     return Err(e);
                 }
             };
+            bytes += r.bytes;
             lost.merge_range(r.dropped, r.first_dropped, r.last_dropped);
             objects.extend(r.objects);
         }

@@ -1376,10 +1376,12 @@ fn check_retained(
 }
 
 /// What a resumed watch replays from one shard (`Store::replay`).
-#[derive(Default)]
+#[derive(Debug, Default)]
 pub struct Replay {
     /// Stored versions in range, oldest first.
     pub objects: Vec<Arc<Object>>,
+    /// Their value bytes.
+    pub bytes: usize,
     /// Versions in range that retention dropped: how many (at least), and
     /// the lowest and highest of them known.
     pub dropped: u64,
@@ -1484,7 +1486,8 @@ impl Store {
 
     /// Every stored version under `prefix` on a persistent shard in
     /// `range` and at most version `upto`, oldest first, for a resumed
-    /// watch; at most `limit` (more is an error naming the count).
+    /// watch; at most `limit` versions and `max_bytes` of values (more is
+    /// an error saying which bound was passed).
     /// Versions the pool's retention drops are counted, not returned.
     pub fn replay(
         &self,
@@ -1493,6 +1496,7 @@ impl Store {
         range: HistoryRange,
         upto: u64,
         limit: usize,
+        max_bytes: usize,
     ) -> Result<Replay> {
         let (_, h) = self.persistent_shard(shard)?;
         let view = self.pools.load();
@@ -1520,6 +1524,15 @@ impl Store {
                 continue;
             }
             let value = h.value(&key, &e).map_err(history_err)?;
+            out.bytes += value.len();
+            if out.bytes > max_bytes {
+                // Stopped as soon as it is known: nothing more is read.
+                return Err(SluiceError::NotSupported {
+                    what: format!(
+                        "resuming a watch on {prefix:?}: the replay holds more than {max_bytes} bytes (resume from a later version or time, or read the older ones with `history`)"
+                    ),
+                });
+            }
             out.objects.push(Arc::new(object_of(&key, e, value)));
         }
         Ok(out)

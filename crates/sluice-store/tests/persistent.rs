@@ -434,3 +434,27 @@ fn purge_deletes_a_persistent_pools_history_for_good() {
     assert_eq!(s.get("/q/stay", None, None).unwrap().value, b("kept-49"));
     let _ = std::fs::remove_dir_all(d);
 }
+
+/// A resumed watch's replay is bounded in versions and in bytes; past
+/// either bound it is refused, saying which, rather than buffering it all.
+#[test]
+fn a_replay_is_refused_past_its_bounds() {
+    let _d = dir();
+    let s = open(_d.path());
+    for _ in 0..5 {
+        s.put("/p/k", Bytes::from(vec![b'x'; 100]), None, None)
+            .unwrap();
+    }
+    let shard = s.shard_id_of("/p/k", None).unwrap();
+    let all = HistoryRange::Versions {
+        from: 0,
+        to: u64::MAX,
+    };
+    let upto = s.shard(shard).unwrap().last_version();
+    let r = s.replay(shard, "/p", all, upto, 5, 500).unwrap();
+    assert_eq!((r.objects.len(), r.bytes), (5, 500));
+    let e = s.replay(shard, "/p", all, upto, 4, 500).unwrap_err();
+    assert!(e.to_string().contains("5 versions back"), "{e}");
+    let e = s.replay(shard, "/p", all, upto, 5, 499).unwrap_err();
+    assert!(e.to_string().contains("more than 499 bytes"), "{e}");
+}
