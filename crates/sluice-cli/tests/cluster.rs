@@ -1050,6 +1050,40 @@ async fn a_group_whose_core_stops_is_started_again_and_catches_up() {
             .contains("starting it again on its log and state"),
         "the node says what it did"
     );
+    // Restarts are bounded: a group that keeps stopping is started again
+    // at most 3 times a minute, then left stopped, saying so.
+    let log = || std::fs::read_to_string(c.dir.path().join(format!("node-{leader}.log"))).unwrap();
+    for round in 2..=4 {
+        c.wait_for("the group to run again", || async {
+            c.status(leader).await["groups"]
+                .as_array()
+                .is_some_and(|gs| {
+                    gs.iter()
+                        .any(|g| g["group"] == shard && g["role"] != "shutdown")
+                })
+        })
+        .await;
+        admin
+            .cluster_command(
+                serde_json::json!({"op": "stop_group", "shard": shard}),
+                Some(leader),
+            )
+            .await
+            .unwrap();
+        if round == 4 {
+            c.wait_for("the node to give up restarting", || async {
+                log().contains("not restarting it")
+            })
+            .await;
+        }
+    }
+    assert_eq!(
+        log()
+            .matches("starting it again on its log and state")
+            .count(),
+        3,
+        "three restarts in a minute, no more"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
