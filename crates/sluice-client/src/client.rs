@@ -1,4 +1,4 @@
-use crate::cluster::{ClusterView, NodePool, ShardView};
+use crate::cluster::{Attempts, ClusterView, Hint, NodePool, ShardView};
 use crate::conn::Conn;
 use arc_swap::{ArcSwap, ArcSwapOption};
 use bytes::Bytes;
@@ -451,36 +451,23 @@ impl Client {
         };
         let deadline = Instant::now() + self.inner.cfg.request_timeout;
         let mut backoff = sluice_types::retry::Backoff::for_leader(deadline);
-        let mut attempt = 0usize;
-        let mut avoid: Option<u32> = None;
-        // Members that timed out, failed to connect or were unavailable in
-        // this request: not tried again while others remain, and their
-        // names in other members' (stale) leader hints are not followed.
-        let mut failed: Vec<u32> = Vec::new();
+        // A leader hint at a member that failed us is believed again once
+        // an election would have ended (see `Attempts`).
+        let mut tries = Attempts::new(members, self.inner.cfg.attempt_timeout);
         let mut timeouts = 0u32;
+        let mut stale = false;
         loop {
-            if failed.len() >= members.len() {
-                failed.clear();
-            }
-            let next_member = |attempt: usize| {
-                (0..members.len())
-                    .map(|i| members[(attempt + i) % members.len()])
-                    .find(|m| !failed.contains(m) && Some(*m) != avoid)
-                    .unwrap_or(members[attempt % members.len()])
-            };
+            tries.prepare();
             let target = match class {
-                Class::Write | Class::Leader => view
-                    .leader(name)
-                    .filter(|l| Some(*l) != avoid && !failed.contains(l))
-                    .unwrap_or_else(|| next_member(attempt)),
-                Class::Read if attempt == 0 => self
+                Class::Write | Class::Leader => tries.leader_target(view.leader(name)),
+                Class::Read if tries.made() == 0 => self
                     .inner
                     .selector
                     .select(self.inner.cfg.member_selection, members, fnv(name), key)
                     .map_err(|reason| SluiceError::Connection { reason })?,
-                Class::Read => next_member(attempt),
+                Class::Read => tries.next_member(),
             };
-            attempt += 1;
+            tries.begin();
             let left = deadline.saturating_duration_since(Instant::now());
             // Writes and leader reads bound each try (a paused or cut-off
             // leader costs one try, not the request); each timeout gives
@@ -516,22 +503,23 @@ impl Client {
                 Err(SluiceError::NotLeader {
                     leader: Some(l), ..
                 }) => {
-                    // A member still names the one that failed us: it is
-                    // slow rather than gone, or the election is not over.
-                    failed.retain(|f| f != l);
-                    view.set_leader(name, *l);
-                    avoid = None;
+                    match tries.hinted(target, *l, Instant::now()) {
+                        Hint::Follow(l) => view.set_leader(name, l),
+                        Hint::Stale => {
+                            view.leaders.lock().remove(name);
+                            stale = true;
+                        }
+                    }
                     true
                 }
                 Err(SluiceError::NotLeader { .. }) => {
-                    avoid = Some(target);
+                    tries.skip(target);
                     view.leaders.lock().remove(name);
                     true
                 }
                 Err(SluiceError::Connection { .. }) | Err(SluiceError::Timeout { .. }) => {
                     timeouts += u32::from(matches!(res, Err(SluiceError::Timeout { .. })));
-                    avoid = Some(target);
-                    failed.push(target);
+                    tries.failed(target, Instant::now());
                     view.leaders.lock().remove(name);
                     true
                 }
@@ -539,13 +527,12 @@ impl Client {
                 // stopped its group: try the others (their hints lead to a
                 // new leader) rather than this one again.
                 Err(SluiceError::Unavailable { .. }) if replicated => {
-                    avoid = Some(target);
-                    failed.push(target);
+                    tries.failed(target, Instant::now());
                     view.leaders.lock().remove(name);
                     true
                 }
                 Err(SluiceError::ReplicaBehind { .. }) | Err(SluiceError::NotMember { .. }) => {
-                    avoid = Some(target);
+                    tries.skip(target);
                     true
                 }
                 _ => false,
@@ -553,8 +540,9 @@ impl Client {
             if !retry || Instant::now() >= deadline {
                 return res;
             }
-            if attempt >= members.len() {
-                // Every member tried: give an election time to finish.
+            if tries.round_done() || std::mem::take(&mut stale) {
+                // Every member tried, or one named a leader that just failed us:
+                // give an election time to finish.
                 tokio::time::sleep(backoff.next_pause().unwrap_or_default()).await;
             }
         }

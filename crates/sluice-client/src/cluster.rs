@@ -191,3 +191,190 @@ impl ClusterView {
         self.seen.lock().get(shard).copied()
     }
 }
+
+/// Which member each try of one request goes to, and what the replies so
+/// far taught: members that failed us (timed out, refused the connection,
+/// were unavailable) are not tried again while others remain, and a leader
+/// hint that names one of them is believed only after `settle` has passed
+/// since it failed. Right after a leader is paused or cut off, the others
+/// still name it until their election ends; following that hint straight
+/// back would cost a whole (doubled) try against a member that cannot
+/// answer. After `settle` the hint is followed: the leader was slow, not
+/// gone.
+pub(crate) struct Attempts<'a> {
+    members: &'a [u32],
+    attempt: usize,
+    avoid: Option<u32>,
+    failed: Vec<(u32, std::time::Instant)>,
+    settle: Duration,
+}
+
+/// What to do with a leader hint.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum Hint {
+    /// Go to the named leader next.
+    Follow(u32),
+    /// The hint names a member that failed us moments ago: ask another
+    /// member after a pause (an election is probably under way).
+    Stale,
+}
+
+impl<'a> Attempts<'a> {
+    pub(crate) fn new(members: &'a [u32], settle: Duration) -> Self {
+        Attempts {
+            members,
+            attempt: 0,
+            avoid: None,
+            failed: Vec::new(),
+            settle,
+        }
+    }
+
+    /// How many tries were made.
+    pub(crate) fn made(&self) -> usize {
+        self.attempt
+    }
+
+    fn has_failed(&self, m: u32) -> bool {
+        self.failed.iter().any(|(f, _)| *f == m)
+    }
+
+    /// The next member to try when no leader is to be followed: round
+    /// robin, skipping the ones that failed and the one just tried.
+    pub(crate) fn next_member(&self) -> u32 {
+        let n = self.members.len();
+        (0..n)
+            .map(|i| self.members[(self.attempt + i) % n])
+            .find(|m| !self.has_failed(*m) && Some(*m) != self.avoid)
+            .unwrap_or(self.members[self.attempt % n])
+    }
+
+    /// The target of a try that goes to the leader: the cached one unless
+    /// it failed or was just tried, else the next member.
+    pub(crate) fn leader_target(&self, cached: Option<u32>) -> u32 {
+        cached
+            .filter(|l| Some(*l) != self.avoid && !self.has_failed(*l))
+            .unwrap_or_else(|| self.next_member())
+    }
+
+    /// Before choosing a try's target: when every member failed once,
+    /// start over rather than give up.
+    pub(crate) fn prepare(&mut self) {
+        if self.failed.len() >= self.members.len() {
+            self.failed.clear();
+        }
+    }
+
+    /// Counts a try (after choosing its target).
+    pub(crate) fn begin(&mut self) {
+        self.attempt += 1;
+    }
+
+    /// `target` answered with a leader hint naming `leader`.
+    pub(crate) fn hinted(&mut self, target: u32, leader: u32, now: std::time::Instant) -> Hint {
+        match self.failed.iter().position(|(f, _)| *f == leader) {
+            Some(i) if now.saturating_duration_since(self.failed[i].1) < self.settle => {
+                self.avoid = Some(target);
+                Hint::Stale
+            }
+            Some(i) => {
+                self.failed.swap_remove(i);
+                self.avoid = None;
+                Hint::Follow(leader)
+            }
+            None => {
+                self.avoid = None;
+                Hint::Follow(leader)
+            }
+        }
+    }
+
+    /// `target` cannot serve this (not the leader and no hint, behind, not
+    /// a member): try another one next.
+    pub(crate) fn skip(&mut self, target: u32) {
+        self.avoid = Some(target);
+    }
+
+    /// `target` failed us (timeout, connection, unavailable).
+    pub(crate) fn failed(&mut self, target: u32, now: std::time::Instant) {
+        self.avoid = Some(target);
+        if !self.has_failed(target) {
+            self.failed.push((target, now));
+        }
+    }
+
+    /// Whether every member has been tried (time to pause for an
+    /// election before the next round).
+    pub(crate) fn round_done(&self) -> bool {
+        self.attempt >= self.members.len()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Instant;
+
+    /// The failover defect: a paused leader (1) timed out; member 2, whose
+    /// election has not ended, still names 1. The hint must not send the
+    /// next try straight back to 1: member 3 is asked instead, and its
+    /// hint at the new leader is followed.
+    #[test]
+    fn a_hint_at_a_member_that_just_failed_is_not_followed() {
+        let members = [1, 2, 3];
+        let mut a = Attempts::new(&members, Duration::from_secs(1));
+        let t0 = Instant::now();
+        assert_eq!(a.leader_target(Some(1)), 1);
+        a.begin();
+        a.failed(1, t0);
+        assert_eq!(a.leader_target(None), 2);
+        a.begin();
+        assert_eq!(
+            a.hinted(2, 1, t0 + Duration::from_millis(5)),
+            Hint::Stale,
+            "member 1 timed out 5 ms ago"
+        );
+        // The cached leader is still 1 elsewhere: not chosen.
+        assert_eq!(a.leader_target(Some(1)), 3);
+        a.begin();
+        assert_eq!(
+            a.hinted(3, 3, t0 + Duration::from_millis(10)),
+            Hint::Follow(3)
+        );
+        assert_eq!(a.leader_target(Some(3)), 3);
+    }
+
+    /// A leader that was only slow: once `settle` has passed since it
+    /// failed, the others' hints at it are followed again.
+    #[test]
+    fn a_hint_at_a_failed_member_is_followed_after_settle() {
+        let members = [1, 2, 3];
+        let mut a = Attempts::new(&members, Duration::from_secs(1));
+        let t0 = Instant::now();
+        a.begin();
+        a.failed(1, t0);
+        a.begin();
+        assert_eq!(
+            a.hinted(2, 1, t0 + Duration::from_millis(1001)),
+            Hint::Follow(1)
+        );
+        assert_eq!(a.leader_target(Some(1)), 1);
+    }
+
+    /// When every member failed, the list starts over rather than every
+    /// try going to the same member.
+    #[test]
+    fn everyone_failed_starts_over() {
+        let members = [1, 2];
+        let mut a = Attempts::new(&members, Duration::from_secs(1));
+        let t0 = Instant::now();
+        a.begin();
+        a.failed(1, t0);
+        assert_eq!(a.next_member(), 2);
+        a.begin();
+        a.failed(2, t0);
+        assert!(a.round_done());
+        a.prepare();
+        assert!(a.failed.is_empty());
+    }
+}
