@@ -382,9 +382,67 @@ fn pool_line(p: &PoolMeta) -> String {
     )
 }
 
-fn print_json(out: &mut dyn Write, v: &serde_json::Value) -> Result<()> {
-    writeln!(out, "{}", serde_json::to_string_pretty(v)?)?;
-    Ok(())
+/// What a command shows: its JSON form and its text form. Handlers build
+/// both; `Out::show` is the one place that picks one and writes it.
+pub struct Shown {
+    json: serde_json::Value,
+    text: Vec<u8>,
+    /// One compact JSON object per line (a stream) instead of pretty JSON.
+    line: bool,
+}
+
+impl Shown {
+    fn new(json: serde_json::Value, text: impl Into<Vec<u8>>) -> Shown {
+        Shown {
+            json,
+            text: text.into(),
+            line: false,
+        }
+    }
+
+    /// The same JSON whatever the format (counters, a graph's document).
+    fn json(json: serde_json::Value) -> Shown {
+        let text = serde_json::to_string_pretty(&json).unwrap_or_default() + "\n";
+        Shown::new(json, text)
+    }
+
+    /// A line of a stream (`watch`): compact JSON, one object per line.
+    fn streamed(json: serde_json::Value, text: impl Into<Vec<u8>>) -> Shown {
+        Shown {
+            line: true,
+            ..Shown::new(json, text)
+        }
+    }
+}
+
+/// Text lines, each ending in a newline.
+fn lines<I: IntoIterator<Item = String>>(items: I) -> String {
+    items.into_iter().map(|l| l + "\n").collect()
+}
+
+/// Where a command's output goes, in the format the user asked for.
+pub struct Out<'a> {
+    w: &'a mut dyn Write,
+    json: bool,
+}
+
+impl Out<'_> {
+    /// Writes `s` as JSON or as text (and flushes: streams show each
+    /// item as it comes).
+    fn show(&mut self, s: Shown) -> Result<()> {
+        if self.json {
+            let j = if s.line {
+                serde_json::to_string(&s.json)?
+            } else {
+                serde_json::to_string_pretty(&s.json)?
+            };
+            writeln!(self.w, "{j}")?;
+        } else {
+            self.w.write_all(&s.text)?;
+        }
+        self.w.flush()?;
+        Ok(())
+    }
 }
 
 /// The items of a JSON array as text (numbers, node ids).
@@ -397,7 +455,7 @@ fn listed(v: &serde_json::Value) -> Vec<String> {
 }
 
 /// `cluster status`: every node's groups, asked of each node.
-fn cluster_status(c: &BlockingClient, json: bool, out: &mut dyn Write) -> Result<()> {
+fn cluster_status(c: &BlockingClient) -> Result<Shown> {
     let info = c.cluster_command(json!({"op": "info"}), None)?;
     let nodes: Vec<u32> = info["nodes"]
         .as_array()
@@ -414,30 +472,27 @@ fn cluster_status(c: &BlockingClient, json: bool, out: &mut dyn Write) -> Result
             Err(e) => all.push(json!({"node": n, "error": e.to_string()})),
         }
     }
-    if json {
-        return print_json(out, &json!({"epoch": info["epoch"], "nodes": all}));
-    }
-    writeln!(out, "metadata epoch {}", info["epoch"])?;
-    writeln!(
-        out,
-        "{:<6} {:<16} {:<21} {:>5} {:>7} {:>9} {:>9} {:>9}  lag",
-        "node", "group", "role", "term", "leader", "log", "applied", "version"
-    )?;
+    let mut text = vec![
+        format!("metadata epoch {}", info["epoch"]),
+        format!(
+            "{:<6} {:<16} {:<21} {:>5} {:>7} {:>9} {:>9} {:>9}  lag",
+            "node", "group", "role", "term", "leader", "log", "applied", "version"
+        ),
+    ];
+    let t = |v: &serde_json::Value| match v {
+        serde_json::Value::String(s) => s.clone(),
+        serde_json::Value::Null => "-".into(),
+        v => v.to_string(),
+    };
     for s in &all {
         if let Some(e) = s.get("error") {
-            writeln!(
-                out,
+            text.push(format!(
                 "{:<6} unreachable: {}",
                 s["node"],
                 e.as_str().unwrap_or("")
-            )?;
+            ));
             continue;
         }
-        let t = |v: &serde_json::Value| match v {
-            serde_json::Value::String(s) => s.clone(),
-            serde_json::Value::Null => "-".into(),
-            v => v.to_string(),
-        };
         for g in s["groups"].as_array().into_iter().flatten() {
             // Followers' lag in entries: "2:0 3:15" (none but on a leader).
             let lag: Vec<String> = g["lag"]
@@ -446,8 +501,7 @@ fn cluster_status(c: &BlockingClient, json: bool, out: &mut dyn Write) -> Result
                 .flatten()
                 .map(|(node, n)| format!("{node}:{n}"))
                 .collect();
-            writeln!(
-                out,
+            text.push(format!(
                 "{:<6} {:<16} {:<21} {:>5} {:>7} {:>9} {:>9} {:>9}  {}",
                 t(&s["node"]),
                 t(&g["group"]),
@@ -462,18 +516,21 @@ fn cluster_status(c: &BlockingClient, json: bool, out: &mut dyn Write) -> Result
                 } else {
                     lag.join(" ")
                 }
-            )?;
+            ));
         }
     }
-    Ok(())
+    Ok(Shown::new(
+        json!({"epoch": info["epoch"], "nodes": all}),
+        lines(text),
+    ))
 }
 
-fn cluster(c: &BlockingClient, cmd: ClusterCmd, json: bool, out: &mut dyn Write) -> Result<()> {
+fn cluster(c: &BlockingClient, cmd: ClusterCmd) -> Result<Shown> {
     if c.async_client().cluster_epoch().is_none() {
         bail!("this node runs standalone (start nodes with --cluster LAYOUT, or try `sluice dev`)");
     }
     let (command, node) = match &cmd {
-        ClusterCmd::Status => return cluster_status(c, json, out),
+        ClusterCmd::Status => return cluster_status(c),
         ClusterCmd::AddMember { shard, node } => (
             json!({"op": "add_member", "shard": shard, "node": node}),
             None,
@@ -486,34 +543,25 @@ fn cluster(c: &BlockingClient, cmd: ClusterCmd, json: bool, out: &mut dyn Write)
         ClusterCmd::Heal { node } => (json!({"op": "heal"}), Some(*node)),
     };
     let r = c.cluster_command(command, node)?;
-    if json {
-        return print_json(out, &r);
-    }
-    match &cmd {
+    let text = match &cmd {
         ClusterCmd::AddMember { shard, node } | ClusterCmd::RemoveMember { shard, node } => {
-            let members = listed(&r["members"]);
             let what = if matches!(cmd, ClusterCmd::AddMember { .. }) {
                 "added to"
             } else {
                 "removed from"
             };
-            writeln!(
-                out,
-                "node {node} {what} {shard}; members now {}",
-                members.join(", ")
-            )?;
+            format!(
+                "node {node} {what} {shard}; members now {}\n",
+                listed(&r["members"]).join(", ")
+            )
         }
-        ClusterCmd::Cut { node, .. } | ClusterCmd::Heal { node } => {
-            let cut = listed(&r["cut"]);
-            if cut.is_empty() {
-                writeln!(out, "node {node}: every link open")?;
-            } else {
-                writeln!(out, "node {node}: links to {} cut", cut.join(", "))?;
-            }
-        }
-        ClusterCmd::Status => {}
-    }
-    Ok(())
+        ClusterCmd::Cut { node, .. } | ClusterCmd::Heal { node } => match listed(&r["cut"]) {
+            cut if cut.is_empty() => format!("node {node}: every link open\n"),
+            cut => format!("node {node}: links to {} cut\n", cut.join(", ")),
+        },
+        ClusterCmd::Status => String::new(),
+    };
+    Ok(Shown::new(r, text))
 }
 
 /// Runs one client command. `stdin_ok` is false in the shell, where
@@ -522,44 +570,49 @@ pub fn execute(
     c: &BlockingClient,
     cmd: ClientCmd,
     json: bool,
-    out: &mut dyn Write,
+    w: &mut dyn Write,
     stdin_ok: bool,
 ) -> Result<()> {
-    let cmd = match cmd {
-        ClientCmd::Pools(p) => return pools(c, p, json, out),
-        ClientCmd::Cluster(cmd) => return cluster(c, cmd, json, out),
-        ClientCmd::Dfg(cmd) => return dfg(c, cmd, json, out),
-        other => other,
+    let out = &mut Out { w, json };
+    let shown = match cmd {
+        ClientCmd::Pools(p) => pools(c, p)?,
+        ClientCmd::Cluster(cmd) => cluster(c, cmd)?,
+        ClientCmd::Dfg(cmd) => dfg(c, cmd)?,
+        ClientCmd::Watch {
+            prefix,
+            count,
+            from_version,
+            from_time,
+        } => return watch(c, &prefix, count, from_version, from_time, out),
+        ClientCmd::Health => return health(c, out),
+        cmd @ (ClientCmd::Put { .. } | ClientCmd::Trigger { .. } | ClientCmd::Rm { .. }) => {
+            writes(c, cmd, stdin_ok)?
+        }
+        cmd @ (ClientCmd::Get { .. } | ClientCmd::GetByTime { .. } | ClientCmd::Size { .. }) => {
+            reads(c, cmd)?
+        }
+        cmd @ (ClientCmd::Mget { .. } | ClientCmd::Ls { .. } | ClientCmd::History { .. }) => {
+            lists(c, cmd)?
+        }
+        ClientCmd::Stats => Shown::json(c.stats()?),
+        ClientCmd::Ping => {
+            let rtt = c.ping()?;
+            Shown::new(
+                json!({"rtt_us": rtt.as_micros() as u64}),
+                format!(
+                    "pong from node {} in {} µs\n",
+                    c.server_info().node_id,
+                    rtt.as_micros()
+                ),
+            )
+        }
     };
-    // Each group handles its own commands and hands back the others.
-    let Some(cmd) = writes(c, cmd, json, out, stdin_ok)? else {
-        return Ok(());
-    };
-    let Some(cmd) = reads(c, cmd, json, out)? else {
-        return Ok(());
-    };
-    let Some(cmd) = lists(c, cmd, json, out)? else {
-        return Ok(());
-    };
-    let Some(cmd) = watch(c, cmd, json, out)? else {
-        return Ok(());
-    };
-    match node(c, cmd, json, out)? {
-        None => Ok(()),
-        Some(other) => bail!("internal error: no handler for {other:?}"),
-    }
+    out.show(shown)
 }
 
-/// Puts, trigger puts and removes. Hands back a command it does not
-/// handle.
-fn writes(
-    c: &BlockingClient,
-    cmd: ClientCmd,
-    json: bool,
-    out: &mut dyn Write,
-    stdin_ok: bool,
-) -> Result<Option<ClientCmd>> {
-    match cmd {
+/// Puts, trigger puts and removes.
+fn writes(c: &BlockingClient, cmd: ClientCmd, stdin_ok: bool) -> Result<Shown> {
+    Ok(match cmd {
         ClientCmd::Put {
             key,
             value,
@@ -571,29 +624,22 @@ fn writes(
             let v = read_value(value, file, stdin, stdin_ok)?;
             if forget {
                 c.put_and_forget(&key, v)?;
-                if json {
-                    print_json(out, &json!({"key": key, "sent": true}))?;
-                } else {
-                    writeln!(out, "sent {key} (not acknowledged)")?;
-                }
-                return Ok(None);
+                return Ok(Shown::new(
+                    json!({"key": key, "sent": true}),
+                    format!("sent {key} (not acknowledged)\n"),
+                ));
             }
             let r = match parse_expect(&expect_version)? {
                 Some(e) => c.put_if_version(&key, v, e)?,
                 None => c.put(&key, v)?,
             };
-            if json {
-                print_json(
-                    out,
-                    &json!({"key": key, "version": r.version, "timestamp_us": r.timestamp_us}),
-                )?;
-            } else {
-                writeln!(
-                    out,
-                    "{key} version {} timestamp_us {}",
+            Shown::new(
+                json!({"key": key, "version": r.version, "timestamp_us": r.timestamp_us}),
+                format!(
+                    "{key} version {} timestamp_us {}\n",
                     r.version, r.timestamp_us
-                )?;
-            }
+                ),
+            )
         }
         ClientCmd::Trigger {
             key,
@@ -602,11 +648,10 @@ fn writes(
             stdin,
         } => {
             let ts = c.trigger_put(&key, read_value(value, file, stdin, stdin_ok)?)?;
-            if json {
-                print_json(out, &json!({"key": key, "timestamp_us": ts}))?;
-            } else {
-                writeln!(out, "triggered {key} at {ts}")?;
-            }
+            Shown::new(
+                json!({"key": key, "timestamp_us": ts}),
+                format!("triggered {key} at {ts}\n"),
+            )
         }
         ClientCmd::Rm {
             key,
@@ -616,29 +661,28 @@ fn writes(
                 Some(e) => c.remove_if_version(&key, e)?,
                 None => c.remove(&key)?,
             };
-            if json {
-                print_json(
-                    out,
-                    &json!({"key": key, "version": r.version, "timestamp_us": r.timestamp_us, "removed": true}),
-                )?;
-            } else {
-                writeln!(out, "removed {key} (tombstone version {})", r.version)?;
-            }
+            Shown::new(
+                json!({"key": key, "version": r.version, "timestamp_us": r.timestamp_us, "removed": true}),
+                format!("removed {key} (tombstone version {})\n", r.version),
+            )
         }
-        other => return Ok(Some(other)),
-    }
-    Ok(None)
+        other => bail!("internal error: {other:?} is not a write"),
+    })
 }
 
-/// Reads of one key: latest, by version, by time, size. Hands back a
-/// command it does not handle.
-fn reads(
-    c: &BlockingClient,
-    cmd: ClientCmd,
-    json: bool,
-    out: &mut dyn Write,
-) -> Result<Option<ClientCmd>> {
-    match cmd {
+/// A value as text output: as stored (escaped on a terminal), with a
+/// newline after text that has none.
+fn value_text(v: &[u8]) -> Vec<u8> {
+    let mut t = shown(v).into_owned();
+    if t.last() != Some(&b'\n') && std::str::from_utf8(&t).is_ok() {
+        t.push(b'\n');
+    }
+    t
+}
+
+/// Reads of one key: latest, by version, by time, size.
+fn reads(c: &BlockingClient, cmd: ClientCmd) -> Result<Shown> {
+    Ok(match cmd {
         ClientCmd::Get {
             key,
             linearizable,
@@ -656,35 +700,30 @@ fn reads(
             if let Some(f) = &file {
                 std::fs::write(f, &o.value).with_context(|| format!("writing {}", f.display()))?;
             }
-            if json {
-                print_json(out, &object_json(&o, !meta))?;
-            } else if meta {
-                writeln!(
-                    out,
-                    "{} version {} timestamp_us {} previous_version {} previous_version_by_key {} size {}",
+            let text = if meta {
+                format!(
+                    "{} version {} timestamp_us {} previous_version {} previous_version_by_key {} size {}\n",
                     o.key,
                     o.meta.version,
                     o.meta.timestamp_us,
                     o.meta.previous_version,
                     version_str(o.meta.previous_version_by_key),
                     o.value.len()
-                )?;
+                )
+                .into_bytes()
             } else if let Some(f) = file {
-                writeln!(
-                    out,
-                    "wrote {} bytes of {} version {} to {}",
+                format!(
+                    "wrote {} bytes of {} version {} to {}\n",
                     o.value.len(),
                     o.key,
                     o.meta.version,
                     f.display()
-                )?;
+                )
+                .into_bytes()
             } else {
-                let v = shown(&o.value);
-                out.write_all(&v)?;
-                if v.last() != Some(&b'\n') && std::str::from_utf8(&v).is_ok() {
-                    writeln!(out)?;
-                }
-            }
+                value_text(&o.value)
+            };
+            Shown::new(object_json(&o, !meta), text)
         }
         ClientCmd::GetByTime {
             key,
@@ -692,12 +731,9 @@ fn reads(
             unstable: true,
         } => {
             let o = c.get_by_time_unstable(&key, timestamp_us)?;
-            if json {
-                print_json(out, &object_json(&o, true))?;
-            } else {
-                out.write_all(&shown(&o.value))?;
-                writeln!(out)?;
-            }
+            let mut text = shown(&o.value).into_owned();
+            text.push(b'\n');
+            Shown::new(object_json(&o, true), text)
         }
         ClientCmd::GetByTime {
             key,
@@ -714,58 +750,39 @@ fn reads(
                     out: None,
                     meta: false,
                 },
-                json,
-                out,
             )
         }
         ClientCmd::Size { key, version, at } => {
             let n = c.get_size(&key, version, at)?;
-            if json {
-                print_json(out, &json!({"key": key, "size": n}))?;
-            } else {
-                writeln!(out, "{n}")?;
-            }
+            Shown::new(json!({"key": key, "size": n}), format!("{n}\n"))
         }
-        other => return Ok(Some(other)),
-    }
-    Ok(None)
+        other => bail!("internal error: {other:?} is not a read"),
+    })
 }
 
 /// Reads of many keys: several keys, the keys of a pool, a key's history.
-/// Hands back a command it does not handle.
-fn lists(
-    c: &BlockingClient,
-    cmd: ClientCmd,
-    json: bool,
-    out: &mut dyn Write,
-) -> Result<Option<ClientCmd>> {
-    match cmd {
+fn lists(c: &BlockingClient, cmd: ClientCmd) -> Result<Shown> {
+    Ok(match cmd {
         ClientCmd::Mget { keys } => {
             let refs: Vec<&str> = keys.iter().map(String::as_str).collect();
             let res = c.multi_get(&refs)?;
-            if json {
-                let items: Vec<_> = keys
-                    .iter()
-                    .zip(&res)
-                    .map(|(k, r)| match r {
-                        Ok(o) => object_json(o, true),
-                        Err(e) => json!({"key": k, "error": e.to_string()}),
-                    })
-                    .collect();
-                print_json(out, &serde_json::Value::Array(items))?;
-            } else {
-                for (k, r) in keys.iter().zip(res) {
-                    match r {
-                        Ok(o) => writeln!(
-                            out,
-                            "{k}\tversion {}\t{}",
-                            o.meta.version,
-                            String::from_utf8_lossy(&shown(&o.value))
-                        )?,
-                        Err(e) => writeln!(out, "{k}\terror: {e}")?,
-                    }
-                }
-            }
+            let items: Vec<_> = keys
+                .iter()
+                .zip(&res)
+                .map(|(k, r)| match r {
+                    Ok(o) => object_json(o, true),
+                    Err(e) => json!({"key": k, "error": e.to_string()}),
+                })
+                .collect();
+            let text = keys.iter().zip(&res).map(|(k, r)| match r {
+                Ok(o) => format!(
+                    "{k}\tversion {}\t{}",
+                    o.meta.version,
+                    String::from_utf8_lossy(&shown(&o.value))
+                ),
+                Err(e) => format!("{k}\terror: {e}"),
+            });
+            Shown::new(serde_json::Value::Array(items), lines(text))
         }
         ClientCmd::Ls {
             pool,
@@ -778,13 +795,7 @@ fn lists(
                 (None, Some(t)) => c.list_keys_at(&pool, prefix.as_deref(), true, t)?,
                 (None, None) => c.list_keys(&pool, prefix.as_deref())?,
             };
-            if json {
-                print_json(out, &json!(keys))?;
-            } else {
-                for k in keys {
-                    writeln!(out, "{k}")?;
-                }
-            }
+            Shown::new(json!(keys), lines(keys.iter().cloned()))
         }
         ClientCmd::History {
             key,
@@ -800,191 +811,158 @@ fn lists(
                 (from_version.unwrap_or(0), to_version.unwrap_or(u64::MAX))
             };
             let versions = c.history(&key, by_time, from, to, 256)?;
-            if json {
-                let items: Vec<_> = versions
-                    .iter()
-                    .map(|o| {
-                        let mut j = object_json(o, true);
-                        j["removed"] = o.meta.tombstone.into();
-                        j
-                    })
-                    .collect();
-                print_json(out, &serde_json::Value::Array(items))?;
-            } else {
-                for o in &versions {
-                    let v = if o.meta.tombstone {
-                        "(removed)".to_string()
-                    } else {
-                        String::from_utf8_lossy(&shown(&o.value)).into_owned()
-                    };
-                    writeln!(
-                        out,
-                        "version {}\ttimestamp_us {}\t{v}",
-                        o.meta.version, o.meta.timestamp_us
-                    )?;
-                }
-            }
+            let items: Vec<_> = versions
+                .iter()
+                .map(|o| {
+                    let mut j = object_json(o, true);
+                    j["removed"] = o.meta.tombstone.into();
+                    j
+                })
+                .collect();
+            let text = versions.iter().map(|o| {
+                let v = if o.meta.tombstone {
+                    "(removed)".to_string()
+                } else {
+                    String::from_utf8_lossy(&shown(&o.value)).into_owned()
+                };
+                format!(
+                    "version {}\ttimestamp_us {}\t{v}",
+                    o.meta.version, o.meta.timestamp_us
+                )
+            });
+            Shown::new(serde_json::Value::Array(items), lines(text))
         }
-        other => return Ok(Some(other)),
-    }
-    Ok(None)
+        other => bail!("internal error: {other:?} is not a list"),
+    })
 }
 
-/// Notifications under a prefix, printed as they come. Hands back a
-/// command it does not handle.
+/// Notifications under a prefix, shown as they come.
 fn watch(
     c: &BlockingClient,
-    cmd: ClientCmd,
-    json: bool,
-    out: &mut dyn Write,
-) -> Result<Option<ClientCmd>> {
-    match cmd {
-        ClientCmd::Watch {
-            prefix,
-            count,
-            from_version,
-            from_time,
-        } => {
-            let from = from_version
-                .map(sluice_wire::WatchFrom::Version)
-                .or(from_time.map(sluice_wire::WatchFrom::Time));
-            let mut w = match from {
-                Some(f) => c.watch_from(&prefix, f)?,
-                None => c.watch(&prefix)?,
-            };
-            if !json {
-                match from {
-                    Some(sluice_wire::WatchFrom::Version(v)) => writeln!(
-                        out,
-                        "watching {prefix} from version {v}: stored versions first, then live (Ctrl-C to stop)"
-                    )?,
-                    Some(sluice_wire::WatchFrom::Time(t)) => writeln!(
-                        out,
-                        "watching {prefix} from time {t} µs: stored versions first, then live (Ctrl-C to stop)"
-                    )?,
-                    None => writeln!(out, "watching {prefix} (Ctrl-C to stop)")?,
-                }
-            }
-            out.flush()?;
-            let mut seen = 0u64;
-            while count.is_none_or(|n| seen < n) {
-                let Some(n) = w.next() else {
-                    bail!("connection closed")
-                };
-                seen += 1;
-                let kind = serde_json::to_value(n.kind)?;
-                if n.kind == sluice_wire::DeliveryKindWire::Lagged {
-                    // Every loss is shown: how many, where, which versions.
-                    let lost: serde_json::Value =
-                        serde_json::from_slice(&n.object.value).unwrap_or(json!({}));
-                    if json {
-                        writeln!(
-                            out,
-                            "{}",
-                            json!({"kind": kind, "prefix": &*n.object.key, "dropped": n.object.meta.version, "lost": lost})
-                        )?;
-                    } else {
-                        let range = match (
-                            lost["first_version"].as_u64(),
-                            lost["last_version"].as_u64(),
-                        ) {
-                            (Some(a), Some(b)) if a != VERSION_NONE => {
-                                format!(", versions {a} to {b}")
-                            }
-                            _ => String::new(),
-                        };
-                        if lost["where"] == "retention" {
-                            writeln!(
-                                out,
-                                "lost: {} versions{range} were dropped by the pool's retention before they could be replayed",
-                                n.object.meta.version,
-                            )?;
-                        } else {
-                            writeln!(
-                                out,
-                                "lagged: {} notifications lost ({} fell behind{range}); the versions are still readable with get and history in a persistent pool",
-                                n.object.meta.version,
-                                lost["where"].as_str().unwrap_or("the watcher"),
-                            )?;
-                        }
-                    }
-                    out.flush()?;
-                    continue;
-                }
-                if json {
-                    let mut j = object_json(&n.object, true);
-                    j["kind"] = kind;
-                    writeln!(out, "{}", serde_json::to_string(&j)?)?;
-                } else {
-                    writeln!(
-                        out,
-                        "{} {} version {} {}",
-                        kind.as_str().unwrap_or("?"),
-                        n.object.key,
-                        version_str(n.object.meta.version),
-                        String::from_utf8_lossy(&shown(&n.object.value))
-                    )?;
-                }
-                out.flush()?;
-            }
-        }
-        other => return Ok(Some(other)),
+    prefix: &str,
+    count: Option<u64>,
+    from_version: Option<u64>,
+    from_time: Option<u64>,
+    out: &mut Out,
+) -> Result<()> {
+    let from = from_version
+        .map(sluice_wire::WatchFrom::Version)
+        .or(from_time.map(sluice_wire::WatchFrom::Time));
+    let mut w = match from {
+        Some(f) => c.watch_from(prefix, f)?,
+        None => c.watch(prefix)?,
+    };
+    let banner = match from {
+        Some(sluice_wire::WatchFrom::Version(v)) => format!(
+            "watching {prefix} from version {v}: stored versions first, then live (Ctrl-C to stop)\n"
+        ),
+        Some(sluice_wire::WatchFrom::Time(t)) => format!(
+            "watching {prefix} from time {t} µs: stored versions first, then live (Ctrl-C to stop)\n"
+        ),
+        None => format!("watching {prefix} (Ctrl-C to stop)\n"),
+    };
+    // The banner is for people: JSON output is the notifications alone.
+    if !out.json {
+        out.show(Shown::new(serde_json::Value::Null, banner))?;
     }
-    Ok(None)
+    let mut seen = 0u64;
+    while count.is_none_or(|n| seen < n) {
+        let Some(n) = w.next() else {
+            bail!("connection closed")
+        };
+        seen += 1;
+        out.show(notification(&n)?)?;
+    }
+    Ok(())
+}
+
+/// One notification of `watch`; a loss says how many, where, which
+/// versions.
+fn notification(n: &sluice_client::Notification) -> Result<Shown> {
+    let kind = serde_json::to_value(n.kind)?;
+    if n.kind != sluice_wire::DeliveryKindWire::Lagged {
+        let mut j = object_json(&n.object, true);
+        j["kind"] = kind.clone();
+        let text = format!(
+            "{} {} version {} {}\n",
+            kind.as_str().unwrap_or("?"),
+            n.object.key,
+            version_str(n.object.meta.version),
+            String::from_utf8_lossy(&shown(&n.object.value))
+        );
+        return Ok(Shown::streamed(j, text));
+    }
+    let lost: serde_json::Value = serde_json::from_slice(&n.object.value).unwrap_or(json!({}));
+    let range = match (
+        lost["first_version"].as_u64(),
+        lost["last_version"].as_u64(),
+    ) {
+        (Some(a), Some(b)) if a != VERSION_NONE => format!(", versions {a} to {b}"),
+        _ => String::new(),
+    };
+    let text = if lost["where"] == "retention" {
+        format!(
+            "lost: {} versions{range} were dropped by the pool's retention before they could be replayed\n",
+            n.object.meta.version,
+        )
+    } else {
+        format!(
+            "lagged: {} notifications lost ({} fell behind{range}); the versions are still readable with get and history in a persistent pool\n",
+            n.object.meta.version,
+            lost["where"].as_str().unwrap_or("the watcher"),
+        )
+    };
+    Ok(Shown::streamed(
+        json!({"kind": kind, "prefix": &*n.object.key, "dropped": n.object.meta.version, "lost": lost}),
+        text,
+    ))
 }
 
 /// Data flow graphs: apply, list, show, remove.
-fn dfg(c: &BlockingClient, cmd: DfgCmd, json: bool, out: &mut dyn Write) -> Result<()> {
-    match cmd {
+fn dfg(c: &BlockingClient, cmd: DfgCmd) -> Result<Shown> {
+    Ok(match cmd {
         DfgCmd::Apply { file } => {
             let text = std::fs::read_to_string(&file)
                 .with_context(|| format!("reading {}", file.display()))?;
             let r = c
                 .dfg_apply(&text)
                 .with_context(|| format!("applying {}", file.display()))?;
-            if json {
-                print_json(out, &r)?;
-            } else {
-                let ids: Vec<&str> = r["applied"]
-                    .as_array()
-                    .into_iter()
-                    .flatten()
-                    .filter_map(|v| v.as_str())
-                    .collect();
-                writeln!(out, "applied {}", ids.join(", "))?;
-            }
+            let ids: Vec<&str> = r["applied"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter_map(|v| v.as_str())
+                .collect();
+            let text = format!("applied {}\n", ids.join(", "));
+            Shown::new(r, text)
         }
         DfgCmd::Ls => {
             let r = c.dfg_list()?;
-            if json {
-                print_json(out, &r)?;
-            } else {
-                for g in r.as_array().into_iter().flatten() {
-                    writeln!(
-                        out,
-                        "{} {}",
-                        g["id"].as_str().unwrap_or("?"),
-                        g["desc"].as_str().unwrap_or("")
-                    )?;
-                    for st in g["status"].as_array().into_iter().flatten() {
-                        writeln!(
-                            out,
-                            "  {:<28} {:<8} calls {} emitted {} failures {} panics {} dropped {}{}",
-                            st["vertex"].as_str().unwrap_or("?"),
-                            st["udl"].as_str().unwrap_or("?"),
-                            st["calls"],
-                            st["emitted"],
-                            st["failures"],
-                            st["panics"],
-                            st["dropped"],
-                            st["last_error"]
-                                .as_str()
-                                .map(|e| format!("  last error: {e}"))
-                                .unwrap_or_default()
-                        )?;
-                    }
+            let mut text = Vec::new();
+            for g in r.as_array().into_iter().flatten() {
+                text.push(format!(
+                    "{} {}",
+                    g["id"].as_str().unwrap_or("?"),
+                    g["desc"].as_str().unwrap_or("")
+                ));
+                for st in g["status"].as_array().into_iter().flatten() {
+                    text.push(format!(
+                        "  {:<28} {:<8} calls {} emitted {} failures {} panics {} dropped {}{}",
+                        st["vertex"].as_str().unwrap_or("?"),
+                        st["udl"].as_str().unwrap_or("?"),
+                        st["calls"],
+                        st["emitted"],
+                        st["failures"],
+                        st["panics"],
+                        st["dropped"],
+                        st["last_error"]
+                            .as_str()
+                            .map(|e| format!("  last error: {e}"))
+                            .unwrap_or_default()
+                    ));
                 }
             }
+            Shown::new(r, lines(text))
         }
         DfgCmd::Show { id } => {
             let r = c.dfg_list()?;
@@ -994,95 +972,59 @@ fn dfg(c: &BlockingClient, cmd: DfgCmd, json: bool, out: &mut dyn Write) -> Resu
                 .flatten()
                 .find(|g| g["id"] == id.as_str())
                 .ok_or(sluice_client::SluiceError::DfgNotFound { id })?;
-            print_json(out, g)?;
+            Shown::json(g.clone())
         }
         DfgCmd::Rm { id } => {
             c.dfg_remove(&id)?;
-            if json {
-                print_json(out, &json!({"removed": id}))?;
-            } else {
-                writeln!(out, "removed {id}")?;
+            let text = format!("removed {id}\n");
+            Shown::new(json!({"removed": id}), text)
+        }
+    })
+}
+
+/// `health`: the node answers and every group it is in has a leader.
+/// An unhealthy node is an error (exit code 1); under `--json` its
+/// report is shown first.
+fn health(c: &BlockingClient, out: &mut Out) -> Result<()> {
+    let rtt = c.ping()?;
+    let node = c.server_info().node_id;
+    let mut leaderless = Vec::new();
+    match c.cluster_command(json!({"op": "status"}), None) {
+        Ok(st) => {
+            for g in st["groups"].as_array().into_iter().flatten() {
+                if g["leader"].is_null() {
+                    leaderless.push(g["group"].as_str().unwrap_or("?").to_string());
+                }
             }
         }
+        // A standalone node has no groups to check.
+        Err(sluice_client::SluiceError::NotSupported { .. }) => {}
+        Err(e) => return Err(e.into()),
+    }
+    let healthy = leaderless.is_empty();
+    let report = json!({"node": node, "healthy": healthy, "rtt_us": rtt.as_micros() as u64, "groups_without_leader": leaderless});
+    let text = if healthy {
+        format!("healthy: node {node} answered in {} µs\n", rtt.as_micros())
+    } else {
+        // The error says it.
+        String::new()
+    };
+    out.show(Shown::new(report, text))?;
+    if !healthy {
+        bail!(
+            "node {node} answers, but these groups have no leader: {}",
+            leaderless.join(", ")
+        );
     }
     Ok(())
 }
 
-/// The node itself: counters, health, round trip. Hands back a command
-/// it does not handle.
-fn node(
-    c: &BlockingClient,
-    cmd: ClientCmd,
-    json: bool,
-    out: &mut dyn Write,
-) -> Result<Option<ClientCmd>> {
-    match cmd {
-        ClientCmd::Stats => {
-            let s = c.stats()?;
-            print_json(out, &s)?;
-        }
-        ClientCmd::Health => {
-            let rtt = c.ping()?;
-            let node = c.server_info().node_id;
-            let mut leaderless = Vec::new();
-            match c.cluster_command(json!({"op": "status"}), None) {
-                Ok(st) => {
-                    for g in st["groups"].as_array().into_iter().flatten() {
-                        if g["leader"].is_null() {
-                            leaderless.push(g["group"].as_str().unwrap_or("?").to_string());
-                        }
-                    }
-                }
-                // A standalone node has no groups to check.
-                Err(sluice_client::SluiceError::NotSupported { .. }) => {}
-                Err(e) => return Err(e.into()),
-            }
-            if json {
-                print_json(
-                    out,
-                    &json!({"node": node, "healthy": leaderless.is_empty(), "rtt_us": rtt.as_micros() as u64, "groups_without_leader": leaderless}),
-                )?;
-            }
-            if !leaderless.is_empty() {
-                bail!(
-                    "node {node} answers, but these groups have no leader: {}",
-                    leaderless.join(", ")
-                );
-            }
-            if !json {
-                writeln!(
-                    out,
-                    "healthy: node {node} answered in {} µs",
-                    rtt.as_micros()
-                )?;
-            }
-        }
-        ClientCmd::Ping => {
-            let rtt = c.ping()?;
-            if json {
-                print_json(out, &json!({"rtt_us": rtt.as_micros() as u64}))?;
-            } else {
-                writeln!(
-                    out,
-                    "pong from node {} in {} µs",
-                    c.server_info().node_id,
-                    rtt.as_micros()
-                )?;
-            }
-        }
-        other => return Ok(Some(other)),
-    }
-    Ok(None)
-}
-
-fn pools(c: &BlockingClient, cmd: PoolsCmd, json: bool, out: &mut dyn Write) -> Result<()> {
-    let show = |out: &mut dyn Write, p: &PoolMeta| -> Result<()> {
-        if json {
-            print_json(out, &serde_json::to_value(p)?)
-        } else {
-            writeln!(out, "{}", pool_line(p))?;
-            Ok(())
-        }
+fn pools(c: &BlockingClient, cmd: PoolsCmd) -> Result<Shown> {
+    let one = |p: &PoolMeta| -> Result<Shown> {
+        Ok(Shown::new(
+            serde_json::to_value(p)?,
+            format!("{}\n", pool_line(p)),
+        ))
     };
     match cmd {
         PoolsCmd::Create {
@@ -1119,33 +1061,23 @@ fn pools(c: &BlockingClient, cmd: PoolsCmd, json: bool, out: &mut dyn Write) -> 
                 ),
                 ..Default::default()
             })?;
-            show(out, &p)?;
+            one(&p)
         }
-        PoolsCmd::Rm { path } => {
-            let p = c.remove_pool(&path)?;
-            show(out, &p)?;
-        }
+        PoolsCmd::Rm { path } => one(&c.remove_pool(&path)?),
         PoolsCmd::Purge { path } => {
             let r = c.purge_pool(&path)?;
-            if json {
-                print_json(out, &json!({"pool": path, "purged": r}))?;
-            } else {
-                writeln!(
-                    out,
-                    "purged {path}: {} keys, {} versions deleted, {} bytes of history reclaimed; the path is free",
-                    r.keys, r.versions, r.bytes
-                )?;
-            }
+            let text = format!(
+                "purged {path}: {} keys, {} versions deleted, {} bytes of history reclaimed; the path is free\n",
+                r.keys, r.versions, r.bytes
+            );
+            Ok(Shown::new(json!({"pool": path, "purged": r}), text))
         }
         PoolsCmd::Ls { all } => {
             let ps = c.list_pools(all)?;
-            if json {
-                print_json(out, &serde_json::to_value(&ps)?)?;
-            } else {
-                for p in ps {
-                    writeln!(out, "{}", pool_line(&p))?;
-                }
-            }
+            Ok(Shown::new(
+                serde_json::to_value(&ps)?,
+                lines(ps.iter().map(pool_line)),
+            ))
         }
         PoolsCmd::Show { path } => {
             let p = c.get_pool(&path)?;
@@ -1155,32 +1087,47 @@ fn pools(c: &BlockingClient, cmd: PoolsCmd, json: bool, out: &mut dyn Write) -> 
                 (PoolType::Trigger, _) | (_, true) => None,
                 _ => Some(c.list_keys(&path, None)?.len()),
             };
-            if json {
-                let mut j = serde_json::to_value(&p)?;
-                j["keys"] = json!(keys);
-                print_json(out, &j)?;
-            } else {
-                writeln!(
-                    out,
-                    "{}",
-                    toml::to_string_pretty(&p).unwrap_or_else(|_| pool_line(&p))
-                )?;
-                if let Some(n) = keys {
-                    writeln!(out, "keys = {n}")?;
-                }
+            let mut j = serde_json::to_value(&p)?;
+            j["keys"] = json!(keys);
+            let mut text = toml::to_string_pretty(&p).unwrap_or_else(|_| pool_line(&p)) + "\n";
+            if let Some(n) = keys {
+                text += &format!("keys = {n}\n");
             }
+            Ok(Shown::new(j, text))
         }
-        PoolsCmd::Find { key } => {
-            let p = c.pool_of_key(&key)?;
-            show(out, &p)?;
-        }
+        PoolsCmd::Find { key } => one(&c.pool_of_key(&key)?),
     }
-    Ok(())
 }
 
 #[cfg(test)]
 mod tests {
-    use super::escaped;
+    use super::{escaped, Out, Shown};
+    use serde_json::json;
+
+    fn render(s: Shown, json: bool) -> String {
+        let mut buf = Vec::new();
+        Out { w: &mut buf, json }.show(s).unwrap();
+        String::from_utf8(buf).unwrap()
+    }
+
+    /// One place decides the format: text as built, JSON pretty, a
+    /// stream's items one compact object per line.
+    #[test]
+    fn output_is_rendered_as_text_or_json_in_one_place() {
+        let s = || Shown::new(json!({"key": "/a", "version": 3}), "/a version 3\n");
+        assert_eq!(render(s(), false), "/a version 3\n");
+        assert_eq!(
+            render(s(), true),
+            "{\n  \"key\": \"/a\",\n  \"version\": 3\n}\n"
+        );
+        let line = Shown::streamed(json!({"kind": "put", "key": "/a"}), "put /a\n");
+        assert_eq!(render(line, true), "{\"key\":\"/a\",\"kind\":\"put\"}\n");
+        let doc = Shown::json(json!({"n": 1}));
+        assert_eq!(
+            render(Shown::json(json!({"n": 1})), false),
+            render(doc, true)
+        );
+    }
 
     #[test]
     fn binary_values_are_escaped_and_text_is_not() {

@@ -3,6 +3,7 @@ use crate::conn::Conn;
 use arc_swap::{ArcSwap, ArcSwapOption};
 use bytes::Bytes;
 use sluice_types::cluster::{MemberSelection, Selector};
+use sluice_types::retry::{follow_leader, Step};
 use sluice_types::{
     validate_key, Object, PoolMeta, PoolRouter, PoolSpec, PoolTable, PutResult, Result,
     SluiceError, Trace,
@@ -341,44 +342,43 @@ impl Client {
             command: command.to_string(),
         };
         let deadline = Instant::now() + self.inner.cfg.request_timeout;
-        let mut backoff = sluice_types::retry::Backoff::for_leader(deadline);
-        let mut target = node;
-        loop {
-            let r = match target {
-                Some(n) => {
-                    self.node_pool(n)?
-                        .call(&req, self.inner.cfg.request_timeout)
-                        .await
-                }
-                None => self.call(&req).await,
-            };
-            match r {
-                Ok(Response::Json(s)) => {
-                    return serde_json::from_str(&s)
-                        .map_err(|e| SluiceError::protocol(e.to_string()))
-                }
-                Ok(other) => return Err(unexpected(other)),
-                Err(SluiceError::NotLeader {
-                    leader: Some(l), ..
-                }) if node.is_none() && Instant::now() < deadline => target = Some(l),
-                // Sent to a node outside the shard: ask its members.
-                Err(SluiceError::NotMember { members, .. })
-                    if node.is_none() && !members.is_empty() && Instant::now() < deadline =>
-                {
-                    let next = match target {
-                        Some(t) => members.iter().position(|m| *m == t).map_or(0, |i| i + 1),
-                        None => 0,
-                    };
-                    target = Some(members[next % members.len()]);
-                }
-                Err(e @ SluiceError::NotLeader { .. }) if Instant::now() >= deadline => {
-                    return Err(e)
-                }
-                Err(SluiceError::NotLeader { .. }) if node.is_none() => {
-                    tokio::time::sleep(backoff.next_pause().unwrap_or_default()).await
-                }
-                Err(e) => return Err(e),
+        // A membership change sent to a node outside the shard: the
+        // answer names the members, asked in turn (as hints).
+        let r = follow_leader(deadline, |hint| {
+            let target = hint.or(node);
+            let req = &req;
+            async move {
+                let r = match target {
+                    Some(n) => match self.node_pool(n) {
+                        Ok(p) => p.call(req, self.inner.cfg.request_timeout).await,
+                        Err(e) => Err(e),
+                    },
+                    None => self.call(req).await,
+                };
+                // Only a command for no particular node follows hints.
+                let step = match &r {
+                    _ if node.is_some() => Step::Done,
+                    Err(SluiceError::NotLeader {
+                        leader: Some(l), ..
+                    }) => Step::Follow(*l),
+                    Err(SluiceError::NotMember { members, .. }) if !members.is_empty() => {
+                        let next = target
+                            .and_then(|t| members.iter().position(|m| *m == t))
+                            .map_or(0, |i| i + 1);
+                        Step::Follow(members[next % members.len()])
+                    }
+                    Err(SluiceError::NotLeader { .. }) => Step::Pause,
+                    _ => Step::Done,
+                };
+                (r, step)
             }
+        })
+        .await;
+        match r? {
+            Response::Json(s) => {
+                serde_json::from_str(&s).map_err(|e| SluiceError::protocol(e.to_string()))
+            }
+            other => Err(unexpected(other)),
         }
     }
 
@@ -450,102 +450,117 @@ impl Client {
             _ => req,
         };
         let deadline = Instant::now() + self.inner.cfg.request_timeout;
-        let mut backoff = sluice_types::retry::Backoff::for_leader(deadline);
-        // A leader hint at a member that failed us is believed again once
-        // an election would have ended (see `Attempts`).
-        let mut tries = Attempts::new(members, self.inner.cfg.attempt_timeout);
-        let mut timeouts = 0u32;
-        let mut stale = false;
-        loop {
-            tries.prepare();
-            let target = match class {
-                Class::Write | Class::Leader => tries.leader_target(view.leader(name)),
-                Class::Read if tries.made() == 0 => self
-                    .inner
-                    .selector
-                    .select(self.inner.cfg.member_selection, members, fnv(name), key)
-                    .map_err(|reason| SluiceError::Connection { reason })?,
-                Class::Read => tries.next_member(),
-            };
-            tries.begin();
-            let left = deadline.saturating_duration_since(Instant::now());
-            // Writes and leader reads bound each try (a paused or cut-off
-            // leader costs one try, not the request); each timeout gives
-            // the next try longer, so a slow but healthy leader (a large
-            // value, a busy disk) still gets its answer through. Stable
-            // reads may wait by design (time reads, catch-up): no bound.
-            let per_try = match class {
-                Class::Write | Class::Leader => {
-                    left.min(self.inner.cfg.attempt_timeout * (1 + timeouts))
-                }
-                Class::Read => left,
-            }
-            .max(Duration::from_millis(1));
-            let res = match self.node_pool(target) {
-                Ok(p) => match tokio::time::timeout(per_try, p.call(req, per_try)).await {
-                    Ok(r) => r,
-                    Err(_) => Err(SluiceError::Timeout {
-                        what: format!("request to node {target}"),
-                        after_ms: per_try.as_millis() as u64,
-                    }),
-                },
-                Err(e) => Err(e),
-            };
-            let retry = match &res {
-                Ok(Response::PutOk(p)) => {
-                    view.saw(name, p.version);
-                    false
-                }
-                Ok(Response::Object(o)) => {
-                    view.saw(name, o.meta.version);
-                    false
-                }
-                Err(SluiceError::NotLeader {
-                    leader: Some(l), ..
-                }) => {
-                    match tries.hinted(target, *l, Instant::now()) {
-                        Hint::Follow(l) => view.set_leader(name, l),
-                        Hint::Stale => {
-                            view.leaders.lock().remove(name);
-                            stale = true;
-                        }
+        // What the tries so far taught (see `Attempts`: a leader hint at a
+        // member that failed us is believed again once an election would
+        // have ended), and how many timed out. Never locked across an
+        // await.
+        let state =
+            parking_lot::Mutex::new((Attempts::new(members, self.inner.cfg.attempt_timeout), 0u32));
+        let state = &state;
+        follow_leader(deadline, |_| {
+            let (target, per_try) = {
+                let (tries, timeouts) = &mut *state.lock();
+                tries.prepare();
+                let target = match class {
+                    Class::Write | Class::Leader => Ok(tries.leader_target(view.leader(name))),
+                    Class::Read if tries.made() == 0 => self
+                        .inner
+                        .selector
+                        .select(self.inner.cfg.member_selection, members, fnv(name), key)
+                        .map_err(|reason| SluiceError::Connection { reason }),
+                    Class::Read => Ok(tries.next_member()),
+                };
+                tries.begin();
+                let left = deadline.saturating_duration_since(Instant::now());
+                // Writes and leader reads bound each try (a paused or
+                // cut-off leader costs one try, not the request); each
+                // timeout gives the next try longer, so a slow but healthy
+                // leader (a large value, a busy disk) still gets its answer
+                // through. Stable reads may wait by design (time reads,
+                // catch-up): no bound.
+                let per_try = match class {
+                    Class::Write | Class::Leader => {
+                        left.min(self.inner.cfg.attempt_timeout * (1 + *timeouts))
                     }
-                    true
+                    Class::Read => left,
                 }
-                Err(SluiceError::NotLeader { .. }) => {
-                    tries.skip(target);
-                    view.leaders.lock().remove(name);
-                    true
-                }
-                Err(SluiceError::Connection { .. }) | Err(SluiceError::Timeout { .. }) => {
-                    timeouts += u32::from(matches!(res, Err(SluiceError::Timeout { .. })));
-                    tries.failed(target, Instant::now());
-                    view.leaders.lock().remove(name);
-                    true
-                }
-                // The shard may have lost its majority here, or this member
-                // stopped its group: try the others (their hints lead to a
-                // new leader) rather than this one again.
-                Err(SluiceError::Unavailable { .. }) if replicated => {
-                    tries.failed(target, Instant::now());
-                    view.leaders.lock().remove(name);
-                    true
-                }
-                Err(SluiceError::ReplicaBehind { .. }) | Err(SluiceError::NotMember { .. }) => {
-                    tries.skip(target);
-                    true
-                }
-                _ => false,
+                .max(Duration::from_millis(1));
+                (target, per_try)
             };
-            if !retry || Instant::now() >= deadline {
-                return res;
+            async move {
+                let target = match target {
+                    Ok(t) => t,
+                    Err(e) => return (Err(e), Step::Done),
+                };
+                let res = match self.node_pool(target) {
+                    Ok(p) => match tokio::time::timeout(per_try, p.call(req, per_try)).await {
+                        Ok(r) => r,
+                        Err(_) => Err(SluiceError::Timeout {
+                            what: format!("request to node {target}"),
+                            after_ms: per_try.as_millis() as u64,
+                        }),
+                    },
+                    Err(e) => Err(e),
+                };
+                let (tries, timeouts) = &mut *state.lock();
+                let mut stale = false;
+                let retry = match &res {
+                    Ok(Response::PutOk(p)) => {
+                        view.saw(name, p.version);
+                        false
+                    }
+                    Ok(Response::Object(o)) => {
+                        view.saw(name, o.meta.version);
+                        false
+                    }
+                    Err(SluiceError::NotLeader {
+                        leader: Some(l), ..
+                    }) => {
+                        match tries.hinted(target, *l, Instant::now()) {
+                            Hint::Follow(l) => view.set_leader(name, l),
+                            Hint::Stale => {
+                                view.leaders.lock().remove(name);
+                                stale = true;
+                            }
+                        }
+                        true
+                    }
+                    Err(SluiceError::NotLeader { .. }) => {
+                        tries.skip(target);
+                        view.leaders.lock().remove(name);
+                        true
+                    }
+                    Err(SluiceError::Connection { .. }) | Err(SluiceError::Timeout { .. }) => {
+                        *timeouts += u32::from(matches!(res, Err(SluiceError::Timeout { .. })));
+                        tries.failed(target, Instant::now());
+                        view.leaders.lock().remove(name);
+                        true
+                    }
+                    // The shard may have lost its majority here, or this
+                    // member stopped its group: try the others (their hints
+                    // lead to a new leader) rather than this one again.
+                    Err(SluiceError::Unavailable { .. }) if replicated => {
+                        tries.failed(target, Instant::now());
+                        view.leaders.lock().remove(name);
+                        true
+                    }
+                    Err(SluiceError::ReplicaBehind { .. }) | Err(SluiceError::NotMember { .. }) => {
+                        tries.skip(target);
+                        true
+                    }
+                    _ => false,
+                };
+                let step = match retry {
+                    false => Step::Done,
+                    // Every member tried, or one named a leader that just
+                    // failed us: give an election time to finish.
+                    true if tries.round_done() || stale => Step::Pause,
+                    true => Step::Again,
+                };
+                (res, step)
             }
-            if tries.round_done() || std::mem::take(&mut stale) {
-                // Every member tried, or one named a leader that just failed us:
-                // give an election time to finish.
-                tokio::time::sleep(backoff.next_pause().unwrap_or_default()).await;
-            }
-        }
+        })
+        .await
     }
 
     /// What the server announced at connect (limits, layout version).
@@ -1054,29 +1069,33 @@ impl Client {
     /// A replicated metadata change: to the metadata group's leader.
     async fn meta_call(&self, view: &ClusterView, req: &Request) -> Result<Response> {
         let deadline = Instant::now() + self.inner.cfg.request_timeout;
-        let mut backoff = sluice_types::retry::Backoff::for_leader(deadline);
-        loop {
-            let r = match view.leader("meta") {
-                Some(l) => {
-                    self.node_pool(l)?
-                        .call(req, self.inner.cfg.request_timeout)
-                        .await
-                }
-                None => self.call(req).await,
-            };
-            match &r {
-                Err(SluiceError::NotLeader {
-                    leader: Some(l), ..
-                }) if Instant::now() < deadline => view.set_leader("meta", *l),
-                Err(SluiceError::NotLeader { .. } | SluiceError::Connection { .. })
-                    if Instant::now() < deadline =>
-                {
-                    view.leaders.lock().remove("meta");
-                    tokio::time::sleep(backoff.next_pause().unwrap_or_default()).await;
-                }
-                _ => return r,
+        follow_leader(deadline, |hint| {
+            if let Some(l) = hint {
+                view.set_leader("meta", l);
             }
-        }
+            let leader = view.leader("meta");
+            async move {
+                let r = match leader {
+                    Some(l) => match self.node_pool(l) {
+                        Ok(p) => p.call(req, self.inner.cfg.request_timeout).await,
+                        Err(e) => Err(e),
+                    },
+                    None => self.call(req).await,
+                };
+                let step = match &r {
+                    Err(SluiceError::NotLeader {
+                        leader: Some(l), ..
+                    }) => Step::Follow(*l),
+                    Err(SluiceError::NotLeader { .. } | SluiceError::Connection { .. }) => {
+                        view.leaders.lock().remove("meta");
+                        Step::Pause
+                    }
+                    _ => Step::Done,
+                };
+                (r, step)
+            }
+        })
+        .await
     }
 
     /// Creates an object pool.

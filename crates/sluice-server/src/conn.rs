@@ -129,6 +129,20 @@ async fn flush(sock: &mut TcpStream, out: &mut OutQueue) -> std::io::Result<()> 
     Ok(())
 }
 
+/// Where a request goes on a cluster node (`Conn::replicated_shard`).
+enum Route {
+    /// A key of this replicated shard.
+    Shard(sluice_store::ShardId),
+    /// No key: a cluster or pool command, or served as on any node.
+    Unkeyed,
+    /// Served by the local handlers as it is.
+    Local,
+    /// Answered (an error) or dropped (no reply wanted).
+    Replied,
+    /// A pool this node may not have applied yet: catch up, run again.
+    CatchUp,
+}
+
 impl Conn {
     async fn run(
         &mut self,
@@ -474,9 +488,26 @@ impl Conn {
                 r => Some(r),
             };
         };
-        let store = self.ctx.store.clone();
-        // Route the key once: every decision below starts from its shard.
-        let keyed = match &req {
+        match self.replicated_shard(&cl, rid, no_reply, &req) {
+            Route::Shard(sid) => self.execute_replicated(cl, sid, rid, no_reply, req),
+            Route::Unkeyed => self.execute_cluster_control(cl, rid, no_reply, req),
+            Route::Local => Some(req),
+            Route::Replied => None,
+            Route::CatchUp => self.defer_retry(rid, no_reply, req, self.ctx.clone()),
+        }
+    }
+
+    /// Routes a request's key once: every decision on a cluster node
+    /// starts from its shard.
+    fn replicated_shard(
+        &mut self,
+        cl: &sluice_cluster::ClusterNode,
+        rid: u64,
+        no_reply: bool,
+        req: &Request,
+    ) -> Route {
+        let store = &self.ctx.store;
+        let keyed = match req {
             Request::Put { key, shard, .. }
             | Request::Remove { key, shard, .. }
             | Request::Get { key, shard, .. }
@@ -499,122 +530,95 @@ impl Conn {
                 return match sid.map(|sid| cl.check_read(sid, None)) {
                     Some(Err(e)) => {
                         Response::error(&mut self.out, rid, &e);
-                        None
+                        Route::Replied
                     }
-                    _ => Some(req),
+                    _ => Route::Local,
                 };
             }
             _ => None,
         };
-        let sid = match keyed.map(|(key, shard)| store.shard_id_of(key, shard)) {
-            None => None,
-            Some(Ok(sid)) => cl.replicates(sid).then_some(sid),
+        match keyed.map(|(key, shard)| store.shard_id_of(key, shard)) {
+            None => Route::Unkeyed,
+            Some(Ok(sid)) if cl.replicates(sid) => Route::Shard(sid),
+            Some(Ok(_)) => Route::Local,
             // A key with no pool here may belong to a pool this node has
             // not applied yet: catch up with the metadata leader, then run
             // the request again (once).
             Some(Err(SluiceError::NoPool { .. } | SluiceError::WrongShard { .. }))
                 if !self.retried_after_catch_up =>
             {
-                return self.defer_retry(rid, no_reply, req, self.ctx.clone());
+                Route::CatchUp
             }
             Some(Err(e)) if no_reply => {
                 tracing::debug!(error = %e, "request without reply failed");
-                return None;
+                Route::Replied
             }
             Some(Err(e)) => {
                 Response::error(&mut self.out, rid, &e);
-                return None;
+                Route::Replied
             }
-        };
-        match (req, sid) {
-            (
-                Request::Put {
-                    key,
-                    expected,
-                    value,
-                    trace,
-                    req_id,
-                    ..
-                },
-                Some(sid),
-            ) => self.defer(rid, no_reply, async move {
+        }
+    }
+
+    /// A keyed request of a replicated shard: writes through its log,
+    /// linearizable and stable time reads through barriers, other reads
+    /// only from a member that has applied what the session has seen.
+    /// Returns what the local handlers serve.
+    fn execute_replicated(
+        &mut self,
+        cl: Arc<sluice_cluster::ClusterNode>,
+        sid: sluice_store::ShardId,
+        rid: u64,
+        no_reply: bool,
+        req: Request,
+    ) -> Option<Request> {
+        let store = self.ctx.store.clone();
+        match req {
+            Request::Put {
+                key,
+                expected,
+                value,
+                trace,
+                req_id,
+                ..
+            } => self.defer(rid, no_reply, async move {
                 Reply::Put(
                     cl.write(sid, key, Some(value), expected, req_id, trace)
                         .await,
                 )
             }),
-            (
-                Request::Remove {
-                    key,
-                    expected,
-                    req_id,
-                    ..
-                },
-                Some(sid),
-            ) => self.defer(rid, no_reply, async move {
+            Request::Remove {
+                key,
+                expected,
+                req_id,
+                ..
+            } => self.defer(rid, no_reply, async move {
                 Reply::Put(cl.write(sid, key, None, expected, req_id, None).await)
             }),
-            (
-                Request::Get {
-                    key,
-                    shard,
-                    version,
-                    linearizable: true,
-                    ..
-                },
-                Some(sid),
-            ) => self.defer(rid, no_reply, async move {
+            Request::Get {
+                key,
+                shard,
+                version,
+                linearizable: true,
+                ..
+            } => self.defer(rid, no_reply, async move {
                 Reply::Object(match cl.read_barrier(sid).await {
                     Ok(()) => store.get(&key, version, shard),
                     Err(e) => Err(e),
                 })
             }),
-            // A stable time read of a replicated shard: once the time has
-            // passed, a time frontier through the leader (see
-            // `ClusterNode::time_barrier`), then the local read.
-            (
-                Request::GetByTime {
-                    key,
-                    shard,
-                    timestamp_us,
-                    wait_ms,
-                    unstable: false,
-                },
-                Some(sid),
-            ) => {
-                let ahead = Duration::from_micros(
-                    timestamp_us.saturating_sub(sluice_store::Clock::wall_us()),
-                );
-                let checked = cl.check_read(sid, None).and_then(|()| {
-                    if ahead > Duration::from_millis(u64::from(wait_ms)) {
-                        Err(not_stable_yet(timestamp_us, ahead, wait_ms))
-                    } else {
-                        Ok(())
-                    }
-                });
-                match checked {
-                    Err(e) => Response::error(&mut self.out, rid, &e),
-                    Ok(()) => self.defer(rid, no_reply, async move {
-                        if !ahead.is_zero() {
-                            tokio::time::sleep(ahead + Duration::from_micros(1)).await;
-                        }
-                        Reply::Object(match cl.time_barrier(sid, timestamp_us).await {
-                            Ok(()) => store.get_by_time(&key, timestamp_us, shard),
-                            Err(e) => Err(e),
-                        })
-                    }),
-                }
-            }
-            // Other reads of a replicated shard: only from a member that
-            // has applied what the client's session has seen.
-            (
-                r @ (Request::Get { .. }
-                | Request::GetByTime { .. }
-                | Request::GetSize { .. }
-                | Request::History { .. }
-                | Request::MultiGet { .. }),
-                Some(sid),
-            ) => {
+            Request::GetByTime {
+                key,
+                shard,
+                timestamp_us,
+                wait_ms,
+                unstable: false,
+            } => self.stable_time_read(cl, sid, rid, no_reply, (key, shard, timestamp_us, wait_ms)),
+            r @ (Request::Get { .. }
+            | Request::GetByTime { .. }
+            | Request::GetSize { .. }
+            | Request::History { .. }
+            | Request::MultiGet { .. }) => {
                 let min_version = match &r {
                     Request::Get { min_version, .. } => *min_version,
                     _ => None,
@@ -624,7 +628,59 @@ impl Conn {
                     Err(e) => Response::error(&mut self.out, rid, &e),
                 }
             }
-            (Request::PeerAuth { node, key }, _) => {
+            r => return Some(r),
+        }
+        None
+    }
+
+    /// A stable time read of a replicated shard: once the time has
+    /// passed, a time frontier through the leader (see
+    /// `ClusterNode::time_barrier`), then the local read.
+    fn stable_time_read(
+        &mut self,
+        cl: Arc<sluice_cluster::ClusterNode>,
+        sid: sluice_store::ShardId,
+        rid: u64,
+        no_reply: bool,
+        (key, shard, timestamp_us, wait_ms): (String, Option<u32>, u64, u32),
+    ) {
+        let store = self.ctx.store.clone();
+        let ahead =
+            Duration::from_micros(timestamp_us.saturating_sub(sluice_store::Clock::wall_us()));
+        let checked = cl.check_read(sid, None).and_then(|()| {
+            if ahead > Duration::from_millis(u64::from(wait_ms)) {
+                Err(not_stable_yet(timestamp_us, ahead, wait_ms))
+            } else {
+                Ok(())
+            }
+        });
+        match checked {
+            Err(e) => Response::error(&mut self.out, rid, &e),
+            Ok(()) => self.defer(rid, no_reply, async move {
+                if !ahead.is_zero() {
+                    tokio::time::sleep(ahead + Duration::from_micros(1)).await;
+                }
+                Reply::Object(match cl.time_barrier(sid, timestamp_us).await {
+                    Ok(()) => store.get_by_time(&key, timestamp_us, shard),
+                    Err(e) => Err(e),
+                })
+            }),
+        }
+    }
+
+    /// What only a cluster node does: the peer handshake, consensus
+    /// messages (peers only), pool changes through the metadata group,
+    /// admin commands. Returns what the local handlers serve.
+    fn execute_cluster_control(
+        &mut self,
+        cl: Arc<sluice_cluster::ClusterNode>,
+        rid: u64,
+        no_reply: bool,
+        req: Request,
+    ) -> Option<Request> {
+        let store = self.ctx.store.clone();
+        match req {
+            Request::PeerAuth { node, key } => {
                 if cl.peer_key_matches(&key) {
                     self.peer = Some(node);
                     Response::Ok.encode(&mut self.out, rid);
@@ -643,14 +699,14 @@ impl Conn {
                     );
                 }
             }
-            (Request::Raft { .. }, _) if self.peer.is_none() => Response::error(
+            Request::Raft { .. } if self.peer.is_none() => Response::error(
                 &mut self.out,
                 rid,
                 &SluiceError::Forbidden {
                     what: "a consensus message from a client connection".into(),
                 },
             ),
-            (Request::PoolCreate { spec }, _) => {
+            Request::PoolCreate { spec } => {
                 let created_us = store.clock().now_us();
                 self.defer(rid, no_reply, async move {
                     Reply::Resp(
@@ -660,7 +716,7 @@ impl Conn {
                     )
                 })
             }
-            (Request::PoolPurge { path }, _) => self.defer(rid, no_reply, async move {
+            Request::PoolPurge { path } => self.defer(rid, no_reply, async move {
                 Reply::Resp(cl.purge_pool(&path).await.and_then(|r| {
                     serde_json::to_string(&r).map(Response::Json).map_err(|e| {
                         SluiceError::Internal {
@@ -669,30 +725,27 @@ impl Conn {
                     })
                 }))
             }),
-            (Request::PoolRemove { path }, _) => self.defer(rid, no_reply, async move {
+            Request::PoolRemove { path } => self.defer(rid, no_reply, async move {
                 Reply::Resp(
                     cl.meta_write(sluice_cluster::MetaCommand::PoolRemove { path })
                         .await
                         .and_then(|j| pool_reply(&j)),
                 )
             }),
-            (
-                Request::Raft {
-                    from,
-                    group,
-                    kind,
-                    body,
-                    ..
-                },
-                _,
-            ) => self.defer(rid, no_reply, async move {
+            Request::Raft {
+                from,
+                group,
+                kind,
+                body,
+                ..
+            } => self.defer(rid, no_reply, async move {
                 Reply::Resp(
                     cl.handle_raft(from, group, kind, &body)
                         .await
                         .map(Response::Raw),
                 )
             }),
-            (Request::Cluster { command }, _) => {
+            Request::Cluster { command } => {
                 let from_peer = self.peer.is_some();
                 self.defer(rid, no_reply, async move {
                     Reply::Resp(
@@ -702,7 +755,7 @@ impl Conn {
                     )
                 })
             }
-            (r, _) => return Some(r),
+            r => return Some(r),
         }
         None
     }

@@ -1,7 +1,8 @@
 //! One retry pause for every retry loop (client and node): exponential,
 //! with full jitter (each pause a random part of the current step, so
 //! clients that failed together do not retry together), never past the
-//! caller's deadline.
+//! caller's deadline; and one loop for every operation that must reach
+//! a group's leader (`follow_leader`).
 
 use std::time::{Duration, Instant};
 
@@ -54,9 +55,86 @@ impl Backoff {
     }
 }
 
+/// What one try of a leader-bound operation says to do next.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Step {
+    /// Stop with this try's result (success, or an error no retry fixes).
+    Done,
+    /// Try the named member at once (a leader hint).
+    Follow(u32),
+    /// Try again at once, wherever the caller picks next.
+    Again,
+    /// Try again after a jittered pause (no leader known yet, a member
+    /// unreachable: an election needs time).
+    Pause,
+}
+
+/// Runs `try_at` until it says `Done` or the deadline passes, and returns
+/// its last result. `try_at` gets the member a leader hint named (`None`:
+/// pick one by the caller's own rule: the known leader, the next member);
+/// hints are followed at once, pauses grow as `Backoff::for_leader`.
+pub async fn follow_leader<T, F, Fut>(deadline: Instant, mut try_at: F) -> T
+where
+    F: FnMut(Option<u32>) -> Fut,
+    Fut: std::future::Future<Output = (T, Step)>,
+{
+    let mut backoff = Backoff::for_leader(deadline);
+    let mut hint = None;
+    loop {
+        let (r, step) = try_at(hint.take()).await;
+        if Instant::now() >= deadline {
+            return r;
+        }
+        match step {
+            Step::Done => return r,
+            Step::Follow(l) => hint = Some(l),
+            Step::Again => {}
+            Step::Pause => match backoff.next_pause() {
+                Some(p) => tokio::time::sleep(p).await,
+                None => return r,
+            },
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Hints are followed at once, pauses taken, and the last result
+    /// returned at the deadline.
+    #[tokio::test]
+    async fn follow_leader_follows_hints_pauses_and_gives_up_at_the_deadline() {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let mut seen = Vec::new();
+        let r = follow_leader(deadline, |hint| {
+            seen.push(hint);
+            let n = seen.len();
+            async move {
+                match n {
+                    1 => ("no leader", Step::Pause),
+                    2 => ("not me", Step::Follow(3)),
+                    3 => ("busy", Step::Again),
+                    _ => ("ok", Step::Done),
+                }
+            }
+        })
+        .await;
+        assert_eq!(r, "ok");
+        assert_eq!(seen, vec![None, None, Some(3), None]);
+
+        let t0 = Instant::now();
+        let deadline = t0 + Duration::from_millis(100);
+        let mut tries = 0;
+        let r = follow_leader(deadline, |_| {
+            tries += 1;
+            let n = tries;
+            async move { (n, Step::Pause) }
+        })
+        .await;
+        assert!(Instant::now() >= deadline && t0.elapsed() < Duration::from_secs(2));
+        assert!(r > 1, "retried until the deadline, then the last result");
+    }
 
     #[test]
     fn pauses_grow_are_jittered_and_stop_at_the_deadline() {

@@ -1,0 +1,454 @@
+//! The consensus log of one group: every change appended to segment
+//! files (`seg-<n>.log`) so a restarted node comes back with its vote,
+//! its log and its commit point; the newest entries (up to
+//! `MEM_TAIL_BYTES`) also kept in memory, where replication and apply
+//! find them. Older entries are read back from their segment when asked
+//! for (a follower catching up). Keeping the tail short matters for
+//! large values: a follower's entries are slices of the frames they
+//! arrived in, and holding hundreds of megabytes of frames until the next
+//! snapshot made every new frame land on freshly faulted pages.
+//!
+//! Format: records `len: u32 | crc32c: u32 | bincode(Record)`. A torn
+//! tail of the newest segment (a crash mid-append) is cut off at the last
+//! good record on open; in a synced log only what an unfinished append
+//! leaves counts as torn (`sluice_log::is_torn_tail`), and a damaged
+//! complete record refuses the open like a bad record in an older segment,
+//! naming the file and offset. Truncations and purges are
+//! records too. A segment rolls over at `SEGMENT_BYTES` and starts with
+//! the current vote, commit point and purge point, so a segment whose
+//! entries are all purged (covered by a snapshot) is simply deleted.
+//!
+//! Durability: with `sync = true` every append is fsync'd before openraft
+//! is told it is flushed (a vote or an entry then survives power loss);
+//! such a log's files are written only by its writer thread, which writes
+//! what was queued, fsyncs once for all of it and then tells openraft (the
+//! leader sends an entry to followers while its own copy is being
+//! written; appends arriving meanwhile share one fsync);
+//! with `sync = false` records reach the OS page cache only, which survives
+//! the process being killed but not the machine losing power. Volatile
+//! shards use `false`, in a RAM-backed directory (see `ClusterSettings`),
+//! and map their segments (`LogOptions::mapped`): an append is then a
+//! copy into pages the file already has. A segment's mapping lives as
+//! long as its file, recycled files included, so once a group has cycled
+//! through its files appends take no page faults. A roll maps the next
+//! segment only if a spare is ready (prepared on a thread of its own from
+//! half a segment on); else that segment is written with `write(2)` (a `write(2)` into tmpfs
+//! costs about three times a copy into mapped pages, faulting a page in
+//! about eight times).
+//!
+//! Where things are: `format` (records, segment headers, decoding and
+//! checking a segment, file names), `disk` (the segment files: appends,
+//! rolling over, sealing, purging, mapped spares), `writer` (a synced
+//! log's writer thread), `values` (where a persistent shard's values lie
+//! in the files), `raft` (openraft's storage traits); this file holds the
+//! in-memory tail, the index of every entry, and opening a log.
+
+mod disk;
+mod format;
+mod raft;
+#[cfg(test)]
+mod tests;
+mod values;
+mod writer;
+
+use disk::{preallocate, Disk, Sealed};
+use format::*;
+pub use format::{scan_segment, segment_files, Scan, Tail, FORMAT_VERSION, SEGMENT_HEADER};
+use raft::approx_size;
+pub use values::{read_value, MIN_REF};
+use writer::{writer, Done, IoJob};
+
+use crate::chunks::{entry_values, io_slices, write_all_vectored, ChunkWriter, Part, BY_REFERENCE};
+use crate::types::{Entry, LogId, StorageError, TypeConfig, Vote};
+use bytes::Bytes;
+use openraft::storage::{LogFlushed, RaftLogStorage};
+use openraft::{LogState, RaftLogReader, StorageIOError};
+use parking_lot::Mutex;
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use std::fmt::Debug;
+use std::fs::{File, OpenOptions};
+use std::io::{Read, Write};
+use std::ops::RangeBounds;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+/// A segment rolls over past this size.
+const SEGMENT_BYTES: u64 = 32 << 20;
+
+/// How a log keeps its files.
+#[derive(Clone, Debug, Default)]
+pub struct LogOptions {
+    /// fsync every append before it counts (persistent shards).
+    pub sync: bool,
+    /// Set purged segments aside (`kept-<n>.log`) instead of deleting or
+    /// reusing them: a persistent shard's history refers to them.
+    pub keep: bool,
+    /// Write the segments through shared mappings (volatile shards, whose
+    /// log lives in tmpfs). Ignored with `sync` or `keep`.
+    pub mapped: bool,
+    /// Faults a synced log's writer injects (tests): `fail_sync` fails
+    /// its fsyncs, `space_left` its writes with ENOSPC (the seam
+    /// `sluice-log`'s `FaultFs` gives the history).
+    pub faults: Option<Arc<std::sync::Mutex<sluice_log::Faults>>>,
+}
+
+/// Bytes of the newest entries kept in memory (at least one entry).
+const MEM_TAIL_BYTES: u64 = 16 << 20;
+
+/// What is known of every entry the log holds, in memory or not.
+#[derive(Clone, Copy, Debug)]
+struct Held {
+    log_id: LogId,
+    size: u64,
+    loc: Option<Loc>,
+}
+
+#[derive(Default)]
+struct Inner {
+    /// The newest entries (all of them when there is no disk).
+    entries: BTreeMap<u64, Entry>,
+    /// Bytes of `entries`.
+    mem_bytes: u64,
+    /// Every entry the log holds.
+    index: BTreeMap<u64, Held>,
+    /// Bytes of the entries held (what a snapshot would let go).
+    held_bytes: u64,
+    last_purged: Option<LogId>,
+    vote: Option<Vote>,
+    committed: Option<LogId>,
+    disk: Option<Disk>,
+    /// Synced logs: the writer thread's queue, and the highest entry index
+    /// it has written (entries above it stay in memory).
+    writer: Option<(
+        std::sync::mpsc::Sender<IoJob>,
+        Arc<std::sync::atomic::AtomicU64>,
+    )>,
+    /// Reused encode buffer: a large append costs no fresh allocation
+    /// (and no page faults).
+    scratch: Vec<u8>,
+}
+
+/// One group's log. Clones share the same log (openraft asks for a
+/// separate reader handle).
+#[derive(Clone, Default)]
+pub struct LogStore {
+    inner: Arc<Mutex<Inner>>,
+    /// One past the last log index the state machine's saved snapshot
+    /// covers (0: no snapshot saved; `u64::MAX` while no state machine
+    /// has said: nothing is kept on disk). A purge never goes past it: openraft 0.9 purges the log
+    /// right after it hands a leader's snapshot to the state machine,
+    /// before that snapshot is saved, and a crash in between left a log
+    /// purged past the snapshot on disk (the restart then panicked).
+    snapshot_floor: Arc<std::sync::atomic::AtomicU64>,
+}
+
+fn io_err(e: impl std::fmt::Display) -> StorageError {
+    StorageIOError::write_logs(openraft::AnyError::error(e.to_string())).into()
+}
+
+impl Inner {
+    /// Applies a record to the in-memory state; `loc` is where it was
+    /// written (None without a disk).
+    fn apply(&mut self, rec: Record, loc: Option<Loc>) {
+        match rec {
+            Record::Entry(e) => {
+                let size = approx_size(&e);
+                let i = e.log_id.index;
+                let held = Held {
+                    log_id: e.log_id,
+                    size,
+                    loc,
+                };
+                self.held_bytes += size;
+                if let Some(old) = self.index.insert(i, held) {
+                    self.held_bytes = self.held_bytes.saturating_sub(old.size);
+                }
+                self.mem_bytes += size;
+                if let Some(old) = self.entries.insert(i, e) {
+                    self.mem_bytes = self.mem_bytes.saturating_sub(approx_size(&old));
+                }
+                self.trim_memory();
+            }
+            Record::Vote(v) => self.vote = Some(v),
+            Record::Committed(c) => self.committed = c,
+            Record::Seal => {}
+            Record::Truncate(i) => {
+                let (index, entries) = (self.index.split_off(&i), self.entries.split_off(&i));
+                self.forget(index, entries);
+            }
+            Record::Purge(id) => {
+                let index = self.index.split_off(&(id.index + 1));
+                let entries = self.entries.split_off(&(id.index + 1));
+                let gone_index = std::mem::replace(&mut self.index, index);
+                let gone_entries = std::mem::replace(&mut self.entries, entries);
+                self.forget(gone_index, gone_entries);
+                self.last_purged = Some(id);
+            }
+        }
+    }
+
+    fn forget(&mut self, index: BTreeMap<u64, Held>, entries: BTreeMap<u64, Entry>) {
+        for h in index.values() {
+            self.held_bytes = self.held_bytes.saturating_sub(h.size);
+        }
+        for e in entries.values() {
+            self.mem_bytes = self.mem_bytes.saturating_sub(approx_size(e));
+        }
+    }
+
+    /// Lets the oldest in-memory entries go (they stay on disk) while the
+    /// tail is over its budget.
+    fn trim_memory(&mut self) {
+        while self.mem_bytes > MEM_TAIL_BYTES && self.entries.len() > 1 {
+            let Some((&i, _)) = self.entries.first_key_value() else {
+                break;
+            };
+            if self.index.get(&i).and_then(|h| h.loc).is_none() {
+                break; // no disk copy: keep it
+            }
+            if let Some((_, w)) = &self.writer {
+                if i > w.load(std::sync::atomic::Ordering::Acquire) {
+                    break; // queued for the writer thread, not written yet
+                }
+            }
+            if let Some(e) = self.entries.remove(&i) {
+                self.mem_bytes = self.mem_bytes.saturating_sub(approx_size(&e));
+            }
+        }
+    }
+
+    /// Entry `i`, from memory or read back from disk.
+    fn entry(&self, i: u64) -> Result<Option<Entry>, StorageError> {
+        if let Some(e) = self.entries.get(&i) {
+            return Ok(Some(e.clone()));
+        }
+        match (self.index.get(&i).and_then(|h| h.loc), &self.disk) {
+            (Some(loc), Some(d)) => read_entry(&d.dir, loc).map(Some),
+            _ => Ok(None),
+        }
+    }
+}
+
+impl LogStore {
+    /// Opens (or creates) the log in `dir`, replaying its segments.
+    pub fn open(dir: &Path, sync: bool) -> std::io::Result<Self> {
+        Self::open_with(
+            dir,
+            LogOptions {
+                sync,
+                ..LogOptions::default()
+            },
+        )
+    }
+
+    /// Deletes kept segments below `min` (all of them for `None`): what a
+    /// persistent shard's history no longer refers to (versions dropped
+    /// by retention). Returns (files, bytes) deleted.
+    pub fn drop_kept_below(&self, min: Option<u64>) -> std::io::Result<(usize, u64)> {
+        let dir = match &self.inner.lock().disk {
+            Some(d) if d.keep => d.dir.clone(),
+            _ => return Ok((0, 0)),
+        };
+        let (mut files, mut bytes) = (0, 0);
+        for (seq, path) in numbered(&dir, "kept-")? {
+            if min.is_none_or(|m| seq < m) {
+                bytes += std::fs::metadata(&path).map_or(0, |m| m.len());
+                std::fs::remove_file(&path)?;
+                files += 1;
+            }
+        }
+        Ok((files, bytes))
+    }
+
+    /// `open`, with the options of `opts` (see `LogOptions`).
+    pub fn open_with(dir: &Path, opts: LogOptions) -> std::io::Result<Self> {
+        let LogOptions {
+            sync, keep, faults, ..
+        } = opts.clone();
+        let mapped = opts.mapped && !sync && !keep;
+        std::fs::create_dir_all(dir)?;
+        let mut seqs: Vec<u64> = numbered(dir, "seg-")?.into_iter().map(|(s, _)| s).collect();
+        let free: Vec<(PathBuf, Option<memmap2::MmapMut>)> = std::fs::read_dir(dir)?
+            .flatten()
+            .map(|e| e.path())
+            .filter(|p| {
+                p.file_name()
+                    .is_some_and(|n| n.to_string_lossy().starts_with("free-"))
+            })
+            .map(|p| (p, None))
+            .collect();
+        let mut inner = Inner::default();
+        // A newest segment without a single valid record is a roll that
+        // did not finish (its head, which always holds the commit point,
+        // was never written): it goes, and the one before is the newest
+        // again (its tail past the last record is then cut below).
+        while seqs.len() > 1 {
+            let path = seg_path(dir, seqs[seqs.len() - 1]);
+            let mut data = Vec::new();
+            File::open(&path)?.read_to_end(&mut data)?;
+            if !decode_all(&data, seqs[seqs.len() - 1])
+                .map_err(|e| named(&path, e))?
+                .0
+                .is_empty()
+            {
+                break;
+            }
+            tracing::debug!(file = %path.display(), "consensus log: removing a segment left by an unfinished roll");
+            std::fs::remove_file(&path)?;
+            seqs.pop();
+        }
+        let mut sealed = Vec::new();
+        let (mut seq, mut bytes, mut max_index) = (0u64, 0u64, 0u64);
+        for (i, s) in seqs.iter().enumerate() {
+            let path = seg_path(dir, *s);
+            let mut data = Vec::new();
+            File::open(&path)?.read_to_end(&mut data)?;
+            let last = i + 1 == seqs.len();
+            let Scan { recs, good, tail } = scan_segment(&data, *s, sync, last, &path)?;
+            match tail {
+                Tail::Clean => {}
+                Tail::Corrupt(reason) => {
+                    return Err(std::io::Error::new(
+                        std::io::ErrorKind::InvalidData,
+                        format!(
+                            "consensus log {} is corrupt at offset {good} ({reason}); refusing to start. Repair this member from its peers: see `sluice fsck` and \"Corruption and repair\" in the README",
+                            path.display()
+                        ),
+                    ))
+                }
+                Tail::Cut => {
+                    if sync {
+                        keep_torn_evidence(&path, good, &data[good..])?;
+                    }
+                    // A record cut by a crash, or stale bytes of a recycled file.
+                    tracing::debug!(
+                        file = %path.display(),
+                        kept = good,
+                        dropped = data.len() - good,
+                        "consensus log: cut after the last valid record"
+                    );
+                    OpenOptions::new()
+                        .write(true)
+                        .open(&path)?
+                        .set_len(good as u64)?;
+                }
+            }
+            let mut seg_max = 0;
+            for (rec, loc) in recs {
+                if let Record::Entry(e) = &rec {
+                    seg_max = seg_max.max(e.log_id.index);
+                }
+                inner.apply(rec, Some(loc));
+            }
+            if last {
+                (seq, bytes, max_index) = (*s, good as u64, seg_max);
+            } else {
+                sealed.push(Sealed {
+                    seq: *s,
+                    max_index: seg_max,
+                    map: None,
+                });
+            }
+        }
+        if seqs.is_empty() {
+            seq = 1;
+        }
+        let mut file = OpenOptions::new()
+            .create(true)
+            .truncate(false) // cut to its valid length above
+            .read(true)
+            .write(true)
+            .open(seg_path(dir, seq))?;
+        if bytes < SEGMENT_HEADER as u64 {
+            use std::os::unix::fs::FileExt;
+            file.set_len(0)?;
+            file.write_all_at(&segment_header(seq), 0)?;
+            file.sync_all()?;
+            bytes = SEGMENT_HEADER as u64;
+        }
+        std::io::Seek::seek(&mut file, std::io::SeekFrom::Start(bytes))?;
+        if sync && file.metadata()?.len() < SEGMENT_BYTES {
+            // fdatasync of blocks a file already has needs no journal
+            // commit: about half the cost of one that grows the file.
+            // Later segments are purged ones, recycled (a persistent
+            // group snapshots every `PERSISTENT_SNAPSHOT_BYTES`, so that
+            // starts early); zero-filling every new segment in the
+            // background doubled the disk writes and hurt tail latency.
+            preallocate(&file, SEGMENT_BYTES)?;
+        }
+        if sync {
+            let (tx, rx) = std::sync::mpsc::channel();
+            // Everything recovered is on disk already.
+            let recovered = inner.index.last_key_value().map_or(0, |(i, _)| *i);
+            let written = Arc::new(std::sync::atomic::AtomicU64::new(recovered));
+            let w = written.clone();
+            std::thread::Builder::new()
+                .name("sluice-log-writer".into())
+                .spawn(move || writer(rx, w, faults))?;
+            inner.writer = Some((tx, written));
+        }
+        inner.disk = Some(Disk {
+            keep,
+            // The segment found here is written with write(2); the next
+            // roll maps a spare prepared meanwhile.
+            map: None,
+            mapped,
+            dir: dir.to_path_buf(),
+            shared: Arc::new(file.try_clone()?),
+            file,
+            seq,
+            max_index,
+            sealed,
+            free: Arc::new(Mutex::new(free)),
+            preparing: Arc::default(),
+            sync,
+            bytes,
+        });
+        inner.drop_purged_segments();
+        Ok(LogStore {
+            inner: Arc::new(Mutex::new(inner)),
+            snapshot_floor: Arc::new(std::sync::atomic::AtomicU64::new(u64::MAX)),
+        })
+    }
+
+    /// Where the state machine records the last index its saved
+    /// snapshot covers (see `snapshot_floor`).
+    pub fn snapshot_floor(&self) -> Arc<std::sync::atomic::AtomicU64> {
+        self.snapshot_floor.clone()
+    }
+
+    /// Purges everything the saved snapshot `upto` covers, if the log
+    /// still holds it (at open: a purge held back by `snapshot_floor` may
+    /// have left entries the member never received missing between the
+    /// purge point and the snapshot, and openraft refuses a log with a
+    /// gap).
+    pub fn purge_covered(&self, upto: LogId) -> Result<(), StorageError> {
+        let mut g = self.inner.lock();
+        if g.last_purged.is_some_and(|p| p.index >= upto.index) {
+            return Ok(());
+        }
+        g.record(Record::Purge(upto))?;
+        g.drop_purged_segments();
+        Ok(())
+    }
+
+    /// Bytes of entries held in memory (not yet covered by a snapshot).
+    pub fn held_bytes(&self) -> u64 {
+        self.inner.lock().held_bytes
+    }
+
+    /// Bytes of entries held in memory beyond the newest `keep` (what a
+    /// snapshot now would let go: openraft keeps `keep` entries after one).
+    pub fn bytes_beyond(&self, keep: u64) -> u64 {
+        let g = self.inner.lock();
+        let newest: u64 = g
+            .index
+            .values()
+            .rev()
+            .take(keep as usize)
+            .map(|h| h.size)
+            .sum();
+        g.held_bytes.saturating_sub(newest)
+    }
+}

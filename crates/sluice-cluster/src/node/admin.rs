@@ -1,0 +1,248 @@
+//! Admin commands (`Request::Cluster`): status, membership changes, fault
+//! injection, and the internal operations peers send.
+
+use super::*;
+
+/// An admin command (`Request::Cluster`).
+#[derive(Debug, Deserialize)]
+#[serde(tag = "op", rename_all = "snake_case")]
+pub(super) enum Admin {
+    Status,
+    Info,
+    AddMember {
+        shard: String,
+        node: u32,
+    },
+    RemoveMember {
+        shard: String,
+        node: u32,
+    },
+    Cut {
+        peers: Vec<u32>,
+    },
+    Heal,
+    /// Fault injection: stop this node's consensus core of `shard` as
+    /// openraft stops one on its own bug (the node starts it again).
+    StopGroup {
+        shard: String,
+    },
+    /// Internal: record a shard's members (sent to the metadata leader).
+    SetMembers {
+        group: u64,
+        members: Vec<u32>,
+    },
+    /// Internal: the metadata leader's read index (after confirming its
+    /// leadership), so a lagging node can catch up before answering.
+    MetaReadIndex,
+    /// Internal: commit a time frontier after `timestamp_us` in `group`
+    /// (sent to its leader); answers the frontier's log index.
+    TimeBarrier {
+        group: u64,
+        timestamp_us: u64,
+    },
+    /// Internal: replicate a purge of a removed pool's keys in `group`
+    /// (sent to its leader); answers what it deleted there.
+    PurgeShard {
+        group: u64,
+        prefix: String,
+        except: Vec<String>,
+    },
+}
+
+impl ClusterNode {
+    /// Runs an admin command (JSON, `{"op": ...}`). `from_peer`: the
+    /// connection authenticated as a cluster peer; the internal operations
+    /// (`set_members`, `time_barrier`, `meta_read_index`) need it.
+    pub async fn admin(
+        &self,
+        command: &str,
+        from_peer: bool,
+    ) -> Result<serde_json::Value, SluiceError> {
+        let cmd: Admin = serde_json::from_str(command)
+            .map_err(|e| SluiceError::invalid_argument("cluster command", e.to_string()))?;
+        if !from_peer
+            && matches!(
+                cmd,
+                Admin::SetMembers { .. }
+                    | Admin::TimeBarrier { .. }
+                    | Admin::MetaReadIndex
+                    | Admin::PurgeShard { .. }
+            )
+        {
+            return Err(SluiceError::Forbidden {
+                what: "an internal cluster operation from a client connection".into(),
+            });
+        }
+        match cmd {
+            Admin::Status => Ok(self.status()),
+            Admin::Info => Ok(self.info()),
+            Admin::AddMember { shard, node } => self.add_member(&shard, node).await,
+            Admin::RemoveMember { shard, node } => self.remove_member(&shard, node).await,
+            Admin::Cut { .. } | Admin::Heal | Admin::StopGroup { .. }
+                if !self.settings.fault_injection =>
+            {
+                Err(SluiceError::NotSupported {
+                    what: "fault injection on this node (start it with [cluster] fault_injection = true)".into(),
+                })
+            }
+            Admin::Cut { peers } => {
+                self.peers.cut(&peers);
+                tracing::warn!(?peers, "fault injection: links cut");
+                Ok(json!({"node": self.id, "cut": self.peers.blocked()}))
+            }
+            Admin::MetaReadIndex => {
+                let g = self.local_group(META_GROUP)?;
+                self.check_leader(&g)?;
+                let t = Duration::from_millis(self.settings.write_timeout_ms);
+                match tokio::time::timeout(t, g.raft.ensure_linearizable()).await {
+                    Ok(Ok(id)) => Ok(json!({"index": id.map_or(0, |l| l.index)})),
+                    Ok(Err(e)) => Err(unavailable(format!("metadata read index: {e}"))),
+                    Err(_) => Err(unavailable("metadata read index timed out".into())),
+                }
+            }
+            Admin::TimeBarrier {
+                group,
+                timestamp_us,
+            } => {
+                let g = self.local_group(group)?;
+                let index = self.tick(&g, timestamp_us).await?;
+                Ok(json!({ "index": index }))
+            }
+            Admin::PurgeShard {
+                group,
+                prefix,
+                except,
+            } => {
+                let g = self.local_group(group)?;
+                let r = self.propose_purge(&g, prefix, except).await?;
+                serde_json::to_value(r).map_err(|e| SluiceError::Internal {
+                    reason: e.to_string(),
+                })
+            }
+            Admin::SetMembers { group, members } => self
+                .meta_write(MetaCommand::SetMembers { group, members })
+                .await
+                .map(|_| json!({})),
+            Admin::StopGroup { shard } => {
+                let g = self.local(parse_shard(&shard)?)?;
+                self.restart_requested.lock().insert(g.id);
+                tracing::warn!(shard, "fault injection: consensus core stopped");
+                let _ = g.raft.shutdown().await;
+                Ok(json!({"node": self.id, "stopped": shard}))
+            }
+            Admin::Heal => {
+                self.peers.heal();
+                tracing::warn!("fault injection: links healed");
+                Ok(json!({"node": self.id, "cut": []}))
+            }
+        }
+    }
+
+    pub(super) fn voters(g: &Group) -> BTreeSet<u64> {
+        g.metrics
+            .borrow()
+            .membership_config
+            .membership()
+            .voter_ids()
+            .collect()
+    }
+
+    pub(super) async fn change(
+        &self,
+        shard: &str,
+        node: u32,
+        add: bool,
+    ) -> Result<serde_json::Value, SluiceError> {
+        let s = parse_shard(shard)?;
+        let g = self.local(s)?;
+        self.check_leader(&g)?;
+        let addr = self.layout.address_of(node).ok_or_else(|| {
+            SluiceError::invalid_argument(
+                format!("node {node}"),
+                "it is not in the layout's [[nodes]]",
+            )
+        })?;
+        let mut voters = Self::voters(&g);
+        let api = |e: RaftError<u64, ClientWriteError<u64, BasicNode>>| match e {
+            RaftError::APIError(ClientWriteError::ForwardToLeader(f)) => {
+                self.not_leader(g.id, f.leader_id)
+            }
+            e => unavailable(format!("membership change of {shard}: {e}")),
+        };
+        if add {
+            if voters.contains(&u64::from(node)) {
+                return Err(SluiceError::invalid_argument(
+                    format!("node {node}"),
+                    format!("it is already a member of {shard}"),
+                ));
+            }
+            // Blocks until the newcomer has caught up (log or snapshot).
+            g.raft
+                .add_learner(u64::from(node), BasicNode::new(addr), true)
+                .await
+                .map_err(api)?;
+            voters.insert(u64::from(node));
+        } else {
+            if !voters.remove(&u64::from(node)) {
+                return Err(SluiceError::invalid_argument(
+                    format!("node {node}"),
+                    format!("it is not a member of {shard}"),
+                ));
+            }
+            if voters.is_empty() {
+                return Err(SluiceError::invalid_argument(
+                    format!("node {node}"),
+                    format!("it is the last member of {shard}, which cannot be removed"),
+                ));
+            }
+        }
+        g.raft
+            .change_membership(voters.clone(), false)
+            .await
+            .map_err(api)?;
+        let members: Vec<u32> = voters.iter().map(|v| *v as u32).collect();
+        self.record_members(g.id, &members).await?;
+        Ok(json!({"shard": shard, "members": members}))
+    }
+
+    /// Records a shard's new members in the metadata group, through its
+    /// leader wherever that is.
+    pub(super) async fn record_members(
+        &self,
+        group: u64,
+        members: &[u32],
+    ) -> Result<(), SluiceError> {
+        let req = sluice_wire::Request::Cluster {
+            command: json!({"op": "set_members", "group": group, "members": members}).to_string(),
+        };
+        self.at_leader(
+            META_GROUP,
+            || {
+                self.meta_write(MetaCommand::SetMembers {
+                    group,
+                    members: members.to_vec(),
+                })
+            },
+            &req,
+            |_| Ok(String::new()),
+        )
+        .await
+        .map(|_| ())
+    }
+
+    pub(super) async fn add_member(
+        &self,
+        shard: &str,
+        node: u32,
+    ) -> Result<serde_json::Value, SluiceError> {
+        self.change(shard, node, true).await
+    }
+
+    pub(super) async fn remove_member(
+        &self,
+        shard: &str,
+        node: u32,
+    ) -> Result<serde_json::Value, SluiceError> {
+        self.change(shard, node, false).await
+    }
+}

@@ -1,0 +1,136 @@
+//! Metadata: pool table changes through the metadata group, purges of
+//! removed pools on every shard, and catching up with the metadata
+//! leader.
+
+use super::*;
+
+impl ClusterNode {
+    /// A replicated pool table change (through the metadata group).
+    pub async fn meta_write(&self, cmd: MetaCommand) -> Result<String, SluiceError> {
+        let g = self.local_group(META_GROUP)?;
+        let json = serde_json::to_string(&cmd).map_err(|e| SluiceError::Internal {
+            reason: e.to_string(),
+        })?;
+        match self.propose(&g, Command::Meta(json)).await? {
+            Applied::Meta(r) => r.map_err(|e| Applied::decode_err(&e)),
+            other => Err(SluiceError::Internal {
+                reason: format!("unexpected apply result {other:?}"),
+            }),
+        }
+    }
+
+    /// Purges a removed pool everywhere: each of its shards deletes the
+    /// pool's keys through its own log (every member, in log order), then
+    /// the metadata group drops the pool and frees the path. Interrupted,
+    /// it can run again (the pool stays removed until the last step).
+    pub async fn purge_pool(&self, path: &str) -> Result<PurgeReport, SluiceError> {
+        self.meta_catch_up().await?;
+        let (meta, except) = self.store.pool_table().purge_scope(path)?;
+        let mut total = PurgeReport::default();
+        for shard in self.store.shards_of_pool(&meta) {
+            if let Some(g) = group_of(shard) {
+                total += self.purge_shard(g, path, &except).await?;
+            }
+        }
+        self.meta_write(MetaCommand::PoolPurge {
+            path: path.to_string(),
+        })
+        .await?;
+        tracing::info!(pool = %path, keys = total.keys, versions = total.versions, bytes = total.bytes, "pool purged");
+        Ok(total)
+    }
+
+    /// One shard's part of `purge_pool`, proposed by its leader (here or
+    /// forwarded, following leader hints until the write timeout).
+    pub(super) async fn purge_shard(
+        &self,
+        group: u64,
+        prefix: &str,
+        except: &[String],
+    ) -> Result<PurgeReport, SluiceError> {
+        let req = sluice_wire::Request::Cluster {
+            command:
+                json!({"op": "purge_shard", "group": group, "prefix": prefix, "except": except})
+                    .to_string(),
+        };
+        self.at_leader(
+            group,
+            || async {
+                let g = self.local_group(group)?;
+                self.propose_purge(&g, prefix.to_string(), except.to_vec())
+                    .await
+            },
+            &req,
+            |r| match r {
+                sluice_wire::Response::Json(j) => serde_json::from_str(&j).map_err(|e| {
+                    SluiceError::protocol(format!("bad reply to a shard purge ({e}): {j}"))
+                }),
+                other => Err(SluiceError::protocol(format!(
+                    "unexpected reply to a shard purge: {other:?}"
+                ))),
+            },
+        )
+        .await
+    }
+
+    /// Leader side of a shard purge: first catches up with the metadata
+    /// group (so this leader sees the pool removed and refuses writes to
+    /// it from now on), then replicates the purge.
+    pub(super) async fn propose_purge(
+        &self,
+        g: &Group,
+        prefix: String,
+        except: Vec<String>,
+    ) -> Result<PurgeReport, SluiceError> {
+        self.meta_catch_up().await?;
+        match self
+            .propose_at(g, Command::Purge { prefix, except })
+            .await?
+        {
+            (_, Applied::Purged(r)) => r.map_err(|e| Applied::decode_err(&e)),
+            (_, other) => Err(SluiceError::Internal {
+                reason: format!("unexpected apply result {other:?}"),
+            }),
+        }
+    }
+
+    /// Brings this node's pool table and membership up to date with the
+    /// metadata leader (everything committed before the call), e.g. before
+    /// telling a client that a key has no pool: a client may have learned
+    /// of a new pool from a node further ahead.
+    pub async fn meta_catch_up(&self) -> Result<(), SluiceError> {
+        let g = self.local_group(META_GROUP)?;
+        let t = Duration::from_millis(self.settings.write_timeout_ms);
+        let leader = g.metrics.borrow().current_leader.map(|l| l as u32);
+        let index = match leader {
+            Some(l) if l == self.id => return Ok(()),
+            Some(l) => {
+                let addr = self
+                    .layout
+                    .address_of(l)
+                    .ok_or_else(|| self.not_leader(META_GROUP, None))?;
+                let req = sluice_wire::Request::Cluster {
+                    command: json!({"op": "meta_read_index"}).to_string(),
+                };
+                match self.peers.request(l, &addr.to_string(), &req, t).await? {
+                    sluice_wire::Response::Json(j) => serde_json::from_str::<serde_json::Value>(&j)
+                        .ok()
+                        .and_then(|v| v["index"].as_u64())
+                        .unwrap_or(0),
+                    other => {
+                        return Err(SluiceError::protocol(format!(
+                            "unexpected reply to a metadata read index: {other:?}"
+                        )))
+                    }
+                }
+            }
+            None => return Err(self.not_leader(META_GROUP, None)),
+        };
+        g.raft
+            .wait(Some(t))
+            .applied_index_at_least(Some(index), "metadata catch-up")
+            .await
+            .map(|_| ())
+            .map_err(|e| unavailable(format!("metadata catch-up: {e}")))
+    }
+}

@@ -1,0 +1,611 @@
+//! A node's side of the cluster: the replication groups it is a member
+//! of, the write and read paths through them, membership changes, status,
+//! and fault injection.
+//!
+//! Where things are: `groups` (starting, snapshotting and restarting a
+//! group, incoming consensus messages), `write` (batched proposals,
+//! forwarding to the leader), `read` (read checks and barriers), `meta`
+//! (pool table changes, purges, metadata catch-up), `admin` (status,
+//! membership changes, fault injection, peers' internal operations); this
+//! file holds the node, its settings, routing to a group, and what it
+//! tells clients (`info`, `status`).
+
+mod admin;
+mod groups;
+mod meta;
+mod read;
+#[cfg(test)]
+mod tests;
+mod write;
+
+use write::Batcher;
+
+use crate::log::{LogOptions, LogStore};
+use crate::network::{dispatch, NetFactory, Peers};
+use crate::sm::{MetaState, Sm};
+use crate::types::{
+    group_name, group_of, parse_shard, shard_of_group, Applied, Command, MetaCommand, Raft,
+    META_GROUP,
+};
+use openraft::error::{CheckIsLeaderError, ClientWriteError, RaftError};
+use openraft::{BasicNode, RaftMetrics, ServerState};
+use parking_lot::RwLock;
+use serde::{Deserialize, Serialize};
+use serde_json::json;
+use sluice_store::{ShardId, Store};
+use sluice_types::cluster::ClusterLayout;
+use sluice_types::{PoolType, PurgeReport, PutResult, ReqId, SluiceError, Trace};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::watch;
+
+/// Cluster settings of one node (`[cluster]` in the node's config).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ClusterSettings {
+    /// The cluster layout file (TOML: nodes, and per pool type the
+    /// subgroups' shards with their member node ids). Unset: standalone.
+    pub layout: Option<PathBuf>,
+    /// Leader heartbeat interval.
+    pub heartbeat_ms: u64,
+    /// A follower that hears no leader for a random time in this range
+    /// starts an election (how fast a dead leader is replaced).
+    pub election_min_ms: u64,
+    pub election_max_ms: u64,
+    /// How long a write may wait to be committed before the client gets
+    /// `Unavailable` (e.g. the shard lost its majority).
+    pub write_timeout_ms: u64,
+    /// Take a snapshot (and drop older log entries) every this many entries...
+    pub snapshot_every: u64,
+    /// ... or once the entries held since the last one exceed this many
+    /// bytes (bounds a shard's log memory with large values).
+    pub snapshot_bytes: u64,
+    /// Where volatile shards keep their consensus log and snapshots.
+    /// Default: a RAM-backed directory (/dev/shm) when it has room, so
+    /// volatile data survives a process crash but costs no disk writes;
+    /// else the data directory.
+    pub volatile_dir: Option<PathBuf>,
+    /// fsync the consensus log of persistent shards before acknowledging.
+    /// Not a setting of its own: a node sets it from `[persistent] sync`
+    /// (anything but `never` syncs).
+    #[serde(skip)]
+    pub sync_persistent: bool,
+    /// Accept `cluster cut/heal` (dropping links to chosen peers). Tests only.
+    pub fault_injection: bool,
+    /// The file holding the key cluster peers authenticate with. Default:
+    /// `cluster.key` next to the layout file (made by the first node that
+    /// starts when missing).
+    pub key_file: Option<PathBuf>,
+}
+
+impl Default for ClusterSettings {
+    fn default() -> Self {
+        ClusterSettings {
+            layout: None,
+            heartbeat_ms: 50,
+            election_min_ms: 200,
+            election_max_ms: 400,
+            write_timeout_ms: 3000,
+            snapshot_every: 10_000,
+            snapshot_bytes: 256 << 20,
+            volatile_dir: None,
+            sync_persistent: true,
+            fault_injection: false,
+            key_file: None,
+        }
+    }
+}
+
+/// One replication group hosted here.
+pub struct Group {
+    pub id: u64,
+    pub raft: Raft,
+    metrics: watch::Receiver<RaftMetrics<u64, BasicNode>>,
+    sm: Sm,
+    log: LogStore,
+    /// When this node last asked for a snapshot because the log grew large.
+    snapshot_asked: parking_lot::Mutex<Option<std::time::Instant>>,
+    /// Puts waiting to be proposed together (see `ClusterNode::propose_write`).
+    batch: parking_lot::Mutex<Batcher>,
+}
+
+/// This node's membership in the cluster.
+pub struct ClusterNode {
+    id: u32,
+    layout: ClusterLayout,
+    settings: ClusterSettings,
+    data_dir: PathBuf,
+    /// Where volatile shards' logs live (see `ClusterSettings::volatile_dir`),
+    /// decided once at start, and locked like the data directory: two
+    /// processes on one log would overwrite each other's entries.
+    volatile_root: PathBuf,
+    _volatile_lock: sluice_log::DirLock,
+    /// The cluster key peers authenticate with (see `cluster_key`).
+    key: String,
+    raft_cfg: Arc<openraft::Config>,
+    store: Arc<Store>,
+    peers: Arc<Peers>,
+    meta: Arc<RwLock<MetaState>>,
+    groups: RwLock<HashMap<u64, Arc<Group>>>,
+    creating: tokio::sync::Mutex<()>,
+    /// For lambdas' puts, which run on plain threads.
+    runtime: tokio::runtime::Handle,
+    /// Request ids of this node's own forwarded writes (`client` is random
+    /// per process, so a restarted node never reuses one).
+    writer_id: u64,
+    writer_seq: std::sync::atomic::AtomicU64,
+    /// This node itself, for tasks it spawns (set once by `start`).
+    me: std::sync::OnceLock<std::sync::Weak<ClusterNode>>,
+    /// When each group was last started again (`on_group_stopped`).
+    restarts: parking_lot::Mutex<HashMap<u64, Vec<std::time::Instant>>>,
+    /// Groups whose stop was asked for by fault injection, to be started
+    /// again (tests of `on_group_stopped`).
+    restart_requested: parking_lot::Mutex<std::collections::HashSet<u64>>,
+}
+
+/// How often a group stopped by openraft is started again, at most.
+const RESTARTS_PER_MINUTE: usize = 3;
+
+fn unavailable(reason: String) -> SluiceError {
+    SluiceError::Unavailable { reason }
+}
+
+impl ClusterNode {
+    /// Starts (or restarts) this node's groups: the metadata group, every
+    /// shard the layout or its own disk says it is a member of. The lowest
+    /// numbered member of a group that was never initialised initialises it.
+    pub async fn start(
+        id: u32,
+        layout: ClusterLayout,
+        settings: ClusterSettings,
+        data_dir: PathBuf,
+        store: Arc<Store>,
+    ) -> Result<Arc<ClusterNode>, SluiceError> {
+        layout
+            .validate()
+            .map_err(|reason| SluiceError::Internal { reason })?;
+        if layout.address_of(id).is_none() {
+            return Err(SluiceError::Internal {
+                reason: format!("node id {id} is not in the layout's [[nodes]]"),
+            });
+        }
+        let raft_cfg = openraft::Config {
+            cluster_name: "sluice".into(),
+            heartbeat_interval: settings.heartbeat_ms,
+            election_timeout_min: settings.election_min_ms,
+            election_timeout_max: settings.election_max_ms,
+            snapshot_policy: openraft::SnapshotPolicy::LogsSinceLast(settings.snapshot_every),
+            // Keep some log behind a snapshot for followers slightly
+            // behind; a newcomer further back gets the snapshot.
+            max_in_snapshot_log_to_keep: (settings.snapshot_every / 2).min(256),
+            ..Default::default()
+        }
+        .validate()
+        .map_err(|e| SluiceError::Internal {
+            reason: format!("cluster settings: {e}"),
+        })?;
+        let key = cluster_key(&settings)?;
+        let volatile_root = volatile_root(&settings, &data_dir);
+        let volatile_lock = sluice_log::DirLock::acquire(
+            &volatile_root,
+            &format!("sluice node {id}, data dir {}", data_dir.display()),
+        )
+        .map_err(|e| SluiceError::Internal {
+            reason: format!("volatile log directory: {e}"),
+        })?;
+        let node = Arc::new(ClusterNode {
+            id,
+            volatile_root,
+            _volatile_lock: volatile_lock,
+            meta: Arc::new(RwLock::new(MetaState::from_layout(&layout))),
+            peers: Arc::new(Peers::new(id, Duration::from_millis(500), key.clone())),
+            key,
+            layout,
+            settings,
+            data_dir,
+            raft_cfg: Arc::new(raft_cfg),
+            store,
+            groups: RwLock::default(),
+            creating: tokio::sync::Mutex::new(()),
+            runtime: tokio::runtime::Handle::current(),
+            writer_id: sluice_types::fnv1a64(
+                format!(
+                    "{id}-{}-{:?}",
+                    std::process::id(),
+                    std::time::SystemTime::now()
+                )
+                .as_bytes(),
+            ),
+            writer_seq: std::sync::atomic::AtomicU64::new(1),
+            me: std::sync::OnceLock::new(),
+            restarts: Default::default(),
+            restart_requested: Default::default(),
+        });
+        let _ = node.me.set(Arc::downgrade(&node));
+        let mut wanted: BTreeSet<u64> = BTreeSet::from([META_GROUP]);
+        for (g, members) in node.meta.read().members.clone() {
+            if members.contains(&id) {
+                wanted.insert(g);
+            }
+        }
+        let roots = [node.data_dir.join("raft"), node.volatile_root.clone()];
+        // Groups this node joined at runtime (membership changes) have a
+        // directory but are not in the layout file.
+        for e in roots
+            .iter()
+            .filter_map(|r| std::fs::read_dir(r).ok())
+            .flat_map(|rd| rd.flatten())
+        {
+            let name = e.file_name().to_string_lossy().replace('-', "/");
+            if let Some(g) = parse_shard(&name).ok().and_then(group_of) {
+                wanted.insert(g);
+            }
+        }
+        for g in wanted {
+            let group = node.ensure_group(g).await?;
+            let members: Vec<u32> = if g == META_GROUP {
+                node.layout.nodes.iter().map(|n| n.id).collect()
+            } else {
+                node.meta
+                    .read()
+                    .members
+                    .get(&g)
+                    .cloned()
+                    .unwrap_or_default()
+            };
+            if members.iter().min() == Some(&id)
+                && !group.raft.is_initialized().await.unwrap_or(true)
+            {
+                let init: BTreeMap<u64, BasicNode> = members
+                    .iter()
+                    .filter_map(|m| {
+                        node.layout
+                            .address_of(*m)
+                            .map(|a| (u64::from(*m), BasicNode::new(a)))
+                    })
+                    .collect();
+                if let Err(e) = group.raft.initialize(init).await {
+                    tracing::debug!(group = %group_name(g), error = %e, "initialise skipped");
+                }
+            }
+        }
+        Ok(node)
+    }
+    /// Is this shard replicated (volatile and persistent shards are)?
+    pub fn replicates(&self, shard: ShardId) -> bool {
+        group_of(shard).is_some()
+    }
+
+    fn members_of(&self, g: u64) -> Vec<u32> {
+        self.meta
+            .read()
+            .members
+            .get(&g)
+            .cloned()
+            .unwrap_or_default()
+    }
+
+    fn local(&self, shard: ShardId) -> Result<Arc<Group>, SluiceError> {
+        let g = group_of(shard).ok_or_else(|| SluiceError::Internal {
+            reason: format!("shard {shard} is not replicated"),
+        })?;
+        self.local_group(g)
+    }
+
+    fn local_group(&self, g: u64) -> Result<Arc<Group>, SluiceError> {
+        let not_member = || SluiceError::NotMember {
+            shard: group_name(g),
+            node: self.id,
+            members: self.members_of(g),
+        };
+        let group = self.groups.read().get(&g).cloned().ok_or_else(not_member)?;
+        let in_config = group
+            .metrics
+            .borrow()
+            .membership_config
+            .membership()
+            .get_node(&u64::from(self.id))
+            .is_some();
+        if !in_config {
+            return Err(not_member());
+        }
+        Ok(group)
+    }
+
+    fn not_leader(&self, g: u64, leader: Option<u64>) -> SluiceError {
+        let leader = leader.map(|l| l as u32).filter(|l| *l != self.id);
+        let leader_address = leader
+            .and_then(|l| self.layout.address_of(l))
+            .map(|a| a.to_string());
+        SluiceError::NotLeader {
+            shard: group_name(g),
+            node: self.id,
+            hint: match (&leader, &leader_address) {
+                (Some(l), Some(a)) => format!("the leader is node {l} at {a}"),
+                _ => "no leader known yet: an election may be in progress or the shard has no quorum; retry".into(),
+            },
+            leader,
+            leader_address,
+        }
+    }
+
+    fn check_leader(&self, g: &Group) -> Result<(), SluiceError> {
+        let leader = self.leader_of(g);
+        if leader != Some(u64::from(self.id)) {
+            return Err(self.not_leader(g.id, leader));
+        }
+        Ok(())
+    }
+
+    /// The group's leader as this node knows it, except that this node
+    /// does not name itself unless a quorum acknowledged it within an
+    /// election timeout (`election_max_ms`): a leader cut off from its
+    /// peers, or one restarted with a vote of an old term, answers
+    /// `NotLeader` without a hint so clients move on to other members.
+    fn leader_of(&self, g: &Group) -> Option<u64> {
+        let me = u64::from(self.id);
+        let m = g.metrics.borrow();
+        // On every write: no allocation, one short lock.
+        let confirmed = m.current_leader != Some(me)
+            || self.peers.acks.quorum_within(
+                g.id,
+                m.membership_config.membership().voter_ids(),
+                me,
+                Duration::from_millis(self.settings.election_max_ms),
+            );
+        m.current_leader.filter(|_| confirmed)
+    }
+    /// The metadata epoch: bumped by every replicated pool or membership
+    /// change this node has applied.
+    pub fn epoch(&self) -> u64 {
+        self.meta.read().epoch
+    }
+
+    /// Whether `key` is this cluster's key (constant time: a client
+    /// cannot learn it byte by byte from timings).
+    pub fn peer_key_matches(&self, key: &str) -> bool {
+        let (a, b) = (self.key.as_bytes(), key.as_bytes());
+        a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+    }
+    /// What clients route by: nodes, each replicated shard's members and
+    /// (where this node knows it) leader, and the metadata epoch.
+    pub fn info(&self) -> serde_json::Value {
+        let groups = self.groups.read();
+        let meta = self.meta.read();
+        let leader = |g: u64| groups.get(&g).and_then(|x| self.leader_of(x));
+        let shards: serde_json::Map<String, serde_json::Value> = meta
+            .members
+            .iter()
+            .map(|(g, m)| (group_name(*g), json!({"members": m, "leader": leader(*g)})))
+            .collect();
+        json!({
+            "node": self.id,
+            "epoch": meta.epoch,
+            "nodes": self.layout.nodes,
+            "shards": shards,
+            "trigger": self.layout.subgroups.trigger.iter().map(|sg| &sg.shards).collect::<Vec<_>>(),
+            "meta_leader": leader(META_GROUP),
+        })
+    }
+
+    /// Every group hosted here: role, term, leader, log and applied
+    /// positions, and (on a leader) each follower's lag in entries.
+    pub fn status(&self) -> serde_json::Value {
+        let groups = self.groups.read();
+        let mut ids: Vec<u64> = groups.keys().copied().collect();
+        ids.sort_unstable();
+        let list: Vec<serde_json::Value> = ids
+            .iter()
+            .map(|g| {
+                let x = &groups[g];
+                let leader = self.leader_of(x);
+                let m = x.metrics.borrow();
+                let last = m.last_log_index.unwrap_or(0);
+                let lag: BTreeMap<String, u64> = m
+                    .replication
+                    .as_ref()
+                    .map(|r| {
+                        r.iter()
+                            .filter(|(id, _)| **id != u64::from(self.id))
+                            .map(|(id, matched)| {
+                                (
+                                    id.to_string(),
+                                    last.saturating_sub(matched.map_or(0, |l| l.index)),
+                                )
+                            })
+                            .collect()
+                    })
+                    .unwrap_or_default();
+                let version = shard_of_group(*g)
+                    .and_then(|s| self.store.shard(s))
+                    .map(|s| s.last_version());
+                let (built, installed) = x.sm.snapshot_counts();
+                let me = u64::from(self.id);
+                let membership = m.membership_config.membership();
+                // A node taken out of a group keeps its copy (and openraft
+                // calls it a follower or learner): it is no member.
+                let member = membership.voter_ids().any(|v| v == me)
+                    || membership.learner_ids().any(|l| l == me);
+                json!({
+                    "group": group_name(*g),
+                    "snapshot_index": m.snapshot.map(|l| l.index),
+                    "snapshots_built": built,
+                    "snapshots_installed": installed,
+                    "role": match m.state {
+                        ServerState::Follower | ServerState::Learner if !member => "removed",
+                        ServerState::Leader if leader == Some(u64::from(self.id)) => "leader",
+                        // openraft still holds the role, but no quorum
+                        // has acknowledged it lately.
+                        ServerState::Leader => "leader_without_quorum",
+                        ServerState::Follower => "follower",
+                        ServerState::Candidate => "candidate",
+                        ServerState::Learner => "learner",
+                        ServerState::Shutdown => "shutdown",
+                    },
+                    "term": m.current_term,
+                    "leader": leader,
+                    "voters": m.membership_config.membership().voter_ids().collect::<Vec<_>>(),
+                    "last_log_index": last,
+                    "applied_index": x.sm.applied_index(),
+                    "applied_version": version,
+                    "lag": lag,
+                })
+            })
+            .collect();
+        json!({
+            "node": self.id,
+            "epoch": self.epoch(),
+            "cut": self.peers.blocked(),
+            "groups": list,
+        })
+    }
+
+    /// Stops every group (graceful shutdown).
+    pub async fn shutdown(&self) {
+        let groups: Vec<Arc<Group>> = self.groups.read().values().cloned().collect();
+        for g in groups {
+            let _ = g.raft.shutdown().await;
+        }
+    }
+}
+
+/// Free bytes of the file system holding `p` (`None` when unknown).
+fn free_bytes(p: &std::path::Path) -> Option<u64> {
+    use std::os::unix::ffi::OsStrExt;
+    let c = std::ffi::CString::new(p.as_os_str().as_bytes()).ok()?;
+    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+    // SAFETY: `c` is a valid NUL-terminated path; `st` is a valid out-pointer.
+    let rc = unsafe { libc::statvfs(c.as_ptr(), &mut st) };
+    (rc == 0).then(|| st.f_bavail as u64 * st.f_frsize as u64)
+}
+
+/// Lambdas' puts to replicated shards go through the shard's leader.
+impl sluice_compute::Writer for ClusterNode {
+    fn put(
+        &self,
+        key: &str,
+        value: bytes::Bytes,
+        trace: Option<Arc<Trace>>,
+    ) -> Option<Result<PutResult, SluiceError>> {
+        let shard = match self.store.shard_id_of(key, None) {
+            Ok(s) => s,
+            Err(e) => return Some(Err(e)),
+        };
+        if !self.replicates(shard) {
+            return None;
+        }
+        let fut = self.write_anywhere(shard, key.to_string(), value, trace.map(|t| (*t).clone()));
+        // Upcalls run on plain threads: block this one, not the runtime.
+        Some(match tokio::runtime::Handle::try_current() {
+            Ok(_) => Err(SluiceError::Internal {
+                reason: "a replicated put from inside the async runtime must use write_anywhere"
+                    .into(),
+            }),
+            Err(_) => self.runtime.block_on(fut),
+        })
+    }
+}
+
+/// Which member runs a lambda dispatched to one member (`one`): members
+/// split keys by hash, so each key's upcall runs once per shard.
+impl sluice_compute::Membership for ClusterNode {
+    fn position(&self, shard: ShardId) -> (usize, usize) {
+        let members = match group_of(shard) {
+            Some(g) => self.members_of(g),
+            None => self
+                .layout
+                .subgroups
+                .trigger
+                .get(shard.subgroup as usize)
+                .and_then(|sg| sg.shards.get(shard.shard as usize))
+                .cloned()
+                .unwrap_or_default(),
+        };
+        match members.iter().position(|m| *m == self.id) {
+            Some(i) => (i, members.len()),
+            None => (0, 1),
+        }
+    }
+}
+
+/// The directory of volatile shards' logs (see `ClusterSettings::volatile_dir`).
+fn volatile_root(settings: &ClusterSettings, data_dir: &std::path::Path) -> PathBuf {
+    if let Some(d) = &settings.volatile_dir {
+        return d.clone();
+    }
+    let shm = std::path::Path::new("/dev/shm");
+    if free_bytes(shm).is_some_and(|b| b >= 1 << 30) {
+        let abs = std::fs::canonicalize(data_dir).unwrap_or_else(|_| data_dir.to_path_buf());
+        return shm.join(format!(
+            "sluice-{:016x}",
+            sluice_types::fnv1a64(abs.to_string_lossy().as_bytes())
+        ));
+    }
+    data_dir.join("raft-volatile")
+}
+
+/// The key cluster peers authenticate with: `[cluster] key_file`, else
+/// `cluster.key` next to the layout file, created (32 random bytes, hex,
+/// mode 0600) by the first node that starts when missing. Every node of a
+/// cluster must have the same file (copy it with the layout).
+fn cluster_key(settings: &ClusterSettings) -> Result<String, SluiceError> {
+    let path = match (&settings.key_file, &settings.layout) {
+        (Some(k), _) => k.clone(),
+        (None, Some(l)) => l
+            .parent()
+            .map_or_else(|| PathBuf::from("cluster.key"), |d| d.join("cluster.key")),
+        (None, None) => {
+            return Err(SluiceError::Internal {
+                reason: "a cluster node needs a key: set [cluster] key_file or layout".into(),
+            })
+        }
+    };
+    let err = |what: &str, e: std::io::Error| SluiceError::Io {
+        reason: format!("{what} the cluster key {}: {e}", path.display()),
+    };
+    if !path.exists() {
+        use std::io::Read;
+        use std::os::unix::fs::OpenOptionsExt;
+        let mut raw = [0u8; 32];
+        std::fs::File::open("/dev/urandom")
+            .and_then(|mut f| f.read_exact(&mut raw))
+            .map_err(|e| err("making", e))?;
+        let hex: String = raw.iter().map(|b| format!("{b:02x}")).collect();
+        // Written aside, then linked into place: a node starting at the
+        // same time reads a whole key or makes its own link fail.
+        let tmp = path.with_extension(format!("key.{}", std::process::id()));
+        let mut f = std::fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(0o600)
+            .open(&tmp)
+            .map_err(|e| err("writing", e))?;
+        std::io::Write::write_all(&mut f, format!("{hex}\n").as_bytes())
+            .and_then(|()| f.sync_all())
+            .map_err(|e| err("writing", e))?;
+        let linked = std::fs::hard_link(&tmp, &path);
+        let _ = std::fs::remove_file(&tmp);
+        match linked {
+            Ok(()) => {
+                tracing::info!(file = %path.display(), "created the cluster key; copy it to every node with the layout")
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+            Err(e) => return Err(err("creating", e)),
+        }
+    }
+    let key = std::fs::read_to_string(&path).map_err(|e| err("reading", e))?;
+    let key = key.trim().to_string();
+    if key.len() < 16 {
+        return Err(SluiceError::Internal {
+            reason: format!(
+                "the cluster key in {} is too short ({} characters; at least 16)",
+                path.display(),
+                key.len()
+            ),
+        });
+    }
+    Ok(key)
+}

@@ -1,0 +1,127 @@
+//! The read checks: a stable read served by a member that has applied
+//! the session's newest version, leader read barriers, and time barriers
+//! (a frontier committed after a timestamp).
+
+use super::*;
+
+impl ClusterNode {
+    /// A stable read may be served here: this node is a member of the
+    /// shard and has applied at least `min_version` (the newest version
+    /// the client's session has seen).
+    pub fn check_read(&self, shard: ShardId, min_version: Option<u64>) -> Result<(), SluiceError> {
+        if !self.replicates(shard) {
+            return Ok(());
+        }
+        self.local(shard)?;
+        if let Some(want) = min_version {
+            let applied = self.store.shard(shard).map_or(0, |s| s.last_version());
+            if applied < want {
+                return Err(SluiceError::ReplicaBehind {
+                    shard: shard.to_string(),
+                    node: self.id,
+                    applied,
+                    wanted: want,
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// Waits until a linearizable read may be served here: this node is
+    /// the leader (confirmed by a quorum now) and has applied everything
+    /// committed before the read arrived.
+    pub async fn read_barrier(&self, shard: ShardId) -> Result<(), SluiceError> {
+        let g = self.local(shard)?;
+        self.check_leader(&g)?;
+        let t = Duration::from_millis(self.settings.write_timeout_ms);
+        match tokio::time::timeout(t, g.raft.ensure_linearizable()).await {
+            Err(_) => Err(unavailable(format!(
+                "shard {}: leadership not confirmed within {} ms (no quorum?)",
+                group_name(g.id),
+                t.as_millis()
+            ))),
+            Ok(Ok(_)) => Ok(()),
+            Ok(Err(RaftError::APIError(CheckIsLeaderError::ForwardToLeader(f)))) => {
+                Err(self.not_leader(g.id, f.leader_id))
+            }
+            Ok(Err(e)) => Err(unavailable(format!("shard {}: {e}", group_name(g.id)))),
+        }
+    }
+
+    /// Waits until a read of `shard` at `timestamp_us` (already in the
+    /// past) is stable on this member: no write it applies from now on
+    /// can get a timestamp at or before it. Answered at once when this
+    /// member has applied a write (or frontier) after that time; else the
+    /// leader commits a time frontier (`Command::Tick`, stamped with its
+    /// clock, which is past `timestamp_us`) and this member waits until it
+    /// has applied it. Every entry before the frontier in the log is
+    /// applied by then, and every later one is stamped above it.
+    /// Assumes the members' clocks agree to within the time a new leader
+    /// takes to be elected (one machine, or NTP).
+    pub async fn time_barrier(&self, shard: ShardId, timestamp_us: u64) -> Result<(), SluiceError> {
+        let g = self.local(shard)?;
+        if self.store.visible_ts(shard) > timestamp_us {
+            return Ok(());
+        }
+        let t = Duration::from_millis(self.settings.write_timeout_ms);
+        let leader = g.metrics.borrow().current_leader.map(|l| l as u32);
+        let index = match leader {
+            Some(l) if l == self.id => self.tick(&g, timestamp_us).await?,
+            Some(l) => {
+                let addr = self
+                    .layout
+                    .address_of(l)
+                    .ok_or_else(|| self.not_leader(g.id, None))?;
+                let req = sluice_wire::Request::Cluster {
+                    command:
+                        json!({"op": "time_barrier", "group": g.id, "timestamp_us": timestamp_us})
+                            .to_string(),
+                };
+                match self.peers.request(l, &addr.to_string(), &req, t).await? {
+                    sluice_wire::Response::Json(j) => serde_json::from_str::<serde_json::Value>(&j)
+                        .ok()
+                        .and_then(|v| v["index"].as_u64())
+                        .ok_or_else(|| {
+                            SluiceError::protocol(format!("bad reply to a time barrier: {j}"))
+                        })?,
+                    other => {
+                        return Err(SluiceError::protocol(format!(
+                            "unexpected reply to a time barrier: {other:?}"
+                        )))
+                    }
+                }
+            }
+            None => return Err(self.not_leader(g.id, None)),
+        };
+        g.raft
+            .wait(Some(t))
+            .applied_index_at_least(Some(index), "time barrier")
+            .await
+            .map(|_| ())
+            .map_err(|e| unavailable(format!("shard {}: time barrier: {e}", group_name(g.id))))
+    }
+
+    /// Leader side of `time_barrier`: commits a frontier stamped after
+    /// `timestamp_us`; returns its log index.
+    pub(super) async fn tick(&self, g: &Group, timestamp_us: u64) -> Result<u64, SluiceError> {
+        let mut now = self.store.clock().now_us();
+        // Members ask only once the time has passed on their clock; more
+        // than a write timeout ahead of ours is a bad request, not a wait.
+        let slack = self.settings.write_timeout_ms * 1000;
+        if timestamp_us > now.saturating_add(slack) {
+            return Err(unavailable(format!(
+                "time frontier at {timestamp_us} µs refused: {} ms ahead of this leader's clock (at most {} ms: the clocks disagree)",
+                (timestamp_us - now) / 1000,
+                self.settings.write_timeout_ms
+            )));
+        }
+        while now <= timestamp_us {
+            tokio::time::sleep(Duration::from_micros(timestamp_us + 1 - now)).await;
+            now = self.store.clock().now_us();
+        }
+        let (index, _) = self
+            .propose_at(g, Command::Tick { timestamp_us: now })
+            .await?;
+        Ok(index)
+    }
+}

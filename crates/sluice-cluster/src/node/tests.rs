@@ -1,0 +1,231 @@
+use super::*;
+
+#[test]
+fn the_cluster_key_is_made_once_next_to_the_layout_and_a_short_one_is_refused() {
+    let d = tempfile::tempdir().unwrap();
+    let settings = ClusterSettings {
+        layout: Some(d.path().join("layout.toml")),
+        ..Default::default()
+    };
+    let k1 = cluster_key(&settings).unwrap();
+    assert_eq!(k1.len(), 64, "32 random bytes, hex");
+    // Every node reading the same file gets the same key.
+    assert_eq!(cluster_key(&settings).unwrap(), k1);
+    let short = d.path().join("short.key");
+    std::fs::write(&short, "abc\n").unwrap();
+    let e = cluster_key(&ClusterSettings {
+        key_file: Some(short),
+        ..Default::default()
+    })
+    .unwrap_err()
+    .to_string();
+    assert!(e.contains("too short"), "{e}");
+    let e = cluster_key(&ClusterSettings::default())
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("key_file"), "{e}");
+}
+use super::write::{BATCH_BYTES, BATCH_PUTS};
+use sluice_store::StoreConfig;
+use std::time::Instant;
+
+fn put(key: &str, len: usize) -> Command {
+    Command::Write {
+        key: key.into(),
+        value: Some(bytes::Bytes::from(vec![7u8; len])),
+        expected: None,
+        timestamp_us: 0,
+        req_id: None,
+        trace: None,
+    }
+}
+
+fn queued(cmds: Vec<Command>) -> Batcher {
+    let mut b = Batcher::default();
+    for c in cmds {
+        let (tx, _rx) = tokio::sync::oneshot::channel();
+        b.queue.push_back((c, tx));
+    }
+    b.proposers = 1;
+    b
+}
+
+/// A batch stops at `BATCH_PUTS` puts or `BATCH_BYTES` of values, but
+/// always takes one put (a value larger than a batch still goes); a
+/// proposer that finds the queue empty gives up its slot.
+#[test]
+fn batches_are_bounded_by_count_and_bytes_and_always_take_one() {
+    let mut b = queued(
+        (0..BATCH_PUTS + 10)
+            .map(|i| put(&format!("k{i}"), 8))
+            .collect(),
+    );
+    assert_eq!(b.take().len(), BATCH_PUTS);
+    assert_eq!(b.take().len(), 10);
+    assert_eq!(b.proposers, 1, "a proposer with work keeps its slot");
+    assert!(b.take().is_empty());
+    assert_eq!(b.proposers, 0, "an empty queue ends the proposer");
+
+    let mut b = queued(vec![
+        put("big", BATCH_BYTES * 2),
+        put("a", BATCH_BYTES / 2),
+        put("b", BATCH_BYTES / 2),
+        put("c", 1),
+    ]);
+    let first = b.take();
+    assert_eq!(first.len(), 1, "an oversized value goes alone");
+    assert!(matches!(&first[0].0, Command::Write { key, .. } if key == "big"));
+    let second = b.take();
+    assert_eq!(
+        second.len(),
+        1,
+        "a + b with their keys exceed BATCH_BYTES: b waits"
+    );
+    assert_eq!(b.take().len(), 2);
+}
+
+fn single_node(dir: &std::path::Path) -> (ClusterLayout, ClusterSettings, Arc<Store>) {
+    let layout = ClusterLayout::from_toml(
+        r#"
+[[nodes]]
+id = 1
+address = "127.0.0.1:1"
+
+[[subgroups.volatile]]
+shards = [[1]]
+
+[[subgroups.trigger]]
+shards = [[1]]
+"#,
+    )
+    .unwrap();
+    let key = dir.join("cluster.key");
+    std::fs::write(&key, "k".repeat(64)).unwrap();
+    let settings = ClusterSettings {
+        volatile_dir: Some(dir.join("shm")),
+        key_file: Some(key),
+        ..Default::default()
+    };
+    let store = Store::open(StoreConfig {
+        layout: sluice_store::Layout {
+            volatile: vec![1],
+            trigger: vec![1],
+            persistent: vec![],
+            ..Default::default()
+        },
+        ..Default::default()
+    })
+    .unwrap();
+    (layout, settings, Arc::new(store))
+}
+
+async fn until(what: &str, mut ok: impl FnMut() -> bool) {
+    let t0 = Instant::now();
+    while !ok() {
+        assert!(t0.elapsed() < Duration::from_secs(20), "timed out: {what}");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+const SHARD: ShardId = ShardId {
+    pool_type: PoolType::Volatile,
+    subgroup: 0,
+    shard: 0,
+};
+
+/// A node alone in its groups: it initialises them, leads them, takes
+/// concurrent writes (batched) with dense versions, serves reads and read
+/// barriers, refuses a read ahead of what it applied, answers admin
+/// commands, refuses internal ones from a client and malformed ones with
+/// a typed error, and comes back after a restart with what it had.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_single_member_cluster_writes_reads_and_restarts() {
+    let d = tempfile::tempdir().unwrap();
+    let (layout, settings, store) = single_node(d.path());
+    let node = ClusterNode::start(
+        1,
+        layout.clone(),
+        settings.clone(),
+        d.path().to_path_buf(),
+        store.clone(),
+    )
+    .await
+    .unwrap();
+    until("node 1 leads volatile/0/0", || {
+        node.info()["shards"]["volatile/0/0"]["leader"] == 1
+    })
+    .await;
+    assert!(node.replicates(SHARD));
+
+    let writes = (0..20).map(|i| {
+        let node = node.clone();
+        async move {
+            node.write(
+                SHARD,
+                format!("/vol/{i}"),
+                Some(bytes::Bytes::from(format!("v{i}"))),
+                None,
+                None,
+                None,
+            )
+            .await
+        }
+    });
+    let mut versions: Vec<u64> = futures_versions(writes).await;
+    versions.sort_unstable();
+    let first = versions[0];
+    assert_eq!(
+        versions,
+        (first..first + 20).collect::<Vec<_>>(),
+        "every write applied once, versions dense"
+    );
+    node.read_barrier(SHARD).await.unwrap();
+    node.check_read(SHARD, Some(first + 19)).unwrap();
+    let e = node.check_read(SHARD, Some(first + 1000)).unwrap_err();
+    assert!(matches!(e, SluiceError::ReplicaBehind { .. }), "{e:?}");
+    assert_eq!(
+        &store.get("/vol/3", None, Some(0)).unwrap().value[..],
+        b"v3"
+    );
+
+    let status = node.admin(r#"{"op":"status"}"#, false).await.unwrap();
+    assert_eq!(status["node"], 1, "{status}");
+    let e = node.admin(r#"{"op":"bogus"}"#, false).await.unwrap_err();
+    assert!(matches!(e, SluiceError::InvalidArgument { .. }), "{e:?}");
+    let e = node
+        .admin(r#"{"op":"set_members","group":1,"members":[1]}"#, false)
+        .await
+        .unwrap_err();
+    assert!(matches!(e, SluiceError::Forbidden { .. }), "{e:?}");
+    let e = node.admin(r#"{"op":"heal"}"#, false).await.unwrap_err();
+    assert!(matches!(e, SluiceError::NotSupported { .. }), "{e:?}");
+
+    node.shutdown().await;
+    drop(node);
+    // Restart on the same directories: the log brings the objects back.
+    let (_, _, store2) = single_node(d.path());
+    let node = ClusterNode::start(1, layout, settings, d.path().to_path_buf(), store2.clone())
+        .await
+        .unwrap();
+    until("the restarted node applies its log", || {
+        store2.get("/vol/19", None, Some(0)).is_ok()
+    })
+    .await;
+    assert_eq!(
+        &store2.get("/vol/19", None, Some(0)).unwrap().value[..],
+        b"v19"
+    );
+    node.shutdown().await;
+}
+
+async fn futures_versions<F>(writes: impl Iterator<Item = F>) -> Vec<u64>
+where
+    F: std::future::Future<Output = Result<PutResult, SluiceError>> + Send + 'static,
+{
+    let tasks: Vec<_> = writes.map(tokio::spawn).collect();
+    let mut out = Vec::new();
+    for t in tasks {
+        out.push(t.await.unwrap().unwrap().version);
+    }
+    out
+}
