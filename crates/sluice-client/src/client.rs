@@ -348,13 +348,7 @@ impl Client {
             let target = hint.or(node);
             let req = &req;
             async move {
-                let r = match target {
-                    Some(n) => match self.node_pool(n) {
-                        Ok(p) => p.call(req, self.inner.cfg.request_timeout).await,
-                        Err(e) => Err(e),
-                    },
-                    None => self.call(req).await,
-                };
+                let r = self.call_at(target, req).await;
                 // Only a command for no particular node follows hints.
                 let step = match &r {
                     _ if node.is_some() => Step::Done,
@@ -571,6 +565,18 @@ impl Client {
     /// A live connection to the home node.
     async fn conn(&self) -> Result<Arc<Conn>> {
         self.inner.home.conn().await
+    }
+
+    /// `req` sent to `node`, or to the home node.
+    async fn call_at(&self, node: Option<u32>, req: &Request) -> Result<Response> {
+        match node {
+            Some(n) => {
+                self.node_pool(n)?
+                    .call(req, self.inner.cfg.request_timeout)
+                    .await
+            }
+            None => self.call(req).await,
+        }
     }
 
     async fn call(&self, req: &Request) -> Result<Response> {
@@ -1075,13 +1081,7 @@ impl Client {
             }
             let leader = view.leader("meta");
             async move {
-                let r = match leader {
-                    Some(l) => match self.node_pool(l) {
-                        Ok(p) => p.call(req, self.inner.cfg.request_timeout).await,
-                        Err(e) => Err(e),
-                    },
-                    None => self.call(req).await,
-                };
+                let r = self.call_at(leader, req).await;
                 let step = match &r {
                     Err(SluiceError::NotLeader {
                         leader: Some(l), ..

@@ -1,0 +1,494 @@
+"""Sluice's Python client.
+
+>>> import sluice
+>>> with sluice.Client("127.0.0.1:7420") as c:
+...     c.put("/vol/a", b"hello")
+...     c.get("/vol/a").value.tobytes()
+
+``Client`` blocks (releasing the GIL while it waits on the network);
+``AsyncClient`` is the same API for ``asyncio``. Both route every key to
+its shard themselves, follow leaders in a cluster and retry as the Rust
+client does (it is the Rust client underneath). Values come back as
+``Value`` objects that export their bytes through the buffer protocol
+without a copy (``memoryview(v)``, ``numpy.frombuffer(v, dtype=...)``);
+puts accept any bytes-like object (bytes, bytearray, memoryview, a NumPy
+array) or a str. Errors are ``SluiceError`` subclasses (``NotFound``,
+``VersionConflict``, ``NoPool``, ...) with the message the CLI prints,
+``e.kind`` and ``e.details``.
+
+The method names follow Cascade's ``ServiceClientAPI``: ``put``,
+``put_and_forget``, ``trigger_put``, ``remove``, ``get`` (``version=``,
+``timestamp=``, ``stable=``), ``get_size``, ``multi_get``,
+``list_keys_in_object_pool``, ``create_object_pool``,
+``list_object_pools``, ``get_object_pool``, ``remove_object_pool``, and
+notifications through ``watch``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import threading
+from typing import Any, AsyncIterator, Callable, Iterator, List, Optional, Sequence
+
+from . import _sluice
+from ._sluice import (  # noqa: F401  (re-exported)
+    NO_VERSION,
+    Notification,
+    Object,
+    PutResult,
+    Value,
+)
+from ._sluice import *  # noqa: F401,F403  (the exception classes)
+
+SluiceError = _sluice.SluiceError
+
+__all__ = [
+    "Client",
+    "AsyncClient",
+    "Watch",
+    "AsyncWatch",
+    "Object",
+    "Value",
+    "PutResult",
+    "Notification",
+    "SluiceError",
+    "NO_VERSION",
+    "default_address",
+]
+
+
+def _resolve(future: "asyncio.Future[Any]", ok: bool, value: Any) -> None:
+    # Runs on the future's loop (call_soon_threadsafe from the runtime).
+    if future.cancelled():
+        return
+    if ok:
+        future.set_result(value)
+    else:
+        future.set_exception(value)
+
+
+_sluice._set_resolver(_resolve)
+
+
+def default_address() -> str:
+    """Where to connect when no address is given, as the CLI decides:
+    ``$SLUICE_ADDR``, else the nodes ``sluice dev`` listed in
+    ``./sluice-dev/endpoints``, else ``127.0.0.1:7420``."""
+    env = os.environ.get("SLUICE_ADDR")
+    if env:
+        return env
+    try:
+        with open(os.path.join("sluice-dev", "endpoints")) as f:
+            nodes = [line.strip() for line in f if line.strip()]
+            if nodes:
+                return ",".join(nodes)
+    except OSError:
+        pass
+    return "127.0.0.1:7420"
+
+
+def _timestamp_us(timestamp: Optional[float], timestamp_us: Optional[int]) -> Optional[int]:
+    if timestamp is not None and timestamp_us is not None:
+        raise ValueError("give timestamp (seconds) or timestamp_us, not both")
+    if timestamp is not None:
+        return int(timestamp * 1_000_000)
+    return timestamp_us
+
+
+class Watch:
+    """Notifications for keys under a prefix, as an iterator::
+
+        for n in client.watch("/vol/"):
+            print(n.kind, n.key, n.value.tobytes())
+
+    Iteration ends when the subscription ends. ``next(timeout=...)`` waits
+    at most that long (``None`` when nothing came). Closing the watch (or
+    leaving its ``with`` block) ends the subscription on the node.
+    """
+
+    def __init__(self, inner: "_sluice.Watch") -> None:
+        self._w = inner
+
+    def __iter__(self) -> Iterator[Notification]:
+        while True:
+            n = self._w.next()
+            if n is None:
+                return
+            yield n
+
+    def next(self, timeout: Optional[float] = None) -> Optional[Notification]:
+        return self._w.next(timeout)
+
+    def close(self) -> None:
+        self._w.close()
+
+    def __enter__(self) -> "Watch":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+class AsyncWatch:
+    """``Watch`` for asyncio: ``async for n in await client.watch(prefix)``."""
+
+    def __init__(self, inner: "_sluice.Watch") -> None:
+        self._w = inner
+
+    def __aiter__(self) -> AsyncIterator[Notification]:
+        return self
+
+    async def __anext__(self) -> Notification:
+        n = await self.next()
+        if n is None:
+            raise StopAsyncIteration
+        return n
+
+    async def next(self, timeout: Optional[float] = None) -> Optional[Notification]:
+        fut = asyncio.get_running_loop().create_future()
+        self._w.next(timeout, future=fut)
+        return await fut
+
+    async def close(self) -> None:
+        await asyncio.get_running_loop().run_in_executor(None, self._w.close)
+
+    async def __aenter__(self) -> "AsyncWatch":
+        return self
+
+    async def __aexit__(self, *exc: Any) -> None:
+        await self.close()
+
+
+class Client:
+    """A blocking client of a Sluice node or cluster.
+
+    ``addr`` is ``host:port``, or several comma-separated seeds (the first
+    that answers is used; in a cluster any one will do). ``timeout`` bounds
+    each request, in seconds. Use it as a context manager, or call
+    ``close()``; it is safe to share between threads.
+    """
+
+    def __init__(
+        self,
+        addr: Optional[str] = None,
+        *,
+        timeout: float = 10.0,
+        connect_timeout: float = 3.0,
+        connections: int = 1,
+        name: str = "sluice-python",
+    ) -> None:
+        self._c = _sluice.Client(
+            addr or default_address(),
+            timeout_s=timeout,
+            connect_timeout_s=connect_timeout,
+            connections=connections,
+            name=name,
+        )
+
+    # -- context manager ------------------------------------------------
+    def __enter__(self) -> "Client":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Drops this handle's connections (they close once no watch or
+        other handle uses them)."""
+        self._c = None  # type: ignore[assignment]
+
+    @property
+    def node_id(self) -> int:
+        """The id of the node this client first reached."""
+        return self._c.node_id
+
+    @property
+    def cluster_epoch(self) -> Optional[int]:
+        """The cluster's metadata epoch; ``None`` on a standalone node."""
+        return self._c.cluster_epoch
+
+    # -- writes -----------------------------------------------------------
+    def put(self, key: str, value: Any, *, previous_version: Optional[int] = None) -> PutResult:
+        """Stores ``value`` (bytes-like or str) under ``key``; returns the new
+        version and its timestamp. With ``previous_version``, only if the
+        key's current version is that one (``NO_VERSION``: only if absent),
+        else ``VersionConflict``."""
+        return self._c.put(key, value, previous_version=previous_version)
+
+    def put_and_forget(self, key: str, value: Any) -> None:
+        """Sends a put without waiting for its acknowledgement."""
+        self._c.put_and_forget(key, value)
+
+    def trigger_put(self, key: str, value: Any) -> int:
+        """Hands ``value`` to the lambdas and watchers of ``key`` without
+        storing it; returns its timestamp (µs)."""
+        return self._c.trigger_put(key, value)
+
+    def remove(self, key: str, *, previous_version: Optional[int] = None) -> PutResult:
+        """Removes ``key`` (a new version that is a tombstone)."""
+        return self._c.remove(key, previous_version=previous_version)
+
+    # -- reads ------------------------------------------------------------
+    def get(
+        self,
+        key: str,
+        *,
+        version: Optional[int] = None,
+        timestamp: Optional[float] = None,
+        timestamp_us: Optional[int] = None,
+        stable: bool = True,
+        linearizable: bool = False,
+    ) -> Object:
+        """The latest version of ``key``, or the given ``version``, or the
+        version current at ``timestamp`` (seconds since the epoch, or
+        ``timestamp_us``). A time read is ``stable`` by default: it waits
+        until the time has passed, so its answer never changes;
+        ``stable=False`` answers at once. ``linearizable=True`` asks the
+        shard's leader (reflects every acknowledged write). Raises
+        ``NotFound`` when there is no such key or version."""
+        return self._c.get(
+            key,
+            version=version,
+            timestamp_us=_timestamp_us(timestamp, timestamp_us),
+            stable=stable,
+            linearizable=linearizable,
+        )
+
+    def get_size(
+        self,
+        key: str,
+        *,
+        version: Optional[int] = None,
+        timestamp: Optional[float] = None,
+        timestamp_us: Optional[int] = None,
+    ) -> int:
+        """The size of the value in bytes, without transferring it."""
+        return self._c.get_size(
+            key, version=version, timestamp_us=_timestamp_us(timestamp, timestamp_us)
+        )
+
+    def multi_get(self, keys: Sequence[str]) -> List[Optional[Object]]:
+        """Several keys at once: an ``Object`` per key (``None`` where a key
+        does not exist)."""
+        return self._c.multi_get(list(keys))
+
+    def list_keys_in_object_pool(
+        self,
+        pool: str,
+        *,
+        prefix: Optional[str] = None,
+        version: Optional[int] = None,
+        timestamp: Optional[float] = None,
+    ) -> List[str]:
+        """The keys of ``pool`` (under ``prefix``), from every shard, sorted;
+        as they were at ``version`` or ``timestamp`` when given."""
+        return self._c.list_keys(
+            pool,
+            prefix=prefix,
+            version=version,
+            timestamp_us=_timestamp_us(timestamp, None),
+        )
+
+    list_keys = list_keys_in_object_pool
+
+    def history(
+        self, key: str, *, start: int = 0, end: Optional[int] = None, by_time: bool = False
+    ) -> List[Object]:
+        """Every retained version of ``key`` from ``start`` to ``end``
+        (versions, or µs timestamps with ``by_time``), newest first,
+        removals included (``obj.removed``)."""
+        return self._c.history(
+            key, start=start, end=(2**64 - 1) if end is None else end, by_time=by_time
+        )
+
+    # -- pools ------------------------------------------------------------
+    def create_object_pool(
+        self,
+        pathname: str,
+        pool_type: str = "volatile",
+        *,
+        subgroup_index: int = 0,
+        affinity_set_regex: Optional[str] = None,
+        keep_versions: Optional[int] = None,
+        keep_for_s: Optional[int] = None,
+    ) -> dict:
+        """Creates a pool (``volatile``, ``persistent`` or ``trigger``)."""
+        return self._c.create_object_pool(
+            pathname,
+            pool_type,
+            subgroup_index=subgroup_index,
+            affinity_set_regex=affinity_set_regex,
+            keep_versions=keep_versions,
+            keep_for_s=keep_for_s,
+        )
+
+    def list_object_pools(self, include_deleted: bool = False) -> List[dict]:
+        return self._c.list_object_pools(include_deleted)
+
+    def get_object_pool(self, pathname: str) -> dict:
+        """The pool at ``pathname`` (``PoolNotFound`` when none)."""
+        return self._c.get_object_pool(pathname)
+
+    def remove_object_pool(self, pathname: str) -> dict:
+        return self._c.remove_object_pool(pathname)
+
+    def purge_object_pool(self, pathname: str) -> dict:
+        """Deletes a removed pool's objects for good, freeing its path."""
+        return self._c.purge_object_pool(pathname)
+
+    # -- notifications ------------------------------------------------------
+    def watch(
+        self,
+        prefix: str,
+        callback: Optional[Callable[[Notification], Any]] = None,
+        *,
+        from_version: Optional[int] = None,
+        from_time_us: Optional[int] = None,
+    ) -> Watch:
+        """Notifications for keys under ``prefix``: an iterator, or, with
+        ``callback``, calls it for each on a thread of its own until the
+        watch is closed. ``from_version``/``from_time_us`` first replay what
+        a persistent pool stored since then. Every loss is reported as a
+        ``lagged`` notification."""
+        w = Watch(self._c.watch(prefix, from_version=from_version, from_time_us=from_time_us))
+        if callback is not None:
+            threading.Thread(
+                target=lambda: [callback(n) for n in w], name=f"sluice-watch {prefix}", daemon=True
+            ).start()
+        return w
+
+    # -- the node ------------------------------------------------------------
+    def ping(self) -> float:
+        """The round trip to the node, in seconds."""
+        return self._c.ping()
+
+    def stats(self) -> dict:
+        return self._c.stats()
+
+    def dfg_apply(self, text: str) -> dict:
+        """Applies data flow graphs (a ``dfgs.json`` document, as text)."""
+        return self._c.dfg_apply(text)
+
+    def dfg_list(self) -> List[dict]:
+        return self._c.dfg_list()
+
+    def dfg_remove(self, id: str) -> None:
+        self._c.dfg_remove(id)
+
+
+def _async_method(name: str, doc: Optional[str]) -> Callable[..., Any]:
+    async def method(self: "AsyncClient", *args: Any, **kwargs: Any) -> Any:
+        fut = asyncio.get_running_loop().create_future()
+        getattr(self._c, name)(*args, future=fut, **kwargs)
+        return await fut
+
+    method.__name__ = name
+    method.__doc__ = doc
+    return method
+
+
+class AsyncClient:
+    """The ``Client`` API for asyncio: every method is a coroutine; requests
+    from many tasks are pipelined over the same connections::
+
+        async with await sluice.AsyncClient.connect("127.0.0.1:7420") as c:
+            await c.put("/vol/a", b"x")
+            obj = await c.get("/vol/a")
+    """
+
+    def __init__(self, blocking: Client) -> None:
+        self._blocking = blocking
+        self._c = blocking._c
+
+    @classmethod
+    async def connect(cls, addr: Optional[str] = None, **kwargs: Any) -> "AsyncClient":
+        """Connects without blocking the event loop."""
+        loop = asyncio.get_running_loop()
+        c = await loop.run_in_executor(None, lambda: Client(addr, **kwargs))
+        return cls(c)
+
+    async def __aenter__(self) -> "AsyncClient":
+        return self
+
+    async def __aexit__(self, *exc: Any) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self._blocking.close()
+        self._c = None
+
+    @property
+    def node_id(self) -> int:
+        return self._blocking.node_id
+
+    async def get(
+        self,
+        key: str,
+        *,
+        version: Optional[int] = None,
+        timestamp: Optional[float] = None,
+        timestamp_us: Optional[int] = None,
+        stable: bool = True,
+        linearizable: bool = False,
+    ) -> Object:
+        fut = asyncio.get_running_loop().create_future()
+        self._c.get(
+            key,
+            version=version,
+            timestamp_us=_timestamp_us(timestamp, timestamp_us),
+            stable=stable,
+            linearizable=linearizable,
+            future=fut,
+        )
+        return await fut
+
+    async def multi_get(self, keys: Sequence[str]) -> List[Optional[Object]]:
+        fut = asyncio.get_running_loop().create_future()
+        self._c.multi_get(list(keys), future=fut)
+        return await fut
+
+    async def list_keys_in_object_pool(
+        self, pool: str, *, prefix: Optional[str] = None
+    ) -> List[str]:
+        fut = asyncio.get_running_loop().create_future()
+        self._c.list_keys(pool, prefix=prefix, future=fut)
+        return await fut
+
+    list_keys = list_keys_in_object_pool
+
+    async def watch(
+        self,
+        prefix: str,
+        *,
+        from_version: Optional[int] = None,
+        from_time_us: Optional[int] = None,
+    ) -> AsyncWatch:
+        loop = asyncio.get_running_loop()
+        w = await loop.run_in_executor(
+            None,
+            lambda: self._c.watch(prefix, from_version=from_version, from_time_us=from_time_us),
+        )
+        return AsyncWatch(w)
+
+
+for _name in (
+    "put",
+    "put_and_forget",
+    "trigger_put",
+    "remove",
+    "get_size",
+    "history",
+    "create_object_pool",
+    "list_object_pools",
+    "get_object_pool",
+    "remove_object_pool",
+    "purge_object_pool",
+    "ping",
+    "stats",
+    "dfg_apply",
+    "dfg_list",
+    "dfg_remove",
+):
+    setattr(AsyncClient, _name, _async_method(_name, getattr(Client, _name).__doc__))
+del _name

@@ -1,0 +1,490 @@
+//! `sluice._sluice.Client`: the Rust client (`sluice_client::Client`)
+//! for Python. Every method blocks with the GIL released, or, given an
+//! asyncio `future` (what `sluice.AsyncClient` passes), returns at once
+//! and completes the future on its loop.
+
+use crate::runtime::{json_to_py, run};
+use crate::value::{bytes_of, Object, PutResult};
+use crate::watch::Watch;
+use pyo3::prelude::*;
+use pyo3::types::PyList;
+use sluice_client::{ClientConfig, PoolSpec, PoolType, Retention, SluiceError};
+use std::time::Duration;
+
+/// A connection to a Sluice node or cluster (see `sluice.Client`).
+#[pyclass(module = "sluice._sluice", frozen)]
+pub struct Client {
+    inner: sluice_client::Client,
+}
+
+fn object(py: Python<'_>, o: sluice_types::Object) -> PyResult<Py<PyAny>> {
+    Ok(Py::new(py, Object::new(py, o)?)?.into_any())
+}
+
+fn put_result(py: Python<'_>, r: sluice_types::PutResult) -> PyResult<Py<PyAny>> {
+    Ok(Py::new(py, PutResult::from(r))?.into_any())
+}
+
+fn none(py: Python<'_>, _: ()) -> PyResult<Py<PyAny>> {
+    Ok(py.None())
+}
+
+fn int(py: Python<'_>, n: u64) -> PyResult<Py<PyAny>> {
+    Ok(n.into_pyobject(py)?.into_any().unbind())
+}
+
+fn strings(py: Python<'_>, v: Vec<String>) -> PyResult<Py<PyAny>> {
+    Ok(PyList::new(py, v)?.into_any().unbind())
+}
+
+fn json(py: Python<'_>, v: serde_json::Value) -> PyResult<Py<PyAny>> {
+    json_to_py(py, &v)
+}
+
+fn serialized<T: serde::Serialize>(v: T) -> sluice_types::Result<serde_json::Value> {
+    serde_json::to_value(v).map_err(|e| SluiceError::Internal {
+        reason: e.to_string(),
+    })
+}
+
+/// Microseconds from seconds given by Python (a float).
+fn micros(s: f64) -> PyResult<u64> {
+    if !(s.is_finite() && s >= 0.0) {
+        return Err(pyo3::exceptions::PyValueError::new_err(format!(
+            "a duration must be a non-negative number of seconds, not {s}"
+        )));
+    }
+    Ok((s * 1e6) as u64)
+}
+
+#[pymethods]
+impl Client {
+    #[new]
+    #[pyo3(signature = (addr, *, timeout_s = 10.0, connect_timeout_s = 3.0, connections = 1, name = "sluice-python".to_string()))]
+    fn new(
+        py: Python<'_>,
+        addr: String,
+        timeout_s: f64,
+        connect_timeout_s: f64,
+        connections: usize,
+        name: String,
+    ) -> PyResult<Client> {
+        let cfg = ClientConfig {
+            addr,
+            connections: connections.max(1),
+            connect_timeout: Duration::from_micros(micros(connect_timeout_s)?),
+            request_timeout: Duration::from_micros(micros(timeout_s)?),
+            client_name: name,
+            ..ClientConfig::default()
+        };
+        let inner = py
+            .detach(|| crate::runtime::rt().block_on(sluice_client::Client::connect_with(cfg)))
+            .map_err(crate::errors::to_py)?;
+        Ok(Client { inner })
+    }
+
+    #[pyo3(signature = (key, value, *, previous_version = None, future = None))]
+    fn put(
+        &self,
+        py: Python<'_>,
+        key: String,
+        value: &Bound<'_, PyAny>,
+        previous_version: Option<u64>,
+        future: Option<Py<PyAny>>,
+    ) -> PyResult<Py<PyAny>> {
+        let v = bytes_of(value)?;
+        let c = self.inner.clone();
+        run(
+            py,
+            future,
+            async move {
+                match previous_version {
+                    Some(e) => c.put_if_version(&key, v, e).await,
+                    None => c.put(&key, v).await,
+                }
+            },
+            put_result,
+        )
+    }
+
+    #[pyo3(signature = (key, value, *, future = None))]
+    fn put_and_forget(
+        &self,
+        py: Python<'_>,
+        key: String,
+        value: &Bound<'_, PyAny>,
+        future: Option<Py<PyAny>>,
+    ) -> PyResult<Py<PyAny>> {
+        let v = bytes_of(value)?;
+        let c = self.inner.clone();
+        run(
+            py,
+            future,
+            async move { c.put_and_forget(&key, v).await },
+            none,
+        )
+    }
+
+    #[pyo3(signature = (key, value, *, future = None))]
+    fn trigger_put(
+        &self,
+        py: Python<'_>,
+        key: String,
+        value: &Bound<'_, PyAny>,
+        future: Option<Py<PyAny>>,
+    ) -> PyResult<Py<PyAny>> {
+        let v = bytes_of(value)?;
+        let c = self.inner.clone();
+        run(py, future, async move { c.trigger_put(&key, v).await }, int)
+    }
+
+    #[pyo3(signature = (key, *, previous_version = None, future = None))]
+    fn remove(
+        &self,
+        py: Python<'_>,
+        key: String,
+        previous_version: Option<u64>,
+        future: Option<Py<PyAny>>,
+    ) -> PyResult<Py<PyAny>> {
+        let c = self.inner.clone();
+        run(
+            py,
+            future,
+            async move {
+                match previous_version {
+                    Some(e) => c.remove_if_version(&key, e).await,
+                    None => c.remove(&key).await,
+                }
+            },
+            put_result,
+        )
+    }
+
+    #[pyo3(signature = (key, *, version = None, timestamp_us = None, stable = true, linearizable = false, future = None))]
+    #[allow(clippy::too_many_arguments)]
+    fn get(
+        &self,
+        py: Python<'_>,
+        key: String,
+        version: Option<u64>,
+        timestamp_us: Option<u64>,
+        stable: bool,
+        linearizable: bool,
+        future: Option<Py<PyAny>>,
+    ) -> PyResult<Py<PyAny>> {
+        let c = self.inner.clone();
+        run(
+            py,
+            future,
+            async move {
+                match (version, timestamp_us) {
+                    (Some(v), _) => c.get_version(&key, v).await,
+                    (None, Some(t)) if stable => c.get_by_time(&key, t).await,
+                    (None, Some(t)) => c.get_by_time_with(&key, t, 0, true).await,
+                    (None, None) if linearizable => c.get_linearizable(&key).await,
+                    (None, None) => c.get(&key).await,
+                }
+            },
+            object,
+        )
+    }
+
+    #[pyo3(signature = (key, *, version = None, timestamp_us = None, future = None))]
+    fn get_size(
+        &self,
+        py: Python<'_>,
+        key: String,
+        version: Option<u64>,
+        timestamp_us: Option<u64>,
+        future: Option<Py<PyAny>>,
+    ) -> PyResult<Py<PyAny>> {
+        let c = self.inner.clone();
+        run(
+            py,
+            future,
+            async move { c.get_size(&key, version, timestamp_us).await },
+            int,
+        )
+    }
+
+    /// Several keys at once: a list with an `Object` per key, `None` for
+    /// a key that does not exist; any other error is raised.
+    #[pyo3(signature = (keys, *, future = None))]
+    fn multi_get(
+        &self,
+        py: Python<'_>,
+        keys: Vec<String>,
+        future: Option<Py<PyAny>>,
+    ) -> PyResult<Py<PyAny>> {
+        let c = self.inner.clone();
+        run(
+            py,
+            future,
+            async move {
+                let refs: Vec<&str> = keys.iter().map(String::as_str).collect();
+                c.multi_get(&refs)
+                    .await?
+                    .into_iter()
+                    .map(|r| match r {
+                        Ok(o) => Ok(Some(o)),
+                        Err(SluiceError::NotFound { .. }) => Ok(None),
+                        Err(e) => Err(e),
+                    })
+                    .collect::<Result<Vec<_>, _>>()
+            },
+            |py, objects| {
+                let l = PyList::empty(py);
+                for o in objects {
+                    match o {
+                        Some(o) => l.append(object(py, o)?)?,
+                        None => l.append(py.None())?,
+                    }
+                }
+                Ok(l.into_any().unbind())
+            },
+        )
+    }
+
+    #[pyo3(signature = (pool, *, prefix = None, version = None, timestamp_us = None, future = None))]
+    fn list_keys(
+        &self,
+        py: Python<'_>,
+        pool: String,
+        prefix: Option<String>,
+        version: Option<u64>,
+        timestamp_us: Option<u64>,
+        future: Option<Py<PyAny>>,
+    ) -> PyResult<Py<PyAny>> {
+        let c = self.inner.clone();
+        run(
+            py,
+            future,
+            async move {
+                let prefix = prefix.as_deref();
+                match (version, timestamp_us) {
+                    (Some(v), _) => c.list_keys_at(&pool, prefix, false, v).await,
+                    (None, Some(t)) => c.list_keys_at(&pool, prefix, true, t).await,
+                    (None, None) => c.list_keys(&pool, prefix).await,
+                }
+            },
+            strings,
+        )
+    }
+
+    /// The versions of `key` from `start` to `end` (versions, or µs
+    /// timestamps with `by_time`), newest first, removals included.
+    #[pyo3(signature = (key, *, start = 0, end = u64::MAX, by_time = false, future = None))]
+    fn history(
+        &self,
+        py: Python<'_>,
+        key: String,
+        start: u64,
+        end: u64,
+        by_time: bool,
+        future: Option<Py<PyAny>>,
+    ) -> PyResult<Py<PyAny>> {
+        let c = self.inner.clone();
+        run(
+            py,
+            future,
+            async move { c.history(&key, by_time, start, end, 256).await },
+            |py, objects| {
+                let l = PyList::empty(py);
+                for o in objects {
+                    l.append(object(py, o)?)?;
+                }
+                Ok(l.into_any().unbind())
+            },
+        )
+    }
+
+    #[pyo3(signature = (pathname, pool_type = "volatile".to_string(), *, subgroup_index = 0, affinity_set_regex = None, keep_versions = None, keep_for_s = None, future = None))]
+    #[allow(clippy::too_many_arguments)]
+    fn create_object_pool(
+        &self,
+        py: Python<'_>,
+        pathname: String,
+        pool_type: String,
+        subgroup_index: u32,
+        affinity_set_regex: Option<String>,
+        keep_versions: Option<u32>,
+        keep_for_s: Option<u64>,
+        future: Option<Py<PyAny>>,
+    ) -> PyResult<Py<PyAny>> {
+        let pool_type: PoolType = pool_type
+            .parse()
+            .map_err(|e: SluiceError| crate::errors::to_py(e))?;
+        let spec = PoolSpec {
+            pathname,
+            pool_type: Some(pool_type),
+            subgroup_index,
+            affinity_set_regex,
+            retention: (keep_versions.is_some() || keep_for_s.is_some()).then_some(Retention {
+                keep_versions,
+                keep_for_s,
+            }),
+            ..Default::default()
+        };
+        let c = self.inner.clone();
+        run(
+            py,
+            future,
+            async move { serialized(c.create_pool(spec).await?) },
+            json,
+        )
+    }
+
+    #[pyo3(signature = (include_deleted = false, *, future = None))]
+    fn list_object_pools(
+        &self,
+        py: Python<'_>,
+        include_deleted: bool,
+        future: Option<Py<PyAny>>,
+    ) -> PyResult<Py<PyAny>> {
+        let c = self.inner.clone();
+        run(
+            py,
+            future,
+            async move { serialized(c.list_pools(include_deleted).await?) },
+            json,
+        )
+    }
+
+    #[pyo3(signature = (pathname, *, future = None))]
+    fn get_object_pool(
+        &self,
+        py: Python<'_>,
+        pathname: String,
+        future: Option<Py<PyAny>>,
+    ) -> PyResult<Py<PyAny>> {
+        let c = self.inner.clone();
+        run(
+            py,
+            future,
+            async move { serialized(c.get_pool(&pathname).await?) },
+            json,
+        )
+    }
+
+    #[pyo3(signature = (pathname, *, future = None))]
+    fn remove_object_pool(
+        &self,
+        py: Python<'_>,
+        pathname: String,
+        future: Option<Py<PyAny>>,
+    ) -> PyResult<Py<PyAny>> {
+        let c = self.inner.clone();
+        run(
+            py,
+            future,
+            async move { serialized(c.remove_pool(&pathname).await?) },
+            json,
+        )
+    }
+
+    #[pyo3(signature = (pathname, *, future = None))]
+    fn purge_object_pool(
+        &self,
+        py: Python<'_>,
+        pathname: String,
+        future: Option<Py<PyAny>>,
+    ) -> PyResult<Py<PyAny>> {
+        let c = self.inner.clone();
+        run(
+            py,
+            future,
+            async move { serialized(c.purge_pool(&pathname).await?) },
+            json,
+        )
+    }
+
+    /// A subscription to notifications for keys under `prefix` (from a
+    /// stored version or time onwards when given).
+    #[pyo3(signature = (prefix, *, from_version = None, from_time_us = None))]
+    fn watch(
+        &self,
+        py: Python<'_>,
+        prefix: String,
+        from_version: Option<u64>,
+        from_time_us: Option<u64>,
+    ) -> PyResult<Watch> {
+        let c = self.inner.clone();
+        let from = from_version
+            .map(sluice_client::WatchFrom::Version)
+            .or(from_time_us.map(sluice_client::WatchFrom::Time));
+        let w = py
+            .detach(|| {
+                crate::runtime::rt().block_on(async move {
+                    match from {
+                        Some(f) => c.watch_from(&prefix, f).await,
+                        None => c.watch(&prefix).await,
+                    }
+                })
+            })
+            .map_err(crate::errors::to_py)?;
+        Ok(Watch::new(w))
+    }
+
+    /// The round trip to the home node, in seconds.
+    #[pyo3(signature = (*, future = None))]
+    fn ping(&self, py: Python<'_>, future: Option<Py<PyAny>>) -> PyResult<Py<PyAny>> {
+        let c = self.inner.clone();
+        run(py, future, async move { c.ping().await }, |py, d| {
+            Ok(d.as_secs_f64().into_pyobject(py)?.into_any().unbind())
+        })
+    }
+
+    /// Applies data flow graphs (a `dfgs.json` document).
+    #[pyo3(signature = (text, *, future = None))]
+    fn dfg_apply(
+        &self,
+        py: Python<'_>,
+        text: String,
+        future: Option<Py<PyAny>>,
+    ) -> PyResult<Py<PyAny>> {
+        let c = self.inner.clone();
+        run(py, future, async move { c.dfg_apply(&text).await }, json)
+    }
+
+    #[pyo3(signature = (*, future = None))]
+    fn dfg_list(&self, py: Python<'_>, future: Option<Py<PyAny>>) -> PyResult<Py<PyAny>> {
+        let c = self.inner.clone();
+        run(py, future, async move { c.dfg_list().await }, json)
+    }
+
+    #[pyo3(signature = (id, *, future = None))]
+    fn dfg_remove(
+        &self,
+        py: Python<'_>,
+        id: String,
+        future: Option<Py<PyAny>>,
+    ) -> PyResult<Py<PyAny>> {
+        let c = self.inner.clone();
+        run(py, future, async move { c.dfg_remove(&id).await }, none)
+    }
+
+    /// The node's counters.
+    #[pyo3(signature = (*, future = None))]
+    fn stats(&self, py: Python<'_>, future: Option<Py<PyAny>>) -> PyResult<Py<PyAny>> {
+        let c = self.inner.clone();
+        run(py, future, async move { c.stats().await }, json)
+    }
+
+    /// The home node's id, and the cluster's metadata epoch (`None`:
+    /// standalone).
+    #[getter]
+    fn node_id(&self) -> u32 {
+        self.inner.server_info().node_id
+    }
+
+    #[getter]
+    fn cluster_epoch(&self) -> Option<u64> {
+        self.inner.cluster_epoch()
+    }
+
+    /// The largest value the node accepts, in bytes.
+    #[getter]
+    fn max_value_bytes(&self) -> u32 {
+        self.inner.server_info().limits.max_value_bytes
+    }
+}

@@ -1,0 +1,31 @@
+//! `sluice._sluice`: the native part of Sluice's Python package (`import
+//! sluice`), over the Rust client: no second wire implementation. The
+//! Python layer (`python/sluice/__init__.py`) adds the blocking and
+//! asyncio clients' Pythonic API on top.
+//!
+//! Modules: `runtime` (the tokio runtime; running a Rust future for a
+//! blocking call or an asyncio future), `errors` (exception classes),
+//! `value` (`Value`: zero-copy buffers; `Object`, `PutResult`), `client`
+//! (`Client`), `watch` (`Watch`, `Notification`).
+
+use pyo3::prelude::*;
+
+mod client;
+mod errors;
+mod runtime;
+mod value;
+mod watch;
+
+#[pymodule]
+fn _sluice(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_class::<client::Client>()?;
+    m.add_class::<value::Value>()?;
+    m.add_class::<value::Object>()?;
+    m.add_class::<value::PutResult>()?;
+    m.add_class::<watch::Watch>()?;
+    m.add_class::<watch::Notification>()?;
+    m.add_function(wrap_pyfunction!(runtime::_set_resolver, m)?)?;
+    errors::register(m)?;
+    m.add("NO_VERSION", sluice_types::VERSION_NONE)?;
+    Ok(())
+}

@@ -1,0 +1,225 @@
+//! What reads return: `Object` (key, metadata, value) and `Value`, the
+//! value's bytes as received, exported through the buffer protocol
+//! without a copy (`memoryview(v)`, `numpy.frombuffer(v, ...)`,
+//! `torch.frombuffer`); `bytes(v)` copies when a `bytes` is wanted.
+
+use bytes::Bytes;
+use pyo3::exceptions::PyBufferError;
+use pyo3::ffi;
+use pyo3::prelude::*;
+use pyo3::types::PyBytes;
+use std::os::raw::c_int;
+
+/// An object's value: read-only bytes, shared with the frame it arrived
+/// in. Supports the buffer protocol (no copy), `len()`, `bytes()`,
+/// comparison with bytes-like objects, and `decode()`.
+#[pyclass(module = "sluice", frozen)]
+pub struct Value {
+    pub(crate) bytes: Bytes,
+}
+
+#[pymethods]
+impl Value {
+    /// # Safety
+    /// Called by CPython with a valid `view`; fills it over this value's
+    /// bytes, which live as long as `self` (the view holds a reference).
+    unsafe fn __getbuffer__(
+        slf: Bound<'_, Self>,
+        view: *mut ffi::Py_buffer,
+        flags: c_int,
+    ) -> PyResult<()> {
+        if flags & ffi::PyBUF_WRITABLE == ffi::PyBUF_WRITABLE {
+            return Err(PyBufferError::new_err("a Sluice value is read-only"));
+        }
+        let b = &slf.get().bytes;
+        // SAFETY: `view` is valid (CPython's contract); the pointer and
+        // length describe `b`, which `slf` owns and the view keeps alive.
+        let r = unsafe {
+            ffi::PyBuffer_FillInfo(
+                view,
+                slf.as_ptr(),
+                b.as_ptr() as *mut std::ffi::c_void,
+                b.len() as ffi::Py_ssize_t,
+                1,
+                flags,
+            )
+        };
+        if r == 0 {
+            Ok(())
+        } else {
+            Err(PyErr::fetch(slf.py()))
+        }
+    }
+
+    fn __len__(&self) -> usize {
+        self.bytes.len()
+    }
+
+    /// A copy as `bytes`.
+    fn __bytes__<'py>(&self, py: Python<'py>) -> Bound<'py, PyBytes> {
+        PyBytes::new(py, &self.bytes)
+    }
+
+    /// A copy as `bytes` (as `memoryview.tobytes`).
+    fn tobytes<'py>(&self, py: Python<'py>) -> Bound<'py, PyBytes> {
+        PyBytes::new(py, &self.bytes)
+    }
+
+    /// The value decoded as text.
+    #[pyo3(signature = (encoding = "utf-8"))]
+    fn decode<'py>(&self, py: Python<'py>, encoding: &str) -> PyResult<Bound<'py, PyAny>> {
+        PyBytes::new(py, &self.bytes).call_method1("decode", (encoding,))
+    }
+
+    /// Where the bytes lie in memory (for checking that a view shares
+    /// them).
+    #[getter]
+    fn address(&self) -> usize {
+        self.bytes.as_ptr() as usize
+    }
+
+    fn __eq__(&self, other: &Bound<'_, PyAny>) -> bool {
+        if let Ok(v) = other.cast::<Value>() {
+            return v.get().bytes == self.bytes;
+        }
+        match pyo3::buffer::PyBuffer::<u8>::get(other) {
+            Ok(buf) => buf.to_vec(other.py()).is_ok_and(|v| v == self.bytes[..]),
+            Err(_) => false,
+        }
+    }
+
+    fn __hash__(&self) -> u64 {
+        use std::hash::{Hash, Hasher};
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        self.bytes.hash(&mut h);
+        h.finish()
+    }
+
+    fn __repr__(&self) -> String {
+        const SHOWN: usize = 32;
+        let head = &self.bytes[..self.bytes.len().min(SHOWN)];
+        let text: String = head.escape_ascii().to_string();
+        if self.bytes.len() > SHOWN {
+            format!("Value(b'{text}'... {} bytes)", self.bytes.len())
+        } else {
+            format!("Value(b'{text}')")
+        }
+    }
+}
+
+/// A stored object: key, version, timestamp, the versions before it,
+/// and its value (`Value`: no copy).
+#[pyclass(module = "sluice", frozen, get_all)]
+pub struct Object {
+    pub key: String,
+    /// Version number (per shard, dense).
+    pub version: u64,
+    /// When the version was written (µs since the epoch, node clock).
+    pub timestamp_us: u64,
+    /// The shard's version before this one.
+    pub previous_version: u64,
+    /// This key's version before this one (`None`: the first).
+    pub previous_version_by_key: Option<u64>,
+    /// Whether this version is a removal (history only).
+    pub removed: bool,
+    pub value: Py<Value>,
+}
+
+#[pymethods]
+impl Object {
+    fn __repr__(&self) -> String {
+        format!(
+            "Object(key={:?}, version={}, timestamp_us={}, value={})",
+            self.key,
+            self.version,
+            self.timestamp_us,
+            self.value.get().__repr__()
+        )
+    }
+
+    fn __len__(&self) -> usize {
+        self.value.get().bytes.len()
+    }
+}
+
+impl Object {
+    pub fn new(py: Python<'_>, o: sluice_types::Object) -> PyResult<Object> {
+        Ok(Object {
+            key: o.key.to_string(),
+            version: o.meta.version,
+            timestamp_us: o.meta.timestamp_us,
+            previous_version: o.meta.previous_version,
+            previous_version_by_key: (o.meta.previous_version_by_key != sluice_types::VERSION_NONE)
+                .then_some(o.meta.previous_version_by_key),
+            removed: o.meta.tombstone,
+            value: Py::new(py, Value { bytes: o.value })?,
+        })
+    }
+}
+
+/// What a put or remove returns: the version it made and its timestamp.
+#[pyclass(module = "sluice", frozen, get_all, skip_from_py_object)]
+#[derive(Clone)]
+pub struct PutResult {
+    pub version: u64,
+    pub timestamp_us: u64,
+}
+
+#[pymethods]
+impl PutResult {
+    fn __repr__(&self) -> String {
+        format!(
+            "PutResult(version={}, timestamp_us={})",
+            self.version, self.timestamp_us
+        )
+    }
+
+    /// `(version, timestamp_us)`, as Cascade's put returns.
+    fn __iter__(slf: PyRef<'_, Self>) -> PyResult<Py<PyAny>> {
+        let py = slf.py();
+        let t = (slf.version, slf.timestamp_us).into_pyobject(py)?;
+        Ok(t.try_iter()?.into_any().unbind())
+    }
+}
+
+impl From<sluice_types::PutResult> for PutResult {
+    fn from(r: sluice_types::PutResult) -> Self {
+        PutResult {
+            version: r.version,
+            timestamp_us: r.timestamp_us,
+        }
+    }
+}
+
+/// The bytes of any buffer (bytes, bytearray, memoryview, a NumPy
+/// array) or str (UTF-8), copied once into a frame-ready buffer.
+pub fn bytes_of(v: &Bound<'_, PyAny>) -> PyResult<Bytes> {
+    if let Ok(s) = v.cast::<pyo3::types::PyString>() {
+        return Ok(Bytes::copy_from_slice(s.to_str()?.as_bytes()));
+    }
+    if let Ok(b) = v.cast::<PyBytes>() {
+        return Ok(Bytes::copy_from_slice(b.as_bytes()));
+    }
+    if let Ok(val) = v.cast::<Value>() {
+        return Ok(val.get().bytes.clone());
+    }
+    // Any C-contiguous buffer, viewed as bytes whatever its item type.
+    let mut view = std::mem::MaybeUninit::<ffi::Py_buffer>::uninit();
+    // SAFETY: `view` is filled by PyObject_GetBuffer on success and
+    // released below; the bytes are copied while it is held.
+    unsafe {
+        if ffi::PyObject_GetBuffer(v.as_ptr(), view.as_mut_ptr(), ffi::PyBUF_C_CONTIGUOUS) != 0 {
+            return Err(pyo3::exceptions::PyTypeError::new_err(format!(
+                "a value must be bytes-like (bytes, bytearray, memoryview, a NumPy array) or str, not {}",
+                v.get_type().name()?
+            )));
+        }
+        let mut view = view.assume_init();
+        let out = Bytes::copy_from_slice(std::slice::from_raw_parts(
+            view.buf as *const u8,
+            view.len as usize,
+        ));
+        ffi::PyBuffer_Release(&mut view);
+        Ok(out)
+    }
+}

@@ -1,0 +1,165 @@
+//! Watches: a subscription's notifications, one at a time (blocking with
+//! the GIL released, waking for Ctrl-C), or into an asyncio future.
+
+use crate::runtime::{json_to_py, rt, run};
+use crate::value::Object;
+use pyo3::prelude::*;
+use sluice_client::NotificationKind;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// One notification: what happened (`kind`: `put`, `trigger_put`,
+/// `remove`, `notify`, or `lagged`), and the object. A `lagged`
+/// notification reports a loss: `dropped` notifications, and where and
+/// which versions in `lost`.
+#[pyclass(module = "sluice", frozen, get_all)]
+pub struct Notification {
+    pub kind: String,
+    pub object: Py<Object>,
+    /// `lagged` only: how many notifications were lost.
+    pub dropped: Option<u64>,
+    /// `lagged` only: where they were lost, and which versions.
+    pub lost: Option<Py<PyAny>>,
+}
+
+#[pymethods]
+impl Notification {
+    fn __repr__(&self, py: Python<'_>) -> String {
+        let o = self.object.bind(py).get();
+        format!(
+            "Notification(kind={:?}, key={:?}, version={})",
+            self.kind, o.key, o.version
+        )
+    }
+
+    /// Shortcuts to the object's fields.
+    #[getter]
+    fn key(&self, py: Python<'_>) -> String {
+        self.object.bind(py).get().key.clone()
+    }
+
+    #[getter]
+    fn value(&self, py: Python<'_>) -> Py<crate::value::Value> {
+        self.object.bind(py).get().value.clone_ref(py)
+    }
+
+    #[getter]
+    fn version(&self, py: Python<'_>) -> u64 {
+        self.object.bind(py).get().version
+    }
+}
+
+fn notification(py: Python<'_>, n: Option<sluice_client::Notification>) -> PyResult<Py<PyAny>> {
+    let Some(n) = n else {
+        return Ok(py.None());
+    };
+    let kind = serde_json::to_value(n.kind)
+        .ok()
+        .and_then(|v| v.as_str().map(str::to_string))
+        .unwrap_or_else(|| "unknown".into());
+    let (dropped, lost) = if n.kind == NotificationKind::Lagged {
+        let lost: serde_json::Value =
+            serde_json::from_slice(&n.object.value).unwrap_or(serde_json::Value::Null);
+        (Some(n.object.meta.version), Some(json_to_py(py, &lost)?))
+    } else {
+        (None, None)
+    };
+    let object = Py::new(py, Object::new(py, n.object)?)?;
+    Ok(Py::new(
+        py,
+        Notification {
+            kind,
+            object,
+            dropped,
+            lost,
+        },
+    )?
+    .into_any())
+}
+
+/// A subscription (see `sluice.Client.watch`). Closing it (or dropping
+/// it) ends the subscription on the node.
+#[pyclass(module = "sluice._sluice", frozen)]
+pub struct Watch {
+    inner: Arc<tokio::sync::Mutex<Option<sluice_client::Watch>>>,
+}
+
+impl Watch {
+    pub fn new(w: sluice_client::Watch) -> Watch {
+        Watch {
+            inner: Arc::new(tokio::sync::Mutex::new(Some(w))),
+        }
+    }
+}
+
+async fn next(
+    inner: Arc<tokio::sync::Mutex<Option<sluice_client::Watch>>>,
+    wait: Option<Duration>,
+) -> sluice_types::Result<Option<sluice_client::Notification>> {
+    let mut g = inner.lock().await;
+    let Some(w) = g.as_mut() else {
+        return Ok(None);
+    };
+    match wait {
+        None => Ok(w.next().await),
+        Some(t) => Ok(tokio::time::timeout(t, w.next()).await.unwrap_or(None)),
+    }
+}
+
+#[pymethods]
+impl Watch {
+    /// The next notification; `None` when the subscription ended (closed,
+    /// or the connection lost), or when `timeout_s` passed first.
+    #[pyo3(signature = (timeout_s = None, *, future = None))]
+    fn next(
+        &self,
+        py: Python<'_>,
+        timeout_s: Option<f64>,
+        future: Option<Py<PyAny>>,
+    ) -> PyResult<Py<PyAny>> {
+        let wait = timeout_s.map(|s| Duration::from_secs_f64(s.max(0.0)));
+        if future.is_some() {
+            return run(py, future, next(self.inner.clone(), wait), notification);
+        }
+        // Blocking: wake every 100 ms for signals (Ctrl-C).
+        let deadline = wait.map(|w| Instant::now() + w);
+        loop {
+            let slice = match deadline {
+                Some(d) => d
+                    .saturating_duration_since(Instant::now())
+                    .min(Duration::from_millis(100)),
+                None => Duration::from_millis(100),
+            };
+            let inner = self.inner.clone();
+            let got = py.detach(|| {
+                rt().block_on(async move {
+                    let mut g = inner.lock().await;
+                    let Some(w) = g.as_mut() else {
+                        return Some(None);
+                    };
+                    tokio::time::timeout(slice, w.next()).await.ok()
+                })
+            });
+            match got {
+                Some(n) => return notification(py, n),
+                None if deadline.is_some_and(|d| Instant::now() >= d) => return Ok(py.None()),
+                None => py.check_signals()?,
+            }
+        }
+    }
+
+    /// Ends the subscription on the node.
+    fn close(&self, py: Python<'_>) -> PyResult<()> {
+        let inner = self.inner.clone();
+        py.detach(|| {
+            rt().block_on(async move {
+                let w = inner.lock().await.take();
+                match w {
+                    Some(w) => w.cancel().await,
+                    None => Ok(()),
+                }
+            })
+        })
+        .map_err(crate::errors::to_py)
+    }
+}

@@ -1,0 +1,82 @@
+"""Fixtures: real `sluice serve` processes on 127.0.0.1 (a free port each),
+found at $SLUICE_BIN or in the workspace's target directory."""
+
+import os
+import re
+import shutil
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[3]
+
+
+def sluice_bin() -> str:
+    env = os.environ.get("SLUICE_BIN")
+    if env:
+        return env
+    for profile in ("debug", "release"):
+        p = ROOT / "target" / profile / "sluice"
+        if p.exists():
+            return str(p)
+    subprocess.run(["cargo", "build", "-q", "-p", "sluice-cli"], cwd=ROOT, check=True)
+    return str(ROOT / "target" / "debug" / "sluice")
+
+
+class Node:
+    """One `sluice serve` process; `addr` once it listens."""
+
+    def __init__(self, data_dir: Path, extra=()):
+        self.data_dir = data_dir
+        self.proc = subprocess.Popen(
+            [sluice_bin(), "serve", "--listen", "127.0.0.1:0", "--data-dir", str(data_dir), *extra],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            env={**os.environ, "RUST_LOG": os.environ.get("RUST_LOG", "warn")},
+        )
+        self.addr = None
+        seen = []
+        deadline = time.monotonic() + 30
+        # The node prints one line when it listens (a condition, not a sleep).
+        while time.monotonic() < deadline:
+            line = self.proc.stdout.readline()
+            if not line:
+                break
+            seen.append(line)
+            m = re.search(r"listening on (\S+)", line)
+            if m:
+                self.addr = m.group(1)
+                break
+        if self.addr is None:
+            self.proc.kill()
+            raise RuntimeError("sluice serve did not start:\n" + "".join(seen))
+
+    def stop(self):
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
+@pytest.fixture(scope="session")
+def node():
+    d = Path(tempfile.mkdtemp(prefix="sluice-py-"))
+    n = Node(d)
+    yield n
+    n.stop()
+    shutil.rmtree(d, ignore_errors=True)
+
+
+@pytest.fixture
+def client(node):
+    import sluice
+
+    with sluice.Client(node.addr) as c:
+        yield c

@@ -1,0 +1,159 @@
+"""The blocking client against a real node: the Cascade-named API, values
+without copies, every error as its class, watch."""
+
+import sys
+import threading
+import time
+import uuid
+
+import pytest
+
+import sluice
+
+
+def key(prefix="/vol/py"):
+    return f"{prefix}/{uuid.uuid4().hex}"
+
+
+def test_put_get_remove_and_versions(client):
+    k = key()
+    r1 = client.put(k, b"one")
+    r2 = client.put(k, "two")
+    assert r2.version > r1.version and r2.timestamp_us >= r1.timestamp_us
+    version, ts = r2  # unpacks as Cascade's (version, timestamp)
+    assert (version, ts) == (r2.version, r2.timestamp_us)
+    o = client.get(k)
+    assert o.key == k and o.version == r2.version and o.value == b"two"
+    assert o.previous_version_by_key == r1.version
+    assert bytes(o.value) == b"two" and o.value.decode() == "two"
+    assert client.get_size(k) == 3
+    rm = client.remove(k)
+    assert rm.version > r2.version
+    with pytest.raises(sluice.NotFound) as e:
+        client.get(k)
+    assert k in str(e.value) and e.value.kind == "not_found" and e.value.details["key"] == k
+
+
+def test_puts_accept_any_buffer(client):
+    np = pytest.importorskip("numpy")
+    k = key()
+    for v, want in [
+        (b"bytes", b"bytes"),
+        (bytearray(b"arr"), b"arr"),
+        (memoryview(b"view"), b"view"),
+        ("text é", "text é".encode()),
+        (np.arange(4, dtype=np.uint16), np.arange(4, dtype=np.uint16).tobytes()),
+    ]:
+        client.put(k, v)
+        assert client.get(k).value.tobytes() == want
+    with pytest.raises(TypeError, match="bytes-like"):
+        client.put(k, 42)
+
+
+def test_values_are_shared_not_copied(client):
+    np = pytest.importorskip("numpy")
+    k = key()
+    payload = np.random.default_rng(1).integers(0, 255, 1 << 20, dtype=np.uint8)
+    client.put(k, payload)
+    v = client.get(k).value
+    before = sys.getrefcount(v)
+    a = np.frombuffer(v, dtype=np.uint8)
+    b = np.frombuffer(v, dtype=np.uint8)
+    # Both arrays point at the bytes the value holds: no copy was made.
+    assert a.ctypes.data == v.address == b.ctypes.data
+    assert memoryview(v).readonly and len(memoryview(v)) == len(v) == 1 << 20
+    # Each array keeps the value alive through its buffer export.
+    assert sys.getrefcount(v) == before + 2
+    assert np.array_equal(a, payload)
+    with pytest.raises(ValueError):
+        a[0] = 1  # read-only
+
+
+def test_conditional_writes_raise_version_conflict(client):
+    k = key()
+    r = client.put(k, b"a", previous_version=sluice.NO_VERSION)
+    with pytest.raises(sluice.VersionConflict) as e:
+        client.put(k, b"b", previous_version=sluice.NO_VERSION)
+    assert isinstance(e.value, sluice.SluiceError)
+    client.put(k, b"c", previous_version=r.version)
+
+
+def test_error_classes_carry_the_cli_message(client):
+    with pytest.raises(sluice.NoPool) as e:
+        client.put("/nowhere/x", b"v")
+    assert "/nowhere/x" in str(e.value)
+    with pytest.raises(sluice.InvalidKey):
+        client.put("no-slash", b"v")
+    with pytest.raises(sluice.PoolNotFound):
+        client.get_object_pool("/missing-pool")
+    with pytest.raises(sluice.ValueTooLarge):
+        client.put(key(), b"x" * (client._c.max_value_bytes + 1))
+    with pytest.raises(sluice.DfgNotFound):
+        client.dfg_remove("no-such-graph")
+    # Every kind is a class under SluiceError.
+    for name in ["NotFound", "VersionConflict", "NoPool", "Timeout", "ConnectionError", "NotLeader"]:
+        assert issubclass(getattr(sluice, name), sluice.SluiceError)
+
+
+def test_connection_error_is_typed():
+    with pytest.raises(sluice.ConnectionError):
+        sluice.Client("127.0.0.1:1", connect_timeout=0.5)
+
+
+def test_pools_multi_get_list_and_trigger(client):
+    pool = f"/py-{uuid.uuid4().hex[:8]}"
+    meta = client.create_object_pool(pool, "volatile")
+    assert meta["pathname"] == pool and meta["pool_type"] == "volatile"
+    assert pool in [p["pathname"] for p in client.list_object_pools()]
+    with pytest.raises(sluice.PoolExists):
+        client.create_object_pool(pool)
+    client.put(f"{pool}/a", b"1")
+    client.put(f"{pool}/b", b"2")
+    assert client.list_keys_in_object_pool(pool) == [f"{pool}/a", f"{pool}/b"]
+    got = client.multi_get([f"{pool}/a", f"{pool}/missing", f"{pool}/b"])
+    assert [None if o is None else o.value.tobytes() for o in got] == [b"1", None, b"2"]
+    assert client.get_object_pool(pool)["pathname"] == pool
+    assert client.remove_object_pool(pool)["deleted"] is True
+    ts = client.trigger_put("/trig/x", b"t")
+    assert ts > 0
+
+
+def test_watch_iterator_and_callback(client):
+    prefix = key()
+    with client.watch(prefix) as w:
+        client.put(prefix + "/a", b"1")
+        n = w.next(timeout=10)
+        assert n is not None and n.kind == "put" and n.key == prefix + "/a" and n.value == b"1"
+        assert w.next(timeout=0.05) is None  # nothing more came
+    got = []
+    done = threading.Event()
+
+    def on(n):
+        got.append(n.key)
+        if len(got) == 2:
+            done.set()
+
+    w = client.watch(prefix, callback=on)
+    client.put(prefix + "/b", b"2")
+    client.remove(prefix + "/b")
+    assert done.wait(10)
+    assert got == [prefix + "/b", prefix + "/b"]
+    w.close()
+
+
+def test_persistent_pools_keep_versions_for_time_reads_and_history(client):
+    pool = f"/pers-{uuid.uuid4().hex[:8]}"
+    client.create_object_pool(pool, "persistent")
+    k = f"{pool}/k"
+    r1 = client.put(k, b"old")
+    r2 = client.put(k, b"new")
+    t = (r1.timestamp_us + r2.timestamp_us) // 2
+    # A stable read of a past time never changes.
+    assert client.get(k, timestamp_us=t).value == b"old"
+    assert client.get(k, timestamp=t / 1e6, stable=False).value == b"old"
+    assert client.get(k, version=r1.version).value == b"old"
+    client.remove(k)
+    h = client.history(k)
+    assert [(o.value.tobytes(), o.removed) for o in h] == [(b"", True), (b"new", False), (b"old", False)]
+    with pytest.raises(ValueError, match="not both"):
+        client.get(k, timestamp=1.0, timestamp_us=1)
