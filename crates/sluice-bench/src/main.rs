@@ -56,6 +56,62 @@ pub enum BenchWhat {
     /// Replicated shards of 1, 3 and 5 nodes (real processes) next to
     /// redis-server with two replicas and WAIT 2, and failover time.
     Cluster(cluster::ClusterBenchArgs),
+    /// The Python client next to the Rust client (get latency, asyncio put
+    /// throughput), one node, one run: runs `python -m sluice.bench`.
+    Python(PythonBenchArgs),
+}
+
+#[derive(clap::Args)]
+pub struct PythonBenchArgs {
+    /// The Python with the `sluice` package installed (`pip install
+    /// ./crates/sluice-py`); default $SLUICE_PYTHON, else python3.
+    #[arg(long)]
+    pub python: Option<String>,
+    /// Benchmark this running node instead of starting one.
+    #[arg(long)]
+    pub server: Option<String>,
+    /// Gets per client.
+    #[arg(long, default_value_t = 20000)]
+    pub gets: usize,
+    /// Seconds of puts per client.
+    #[arg(long, default_value_t = 3.0)]
+    pub seconds: f64,
+}
+
+/// `sluice bench python`: a node, then the Python side's own benchmark
+/// (it measures the Rust client from the same process).
+fn python_bench(a: PythonBenchArgs, json: bool) -> Result<()> {
+    let node = match &a.server {
+        Some(_) => None,
+        None => Some(harness::ChildNode::start(&[])?),
+    };
+    let addr = a
+        .server
+        .clone()
+        .or_else(|| node.as_ref().map(|n| n.addr.clone()))
+        .unwrap_or_default();
+    let python = a
+        .python
+        .or_else(|| std::env::var("SLUICE_PYTHON").ok())
+        .unwrap_or_else(|| "python3".into());
+    let mut cmd = std::process::Command::new(&python);
+    cmd.args(["-m", "sluice.bench", "--addr", &addr]).args([
+        "--gets",
+        &a.gets.to_string(),
+        "--seconds",
+        &a.seconds.to_string(),
+    ]);
+    if json {
+        cmd.arg("--json");
+    }
+    let status = cmd
+        .status()
+        .map_err(|e| anyhow::anyhow!("running {python}: {e}"))?;
+    anyhow::ensure!(
+        status.success(),
+        "{python} -m sluice.bench failed ({status}); is the package installed in that Python (`pip install ./crates/sluice-py`)?"
+    );
+    Ok(())
 }
 
 #[derive(clap::Args, Clone)]
@@ -165,6 +221,7 @@ pub fn run(a: BenchArgs, json: bool) -> Result<()> {
         Some(BenchWhat::Persistent(p)) => single::persistent_bench(p, json),
         Some(BenchWhat::Cluster(c)) => cluster::run(c, json),
         Some(BenchWhat::Core(c)) => single::core(c, json),
+        Some(BenchWhat::Python(p)) => python_bench(p, json),
         None => single::core(a.core, json),
     }
 }

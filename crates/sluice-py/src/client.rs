@@ -3,18 +3,20 @@
 //! asyncio `future` (what `sluice.AsyncClient` passes), returns at once
 //! and completes the future on its loop.
 
-use crate::runtime::{json_to_py, run};
+use crate::runtime::{json_to_py, run, Completions, Mode};
 use crate::value::{bytes_of, Object, PutResult};
 use crate::watch::Watch;
 use pyo3::prelude::*;
 use pyo3::types::PyList;
 use sluice_client::{ClientConfig, PoolSpec, PoolType, Retention, SluiceError};
+use std::sync::Arc;
 use std::time::Duration;
 
 /// A connection to a Sluice node or cluster (see `sluice.Client`).
 #[pyclass(module = "sluice._sluice", frozen)]
 pub struct Client {
     inner: sluice_client::Client,
+    completions: Arc<Completions>,
 }
 
 fn object(py: Python<'_>, o: sluice_types::Object) -> PyResult<Py<PyAny>> {
@@ -80,7 +82,10 @@ impl Client {
         let inner = py
             .detach(|| crate::runtime::rt().block_on(sluice_client::Client::connect_with(cfg)))
             .map_err(crate::errors::to_py)?;
-        Ok(Client { inner })
+        let completions = Arc::new(Completions::new().map_err(|e| {
+            pyo3::exceptions::PyOSError::new_err(format!("creating the client's eventfd: {e}"))
+        })?);
+        Ok(Client { inner, completions })
     }
 
     #[pyo3(signature = (key, value, *, previous_version = None, future = None))]
@@ -96,7 +101,7 @@ impl Client {
         let c = self.inner.clone();
         run(
             py,
-            future,
+            Mode::of(&self.completions, future),
             async move {
                 match previous_version {
                     Some(e) => c.put_if_version(&key, v, e).await,
@@ -119,7 +124,7 @@ impl Client {
         let c = self.inner.clone();
         run(
             py,
-            future,
+            Mode::of(&self.completions, future),
             async move { c.put_and_forget(&key, v).await },
             none,
         )
@@ -135,7 +140,12 @@ impl Client {
     ) -> PyResult<Py<PyAny>> {
         let v = bytes_of(value)?;
         let c = self.inner.clone();
-        run(py, future, async move { c.trigger_put(&key, v).await }, int)
+        run(
+            py,
+            Mode::of(&self.completions, future),
+            async move { c.trigger_put(&key, v).await },
+            int,
+        )
     }
 
     #[pyo3(signature = (key, *, previous_version = None, future = None))]
@@ -149,7 +159,7 @@ impl Client {
         let c = self.inner.clone();
         run(
             py,
-            future,
+            Mode::of(&self.completions, future),
             async move {
                 match previous_version {
                     Some(e) => c.remove_if_version(&key, e).await,
@@ -175,7 +185,7 @@ impl Client {
         let c = self.inner.clone();
         run(
             py,
-            future,
+            Mode::of(&self.completions, future),
             async move {
                 match (version, timestamp_us) {
                     (Some(v), _) => c.get_version(&key, v).await,
@@ -201,7 +211,7 @@ impl Client {
         let c = self.inner.clone();
         run(
             py,
-            future,
+            Mode::of(&self.completions, future),
             async move { c.get_size(&key, version, timestamp_us).await },
             int,
         )
@@ -219,7 +229,7 @@ impl Client {
         let c = self.inner.clone();
         run(
             py,
-            future,
+            Mode::of(&self.completions, future),
             async move {
                 let refs: Vec<&str> = keys.iter().map(String::as_str).collect();
                 c.multi_get(&refs)
@@ -258,7 +268,7 @@ impl Client {
         let c = self.inner.clone();
         run(
             py,
-            future,
+            Mode::of(&self.completions, future),
             async move {
                 let prefix = prefix.as_deref();
                 match (version, timestamp_us) {
@@ -286,7 +296,7 @@ impl Client {
         let c = self.inner.clone();
         run(
             py,
-            future,
+            Mode::of(&self.completions, future),
             async move { c.history(&key, by_time, start, end, 256).await },
             |py, objects| {
                 let l = PyList::empty(py);
@@ -328,7 +338,7 @@ impl Client {
         let c = self.inner.clone();
         run(
             py,
-            future,
+            Mode::of(&self.completions, future),
             async move { serialized(c.create_pool(spec).await?) },
             json,
         )
@@ -344,7 +354,7 @@ impl Client {
         let c = self.inner.clone();
         run(
             py,
-            future,
+            Mode::of(&self.completions, future),
             async move { serialized(c.list_pools(include_deleted).await?) },
             json,
         )
@@ -360,7 +370,7 @@ impl Client {
         let c = self.inner.clone();
         run(
             py,
-            future,
+            Mode::of(&self.completions, future),
             async move { serialized(c.get_pool(&pathname).await?) },
             json,
         )
@@ -376,7 +386,7 @@ impl Client {
         let c = self.inner.clone();
         run(
             py,
-            future,
+            Mode::of(&self.completions, future),
             async move { serialized(c.remove_pool(&pathname).await?) },
             json,
         )
@@ -392,7 +402,7 @@ impl Client {
         let c = self.inner.clone();
         run(
             py,
-            future,
+            Mode::of(&self.completions, future),
             async move { serialized(c.purge_pool(&pathname).await?) },
             json,
         )
@@ -422,16 +432,19 @@ impl Client {
                 })
             })
             .map_err(crate::errors::to_py)?;
-        Ok(Watch::new(w))
+        Ok(Watch::new(w, self.completions.clone()))
     }
 
     /// The round trip to the home node, in seconds.
     #[pyo3(signature = (*, future = None))]
     fn ping(&self, py: Python<'_>, future: Option<Py<PyAny>>) -> PyResult<Py<PyAny>> {
         let c = self.inner.clone();
-        run(py, future, async move { c.ping().await }, |py, d| {
-            Ok(d.as_secs_f64().into_pyobject(py)?.into_any().unbind())
-        })
+        run(
+            py,
+            Mode::of(&self.completions, future),
+            async move { c.ping().await },
+            |py, d| Ok(d.as_secs_f64().into_pyobject(py)?.into_any().unbind()),
+        )
     }
 
     /// Applies data flow graphs (a `dfgs.json` document).
@@ -443,13 +456,23 @@ impl Client {
         future: Option<Py<PyAny>>,
     ) -> PyResult<Py<PyAny>> {
         let c = self.inner.clone();
-        run(py, future, async move { c.dfg_apply(&text).await }, json)
+        run(
+            py,
+            Mode::of(&self.completions, future),
+            async move { c.dfg_apply(&text).await },
+            json,
+        )
     }
 
     #[pyo3(signature = (*, future = None))]
     fn dfg_list(&self, py: Python<'_>, future: Option<Py<PyAny>>) -> PyResult<Py<PyAny>> {
         let c = self.inner.clone();
-        run(py, future, async move { c.dfg_list().await }, json)
+        run(
+            py,
+            Mode::of(&self.completions, future),
+            async move { c.dfg_list().await },
+            json,
+        )
     }
 
     #[pyo3(signature = (id, *, future = None))]
@@ -460,14 +483,35 @@ impl Client {
         future: Option<Py<PyAny>>,
     ) -> PyResult<Py<PyAny>> {
         let c = self.inner.clone();
-        run(py, future, async move { c.dfg_remove(&id).await }, none)
+        run(
+            py,
+            Mode::of(&self.completions, future),
+            async move { c.dfg_remove(&id).await },
+            none,
+        )
     }
 
     /// The node's counters.
     #[pyo3(signature = (*, future = None))]
     fn stats(&self, py: Python<'_>, future: Option<Py<PyAny>>) -> PyResult<Py<PyAny>> {
         let c = self.inner.clone();
-        run(py, future, async move { c.stats().await }, json)
+        run(
+            py,
+            Mode::of(&self.completions, future),
+            async move { c.stats().await },
+            json,
+        )
+    }
+
+    /// The eventfd that is readable when asynchronous calls finished (the
+    /// event loop watches it and then calls `_drain`).
+    fn _completion_fd(&self) -> i32 {
+        self.completions.fd()
+    }
+
+    /// The asynchronous calls finished so far: `(future, ok, value)`.
+    fn _drain(&self, py: Python<'_>) -> PyResult<Vec<(Py<PyAny>, bool, Py<PyAny>)>> {
+        self.completions.drain(py)
     }
 
     /// The home node's id, and the cluster's metadata epoch (`None`:

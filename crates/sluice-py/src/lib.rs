@@ -6,10 +6,12 @@
 //! Modules: `runtime` (the tokio runtime; running a Rust future for a
 //! blocking call or an asyncio future), `errors` (exception classes),
 //! `value` (`Value`: zero-copy buffers; `Object`, `PutResult`), `client`
-//! (`Client`), `watch` (`Watch`, `Notification`).
+//! (`Client`), `watch` (`Watch`, `Notification`), `bench` (the Rust client measured
+//! beside the Python one).
 
 use pyo3::prelude::*;
 
+mod bench;
 mod client;
 mod errors;
 mod runtime;
@@ -24,7 +26,8 @@ fn _sluice(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<value::PutResult>()?;
     m.add_class::<watch::Watch>()?;
     m.add_class::<watch::Notification>()?;
-    m.add_function(wrap_pyfunction!(runtime::_set_resolver, m)?)?;
+    m.add_function(wrap_pyfunction!(bench::_rust_get_latencies, m)?)?;
+    m.add_function(wrap_pyfunction!(bench::_rust_put_throughput, m)?)?;
     errors::register(m)?;
     m.add("NO_VERSION", sluice_types::VERSION_NONE)?;
     Ok(())

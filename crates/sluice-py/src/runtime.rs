@@ -1,16 +1,15 @@
 //! The extension's tokio runtime, and the one place a Rust future meets
 //! Python: awaited with the GIL released (blocking calls), or spawned and
-//! its result handed to an asyncio future on that future's event loop.
+//! its result queued for the asyncio event loop (`Completions`).
 
 use crate::errors;
+use parking_lot::Mutex;
 use pyo3::prelude::*;
 use std::future::Future;
-use std::sync::OnceLock;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::sync::{Arc, OnceLock};
 
 static RUNTIME: OnceLock<tokio::runtime::Runtime> = OnceLock::new();
-/// `sluice._resolve(future, ok, value)`: sets an asyncio future's result
-/// or exception unless it was cancelled (set by the package at import).
-static RESOLVER: OnceLock<Py<PyAny>> = OnceLock::new();
 
 pub fn rt() -> &'static tokio::runtime::Runtime {
     RUNTIME.get_or_init(|| {
@@ -23,22 +22,94 @@ pub fn rt() -> &'static tokio::runtime::Runtime {
     })
 }
 
-/// Registers the function that completes asyncio futures.
-#[pyfunction]
-pub fn _set_resolver(f: Py<PyAny>) {
-    let _ = RESOLVER.set(f);
-}
-
 /// Converts a Rust result to its Python value (with the GIL held).
 pub type Convert<T> = fn(Python<'_>, T) -> PyResult<Py<PyAny>>;
 
-/// Runs `work`: with `future` absent, to completion with the GIL released
-/// (other Python threads run meanwhile) and returns its value; with an
-/// asyncio `future`, on the runtime, returning `None` at once and
-/// completing the future on its loop when done.
+/// A finished asynchronous call, waiting for the event loop to take it:
+/// its asyncio future, and how to make its result (on the loop's thread).
+type Done = Box<dyn FnOnce(Python<'_>) -> PyResult<Py<PyAny>> + Send>;
+
+/// Finished asynchronous calls of one client. The runtime's threads never
+/// take the GIL: they queue what finished and, when the queue was empty,
+/// signal an eventfd that the event loop watches (`loop.add_reader`); the
+/// loop then takes everything queued at once (`Client._drain`), so a
+/// burst of completions costs one wakeup, and the only thread that
+/// touches Python objects is the loop's.
+pub struct Completions {
+    queue: Mutex<Vec<(Py<PyAny>, Done)>>,
+    fd: OwnedFd,
+}
+
+impl Completions {
+    pub fn new() -> std::io::Result<Completions> {
+        // SAFETY: eventfd returns a new descriptor or -1.
+        let fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
+        if fd < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        Ok(Completions {
+            queue: Mutex::new(Vec::new()),
+            // SAFETY: a fresh descriptor owned here.
+            fd: unsafe { OwnedFd::from_raw_fd(fd) },
+        })
+    }
+
+    pub fn fd(&self) -> i32 {
+        self.fd.as_raw_fd()
+    }
+
+    fn push(&self, future: Py<PyAny>, done: Done) {
+        let was_empty = {
+            let mut q = self.queue.lock();
+            q.push((future, done));
+            q.len() == 1
+        };
+        if was_empty {
+            let one: u64 = 1;
+            // SAFETY: 8 bytes from a valid u64 to an eventfd.
+            unsafe { libc::write(self.fd.as_raw_fd(), (&one as *const u64).cast(), 8) };
+        }
+    }
+
+    /// Everything finished so far: `(future, ok, value)` for each (the
+    /// value is the exception when not ok). Resets the eventfd.
+    pub fn drain(&self, py: Python<'_>) -> PyResult<Vec<(Py<PyAny>, bool, Py<PyAny>)>> {
+        let mut v: u64 = 0;
+        // SAFETY: reading 8 bytes into a u64 from a non-blocking eventfd.
+        unsafe { libc::read(self.fd.as_raw_fd(), (&mut v as *mut u64).cast(), 8) };
+        let items = std::mem::take(&mut *self.queue.lock());
+        Ok(items
+            .into_iter()
+            .map(|(fut, done)| match done(py) {
+                Ok(v) => (fut, true, v),
+                Err(e) => (fut, false, e.into_value(py).into_any()),
+            })
+            .collect())
+    }
+}
+
+/// How a call returns: blocking, or into an asyncio future.
+pub enum Mode<'a> {
+    Blocking,
+    Async(&'a Arc<Completions>, Py<PyAny>),
+}
+
+impl<'a> Mode<'a> {
+    pub fn of(completions: &'a Arc<Completions>, future: Option<Py<PyAny>>) -> Mode<'a> {
+        match future {
+            Some(f) => Mode::Async(completions, f),
+            None => Mode::Blocking,
+        }
+    }
+}
+
+/// Runs `work`: blocking, to completion with the GIL released (other
+/// Python threads run meanwhile), returning its value; asynchronously, on
+/// the runtime, returning `None` at once, its result queued for the
+/// event loop (see `Completions`).
 pub fn run<T, F>(
     py: Python<'_>,
-    future: Option<Py<PyAny>>,
+    mode: Mode<'_>,
     work: F,
     convert: Convert<T>,
 ) -> PyResult<Py<PyAny>>
@@ -46,41 +117,21 @@ where
     F: Future<Output = sluice_types::Result<T>> + Send + 'static,
     T: Send + 'static,
 {
-    match future {
-        None => match py.detach(|| rt().block_on(work)) {
+    match mode {
+        Mode::Blocking => match py.detach(|| rt().block_on(work)) {
             Ok(v) => convert(py, v),
             Err(e) => Err(errors::to_py(e)),
         },
-        Some(fut) => {
+        Mode::Async(completions, fut) => {
+            let completions = completions.clone();
             rt().spawn(async move {
                 let r = work.await;
-                Python::attach(|py| {
-                    let outcome = r.map_err(errors::to_py).and_then(|v| convert(py, v));
-                    resolve(py, fut, outcome);
-                });
+                completions.push(
+                    fut,
+                    Box::new(move |py| r.map_err(errors::to_py).and_then(|v| convert(py, v))),
+                );
             });
             Ok(py.None())
-        }
-    }
-}
-
-/// Completes an asyncio future from any thread, on its own loop.
-fn resolve(py: Python<'_>, fut: Py<PyAny>, outcome: PyResult<Py<PyAny>>) {
-    let Some(resolver) = RESOLVER.get() else {
-        return;
-    };
-    let (ok, value) = match outcome {
-        Ok(v) => (true, v),
-        Err(e) => (false, e.into_value(py).into_any()),
-    };
-    let fut = fut.bind(py);
-    let done = fut
-        .call_method0("get_loop")
-        .and_then(|lp| lp.call_method1("call_soon_threadsafe", (resolver, fut, ok, value)));
-    // A closed loop: nobody waits for the answer any more.
-    if let Err(e) = done {
-        if !e.is_instance_of::<pyo3::exceptions::PyRuntimeError>(py) {
-            e.print(py);
         }
     }
 }

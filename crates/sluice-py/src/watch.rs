@@ -1,7 +1,7 @@
 //! Watches: a subscription's notifications, one at a time (blocking with
 //! the GIL released, waking for Ctrl-C), or into an asyncio future.
 
-use crate::runtime::{json_to_py, rt, run};
+use crate::runtime::{json_to_py, rt, run, Completions, Mode};
 use crate::value::Object;
 use pyo3::prelude::*;
 use sluice_client::NotificationKind;
@@ -82,12 +82,14 @@ fn notification(py: Python<'_>, n: Option<sluice_client::Notification>) -> PyRes
 #[pyclass(module = "sluice._sluice", frozen)]
 pub struct Watch {
     inner: Arc<tokio::sync::Mutex<Option<sluice_client::Watch>>>,
+    completions: Arc<Completions>,
 }
 
 impl Watch {
-    pub fn new(w: sluice_client::Watch) -> Watch {
+    pub fn new(w: sluice_client::Watch, completions: Arc<Completions>) -> Watch {
         Watch {
             inner: Arc::new(tokio::sync::Mutex::new(Some(w))),
+            completions,
         }
     }
 }
@@ -119,7 +121,12 @@ impl Watch {
     ) -> PyResult<Py<PyAny>> {
         let wait = timeout_s.map(|s| Duration::from_secs_f64(s.max(0.0)));
         if future.is_some() {
-            return run(py, future, next(self.inner.clone(), wait), notification);
+            return run(
+                py,
+                Mode::of(&self.completions, future),
+                next(self.inner.clone(), wait),
+                notification,
+            );
         }
         // Blocking: wake every 100 ms for signals (Ctrl-C).
         let deadline = wait.map(|w| Instant::now() + w);

@@ -58,19 +58,6 @@ __all__ = [
 ]
 
 
-def _resolve(future: "asyncio.Future[Any]", ok: bool, value: Any) -> None:
-    # Runs on the future's loop (call_soon_threadsafe from the runtime).
-    if future.cancelled():
-        return
-    if ok:
-        future.set_result(value)
-    else:
-        future.set_exception(value)
-
-
-_sluice._set_resolver(_resolve)
-
-
 def default_address() -> str:
     """Where to connect when no address is given, as the CLI decides:
     ``$SLUICE_ADDR``, else the nodes ``sluice dev`` listed in
@@ -397,16 +384,32 @@ class AsyncClient:
             obj = await c.get("/vol/a")
     """
 
-    def __init__(self, blocking: Client) -> None:
+    def __init__(self, blocking: Client, loop: asyncio.AbstractEventLoop) -> None:
         self._blocking = blocking
         self._c = blocking._c
+        # Finished calls are queued by the native side; the loop is woken
+        # through an eventfd and takes them all at once (no thread but the
+        # loop's touches a future).
+        self._loop = loop
+        self._fd = self._c._completion_fd()
+        loop.add_reader(self._fd, self._drain)
+
+    def _drain(self) -> None:
+        for fut, ok, value in self._c._drain():
+            if fut.cancelled():
+                continue
+            if ok:
+                fut.set_result(value)
+            else:
+                fut.set_exception(value)
 
     @classmethod
     async def connect(cls, addr: Optional[str] = None, **kwargs: Any) -> "AsyncClient":
-        """Connects without blocking the event loop."""
+        """Connects without blocking the event loop. The client belongs to
+        the running loop (use it from coroutines on that loop)."""
         loop = asyncio.get_running_loop()
         c = await loop.run_in_executor(None, lambda: Client(addr, **kwargs))
-        return cls(c)
+        return cls(c, loop)
 
     async def __aenter__(self) -> "AsyncClient":
         return self
@@ -415,8 +418,11 @@ class AsyncClient:
         self.close()
 
     def close(self) -> None:
-        self._blocking.close()
-        self._c = None
+        if self._c is not None:
+            if not self._loop.is_closed():
+                self._loop.remove_reader(self._fd)
+            self._blocking.close()
+            self._c = None
 
     @property
     def node_id(self) -> int:

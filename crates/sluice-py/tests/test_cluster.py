@@ -1,0 +1,131 @@
+"""The Python client against a 3-node cluster of real processes: writes
+follow the leader when it is killed, reads stay stable, nothing
+acknowledged is lost."""
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+import sluice
+from conftest import sluice_bin
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_for(what, cond, timeout=30.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if cond():
+                return
+        except (sluice.SluiceError, subprocess.CalledProcessError):
+            pass
+        time.sleep(0.05)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+class Cluster:
+    def __init__(self, n=3):
+        self.dir = Path(tempfile.mkdtemp(prefix="sluice-py-cluster-"))
+        self.addrs = [f"127.0.0.1:{free_port()}" for _ in range(n)]
+        members = ", ".join(str(i) for i in range(n))
+        layout = "version = 1\n"
+        for i, a in enumerate(self.addrs):
+            layout += f'\n[[nodes]]\nid = {i}\naddress = "{a}"\n'
+        layout += f"\n[[subgroups.volatile]]\nshards = [[{members}]]\n"
+        layout += f"\n[[subgroups.trigger]]\nshards = [[{members}]]\n"
+        self.layout = self.dir / "layout.toml"
+        self.layout.write_text(layout)
+        self.procs = {}
+        for i in range(n):
+            self.start(i)
+
+    def start(self, i):
+        # Volatile logs under the test's directory, not /dev/shm.
+        cfg = self.dir / f"node-{i}.toml"
+        cfg.write_text(f'[cluster]\nvolatile_dir = "{self.dir / f"volatile-{i}"}"\n')
+        log = open(self.dir / f"node-{i}.log", "a")
+        self.procs[i] = subprocess.Popen(
+            [sluice_bin(), "serve", "--config", str(cfg), "--cluster", str(self.layout),
+             "--node-id", str(i), "--data-dir", str(self.dir / f"node-{i}")],
+            stdout=log, stderr=subprocess.STDOUT,
+            env={**os.environ, "RUST_LOG": "warn"},
+        )
+
+    def status(self, i):
+        out = subprocess.run(
+            [sluice_bin(), "--json", "--addr", self.addrs[i], "cluster", "status"],
+            capture_output=True, text=True, check=True, timeout=10,
+        ).stdout
+        return json.loads(out)
+
+    def leader(self, group="volatile/0/0"):
+        for i in self.procs:
+            if self.procs[i].poll() is not None:
+                continue
+            try:
+                st = self.status(i)
+            except subprocess.CalledProcessError:
+                continue
+            for node in st["nodes"]:
+                for g in node.get("groups", []):
+                    if g["group"] == group and g["leader"] is not None and node.get("node") == g["leader"]:
+                        return g["leader"]
+        return None
+
+    def stop(self):
+        for p in self.procs.values():
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+    def logs(self):
+        return "\n".join((self.dir / f"node-{i}.log").read_text() for i in self.procs)
+
+
+@pytest.fixture
+def cluster():
+    c = Cluster()
+    yield c
+    c.stop()
+
+
+def test_writes_follow_a_killed_leader_and_nothing_acknowledged_is_lost(cluster):
+    wait_for("a leader", lambda: cluster.leader() is not None)
+    c = sluice.Client(",".join(cluster.addrs), timeout=20)
+    assert c.cluster_epoch is not None
+    acked = {}
+    for i in range(50):
+        acked[f"/vol/f/{i}"] = c.put(f"/vol/f/{i}", f"v{i}").version
+    leader = cluster.leader()
+    cluster.procs[leader].send_signal(signal.SIGKILL)
+    cluster.procs[leader].wait()
+    # The next writes go to the new leader (the client finds it).
+    t0 = time.monotonic()
+    for i in range(50, 100):
+        acked[f"/vol/f/{i}"] = c.put(f"/vol/f/{i}", f"v{i}").version
+    assert time.monotonic() - t0 < 15, cluster.logs()
+    new = cluster.leader()
+    assert new is not None and new != leader
+    for k, v in acked.items():
+        o = c.get(k, linearizable=True)
+        assert o.value == f"v{k.rsplit('/', 1)[1]}".encode() and o.version == v
+    # The killed node comes back and catches up.
+    cluster.start(leader)
+    wait_for(
+        "the old leader to rejoin",
+        lambda: sluice.Client(cluster.addrs[leader]).stats() is not None,
+    )
