@@ -510,7 +510,7 @@ impl Client {
     }
 
     /// The asynchronous calls finished so far: `(future, ok, value)`.
-    fn _drain(&self, py: Python<'_>) -> PyResult<Vec<(Py<PyAny>, bool, Py<PyAny>)>> {
+    fn _drain(&self, py: Python<'_>) -> PyResult<Vec<crate::runtime::Finished>> {
         self.completions.drain(py)
     }
 

@@ -73,7 +73,7 @@ impl Completions {
 
     /// Everything finished so far: `(future, ok, value)` for each (the
     /// value is the exception when not ok). Resets the eventfd.
-    pub fn drain(&self, py: Python<'_>) -> PyResult<Vec<(Py<PyAny>, bool, Py<PyAny>)>> {
+    pub fn drain(&self, py: Python<'_>) -> PyResult<Vec<Finished>> {
         let mut v: u64 = 0;
         // SAFETY: reading 8 bytes into a u64 from a non-blocking eventfd.
         unsafe { libc::read(self.fd.as_raw_fd(), (&mut v as *mut u64).cast(), 8) };
@@ -87,6 +87,10 @@ impl Completions {
             .collect())
     }
 }
+
+/// A finished call as the event loop takes it: the future, whether it
+/// succeeded, and its value (or exception).
+pub type Finished = (Py<PyAny>, bool, Py<PyAny>);
 
 /// How a call returns: blocking, or into an asyncio future.
 pub enum Mode<'a> {
