@@ -155,6 +155,16 @@ impl Context {
         self.store()?.get(key, None, None)
     }
 
+    /// A specific version of `key` (persistent pools keep them all).
+    pub fn get_version(&self, key: &str, version: u64) -> Result<Arc<Object>, SluiceError> {
+        self.store()?.get(key, Some(version), None)
+    }
+
+    /// The version of `key` current at `timestamp_us`, as this node has it.
+    pub fn get_by_time(&self, key: &str, timestamp_us: u64) -> Result<Arc<Object>, SluiceError> {
+        self.store()?.get_by_time(key, timestamp_us, None)
+    }
+
     pub fn put(&self, key: &str, value: Bytes) -> Result<PutResult, SluiceError> {
         self.put_traced(key, value, None)
     }

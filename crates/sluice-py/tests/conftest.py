@@ -5,6 +5,7 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -36,7 +37,8 @@ class Node:
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,
-            env={**os.environ, "RUST_LOG": os.environ.get("RUST_LOG", "warn")},
+            # Python lambdas run in this interpreter (it has the test deps).
+            env={**os.environ, "RUST_LOG": os.environ.get("RUST_LOG", "warn"), "SLUICE_PYTHON": sys.executable},
         )
         self.addr = None
         seen = []

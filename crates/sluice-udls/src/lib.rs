@@ -1,4 +1,5 @@
-//! Sluice's built-in lambdas (UDLs): `relay`, `log`, `notify` and `onnx`.
+//! Sluice's built-in lambdas (UDLs): `relay`, `log`, `notify`, `onnx`, and
+//! `python` (Python classes in worker processes over shared memory).
 //!
 //! A node's registry starts from [`registry`]; add your own UDLs to it
 //! (see `examples/custom-udl`). This crate is where tract (ONNX inference)
@@ -7,6 +8,7 @@
 pub mod npy;
 #[cfg(feature = "onnx")]
 pub mod onnx;
+pub mod python;
 
 use serde_json::Value;
 use sluice_compute::udl::join_key;
@@ -43,6 +45,11 @@ pub fn register_all(r: &mut Registry) {
             topic: topic.to_string(),
         }) as Arc<dyn Udl>)
     });
+    r.register("python", |c: &Value, ctx: &Context| {
+        python::PythonUdl::from_config(c, ctx).map(|u| Arc::new(u) as Arc<dyn Udl>)
+    });
+    // Cascade's PythonOCDPO: its dfgs.json name Python lambdas by this.
+    r.alias("6cfe8f64-3a1d-11ed-8e7e-0242ac110006", "python");
     #[cfg(feature = "onnx")]
     r.register("onnx", |c: &Value, ctx: &Context| {
         onnx::OnnxUdl::from_config(c, ctx).map(|u| Arc::new(u) as Arc<dyn Udl>)

@@ -1,0 +1,96 @@
+"""Python lambdas the tests deploy (Cascade's shape: a class built from the
+vertex's JSON config, `ocdpo_handler(**kwargs)`)."""
+
+import json
+import os
+import time
+
+
+class Upper:
+    """Emits the value upper-cased under the same key suffix."""
+
+    def __init__(self, conf):
+        self.conf = json.loads(conf)
+
+    def ocdpo_handler(self, **kw):
+        suffix = kw["key"][len(kw["pathname"]):]
+        kw["emit"](suffix, bytes(kw["blob"]).upper())
+
+
+class Lower(Upper):
+    def ocdpo_handler(self, **kw):
+        suffix = kw["key"][len(kw["pathname"]):]
+        kw["emit"](suffix, bytes(kw["blob"]).lower())
+
+
+class Echo:
+    """Emits the object it was given, unchanged (no copy back)."""
+
+    def __init__(self, conf):
+        pass
+
+    def ocdpo_handler(self, **kw):
+        self.emit(kw["key"][len(kw["pathname"]):], kw["blob"])
+
+
+class StoreUser:
+    """Reads, writes and lists through the node's store."""
+
+    def __init__(self, conf):
+        self.side = json.loads(conf)["side"]
+
+    def ocdpo_handler(self, key, pathname, blob, context, emit, **kw):
+        value, meta = context.get(self.side + "/config")
+        version, _ = context.put(self.side + "/seen" + key[len(pathname):], blob)
+        keys = context.list_keys(self.side.rsplit("/", 1)[0] or "/", prefix=self.side + "/seen")
+        emit(key[len(pathname):], f"{bytes(value).decode()}:{len(keys)}:{version > 0}:{meta['version'] > 0}")
+
+
+class Faulty:
+    """Raises for keys with `raise` in them, dies for keys with `crash`."""
+
+    def __init__(self, conf):
+        pass
+
+    def ocdpo_handler(self, key, pathname, blob, emit, **kw):
+        if "crash" in key:
+            os._exit(3)
+        if "raise" in key:
+            raise ValueError(f"cannot handle {bytes(blob)!r}")
+        emit(key[len(pathname):], b"ok:" + bytes(blob))
+
+
+class Slow:
+    """Says it started (a put to `started`), takes `delay_s`, then emits its
+    `tag` and the value."""
+
+    def __init__(self, conf):
+        c = json.loads(conf)
+        self.delay, self.tag, self.started = c.get("delay_s", 0.3), c.get("tag", "slow"), c["started"]
+
+    def ocdpo_handler(self, key, pathname, blob, emit, context, **kw):
+        context.put(self.started + key[len(pathname):], self.tag)
+        time.sleep(self.delay)
+        emit(key[len(pathname):], f"{self.tag}:{bytes(blob).decode()}")
+
+
+class Sequence:
+    """Emits every value under one output key per input key: the output's
+    versions show the order the calls ran in."""
+
+    def __init__(self, conf):
+        pass
+
+    def ocdpo_handler(self, key, pathname, blob, emit, **kw):
+        time.sleep(0.002 * (hash(bytes(blob)) % 3))
+        emit(key[len(pathname):], bytes(blob))
+
+
+class Noop:
+    """A no-op stage: emits the input object itself."""
+
+    def __init__(self, conf):
+        pass
+
+    def ocdpo_handler(self, key, pathname, blob, emit, **kw):
+        emit(key[len(pathname):], blob)

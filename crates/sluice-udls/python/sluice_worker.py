@@ -1,0 +1,292 @@
+"""A Sluice Python lambda worker: one process of a node's pool for one DFG
+vertex. Started and supervised by the node (`sluice_udls::python`); not
+run by hand.
+
+The node and this process share one memory region (a file the node
+created and maps too) and two eventfds. The region holds a request ring
+(node -> worker: upcalls, replies to store calls), a response ring
+(worker -> node: emits, store calls, completions) and two arenas for the
+bytes they refer to. An upcall's value is written once by the node and
+read here in place (a memoryview of the mapping): no socket, no pickling.
+Emitted values are written once into the output arena; emitting the
+input value itself (`emit(suffix, value)` with the very object received)
+sends a reference to the bytes the node already holds.
+
+Protocol version 1; the layout is mirrored in `sluice-udls/src/python.rs`.
+"""
+
+import importlib
+import json
+import mmap
+import os
+import struct
+import sys
+import time
+import traceback
+
+MAGIC = b"SLUICEPW"
+VERSION = 1
+DESC = 128  # bytes per ring descriptor
+
+# Header offsets (see python.rs).
+H_REQ_HEAD, H_REQ_TAIL, H_RESP_HEAD, H_RESP_TAIL, H_OUT_FREE = 128, 192, 256, 320, 448
+
+# Request kinds.
+R_UPCALL, R_CTX_REPLY, R_STOP = 1, 2, 3
+# Response kinds.
+P_EMIT, P_DONE, P_FAIL, P_CTX_CALL = 1, 2, 3, 4
+# Emit flags.
+F_INPUT_VALUE = 1
+
+U64 = struct.Struct("<Q")
+# kind, flags, call_id, version, timestamp_us, worker_id, status,
+# a_off, a_len, b_off, b_len, c_off, c_len  (a/b/c: key, pool, value or
+# what the kind says), previous_version, previous_version_by_key, sender
+DESC_FMT = struct.Struct("<IIQQQIiQQQQQQQQI")
+
+try:
+    import numpy as np
+except ImportError:  # the memoryview will do
+    np = None
+
+SPIN_S = float(os.environ.get("SLUICE_WORKER_SPIN_US", "50")) / 1e6
+
+
+class StoreError(Exception):
+    """A store call from a lambda failed on the node (the message says why)."""
+
+
+class Region:
+    def __init__(self, path):
+        fd = os.open(path, os.O_RDWR)
+        size = os.fstat(fd).st_size
+        self.m = mmap.mmap(fd, size)
+        os.close(fd)
+        self.mv = memoryview(self.m)
+        if bytes(self.mv[0:8]) != MAGIC:
+            raise SystemExit(f"{path}: not a Sluice worker region")
+        (version,) = struct.unpack_from("<I", self.m, 8)
+        if version != VERSION:
+            raise SystemExit(f"{path}: protocol version {version}, this worker speaks {VERSION}")
+        (
+            self.req_off,
+            self.req_slots,
+            self.resp_off,
+            self.resp_slots,
+            self.in_off,
+            self.in_len,
+            self.out_off,
+            self.out_len,
+        ) = struct.unpack_from("<QQQQQQQQ", self.m, 16)
+        self.out_head = 0  # bytes allocated in the output arena (monotonic)
+
+    def u64(self, off):
+        return U64.unpack_from(self.m, off)[0]
+
+    def set_u64(self, off, v):
+        U64.pack_into(self.m, off, v)
+
+    def out_alloc(self, n):
+        """Space for `n` bytes in the output arena (contiguous; skips the
+        tail end when it does not fit), waiting for the node to free."""
+        if n > self.out_len:
+            raise ValueError(
+                f"an emitted value of {n} bytes exceeds the worker's output arena ({self.out_len} bytes)"
+            )
+        start = self.out_head
+        pos = start % self.out_len
+        if pos + n > self.out_len:
+            start += self.out_len - pos  # wrap: the gap is freed with this allocation
+        end = start + n
+        while end - self.u64(H_OUT_FREE) > self.out_len:
+            time.sleep(0)
+        self.out_head = end
+        return self.out_off + start % self.out_len
+
+
+class Worker:
+    def __init__(self, region, to_worker, to_node, udl):
+        self.r = region
+        self.to_worker = to_worker
+        self.to_node = to_node
+        self.udl = udl
+        self.call_id = 0
+        self.input = None  # the current upcall's value (memoryview)
+        self.input_range = (0, 0)
+
+    # -- rings ---------------------------------------------------------------
+    def next_request(self):
+        r = self.r
+        tail = r.u64(H_REQ_TAIL)
+        spin_until = time.perf_counter() + SPIN_S
+        while r.u64(H_REQ_HEAD) == tail:
+            if time.perf_counter() > spin_until:
+                os.eventfd_read(self.to_worker)  # blocks until the node signals
+                spin_until = time.perf_counter() + SPIN_S
+        off = r.req_off + (tail % r.req_slots) * DESC
+        d = DESC_FMT.unpack_from(r.m, off)
+        r.set_u64(H_REQ_TAIL, tail + 1)
+        return d
+
+    def respond(self, kind, flags=0, status=0, a=(0, 0), b=(0, 0), c=(0, 0)):
+        r = self.r
+        head = r.u64(H_RESP_HEAD)
+        while head - r.u64(H_RESP_TAIL) >= r.resp_slots:
+            time.sleep(0)  # the node drains continuously
+        off = r.resp_off + (head % r.resp_slots) * DESC
+        # `out_head` lets the node free what it has read of the arena.
+        DESC_FMT.pack_into(
+            r.m, off, kind, flags, self.call_id, r.out_head, 0, 0, status, a[0], a[1], b[0], b[1], c[0], c[1], 0, 0, 0
+        )
+        r.set_u64(H_RESP_HEAD, head + 1)
+        os.eventfd_write(self.to_node, 1)
+
+    def put_out(self, data):
+        """Copies `data` (bytes-like) into the output arena; its (offset, len)
+        and the size to free."""
+        mv = memoryview(data).cast("B") if not isinstance(data, (bytes, bytearray)) else memoryview(data)
+        n = mv.nbytes
+        off = self.r.out_alloc(n)
+        self.r.mv[off : off + n] = mv
+        return off, n
+
+    # -- what a lambda can do ---------------------------------------------------
+    def emit(self, key_suffix, value):
+        if isinstance(key_suffix, str):
+            key_suffix = key_suffix.encode()
+        if value is self.input:
+            k = self.put_out(key_suffix)
+            self.respond(P_EMIT, flags=F_INPUT_VALUE, a=k, b=self.input_range)
+            return
+        if isinstance(value, str):
+            value = value.encode()
+        k = self.put_out(key_suffix)
+        v = self.put_out(value)
+        self.respond(P_EMIT, a=k, b=v)
+
+    def store_call(self, op, args, value=None):
+        a = self.put_out(json.dumps({"op": op, **args}).encode())
+        b = self.put_out(value if value is not None else b"")
+        self.respond(P_CTX_CALL, a=a, b=b)
+        # The node answers before anything else for this worker.
+        while True:
+            d = self.next_request()
+            kind, status = d[0], d[6]
+            if kind == R_CTX_REPLY:
+                meta_off, meta_len, val_off, val_len = d[7], d[8], d[9], d[10]
+                meta = json.loads(bytes(self.r.mv[meta_off : meta_off + meta_len]) or b"null")
+                if status != 0:
+                    raise StoreError(meta.get("message", "store call failed") if isinstance(meta, dict) else str(meta))
+                return meta, self.r.mv[val_off : val_off + val_len]
+            if kind == R_STOP:
+                sys.exit(0)
+
+    # -- the loop ------------------------------------------------------------------
+    def run(self):
+        r = self.r
+        while True:
+            d = self.next_request()
+            kind = d[0]
+            if kind == R_STOP:
+                return
+            if kind != R_UPCALL:
+                continue
+            (_, _, call_id, version, ts, worker_id, _, k_off, k_len, p_off, p_len, v_off, v_len, prev, prev_key, sender) = d
+            self.call_id = call_id
+            key = bytes(r.mv[k_off : k_off + k_len]).decode()
+            pool = bytes(r.mv[p_off : p_off + p_len]).decode()
+            value = r.mv[v_off : v_off + v_len]
+            # Cascade hands a NumPy uint8 array over the bytes; so do we when
+            # NumPy is there (a view: no copy), else the memoryview.
+            blob = value if np is None else np.frombuffer(value, dtype=np.uint8)
+            self.input = blob
+            self.input_range = (v_off, v_len)
+            try:
+                self.udl.ocdpo_handler(
+                    sender=sender,
+                    pathname=pool,
+                    key=key,
+                    version=version,
+                    timestamp_us=ts,
+                    previous_version=prev,
+                    previous_version_by_key=prev_key,
+                    blob=blob,
+                    worker_id=worker_id,
+                    emit=self.emit,
+                    context=self.context,
+                )
+                self.input = None
+                del blob
+                try:
+                    value.release()
+                except BufferError:
+                    pass  # the lambda kept a view: valid until the next upcall
+                self.respond(P_DONE)
+            except SystemExit:
+                raise
+            except BaseException as e:  # noqa: BLE001 (reported to the node)
+                self.input = None
+                msg = f"{type(e).__name__}: {e}"
+                tb = traceback.format_exc(limit=8)
+                print(f"sluice python worker: {msg} (key {key})\n{tb}", file=sys.stderr, flush=True)
+                self.respond(P_FAIL, a=self.put_out(msg.encode()))
+
+
+class Context:
+    """Store access for a lambda (on its node): get (latest, by version or
+    time), put, trigger_put, list_keys. Values come back as memoryviews
+    valid until the lambda returns (copy with bytes() to keep one)."""
+
+    def __init__(self, worker):
+        self._w = worker
+
+    def get(self, key, *, version=None, timestamp_us=None):
+        meta, value = self._w.store_call("get", {"key": key, "version": version, "timestamp_us": timestamp_us})
+        return value, meta
+
+    def put(self, key, value):
+        meta, _ = self._w.store_call("put", {"key": key}, value if not isinstance(value, str) else value.encode())
+        return meta["version"], meta["timestamp_us"]
+
+    def trigger_put(self, key, value):
+        meta, _ = self._w.store_call("trigger_put", {"key": key}, value if not isinstance(value, str) else value.encode())
+        return meta["timestamp_us"]
+
+    def list_keys(self, pool, prefix=None):
+        meta, _ = self._w.store_call("list_keys", {"pool": pool, "prefix": prefix})
+        return meta["keys"]
+
+
+def load(spec):
+    for p in spec.get("python_path", []) or []:
+        sys.path.insert(0, p)
+    module = importlib.import_module(spec["module"])
+    cls = getattr(module, spec["entry_class"])
+    # As Cascade does: the vertex's configuration, as a JSON string.
+    return cls(json.dumps(spec.get("config")))
+
+
+def main():
+    region_path, to_worker, to_node = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+    spec = json.loads(os.environ["SLUICE_UDL_SPEC"])
+    region = Region(region_path)
+    w = Worker(region, to_worker, to_node, None)
+    try:
+        udl = load(spec)
+    except BaseException as e:  # noqa: BLE001 (the node reports it: dfg apply fails)
+        tb = traceback.format_exc(limit=4)
+        w.respond(P_FAIL, a=w.put_out(f"loading {spec.get('module')}.{spec.get('entry_class')}: {type(e).__name__}: {e}\n{tb}".encode()))
+        sys.exit(1)
+    w.udl = udl
+    w.context = Context(w)
+    # Also reachable as attributes, as Cascade's UserDefinedLogic has them.
+    for name, v in (("emit", w.emit), ("context", w.context)):
+        if not hasattr(udl, name):
+            setattr(udl, name, v)
+    # Ready: the node waits for this before sending upcalls.
+    w.respond(P_DONE)
+    w.run()
+
+
+if __name__ == "__main__":
+    main()

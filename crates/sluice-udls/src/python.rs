@@ -1,0 +1,693 @@
+//! Python lambdas, out of process: the `python` UDL (also under Cascade's
+//! `PythonOCDPO` UUID). A vertex names a Python class (Cascade's shape:
+//! `python_path`, `module`, `entry_class`, plus the class's own config);
+//! the node starts `workers` Python processes for it and supervises them.
+//!
+//! Each worker shares one memory region with the node (a file under
+//! `/dev/shm`, mapped by both) and two eventfds. The region:
+//!
+//! ```text
+//! 0      header: magic, version, where the rings and arenas are; ring
+//!        indices (monotonic u64s, each on its own cache line)
+//! 4096   request ring  (node -> worker): 64 descriptors of 128 bytes
+//!        response ring (worker -> node): 64 descriptors of 128 bytes
+//!        input arena   (node writes: an upcall's key, pool and value;
+//!                       replies to store calls)
+//!        output arena  (the worker writes: emitted keys and values,
+//!                       store calls, error messages)
+//! ```
+//!
+//! An upcall's value is copied once, into the input arena, and read there
+//! by Python as a memoryview (no socket, no pickling). Emitted values are
+//! written once by Python and copied out once here; emitting the input
+//! value itself is a reference to the object the node already holds (no
+//! copy). After writing a descriptor each side bumps its ring's head and
+//! writes its eventfd (the syscall orders the writes for the other side);
+//! the worker spins briefly on its ring before blocking on the eventfd.
+//!
+//! One upcall at a time per worker: the engine thread that runs it holds
+//! the worker, answers its store calls, and waits for it to finish,
+//! checking every 100 ms that the process lives. A worker that dies
+//! fails the upcall it was running (with the key and how it died) and is
+//! started again for the next one. Engine threads map to workers by
+//! their index, so the vertex's dispatch policy (FIFO per key, round
+//! robin, single) holds as it does for Rust lambdas.
+
+use bytes::Bytes;
+use serde_json::{json, Value};
+use sluice_compute::{Context, Emitter, Udl, UdlError, Upcall};
+use std::io::Write as _;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+/// The worker script, shipped inside the node binary.
+const WORKER_PY: &str = include_str!("../python/sluice_worker.py");
+
+const MAGIC: &[u8; 8] = b"SLUICEPW";
+const VERSION: u32 = 1;
+const HEADER: usize = 4096;
+const DESC: usize = 128;
+const SLOTS: usize = 64;
+const H_REQ_HEAD: usize = 128;
+const H_REQ_TAIL: usize = 192;
+const H_RESP_HEAD: usize = 256;
+const H_RESP_TAIL: usize = 320;
+const H_OUT_FREE: usize = 448;
+
+const R_UPCALL: u32 = 1;
+const R_CTX_REPLY: u32 = 2;
+const R_STOP: u32 = 3;
+const P_EMIT: u32 = 1;
+const P_DONE: u32 = 2;
+const P_FAIL: u32 = 3;
+const P_CTX_CALL: u32 = 4;
+const F_INPUT_VALUE: u32 = 1;
+
+/// A descriptor (both rings; `DESC_FMT` in the worker): kind, flags, call
+/// id, version (responses: the worker's output arena head), timestamp,
+/// worker id, status, three (offset, length) ranges in the region, the
+/// object's previous versions and the sending node.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+struct Desc {
+    kind: u32,
+    flags: u32,
+    call_id: u64,
+    version: u64,
+    timestamp_us: u64,
+    worker_id: u32,
+    status: i32,
+    a: (u64, u64),
+    b: (u64, u64),
+    c: (u64, u64),
+    previous_version: u64,
+    previous_version_by_key: u64,
+    sender: u32,
+}
+
+impl Desc {
+    fn write(&self, buf: &mut [u8]) {
+        let mut w = &mut buf[..];
+        let _ = w.write_all(&self.kind.to_le_bytes());
+        let _ = w.write_all(&self.flags.to_le_bytes());
+        let _ = w.write_all(&self.call_id.to_le_bytes());
+        let _ = w.write_all(&self.version.to_le_bytes());
+        let _ = w.write_all(&self.timestamp_us.to_le_bytes());
+        let _ = w.write_all(&self.worker_id.to_le_bytes());
+        let _ = w.write_all(&self.status.to_le_bytes());
+        for (o, l) in [self.a, self.b, self.c] {
+            let _ = w.write_all(&o.to_le_bytes());
+            let _ = w.write_all(&l.to_le_bytes());
+        }
+        let _ = w.write_all(&self.previous_version.to_le_bytes());
+        let _ = w.write_all(&self.previous_version_by_key.to_le_bytes());
+        let _ = w.write_all(&self.sender.to_le_bytes());
+    }
+
+    fn read(buf: &[u8]) -> Desc {
+        let u32_at = |i: usize| u32::from_le_bytes(buf[i..i + 4].try_into().unwrap_or_default());
+        let u64_at = |i: usize| u64::from_le_bytes(buf[i..i + 8].try_into().unwrap_or_default());
+        Desc {
+            kind: u32_at(0),
+            flags: u32_at(4),
+            call_id: u64_at(8),
+            version: u64_at(16),
+            timestamp_us: u64_at(24),
+            worker_id: u32_at(32),
+            status: u32_at(36) as i32,
+            a: (u64_at(40), u64_at(48)),
+            b: (u64_at(56), u64_at(64)),
+            c: (u64_at(72), u64_at(80)),
+            previous_version: u64_at(88),
+            previous_version_by_key: u64_at(96),
+            sender: u32_at(104),
+        }
+    }
+}
+
+/// Where the parts of a region lie.
+#[derive(Clone, Copy, Debug)]
+struct Layout {
+    req: usize,
+    resp: usize,
+    input: usize,
+    input_len: usize,
+    out: usize,
+    out_len: usize,
+    size: usize,
+}
+
+impl Layout {
+    fn new(arena_bytes: usize) -> Layout {
+        let req = HEADER;
+        let resp = req + SLOTS * DESC;
+        let input = resp + SLOTS * DESC;
+        let out = input + arena_bytes;
+        Layout {
+            req,
+            resp,
+            input,
+            input_len: arena_bytes,
+            out,
+            out_len: arena_bytes,
+            size: out + arena_bytes,
+        }
+    }
+}
+
+/// The vertex's configuration (`dfgs.json`: the vertex's config object).
+#[derive(Clone, Debug)]
+pub struct PythonSpec {
+    pub python: String,
+    pub python_path: Vec<String>,
+    pub module: String,
+    pub entry_class: String,
+    pub workers: usize,
+    pub arena_bytes: usize,
+    /// Everything in the config, handed to the class's constructor.
+    pub config: Value,
+}
+
+impl PythonSpec {
+    pub fn from_config(c: &Value) -> Result<PythonSpec, String> {
+        let s = |k: &str| c.get(k).and_then(Value::as_str).map(str::to_string);
+        let module = s("module").ok_or(
+            "a python UDL needs \"module\" (and \"entry_class\"; \"python_path\" where the module lives)",
+        )?;
+        let entry_class = s("entry_class").ok_or("a python UDL needs \"entry_class\"")?;
+        let python_path = match c.get("python_path") {
+            None => Vec::new(),
+            Some(Value::String(p)) => vec![p.clone()],
+            Some(Value::Array(a)) => a
+                .iter()
+                .map(|v| {
+                    v.as_str()
+                        .map(str::to_string)
+                        .ok_or("python_path: a list of strings")
+                })
+                .collect::<Result<_, _>>()?,
+            Some(_) => return Err("python_path: a string or a list of strings".into()),
+        };
+        let workers = match c.get("workers") {
+            None => 1,
+            Some(v) => {
+                v.as_u64()
+                    .filter(|n| (1..=64).contains(n))
+                    .ok_or("workers: a number of processes from 1 to 64")? as usize
+            }
+        };
+        let arena_mb = match c.get("arena_mb") {
+            None => 64,
+            Some(v) => v
+                .as_u64()
+                .filter(|n| (1..=4096).contains(n))
+                .ok_or("arena_mb: from 1 to 4096 (MiB per worker and direction)")?,
+        };
+        let python = s("python")
+            .or_else(|| std::env::var("SLUICE_PYTHON").ok())
+            .unwrap_or_else(|| "python3".into());
+        Ok(PythonSpec {
+            python,
+            python_path,
+            module,
+            entry_class,
+            workers,
+            arena_bytes: (arena_mb as usize) << 20,
+            config: c.clone(),
+        })
+    }
+}
+
+fn eventfd() -> std::io::Result<OwnedFd> {
+    // SAFETY: eventfd returns a new descriptor or -1.
+    let fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC) };
+    if fd < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: a fresh descriptor this function owns.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+fn signal(fd: &OwnedFd) {
+    let one: u64 = 1;
+    // SAFETY: writing 8 bytes from a valid u64 to an eventfd.
+    unsafe { libc::write(fd.as_raw_fd(), (&one as *const u64).cast(), 8) };
+}
+
+/// Waits up to `timeout` for `fd` to be signalled (and resets it).
+fn wait(fd: &OwnedFd, timeout: Duration) -> bool {
+    let mut p = libc::pollfd {
+        fd: fd.as_raw_fd(),
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    // SAFETY: one valid pollfd.
+    let n = unsafe { libc::poll(&mut p, 1, timeout.as_millis().min(i32::MAX as u128) as i32) };
+    if n > 0 {
+        let mut v: u64 = 0;
+        // SAFETY: reading 8 bytes into a u64 from a readable eventfd.
+        unsafe { libc::read(fd.as_raw_fd(), (&mut v as *mut u64).cast(), 8) };
+        return true;
+    }
+    false
+}
+
+/// One worker process and its region.
+struct Proc {
+    child: Child,
+    map: memmap2::MmapMut,
+    layout: Layout,
+    to_worker: OwnedFd,
+    to_node: OwnedFd,
+    path: PathBuf,
+    call_id: u64,
+}
+
+/// How a worker ended, for messages.
+fn exit_text(s: std::process::ExitStatus) -> String {
+    use std::os::unix::process::ExitStatusExt;
+    match (s.code(), s.signal()) {
+        (_, Some(sig)) => format!("killed by signal {sig}"),
+        (Some(c), _) => format!("exited with code {c}"),
+        _ => "ended".into(),
+    }
+}
+
+impl Proc {
+    fn index(&self, at: usize) -> &AtomicU64 {
+        // SAFETY: `at` is an 8-aligned offset inside the header of a live
+        // mapping; both processes access it only as an atomic u64.
+        unsafe { &*(self.map.as_ptr().add(at) as *const AtomicU64) }
+    }
+
+    fn start(spec: &PythonSpec, dir: &Path, n: usize) -> Result<Proc, String> {
+        let layout = Layout::new(spec.arena_bytes);
+        let path = dir.join(format!("worker-{n}.shm"));
+        let f = std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(true)
+            .read(true)
+            .write(true)
+            .open(&path)
+            .map_err(|e| format!("creating {}: {e}", path.display()))?;
+        f.set_len(layout.size as u64)
+            .map_err(|e| format!("sizing {}: {e}", path.display()))?;
+        // SAFETY: a file this node created for this worker alone, never
+        // truncated while mapped.
+        let mut map = unsafe { memmap2::MmapMut::map_mut(&f) }
+            .map_err(|e| format!("mapping {}: {e}", path.display()))?;
+        map[..8].copy_from_slice(MAGIC);
+        map[8..12].copy_from_slice(&VERSION.to_le_bytes());
+        let fields = [
+            layout.req as u64,
+            SLOTS as u64,
+            layout.resp as u64,
+            SLOTS as u64,
+            layout.input as u64,
+            layout.input_len as u64,
+            layout.out as u64,
+            layout.out_len as u64,
+        ];
+        for (i, v) in fields.iter().enumerate() {
+            map[16 + 8 * i..24 + 8 * i].copy_from_slice(&v.to_le_bytes());
+        }
+        let to_worker = eventfd().map_err(|e| format!("eventfd: {e}"))?;
+        let to_node = eventfd().map_err(|e| format!("eventfd: {e}"))?;
+        let script = dir.join("sluice_worker.py");
+        if !script.exists() {
+            std::fs::write(&script, WORKER_PY)
+                .map_err(|e| format!("writing {}: {e}", script.display()))?;
+        }
+        let spec_json = json!({
+            "python_path": spec.python_path,
+            "module": spec.module,
+            "entry_class": spec.entry_class,
+            "config": spec.config,
+        })
+        .to_string();
+        let (tw, tn) = (to_worker.as_raw_fd(), to_node.as_raw_fd());
+        let mut cmd = Command::new(&spec.python);
+        cmd.arg(&script)
+            .arg(&path)
+            .arg(tw.to_string())
+            .arg(tn.to_string())
+            .env("SLUICE_UDL_SPEC", spec_json)
+            .env("PYTHONUNBUFFERED", "1");
+        // SAFETY: between fork and exec only async-signal-safe fcntl calls:
+        // the two eventfds stay open in the worker (they are CLOEXEC here).
+        unsafe {
+            use std::os::unix::process::CommandExt;
+            cmd.pre_exec(move || {
+                for fd in [tw, tn] {
+                    if libc::fcntl(fd, libc::F_SETFD, 0) != 0 {
+                        return Err(std::io::Error::last_os_error());
+                    }
+                }
+                Ok(())
+            });
+        }
+        let child = cmd
+            .spawn()
+            .map_err(|e| format!("starting {} for a python UDL: {e}", spec.python))?;
+        let mut p = Proc {
+            child,
+            map,
+            layout,
+            to_worker,
+            to_node,
+            path,
+            call_id: 0,
+        };
+        // The worker says it is ready (its class loaded) with a DONE.
+        match p.next_response(Duration::from_secs(60), "starting") {
+            Ok(d) if d.kind == P_DONE => Ok(p),
+            Ok(d) if d.kind == P_FAIL => {
+                Err(String::from_utf8_lossy(p.out(d.a)?).trim().to_string())
+            }
+            Ok(d) => Err(format!("python worker: unexpected first message {d:?}")),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// The next response descriptor, waiting up to `limit` in total
+    /// (checking every 100 ms that the process lives).
+    fn next_response(&mut self, limit: Duration, doing: &str) -> Result<Desc, String> {
+        let t0 = Instant::now();
+        loop {
+            let tail = self.index(H_RESP_TAIL).load(Ordering::Acquire);
+            if self.index(H_RESP_HEAD).load(Ordering::Acquire) != tail {
+                let at = self.layout.resp + (tail as usize % SLOTS) * DESC;
+                let d = Desc::read(&self.map[at..at + DESC]);
+                self.index(H_RESP_TAIL).store(tail + 1, Ordering::Release);
+                return Ok(d);
+            }
+            if !wait(&self.to_node, Duration::from_millis(100)) {
+                if let Ok(Some(status)) = self.child.try_wait() {
+                    return Err(format!(
+                        "python worker (pid {}) {} while {doing}",
+                        self.child.id(),
+                        exit_text(status)
+                    ));
+                }
+                if t0.elapsed() > limit {
+                    return Err(format!(
+                        "python worker (pid {}): no answer in {limit:?} while {doing}",
+                        self.child.id()
+                    ));
+                }
+            }
+        }
+    }
+
+    fn push(&mut self, d: Desc) {
+        let head = self.index(H_REQ_HEAD).load(Ordering::Acquire);
+        // One upcall and its replies at a time: the ring does not fill,
+        // but a stuck worker must not be overrun.
+        while head - self.index(H_REQ_TAIL).load(Ordering::Acquire) >= SLOTS as u64 {
+            if !matches!(self.child.try_wait(), Ok(None)) {
+                return;
+            }
+            std::thread::yield_now();
+        }
+        let at = self.layout.req + (head as usize % SLOTS) * DESC;
+        d.write(&mut self.map[at..at + DESC]);
+        self.index(H_REQ_HEAD).store(head + 1, Ordering::Release);
+        signal(&self.to_worker);
+    }
+
+    /// Bytes `(off, len)` of the region, checked to lie in `arena`.
+    fn slice(&self, (off, len): (u64, u64), arena: (usize, usize)) -> Result<&[u8], String> {
+        let (start, alen) = arena;
+        let (o, l) = (off as usize, len as usize);
+        if o < start || o.checked_add(l).is_none_or(|e| e > start + alen) {
+            return Err(format!(
+                "python worker: a range ({off}, {len}) outside its arena"
+            ));
+        }
+        Ok(&self.map[o..o + l])
+    }
+
+    fn out(&self, r: (u64, u64)) -> Result<&[u8], String> {
+        self.slice(r, (self.layout.out, self.layout.out_len))
+    }
+
+    /// Copies `parts` into the input arena, one after the other (values
+    /// 64-byte aligned); their (offset, len).
+    fn put_input(&mut self, parts: &[&[u8]]) -> Result<Vec<(u64, u64)>, String> {
+        let mut at = self.layout.input;
+        let end = self.layout.input + self.layout.input_len;
+        let mut out = Vec::new();
+        for p in parts {
+            at = at.div_ceil(64) * 64;
+            if at + p.len() > end {
+                return Err(format!(
+                    "a value of {} bytes does not fit the python worker's input arena ({} bytes; raise the vertex's \"arena_mb\")",
+                    p.len(),
+                    self.layout.input_len
+                ));
+            }
+            self.map[at..at + p.len()].copy_from_slice(p);
+            out.push((at as u64, p.len() as u64));
+            at += p.len();
+        }
+        Ok(out)
+    }
+
+    fn stop(&mut self) {
+        if matches!(self.child.try_wait(), Ok(None)) {
+            self.push(Desc {
+                kind: R_STOP,
+                ..Desc::default()
+            });
+            let t0 = Instant::now();
+            while t0.elapsed() < Duration::from_secs(2) {
+                if !matches!(self.child.try_wait(), Ok(None)) {
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// The `python` UDL: a pool of worker processes running one class.
+pub struct PythonUdl {
+    spec: PythonSpec,
+    dir: PathBuf,
+    procs: Vec<parking_lot::Mutex<Option<Proc>>>,
+}
+
+impl PythonUdl {
+    pub fn from_config(c: &Value, _: &Context) -> Result<PythonUdl, String> {
+        let spec = PythonSpec::from_config(c)?;
+        static SEQ: AtomicU64 = AtomicU64::new(0);
+        let base = if Path::new("/dev/shm").is_dir() {
+            PathBuf::from("/dev/shm")
+        } else {
+            std::env::temp_dir()
+        };
+        let dir = base.join(format!(
+            "sluice-py-{}-{}",
+            std::process::id(),
+            SEQ.fetch_add(1, Ordering::Relaxed)
+        ));
+        std::fs::create_dir_all(&dir).map_err(|e| format!("creating {}: {e}", dir.display()))?;
+        let mut procs = Vec::new();
+        for n in 0..spec.workers {
+            // Start them now: a class that fails to load fails `dfg apply`.
+            procs.push(parking_lot::Mutex::new(Some(Proc::start(&spec, &dir, n)?)));
+        }
+        tracing::info!(module = %spec.module, class = %spec.entry_class, workers = spec.workers, "python UDL started");
+        Ok(PythonUdl { spec, dir, procs })
+    }
+
+    /// Runs one upcall on `p`: the value in, emits and store calls out,
+    /// until the worker says done or failed.
+    fn run(
+        &self,
+        p: &mut Proc,
+        call: &Upcall<'_>,
+        emit: &mut Emitter<'_>,
+        ctx: &Context,
+    ) -> Result<(), UdlError> {
+        p.call_id += 1;
+        let o = call.object;
+        let r = p
+            .put_input(&[call.key.as_bytes(), call.pool.as_bytes(), &o.value])
+            .map_err(UdlError::Failed)?;
+        let input = r[2];
+        p.push(Desc {
+            kind: R_UPCALL,
+            call_id: p.call_id,
+            version: o.meta.version,
+            timestamp_us: o.meta.timestamp_us,
+            worker_id: call.worker_id as u32,
+            a: r[0],
+            b: r[1],
+            c: r[2],
+            previous_version: o.meta.previous_version,
+            previous_version_by_key: o.meta.previous_version_by_key,
+            sender: call.sender,
+            ..Desc::default()
+        });
+        let doing = format!("handling key {}", call.key);
+        loop {
+            let d = p
+                .next_response(Duration::from_secs(3600), &doing)
+                .map_err(UdlError::Failed)?;
+            let res = match d.kind {
+                P_EMIT => {
+                    let suffix =
+                        String::from_utf8_lossy(p.out(d.a).map_err(UdlError::Failed)?).into_owned();
+                    let value = if d.flags & F_INPUT_VALUE != 0 && d.b == input {
+                        o.value.clone()
+                    } else {
+                        Bytes::copy_from_slice(p.out(d.b).map_err(UdlError::Failed)?)
+                    };
+                    p.index(H_OUT_FREE).store(d.version, Ordering::Release);
+                    emit.emit(&suffix, value)
+                }
+                P_CTX_CALL => {
+                    let args: Value = serde_json::from_slice(p.out(d.a).map_err(UdlError::Failed)?)
+                        .unwrap_or(Value::Null);
+                    let value = Bytes::copy_from_slice(p.out(d.b).map_err(UdlError::Failed)?);
+                    p.index(H_OUT_FREE).store(d.version, Ordering::Release);
+                    let (status, meta, data) = store_call(ctx, &args, value);
+                    let meta = meta.to_string();
+                    // The reply goes after the upcall's own bytes.
+                    let r = p
+                        .put_input(&[
+                            call.key.as_bytes(),
+                            call.pool.as_bytes(),
+                            &o.value,
+                            meta.as_bytes(),
+                            &data,
+                        ])
+                        .map_err(UdlError::Failed)?;
+                    p.push(Desc {
+                        kind: R_CTX_REPLY,
+                        call_id: p.call_id,
+                        status,
+                        a: r[3],
+                        b: r[4],
+                        ..Desc::default()
+                    });
+                    Ok(())
+                }
+                P_DONE => {
+                    p.index(H_OUT_FREE).store(d.version, Ordering::Release);
+                    return Ok(());
+                }
+                P_FAIL => {
+                    let msg =
+                        String::from_utf8_lossy(p.out(d.a).map_err(UdlError::Failed)?).into_owned();
+                    p.index(H_OUT_FREE).store(d.version, Ordering::Release);
+                    return Err(UdlError::Failed(format!("python: {msg}")));
+                }
+                other => Err(UdlError::Failed(format!(
+                    "python worker: unknown message kind {other}"
+                ))),
+            };
+            res?;
+        }
+    }
+}
+
+/// A lambda's store call (get, put, trigger_put, list_keys): status (0:
+/// ok), metadata as JSON, and bytes.
+fn store_call(ctx: &Context, args: &Value, value: Bytes) -> (i32, Value, Bytes) {
+    let key = args["key"].as_str().unwrap_or_default();
+    let res: Result<(Value, Bytes), sluice_types::SluiceError> = match args["op"].as_str() {
+        Some("get") => {
+            let got = match (args["version"].as_u64(), args["timestamp_us"].as_u64()) {
+                (Some(v), _) => ctx.get_version(key, v),
+                (None, Some(t)) => ctx.get_by_time(key, t),
+                (None, None) => ctx.get(key),
+            };
+            got.map(|o| {
+                (
+                    json!({"key": &*o.key, "version": o.meta.version, "timestamp_us": o.meta.timestamp_us}),
+                    o.value.clone(),
+                )
+            })
+        }
+        Some("put") => ctx.put(key, value).map(|r| {
+            (
+                json!({"version": r.version, "timestamp_us": r.timestamp_us}),
+                Bytes::new(),
+            )
+        }),
+        Some("trigger_put") => ctx
+            .trigger_put(key, value)
+            .map(|ts| (json!({"timestamp_us": ts}), Bytes::new())),
+        Some("list_keys") => ctx
+            .list_keys(
+                args["pool"].as_str().unwrap_or_default(),
+                args["prefix"].as_str(),
+            )
+            .map(|keys| (json!({"keys": keys}), Bytes::new())),
+        other => {
+            return (
+                1,
+                json!({"message": format!("unknown store call {other:?}")}),
+                Bytes::new(),
+            )
+        }
+    };
+    match res {
+        Ok((meta, data)) => (0, meta, data),
+        Err(e) => (
+            1,
+            json!({"message": e.to_string(), "error": e}),
+            Bytes::new(),
+        ),
+    }
+}
+
+impl Udl for PythonUdl {
+    fn handle(
+        &self,
+        call: &Upcall<'_>,
+        emit: &mut Emitter<'_>,
+        ctx: &Context,
+    ) -> Result<(), UdlError> {
+        let slot = &self.procs[call.worker_id % self.procs.len()];
+        let mut g = slot.lock();
+        if g.is_none() {
+            *g = Some(
+                Proc::start(&self.spec, &self.dir, call.worker_id % self.procs.len())
+                    .map_err(UdlError::Failed)?,
+            );
+        }
+        let p = g.as_mut().expect("started above");
+        let r = self.run(p, call, emit, ctx);
+        if let Err(e) = &r {
+            // A dead worker is replaced for the next upcall.
+            if !matches!(p.child.try_wait(), Ok(None)) {
+                tracing::warn!(key = call.key, error = %e, "python worker died; starting another");
+                *g = None;
+            }
+        }
+        r
+    }
+}
+
+impl Drop for PythonUdl {
+    fn drop(&mut self) {
+        for p in &self.procs {
+            p.lock().take();
+        }
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
