@@ -59,6 +59,58 @@ pub enum BenchWhat {
     /// The Python client next to the Rust client (get latency, asyncio put
     /// throughput), one node, one run: runs `python -m sluice.bench`.
     Python(PythonBenchArgs),
+    /// Python lambdas next to Rust's relay (no-op stage at 10 KB and 1 MB),
+    /// worker scaling, and optionally a Ray actor call: runs `python -m
+    /// sluice.bench_udl` against a node whose lambdas use that Python.
+    PythonUdl(PythonUdlBenchArgs),
+}
+
+#[derive(clap::Args)]
+pub struct PythonUdlBenchArgs {
+    /// The Python with the `sluice` package (and, for --ray, ray).
+    #[arg(long)]
+    pub python: Option<String>,
+    /// Calls per size and variant.
+    #[arg(long, default_value_t = 2000)]
+    pub n: usize,
+    /// Also measure a Ray actor call carrying 10 KB.
+    #[arg(long)]
+    pub ray: bool,
+}
+
+/// `sluice bench python-udl`: a node running lambdas in `python`, then
+/// the Python side's benchmark.
+fn python_udl_bench(a: PythonUdlBenchArgs, json: bool) -> Result<()> {
+    let python = a
+        .python
+        .or_else(|| std::env::var("SLUICE_PYTHON").ok())
+        .unwrap_or_else(|| "python3".into());
+    // The node's lambdas run in the same Python (SLUICE_PYTHON).
+    std::env::set_var("SLUICE_PYTHON", &python);
+    let node = harness::ChildNode::start(&[])?;
+    let mut cmd = std::process::Command::new(&python);
+    cmd.args([
+        "-m",
+        "sluice.bench_udl",
+        "--addr",
+        &node.addr,
+        "--n",
+        &a.n.to_string(),
+    ]);
+    if a.ray {
+        cmd.arg("--ray");
+    }
+    if json {
+        cmd.arg("--json");
+    }
+    let status = cmd
+        .status()
+        .map_err(|e| anyhow::anyhow!("running {python}: {e}"))?;
+    anyhow::ensure!(
+        status.success(),
+        "{python} -m sluice.bench_udl failed ({status})"
+    );
+    Ok(())
 }
 
 #[derive(clap::Args)]
@@ -222,6 +274,7 @@ pub fn run(a: BenchArgs, json: bool) -> Result<()> {
         Some(BenchWhat::Cluster(c)) => cluster::run(c, json),
         Some(BenchWhat::Core(c)) => single::core(c, json),
         Some(BenchWhat::Python(p)) => python_bench(p, json),
+        Some(BenchWhat::PythonUdl(p)) => python_udl_bench(p, json),
         None => single::core(a.core, json),
     }
 }

@@ -159,3 +159,22 @@ def test_a_class_that_does_not_load_fails_the_apply(client, vertex):
     with pytest.raises(sluice.SluiceError) as e:
         client.dfg_apply(graph(gid, src, "NoSuchClass", dst))
     assert "NoSuchClass" in str(e.value)
+
+
+def test_code_shipped_as_an_object_and_upgraded_by_a_put_and_apply(client, vertex):
+    src, dst, gid = vertex
+    code_key = f"/vol/code-{gid}"
+    src_v1 = "class Tag:\n    def __init__(self, conf): pass\n    def ocdpo_handler(self, key, pathname, blob, emit, **kw):\n        emit(key[len(pathname):], b'v1:' + bytes(blob))\n"
+    client.put(code_key, src_v1)
+    cfg = lambda: json.dumps({"graphs": [{"id": gid, "graph": [{"pathname": src, "user_defined_logic_list": ["python"],
+        "user_defined_logic_config_list": [{"module": "shipped_udl", "entry_class": "Tag", "code_key": code_key}],
+        "destinations": [{dst: "put"}]}]}]})
+    client.dfg_apply(cfg())
+    client.trigger_put(f"{src}/a", b"x")
+    assert wait_for("v1 output", lambda: get_or_none(client, f"{dst}/a")).value == b"v1:x"
+    client.put(code_key, src_v1.replace("v1:", "v2:"))
+    client.dfg_apply(cfg())
+    client.trigger_put(f"{src}/b", b"y")
+    assert wait_for("v2 output", lambda: get_or_none(client, f"{dst}/b")).value == b"v2:y"
+    with pytest.raises(sluice.InvalidDfg, match="code_key"):
+        client.dfg_apply(cfg().replace(code_key, "/vol/no-such-code"))

@@ -49,7 +49,7 @@ try:
 except ImportError:  # the memoryview will do
     np = None
 
-SPIN_S = float(os.environ.get("SLUICE_WORKER_SPIN_US", "50")) / 1e6
+SPIN_S = float(os.environ.get("SLUICE_WORKER_SPIN_US", "300")) / 1e6
 
 
 class StoreError(Exception):

@@ -2,6 +2,8 @@
 //! `PythonOCDPO` UUID). A vertex names a Python class (Cascade's shape:
 //! `python_path`, `module`, `entry_class`, plus the class's own config);
 //! the node starts `workers` Python processes for it and supervises them.
+//! The module may live on the node's file system (`python_path`) or be
+//! shipped as an object (`code_key`: the key whose value is its source).
 //!
 //! Each worker shares one memory region with the node (a file under
 //! `/dev/shm`, mapped by both) and two eventfds. The region:
@@ -65,6 +67,8 @@ const P_DONE: u32 = 2;
 const P_FAIL: u32 = 3;
 const P_CTX_CALL: u32 = 4;
 const F_INPUT_VALUE: u32 = 1;
+/// Default spin before blocking (see BENCHMARKS.md: Python lambdas).
+const DEFAULT_SPIN_US: u64 = 300;
 
 /// A descriptor (both rings; `DESC_FMT` in the worker): kind, flags, call
 /// id, version (responses: the worker's output arena head), timestamp,
@@ -166,6 +170,8 @@ pub struct PythonSpec {
     pub entry_class: String,
     pub workers: usize,
     pub arena_bytes: usize,
+    /// How long each side polls its ring before blocking on its eventfd.
+    pub spin: Duration,
     /// Everything in the config, handed to the class's constructor.
     pub config: Value,
 }
@@ -205,6 +211,13 @@ impl PythonSpec {
                 .filter(|n| (1..=4096).contains(n))
                 .ok_or("arena_mb: from 1 to 4096 (MiB per worker and direction)")?,
         };
+        let spin_us = match c.get("spin_us") {
+            None => DEFAULT_SPIN_US,
+            Some(v) => v
+                .as_u64()
+                .filter(|n| *n <= 100_000)
+                .ok_or("spin_us: microseconds from 0 to 100000")?,
+        };
         let python = s("python")
             .or_else(|| std::env::var("SLUICE_PYTHON").ok())
             .unwrap_or_else(|| "python3".into());
@@ -215,6 +228,7 @@ impl PythonSpec {
             entry_class,
             workers,
             arena_bytes: (arena_mb as usize) << 20,
+            spin: Duration::from_micros(spin_us),
             config: c.clone(),
         })
     }
@@ -263,6 +277,7 @@ struct Proc {
     to_node: OwnedFd,
     path: PathBuf,
     call_id: u64,
+    spin: Duration,
 }
 
 /// How a worker ended, for messages.
@@ -334,6 +349,7 @@ impl Proc {
             .arg(tw.to_string())
             .arg(tn.to_string())
             .env("SLUICE_UDL_SPEC", spec_json)
+            .env("SLUICE_WORKER_SPIN_US", spec.spin.as_micros().to_string())
             .env("PYTHONUNBUFFERED", "1");
         // SAFETY: between fork and exec only async-signal-safe fcntl calls:
         // the two eventfds stay open in the worker (they are CLOEXEC here).
@@ -359,6 +375,7 @@ impl Proc {
             to_node,
             path,
             call_id: 0,
+            spin: spec.spin,
         };
         // The worker says it is ready (its class loaded) with a DONE.
         match p.next_response(Duration::from_secs(60), "starting") {
@@ -375,6 +392,7 @@ impl Proc {
     /// (checking every 100 ms that the process lives).
     fn next_response(&mut self, limit: Duration, doing: &str) -> Result<Desc, String> {
         let t0 = Instant::now();
+        let mut spin_until = Instant::now() + self.spin;
         loop {
             let tail = self.index(H_RESP_TAIL).load(Ordering::Acquire);
             if self.index(H_RESP_HEAD).load(Ordering::Acquire) != tail {
@@ -383,7 +401,13 @@ impl Proc {
                 self.index(H_RESP_TAIL).store(tail + 1, Ordering::Release);
                 return Ok(d);
             }
-            if !wait(&self.to_node, Duration::from_millis(100)) {
+            if Instant::now() < spin_until {
+                std::hint::spin_loop();
+                continue;
+            }
+            if wait(&self.to_node, Duration::from_millis(100)) {
+                spin_until = Instant::now() + self.spin;
+            } else {
                 if let Ok(Some(status)) = self.child.try_wait() {
                     return Err(format!(
                         "python worker (pid {}) {} while {doing}",
@@ -489,8 +513,8 @@ pub struct PythonUdl {
 }
 
 impl PythonUdl {
-    pub fn from_config(c: &Value, _: &Context) -> Result<PythonUdl, String> {
-        let spec = PythonSpec::from_config(c)?;
+    pub fn from_config(c: &Value, ctx: &Context) -> Result<PythonUdl, String> {
+        let mut spec = PythonSpec::from_config(c)?;
         static SEQ: AtomicU64 = AtomicU64::new(0);
         let base = if Path::new("/dev/shm").is_dir() {
             PathBuf::from("/dev/shm")
@@ -503,6 +527,27 @@ impl PythonUdl {
             SEQ.fetch_add(1, Ordering::Relaxed)
         ));
         std::fs::create_dir_all(&dir).map_err(|e| format!("creating {}: {e}", dir.display()))?;
+        // Code shipped as an object: the module's source is the value of
+        // `code_key` (so one `dfg apply` after a put upgrades every node).
+        if let Some(key) = c.get("code_key") {
+            let key = key
+                .as_str()
+                .ok_or("code_key: the key of the module's source")?;
+            let o = ctx.get(key).map_err(|e| {
+                format!("code_key {key}: {e} (put the module's source there first)")
+            })?;
+            let code = dir.join("code");
+            std::fs::create_dir_all(&code)
+                .map_err(|e| format!("creating {}: {e}", code.display()))?;
+            let file = code.join(format!("{}.py", spec.module.replace('.', "/")));
+            if let Some(parent) = file.parent() {
+                std::fs::create_dir_all(parent)
+                    .map_err(|e| format!("creating {}: {e}", parent.display()))?;
+            }
+            std::fs::write(&file, &o.value)
+                .map_err(|e| format!("writing {}: {e}", file.display()))?;
+            spec.python_path.insert(0, code.display().to_string());
+        }
         let mut procs = Vec::new();
         for n in 0..spec.workers {
             // Start them now: a class that fails to load fails `dfg apply`.
