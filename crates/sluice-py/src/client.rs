@@ -130,12 +130,13 @@ impl Client {
         )
     }
 
-    #[pyo3(signature = (key, value, *, future = None))]
+    #[pyo3(signature = (key, value, *, trace_id = None, future = None))]
     fn trigger_put(
         &self,
         py: Python<'_>,
         key: String,
         value: &Bound<'_, PyAny>,
+        trace_id: Option<u64>,
         future: Option<Py<PyAny>>,
     ) -> PyResult<Py<PyAny>> {
         let v = bytes_of(value)?;
@@ -143,7 +144,12 @@ impl Client {
         run(
             py,
             Mode::of(&self.completions, future),
-            async move { c.trigger_put(&key, v).await },
+            async move {
+                match trace_id {
+                    Some(id) => c.trigger_put_traced(&key, v, id).await,
+                    None => c.trigger_put(&key, v).await,
+                }
+            },
             int,
         )
     }

@@ -123,6 +123,10 @@ pub struct Object {
     /// Whether this version is a removal (history only).
     pub removed: bool,
     pub value: Py<Value>,
+    /// The latency trace (`id`, `client_sent_us`, `hops`: one per stage
+    /// with `stage`, `enqueued_us`, `started_us`, `emitted_us`), when the
+    /// writer asked for one (`trigger_put(..., trace_id=)`); else `None`.
+    pub trace: Option<Py<PyAny>>,
 }
 
 #[pymethods]
@@ -152,6 +156,13 @@ impl Object {
             previous_version_by_key: (o.meta.previous_version_by_key != sluice_types::VERSION_NONE)
                 .then_some(o.meta.previous_version_by_key),
             removed: o.meta.tombstone,
+            trace: match o.trace.as_deref().filter(|t| t.id != 0) {
+                Some(t) => Some(crate::runtime::json_to_py(
+                    py,
+                    &serde_json::to_value(t).unwrap_or_default(),
+                )?),
+                None => None,
+            },
             value: Py::new(py, Value { bytes: o.value })?,
         })
     }

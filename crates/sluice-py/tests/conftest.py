@@ -32,30 +32,32 @@ class Node:
 
     def __init__(self, data_dir: Path, extra=()):
         self.data_dir = data_dir
+        # Output goes to a file (a pipe nobody drains would block the node
+        # and its lambdas' workers once full).
+        self.log_path = data_dir.parent / (data_dir.name + ".log")
+        log = open(self.log_path, "w")
         self.proc = subprocess.Popen(
             [sluice_bin(), "serve", "--listen", "127.0.0.1:0", "--data-dir", str(data_dir), *extra],
-            stdout=subprocess.PIPE,
+            stdout=log,
             stderr=subprocess.STDOUT,
-            text=True,
             # Python lambdas run in this interpreter (it has the test deps).
             env={**os.environ, "RUST_LOG": os.environ.get("RUST_LOG", "warn"), "SLUICE_PYTHON": sys.executable},
         )
         self.addr = None
-        seen = []
         deadline = time.monotonic() + 30
         # The node prints one line when it listens (a condition, not a sleep).
-        while time.monotonic() < deadline:
-            line = self.proc.stdout.readline()
-            if not line:
-                break
-            seen.append(line)
-            m = re.search(r"listening on (\S+)", line)
+        while time.monotonic() < deadline and self.proc.poll() is None:
+            m = re.search(r"listening on (\S+)", self.log_path.read_text())
             if m:
                 self.addr = m.group(1)
                 break
+            time.sleep(0.01)
         if self.addr is None:
             self.proc.kill()
-            raise RuntimeError("sluice serve did not start:\n" + "".join(seen))
+            raise RuntimeError("sluice serve did not start:\n" + self.log_path.read_text())
+
+    def log(self) -> str:
+        return self.log_path.read_text()
 
     def stop(self):
         if self.proc.poll() is None:

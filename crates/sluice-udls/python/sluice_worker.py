@@ -19,6 +19,7 @@ import importlib
 import json
 import mmap
 import os
+import select
 import struct
 import sys
 import time
@@ -112,17 +113,29 @@ class Worker:
         self.udl = udl
         self.call_id = 0
         self.input = None  # the current upcall's value (memoryview)
+        self.gap_ewma = 0.0  # recent wait for a request, seconds
+        self.parent = os.getppid()
         self.input_range = (0, 0)
 
     # -- rings ---------------------------------------------------------------
     def next_request(self):
         r = self.r
         tail = r.u64(H_REQ_TAIL)
-        spin_until = time.perf_counter() + SPIN_S
+        t0 = time.perf_counter()
+        # Spin only while requests have been arriving within the budget
+        # (when they are further apart, spinning only burns a core).
+        spin = SPIN_S if self.gap_ewma < SPIN_S else 0.0
+        spin_until = t0 + spin
         while r.u64(H_REQ_HEAD) == tail:
             if time.perf_counter() > spin_until:
-                os.eventfd_read(self.to_worker)  # blocks until the node signals
-                spin_until = time.perf_counter() + SPIN_S
+                # Block until the node signals; every second, check that
+                # the node still lives (a worker never outlives it).
+                if select.select([self.to_worker], [], [], 1.0)[0]:
+                    os.eventfd_read(self.to_worker)
+                elif os.getppid() != self.parent:
+                    sys.exit(0)
+                spin_until = time.perf_counter() + spin
+        self.gap_ewma = 0.8 * self.gap_ewma + 0.2 * (time.perf_counter() - t0)
         off = r.req_off + (tail % r.req_slots) * DESC
         d = DESC_FMT.unpack_from(r.m, off)
         r.set_u64(H_REQ_TAIL, tail + 1)
@@ -194,7 +207,7 @@ class Worker:
             (_, _, call_id, version, ts, worker_id, _, k_off, k_len, p_off, p_len, v_off, v_len, prev, prev_key, sender) = d
             self.call_id = call_id
             key = bytes(r.mv[k_off : k_off + k_len]).decode()
-            pool = bytes(r.mv[p_off : p_off + p_len]).decode()
+            pool, _, vertex = bytes(r.mv[p_off : p_off + p_len]).decode().partition("\0")
             value = r.mv[v_off : v_off + v_len]
             # Cascade hands a NumPy uint8 array over the bytes; so do we when
             # NumPy is there (a view: no copy), else the memoryview.
@@ -205,6 +218,8 @@ class Worker:
                 self.udl.ocdpo_handler(
                     sender=sender,
                     pathname=pool,
+                    vertex=vertex,
+                    key_suffix=key[len(vertex):] if key.startswith(vertex) else key,
                     key=key,
                     version=version,
                     timestamp_us=ts,

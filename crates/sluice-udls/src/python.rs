@@ -278,6 +278,9 @@ struct Proc {
     path: PathBuf,
     call_id: u64,
     spin: Duration,
+    /// Recent wait for a response (µs, moving average): spinning pays
+    /// only when answers come sooner than the spin budget.
+    wait_ewma_us: f64,
 }
 
 /// How a worker ended, for messages.
@@ -376,6 +379,7 @@ impl Proc {
             path,
             call_id: 0,
             spin: spec.spin,
+            wait_ewma_us: 0.0,
         };
         // The worker says it is ready (its class loaded) with a DONE.
         match p.next_response(Duration::from_secs(60), "starting") {
@@ -392,13 +396,22 @@ impl Proc {
     /// (checking every 100 ms that the process lives).
     fn next_response(&mut self, limit: Duration, doing: &str) -> Result<Desc, String> {
         let t0 = Instant::now();
-        let mut spin_until = Instant::now() + self.spin;
+        // Spin only while answers have been coming within the budget (a
+        // lambda that computes for milliseconds would make it pure waste).
+        let spin = if self.wait_ewma_us < self.spin.as_micros() as f64 {
+            self.spin
+        } else {
+            Duration::ZERO
+        };
+        let mut spin_until = t0 + spin;
         loop {
             let tail = self.index(H_RESP_TAIL).load(Ordering::Acquire);
             if self.index(H_RESP_HEAD).load(Ordering::Acquire) != tail {
                 let at = self.layout.resp + (tail as usize % SLOTS) * DESC;
                 let d = Desc::read(&self.map[at..at + DESC]);
                 self.index(H_RESP_TAIL).store(tail + 1, Ordering::Release);
+                let waited = t0.elapsed().as_micros() as f64;
+                self.wait_ewma_us = 0.8 * self.wait_ewma_us + 0.2 * waited;
                 return Ok(d);
             }
             if Instant::now() < spin_until {
@@ -406,7 +419,7 @@ impl Proc {
                 continue;
             }
             if wait(&self.to_node, Duration::from_millis(100)) {
-                spin_until = Instant::now() + self.spin;
+                spin_until = Instant::now() + spin;
             } else {
                 if let Ok(Some(status)) = self.child.try_wait() {
                     return Err(format!(
@@ -568,8 +581,10 @@ impl PythonUdl {
     ) -> Result<(), UdlError> {
         p.call_id += 1;
         let o = call.object;
+        // b: the pool's pathname and the vertex's, NUL-separated.
+        let where_ = format!("{}\0{}", call.pool, call.vertex);
         let r = p
-            .put_input(&[call.key.as_bytes(), call.pool.as_bytes(), &o.value])
+            .put_input(&[call.key.as_bytes(), where_.as_bytes(), &o.value])
             .map_err(UdlError::Failed)?;
         let input = r[2];
         p.push(Desc {
@@ -614,7 +629,7 @@ impl PythonUdl {
                     let r = p
                         .put_input(&[
                             call.key.as_bytes(),
-                            call.pool.as_bytes(),
+                            where_.as_bytes(),
                             &o.value,
                             meta.as_bytes(),
                             &data,

@@ -207,10 +207,12 @@ class Client:
         """Sends a put without waiting for its acknowledgement."""
         self._c.put_and_forget(key, value)
 
-    def trigger_put(self, key: str, value: Any) -> int:
+    def trigger_put(self, key: str, value: Any, *, trace_id: Optional[int] = None) -> int:
         """Hands ``value`` to the lambdas and watchers of ``key`` without
-        storing it; returns its timestamp (µs)."""
-        return self._c.trigger_put(key, value)
+        storing it; returns its timestamp (µs). With ``trace_id``, the
+        objects it leads to carry a latency trace (``obj.trace``: one hop
+        per pipeline stage)."""
+        return self._c.trigger_put(key, value, trace_id=trace_id)
 
     def remove(self, key: str, *, previous_version: Optional[int] = None) -> PutResult:
         """Removes ``key`` (a new version that is a tombstone)."""
