@@ -178,3 +178,14 @@ def test_code_shipped_as_an_object_and_upgraded_by_a_put_and_apply(client, verte
     assert wait_for("v2 output", lambda: get_or_none(client, f"{dst}/b")).value == b"v2:y"
     with pytest.raises(sluice.InvalidDfg, match="code_key"):
         client.dfg_apply(cfg().replace(code_key, "/vol/no-such-code"))
+
+
+def test_objects_reach_the_gpu_from_a_pinned_region(client, vertex):
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device here (CI has none)")
+    src, dst, gid = vertex
+    client.dfg_apply(graph(gid, src, "ToCuda", dst, pin_cuda=True))
+    client.trigger_put(f"{src}/t", bytes([1]) * 4096)
+    o = wait_for("the GPU's answer", lambda: get_or_none(client, f"{dst}/t"))
+    assert o.value == b"4096:True"

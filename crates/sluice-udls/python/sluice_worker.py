@@ -229,6 +229,7 @@ class Worker:
                     worker_id=worker_id,
                     emit=self.emit,
                     context=self.context,
+                    cuda_pinned=self.cuda_pinned,
                 )
                 self.input = None
                 del blob
@@ -272,6 +273,26 @@ class Context:
         return meta["keys"]
 
 
+def pin_for_cuda(region):
+    """Registers the whole region with CUDA as page-locked memory, so a
+    host-to-device copy of an object (``torch.from_numpy(blob).to("cuda",
+    non_blocking=True)``) runs at pinned speed with no staging copy. Returns
+    None, or why it could not."""
+    try:
+        import ctypes
+
+        import torch
+    except ImportError:
+        return "torch is not installed"
+    if not torch.cuda.is_available():
+        return "no CUDA device"
+    buf = (ctypes.c_char * len(region.m)).from_buffer(region.m)
+    region.pinned_buf = buf  # keeps the export (and the registration) alive
+    err = torch.cuda.cudart().cudaHostRegister(ctypes.addressof(buf), len(region.m), 0)
+    code = getattr(err, "value", err)
+    return None if code == 0 else f"cudaHostRegister failed ({err})"
+
+
 def load(spec):
     for p in spec.get("python_path", []) or []:
         sys.path.insert(0, p)
@@ -294,6 +315,12 @@ def main():
         sys.exit(1)
     w.udl = udl
     w.context = Context(w)
+    w.cuda_pinned = False
+    if (spec.get("config") or {}).get("pin_cuda"):
+        why = pin_for_cuda(region)
+        w.cuda_pinned = why is None
+        if why is not None:
+            print(f"sluice python worker: shared region not pinned for CUDA: {why}", file=sys.stderr, flush=True)
     # Also reachable as attributes, as Cascade's UserDefinedLogic has them.
     for name, v in (("emit", w.emit), ("context", w.context)):
         if not hasattr(udl, name):

@@ -94,3 +94,18 @@ class Noop:
 
     def ocdpo_handler(self, key, pathname, blob, emit, **kw):
         emit(key[len(pathname):], blob)
+
+
+class ToCuda:
+    """Copies the object to the GPU (from the pinned region) and emits its
+    sum, and whether the region was pinned."""
+
+    def __init__(self, conf):
+        import torch
+
+        self.torch = torch
+
+    def ocdpo_handler(self, key_suffix, blob, emit, cuda_pinned, **kw):
+        t = self.torch.from_numpy(blob).to("cuda", non_blocking=True)
+        self.torch.cuda.synchronize()
+        emit(key_suffix, f"{int(t.sum().item())}:{cuda_pinned}")
