@@ -59,6 +59,30 @@ fn micros(s: f64) -> PyResult<u64> {
     Ok((s * 1e6) as u64)
 }
 
+impl Client {
+    /// Runs `f` on a handle to the Rust client, blocking or into an
+    /// asyncio future (see `runtime::run`).
+    fn call<T, F, Fut>(
+        &self,
+        py: Python<'_>,
+        future: Option<Py<PyAny>>,
+        f: F,
+        convert: crate::runtime::Convert<T>,
+    ) -> PyResult<Py<PyAny>>
+    where
+        F: FnOnce(sluice_client::Client) -> Fut,
+        Fut: std::future::Future<Output = sluice_types::Result<T>> + Send + 'static,
+        T: Send + 'static,
+    {
+        run(
+            py,
+            Mode::of(&self.completions, future),
+            f(self.inner.clone()),
+            convert,
+        )
+    }
+}
+
 #[pymethods]
 impl Client {
     #[new]
@@ -98,11 +122,10 @@ impl Client {
         future: Option<Py<PyAny>>,
     ) -> PyResult<Py<PyAny>> {
         let v = bytes_of(value)?;
-        let c = self.inner.clone();
-        run(
+        self.call(
             py,
-            Mode::of(&self.completions, future),
-            async move {
+            future,
+            move |c| async move {
                 match previous_version {
                     Some(e) => c.put_if_version(&key, v, e).await,
                     None => c.put(&key, v).await,
@@ -121,11 +144,10 @@ impl Client {
         future: Option<Py<PyAny>>,
     ) -> PyResult<Py<PyAny>> {
         let v = bytes_of(value)?;
-        let c = self.inner.clone();
-        run(
+        self.call(
             py,
-            Mode::of(&self.completions, future),
-            async move { c.put_and_forget(&key, v).await },
+            future,
+            move |c| async move { c.put_and_forget(&key, v).await },
             none,
         )
     }
@@ -140,11 +162,10 @@ impl Client {
         future: Option<Py<PyAny>>,
     ) -> PyResult<Py<PyAny>> {
         let v = bytes_of(value)?;
-        let c = self.inner.clone();
-        run(
+        self.call(
             py,
-            Mode::of(&self.completions, future),
-            async move {
+            future,
+            move |c| async move {
                 match trace_id {
                     Some(id) => c.trigger_put_traced(&key, v, id).await,
                     None => c.trigger_put(&key, v).await,
@@ -162,11 +183,10 @@ impl Client {
         previous_version: Option<u64>,
         future: Option<Py<PyAny>>,
     ) -> PyResult<Py<PyAny>> {
-        let c = self.inner.clone();
-        run(
+        self.call(
             py,
-            Mode::of(&self.completions, future),
-            async move {
+            future,
+            move |c| async move {
                 match previous_version {
                     Some(e) => c.remove_if_version(&key, e).await,
                     None => c.remove(&key).await,
@@ -188,11 +208,10 @@ impl Client {
         linearizable: bool,
         future: Option<Py<PyAny>>,
     ) -> PyResult<Py<PyAny>> {
-        let c = self.inner.clone();
-        run(
+        self.call(
             py,
-            Mode::of(&self.completions, future),
-            async move {
+            future,
+            move |c| async move {
                 match (version, timestamp_us) {
                     (Some(v), _) => c.get_version(&key, v).await,
                     (None, Some(t)) if stable => c.get_by_time(&key, t).await,
@@ -214,11 +233,10 @@ impl Client {
         timestamp_us: Option<u64>,
         future: Option<Py<PyAny>>,
     ) -> PyResult<Py<PyAny>> {
-        let c = self.inner.clone();
-        run(
+        self.call(
             py,
-            Mode::of(&self.completions, future),
-            async move { c.get_size(&key, version, timestamp_us).await },
+            future,
+            move |c| async move { c.get_size(&key, version, timestamp_us).await },
             int,
         )
     }
@@ -232,11 +250,10 @@ impl Client {
         keys: Vec<String>,
         future: Option<Py<PyAny>>,
     ) -> PyResult<Py<PyAny>> {
-        let c = self.inner.clone();
-        run(
+        self.call(
             py,
-            Mode::of(&self.completions, future),
-            async move {
+            future,
+            move |c| async move {
                 let refs: Vec<&str> = keys.iter().map(String::as_str).collect();
                 c.multi_get(&refs)
                     .await?
@@ -271,11 +288,10 @@ impl Client {
         timestamp_us: Option<u64>,
         future: Option<Py<PyAny>>,
     ) -> PyResult<Py<PyAny>> {
-        let c = self.inner.clone();
-        run(
+        self.call(
             py,
-            Mode::of(&self.completions, future),
-            async move {
+            future,
+            move |c| async move {
                 let prefix = prefix.as_deref();
                 match (version, timestamp_us) {
                     (Some(v), _) => c.list_keys_at(&pool, prefix, false, v).await,
@@ -299,11 +315,10 @@ impl Client {
         by_time: bool,
         future: Option<Py<PyAny>>,
     ) -> PyResult<Py<PyAny>> {
-        let c = self.inner.clone();
-        run(
+        self.call(
             py,
-            Mode::of(&self.completions, future),
-            async move { c.history(&key, by_time, start, end, 256).await },
+            future,
+            move |c| async move { c.history(&key, by_time, start, end, 256).await },
             |py, objects| {
                 let l = PyList::empty(py);
                 for o in objects {
@@ -341,11 +356,10 @@ impl Client {
             }),
             ..Default::default()
         };
-        let c = self.inner.clone();
-        run(
+        self.call(
             py,
-            Mode::of(&self.completions, future),
-            async move { serialized(c.create_pool(spec).await?) },
+            future,
+            move |c| async move { serialized(c.create_pool(spec).await?) },
             json,
         )
     }
@@ -357,11 +371,10 @@ impl Client {
         include_deleted: bool,
         future: Option<Py<PyAny>>,
     ) -> PyResult<Py<PyAny>> {
-        let c = self.inner.clone();
-        run(
+        self.call(
             py,
-            Mode::of(&self.completions, future),
-            async move { serialized(c.list_pools(include_deleted).await?) },
+            future,
+            move |c| async move { serialized(c.list_pools(include_deleted).await?) },
             json,
         )
     }
@@ -373,11 +386,10 @@ impl Client {
         pathname: String,
         future: Option<Py<PyAny>>,
     ) -> PyResult<Py<PyAny>> {
-        let c = self.inner.clone();
-        run(
+        self.call(
             py,
-            Mode::of(&self.completions, future),
-            async move { serialized(c.get_pool(&pathname).await?) },
+            future,
+            move |c| async move { serialized(c.get_pool(&pathname).await?) },
             json,
         )
     }
@@ -389,11 +401,10 @@ impl Client {
         pathname: String,
         future: Option<Py<PyAny>>,
     ) -> PyResult<Py<PyAny>> {
-        let c = self.inner.clone();
-        run(
+        self.call(
             py,
-            Mode::of(&self.completions, future),
-            async move { serialized(c.remove_pool(&pathname).await?) },
+            future,
+            move |c| async move { serialized(c.remove_pool(&pathname).await?) },
             json,
         )
     }
@@ -405,11 +416,10 @@ impl Client {
         pathname: String,
         future: Option<Py<PyAny>>,
     ) -> PyResult<Py<PyAny>> {
-        let c = self.inner.clone();
-        run(
+        self.call(
             py,
-            Mode::of(&self.completions, future),
-            async move { serialized(c.purge_pool(&pathname).await?) },
+            future,
+            move |c| async move { serialized(c.purge_pool(&pathname).await?) },
             json,
         )
     }
@@ -444,11 +454,10 @@ impl Client {
     /// The round trip to the home node, in seconds.
     #[pyo3(signature = (*, future = None))]
     fn ping(&self, py: Python<'_>, future: Option<Py<PyAny>>) -> PyResult<Py<PyAny>> {
-        let c = self.inner.clone();
-        run(
+        self.call(
             py,
-            Mode::of(&self.completions, future),
-            async move { c.ping().await },
+            future,
+            move |c| async move { c.ping().await },
             |py, d| Ok(d.as_secs_f64().into_pyobject(py)?.into_any().unbind()),
         )
     }
@@ -461,24 +470,17 @@ impl Client {
         text: String,
         future: Option<Py<PyAny>>,
     ) -> PyResult<Py<PyAny>> {
-        let c = self.inner.clone();
-        run(
+        self.call(
             py,
-            Mode::of(&self.completions, future),
-            async move { c.dfg_apply(&text).await },
+            future,
+            move |c| async move { c.dfg_apply(&text).await },
             json,
         )
     }
 
     #[pyo3(signature = (*, future = None))]
     fn dfg_list(&self, py: Python<'_>, future: Option<Py<PyAny>>) -> PyResult<Py<PyAny>> {
-        let c = self.inner.clone();
-        run(
-            py,
-            Mode::of(&self.completions, future),
-            async move { c.dfg_list().await },
-            json,
-        )
+        self.call(py, future, move |c| async move { c.dfg_list().await }, json)
     }
 
     #[pyo3(signature = (id, *, future = None))]
@@ -488,11 +490,10 @@ impl Client {
         id: String,
         future: Option<Py<PyAny>>,
     ) -> PyResult<Py<PyAny>> {
-        let c = self.inner.clone();
-        run(
+        self.call(
             py,
-            Mode::of(&self.completions, future),
-            async move { c.dfg_remove(&id).await },
+            future,
+            move |c| async move { c.dfg_remove(&id).await },
             none,
         )
     }
@@ -500,13 +501,7 @@ impl Client {
     /// The node's counters.
     #[pyo3(signature = (*, future = None))]
     fn stats(&self, py: Python<'_>, future: Option<Py<PyAny>>) -> PyResult<Py<PyAny>> {
-        let c = self.inner.clone();
-        run(
-            py,
-            Mode::of(&self.completions, future),
-            async move { c.stats().await },
-            json,
-        )
+        self.call(py, future, move |c| async move { c.stats().await }, json)
     }
 
     /// The eventfd that is readable when asynchronous calls finished (the

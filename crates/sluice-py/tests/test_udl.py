@@ -112,6 +112,14 @@ def test_errors_are_counted_and_a_crashed_worker_is_replaced(client, vertex):
         o = wait_for(f"after-{i}", lambda: get_or_none(client, f"{dst}/after-{i}"))
         assert o.value == f"ok:{i}".encode()
     assert status(client, gid)["failures"] == 2
+    # Upcalls queued behind one that crashes its worker all run.
+    client.trigger_put(f"{src}/crash-2", b"x")
+    for i in range(10):
+        client.trigger_put(f"{src}/queued-{i}", f"{i}".encode())
+    for i in range(10):
+        o = wait_for(f"queued-{i}", lambda: get_or_none(client, f"{dst}/queued-{i}"))
+        assert o.value == f"ok:{i}".encode()
+    assert status(client, gid)["failures"] == 3
 
 
 def test_fifo_per_key_holds_with_several_workers(client, vertex):
@@ -152,6 +160,18 @@ def test_live_upgrade_replaces_workers_and_calls_in_flight_finish(client, vertex
     client.trigger_put(f"{src}/after", b"b")
     o = wait_for("a call under the new code", lambda: get_or_none(client, f"{dst}/after"))
     assert o.value == b"v2:b"
+    # Under load: upgrades while puts stream in lose none of them.
+    n = 200
+    sender = threading.Thread(
+        target=lambda: [client.trigger_put(f"{src}/load-{i}", b"x") for i in range(n)]
+    )
+    sender.start()
+    for tag in ("v3", "v4", "v5"):
+        client.dfg_apply(graph(gid, src, "Slow", dst, tag=tag, delay_s=0.0, started=started))
+    sender.join()
+    outs = [wait_for(f"load-{i}", lambda i=i: get_or_none(client, f"{dst}/load-{i}")) for i in range(n)]
+    assert {o.value.tobytes().split(b":")[0] for o in outs} <= {b"v2", b"v3", b"v4", b"v5"}
+    assert status(client, gid)["failures"] == 0
 
 
 def test_a_class_that_does_not_load_fails_the_apply(client, vertex):
