@@ -368,7 +368,7 @@ class Client:
 
 def _async_method(name: str, doc: Optional[str]) -> Callable[..., Any]:
     async def method(self: "AsyncClient", *args: Any, **kwargs: Any) -> Any:
-        fut = asyncio.get_running_loop().create_future()
+        fut = self._loop.create_future()
         getattr(self._c, name)(*args, future=fut, **kwargs)
         return await fut
 
@@ -430,6 +430,12 @@ class AsyncClient:
     def node_id(self) -> int:
         return self._blocking.node_id
 
+    async def put(self, key: str, value: Any, *, previous_version: Optional[int] = None) -> PutResult:
+        # The hot path, spelled out (no generic wrapper).
+        fut = self._loop.create_future()
+        self._c.put(key, value, previous_version=previous_version, future=fut)
+        return await fut
+
     async def get(
         self,
         key: str,
@@ -440,7 +446,7 @@ class AsyncClient:
         stable: bool = True,
         linearizable: bool = False,
     ) -> Object:
-        fut = asyncio.get_running_loop().create_future()
+        fut = self._loop.create_future()
         self._c.get(
             key,
             version=version,
@@ -480,8 +486,8 @@ class AsyncClient:
         return AsyncWatch(w)
 
 
+AsyncClient.put.__doc__ = Client.put.__doc__
 for _name in (
-    "put",
     "put_and_forget",
     "trigger_put",
     "remove",
