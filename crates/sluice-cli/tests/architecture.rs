@@ -126,3 +126,47 @@ fn every_module_is_named_in_its_crates_section() {
     }
     assert!(missing.is_empty(), "{}", missing.join("\n"));
 }
+
+/// Issue #15: no function in the server or the CLI grows past what a
+/// reader can hold (120 lines, signature to closing brace).
+#[test]
+fn no_function_in_the_server_or_the_cli_is_longer_than_120_lines() {
+    let mut long = Vec::new();
+    for c in ["sluice-server", "sluice-cli"] {
+        let mut stack = vec![root().join("crates").join(c).join("src")];
+        while let Some(dir) = stack.pop() {
+            for e in std::fs::read_dir(&dir).unwrap().filter_map(|e| e.ok()) {
+                let p = e.path();
+                if p.is_dir() {
+                    stack.push(p);
+                    continue;
+                }
+                if p.extension().is_none_or(|x| x != "rs") {
+                    continue;
+                }
+                let text = std::fs::read_to_string(&p).unwrap();
+                let lines: Vec<&str> = text.lines().collect();
+                for (i, l) in lines.iter().enumerate() {
+                    let t = l.trim_start();
+                    let indent = l.len() - t.len();
+                    let t = t
+                        .trim_start_matches("pub(crate) ")
+                        .trim_start_matches("pub(super) ")
+                        .trim_start_matches("pub ")
+                        .trim_start_matches("async ");
+                    if !t.starts_with("fn ") {
+                        continue;
+                    }
+                    // The closing brace at the signature's indentation.
+                    let close = format!("{}}}", " ".repeat(indent));
+                    if let Some(j) = lines[i + 1..].iter().position(|x| *x == close) {
+                        if j + 2 > 120 {
+                            long.push(format!("{}:{} ({} lines)", p.display(), i + 1, j + 2));
+                        }
+                    }
+                }
+            }
+        }
+    }
+    assert!(long.is_empty(), "functions over 120 lines: {long:?}");
+}
