@@ -15,62 +15,65 @@ pyo3::create_exception!(
     "Base class of every error Sluice raises."
 );
 
-/// Declares one exception class per error kind, with the kind's wire name.
+/// Declares one exception class per error kind. `class_of` matches every
+/// variant with no wildcard: a new kind of error does not compile until
+/// it has its class here.
 macro_rules! kinds {
-    ($($class:ident = $wire:literal: $doc:literal),* $(,)?) => {
+    ($($class:ident = $variant:ident: $doc:literal),* $(,)?) => {
         $(pyo3::create_exception!(sluice, $class, SluiceException, $doc);)*
 
-        /// The class of an error kind (by its wire name).
-        fn class_of<'py>(py: Python<'py>, wire: &str) -> Bound<'py, pyo3::types::PyType> {
-            match wire {
-                $($wire => py.get_type::<$class>(),)*
-                _ => py.get_type::<SluiceException>(),
+        /// The class of an error.
+        fn class_of<'py>(py: Python<'py>, e: &SluiceError) -> Bound<'py, pyo3::types::PyType> {
+            match e {
+                $(SluiceError::$variant { .. } => py.get_type::<$class>(),)*
             }
         }
 
-        /// Adds every class to the module.
+        /// Adds every class to the module, and `_error_classes`: their
+        /// names, for the tests.
         pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
             let py = m.py();
             m.add("SluiceError", py.get_type::<SluiceException>())?;
             $(m.add(stringify!($class), py.get_type::<$class>())?;)*
+            m.add("_error_classes", vec![$(stringify!($class)),*])?;
             Ok(())
         }
     };
 }
 
 kinds! {
-    InvalidKey = "invalid_key": "A key that is not a valid path.",
-    NoPool = "no_pool": "No object pool covers the key.",
-    PoolDeleted = "pool_deleted": "The key's pool was removed.",
-    PoolExists = "pool_exists": "A pool already exists at that path.",
-    PoolNotFound = "pool_not_found": "No pool at that path.",
-    InvalidPool = "invalid_pool": "A pool specification that cannot be created.",
-    WrongPoolType = "wrong_pool_type": "The operation does not apply to this pool's type.",
-    NotSupported = "not_supported": "The node does not support the operation.",
-    Forbidden = "forbidden": "The operation is not allowed on this connection.",
-    NotFound = "not_found": "No such key (or version).",
-    VersionNotRetained = "version_not_retained": "The version was dropped by the pool's retention.",
-    VersionConflict = "version_conflict": "A conditional write found another version.",
-    ValueTooLarge = "value_too_large": "The value exceeds the node's limit.",
-    MetaTooLarge = "meta_too_large": "The request's metadata exceeds the node's limit.",
-    TooManyKeys = "too_many_keys": "Too many keys in one request.",
-    TooManyInFlight = "too_many_in_flight": "Too many requests in flight on one connection.",
-    TooManyConnections = "too_many_connections": "The node has no room for another connection.",
-    TooManyWatches = "too_many_watches": "The connection has no room for another watch.",
-    WrongShard = "wrong_shard": "The request was routed to the wrong shard.",
-    UnknownShard = "unknown_shard": "The layout has no such shard.",
-    NotLeader = "not_leader": "The member is not the shard's leader.",
-    NotMember = "not_member": "The node is not a member of the shard.",
-    ReplicaBehind = "replica_behind": "The member has not applied what this session has seen.",
-    InvalidDfg = "invalid_dfg": "A data flow graph that cannot be applied.",
-    Protocol = "protocol": "The peer broke the protocol.",
-    InvalidArgument = "invalid_argument": "An argument out of range or malformed.",
-    DfgNotFound = "dfg_not_found": "No data flow graph with that id.",
-    Timeout = "timeout": "The request did not finish in time.",
-    ConnectionError = "connection": "The node cannot be reached.",
-    Unavailable = "unavailable": "The shard cannot serve now (no leader, no majority).",
-    IoError = "io": "The node failed to read or write its disk.",
-    Internal = "internal": "A bug in Sluice: please report it.",
+    InvalidKey = InvalidKey: "A key that is not a valid path.",
+    NoPool = NoPool: "No object pool covers the key.",
+    PoolDeleted = PoolDeleted: "The key's pool was removed.",
+    PoolExists = PoolExists: "A pool already exists at that path.",
+    PoolNotFound = PoolNotFound: "No pool at that path.",
+    InvalidPool = InvalidPool: "A pool specification that cannot be created.",
+    WrongPoolType = WrongPoolType: "The operation does not apply to this pool's type.",
+    NotSupported = NotSupported: "The node does not support the operation.",
+    Forbidden = Forbidden: "The operation is not allowed on this connection.",
+    NotFound = NotFound: "No such key (or version).",
+    VersionNotRetained = VersionNotRetained: "The version was dropped by the pool's retention.",
+    VersionConflict = VersionConflict: "A conditional write found another version.",
+    ValueTooLarge = ValueTooLarge: "The value exceeds the node's limit.",
+    MetaTooLarge = MetaTooLarge: "The request's metadata exceeds the node's limit.",
+    TooManyKeys = TooManyKeys: "Too many keys in one request.",
+    TooManyInFlight = TooManyInFlight: "Too many requests in flight on one connection.",
+    TooManyConnections = TooManyConnections: "The node has no room for another connection.",
+    TooManyWatches = TooManyWatches: "The connection has no room for another watch.",
+    WrongShard = WrongShard: "The request was routed to the wrong shard.",
+    UnknownShard = UnknownShard: "The layout has no such shard.",
+    NotLeader = NotLeader: "The member is not the shard's leader.",
+    NotMember = NotMember: "The node is not a member of the shard.",
+    ReplicaBehind = ReplicaBehind: "The member has not applied what this session has seen.",
+    InvalidDfg = InvalidDfg: "A data flow graph that cannot be applied.",
+    Protocol = Protocol: "The peer broke the protocol.",
+    InvalidArgument = InvalidArgument: "An argument out of range or malformed.",
+    DfgNotFound = DfgNotFound: "No data flow graph with that id.",
+    Timeout = Timeout: "The request did not finish in time.",
+    ConnectionError = Connection: "The node cannot be reached.",
+    Unavailable = Unavailable: "The shard cannot serve now (no leader, no majority).",
+    IoError = Io: "The node failed to read or write its disk.",
+    Internal = Internal: "A bug in Sluice: please report it.",
 }
 
 /// The Python exception for a Sluice error.
@@ -81,7 +84,7 @@ pub fn to_py(e: SluiceError) -> PyErr {
 fn exception(py: Python<'_>, e: &SluiceError) -> PyErr {
     let fields = serde_json::to_value(e).unwrap_or_default();
     let wire = fields["error"].as_str().unwrap_or("internal").to_string();
-    let class = class_of(py, &wire);
+    let class = class_of(py, e);
     let err = match class.call1((e.to_string(),)) {
         Ok(v) => v,
         Err(err) => return err,

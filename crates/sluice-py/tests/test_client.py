@@ -157,3 +157,14 @@ def test_persistent_pools_keep_versions_for_time_reads_and_history(client):
     assert [(o.value.tobytes(), o.removed) for o in h] == [(b"", True), (b"new", False), (b"old", False)]
     with pytest.raises(ValueError, match="not both"):
         client.get(k, timestamp=1.0, timestamp_us=1)
+
+
+def test_every_error_kind_has_its_exception_class():
+    # The native side maps every variant of the Rust error with no
+    # wildcard (a new kind does not compile without a class).
+    names = sluice._sluice._error_classes
+    assert len(names) == len(set(names)) == 32
+    for name in names:
+        cls = getattr(sluice, name)
+        assert issubclass(cls, sluice.SluiceError) and cls is not sluice.SluiceError, name
+        assert cls.__doc__, name

@@ -3,6 +3,7 @@
 from typing import Any, List, Optional
 
 NO_VERSION: int
+_error_classes: List[str]
 
 class Value:
     """A value's bytes, read-only, shared with the frame they arrived in
