@@ -211,6 +211,17 @@ pub fn load_jellybean(dir: &Path) -> Result<Problem> {
     }
     for (line, r) in &rates.rows {
         let rate = rates.num(*line, "rate", &r[1])?;
+        if !(rate.is_finite() && rate > 0.0) {
+            return Err(PlanError::Input {
+                file: dir.join("input_injection_rates.csv").display().to_string(),
+                line: *line,
+                field: "rate".into(),
+                reason: format!(
+                    "source {:?}: rate {rate} is not a positive number of inputs per second",
+                    r[0]
+                ),
+            });
+        }
         b.op(&r[0], Some(rate));
     }
     for (_, r) in &graph.rows {
@@ -495,7 +506,20 @@ pub fn load_file(path: &Path) -> Result<Problem> {
             b.workers.push((w.name.clone(), w.cost_per_hour, Some(t)));
         }
     }
-    for s in &spec.sources {
+    for (i, s) in spec.sources.iter().enumerate() {
+        if !(s.rate.is_finite() && s.rate > 0.0) {
+            return Err(with_line(
+                PlanError::Field {
+                    file: file.clone(),
+                    field: format!("sources[{i}].rate"),
+                    reason: format!(
+                        "source {:?}: rate {} is not a positive number of inputs per second",
+                        s.name, s.rate
+                    ),
+                },
+                &text,
+            ));
+        }
         b.op(&s.name, Some(s.rate));
         for (w, c) in &s.links {
             b.links.push((s.name.clone(), w.clone(), *c, true));

@@ -244,6 +244,49 @@ fn write_tmp(name: &str, text: &str) -> PathBuf {
     p
 }
 
+/// Issue #17: a negative or zero input rate is refused naming the
+/// source, its file and line (it used to plan negative costs and exit 0).
+#[test]
+fn non_positive_rates_are_refused_naming_the_source() {
+    for bad in ["-5.0", "0.0", "nan"] {
+        let text = std::fs::read_to_string(example()).unwrap().replacen(
+            "rate = 30.0",
+            &format!("rate = {bad}"),
+            1,
+        );
+        let e = load(&write_tmp("rate.toml", &text))
+            .unwrap_err()
+            .to_string();
+        let line = text
+            .lines()
+            .position(|l| l.contains("\"cameras\""))
+            .unwrap()
+            + 1;
+        assert!(
+            e.contains(&format!("rate.toml:{line}: sources[0].rate"))
+                && e.contains("not a positive number"),
+            "{bad}: {e}"
+        );
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    for f in std::fs::read_dir(fixture()).unwrap() {
+        let f = f.unwrap().path();
+        std::fs::copy(&f, dir.join(f.file_name().unwrap())).unwrap();
+    }
+    let rates = dir.join("input_injection_rates.csv");
+    let text = std::fs::read_to_string(&rates).unwrap();
+    let mut lines: Vec<String> = text.lines().map(str::to_string).collect();
+    let (name, _) = lines[1].split_once(',').unwrap();
+    lines[1] = format!("{name},-3");
+    std::fs::write(&rates, lines.join("\n") + "\n").unwrap();
+    let e = load(dir).unwrap_err().to_string();
+    assert!(
+        e.contains("input_injection_rates.csv:2: rate") && e.contains("not a positive number"),
+        "{e}"
+    );
+}
+
 #[test]
 fn input_errors_name_file_line_and_field() {
     // TOML syntax / unknown field: the line of the problem.
