@@ -18,6 +18,11 @@ pub struct PlanArgs {
     /// Also run the exhaustive search (small instances only).
     #[arg(long)]
     exhaustive: bool,
+    /// Time for the exact search after the heuristics, in milliseconds
+    /// (0: heuristics only). The plan is optimal when it finishes;
+    /// otherwise the report gives the gap to a lower bound.
+    #[arg(long, default_value_t = 2000)]
+    exact_budget_ms: u64,
     /// Seed for the random topological orders.
     #[arg(long, default_value_t = 42)]
     seed: u64,
@@ -30,6 +35,8 @@ pub fn run(a: PlanArgs, json: bool) -> Result<()> {
         &PlanOptions {
             seed: a.seed,
             exhaustive: a.exhaustive,
+            exact_budget: (a.exact_budget_ms > 0)
+                .then(|| std::time::Duration::from_millis(a.exact_budget_ms)),
         },
     )?;
     if json {

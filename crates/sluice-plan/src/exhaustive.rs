@@ -26,11 +26,23 @@ struct Search<'a> {
     choice: Vec<Option<usize>>,
     best: Option<Plan>,
     bound: f64,
+    /// Nodes visited (search states).
+    states: u64,
+    deadline: Option<std::time::Instant>,
+    stopped: bool,
 }
 
 impl Search<'_> {
     fn dfs(&mut self, w: usize, compute: f64) {
-        if compute >= self.bound {
+        self.states += 1;
+        if self.states % 1024 == 0
+            && self
+                .deadline
+                .is_some_and(|d| std::time::Instant::now() >= d)
+        {
+            self.stopped = true;
+        }
+        if self.stopped || compute >= self.bound {
             return;
         }
         if w == self.p.workers.len() {
@@ -110,9 +122,31 @@ impl Search<'_> {
     }
 }
 
+/// How an exact search ended.
+#[derive(Clone, Debug)]
+pub struct Exact {
+    /// The cheapest plan found below the upper bound (the optimum when
+    /// `finished`; `None`: nothing cheaper than the bound exists).
+    pub plan: Option<Plan>,
+    /// Search states visited.
+    pub states: u64,
+    /// Whether the whole space was searched (else the budget ran out).
+    pub finished: bool,
+}
+
 /// The optimal plan under A2, or a refusal with the state estimate.
 /// `upper_bound` (e.g. the heuristic's cost) prunes the search.
 pub fn optimum(p: &Problem, upper_bound: Option<f64>) -> Result<Option<Plan>> {
+    optimum_within(p, upper_bound, None).map(|e| e.plan)
+}
+
+/// `optimum`, stopping when `budget` runs out (then `finished` is false
+/// and `plan` is the best found so far).
+pub fn optimum_within(
+    p: &Problem,
+    upper_bound: Option<f64>,
+    budget: Option<std::time::Duration>,
+) -> Result<Exact> {
     let selections = all_feasible(p);
     let states = estimate_states(p, selections.len());
     if states > STATE_LIMIT {
@@ -121,8 +155,10 @@ pub fn optimum(p: &Problem, upper_bound: Option<f64>) -> Result<Option<Plan>> {
             limit: STATE_LIMIT,
         });
     }
+    let deadline = budget.map(|b| std::time::Instant::now() + b);
     let mut best: Option<Plan> = None;
     let mut bound = upper_bound.map_or(f64::INFINITY, |b| b + 1e-9);
+    let mut visited = 0;
     for models in &selections {
         let mut s = Search {
             p,
@@ -132,12 +168,52 @@ pub fn optimum(p: &Problem, upper_bound: Option<f64>) -> Result<Option<Plan>> {
             choice: vec![None; p.workers.len()],
             best: None,
             bound,
+            states: 0,
+            deadline,
+            stopped: false,
         };
         s.dfs(0, 0.0);
+        visited += s.states;
         if let Some(plan) = s.best {
             bound = plan.total_cost;
             best = Some(plan);
         }
+        if s.stopped {
+            return Ok(Exact {
+                plan: best,
+                states: visited,
+                finished: false,
+            });
+        }
     }
-    Ok(best)
+    Ok(Exact {
+        plan: best,
+        states: visited,
+        finished: true,
+    })
+}
+
+/// A lower bound on any plan's cost: each compute operator's rate carried
+/// at the best cost per unit of throughput of any of its variants on any
+/// worker (a relaxation: workers may be split and shared, accuracy and
+/// A2 ignored, communication free).
+pub fn lower_bound(p: &Problem) -> f64 {
+    let rates = p.rates();
+    p.compute_ops()
+        .iter()
+        .map(|&v| {
+            let best = (0..p.operators[v].variants.len())
+                .flat_map(|m| (0..p.workers.len()).map(move |w| (m, w)))
+                .filter_map(|(m, w)| {
+                    let t = p.throughput(v, m, w);
+                    (t > 0.0).then(|| p.worker_cost(w) / t)
+                })
+                .fold(f64::INFINITY, f64::min);
+            if best.is_finite() {
+                rates[v] * best
+            } else {
+                0.0
+            }
+        })
+        .sum()
 }
