@@ -35,7 +35,7 @@ struct Search<'a> {
 impl Search<'_> {
     fn dfs(&mut self, w: usize, compute: f64) {
         self.states += 1;
-        if self.states % 1024 == 0
+        if self.states.is_multiple_of(1024)
             && self
                 .deadline
                 .is_some_and(|d| std::time::Instant::now() >= d)
