@@ -148,7 +148,7 @@ def main(argv=None):
     for i, img in enumerate(X_test):
         due = t0 + i / a.rate
         while time.perf_counter() < due:
-            time.sleep(min(0.001, due - time.perf_counter()))
+            time.sleep(max(0.0, min(0.001, due - time.perf_counter())))
         sent_at[i] = time.perf_counter()
         c.trigger_put(f"/pydemo/frames/{i}", img.tobytes(), trace_id=i + 1)
     if not done.wait(30):
