@@ -78,41 +78,6 @@ pub struct PythonUdlBenchArgs {
     pub ray: bool,
 }
 
-/// `sluice bench python-udl`: a node running lambdas in `python`, then
-/// the Python side's benchmark.
-fn python_udl_bench(a: PythonUdlBenchArgs, json: bool) -> Result<()> {
-    let python = a
-        .python
-        .or_else(|| std::env::var("SLUICE_PYTHON").ok())
-        .unwrap_or_else(|| "python3".into());
-    // The node's lambdas run in the same Python (SLUICE_PYTHON).
-    std::env::set_var("SLUICE_PYTHON", &python);
-    let node = harness::ChildNode::start(&[])?;
-    let mut cmd = std::process::Command::new(&python);
-    cmd.args([
-        "-m",
-        "sluice.bench_udl",
-        "--addr",
-        &node.addr,
-        "--n",
-        &a.n.to_string(),
-    ]);
-    if a.ray {
-        cmd.arg("--ray");
-    }
-    if json {
-        cmd.arg("--json");
-    }
-    let status = cmd
-        .status()
-        .map_err(|e| anyhow::anyhow!("running {python}: {e}"))?;
-    anyhow::ensure!(
-        status.success(),
-        "{python} -m sluice.bench_udl failed ({status})"
-    );
-    Ok(())
-}
-
 #[derive(clap::Args)]
 pub struct PythonBenchArgs {
     /// The Python with the `sluice` package installed (`pip install
@@ -130,6 +95,30 @@ pub struct PythonBenchArgs {
     pub seconds: f64,
 }
 
+/// The Python that runs the Python benchmarks (and their lambdas).
+fn python_of(given: Option<String>) -> String {
+    given
+        .or_else(|| std::env::var("SLUICE_PYTHON").ok())
+        .unwrap_or_else(|| "python3".into())
+}
+
+/// Runs `python -m module args...` (with `--json` when asked).
+fn run_python_bench(python: &str, module: &str, args: &[String], json: bool) -> Result<()> {
+    let mut cmd = std::process::Command::new(python);
+    cmd.args(["-m", module]).args(args);
+    if json {
+        cmd.arg("--json");
+    }
+    let status = cmd
+        .status()
+        .map_err(|e| anyhow::anyhow!("running {python}: {e}"))?;
+    anyhow::ensure!(
+        status.success(),
+        "{python} -m {module} failed ({status}); is the package installed in that Python (`pip install ./crates/sluice-py`)?"
+    );
+    Ok(())
+}
+
 /// `sluice bench python`: a node, then the Python side's own benchmark
 /// (it measures the Rust client from the same process).
 fn python_bench(a: PythonBenchArgs, json: bool) -> Result<()> {
@@ -142,28 +131,34 @@ fn python_bench(a: PythonBenchArgs, json: bool) -> Result<()> {
         .clone()
         .or_else(|| node.as_ref().map(|n| n.addr.clone()))
         .unwrap_or_default();
-    let python = a
-        .python
-        .or_else(|| std::env::var("SLUICE_PYTHON").ok())
-        .unwrap_or_else(|| "python3".into());
-    let mut cmd = std::process::Command::new(&python);
-    cmd.args(["-m", "sluice.bench", "--addr", &addr]).args([
-        "--gets",
-        &a.gets.to_string(),
-        "--seconds",
-        &a.seconds.to_string(),
-    ]);
-    if json {
-        cmd.arg("--json");
+    let args = [
+        "--addr".to_string(),
+        addr,
+        "--gets".into(),
+        a.gets.to_string(),
+        "--seconds".into(),
+        a.seconds.to_string(),
+    ];
+    run_python_bench(&python_of(a.python), "sluice.bench", &args, json)
+}
+
+/// `sluice bench python-udl`: a node running lambdas in `python`, then
+/// the Python side's benchmark.
+fn python_udl_bench(a: PythonUdlBenchArgs, json: bool) -> Result<()> {
+    let python = python_of(a.python);
+    // The node's lambdas run in the same Python (SLUICE_PYTHON).
+    std::env::set_var("SLUICE_PYTHON", &python);
+    let node = harness::ChildNode::start(&[])?;
+    let mut args = vec![
+        "--addr".to_string(),
+        node.addr.clone(),
+        "--n".into(),
+        a.n.to_string(),
+    ];
+    if a.ray {
+        args.push("--ray".into());
     }
-    let status = cmd
-        .status()
-        .map_err(|e| anyhow::anyhow!("running {python}: {e}"))?;
-    anyhow::ensure!(
-        status.success(),
-        "{python} -m sluice.bench failed ({status}); is the package installed in that Python (`pip install ./crates/sluice-py`)?"
-    );
-    Ok(())
+    run_python_bench(&python, "sluice.bench_udl", &args, json)
 }
 
 #[derive(clap::Args, Clone)]
