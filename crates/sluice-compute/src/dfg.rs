@@ -186,6 +186,9 @@ fn parse_vertex(v: &Value, vp: &str, registry: &Registry) -> Result<Vertex, DfgE
             .ok_or_else(|| err(vp, "missing \"pathname\""))?,
         &format!("{vp}.pathname"),
     )?;
+    // Cascade writes prefixes with a trailing `/` ("/pool/vertex/"): the
+    // same prefix.
+    let pathname = cascade_prefix(pathname);
     validate_key(pathname, 1024).map_err(|e| err(&format!("{vp}.pathname"), e.to_string()))?;
     let names = v
         .get("user_defined_logic_list")
@@ -220,13 +223,22 @@ fn parse_vertex(v: &Value, vp: &str, registry: &Registry) -> Result<Vertex, DfgE
                 )
             })?
             .to_string();
-        let config = configs.map_or(Value::Object(Default::default()), |c| c[i].clone());
-        if !config.is_object() {
-            return Err(err(
-                &format!("{vp}.user_defined_logic_config_list[{i}]"),
-                "must be an object",
-            ));
-        }
+        let cp = format!("{vp}.user_defined_logic_config_list[{i}]");
+        let config = match configs.map(|c| &c[i]) {
+            None => Value::Object(Default::default()),
+            Some(c @ Value::Object(_)) => c.clone(),
+            // Cascade's files also give a config as a string holding JSON.
+            Some(Value::String(text)) => match serde_json::from_str::<Value>(text) {
+                Ok(c @ Value::Object(_)) => c,
+                _ => {
+                    return Err(err(
+                        &cp,
+                        "a string config must hold a JSON object (Cascade hands the UDL the parsed JSON; Sluice's UDLs read named fields from an object)",
+                    ))
+                }
+            },
+            Some(_) => return Err(err(&cp, "must be an object (or a string holding one)")),
+        };
         let policy = match stateful.map(|s| &s[i]) {
             None => Policy::Stateless,
             Some(s) => match str_at(s, &format!("{vp}.user_defined_logic_stateful_list[{i}]"))? {
@@ -279,20 +291,20 @@ fn parse_vertex(v: &Value, vp: &str, registry: &Registry) -> Result<Vertex, DfgE
                     "must be an object {\"/pool\": \"put\"|\"trigger_put\"}",
                 )
             })?;
-            for (pool, mode) in d {
-                validate_key(pool, 1024)
-                    .map_err(|e| err(&format!("{dp}.{pool}"), e.to_string()))?;
-                let mode = match str_at(mode, &format!("{dp}.{pool}"))? {
+            for (raw, mode) in d {
+                let pool = cascade_prefix(raw);
+                validate_key(pool, 1024).map_err(|e| err(&format!("{dp}.{raw}"), e.to_string()))?;
+                let mode = match str_at(mode, &format!("{dp}.{raw}"))? {
                     "put" => DestMode::Put,
                     "trigger_put" => DestMode::TriggerPut,
                     other => {
                         return Err(err(
-                            &format!("{dp}.{pool}"),
+                            &format!("{dp}.{raw}"),
                             format!("unknown mode {other:?}; use put or trigger_put"),
                         ))
                     }
                 };
-                destinations.push((pool.clone(), mode));
+                destinations.push((pool.to_string(), mode));
             }
         }
         udls.push(VertexUdl {
@@ -409,6 +421,64 @@ pub fn find_cycle(vertices: &[(String, Vec<String>)]) -> Option<Vec<String>> {
         }
     }
     None
+}
+
+/// A prefix as Cascade writes it (`/pool/vertex/`) as Sluice names it
+/// (`/pool/vertex`); `/` alone stays.
+fn cascade_prefix(p: &str) -> &str {
+    match p.trim_end_matches('/') {
+        "" => p,
+        t => t,
+    }
+}
+
+#[cfg(test)]
+mod cascade_shape_tests {
+    use super::*;
+
+    fn parse(text: &str) -> Result<DfgFile, DfgError> {
+        let mut r = Registry::default();
+        r.register("relay", |_: &Value, _: &crate::Context| {
+            Err::<std::sync::Arc<dyn crate::Udl>, _>("not built in this test".to_string())
+        });
+        DfgFile::parse(text, &r)
+    }
+
+    /// Issue #17: Cascade's files end prefixes with `/` and give configs
+    /// as strings holding JSON; both load, as Cascade reads them.
+    #[test]
+    fn trailing_slashes_and_string_configs_load_as_cascade_reads_them() {
+        let f = parse(
+            r#"[{"id": "g", "graph": [{"pathname": "/pool/v/",
+                "user_defined_logic_list": ["relay"],
+                "user_defined_logic_config_list": ["{\"k\": 1}"],
+                "destinations": [{"/out/": "put"}]}]}]"#,
+        )
+        .unwrap();
+        let v = &f.graphs[0].vertices[0];
+        assert_eq!(v.pathname, "/pool/v");
+        assert_eq!(v.udls[0].config, serde_json::json!({"k": 1}));
+        assert_eq!(
+            v.udls[0].destinations,
+            vec![("/out".to_string(), DestMode::Put)]
+        );
+        let e = parse(
+            r#"[{"id": "g", "graph": [{"pathname": "/p", "user_defined_logic_list": ["relay"],
+                "user_defined_logic_config_list": ["not json"]}]}]"#,
+        )
+        .unwrap_err();
+        assert!(
+            e.path.ends_with("user_defined_logic_config_list[0]")
+                && e.reason.contains("JSON object"),
+            "{e}"
+        );
+        let e = parse(
+            r#"[{"id": "g", "graph": [{"pathname": "/p", "user_defined_logic_list": ["relay"],
+                "user_defined_logic_config_list": [7]}]}]"#,
+        )
+        .unwrap_err();
+        assert!(e.reason.contains("must be an object"), "{e}");
+    }
 }
 
 #[cfg(test)]
