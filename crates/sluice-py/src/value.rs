@@ -82,8 +82,15 @@ impl Value {
         if let Ok(v) = other.cast::<Value>() {
             return v.get().bytes == self.bytes;
         }
+        // Compared in place (no copy of either side).
         match pyo3::buffer::PyBuffer::<u8>::get(other) {
-            Ok(buf) => buf.to_vec(other.py()).is_ok_and(|v| v == self.bytes[..]),
+            Ok(buf) => buf.as_slice(other.py()).is_some_and(|cells| {
+                cells.len() == self.bytes.len()
+                    && cells
+                        .iter()
+                        .zip(self.bytes.iter())
+                        .all(|(c, b)| c.get() == *b)
+            }),
             Err(_) => false,
         }
     }

@@ -209,3 +209,28 @@ def test_objects_reach_the_gpu_from_a_pinned_region(client, vertex):
     client.trigger_put(f"{src}/t", bytes([1]) * 4096)
     o = wait_for("the GPU's answer", lambda: get_or_none(client, f"{dst}/t"))
     assert o.value == b"4096:True"
+
+
+def test_store_replies_stay_valid_until_the_lambda_returns(client, vertex):
+    src, dst, gid = vertex
+    side = f"/vol/two-{gid}"
+    client.put(side + "/a", b"A" * 1000)
+    client.put(side + "/b", b"B" * 1000)
+    client.dfg_apply(graph(gid, src, "TwoGets", dst, side=side))
+    client.trigger_put(f"{src}/k", b"x")
+    o = wait_for("the emitted object", lambda: get_or_none(client, f"{dst}/k"))
+    assert o.value == b"A" * 1000 + b"+" + b"B" * 1000
+
+
+def test_arena_and_worker_limits_are_errors(client, vertex):
+    src, dst, gid = vertex
+    # A value larger than the shared arena fails its upcall, saying so.
+    client.dfg_apply(graph(gid, src, "Upper", dst, arena_mb=1))
+    client.trigger_put(f"{src}/big", b"x" * (2 << 20))
+    st = wait_for("the failure to be counted", lambda: (s := status(client, gid))["failures"] >= 1 and s)
+    assert "do not fit" in st["last_error"] and "arena_mb" in st["last_error"], st
+    client.trigger_put(f"{src}/small", b"ok")
+    assert wait_for("a small value", lambda: get_or_none(client, f"{dst}/small")).value == b"OK"
+    for bad, field in [({"workers": 0}, "workers"), ({"arena_mb": 0}, "arena_mb"), ({"spin_us": -1}, "spin_us")]:
+        with pytest.raises(sluice.InvalidDfg, match=field):
+            client.dfg_apply(graph(gid, src, "Upper", dst, **bad))

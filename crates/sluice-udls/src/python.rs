@@ -67,6 +67,9 @@ const P_DONE: u32 = 2;
 const P_FAIL: u32 = 3;
 const P_CTX_CALL: u32 = 4;
 const F_INPUT_VALUE: u32 = 1;
+/// How long a worker may take to load its class, and one upcall.
+const START_LIMIT: Duration = Duration::from_secs(60);
+const CALL_LIMIT: Duration = Duration::from_secs(3600);
 /// Default spin before blocking (see BENCHMARKS.md: Python lambdas).
 const DEFAULT_SPIN_US: u64 = 300;
 
@@ -382,7 +385,7 @@ impl Proc {
             wait_ewma_us: 0.0,
         };
         // The worker says it is ready (its class loaded) with a DONE.
-        match p.next_response(Duration::from_secs(60), "starting") {
+        match p.next_response(START_LIMIT, None) {
             Ok(d) if d.kind == P_DONE => Ok(p),
             Ok(d) if d.kind == P_FAIL => {
                 Err(String::from_utf8_lossy(p.out(d.a)?).trim().to_string())
@@ -394,7 +397,11 @@ impl Proc {
 
     /// The next response descriptor, waiting up to `limit` in total
     /// (checking every 100 ms that the process lives).
-    fn next_response(&mut self, limit: Duration, doing: &str) -> Result<Desc, String> {
+    fn next_response(&mut self, limit: Duration, key: Option<&str>) -> Result<Desc, String> {
+        let doing = || match key {
+            Some(k) => format!("handling key {k}"),
+            None => "starting".to_string(),
+        };
         let t0 = Instant::now();
         // Spin only while answers have been coming within the budget (a
         // lambda that computes for milliseconds would make it pure waste).
@@ -423,15 +430,17 @@ impl Proc {
             } else {
                 if let Ok(Some(status)) = self.child.try_wait() {
                     return Err(format!(
-                        "python worker (pid {}) {} while {doing}",
+                        "python worker (pid {}) {} while {}",
                         self.child.id(),
-                        exit_text(status)
+                        exit_text(status),
+                        doing()
                     ));
                 }
                 if t0.elapsed() > limit {
                     return Err(format!(
-                        "python worker (pid {}): no answer in {limit:?} while {doing}",
-                        self.child.id()
+                        "python worker (pid {}): no answer in {limit:?} while {}",
+                        self.child.id(),
+                        doing()
                     ));
                 }
             }
@@ -470,17 +479,25 @@ impl Proc {
         self.slice(r, (self.layout.out, self.layout.out_len))
     }
 
-    /// Copies `parts` into the input arena, one after the other (values
-    /// 64-byte aligned); their (offset, len).
-    fn put_input(&mut self, parts: &[&[u8]]) -> Result<Vec<(u64, u64)>, String> {
-        let mut at = self.layout.input;
+    /// Copies `parts` into the input arena from `from` on (an offset
+    /// into the region), one after the other, each aligned to 64 bytes
+    /// when its flag says so (values, for NumPy and the GPU); their
+    /// (offset, len), and where the last one ends.
+    fn put_input(
+        &mut self,
+        from: usize,
+        parts: &[(&[u8], bool)],
+    ) -> Result<(Vec<(u64, u64)>, usize), String> {
+        let mut at = from.max(self.layout.input);
         let end = self.layout.input + self.layout.input_len;
-        let mut out = Vec::new();
-        for p in parts {
-            at = at.div_ceil(64) * 64;
+        let mut out = Vec::with_capacity(parts.len());
+        for (p, aligned) in parts {
+            if *aligned {
+                at = at.div_ceil(64) * 64;
+            }
             if at + p.len() > end {
                 return Err(format!(
-                    "a value of {} bytes does not fit the python worker's input arena ({} bytes; raise the vertex's \"arena_mb\")",
+                    "{} bytes do not fit the python worker's input arena ({} bytes, shared by an upcall's value and its store calls' replies; raise the vertex's \"arena_mb\")",
                     p.len(),
                     self.layout.input_len
                 ));
@@ -489,7 +506,7 @@ impl Proc {
             out.push((at as u64, p.len() as u64));
             at += p.len();
         }
-        Ok(out)
+        Ok((out, at))
     }
 
     fn stop(&mut self) {
@@ -582,11 +599,20 @@ impl PythonUdl {
         p.call_id += 1;
         let o = call.object;
         // b: the pool's pathname and the vertex's, NUL-separated.
-        let where_ = format!("{}\0{}", call.pool, call.vertex);
-        let r = p
-            .put_input(&[call.key.as_bytes(), where_.as_bytes(), &o.value])
+        let (r, mut input_end) = p
+            .put_input(
+                0,
+                &[
+                    (call.key.as_bytes(), false),
+                    (call.pool.as_bytes(), false),
+                    (b"\0", false),
+                    (call.vertex.as_bytes(), false),
+                    (&o.value, true),
+                ],
+            )
             .map_err(UdlError::Failed)?;
-        let input = r[2];
+        let input = r[4];
+        let where_ = (r[1].0, r[1].1 + 1 + r[3].1);
         p.push(Desc {
             kind: R_UPCALL,
             call_id: p.call_id,
@@ -594,17 +620,16 @@ impl PythonUdl {
             timestamp_us: o.meta.timestamp_us,
             worker_id: call.worker_id as u32,
             a: r[0],
-            b: r[1],
-            c: r[2],
+            b: where_,
+            c: input,
             previous_version: o.meta.previous_version,
             previous_version_by_key: o.meta.previous_version_by_key,
             sender: call.sender,
             ..Desc::default()
         });
-        let doing = format!("handling key {}", call.key);
         loop {
             let d = p
-                .next_response(Duration::from_secs(3600), &doing)
+                .next_response(CALL_LIMIT, Some(call.key))
                 .map_err(UdlError::Failed)?;
             let res = match d.kind {
                 P_EMIT => {
@@ -625,22 +650,18 @@ impl PythonUdl {
                     p.index(H_OUT_FREE).store(d.version, Ordering::Release);
                     let (status, meta, data) = store_call(ctx, &args, value);
                     let meta = meta.to_string();
-                    // The reply goes after the upcall's own bytes.
-                    let r = p
-                        .put_input(&[
-                            call.key.as_bytes(),
-                            where_.as_bytes(),
-                            &o.value,
-                            meta.as_bytes(),
-                            &data,
-                        ])
+                    // After the upcall's bytes and the earlier replies: what
+                    // the lambda got from them stays valid until it returns.
+                    let (r, end) = p
+                        .put_input(input_end, &[(meta.as_bytes(), false), (&data, true)])
                         .map_err(UdlError::Failed)?;
+                    input_end = end;
                     p.push(Desc {
                         kind: R_CTX_REPLY,
                         call_id: p.call_id,
                         status,
-                        a: r[3],
-                        b: r[4],
+                        a: r[0],
+                        b: r[1],
                         ..Desc::default()
                     });
                     Ok(())

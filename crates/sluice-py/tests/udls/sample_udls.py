@@ -109,3 +109,16 @@ class ToCuda:
         t = self.torch.from_numpy(blob).to("cuda", non_blocking=True)
         self.torch.cuda.synchronize()
         emit(key_suffix, f"{int(t.sum().item())}:{cuda_pinned}")
+
+
+class TwoGets:
+    """Reads two keys, then emits both values: the first read's memoryview
+    must still hold its value after the second read."""
+
+    def __init__(self, conf):
+        self.side = json.loads(conf)["side"]
+
+    def ocdpo_handler(self, key_suffix, emit, context, **kw):
+        a, _ = context.get(self.side + "/a")
+        b, _ = context.get(self.side + "/b")
+        emit(key_suffix, bytes(a) + b"+" + bytes(b))
