@@ -2,7 +2,7 @@
 
 use anyhow::{bail, Context, Result};
 use bytes::Bytes;
-use serde_json::json;
+use serde_json::{json, Value};
 use sluice_client::{
     BlockingClient, ClientConfig, Object, PoolMeta, PoolSpec, PoolType, VERSION_NONE,
 };
@@ -166,9 +166,16 @@ pub enum ClusterCmd {
 
 #[derive(clap::Subcommand, Debug)]
 pub enum DfgCmd {
-    /// Load graphs from a dfgs.json file (replaces graphs with the same id).
-    Apply { file: PathBuf },
-    /// List applied graphs with per-lambda counters.
+    /// Load graphs from a dfgs.json file (replaces graphs with the same
+    /// id); in a cluster, on every node.
+    Apply {
+        file: PathBuf,
+        /// Map UDL names in the file (Cascade's UUIDs) to Sluice UDLs: one
+        /// `<uuid> <udl>` per line (in place of Cascade's udl_dlls.cfg).
+        #[arg(long)]
+        aliases: Option<PathBuf>,
+    },
+    /// List applied graphs with per-lambda counters (per node in a cluster).
     Ls,
     /// Remove a graph by id.
     Rm { id: String },
@@ -921,9 +928,8 @@ fn notification(n: &sluice_client::Notification) -> Result<Shown> {
 /// Data flow graphs: apply, list, show, remove.
 fn dfg(c: &BlockingClient, cmd: DfgCmd) -> Result<Shown> {
     Ok(match cmd {
-        DfgCmd::Apply { file } => {
-            let text = std::fs::read_to_string(&file)
-                .with_context(|| format!("reading {}", file.display()))?;
+        DfgCmd::Apply { file, aliases } => {
+            let text = dfg_text(&file, aliases.as_deref())?;
             let r = c
                 .dfg_apply(&text)
                 .with_context(|| format!("applying {}", file.display()))?;
@@ -933,35 +939,45 @@ fn dfg(c: &BlockingClient, cmd: DfgCmd) -> Result<Shown> {
                 .flatten()
                 .filter_map(|v| v.as_str())
                 .collect();
-            let text = format!("applied {}\n", ids.join(", "));
-            Shown::new(r, text)
+            let mut text = vec![format!(
+                "applied {}{}",
+                ids.join(", "),
+                if r["cluster"] == true {
+                    " (on every node of the cluster)"
+                } else {
+                    ""
+                }
+            )];
+            for n in r["notes"].as_array().into_iter().flatten() {
+                text.push(format!("note: {}", n.as_str().unwrap_or("?")));
+            }
+            Shown::new(r, lines(text))
         }
         DfgCmd::Ls => {
-            let r = c.dfg_list()?;
+            let nodes = c.dfg_list_nodes()?;
             let mut text = Vec::new();
-            for g in r.as_array().into_iter().flatten() {
-                text.push(format!(
-                    "{} {}",
-                    g["id"].as_str().unwrap_or("?"),
-                    g["desc"].as_str().unwrap_or("")
-                ));
-                for st in g["status"].as_array().into_iter().flatten() {
-                    text.push(format!(
-                        "  {:<28} {:<8} calls {} emitted {} failures {} panics {} dropped {}{}",
-                        st["vertex"].as_str().unwrap_or("?"),
-                        st["udl"].as_str().unwrap_or("?"),
-                        st["calls"],
-                        st["emitted"],
-                        st["failures"],
-                        st["panics"],
-                        st["dropped"],
-                        st["last_error"]
-                            .as_str()
-                            .map(|e| format!("  last error: {e}"))
-                            .unwrap_or_default()
-                    ));
+            let mut all = Vec::new();
+            let many = nodes.len() > 1;
+            for (node, r) in nodes {
+                if many {
+                    text.push(format!("node {node}:"));
+                }
+                match r {
+                    Ok(r) => {
+                        dfg_lines(&r, many, &mut text);
+                        all.push(json!({"node": node, "graphs": r}));
+                    }
+                    Err(e) => {
+                        text.push(format!("  unreachable: {e}"));
+                        all.push(json!({"node": node, "error": e.to_string()}));
+                    }
                 }
             }
+            let r = if many {
+                Value::Array(all)
+            } else {
+                all.pop().map_or(json!([]), |n| n["graphs"].clone())
+            };
             Shown::new(r, lines(text))
         }
         DfgCmd::Show { id } => {
@@ -980,6 +996,66 @@ fn dfg(c: &BlockingClient, cmd: DfgCmd) -> Result<Shown> {
             Shown::new(json!({"removed": id}), text)
         }
     })
+}
+
+/// A DFG file's text, with the aliases of `aliases` (an alias file, see
+/// `sluice_compute::dfg::parse_aliases`) added to it.
+fn dfg_text(file: &std::path::Path, aliases: Option<&std::path::Path>) -> Result<String> {
+    let text =
+        std::fs::read_to_string(file).with_context(|| format!("reading {}", file.display()))?;
+    let Some(a) = aliases else { return Ok(text) };
+    let atext = std::fs::read_to_string(a).with_context(|| format!("reading {}", a.display()))?;
+    let pairs = sluice_compute::dfg::parse_aliases(&atext)
+        .map_err(|e| anyhow::anyhow!("{}: {e}", a.display()))?;
+    let mut doc: Value = serde_json::from_str(&text)
+        .with_context(|| format!("{} is not valid JSON", file.display()))?;
+    if doc.is_array() {
+        doc = json!({"graphs": doc});
+    }
+    let map = doc
+        .as_object_mut()
+        .ok_or_else(|| anyhow::anyhow!("{}: a DFG file is a list of graphs", file.display()))?
+        .entry("udl_aliases")
+        .or_insert_with(|| json!({}));
+    let map = map
+        .as_object_mut()
+        .ok_or_else(|| anyhow::anyhow!("{}: udl_aliases must be an object", file.display()))?;
+    for (alias, udl) in pairs {
+        map.entry(alias).or_insert(Value::String(udl));
+    }
+    Ok(doc.to_string())
+}
+
+/// The text lines of one node's graph list.
+fn dfg_lines(r: &Value, indent: bool, text: &mut Vec<String>) {
+    let pad = if indent { "  " } else { "" };
+    for g in r.as_array().into_iter().flatten() {
+        text.push(format!(
+            "{pad}{} {}{}",
+            g["id"].as_str().unwrap_or("?"),
+            g["desc"].as_str().unwrap_or(""),
+            match g["state"].as_str() {
+                Some("failed") => format!("  FAILED here: {}", g["error"].as_str().unwrap_or("?")),
+                _ => String::new(),
+            }
+        ));
+        for st in g["status"].as_array().into_iter().flatten() {
+            text.push(format!(
+                "{pad}  {:<28} {:<8} calls {} emitted {} failures {} panics {} dropped {}{}",
+                st["vertex"].as_str().unwrap_or("?"),
+                st["udl"].as_str().unwrap_or("?"),
+                st["calls"],
+                st["emitted"],
+                st["failures"],
+                st["panics"],
+                st["dropped"],
+                st["last_error"]
+                    .as_str()
+                    .map(|e| format!("  last error: {e}"))
+                    .unwrap_or_default()
+            ));
+        }
+    }
 }
 
 /// `health`: the node answers and every group it is in has a leader.

@@ -3,6 +3,7 @@
 
 use anyhow::{bail, Context, Result};
 use sluice_client::BlockingClient;
+use sluice_types::cluster::ClusterLayout;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -23,6 +24,17 @@ pub struct DevArgs {
     /// Start from empty data directories.
     #[arg(long)]
     fresh: bool,
+    /// Start the nodes of this layout instead (Sluice's TOML, e.g. what
+    /// `sluice plan --export` wrote, or Cascade's layout.json); --nodes and
+    /// --base-port are then the layout's.
+    #[arg(long)]
+    layout: Option<PathBuf>,
+    /// Data flow graphs to apply once the cluster is up (`serve --dfgs`).
+    #[arg(long)]
+    dfgs: Option<PathBuf>,
+    /// Alias file for UDL names (`serve --udl-aliases`).
+    #[arg(long)]
+    udl_aliases: Option<PathBuf>,
 }
 
 /// The default local layout: node ids 0..n on consecutive ports; a
@@ -49,7 +61,7 @@ pub fn default_layout(n: u32, base_port: u16) -> String {
 /// The command line that runs node `id` of a `sluice dev` cluster (what
 /// `sluice dev` starts, and what restarts a node that was stopped).
 fn node_args(dir: &Path, layout: &Path, id: u32) -> Vec<std::ffi::OsString> {
-    vec![
+    let mut args: Vec<std::ffi::OsString> = vec![
         "serve".into(),
         "--config".into(),
         dir.join(format!("node-{id}.toml")).into(),
@@ -59,7 +71,13 @@ fn node_args(dir: &Path, layout: &Path, id: u32) -> Vec<std::ffi::OsString> {
         id.to_string().into(),
         "--data-dir".into(),
         dir.join(format!("node-{id}")).into(),
-    ]
+    ];
+    // What `sluice dev` was given for DFGs, kept next to the layout.
+    let aliases = dir.join("udl_aliases.cfg");
+    if aliases.exists() {
+        args.extend(["--udl-aliases".into(), aliases.into()]);
+    }
+    args
 }
 
 /// What to type to restart node `id` by hand, its log appended to.
@@ -76,7 +94,13 @@ fn restart_hint(exe: &Path, dir: &Path, layout: &Path, id: u32) -> String {
     )
 }
 
-fn spawn_node(exe: &Path, dir: &Path, layout: &Path, id: u32) -> Result<Child> {
+fn spawn_node(
+    exe: &Path,
+    dir: &Path,
+    layout: &Path,
+    id: u32,
+    extra: &[std::ffi::OsString],
+) -> Result<Child> {
     let log = std::fs::File::create(dir.join(format!("node-{id}.log")))?;
     // Everything under --dir (so --fresh really starts afresh).
     let cfg = dir.join(format!("node-{id}.toml"));
@@ -91,6 +115,7 @@ fn spawn_node(exe: &Path, dir: &Path, layout: &Path, id: u32) -> Result<Child> {
     )?;
     Command::new(exe)
         .args(node_args(dir, layout, id))
+        .args(extra)
         .stdin(Stdio::null())
         .stdout(log.try_clone()?)
         .stderr(log)
@@ -154,11 +179,6 @@ fn log_tail(dir: &Path, i: u32, n: usize) -> String {
     lines[lines.len().saturating_sub(n)..].join("\n")
 }
 
-fn addr_of(base: &str, i: u32) -> String {
-    let (host, port) = base.rsplit_once(':').unwrap_or(("127.0.0.1", "7420"));
-    format!("{host}:{}", port.parse::<u32>().unwrap_or(7420) + i)
-}
-
 pub fn run(a: DevArgs) -> Result<()> {
     if a.nodes == 0 || a.nodes > 64 {
         bail!("--nodes must be between 1 and 64");
@@ -167,17 +187,46 @@ pub fn run(a: DevArgs) -> Result<()> {
         std::fs::remove_dir_all(&a.dir).with_context(|| format!("removing {}", a.dir.display()))?;
     }
     std::fs::create_dir_all(&a.dir).with_context(|| format!("creating {}", a.dir.display()))?;
+    let layout_text = match &a.layout {
+        None => default_layout(a.nodes, a.base_port),
+        Some(p) => {
+            let text =
+                std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))?;
+            let l = ClusterLayout::from_text(&text)
+                .map_err(|e| anyhow::anyhow!("layout {}: {e}", p.display()))?;
+            format!(
+                "# Written by `sluice dev` from {}.\n{}",
+                p.display(),
+                l.to_toml().map_err(anyhow::Error::msg)?
+            )
+        }
+    };
+    let parsed = ClusterLayout::from_toml(&layout_text).map_err(anyhow::Error::msg)?;
     let layout = a.dir.join("layout.toml");
-    std::fs::write(&layout, default_layout(a.nodes, a.base_port))?;
+    std::fs::write(&layout, &layout_text)?;
+    let aliases = a.dir.join("udl_aliases.cfg");
+    match &a.udl_aliases {
+        Some(p) => {
+            std::fs::copy(p, &aliases).with_context(|| format!("copying {}", p.display()))?;
+        }
+        None => {
+            let _ = std::fs::remove_file(&aliases);
+        }
+    }
     let exe = std::env::current_exe().context("finding the sluice binary")?;
     let mut children = Vec::new();
-    for i in 0..a.nodes {
-        children.push((i, spawn_node(&exe, &a.dir, &layout, i)?));
+    for (k, n) in parsed.nodes.iter().enumerate() {
+        // One node applies --dfgs; the metadata group gives them to all.
+        let extra: Vec<std::ffi::OsString> = match (&a.dfgs, k) {
+            (Some(d), 0) => vec!["--dfgs".into(), d.into()],
+            _ => Vec::new(),
+        };
+        children.push((n.id, spawn_node(&exe, &a.dir, &layout, n.id, &extra)?));
     }
-    let base = format!("127.0.0.1:{}", a.base_port);
+    let base = parsed.nodes[0].address.to_string();
     eprintln!(
         "sluice dev: starting {} nodes in {} ...",
-        a.nodes,
+        parsed.nodes.len(),
         a.dir.display()
     );
     if let Err(e) = wait_ready(&base, &a.dir, &mut children, Duration::from_secs(30)) {
@@ -189,23 +238,24 @@ pub fn run(a: DevArgs) -> Result<()> {
     }
     // Client commands run from here find every node by themselves (so
     // they still reach the cluster when node 0 is down).
-    let endpoints: Vec<String> = (0..a.nodes).map(|i| addr_of(&base, i)).collect();
+    let endpoints: Vec<String> = parsed.nodes.iter().map(|n| n.address.to_string()).collect();
     std::fs::write(a.dir.join("endpoints"), endpoints.join("\n") + "\n")
         .with_context(|| format!("writing {}/endpoints", a.dir.display()))?;
     println!(
         "sluice dev: {} nodes up (layout {})",
-        a.nodes,
+        parsed.nodes.len(),
         layout.display()
     );
-    for (i, c) in &children {
+    for ((i, c), n) in children.iter().zip(&parsed.nodes) {
         println!(
-            "  node {i}: 127.0.0.1:{} (pid {}, log {}/node-{i}.log)",
-            u32::from(a.base_port) + i,
+            "  node {i}: {} (pid {}, log {}/node-{i}.log)",
+            n.address,
             c.id(),
             a.dir.display()
         );
     }
-    println!("try (from this directory, client commands find the nodes in {}/endpoints):\n  sluice put /vol/a hello\n  sluice --addr {} get /vol/a\n  sluice cluster status\nCtrl-C stops every node.", a.dir.display(), addr_of(&base, a.nodes - 1));
+    let last = endpoints.last().cloned().unwrap_or_default();
+    println!("try (from this directory, client commands find the nodes in {}/endpoints):\n  sluice put /vol/a hello\n  sluice --addr {last} get /vol/a\n  sluice cluster status\nCtrl-C stops every node.", a.dir.display());
     let _ = std::io::stdout().flush();
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()

@@ -7,6 +7,7 @@ mod commands;
 mod demo;
 mod dev;
 mod fsck;
+mod layout;
 mod plan;
 mod serve;
 mod shell;
@@ -63,6 +64,9 @@ enum Cmd {
     Fsck(fsck::FsckArgs),
     /// Choose models and workers for an inference workflow at minimum cost.
     Plan(plan::PlanArgs),
+    /// Cluster layouts: import Cascade's layout.json.
+    #[command(subcommand)]
+    Layout(layout::LayoutCmd),
     #[command(flatten)]
     Client(commands::ClientCmd),
 }
@@ -89,6 +93,7 @@ fn main() -> ExitCode {
         Cmd::Demo(a) => demo::run(a),
         Cmd::Dev(a) => dev::run(a),
         Cmd::Plan(a) => plan::run(a, cli.json),
+        Cmd::Layout(c) => layout::run(c, cli.json),
         Cmd::Fsck(a) => fsck::run(a, cli.json),
         Cmd::Shell => shell::run(&addr, cli.timeout_ms, cli.json),
         Cmd::Client(c) => commands::run_once(&addr, cli.timeout_ms, cli.json, c),

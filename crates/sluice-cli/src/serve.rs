@@ -21,6 +21,15 @@ pub struct ServeArgs {
     /// listens on its address there unless --listen says otherwise.
     #[arg(long)]
     cluster: Option<PathBuf>,
+    /// Data flow graphs to run from the start (Cascade reads its dfgs.json
+    /// at start-up): applied on this node, or in a cluster through the
+    /// metadata group once it has a leader and the graphs' pools exist.
+    #[arg(long)]
+    dfgs: Option<PathBuf>,
+    /// Alias file for UDL names in --dfgs and in later `dfg apply`s
+    /// (`<uuid> <udl>` per line; adds to the config's [udl_aliases]).
+    #[arg(long)]
+    udl_aliases: Option<PathBuf>,
     /// Accept `sluice cluster cut/heal` (dropping links to peers): tests only.
     #[arg(long, hide = true)]
     fault_injection: bool,
@@ -62,10 +71,19 @@ pub fn load_config(a: &ServeArgs) -> Result<ServerConfig> {
     if a.fault_injection {
         cfg.cluster.fault_injection = true;
     }
+    if let Some(p) = &a.udl_aliases {
+        let text =
+            std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))?;
+        for (alias, udl) in sluice_compute::dfg::parse_aliases(&text)
+            .map_err(|e| anyhow::anyhow!("{}: {e}", p.display()))?
+        {
+            cfg.udl_aliases.insert(alias, udl);
+        }
+    }
     if let (Some(p), None) = (&cfg.cluster.layout, a.listen) {
         let text = std::fs::read_to_string(p)
             .with_context(|| format!("reading cluster layout {}", p.display()))?;
-        let l = sluice_types::cluster::ClusterLayout::from_toml(&text)
+        let l = sluice_types::cluster::ClusterLayout::from_text(&text)
             .map_err(|e| anyhow::anyhow!("cluster layout {}: {e}", p.display()))?;
         cfg.listen = l.address_of(cfg.node_id).ok_or_else(|| {
             anyhow::anyhow!(
@@ -97,6 +115,12 @@ pub fn run(a: ServeArgs) -> Result<()> {
     tune_allocator();
     init_tracing();
     let cfg = load_config(&a)?;
+    let dfgs = match &a.dfgs {
+        Some(p) => {
+            Some(std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))?)
+        }
+        None => None,
+    };
     let mut rt = tokio::runtime::Builder::new_multi_thread();
     if cfg.worker_threads > 0 {
         rt.worker_threads(cfg.worker_threads);
@@ -105,7 +129,19 @@ pub fn run(a: ServeArgs) -> Result<()> {
     rt.block_on(async move {
         let data_dir = cfg.data_dir.clone();
         let node_id = cfg.node_id;
+        let clustered = cfg.cluster.layout.is_some();
         let server = Server::bind(cfg).await?;
+        if let Some(text) = dfgs {
+            if clustered {
+                tokio::spawn(apply_at_start(server.local_addr(), text));
+            } else {
+                let r = server
+                    .engine()
+                    .apply_report(&text)
+                    .map_err(|e| anyhow::anyhow!("--dfgs: {e}"))?;
+                tracing::info!(graphs = ?r.ids, notes = ?r.notes, "graphs from --dfgs applied");
+            }
+        }
         // Scripts and tests read this line to learn the port.
         println!(
             "sluice: node {node_id} listening on {} (data dir {})",
@@ -117,6 +153,35 @@ pub fn run(a: ServeArgs) -> Result<()> {
         tracing::info!("stopped");
         Ok(())
     })
+}
+
+/// Applies `--dfgs` to the cluster through this node once it can: the
+/// metadata group needs a leader and the graphs' pools must exist. Each
+/// new reason to wait is logged once.
+async fn apply_at_start(addr: SocketAddr, text: String) {
+    let mut last = String::new();
+    let mut pause = std::time::Duration::from_millis(100);
+    loop {
+        let r = match sluice_client::Client::connect(&addr.to_string()).await {
+            Ok(c) => c.dfg_apply(&text).await,
+            Err(e) => Err(e),
+        };
+        match r {
+            Ok(r) => {
+                tracing::info!(graphs = %r["applied"], notes = %r["notes"], "graphs from --dfgs applied to the cluster");
+                return;
+            }
+            Err(e) => {
+                let why = e.to_string();
+                if why != last {
+                    tracing::warn!(error = %why, "graphs from --dfgs not applied yet; retrying");
+                    last = why;
+                }
+            }
+        }
+        tokio::time::sleep(pause).await;
+        pause = (pause * 2).min(std::time::Duration::from_secs(5));
+    }
 }
 
 /// Completes on SIGINT or SIGTERM.

@@ -146,6 +146,7 @@ impl BlockingClient {
         fn stats(&self) -> Result<serde_json::Value>;
         fn dfg_apply(&self, text: &str) -> Result<serde_json::Value>;
         fn dfg_list(&self) -> Result<serde_json::Value>;
+        fn dfg_list_nodes(&self) -> Result<Vec<(u32, Result<serde_json::Value>)>>;
         fn dfg_remove(&self, id: &str) -> Result<()>;
         fn list_keys(&self, pool: &str, prefix: Option<&str>) -> Result<Vec<String>>;
         fn list_keys_at(&self, pool: &str, prefix: Option<&str>, by_time: bool, at: u64) -> Result<Vec<String>>;

@@ -1303,35 +1303,59 @@ impl Client {
     /// returns `{"applied": [ids]}`. An invalid file changes nothing and
     /// fails with `InvalidDfg` naming the JSON path of the bad field.
     pub async fn dfg_apply(&self, text: &str) -> Result<serde_json::Value> {
-        self.json_call(&Request::DfgApply {
+        let req = Request::DfgApply {
             text: text.to_string(),
-        })
-        .await
+        };
+        match self.inner.cluster.load_full() {
+            // A cluster's graphs go through its metadata group.
+            Some(view) => json_of(self.meta_call(&view, &req).await?),
+            None => self.json_call(&req).await,
+        }
     }
 
-    /// The graphs applied on the node, with per-UDL counters.
+    /// The graphs applied on the node, with per-UDL counters (and, in a
+    /// cluster, graphs this node could not run, with the reason).
     pub async fn dfg_list(&self) -> Result<serde_json::Value> {
         self.json_call(&Request::DfgList).await
     }
 
-    /// Removes a graph; its in-flight upcalls finish.
+    /// `dfg_list` of every node of the cluster (of the one node when not
+    /// in a cluster), by node id: a node that does not answer has its
+    /// error instead.
+    pub async fn dfg_list_nodes(&self) -> Result<Vec<(u32, Result<serde_json::Value>)>> {
+        let Some(view) = self.inner.cluster.load_full() else {
+            let node = self.server_info().node_id;
+            return Ok(vec![(node, self.dfg_list().await)]);
+        };
+        let mut ids: Vec<u32> = view.nodes.keys().copied().collect();
+        ids.sort_unstable();
+        let mut out = Vec::with_capacity(ids.len());
+        for n in ids {
+            let r = match self.call_at(Some(n), &Request::DfgList).await {
+                Ok(r) => json_of(r),
+                Err(e) => Err(e),
+            };
+            out.push((n, r));
+        }
+        Ok(out)
+    }
+
+    /// Removes a graph (from every node of a cluster); its in-flight
+    /// upcalls finish.
     pub async fn dfg_remove(&self, id: &str) -> Result<()> {
-        match self
-            .call(&Request::DfgRemove { id: id.to_string() })
-            .await?
-        {
+        let req = Request::DfgRemove { id: id.to_string() };
+        let r = match self.inner.cluster.load_full() {
+            Some(view) => self.meta_call(&view, &req).await?,
+            None => self.call(&req).await?,
+        };
+        match r {
             Response::Ok => Ok(()),
             other => Err(unexpected(other)),
         }
     }
 
     async fn json_call(&self, req: &Request) -> Result<serde_json::Value> {
-        match self.call(req).await? {
-            Response::Json(s) => {
-                serde_json::from_str(&s).map_err(|e| SluiceError::protocol(e.to_string()))
-            }
-            other => Err(unexpected(other)),
-        }
+        json_of(self.call(req).await?)
     }
 
     /// Server counters as JSON.
@@ -1348,6 +1372,16 @@ impl Client {
 /// Client-side queue for one watch; matches the server's per-connection queue.
 fn sluice_server_queue_len() -> usize {
     4096
+}
+
+/// The JSON document a `Response::Json` carries.
+fn json_of(r: Response) -> Result<serde_json::Value> {
+    match r {
+        Response::Json(s) => {
+            serde_json::from_str(&s).map_err(|e| SluiceError::protocol(e.to_string()))
+        }
+        other => Err(unexpected(other)),
+    }
 }
 
 #[cfg(test)]

@@ -33,6 +33,44 @@ const DEDUP_CLIENTS: usize = 10_000;
 pub struct MetaState {
     pub epoch: u64,
     pub members: BTreeMap<u64, Vec<u32>>,
+    /// The cluster's data flow graphs: id -> the graph as normalized JSON
+    /// (UDL names resolved), which every node runs (`Engine::reconcile`).
+    #[serde(default)]
+    pub dfgs: BTreeMap<String, String>,
+}
+
+/// `MetaState` shared by the node and the metadata group's state machine,
+/// with a signal for those who act on changes (the DFG reconciler).
+#[derive(Debug)]
+pub struct MetaCell {
+    state: RwLock<MetaState>,
+    changed: tokio::sync::watch::Sender<u64>,
+}
+
+impl MetaCell {
+    pub fn new(state: MetaState) -> MetaCell {
+        MetaCell {
+            state: RwLock::new(state),
+            changed: tokio::sync::watch::Sender::new(0),
+        }
+    }
+
+    /// Wakes the watchers (call after a change, the lock released).
+    pub fn signal(&self) {
+        let epoch = self.state.read().epoch;
+        self.changed.send_replace(epoch);
+    }
+
+    pub fn subscribe(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.changed.subscribe()
+    }
+}
+
+impl std::ops::Deref for MetaCell {
+    type Target = RwLock<MetaState>;
+    fn deref(&self) -> &RwLock<MetaState> {
+        &self.state
+    }
 }
 
 impl MetaState {
@@ -56,7 +94,11 @@ impl MetaState {
                 }
             }
         }
-        MetaState { epoch: 0, members }
+        MetaState {
+            epoch: 0,
+            members,
+            dfgs: BTreeMap::new(),
+        }
     }
 }
 
@@ -128,7 +170,7 @@ pub struct Sm {
     /// where this log holds them (one write to disk per value).
     log: Option<crate::log::LogStore>,
     store: Arc<Store>,
-    meta: Arc<RwLock<MetaState>>,
+    meta: Arc<MetaCell>,
     /// Where the latest snapshot is kept (`None`: memory only).
     dir: Option<PathBuf>,
     sync: bool,
@@ -229,7 +271,7 @@ impl Sm {
     pub fn open(
         group: u64,
         store: Arc<Store>,
-        meta: Arc<RwLock<MetaState>>,
+        meta: Arc<MetaCell>,
         dir: Option<PathBuf>,
         sync: bool,
         log: Option<crate::log::LogStore>,
@@ -376,6 +418,7 @@ impl Sm {
                 let snap: MetaSnapshot = serde_json::from_slice(data).map_err(sm_err)?;
                 self.store.replace_pool_table(snap.table).map_err(sm_err)?;
                 *self.meta.write() = snap.state;
+                self.meta.signal();
             }
         }
         st.last_applied = meta.last_log_id;
@@ -516,8 +559,20 @@ impl Sm {
                 self.meta.write().members.insert(group, members);
                 Ok("{}".to_string())
             }
+            MetaCommand::DfgSet { graphs } => {
+                let mut m = self.meta.write();
+                for (id, json) in graphs {
+                    m.dfgs.insert(id, json);
+                }
+                Ok("{}".to_string())
+            }
+            MetaCommand::DfgRemove { id } => match self.meta.write().dfgs.remove(&id) {
+                Some(_) => Ok("{}".to_string()),
+                None => Err(Applied::err(&SluiceError::DfgNotFound { id })),
+            },
         };
         self.meta.write().epoch += 1;
+        self.meta.signal();
         Applied::Meta(res)
     }
 

@@ -110,6 +110,14 @@ pub enum MetaCommand {
         group: u64,
         members: Vec<u32>,
     },
+    /// Data flow graphs to run on every node: (id, normalized JSON),
+    /// replacing graphs with the same id.
+    DfgSet {
+        graphs: Vec<(String, String)>,
+    },
+    DfgRemove {
+        id: String,
+    },
 }
 
 /// What applying a command produced. Errors travel as JSON text because

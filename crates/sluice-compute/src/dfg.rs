@@ -12,8 +12,20 @@
 //! ```
 //!
 //! Lists are per UDL of the vertex; all but `user_defined_logic_list` are
-//! optional (defaults: config `{}`, `stateless`, hook `both`, dispatcher
-//! `one`, no destinations). The file may also be an object
+//! optional, with Cascade's defaults (config `{}`, `stateful`, hook `both`,
+//! dispatcher `one`, execution environment `pthread`, no destinations).
+//! Cascade's files load as its loader reads them: prefixes may end in `/`,
+//! configs may be strings holding JSON, lists longer than the UDL list
+//! have their extra entries ignored, a vertex may name no UDL, and the
+//! older names `object_pool_pathname` / `data_path_logic_list` are read.
+//! What Cascade would silently take as a default (an unknown policy, hook,
+//! dispatcher or destination mode) and fields Sluice does not support are
+//! refused, saying what Cascade would have done; Cascade's scheduler hints
+//! are accepted and reported as unused (`DfgFile::notes`).
+//!
+//! UDLs are named by Sluice name or by an alias (Cascade's UDL UUIDs): the
+//! node's registry, `[udl_aliases]` in the node config, an alias file
+//! (`parse_aliases`), or the file itself as an object
 //! `{"udl_aliases": {"<uuid>": "relay"}, "graphs": [...]}`. A graph is
 //! rejected whole, with the JSON path of the first bad field.
 
@@ -87,6 +99,10 @@ pub struct Graph {
 #[derive(Clone, Debug)]
 pub struct DfgFile {
     pub graphs: Vec<Graph>,
+    /// What was read as Cascade reads it but is worth a word to the user:
+    /// older field names, ignored extra list entries, scheduler hints
+    /// Sluice does not use, vertices without UDLs.
+    pub notes: Vec<String>,
 }
 
 fn list<'a>(
@@ -94,17 +110,24 @@ fn list<'a>(
     field: &str,
     path: &str,
     n: usize,
+    notes: &mut Vec<String>,
 ) -> Result<Option<&'a Vec<Value>>, DfgError> {
     match v.get(field) {
         None | Some(Value::Null) => Ok(None),
         Some(Value::Array(a)) => {
-            if a.len() != n {
+            if a.len() < n {
                 return Err(err(
                     &format!("{path}.{field}"),
                     format!(
-                        "has {} entries but user_defined_logic_list has {n}",
+                        "has {} entries but the vertex names {n} UDLs (Cascade's loader fails on this file too: it reads one entry per UDL)",
                         a.len()
                     ),
+                ));
+            }
+            if a.len() > n {
+                notes.push(format!(
+                    "{path}.{field}: {} entries for {n} UDLs; the extra ones are ignored, as Cascade's loader ignores them",
+                    a.len()
                 ));
             }
             Ok(Some(a))
@@ -112,6 +135,51 @@ fn list<'a>(
         Some(_) => Err(err(&format!("{path}.{field}"), "must be a list")),
     }
 }
+
+/// A vertex's field under its current name or the older one some of
+/// Cascade's files use (`object_pool_pathname`, `data_path_logic_list`).
+fn field<'a>(
+    v: &'a Value,
+    name: &str,
+    older: &str,
+    vp: &str,
+    notes: &mut Vec<String>,
+) -> Option<&'a Value> {
+    v.get(name).or_else(|| {
+        let f = v.get(older)?;
+        notes.push(format!(
+            "{vp}: read \"{older}\" as \"{name}\" (its name in older Cascade releases)"
+        ));
+        Some(f)
+    })
+}
+
+/// The fields of a vertex Sluice reads.
+const VERTEX_FIELDS: &[&str] = &[
+    "pathname",
+    "object_pool_pathname",
+    "user_defined_logic_list",
+    "data_path_logic_list",
+    "user_defined_logic_config_list",
+    "user_defined_logic_stateful_list",
+    "user_defined_logic_hook_list",
+    "shard_dispatcher_list",
+    "execution_environment",
+    "destinations",
+];
+
+/// Hints for Cascade's GPU scheduler: they place nothing in Sluice (its
+/// planner does that), so they are accepted and reported as not used.
+const SCHEDULER_HINTS: &[&str] = &[
+    "required_models_list",
+    "required_models_size_list",
+    "required_objects_pathnames",
+    "input_size",
+    "output_size",
+    "output_size_list",
+    "expected_execution_timeus",
+    "expected_execution_timeus_list",
+];
 
 fn str_at<'a>(v: &'a Value, path: &str) -> Result<&'a str, DfgError> {
     v.as_str().ok_or_else(|| err(path, "must be a string"))
@@ -143,8 +211,20 @@ impl DfgFile {
             .as_array()
             .ok_or_else(|| err("$.graphs", "must be a list"))?;
         let mut out = Vec::new();
+        let mut notes = Vec::new();
         for (gi, g) in graphs.iter().enumerate() {
             let gp = format!("$[{gi}]");
+            if let Some(o) = g.as_object() {
+                if let Some(k) = o
+                    .keys()
+                    .find(|k| !["id", "desc", "graph"].contains(&k.as_str()))
+                {
+                    return Err(err(
+                        &format!("{gp}.{k}"),
+                        "unknown field of a graph (a graph has id, desc and graph)",
+                    ));
+                }
+            }
             let id = str_at(
                 g.get("id").ok_or_else(|| err(&gp, "missing \"id\""))?,
                 &format!("{gp}.id"),
@@ -172,17 +252,45 @@ impl DfgFile {
                 .ok_or_else(|| err(&format!("{gp}.graph"), "must be a list"))?;
             let mut vertices = Vec::new();
             for (vi, v) in verts.iter().enumerate() {
-                vertices.push(parse_vertex(v, &format!("{gp}.graph[{vi}]"), &registry)?);
+                vertices.push(parse_vertex(
+                    v,
+                    &format!("{gp}.graph[{vi}]"),
+                    &registry,
+                    &mut notes,
+                )?);
             }
             out.push(Graph { id, desc, vertices });
         }
-        Ok(DfgFile { graphs: out })
+        Ok(DfgFile { graphs: out, notes })
     }
 }
 
-fn parse_vertex(v: &Value, vp: &str, registry: &Registry) -> Result<Vertex, DfgError> {
+fn parse_vertex(
+    v: &Value,
+    vp: &str,
+    registry: &Registry,
+    notes: &mut Vec<String>,
+) -> Result<Vertex, DfgError> {
+    let obj = v
+        .as_object()
+        .ok_or_else(|| err(vp, "a vertex must be an object"))?;
+    for k in obj.keys() {
+        if SCHEDULER_HINTS.contains(&k.as_str()) {
+            notes.push(format!(
+                "{vp}.{k}: a hint for Cascade's GPU scheduler; not used (Sluice places work with `sluice plan`)"
+            ));
+        } else if !VERTEX_FIELDS.contains(&k.as_str()) {
+            return Err(err(
+                &format!("{vp}.{k}"),
+                format!(
+                    "unknown field of a vertex; Sluice reads {}",
+                    VERTEX_FIELDS.join(", ")
+                ),
+            ));
+        }
+    }
     let pathname = str_at(
-        v.get("pathname")
+        field(v, "pathname", "object_pool_pathname", vp, notes)
             .ok_or_else(|| err(vp, "missing \"pathname\""))?,
         &format!("{vp}.pathname"),
     )?;
@@ -190,23 +298,30 @@ fn parse_vertex(v: &Value, vp: &str, registry: &Registry) -> Result<Vertex, DfgE
     // same prefix.
     let pathname = cascade_prefix(pathname);
     validate_key(pathname, 1024).map_err(|e| err(&format!("{vp}.pathname"), e.to_string()))?;
-    let names = v
-        .get("user_defined_logic_list")
-        .ok_or_else(|| err(vp, "missing \"user_defined_logic_list\""))?
-        .as_array()
-        .ok_or_else(|| err(&format!("{vp}.user_defined_logic_list"), "must be a list"))?;
+    let names = field(
+        v,
+        "user_defined_logic_list",
+        "data_path_logic_list",
+        vp,
+        notes,
+    )
+    .ok_or_else(|| err(vp, "missing \"user_defined_logic_list\""))?
+    .as_array()
+    .ok_or_else(|| err(&format!("{vp}.user_defined_logic_list"), "must be a list"))?;
     if names.is_empty() {
-        return Err(err(
-            &format!("{vp}.user_defined_logic_list"),
-            "names no UDL",
+        // Cascade loads such a vertex and runs nothing on it; its files
+        // use one to say that a pool is a destination.
+        notes.push(format!(
+            "{vp}: vertex {pathname} names no UDL; nothing runs there (as in Cascade)"
         ));
     }
     let n = names.len();
-    let configs = list(v, "user_defined_logic_config_list", vp, n)?;
-    let stateful = list(v, "user_defined_logic_stateful_list", vp, n)?;
-    let hooks = list(v, "user_defined_logic_hook_list", vp, n)?;
-    let dispatchers = list(v, "shard_dispatcher_list", vp, n)?;
-    let dests = list(v, "destinations", vp, n)?;
+    let configs = list(v, "user_defined_logic_config_list", vp, n, notes)?;
+    let stateful = list(v, "user_defined_logic_stateful_list", vp, n, notes)?;
+    let hooks = list(v, "user_defined_logic_hook_list", vp, n, notes)?;
+    let dispatchers = list(v, "shard_dispatcher_list", vp, n, notes)?;
+    let environments = list(v, "execution_environment", vp, n, notes)?;
+    let dests = list(v, "destinations", vp, n, notes)?;
     let mut udls = Vec::new();
     for i in 0..n {
         let np = format!("{vp}.user_defined_logic_list[{i}]");
@@ -239,8 +354,10 @@ fn parse_vertex(v: &Value, vp: &str, registry: &Registry) -> Result<Vertex, DfgE
             },
             Some(_) => return Err(err(&cp, "must be an object (or a string holding one)")),
         };
+        // Cascade's default is stateful (FIFO per key): a Cascade graph
+        // keeps its per-key order here too.
         let policy = match stateful.map(|s| &s[i]) {
-            None => Policy::Stateless,
+            None => Policy::Stateful,
             Some(s) => match str_at(s, &format!("{vp}.user_defined_logic_stateful_list[{i}]"))? {
                 "stateless" => Policy::Stateless,
                 "stateful" => Policy::Stateful,
@@ -249,7 +366,7 @@ fn parse_vertex(v: &Value, vp: &str, registry: &Registry) -> Result<Vertex, DfgE
                     return Err(err(
                         &format!("{vp}.user_defined_logic_stateful_list[{i}]"),
                         format!(
-                            "unknown policy {other:?}; use stateless, stateful or singlethreaded"
+                            "unknown policy {other:?}; use stateless, stateful or singlethreaded (Cascade would run it as stateful)"
                         ),
                     ))
                 }
@@ -264,7 +381,7 @@ fn parse_vertex(v: &Value, vp: &str, registry: &Registry) -> Result<Vertex, DfgE
                 other => {
                     return Err(err(
                         &format!("{vp}.user_defined_logic_hook_list[{i}]"),
-                        format!("unknown hook {other:?}; use trigger, ordered or both"),
+                        format!("unknown hook {other:?}; use trigger, ordered or both (Cascade would take it as both)"),
                     ))
                 }
             },
@@ -277,11 +394,19 @@ fn parse_vertex(v: &Value, vp: &str, registry: &Registry) -> Result<Vertex, DfgE
                 other => {
                     return Err(err(
                         &format!("{vp}.shard_dispatcher_list[{i}]"),
-                        format!("unknown dispatcher {other:?}; use one or all"),
+                        format!("unknown dispatcher {other:?}; use one or all (Cascade would take it as one)"),
                     ))
                 }
             },
         };
+        if let Some(e) = environments.map(|e| &e[i]) {
+            check_environment(
+                e,
+                &format!("{vp}.execution_environment[{i}]"),
+                &name,
+                registry,
+            )?;
+        }
         let mut destinations = Vec::new();
         if let Some(d) = dests.map(|d| &d[i]) {
             let dp = format!("{vp}.destinations[{i}]");
@@ -300,7 +425,7 @@ fn parse_vertex(v: &Value, vp: &str, registry: &Registry) -> Result<Vertex, DfgE
                     other => {
                         return Err(err(
                             &format!("{dp}.{raw}"),
-                            format!("unknown mode {other:?}; use put or trigger_put"),
+                            format!("unknown mode {other:?}; use put or trigger_put (Cascade would take it as put)"),
                         ))
                     }
                 };
@@ -320,6 +445,32 @@ fn parse_vertex(v: &Value, vp: &str, registry: &Registry) -> Result<Vertex, DfgE
         pathname: pathname.to_string(),
         udls,
     })
+}
+
+/// Cascade's `execution_environment` entry for one UDL: `pthread` (in the
+/// node's process) runs as every Sluice UDL does; `process` only for a UDL
+/// that runs its code in worker processes (Python); the rest is refused.
+fn check_environment(
+    e: &Value,
+    path: &str,
+    udl: &str,
+    registry: &Registry,
+) -> Result<(), DfgError> {
+    let mode = e
+        .get("mode")
+        .ok_or_else(|| err(path, "needs a \"mode\" (pthread or process)"))?;
+    match str_at(mode, &format!("{path}.mode"))? {
+        "pthread" => Ok(()),
+        "process" if registry.is_out_of_process(udl) => Ok(()),
+        "process" => Err(err(
+            &format!("{path}.mode"),
+            format!("UDL {udl:?} runs in the node's process; in Sluice only Python UDLs (\"python\") run in worker processes"),
+        )),
+        other => Err(err(
+            &format!("{path}.mode"),
+            format!("execution environment {other:?} is not supported; use pthread (in the node) or process (Python UDLs)"),
+        )),
+    }
 }
 
 impl Graph {
@@ -421,6 +572,41 @@ pub fn find_cycle(vertices: &[(String, Vec<String>)]) -> Option<Vec<String>> {
         }
     }
     None
+}
+
+/// An alias file: one `<alias> <udl>` (or `<alias> = <udl>`) per line,
+/// `#` starts a comment. It takes the place of Cascade's `udl_dlls.cfg`,
+/// which names the shared objects whose UDLs a node loads: Sluice cannot
+/// load those, so each UUID is mapped to a Sluice UDL instead.
+pub fn parse_aliases(text: &str) -> Result<Vec<(String, String)>, DfgError> {
+    let mut out = Vec::new();
+    for (i, line) in text.lines().enumerate() {
+        let line = line.split('#').next().unwrap_or("").trim();
+        if line.is_empty() {
+            continue;
+        }
+        let at = format!("line {}", i + 1);
+        let parts: Vec<&str> = line
+            .split(|c: char| c.is_whitespace() || c == '=')
+            .filter(|p| !p.is_empty())
+            .collect();
+        match parts.as_slice() {
+            [alias, udl] => out.push((alias.to_string(), udl.to_string())),
+            [one] if one.ends_with(".so") => {
+                return Err(err(
+                    &at,
+                    format!("{one:?} is a Cascade UDL library (udl_dlls.cfg); Sluice cannot load it: write `<uuid> <sluice udl>` for each UDL it holds"),
+                ))
+            }
+            _ => {
+                return Err(err(
+                    &at,
+                    format!("expected `<uuid> <udl>`, found {line:?}"),
+                ))
+            }
+        }
+    }
+    Ok(out)
 }
 
 /// A prefix as Cascade writes it (`/pool/vertex/`) as Sluice names it

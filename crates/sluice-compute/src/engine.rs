@@ -77,8 +77,35 @@ struct Entry {
     stats: EntryStats,
 }
 
-/// Applied graphs by id, with their instantiated UDLs.
-type Graphs = BTreeMap<String, (Graph, Vec<Arc<Entry>>)>;
+/// Whether `g` is the graph `json` (normalized, as `Graph::to_json` writes it).
+fn same_json(g: &Graph, json: &str) -> bool {
+    let current = g.to_json().to_string();
+    current == json
+}
+
+/// A graph with its instantiated UDLs.
+type Built = (Graph, Vec<Arc<Entry>>);
+
+/// Applied graphs by id.
+type Graphs = BTreeMap<String, Built>;
+
+/// What `Engine::prepare` built: id -> (normalized JSON, UDLs).
+type Staged = BTreeMap<String, (String, Vec<Arc<Entry>>)>;
+
+/// What `Engine::apply_report` applied.
+#[derive(Clone, Debug, Default)]
+pub struct ApplyReport {
+    pub ids: Vec<String>,
+    pub notes: Vec<String>,
+}
+
+/// What `Engine::prepare` checked and built: each graph as (id,
+/// normalized JSON), and the file's notes.
+#[derive(Clone, Debug, Default)]
+pub struct Prepared {
+    pub graphs: Vec<(String, String)>,
+    pub notes: Vec<String>,
+}
 
 struct Job {
     entry: Arc<Entry>,
@@ -109,6 +136,11 @@ pub struct Engine {
     registry: Registry,
     table: ArcSwap<Table>,
     graphs: Mutex<Graphs>,
+    /// Built by `prepare`, waiting for the cluster's table (id -> JSON, UDLs).
+    staged: Mutex<Staged>,
+    /// Graphs of the cluster's table this node could not build (id ->
+    /// JSON, reason).
+    failed: Mutex<BTreeMap<String, (String, String)>>,
     workers: Vec<SyncSender<Job>>,
     rr: AtomicUsize,
     membership: Arc<dyn Membership>,
@@ -160,6 +192,8 @@ impl Engine {
             registry,
             table: ArcSwap::from_pointee(Table::default()),
             graphs: Mutex::new(BTreeMap::new()),
+            staged: Mutex::default(),
+            failed: Mutex::default(),
             workers,
             rr: AtomicUsize::new(0),
             membership: membership.unwrap_or_else(|| Arc::new(SingleNode)),
@@ -178,7 +212,7 @@ impl Engine {
         let Ok(text) = std::fs::read_to_string(p) else {
             return Ok(0);
         };
-        self.apply_checked(&text, false).map(|ids| ids.len())
+        self.apply_checked(&text, false).map(|r| r.ids.len())
     }
 
     pub fn context(&self) -> &Context {
@@ -193,6 +227,11 @@ impl Engine {
     /// with the same id are replaced). Returns the applied ids. Nothing
     /// changes when any part is invalid.
     pub fn apply(&self, text: &str) -> std::result::Result<Vec<String>, DfgError> {
+        self.apply_checked(text, true).map(|r| r.ids)
+    }
+
+    /// `apply`, also returning the file's notes (see `DfgFile::notes`).
+    pub fn apply_report(&self, text: &str) -> std::result::Result<ApplyReport, DfgError> {
         self.apply_checked(text, true)
     }
 
@@ -203,9 +242,36 @@ impl Engine {
         &self,
         text: &str,
         check_pools: bool,
-    ) -> std::result::Result<Vec<String>, DfgError> {
+    ) -> std::result::Result<ApplyReport, DfgError> {
+        let (file, built) = self.build(text, check_pools)?;
+        let mut graphs = self.graphs.lock();
+        let ids: Vec<String> = built.iter().map(|(g, _)| g.id.clone()).collect();
+        for (g, entries) in built {
+            graphs.insert(g.id.clone(), (g, entries));
+        }
+        self.install(&graphs);
+        tracing::info!(graphs = ?ids, "data flow graphs applied");
+        Ok(ApplyReport {
+            ids,
+            notes: file.notes,
+        })
+    }
+
+    /// Parses and checks a DFG file and instantiates its UDLs, changing
+    /// nothing that runs.
+    fn build(
+        &self,
+        text: &str,
+        check_pools: bool,
+    ) -> std::result::Result<(DfgFile, Vec<Built>), DfgError> {
         let file = DfgFile::parse(text, &self.registry)?;
         self.check_graphs(&file, check_pools)?;
+        let built = self.instantiate(&file)?;
+        Ok((file, built))
+    }
+
+    /// The UDLs of every graph of `file`, created from their configs.
+    fn instantiate(&self, file: &DfgFile) -> std::result::Result<Vec<Built>, DfgError> {
         let mut built = Vec::new();
         for (gi, g) in file.graphs.iter().enumerate() {
             let mut entries = Vec::new();
@@ -238,14 +304,95 @@ impl Engine {
             }
             built.push((g.clone(), entries));
         }
-        let mut graphs = self.graphs.lock();
-        let ids: Vec<String> = built.iter().map(|(g, _)| g.id.clone()).collect();
-        for (g, entries) in built {
-            graphs.insert(g.id.clone(), (g, entries));
+        Ok(built)
+    }
+
+    /// A cluster's first half of an apply: checks the file and builds its
+    /// UDLs (so a bad config fails here, on the node that was asked),
+    /// keeping them staged for `reconcile`. Returns each graph in its
+    /// normalized form (UDL names resolved), which the metadata group
+    /// replicates to every node.
+    pub fn prepare(&self, text: &str) -> std::result::Result<Prepared, DfgError> {
+        let (file, built) = self.build(text, true)?;
+        let mut staged = self.staged.lock();
+        let graphs = built
+            .into_iter()
+            .map(|(g, entries)| {
+                let json = g.to_json().to_string();
+                staged.insert(g.id.clone(), (json.clone(), entries));
+                (g.id, json)
+            })
+            .collect();
+        Ok(Prepared {
+            graphs,
+            notes: file.notes,
+        })
+    }
+
+    /// Drops what `prepare` staged for `ids` (the cluster did not take it).
+    pub fn unstage(&self, ids: &[String]) {
+        let mut staged = self.staged.lock();
+        for id in ids {
+            staged.remove(id);
         }
-        self.install(&graphs);
-        tracing::info!(graphs = ?ids, "data flow graphs applied");
-        Ok(ids)
+    }
+
+    /// Makes the running graphs those of `desired` (id -> normalized JSON,
+    /// the metadata group's table): graphs whose JSON changed are built
+    /// (or taken from `prepare`) and swapped in, graphs not in it are
+    /// removed. A graph this node cannot build (a UDL it lacks, a model it
+    /// cannot load) is kept as failed with the reason, and the rest runs.
+    pub fn reconcile(&self, desired: &BTreeMap<String, String>) {
+        let mut graphs = self.graphs.lock();
+        let mut failed = self.failed.lock();
+        let mut changed = false;
+        let stale: Vec<String> = graphs
+            .keys()
+            .filter(|id| !desired.contains_key(*id))
+            .cloned()
+            .collect();
+        for id in stale {
+            graphs.remove(&id);
+            tracing::info!(graph = %id, "data flow graph removed");
+            changed = true;
+        }
+        failed.retain(|id, _| desired.contains_key(id));
+        for (id, json) in desired {
+            if graphs.get(id).is_some_and(|(g, _)| same_json(g, json))
+                || failed.get(id).is_some_and(|(j, _)| j == json)
+            {
+                continue;
+            }
+            // Checked by the node that proposed it; built here unless that
+            // node was this one.
+            let staged = self.staged.lock().remove(id);
+            let built =
+                DfgFile::parse(&format!("[{json}]"), &self.registry).and_then(|f| match staged {
+                    Some((j, entries)) if j == *json => {
+                        Ok(f.graphs.into_iter().next().map(|g| (g, entries)))
+                    }
+                    _ => self.instantiate(&f).map(|b| b.into_iter().next()),
+                });
+            match built {
+                Ok(Some((g, entries))) => {
+                    tracing::info!(graph = %id, "data flow graph applied");
+                    failed.remove(id);
+                    graphs.insert(id.clone(), (g, entries));
+                    changed = true;
+                }
+                Ok(None) => {}
+                Err(e) => {
+                    tracing::warn!(graph = %id, error = %e, "cannot run this data flow graph on this node");
+                    if graphs.remove(id).is_some() {
+                        changed = true;
+                    }
+                    failed.insert(id.clone(), (json.clone(), e.to_string()));
+                }
+            }
+        }
+        if changed {
+            self.install(&graphs);
+        }
     }
 
     /// Rejects destinations without a pool and destinations that lead back
@@ -358,9 +505,17 @@ impl Engine {
                     })
                     .collect();
                 j["status"] = Value::Array(status);
+                j["state"] = json!("running");
                 j
             })
             .collect();
+        let mut out = out;
+        for (id, (text, reason)) in self.failed.lock().iter() {
+            let mut j: Value = serde_json::from_str(text).unwrap_or_else(|_| json!({"id": id}));
+            j["state"] = json!("failed");
+            j["error"] = json!(reason);
+            out.push(j);
+        }
         Value::Array(out)
     }
 

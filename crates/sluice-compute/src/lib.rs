@@ -26,5 +26,5 @@ pub mod trie;
 pub mod udl;
 
 pub use dfg::{DfgError, DfgFile};
-pub use engine::{Engine, EngineConfig, Membership};
+pub use engine::{ApplyReport, Engine, EngineConfig, Membership, Prepared};
 pub use udl::{Context, Emitter, Publisher, Registry, Udl, UdlError, UdlFactory, Upcall, Writer};

@@ -76,6 +76,9 @@ where
 pub struct Registry {
     factories: HashMap<String, Arc<dyn UdlFactory>>,
     aliases: HashMap<String, String>,
+    /// UDLs whose code runs in worker processes (Cascade's
+    /// `execution_environment` mode `process` is accepted for them).
+    out_of_process: std::collections::HashSet<String>,
 }
 
 impl Registry {
@@ -88,6 +91,17 @@ impl Registry {
     pub fn alias(&mut self, alias: &str, name: &str) -> &mut Self {
         self.aliases.insert(alias.to_string(), name.to_string());
         self
+    }
+
+    /// Marks `name` as running its code in worker processes, not in the
+    /// node's own (what Cascade calls the `process` execution environment).
+    pub fn runs_out_of_process(&mut self, name: &str) -> &mut Self {
+        self.out_of_process.insert(name.to_string());
+        self
+    }
+
+    pub fn is_out_of_process(&self, name: &str) -> bool {
+        self.out_of_process.contains(name)
     }
 
     /// The registered name for `name_or_alias`, if any.

@@ -119,6 +119,9 @@ pub struct ServerConfig {
     pub default_pools: Vec<PoolSpec>,
     /// Cluster membership and replication (`layout` unset: standalone).
     pub cluster: sluice_cluster::ClusterSettings,
+    /// Other names of UDLs in DFG files, e.g. Cascade's UDL UUIDs:
+    /// `"<uuid>" = "python"`.
+    pub udl_aliases: std::collections::BTreeMap<String, String>,
 }
 
 impl Default for ServerConfig {
@@ -135,6 +138,7 @@ impl Default for ServerConfig {
             layout: Layout::default(),
             default_pools: sluice_types::pool::default_pools(),
             cluster: sluice_cluster::ClusterSettings::default(),
+            udl_aliases: Default::default(),
         }
     }
 }

@@ -725,6 +725,22 @@ impl Conn {
                     })
                 }))
             }),
+            // Graphs run on every node: checked and built here (the
+            // metadata leader), then replicated through the metadata group;
+            // each node's reconciler swaps them in.
+            Request::DfgApply { text } => {
+                let engine = self.ctx.engine.clone();
+                self.defer(rid, no_reply, async move {
+                    Reply::Resp(dfg_apply_clustered(cl, engine, text).await)
+                })
+            }
+            Request::DfgRemove { id } => self.defer(rid, no_reply, async move {
+                Reply::Resp(
+                    cl.meta_write(sluice_cluster::MetaCommand::DfgRemove { id })
+                        .await
+                        .map(|_| Response::Ok),
+                )
+            }),
             Request::PoolRemove { path } => self.defer(rid, no_reply, async move {
                 Reply::Resp(
                     cl.meta_write(sluice_cluster::MetaCommand::PoolRemove { path })
@@ -1115,17 +1131,21 @@ impl Conn {
                     )
                 }
             }
-            Request::DfgApply { text } => match off_event_loop(|| self.ctx.engine.apply(&text)) {
-                Ok(ids) => Response::Json(serde_json::json!({ "applied": ids }).to_string())
+            Request::DfgApply { text } => {
+                match off_event_loop(|| self.ctx.engine.apply_report(&text)) {
+                    Ok(r) => Response::Json(
+                        serde_json::json!({ "applied": r.ids, "notes": r.notes }).to_string(),
+                    )
                     .encode(out, rid),
-                Err(e) => reply_err(
-                    out,
-                    &SluiceError::InvalidDfg {
-                        path: e.path,
-                        reason: e.reason,
-                    },
-                ),
-            },
+                    Err(e) => reply_err(
+                        out,
+                        &SluiceError::InvalidDfg {
+                            path: e.path,
+                            reason: e.reason,
+                        },
+                    ),
+                }
+            }
             Request::DfgList => Response::Json(self.ctx.engine.list().to_string()).encode(out, rid),
             Request::DfgRemove { id } => match off_event_loop(|| self.ctx.engine.remove(&id)) {
                 Ok(()) => Response::Ok.encode(out, rid),
@@ -1202,6 +1222,41 @@ fn reply_object(out: &mut OutQueue, rid: u64, r: Result<Arc<sluice_types::Object
         Ok(o) => encode_object(out, rid, op::OBJECT, None, &ObjRef::of(&o)),
         Err(e) => Response::error(out, rid, &e),
     }
+}
+
+/// `dfg apply` on a cluster node: at the metadata leader, check and build
+/// the graphs (staged for this node's reconciler), then replicate them.
+async fn dfg_apply_clustered(
+    cl: Arc<sluice_cluster::ClusterNode>,
+    engine: Arc<sluice_compute::Engine>,
+    text: String,
+) -> Result<Response, SluiceError> {
+    cl.check_meta_leader()?;
+    // Destinations are checked against the pool table: bring it up to date.
+    cl.meta_catch_up().await?;
+    let e = engine.clone();
+    let prepared = tokio::task::spawn_blocking(move || e.prepare(&text))
+        .await
+        .map_err(|e| SluiceError::Internal {
+            reason: format!("building the graphs: {e}"),
+        })?
+        .map_err(|e| SluiceError::InvalidDfg {
+            path: e.path,
+            reason: e.reason,
+        })?;
+    let ids: Vec<String> = prepared.graphs.iter().map(|(id, _)| id.clone()).collect();
+    if let Err(e) = cl
+        .meta_write(sluice_cluster::MetaCommand::DfgSet {
+            graphs: prepared.graphs,
+        })
+        .await
+    {
+        engine.unstage(&ids);
+        return Err(e);
+    }
+    Ok(Response::Json(
+        serde_json::json!({"applied": ids, "notes": prepared.notes, "cluster": true}).to_string(),
+    ))
 }
 
 fn pool_reply(json: &str) -> Result<Response, SluiceError> {

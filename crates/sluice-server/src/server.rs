@@ -79,7 +79,7 @@ impl Server {
                 let text = std::fs::read_to_string(p).map_err(|e| {
                     ServerError::Config(format!("reading cluster layout {}: {e}", p.display()))
                 })?;
-                let l = sluice_types::cluster::ClusterLayout::from_toml(&text).map_err(|e| {
+                let l = sluice_types::cluster::ClusterLayout::from_text(&text).map_err(|e| {
                     ServerError::Config(format!("cluster layout {}: {e}", p.display()))
                 })?;
                 let counts = l.shard_counts();
@@ -188,6 +188,16 @@ impl Server {
         cluster: Option<Arc<sluice_cluster::ClusterNode>>,
     ) -> Result<Server, ServerError> {
         cfg.validate().map_err(ServerError::Config)?;
+        let mut registry = registry;
+        for (alias, udl) in &cfg.udl_aliases {
+            if registry.resolve(udl).is_none() {
+                return Err(ServerError::Config(format!(
+                    "udl_aliases: {alias:?} names UDL {udl:?}, which this node does not have (it has {})",
+                    registry.names().join(", ")
+                )));
+            }
+            registry.alias(alias, udl);
+        }
         let listener = TcpListener::bind(cfg.listen)
             .await
             .map_err(|error| ServerError::Bind {
@@ -209,7 +219,8 @@ impl Server {
                 node_id: cfg.node_id,
                 workers: cfg.compute.workers,
                 queue_len: cfg.compute.queue_len,
-                persist_path: Some(cfg.data_dir.join("dfgs.json")),
+                // A cluster's graphs live in its metadata group.
+                persist_path: cluster.is_none().then(|| cfg.data_dir.join("dfgs.json")),
             },
             Some(watches.clone() as Arc<dyn sluice_compute::Publisher>),
             cluster
@@ -218,6 +229,11 @@ impl Server {
         );
         if let Some(c) = &cluster {
             engine.set_writer(c.clone());
+            spawn_dfg_reconciler(c, Arc::downgrade(&engine));
+            let old = cfg.data_dir.join("dfgs.json");
+            if old.exists() {
+                tracing::warn!(file = %old.display(), "graphs this node kept before it ran in a cluster are not loaded: a cluster's graphs are those applied through its metadata group (`sluice dfg apply` on any node)");
+            }
         }
         match engine.load_persisted() {
             Ok(0) => {}
@@ -319,4 +335,38 @@ impl Server {
             conns.abort_all();
         }
     }
+}
+
+/// Keeps the engine's graphs equal to the cluster's table: at start (the
+/// metadata log replayed so far) and after every metadata change. Ends
+/// with the engine.
+fn spawn_dfg_reconciler(
+    cluster: &Arc<sluice_cluster::ClusterNode>,
+    engine: std::sync::Weak<Engine>,
+) {
+    let mut changes = cluster.meta_changes();
+    let cluster = Arc::downgrade(cluster);
+    tokio::spawn(async move {
+        let mut seen: Option<std::collections::BTreeMap<String, String>> = None;
+        loop {
+            let Some(desired) = cluster.upgrade().map(|c| c.dfgs()) else {
+                return;
+            };
+            if seen.as_ref() != Some(&desired) {
+                let Some(e) = engine.upgrade() else { return };
+                let d = desired.clone();
+                // Building UDLs may load models or start worker processes.
+                if tokio::task::spawn_blocking(move || e.reconcile(&d))
+                    .await
+                    .is_err()
+                {
+                    tracing::error!("the graph reconciler panicked; graphs stay as they were");
+                }
+                seen = Some(desired);
+            }
+            if changes.changed().await.is_err() {
+                return;
+            }
+        }
+    });
 }

@@ -67,6 +67,25 @@ impl ClusterLayout {
         Ok(l)
     }
 
+    /// A layout file's text: Sluice's TOML, or Cascade's `layout.json`
+    /// (see `cascade_layout`; node `n` at 127.0.0.1:7420 + `n`: use
+    /// `sluice layout import --base` for other addresses).
+    pub fn from_text(text: &str) -> Result<ClusterLayout, String> {
+        if crate::cascade_layout::is_cascade_json(text) {
+            let base = SocketAddr::from(([127, 0, 0, 1], 7420));
+            crate::cascade_layout::import(text, base)
+                .map(|i| i.layout)
+                .map_err(|e| format!("Cascade layout.json: {e}"))
+        } else {
+            Self::from_toml(text)
+        }
+    }
+
+    /// The layout as TOML (what `from_toml` reads).
+    pub fn to_toml(&self) -> Result<String, String> {
+        toml::to_string(self).map_err(|e| e.to_string())
+    }
+
     pub fn validate(&self) -> Result<(), String> {
         if self.nodes.is_empty() {
             return Err("nodes: a layout needs at least one node".into());

@@ -4,6 +4,7 @@
 //! speaks. This crate performs no I/O and knows nothing about networks,
 //! threads or storage engines: it is the dependency every other crate shares.
 
+pub mod cascade_layout;
 pub mod cluster;
 pub mod error;
 pub mod key;

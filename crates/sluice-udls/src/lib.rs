@@ -50,6 +50,9 @@ pub fn register_all(r: &mut Registry) {
     });
     // Cascade's PythonOCDPO: its dfgs.json name Python lambdas by this.
     r.alias("6cfe8f64-3a1d-11ed-8e7e-0242ac110006", "python");
+    r.runs_out_of_process("python");
+    // Cascade's console printer sample UDL prints what it is given: `log`.
+    r.alias("48e60f7c-8500-11eb-8755-0242ac110002", "log");
     #[cfg(feature = "onnx")]
     r.register("onnx", |c: &Value, ctx: &Context| {
         onnx::OnnxUdl::from_config(c, ctx).map(|u| Arc::new(u) as Arc<dyn Udl>)

@@ -326,9 +326,9 @@ fn invalid_graphs_are_rejected_whole_with_the_json_path() {
             "unknown hook",
         ),
         (
-            r#"[{"id": "g", "graph": [{"pathname": "/in", "user_defined_logic_list": ["relay"], "user_defined_logic_stateful_list": ["x", "y"]}]}]"#,
+            r#"[{"id": "g", "graph": [{"pathname": "/in", "user_defined_logic_list": ["relay", "relay"], "user_defined_logic_stateful_list": ["stateless"]}]}]"#,
             "$[0].graph[0].user_defined_logic_stateful_list",
-            "has 2 entries",
+            "has 1 entries but the vertex names 2 UDLs",
         ),
         (
             r#"[{"id": "g", "graph": [{"pathname": "/in", "user_defined_logic_list": ["relay"], "destinations": [{"/out": "post"}]}]}]"#,
@@ -743,5 +743,108 @@ fn an_emit_cycle_through_arbitrary_keys_stops_at_the_depth_limit() {
         u64::from(sluice_types::EMIT_DEPTH_MAX) + 1,
         "{}",
         e.stats()
+    );
+}
+
+/// Issue #17: a cluster node's graphs follow the metadata group's table.
+/// `reconcile` builds what changed (taking what `prepare` built on this
+/// node), removes what left the table, and keeps a graph it cannot build
+/// as failed (with the reason) while the others run.
+#[test]
+fn reconcile_follows_the_table_and_reports_what_fails_here() {
+    let s = store();
+    let built = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let mut reg = sluice_udls::registry();
+    let b = built.clone();
+    reg.register("counted", move |_: &Value, _: &Context| {
+        b.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        Ok(Arc::new(sluice_udls::Relay) as Arc<dyn Udl>)
+    });
+    let e = engine_with(&s, reg, 2, 64, None);
+    // Prepared here: checked and built once; reconcile takes it as built.
+    let p = e
+        .prepare(&graph(
+            "a",
+            json!([{ "pathname": "/in", "user_defined_logic_list": ["counted"],
+                     "destinations": [{ "/out": "put" }] }]),
+        ))
+        .unwrap();
+    assert_eq!(p.graphs.len(), 1);
+    assert_eq!(built.load(std::sync::atomic::Ordering::SeqCst), 1);
+    assert_eq!(e.list(), json!([]), "prepare runs nothing");
+    let mut table = std::collections::BTreeMap::from([p.graphs[0].clone()]);
+    e.reconcile(&table);
+    assert_eq!(
+        built.load(std::sync::atomic::Ordering::SeqCst),
+        1,
+        "not built again"
+    );
+    s.trigger_put("/in/x", Bytes::from_static(b"1"), None)
+        .unwrap();
+    wait_for("the relay", || count(&s, "/out") == 1);
+    // The same table again changes nothing; another node's graph (not
+    // prepared here) is built here.
+    e.reconcile(&table);
+    assert_eq!(built.load(std::sync::atomic::Ordering::SeqCst), 1);
+    let other = json!({"id": "b", "desc": "", "graph": [{ "pathname": "/mid",
+        "user_defined_logic_list": ["counted"], "user_defined_logic_config_list": [{}],
+        "user_defined_logic_stateful_list": ["stateful"], "user_defined_logic_hook_list": ["both"],
+        "shard_dispatcher_list": ["one"], "destinations": [{}] }]})
+    .to_string();
+    table.insert("b".into(), other);
+    // A graph this node cannot build: failed here, the others run.
+    let bad = json!({"id": "c", "desc": "", "graph": [{ "pathname": "/models",
+        "user_defined_logic_list": ["onnx"], "user_defined_logic_config_list": [{}],
+        "user_defined_logic_stateful_list": ["stateful"], "user_defined_logic_hook_list": ["both"],
+        "shard_dispatcher_list": ["one"], "destinations": [{}] }]})
+    .to_string();
+    table.insert("c".into(), bad);
+    e.reconcile(&table);
+    assert_eq!(built.load(std::sync::atomic::Ordering::SeqCst), 2);
+    let l = e.list();
+    let state = |id: &str| {
+        l.as_array()
+            .unwrap()
+            .iter()
+            .find(|g| g["id"] == id)
+            .map(|g| (g["state"].clone(), g["error"].clone()))
+    };
+    assert_eq!(state("a").unwrap().0, "running");
+    assert_eq!(state("b").unwrap().0, "running");
+    let (st, err) = state("c").unwrap();
+    assert_eq!(st, "failed");
+    assert!(err.as_str().unwrap().contains("model_key"), "{err}");
+    // Graphs that left the table stop.
+    table.remove("a");
+    table.remove("c");
+    e.reconcile(&table);
+    let ids: Vec<Value> = e
+        .list()
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|g| g["id"].clone())
+        .collect();
+    assert_eq!(ids, vec![json!("b")]);
+    s.trigger_put("/in/y", Bytes::from_static(b"2"), None)
+        .unwrap();
+    // /in/y has no lambda now: the pool /out keeps its one key.
+    assert_eq!(count(&s, "/out"), 1);
+}
+
+/// Issue #17: without a stateful list a Cascade graph keeps Cascade's
+/// default, stateful (FIFO per key), and the listing says so.
+#[test]
+fn the_stateful_default_is_cascades() {
+    let s = store();
+    let e = engine_with(&s, sluice_udls::registry(), 2, 64, None);
+    e.apply(&graph(
+        "d",
+        json!([{ "pathname": "/in", "user_defined_logic_list": ["relay"] }]),
+    ))
+    .unwrap();
+    assert_eq!(
+        e.list()[0]["graph"][0]["user_defined_logic_stateful_list"],
+        json!(["stateful"])
     );
 }

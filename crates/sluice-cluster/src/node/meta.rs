@@ -19,6 +19,25 @@ impl ClusterNode {
         }
     }
 
+    /// The cluster's data flow graphs (id -> normalized JSON), as this
+    /// node has applied the metadata log so far.
+    pub fn dfgs(&self) -> BTreeMap<String, String> {
+        self.meta.read().dfgs.clone()
+    }
+
+    /// Changes whenever this node applies a metadata change (or installs
+    /// a metadata snapshot).
+    pub fn meta_changes(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.meta.subscribe()
+    }
+
+    /// `Ok` when this node leads the metadata group, else the `NotLeader`
+    /// error naming the leader it knows (where metadata changes go).
+    pub fn check_meta_leader(&self) -> Result<(), SluiceError> {
+        let g = self.local_group(META_GROUP)?;
+        self.check_leader(&g)
+    }
+
     /// Purges a removed pool everywhere: each of its shards deletes the
     /// pool's keys through its own log (every member, in log order), then
     /// the metadata group drops the pool and frees the path. Interrupted,

@@ -22,7 +22,7 @@ use write::Batcher;
 
 use crate::log::{LogOptions, LogStore};
 use crate::network::{dispatch, NetFactory, Peers};
-use crate::sm::{MetaState, Sm};
+use crate::sm::{MetaCell, MetaState, Sm};
 use crate::types::{
     group_name, group_of, parse_shard, shard_of_group, Applied, Command, MetaCommand, Raft,
     META_GROUP,
@@ -127,7 +127,7 @@ pub struct ClusterNode {
     raft_cfg: Arc<openraft::Config>,
     store: Arc<Store>,
     peers: Arc<Peers>,
-    meta: Arc<RwLock<MetaState>>,
+    meta: Arc<MetaCell>,
     groups: RwLock<HashMap<u64, Arc<Group>>>,
     creating: tokio::sync::Mutex<()>,
     /// For lambdas' puts, which run on plain threads.
@@ -199,7 +199,7 @@ impl ClusterNode {
             id,
             volatile_root,
             _volatile_lock: volatile_lock,
-            meta: Arc::new(RwLock::new(MetaState::from_layout(&layout))),
+            meta: Arc::new(MetaCell::new(MetaState::from_layout(&layout))),
             peers: Arc::new(Peers::new(id, Duration::from_millis(500), key.clone())),
             key,
             layout,
