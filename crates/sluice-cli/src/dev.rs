@@ -179,14 +179,9 @@ fn log_tail(dir: &Path, i: u32, n: usize) -> String {
     lines[lines.len().saturating_sub(n)..].join("\n")
 }
 
-pub fn run(a: DevArgs) -> Result<()> {
-    if a.nodes == 0 || a.nodes > 64 {
-        bail!("--nodes must be between 1 and 64");
-    }
-    if a.fresh && a.dir.exists() {
-        std::fs::remove_dir_all(&a.dir).with_context(|| format!("removing {}", a.dir.display()))?;
-    }
-    std::fs::create_dir_all(&a.dir).with_context(|| format!("creating {}", a.dir.display()))?;
+/// Writes the cluster's layout (the default one, or --layout's converted
+/// to TOML) and alias file into --dir; returns the layout and its path.
+fn write_layout(a: &DevArgs) -> Result<(ClusterLayout, PathBuf)> {
     let layout_text = match &a.layout {
         None => default_layout(a.nodes, a.base_port),
         Some(p) => {
@@ -213,6 +208,18 @@ pub fn run(a: DevArgs) -> Result<()> {
             let _ = std::fs::remove_file(&aliases);
         }
     }
+    Ok((parsed, layout))
+}
+
+pub fn run(a: DevArgs) -> Result<()> {
+    if a.nodes == 0 || a.nodes > 64 {
+        bail!("--nodes must be between 1 and 64");
+    }
+    if a.fresh && a.dir.exists() {
+        std::fs::remove_dir_all(&a.dir).with_context(|| format!("removing {}", a.dir.display()))?;
+    }
+    std::fs::create_dir_all(&a.dir).with_context(|| format!("creating {}", a.dir.display()))?;
+    let (parsed, layout) = write_layout(&a)?;
     let exe = std::env::current_exe().context("finding the sluice binary")?;
     let mut children = Vec::new();
     for (k, n) in parsed.nodes.iter().enumerate() {

@@ -92,7 +92,7 @@ fn main() -> ExitCode {
         Cmd::Bench { args } => bench::run(&args, cli.json),
         Cmd::Demo(a) => demo::run(a),
         Cmd::Dev(a) => dev::run(a),
-        Cmd::Plan(a) => plan::run(a, cli.json),
+        Cmd::Plan(a) => plan::run(a, &addr, cli.timeout_ms, cli.json),
         Cmd::Layout(c) => layout::run(c, cli.json),
         Cmd::Fsck(a) => fsck::run(a, cli.json),
         Cmd::Shell => shell::run(&addr, cli.timeout_ms, cli.json),

@@ -12,9 +12,18 @@ pub struct PlanArgs {
     /// Print the plan as Graphviz (dot) instead of a table.
     #[arg(long)]
     dot: bool,
-    /// Write a Sluice layout and DFG deploying the plan into this directory.
+    /// Write a Sluice layout and DFG deploying the plan into this directory
+    /// (layout.toml, dfgs.json, pools.txt, models.txt).
     #[arg(long)]
     export: Option<PathBuf>,
+    /// In the exported layout, node i listens on this address's port + i.
+    #[arg(long, default_value = "127.0.0.1:7420")]
+    base_addr: std::net::SocketAddr,
+    /// Deploy the plan onto the running cluster at --addr (started from
+    /// the exported layout): create its pools and apply its graph, then
+    /// say which models are still to be put.
+    #[arg(long)]
+    apply: bool,
     /// Also run the exhaustive search (small instances only).
     #[arg(long)]
     exhaustive: bool,
@@ -28,7 +37,7 @@ pub struct PlanArgs {
     seed: u64,
 }
 
-pub fn run(a: PlanArgs, json: bool) -> Result<()> {
+pub fn run(a: PlanArgs, addr: &str, timeout_ms: u64, json: bool) -> Result<()> {
     let p = load::load(&a.path)?;
     let report = plan_all(
         &p,
@@ -50,12 +59,81 @@ pub fn run(a: PlanArgs, json: bool) -> Result<()> {
         print!("{}", render_table(&p, &report));
     }
     if let Some(dir) = &a.export {
-        sluice_plan::export::write(dir, &p, &report.plan)
+        sluice_plan::export::write(dir, &p, &report.plan, a.base_addr)
             .with_context(|| format!("exporting to {}", dir.display()))?;
         eprintln!(
-            "wrote {}/layout.toml, dfgs.json and pools.txt",
+            "wrote {}/layout.toml, dfgs.json, pools.txt and models.txt; start it with: sluice dev --layout {}/layout.toml",
+            dir.display(),
             dir.display()
         );
     }
+    if a.apply {
+        apply(&p, &report.plan, addr, timeout_ms)?;
+    }
     Ok(())
+}
+
+/// `--apply`: the plan's pools and graph onto a running cluster.
+fn apply(
+    p: &sluice_plan::Problem,
+    plan: &sluice_plan::Plan,
+    addr: &str,
+    timeout_ms: u64,
+) -> Result<()> {
+    use sluice_client::{BlockingClient, ClientConfig, PoolSpec, SluiceError};
+    let c = BlockingClient::connect_with(ClientConfig {
+        addr: addr.to_string(),
+        request_timeout: std::time::Duration::from_millis(timeout_ms),
+        ..Default::default()
+    })
+    .with_context(|| format!("connecting to {addr}"))?;
+    for (path, t, sg) in sluice_plan::export::pools(p) {
+        let spec = PoolSpec {
+            pathname: path.clone(),
+            pool_type: Some(spec_type(t)),
+            subgroup_index: sg as u32,
+            ..Default::default()
+        };
+        match c.create_pool(spec) {
+            Ok(_) => eprintln!("plan --apply: created pool {path} ({t}, subgroup {sg})"),
+            Err(SluiceError::PoolExists { .. }) => {
+                let have = c.get_pool(&path)?;
+                if have.pool_type != spec_type(t) || have.subgroup_index != sg as u32 {
+                    anyhow::bail!(
+                        "pool {path} exists as {:?} subgroup {}, the plan needs {t} subgroup {sg}",
+                        have.pool_type,
+                        have.subgroup_index
+                    );
+                }
+                eprintln!("plan --apply: pool {path} exists");
+            }
+            Err(e) => {
+                return Err(anyhow::Error::new(e).context(format!(
+                    "creating pool {path} ({t}, subgroup {sg}); was the cluster started from the plan's layout (sluice dev --layout DIR/layout.toml)?"
+                )))
+            }
+        }
+    }
+    let dfg = sluice_plan::export::dfg_json(p, plan).to_string();
+    let r = c.dfg_apply(&dfg).context("applying the plan's graph")?;
+    eprintln!("plan --apply: applied graph {}", r["applied"]);
+    for v in p.compute_ops() {
+        if let Some(key) = sluice_plan::export::model_key(p, plan, v) {
+            if c.get(&key).is_err() {
+                eprintln!(
+                    "plan --apply: model {key} is not stored yet; put it (sluice put {key} --file MODEL.onnx) and operator {} picks it up",
+                    p.operators[v].name
+                );
+            }
+        }
+    }
+    Ok(())
+}
+
+fn spec_type(t: &str) -> sluice_client::PoolType {
+    if t == "trigger" {
+        sluice_client::PoolType::Trigger
+    } else {
+        sluice_client::PoolType::Volatile
+    }
 }

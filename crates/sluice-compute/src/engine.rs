@@ -527,6 +527,12 @@ impl Engine {
         *self.ctx.writer.write() = Some(writer);
     }
 
+    /// Routes the lambdas' reads of keys this node holds no copy of
+    /// through `reader` (a cluster: to a member of the key's shard).
+    pub fn set_reader(&self, reader: Arc<dyn crate::udl::Reader>) {
+        *self.ctx.reader.write() = Some(reader);
+    }
+
     pub fn stats(&self) -> Value {
         let mut all = Histogram::<u64>::new_with_bounds(1, 60_000_000_000, 3)
             .expect("static histogram bounds are valid");

@@ -27,4 +27,7 @@ pub mod udl;
 
 pub use dfg::{DfgError, DfgFile};
 pub use engine::{ApplyReport, Engine, EngineConfig, Membership, Prepared};
-pub use udl::{Context, Emitter, Publisher, Registry, Udl, UdlError, UdlFactory, Upcall, Writer};
+pub use udl::{
+    Context, Emitter, Publisher, ReadAt, Reader, Registry, Udl, UdlError, UdlFactory, Upcall,
+    Writer,
+};

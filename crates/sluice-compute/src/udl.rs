@@ -131,7 +131,27 @@ pub struct Context {
     pub(crate) store: Weak<Store>,
     pub(crate) publisher: Option<Arc<dyn Publisher>>,
     pub(crate) writer: parking_lot::RwLock<Option<Arc<dyn Writer>>>,
+    pub(crate) reader: parking_lot::RwLock<Option<Arc<dyn Reader>>>,
     pub node_id: u32,
+}
+
+/// Which version a lambda's read asks for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ReadAt {
+    Latest,
+    Version(u64),
+    /// The version current at this time (µs).
+    Time(u64),
+}
+
+/// Where a lambda's reads of keys this node holds no copy of go when the
+/// node is part of a cluster: to a member of the key's shard, routed as a
+/// client's read is. Returns `None` for keys it leaves to the local store
+/// (shards this node is a member of, trigger pools).
+pub trait Reader: Send + Sync {
+    fn get(&self, key: &str, at: ReadAt) -> Option<Result<Arc<Object>, SluiceError>>;
+    /// Whether this node keeps a copy of `key` (reads of it are local).
+    fn holds(&self, key: &str) -> bool;
 }
 
 /// Where a lambda's puts go when the node is part of a cluster: a put to
@@ -145,6 +165,19 @@ pub trait Writer: Send + Sync {
         value: Bytes,
         trace: Option<Arc<Trace>>,
     ) -> Option<Result<PutResult, SluiceError>>;
+
+    /// A trigger put to a shard of another node (a trigger shard this node
+    /// is not a member of) goes to a member, so the lambdas run where the
+    /// layout places the shard. Returns the put's timestamp; `None` for
+    /// keys delivered here.
+    fn trigger_put(
+        &self,
+        _key: &str,
+        _value: Bytes,
+        _trace: Option<Arc<Trace>>,
+    ) -> Option<Result<u64, SluiceError>> {
+        None
+    }
 }
 
 impl Context {
@@ -153,7 +186,30 @@ impl Context {
             store,
             publisher,
             writer: parking_lot::RwLock::new(None),
+            reader: parking_lot::RwLock::new(None),
             node_id,
+        }
+    }
+
+    /// Whether reads of `key` are served by this node's own copy (always,
+    /// outside a cluster): what a lambda may use to decide how often to
+    /// check a remote object for a new version.
+    pub fn holds(&self, key: &str) -> bool {
+        self.reader.read().as_ref().is_none_or(|r| r.holds(key))
+    }
+
+    /// A read through the cluster's reader (when set and it takes the key),
+    /// else from this node's store.
+    fn read(&self, key: &str, at: ReadAt) -> Result<Arc<Object>, SluiceError> {
+        let reader = self.reader.read().clone();
+        if let Some(r) = reader.and_then(|r| r.get(key, at)) {
+            return r;
+        }
+        let store = self.store()?;
+        match at {
+            ReadAt::Latest => store.get(key, None, None),
+            ReadAt::Version(v) => store.get(key, Some(v), None),
+            ReadAt::Time(t) => store.get_by_time(key, t, None),
         }
     }
 
@@ -165,18 +221,21 @@ impl Context {
             })
     }
 
+    /// The latest version of `key`: from this node's copy when it holds
+    /// one (shared bytes, no copy), else, in a cluster, from a member of
+    /// the key's shard.
     pub fn get(&self, key: &str) -> Result<Arc<Object>, SluiceError> {
-        self.store()?.get(key, None, None)
+        self.read(key, ReadAt::Latest)
     }
 
     /// A specific version of `key` (persistent pools keep them all).
     pub fn get_version(&self, key: &str, version: u64) -> Result<Arc<Object>, SluiceError> {
-        self.store()?.get(key, Some(version), None)
+        self.read(key, ReadAt::Version(version))
     }
 
-    /// The version of `key` current at `timestamp_us`, as this node has it.
+    /// The version of `key` current at `timestamp_us`.
     pub fn get_by_time(&self, key: &str, timestamp_us: u64) -> Result<Arc<Object>, SluiceError> {
-        self.store()?.get_by_time(key, timestamp_us, None)
+        self.read(key, ReadAt::Time(timestamp_us))
     }
 
     pub fn put(&self, key: &str, value: Bytes) -> Result<PutResult, SluiceError> {
@@ -199,7 +258,22 @@ impl Context {
     }
 
     pub fn trigger_put(&self, key: &str, value: Bytes) -> Result<u64, SluiceError> {
-        self.store()?.trigger_put(key, value, None)
+        self.trigger_put_traced(key, value, None)
+    }
+
+    fn trigger_put_traced(
+        &self,
+        key: &str,
+        value: Bytes,
+        trace: Option<Arc<Trace>>,
+    ) -> Result<u64, SluiceError> {
+        let writer = self.writer.read().clone();
+        if let Some(w) = writer {
+            if let Some(r) = w.trigger_put(key, value.clone(), trace.clone()) {
+                return r;
+            }
+        }
+        self.store()?.trigger_put_traced(key, value, None, trace)
     }
 
     pub fn list_keys(&self, pool: &str, prefix: Option<&str>) -> Result<Vec<String>, SluiceError> {
@@ -335,9 +409,7 @@ impl<'a> Emitter<'a> {
                 self.ctx.put_traced(&key, value, trace)?;
             }
             DestMode::TriggerPut => {
-                self.ctx
-                    .store()?
-                    .trigger_put_traced(&key, value, None, trace)?;
+                self.ctx.trigger_put_traced(&key, value, trace)?;
             }
         }
         self.emitted += 1;

@@ -1,15 +1,24 @@
-//! `sluice plan --export DIR`: a Sluice cluster layout and data flow graph
-//! that deploy a plan.
+//! `sluice plan --export DIR`: the files that deploy a plan, each loaded
+//! unchanged by Sluice:
 //!
-//! - `layout.toml`: one node per worker the plan uses (id, name, tier,
-//!   address on 127.0.0.x for a local trial), and for every operator a
-//!   volatile subgroup whose shards are the operator's workers, with each
-//!   shard's share of the load;
-//! - `dfgs.json`: one graph in the shape of Cascade's `dfgs.json`: a vertex
-//!   per operator at pool `/plan/<operator>`, its UDL (`onnx` with the
-//!   chosen variant for ML operators), and destinations following the
-//!   workflow edges as trigger puts;
-//! - `pools.txt`: the `sluice pools create` commands for those pools.
+//! - `layout.toml` (`sluice dev --layout` / `sluice serve --cluster`): one
+//!   node per worker the plan uses (id, address: node `i` on the base
+//!   address's port + `i`, the worker's name, its tier as a label); for
+//!   every operator a trigger subgroup whose shards are the operator's
+//!   workers (each shard's share of the load in a comment: keys spread
+//!   over shards by hash); and a volatile subgroup replicated on up to
+//!   three nodes for the models and the results;
+//! - `dfgs.json` (`sluice dfg apply`): one graph in the shape of Cascade's
+//!   `dfgs.json`: a vertex per operator at pool `/plan/<operator>`, its
+//!   UDL (`onnx` with the chosen variant, reading and writing `.npy`
+//!   tensors, for ML operators; `relay` otherwise), destinations following
+//!   the workflow's edges as trigger puts, and the sink's outputs put in
+//!   `/plan/results`;
+//! - `pools.txt`: the `sluice pools create` commands for those pools;
+//! - `models.txt`: the model key each chosen variant is read from.
+//!
+//! `sluice plan --apply` creates the pools and applies the graph on a
+//! running cluster started from `layout.toml`.
 
 use crate::error::{PlanError, Result};
 use crate::problem::{OpKind, Plan, Problem};
@@ -31,7 +40,31 @@ fn pool_of(p: &Problem, v: usize) -> String {
     format!("/plan/{name}")
 }
 
-pub fn layout_toml(p: &Problem, plan: &Plan) -> String {
+/// Where the models and the sink's results live (volatile subgroup 0).
+pub const MODELS: &str = "/models";
+pub const RESULTS: &str = "/plan/results";
+
+/// The model key of an operator's chosen variant, for ML operators.
+pub fn model_key(p: &Problem, plan: &Plan, v: usize) -> Option<String> {
+    let m = plan.models[v].unwrap_or(0);
+    let var = &p.operators[v].variants[m];
+    let ml = p.operators[v].variants.len() > 1 || !var.acc.is_empty();
+    ml.then(|| format!("{MODELS}/{}/{}", p.operators[v].name, var.name))
+}
+
+/// The pools of an exported plan: (path, type, subgroup), in creation order.
+pub fn pools(p: &Problem) -> Vec<(String, &'static str, usize)> {
+    let mut out = vec![
+        (MODELS.to_string(), "volatile", 0),
+        (RESULTS.to_string(), "volatile", 0),
+    ];
+    for (sg, v) in p.compute_ops().into_iter().enumerate() {
+        out.push((pool_of(p, v), "trigger", sg));
+    }
+    out
+}
+
+pub fn layout_toml(p: &Problem, plan: &Plan, base: std::net::SocketAddr) -> String {
     let mut used: Vec<usize> = plan.assignment.iter().flatten().map(|&(w, _)| w).collect();
     used.sort_unstable();
     let node_id = |w: usize| used.iter().position(|&x| x == w).unwrap_or(0);
@@ -41,24 +74,26 @@ pub fn layout_toml(p: &Problem, plan: &Plan) -> String {
         "# total {:.4}/h: compute {:.4}, communication {:.4}; accuracy {:.3}\n",
         plan.total_cost, plan.compute_cost, plan.comm_cost, plan.accuracy
     );
+    let _ = writeln!(s, "version = 1\n");
     for &w in &used {
+        let id = node_id(w);
         let _ = writeln!(
             s,
-            "[[nodes]]\nid = {}\nname = \"{}\"\ntier = {}\naddress = \"127.0.0.{}:7420\"\n",
-            node_id(w),
+            "[[nodes]]\nid = {id}\naddress = \"{}:{}\"\nname = \"{}\"\nlabels = {{ tier = \"{}\" }}\n",
+            base.ip(),
+            u32::from(base.port()) + id as u32,
             p.workers[w].name,
             p.workers[w].tier,
-            node_id(w) + 1
         );
     }
+    let replicas: Vec<String> = (0..used.len().min(3)).map(|i| i.to_string()).collect();
+    let _ = writeln!(
+        s,
+        "# models ({MODELS}) and results ({RESULTS})\n[[subgroups.volatile]]\nshards = [[{}]]\n",
+        replicas.join(", ")
+    );
     let rates = p.rates();
     for (sg, v) in p.compute_ops().into_iter().enumerate() {
-        let _ = writeln!(
-            s,
-            "[[subgroups.volatile]]\n# operator {}\nindex = {sg}\npool = \"{}\"",
-            p.operators[v].name,
-            pool_of(p, v)
-        );
         let members: Vec<String> = plan.assignment[v]
             .iter()
             .map(|&(w, _)| format!("[{}]", node_id(w)))
@@ -69,9 +104,11 @@ pub fn layout_toml(p: &Problem, plan: &Plan) -> String {
             .collect();
         let _ = writeln!(
             s,
-            "reserved_node_ids_by_shard = [{}]\nload_share_by_shard = [{}]\n",
+            "# operator {}: pool {} (trigger subgroup {sg}); load share by shard [{}]\n[[subgroups.trigger]]\nshards = [{}]\n",
+            p.operators[v].name,
+            pool_of(p, v),
+            shares.join(", "),
             members.join(", "),
-            shares.join(", ")
         );
     }
     s
@@ -84,18 +121,27 @@ pub fn dfg_json(p: &Problem, plan: &Plan) -> serde_json::Value {
         .map(|v| {
             let m = plan.models[v].unwrap_or(0);
             let var = &p.operators[v].variants[m];
-            let ml = p.operators[v].variants.len() > 1 || !var.acc.is_empty();
-            let (udl, config) = if ml {
-                ("onnx", serde_json::json!({ "model_key": format!("/models/{}/{}", p.operators[v].name, var.name), "variant": var.name }))
-            } else {
-                ("relay", serde_json::json!({}))
+            let (udl, config) = match model_key(p, plan, v) {
+                Some(key) => (
+                    "onnx",
+                    serde_json::json!({
+                        "model_key": key,
+                        "variant": var.name,
+                        "input_format": "npy",
+                        "output_format": "npy",
+                    }),
+                ),
+                None => ("relay", serde_json::json!({})),
             };
-            let dest: serde_json::Map<String, serde_json::Value> = p
+            let mut dest: serde_json::Map<String, serde_json::Value> = p
                 .edges
                 .iter()
                 .filter(|e| e.from == v)
                 .map(|e| (pool_of(p, e.to), serde_json::Value::from("trigger_put")))
                 .collect();
+            if dest.is_empty() {
+                dest.insert(RESULTS.to_string(), serde_json::Value::from("put"));
+            }
             serde_json::json!({
                 "pathname": pool_of(p, v),
                 "user_defined_logic_list": [udl],
@@ -126,26 +172,37 @@ pub fn dfg_json(p: &Problem, plan: &Plan) -> serde_json::Value {
     }])
 }
 
-pub fn write(dir: &Path, p: &Problem, plan: &Plan) -> Result<()> {
+pub fn write(dir: &Path, p: &Problem, plan: &Plan, base: std::net::SocketAddr) -> Result<()> {
     let err = |path: &Path, e: std::io::Error| PlanError::Export {
         path: path.display().to_string(),
         reason: e.to_string(),
     };
     std::fs::create_dir_all(dir).map_err(|e| err(dir, e))?;
     let layout = dir.join("layout.toml");
-    std::fs::write(&layout, layout_toml(p, plan)).map_err(|e| err(&layout, e))?;
+    std::fs::write(&layout, layout_toml(p, plan, base)).map_err(|e| err(&layout, e))?;
     let dfg = dir.join("dfgs.json");
     let text = serde_json::to_string_pretty(&dfg_json(p, plan)).map_err(|e| PlanError::Export {
         path: dfg.display().to_string(),
         reason: e.to_string(),
     })?;
     std::fs::write(&dfg, text).map_err(|e| err(&dfg, e))?;
-    let pools = dir.join("pools.txt");
-    let cmds: String = p
+    let pools_txt = dir.join("pools.txt");
+    let cmds: String = pools(p)
+        .into_iter()
+        .map(|(path, t, sg)| format!("sluice pools create {path} --type {t} --subgroup {sg}\n"))
+        .collect();
+    std::fs::write(&pools_txt, cmds).map_err(|e| err(&pools_txt, e))?;
+    let models = dir.join("models.txt");
+    let keys: String = p
         .compute_ops()
         .into_iter()
-        .map(|v| format!("sluice pools create {} --type trigger\n", pool_of(p, v)))
+        .filter_map(|v| model_key(p, plan, v))
+        .map(|k| format!("{k}\n"))
         .collect();
-    std::fs::write(&pools, cmds).map_err(|e| err(&pools, e))?;
+    std::fs::write(
+        &models,
+        format!("# Put each chosen model (ONNX) at its key, e.g. sluice put KEY --file model.onnx\n{keys}"),
+    )
+    .map_err(|e| err(&models, e))?;
     Ok(())
 }

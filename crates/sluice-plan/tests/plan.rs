@@ -153,12 +153,14 @@ fn example_toml_plans_and_exports() {
     assert!(r.plan.total_cost >= ex.total_cost - 1e-9);
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path();
-    sluice_plan::export::write(dir, &p, &r.plan).unwrap();
+    sluice_plan::export::write(dir, &p, &r.plan, "127.0.0.1:7420".parse().unwrap()).unwrap();
     let layout: toml::Value =
         toml::from_str(&std::fs::read_to_string(dir.join("layout.toml")).unwrap()).unwrap();
     let used: usize = r.plan.assignment.iter().map(Vec::len).sum();
     assert_eq!(layout["nodes"].as_array().unwrap().len(), used);
-    assert_eq!(layout["subgroups"]["volatile"].as_array().unwrap().len(), 4);
+    // One trigger subgroup per operator, one volatile for models and results.
+    assert_eq!(layout["subgroups"]["trigger"].as_array().unwrap().len(), 4);
+    assert_eq!(layout["subgroups"]["volatile"].as_array().unwrap().len(), 1);
     let dfg: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(dir.join("dfgs.json")).unwrap()).unwrap();
     let graph = dfg[0]["graph"].as_array().unwrap();
@@ -174,6 +176,12 @@ fn example_toml_plans_and_exports() {
         .find(|v| v["pathname"] == "/plan/alert")
         .unwrap();
     assert_eq!(alert["user_defined_logic_list"][0], "relay");
+    // The sink's outputs are kept.
+    assert_eq!(alert["destinations"][0]["/plan/results"], "put");
+    assert_eq!(
+        detect["user_defined_logic_config_list"][0]["input_format"],
+        "npy"
+    );
 }
 
 #[test]

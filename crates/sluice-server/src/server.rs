@@ -61,7 +61,17 @@ impl Server {
     /// Opens the store in `cfg.data_dir` and binds the listener. With
     /// `cluster.layout` set, the node joins that cluster: its shard layout
     /// comes from the layout file and its replicated shards start.
-    pub async fn bind(mut cfg: ServerConfig) -> Result<Server, ServerError> {
+    pub async fn bind(cfg: ServerConfig) -> Result<Server, ServerError> {
+        Self::bind_with_registry(cfg, sluice_udls::registry()).await
+    }
+
+    /// `bind` with your own UDLs (a registry with the built-in ones and
+    /// yours: see `examples/custom-udl`): everything `sluice serve` does,
+    /// a cluster included.
+    pub async fn bind_with_registry(
+        mut cfg: ServerConfig,
+        registry: Registry,
+    ) -> Result<Server, ServerError> {
         cfg.validate().map_err(ServerError::Config)?;
         // Before anything in the directory is read: a second server on the
         // same data would recover it and then overwrite the first one's
@@ -147,7 +157,7 @@ impl Server {
                 })?,
             ),
         };
-        let mut server = Self::bind_node(cfg, store, sluice_udls::registry(), cluster).await?;
+        let mut server = Self::bind_node(cfg, store, registry, cluster).await?;
         let mut data_lock = data_lock;
         let node_id = server.ctx.cfg.node_id;
         if let Err(e) = data_lock.describe(&format!(
@@ -169,8 +179,9 @@ impl Server {
         Self::bind_with(cfg, store, sluice_udls::registry()).await
     }
 
-    /// Binds a node with a custom UDL registry (your own lambdas; see
-    /// `examples/custom-udl`).
+    /// Binds a standalone node over a store you opened, with a custom UDL
+    /// registry (`bind_with_registry` opens the store itself and can join
+    /// a cluster).
     pub async fn bind_with(
         cfg: ServerConfig,
         store: Arc<Store>,
@@ -229,6 +240,7 @@ impl Server {
         );
         if let Some(c) = &cluster {
             engine.set_writer(c.clone());
+            engine.set_reader(c.clone());
             spawn_dfg_reconciler(c, Arc::downgrade(&engine));
             let old = cfg.data_dir.join("dfgs.json");
             if old.exists() {

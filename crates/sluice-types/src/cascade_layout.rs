@@ -49,9 +49,11 @@ const SHARD_FIELDS: &[&str] = &[
     "profiles_by_shard",
 ];
 
-/// Whether `text` looks like Cascade's JSON rather than a TOML layout.
+/// Whether `text` looks like Cascade's JSON (a list of objects) rather
+/// than a TOML layout (which may start with `[[nodes]]` or `[section]`).
 pub fn is_cascade_json(text: &str) -> bool {
-    text.trim_start().starts_with('[')
+    let mut c = text.chars().filter(|c| !c.is_whitespace());
+    c.next() == Some('[') && matches!(c.next(), Some('{') | Some(']'))
 }
 
 /// Reads Cascade's `layout.json`; node `n` gets `base` with port + `n`.
@@ -133,6 +135,8 @@ pub fn import(text: &str, base: SocketAddr) -> Result<Imported, String> {
         layout.nodes.push(NodeSpec {
             id,
             address: SocketAddr::new(base.ip(), port),
+            name: None,
+            labels: Default::default(),
         });
     }
     layout.validate()?;
@@ -321,6 +325,9 @@ mod tests {
         assert!(notes.contains("Raw"), "{notes}");
         assert!(notes.contains("metadata group is every node"), "{notes}");
         assert!(is_cascade_json(SERVICE));
+        assert!(!is_cascade_json("[[nodes]]\nid = 0\n"));
+        assert!(!is_cascade_json("[cluster]\n"));
+        assert!(!is_cascade_json("version = 1\n"));
     }
 
     #[test]

@@ -25,6 +25,12 @@ use std::sync::atomic::{AtomicU64, Ordering};
 pub struct NodeSpec {
     pub id: u32,
     pub address: SocketAddr,
+    /// A name for people (e.g. the worker a plan chose).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    /// Topology and other labels (`tier`, `zone`, `rack`, ...).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub labels: BTreeMap<String, String>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]

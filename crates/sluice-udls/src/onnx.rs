@@ -3,9 +3,13 @@
 //! Config:
 //! - `model_key` (required): key of the model object in a pool. Loaded from
 //!   the store on first use and cached; when a newer version of that key is
-//!   put, the next call loads it (live model upgrade, no restart).
+//!   put, the next call loads it (live model upgrade, no restart). A model
+//!   held on another node of a cluster is read from a member of its shard
+//!   and checked for a new version at most once a second.
 //! - `input_shape` (required for raw input): e.g. `[1, 64]`.
 //! - `input_format`: `f32` (raw little-endian, default) or `npy`.
+//! - `output_format` (mode `tensor`): `f32` (raw, default) or `npy` (with
+//!   its shape: what a next `onnx` stage with `input_format: npy` reads).
 //! - `mode`: `tensor` (emit the output as raw f32, default), `argmax` (emit
 //!   the index of the largest output as text), or `gate` (emit the *input*
 //!   unchanged when output[0] ≥ `threshold`, else put `reject_value` under
@@ -36,12 +40,15 @@ pub struct OnnxUdl {
     model_key: String,
     shape: Option<Vec<usize>>,
     npy: bool,
+    /// Emit tensors as `.npy` (with their shape) rather than raw f32.
+    npy_out: bool,
     mode: Mode,
     threshold: f32,
     reject_destination: Option<String>,
     reject_value: Bytes,
     /// (model version, plan) of the loaded model.
-    cache: Mutex<Option<(u64, Plan)>>,
+    /// The loaded model: (version, plan, when its version was last checked).
+    cache: Mutex<Option<(u64, Plan, std::time::Instant)>>,
 }
 
 /// Parses and optimizes an ONNX model for a fixed input shape.
@@ -60,6 +67,15 @@ pub fn load_model(bytes: &[u8], shape: &[usize]) -> Result<Plan, String> {
 
 /// Runs a plan on one input; returns the first output, flattened.
 pub fn run_model(plan: &Plan, shape: &[usize], input: Vec<f32>) -> Result<Vec<f32>, String> {
+    run_model_shaped(plan, shape, input).map(|(_, v)| v)
+}
+
+/// `run_model`, with the output's shape.
+pub fn run_model_shaped(
+    plan: &Plan,
+    shape: &[usize],
+    input: Vec<f32>,
+) -> Result<(Vec<usize>, Vec<f32>), String> {
     let t = Tensor::from_shape(shape, &input)
         .map_err(|e| format!("input does not match shape {shape:?}: {e}"))?;
     let out = plan
@@ -69,7 +85,7 @@ pub fn run_model(plan: &Plan, shape: &[usize], input: Vec<f32>) -> Result<Vec<f3
     let view = first
         .to_plain_array_view::<f32>()
         .map_err(|e| format!("output is not f32: {e}"))?;
-    Ok(view.iter().copied().collect())
+    Ok((view.shape().to_vec(), view.iter().copied().collect()))
 }
 
 impl OnnxUdl {
@@ -103,6 +119,15 @@ impl OnnxUdl {
             "npy" => true,
             other => return Err(format!("input_format {other:?}: use f32 or npy")),
         };
+        let npy_out = match c
+            .get("output_format")
+            .and_then(Value::as_str)
+            .unwrap_or("f32")
+        {
+            "f32" => false,
+            "npy" => true,
+            other => return Err(format!("output_format {other:?}: use f32 or npy")),
+        };
         if !npy && shape.is_none() {
             return Err("raw f32 input needs \"input_shape\"".into());
         }
@@ -127,6 +152,7 @@ impl OnnxUdl {
             model_key: model_key.to_string(),
             shape,
             npy,
+            npy_out,
             mode,
             threshold,
             reject_destination,
@@ -138,18 +164,29 @@ impl OnnxUdl {
         if let (Ok(obj), Some(shape)) = (ctx.get(model_key), &udl.shape) {
             let plan = load_model(&obj.value, shape)
                 .map_err(|e| format!("model {model_key} (version {}): {e}", obj.meta.version))?;
-            *udl.cache.lock() = Some((obj.meta.version, plan));
+            *udl.cache.lock() = Some((obj.meta.version, plan, std::time::Instant::now()));
         }
         Ok(udl)
     }
 
     fn plan(&self, ctx: &Context, shape: &[usize]) -> Result<Plan, UdlError> {
+        // A model on another node is checked for a new version at most
+        // every REMOTE_CHECK (each check moves the whole object); a local
+        // one on every call (a shared pointer, no copy).
+        if !ctx.holds(&self.model_key) {
+            if let Some((_, plan, at)) = self.cache.lock().as_ref() {
+                if at.elapsed() < REMOTE_CHECK {
+                    return Ok(plan.clone());
+                }
+            }
+        }
         let obj = ctx.get(&self.model_key).map_err(|e| {
             UdlError::Failed(format!("model {} is not available: {e}", self.model_key))
         })?;
         let mut cache = self.cache.lock();
-        if let Some((v, plan)) = cache.as_ref() {
+        if let Some((v, plan, at)) = cache.as_mut() {
             if *v == obj.meta.version {
+                *at = std::time::Instant::now();
                 return Ok(plan.clone());
             }
         }
@@ -160,10 +197,13 @@ impl OnnxUdl {
             ))
         })?;
         tracing::info!(model = %self.model_key, version = obj.meta.version, "onnx model loaded");
-        *cache = Some((obj.meta.version, plan.clone()));
+        *cache = Some((obj.meta.version, plan.clone(), std::time::Instant::now()));
         Ok(plan)
     }
 }
+
+/// How often a model held on another node is checked for a new version.
+const REMOTE_CHECK: std::time::Duration = std::time::Duration::from_secs(1);
 
 impl Udl for OnnxUdl {
     fn handle(
@@ -195,9 +235,12 @@ impl Udl for OnnxUdl {
             )
         };
         let plan = self.plan(ctx, &shape)?;
-        let out = run_model(&plan, &shape, input).map_err(UdlError::Failed)?;
+        let (out_shape, out) = run_model_shaped(&plan, &shape, input).map_err(UdlError::Failed)?;
         let suffix = call.key_suffix();
         match self.mode {
+            Mode::Tensor if self.npy_out => {
+                emit.emit(suffix, Bytes::from(crate::npy::write_f32(&out_shape, &out)))
+            }
             Mode::Tensor => {
                 let mut b = Vec::with_capacity(out.len() * 4);
                 for v in &out {

@@ -1,11 +1,10 @@
-//! `sluice-custom-node`: a Sluice node with the `uppercase` UDL built in.
-//! Same flags as `sluice serve` would take from its config: here just
-//! `--listen ADDR` and `--data-dir DIR`.
+//! `sluice-custom-node`: a Sluice node with the `uppercase` UDL built in,
+//! standalone or as a member of a cluster, like `sluice serve`:
+//! `--config FILE` (a node config; see examples/node.toml), `--listen ADDR`,
+//! `--data-dir DIR`, `--cluster LAYOUT --node-id N`.
 
-use anyhow::Result;
+use anyhow::{Context, Result};
 use sluice_server::{Server, ServerConfig};
-use sluice_store::{Store, StoreConfig};
-use std::sync::Arc;
 
 #[tokio::main]
 async fn main() -> Result<()> {
@@ -13,23 +12,40 @@ async fn main() -> Result<()> {
         .with_writer(std::io::stderr)
         .init();
     let mut cfg = ServerConfig::default();
+    let mut listen = None;
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
+        let mut value = || args.next().unwrap_or_default();
         match a.as_str() {
-            "--listen" => cfg.listen = args.next().unwrap_or_default().parse()?,
-            "--data-dir" => cfg.data_dir = args.next().unwrap_or_default().into(),
-            other => anyhow::bail!("unknown argument {other:?}; use --listen ADDR --data-dir DIR"),
+            "--config" => {
+                let p = value();
+                let text = std::fs::read_to_string(&p).with_context(|| format!("reading {p}"))?;
+                cfg = ServerConfig::from_toml(&text).map_err(|e| anyhow::anyhow!("{p}: {e}"))?;
+            }
+            "--listen" => listen = Some(value().parse()?),
+            "--data-dir" => cfg.data_dir = value().into(),
+            "--cluster" => cfg.cluster.layout = Some(value().into()),
+            "--node-id" => cfg.node_id = value().parse()?,
+            other => anyhow::bail!(
+                "unknown argument {other:?}; use --config FILE --listen ADDR --data-dir DIR --cluster LAYOUT --node-id N"
+            ),
         }
     }
-    let store = Store::open(StoreConfig {
-        layout: cfg.layout.clone(),
-        max_key_bytes: cfg.limits.max_key_bytes as usize,
-        pool_table_path: Some(cfg.data_dir.join("pools.json")),
-        default_pools: cfg.default_pools.clone(),
-        ..Default::default()
-    })?;
-    let server =
-        Server::bind_with(cfg, Arc::new(store), sluice_custom_udl_example::registry()).await?;
+    match (listen, &cfg.cluster.layout) {
+        (Some(l), _) => cfg.listen = l,
+        // A cluster member listens on its address in the layout.
+        (None, Some(p)) => {
+            let text = std::fs::read_to_string(p)?;
+            let l = sluice_types_layout(&text)?;
+            cfg.listen = l
+                .address_of(cfg.node_id)
+                .ok_or_else(|| anyhow::anyhow!("node {} is not in {}", cfg.node_id, p.display()))?;
+        }
+        (None, None) => {}
+    }
+    // Everything `sluice serve` does (data directory lock, persistent
+    // pools, a cluster), with the built-in UDLs and `uppercase`.
+    let server = Server::bind_with_registry(cfg, sluice_custom_udl_example::registry()).await?;
     println!("sluice-custom-node listening on {}", server.local_addr());
     server
         .run(async {
@@ -37,4 +53,8 @@ async fn main() -> Result<()> {
         })
         .await;
     Ok(())
+}
+
+fn sluice_types_layout(text: &str) -> Result<sluice_types::cluster::ClusterLayout> {
+    sluice_types::cluster::ClusterLayout::from_text(text).map_err(anyhow::Error::msg)
 }

@@ -506,6 +506,92 @@ impl sluice_compute::Writer for ClusterNode {
             Err(_) => self.runtime.block_on(fut),
         })
     }
+
+    fn trigger_put(
+        &self,
+        key: &str,
+        value: bytes::Bytes,
+        trace: Option<Arc<Trace>>,
+    ) -> Option<Result<u64, SluiceError>> {
+        let shard = match self.store.shard_id_of(key, None) {
+            Ok(s) => s,
+            Err(e) => return Some(Err(e)),
+        };
+        if shard.pool_type != PoolType::Trigger {
+            return None;
+        }
+        let members = self
+            .layout
+            .subgroups
+            .trigger
+            .get(shard.subgroup as usize)
+            .and_then(|sg| sg.shards.get(shard.shard as usize))
+            .cloned()
+            .unwrap_or_default();
+        if members.is_empty() || members.contains(&self.id) {
+            return None;
+        }
+        // The same member for the same key (its upcalls stay in order).
+        let m = members[(sluice_types::fnv1a64(key.as_bytes()) % members.len() as u64) as usize];
+        let addr = self.layout.address_of(m)?.to_string();
+        let req = sluice_wire::Request::TriggerPut {
+            key: key.to_string(),
+            shard: Some(shard.shard),
+            value,
+            trace: trace.map(|t| (*t).clone()),
+        };
+        let t = Duration::from_millis(self.settings.write_timeout_ms);
+        let fut = async move {
+            match self.peers.request(m, &addr, &req, t).await? {
+                sluice_wire::Response::PutOk(p) => Ok(p.timestamp_us),
+                sluice_wire::Response::Error(e) => Err(e),
+                other => Err(SluiceError::protocol(format!(
+                    "unexpected reply to a forwarded trigger put: {other:?}"
+                ))),
+            }
+        };
+        Some(match tokio::runtime::Handle::try_current() {
+            Ok(_) => Err(SluiceError::Internal {
+                reason: "a forwarded trigger put from inside the async runtime".into(),
+            }),
+            Err(_) => self.runtime.block_on(fut),
+        })
+    }
+}
+
+/// A lambda's read of a key on a replicated shard this node is not a
+/// member of goes to the shard's members (the leader it knows first, then
+/// the others), as a client's read would.
+impl sluice_compute::Reader for ClusterNode {
+    fn get(
+        &self,
+        key: &str,
+        at: sluice_compute::ReadAt,
+    ) -> Option<Result<Arc<sluice_types::Object>, SluiceError>> {
+        let shard = match self.store.shard_id_of(key, None) {
+            Ok(s) => s,
+            Err(e) => return Some(Err(e)),
+        };
+        let g = group_of(shard)?;
+        let members = self.members_of(g);
+        if members.contains(&self.id) {
+            return None; // this node's replica
+        }
+        let fut = self.read_remote(g, members, key.to_string(), shard.shard, at);
+        Some(match tokio::runtime::Handle::try_current() {
+            Ok(_) => Err(SluiceError::Internal {
+                reason: "a lambda's remote read from inside the async runtime".into(),
+            }),
+            Err(_) => self.runtime.block_on(fut),
+        })
+    }
+
+    fn holds(&self, key: &str) -> bool {
+        match self.store.shard_id_of(key, None).ok().and_then(group_of) {
+            Some(g) => self.members_of(g).contains(&self.id),
+            None => true,
+        }
+    }
 }
 
 /// Which member runs a lambda dispatched to one member (`one`): members

@@ -125,3 +125,84 @@ impl ClusterNode {
         Ok(index)
     }
 }
+
+impl ClusterNode {
+    /// A read at a shard this node holds no replica of: tried at each
+    /// member (the known leader first) until one answers; a key that is
+    /// not there is that answer, not a reason to try the next member.
+    pub(super) async fn read_remote(
+        &self,
+        group: u64,
+        mut members: Vec<u32>,
+        key: String,
+        shard: u32,
+        at: sluice_compute::ReadAt,
+    ) -> Result<Arc<sluice_types::Object>, SluiceError> {
+        use sluice_compute::ReadAt;
+        let leader = self
+            .groups
+            .read()
+            .get(&group)
+            .and_then(|x| x.metrics.borrow().current_leader)
+            .map(|l| l as u32);
+        if let Some(l) = leader {
+            members.sort_by_key(|m| *m != l);
+        }
+        let req = match at {
+            ReadAt::Latest | ReadAt::Version(_) => sluice_wire::Request::Get {
+                key,
+                shard: Some(shard),
+                version: match at {
+                    ReadAt::Version(v) => Some(v),
+                    _ => None,
+                },
+                min_version: None,
+                linearizable: false,
+            },
+            ReadAt::Time(t) => sluice_wire::Request::GetByTime {
+                key,
+                shard: Some(shard),
+                timestamp_us: t,
+                wait_ms: 0,
+                unstable: false,
+            },
+        };
+        let t = Duration::from_millis(self.settings.write_timeout_ms);
+        let mut last = unavailable(format!("shard {} has no members", group_name(group)));
+        for m in members {
+            let Some(addr) = self.layout.address_of(m) else {
+                continue;
+            };
+            match self.peers.request(m, &addr.to_string(), &req, t).await {
+                Ok(sluice_wire::Response::Object(o)) => {
+                    return Ok(Arc::new(sluice_types::Object {
+                        key: Arc::from(o.key),
+                        meta: o.meta,
+                        value: o.value,
+                        trace: o.trace.map(Arc::new),
+                    }))
+                }
+                Ok(sluice_wire::Response::Error(e)) if !retry_elsewhere(&e) => return Err(e),
+                Ok(sluice_wire::Response::Error(e)) => last = e,
+                Ok(other) => {
+                    last = SluiceError::protocol(format!("unexpected reply to a read: {other:?}"))
+                }
+                Err(e) => last = e,
+            }
+        }
+        Err(last)
+    }
+}
+
+/// Whether a read error from one member may go away at another.
+fn retry_elsewhere(e: &SluiceError) -> bool {
+    matches!(
+        e,
+        SluiceError::Unavailable { .. }
+            | SluiceError::NotLeader { .. }
+            | SluiceError::NotMember { .. }
+            | SluiceError::ReplicaBehind { .. }
+            | SluiceError::Connection { .. }
+            | SluiceError::Timeout { .. }
+    )
+}

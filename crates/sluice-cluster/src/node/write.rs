@@ -304,8 +304,12 @@ impl ClusterNode {
                     Err(SluiceError::NotLeader {
                         leader: Some(l), ..
                     }) => Step::Follow(*l),
+                    // A member whose group has not learned its membership
+                    // yet (just started, or just added) says NotMember: it
+                    // or another member will take the request shortly.
                     Err(
                         SluiceError::NotLeader { .. }
+                        | SluiceError::NotMember { .. }
                         | SluiceError::Connection { .. }
                         | SluiceError::Unavailable { .. },
                     ) => Step::Pause,
