@@ -820,6 +820,7 @@ impl Client {
                 shard: Some(shard),
                 value: value.clone(),
                 trace: trace.clone(),
+                origin: None,
             })
             .await?
         {

@@ -3,7 +3,9 @@
 use bytes::Bytes;
 use serde_json::Value;
 use sluice_store::Store;
-use sluice_types::{Hop, Object, PutResult, SluiceError, Trace, EMIT_DEPTH_MAX, TRACE_HOPS_MAX};
+use sluice_types::{
+    Hop, Object, ObjectMeta, PutResult, SluiceError, Trace, EMIT_DEPTH_MAX, TRACE_HOPS_MAX,
+};
 use std::collections::HashMap;
 use std::sync::{Arc, Weak};
 
@@ -175,6 +177,7 @@ pub trait Writer: Send + Sync {
         _key: &str,
         _value: Bytes,
         _trace: Option<Arc<Trace>>,
+        _origin: Option<ObjectMeta>,
     ) -> Option<Result<u64, SluiceError>> {
         None
     }
@@ -258,7 +261,7 @@ impl Context {
     }
 
     pub fn trigger_put(&self, key: &str, value: Bytes) -> Result<u64, SluiceError> {
-        self.trigger_put_traced(key, value, None)
+        self.trigger_put_traced(key, value, None, None)
     }
 
     fn trigger_put_traced(
@@ -266,14 +269,16 @@ impl Context {
         key: &str,
         value: Bytes,
         trace: Option<Arc<Trace>>,
+        origin: Option<ObjectMeta>,
     ) -> Result<u64, SluiceError> {
         let writer = self.writer.read().clone();
         if let Some(w) = writer {
-            if let Some(r) = w.trigger_put(key, value.clone(), trace.clone()) {
+            if let Some(r) = w.trigger_put(key, value.clone(), trace.clone(), origin) {
                 return r;
             }
         }
-        self.store()?.trigger_put_traced(key, value, None, trace)
+        self.store()?
+            .trigger_put_with_origin(key, value, None, trace, origin)
     }
 
     pub fn list_keys(&self, pool: &str, prefix: Option<&str>) -> Result<Vec<String>, SluiceError> {
@@ -372,11 +377,30 @@ impl<'a> Emitter<'a> {
     }
 
     /// Emits `value` under `key_suffix` to every destination of the vertex.
+    ///
+    /// What reaches a `trigger_put` destination carries the input's version,
+    /// timestamp and previous versions, as Cascade's emit passes them on
+    /// (`emit_with_meta` sets others); a `put` destination stores a new
+    /// version with the store's own version and timestamp, as Cascade's
+    /// stores do.
     pub fn emit(&mut self, key_suffix: &str, value: Bytes) -> Result<(), UdlError> {
+        let meta = self.source.meta;
+        self.emit_with_meta(key_suffix, value, meta)
+    }
+
+    /// `emit` with the version, timestamp and previous versions the output
+    /// carries to `trigger_put` destinations (Cascade's `emit(key, version,
+    /// timestamp_us, previous_version, previous_version_by_key, blob)`).
+    pub fn emit_with_meta(
+        &mut self,
+        key_suffix: &str,
+        value: Bytes,
+        meta: ObjectMeta,
+    ) -> Result<(), UdlError> {
         let trace = self.next_trace(key_suffix)?;
         let dests = self.destinations;
         for (dest, mode) in dests {
-            self.write(dest, *mode, key_suffix, value.clone(), trace.clone())?;
+            self.write(dest, *mode, key_suffix, value.clone(), trace.clone(), meta)?;
         }
         Ok(())
     }
@@ -392,7 +416,8 @@ impl<'a> Emitter<'a> {
         value: Bytes,
     ) -> Result<(), UdlError> {
         let trace = self.next_trace(&join_key(dest, key_suffix))?;
-        self.write(dest, mode, key_suffix, value, trace)
+        let meta = self.source.meta;
+        self.write(dest, mode, key_suffix, value, trace, meta)
     }
 
     fn write(
@@ -402,6 +427,7 @@ impl<'a> Emitter<'a> {
         key_suffix: &str,
         value: Bytes,
         trace: Option<Arc<Trace>>,
+        meta: ObjectMeta,
     ) -> Result<(), UdlError> {
         let key = join_key(dest, key_suffix);
         match mode {
@@ -409,7 +435,12 @@ impl<'a> Emitter<'a> {
                 self.ctx.put_traced(&key, value, trace)?;
             }
             DestMode::TriggerPut => {
-                self.ctx.trigger_put_traced(&key, value, trace)?;
+                let origin = ObjectMeta {
+                    tombstone: false,
+                    ..meta
+                };
+                self.ctx
+                    .trigger_put_traced(&key, value, trace, Some(origin))?;
             }
         }
         self.emitted += 1;

@@ -853,21 +853,25 @@ impl Conn {
                 shard,
                 value,
                 trace,
-            } => match store.trigger_put_traced(&key, value, shard, trace.map(Arc::new)) {
-                Ok(ts) if !no_reply => Response::put_ok(
-                    out,
-                    rid,
-                    &sluice_types::PutResult {
-                        version: VERSION_NONE,
-                        timestamp_us: ts,
-                    },
-                ),
-                Ok(_) => {}
-                Err(e) if no_reply => {
-                    tracing::debug!(key = %key, error = %e, "trigger_put failed")
+                origin,
+            } => {
+                match store.trigger_put_with_origin(&key, value, shard, trace.map(Arc::new), origin)
+                {
+                    Ok(ts) if !no_reply => Response::put_ok(
+                        out,
+                        rid,
+                        &sluice_types::PutResult {
+                            version: VERSION_NONE,
+                            timestamp_us: ts,
+                        },
+                    ),
+                    Ok(_) => {}
+                    Err(e) if no_reply => {
+                        tracing::debug!(key = %key, error = %e, "trigger_put failed")
+                    }
+                    Err(e) => reply_err(out, &e),
                 }
-                Err(e) => reply_err(out, &e),
-            },
+            }
             Request::Remove {
                 key,
                 shard,

@@ -786,18 +786,40 @@ impl Store {
         shard: Option<u32>,
         trace: Option<Arc<Trace>>,
     ) -> Result<u64> {
+        self.trigger_put_with_origin(key, value, shard, trace, None)
+    }
+
+    /// A trigger put whose object carries `origin`'s version, timestamp and
+    /// previous versions (what a lambda's emit gives its output, as
+    /// Cascade's emit does) instead of this node's clock and no version.
+    /// Returns the timestamp the object carries.
+    pub fn trigger_put_with_origin(
+        &self,
+        key: &str,
+        value: Bytes,
+        shard: Option<u32>,
+        trace: Option<Arc<Trace>>,
+        origin: Option<ObjectMeta>,
+    ) -> Result<u64> {
         let res = (|| {
             let r = self.route(key, shard)?;
-            let ts = self.clock.now_us();
-            let object = Arc::new(Object {
-                key: Arc::from(key),
-                meta: ObjectMeta {
+            let meta = match origin {
+                Some(o) => ObjectMeta {
+                    tombstone: false,
+                    ..o
+                },
+                None => ObjectMeta {
                     version: VERSION_NONE,
-                    timestamp_us: ts,
+                    timestamp_us: self.clock.now_us(),
                     previous_version: VERSION_NONE,
                     previous_version_by_key: VERSION_NONE,
                     tombstone: false,
                 },
+            };
+            let ts = meta.timestamp_us;
+            let object = Arc::new(Object {
+                key: Arc::from(key),
+                meta,
                 value,
                 trace,
             });

@@ -848,3 +848,62 @@ fn the_stateful_default_is_cascades() {
         json!(["stateful"])
     );
 }
+
+/// Records the metadata of every object it is called with.
+#[derive(Default)]
+struct MetaRecorder {
+    seen: Mutex<Vec<(String, sluice_types::ObjectMeta)>>,
+}
+
+impl Udl for MetaRecorder {
+    fn handle(&self, call: &Upcall<'_>, _: &mut Emitter<'_>, _: &Context) -> Result<(), UdlError> {
+        self.seen
+            .lock()
+            .push((call.key.to_string(), call.object.meta));
+        Ok(())
+    }
+}
+
+/// Issue #17: an emit carries the input's version, timestamp and previous
+/// versions to a trigger-put destination, as Cascade's emit does; a put
+/// destination stores its own version.
+#[test]
+fn an_emit_carries_the_inputs_version_and_time_to_trigger_destinations() {
+    let s = store();
+    let rec = Arc::new(MetaRecorder::default());
+    let mut reg = sluice_udls::registry();
+    let r = rec.clone();
+    reg.register("meta", move |_: &Value, _: &Context| {
+        Ok(r.clone() as Arc<dyn Udl>)
+    });
+    let e = engine_with(&s, reg, 2, 64, None);
+    e.apply(&graph(
+        "m",
+        json!([
+            { "pathname": "/out", "user_defined_logic_list": ["relay"],
+              "user_defined_logic_hook_list": ["ordered"],
+              "destinations": [{ "/mid": "trigger_put" }] },
+            { "pathname": "/mid", "user_defined_logic_list": ["meta"] }
+        ]),
+    ))
+    .unwrap();
+    s.put("/out/k", Bytes::from_static(b"1"), None, None)
+        .unwrap();
+    let second = s
+        .put("/out/k", Bytes::from_static(b"2"), None, None)
+        .unwrap();
+    wait_for("both emits", || rec.seen.lock().len() == 2);
+    let stored = s.get("/out/k", None, None).unwrap();
+    let seen = rec.seen.lock().clone();
+    let (key, meta) = seen
+        .iter()
+        .find(|(_, m)| m.version == second.version)
+        .expect("the second put's version reached /mid");
+    assert_eq!(key, "/mid/k");
+    assert_eq!(meta.timestamp_us, stored.meta.timestamp_us);
+    assert_eq!(
+        meta.previous_version_by_key,
+        stored.meta.previous_version_by_key
+    );
+    assert_ne!(meta.previous_version_by_key, sluice_types::VERSION_NONE);
+}

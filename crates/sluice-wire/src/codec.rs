@@ -117,6 +117,11 @@ impl MetaReader {
             None
         })
     }
+    /// Whether every byte was read (an optional trailing field is absent).
+    pub fn at_end(&self) -> bool {
+        !self.buf.has_remaining()
+    }
+
     /// Call after the last field: trailing bytes mean a mismatched encoder.
     pub fn finish(&self) -> Result<(), SluiceError> {
         if self.buf.has_remaining() {

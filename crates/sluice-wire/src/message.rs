@@ -165,6 +165,11 @@ pub enum Request {
         shard: Option<u32>,
         value: Bytes,
         trace: Option<Trace>,
+        /// The version, timestamp and previous versions the object carries
+        /// (a lambda's emit forwarded by its node, as Cascade's emit sets
+        /// them); `None`: the receiving node stamps it. Encoded only when
+        /// set, after the trace.
+        origin: Option<ObjectMeta>,
     },
     Remove {
         key: String,
@@ -584,9 +589,17 @@ impl Request {
                 shard,
                 value,
                 trace,
+                origin,
             } => frame(out, opc, flags, request_id, Some(value), |w| {
                 w.str(key).u32(shard_enc(*shard));
                 write_trace(w, trace.as_ref());
+                if let Some(o) = origin {
+                    w.u8(1)
+                        .u64(o.version)
+                        .u64(o.timestamp_us)
+                        .u64(o.previous_version)
+                        .u64(o.previous_version_by_key);
+                }
             }),
             Request::Remove {
                 key,
@@ -742,6 +755,19 @@ impl Request {
                 key: r.str()?,
                 shard: shard_dec(r.u32()?),
                 trace: read_trace(&mut r)?,
+                origin: if r.at_end() {
+                    None
+                } else if r.bool()? {
+                    Some(ObjectMeta {
+                        version: r.u64()?,
+                        timestamp_us: r.u64()?,
+                        previous_version: r.u64()?,
+                        previous_version_by_key: r.u64()?,
+                        tombstone: false,
+                    })
+                } else {
+                    None
+                },
                 value: f.value,
             },
             op::REMOVE => Request::Remove {

@@ -123,14 +123,26 @@ fn arb_request() -> impl Strategy<Value = Request> {
                 trace,
                 req_id: id.map(|(client, seq)| ReqId { client, seq }),
             }),
-        (arb_key(), arb_opt_shard(), arb_value(), arb_trace()).prop_map(
-            |(key, shard, value, trace)| Request::TriggerPut {
+        (
+            arb_key(),
+            arb_opt_shard(),
+            arb_value(),
+            arb_trace(),
+            proptest::option::of((any::<u64>(), any::<u64>(), any::<u64>(), any::<u64>()))
+        )
+            .prop_map(|(key, shard, value, trace, origin)| Request::TriggerPut {
                 key,
                 shard,
                 value,
-                trace
-            }
-        ),
+                trace,
+                origin: origin.map(|(v, t, p, pk)| sluice_types::ObjectMeta {
+                    version: v,
+                    timestamp_us: t,
+                    previous_version: p,
+                    previous_version_by_key: pk,
+                    tombstone: false,
+                }),
+            }),
         (
             arb_key(),
             arb_opt_shard(),
@@ -525,6 +537,13 @@ fn regenerate_corpus() {
                     started_us: 3,
                     emitted_us: 4,
                 }],
+            }),
+            origin: Some(sluice_types::ObjectMeta {
+                version: 7,
+                timestamp_us: 8,
+                previous_version: 6,
+                previous_version_by_key: 5,
+                tombstone: false,
             }),
         },
         Request::Remove {

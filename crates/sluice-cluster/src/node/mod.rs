@@ -512,6 +512,7 @@ impl sluice_compute::Writer for ClusterNode {
         key: &str,
         value: bytes::Bytes,
         trace: Option<Arc<Trace>>,
+        origin: Option<sluice_types::ObjectMeta>,
     ) -> Option<Result<u64, SluiceError>> {
         let shard = match self.store.shard_id_of(key, None) {
             Ok(s) => s,
@@ -539,6 +540,7 @@ impl sluice_compute::Writer for ClusterNode {
             shard: Some(shard.shard),
             value,
             trace: trace.map(|t| (*t).clone()),
+            origin,
         };
         let t = Duration::from_millis(self.settings.write_timeout_ms);
         let fut = async move {
