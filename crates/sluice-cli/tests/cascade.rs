@@ -23,7 +23,10 @@ fn fixtures() -> PathBuf {
 
 /// A base port with `n` free consecutive ports after it on 127.0.0.1.
 fn free_base(n: u16) -> u16 {
-    let mut seed = std::process::id() as u64 ^ 0x9e37_79b9_7f4a_7c15;
+    static CALLS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let call = CALLS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let mut seed = (std::process::id() as u64 ^ 0x9e37_79b9_7f4a_7c15)
+        .wrapping_add(call.wrapping_mul(0x2545_f491_4f6c_dd1d));
     for _ in 0..200 {
         seed = seed
             .wrapping_mul(6364136223846793005)
@@ -218,8 +221,12 @@ fn remove(nodes: &Nodes, id: &str) {
     );
 }
 
+/// One cluster at a time: several processes each on a small machine.
+static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 #[test]
 fn cascade_layout_and_every_dfgs_shape_run_on_a_cluster() {
+    let _one = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     // Cascade's layout.json, imported to three nodes on free ports.
     let dir = tempfile::tempdir().unwrap();
     let base = free_base(3);
@@ -525,4 +532,80 @@ fn every_fixture_parses_and_cascades_silent_defaults_are_refused() {
 
 fn sluice_udls_registry() -> sluice_compute::Registry {
     sluice_udls::registry()
+}
+
+/// `--dfgs` applies a graph at start, as Cascade reads its dfgs.json: on a
+/// standalone node at once, in a `sluice dev` cluster through the
+/// metadata group to every node.
+#[test]
+fn graphs_given_at_start_run_standalone_and_on_every_node_of_a_cluster() {
+    let _one = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let dir = tempfile::tempdir().unwrap();
+    let dfg = dir.path().join("dfgs.json");
+    std::fs::write(
+        &dfg,
+        r#"[{"id": "start", "graph": [{"pathname": "/trig/in", "user_defined_logic_list": ["relay"],
+            "destinations": [{"/vol/out": "put"}]}]}]"#,
+    )
+    .unwrap();
+    // Standalone.
+    let base = free_base(4);
+    let addr = format!("127.0.0.1:{base}");
+    let mut node = Command::new(BIN)
+        .args(["serve", "--listen", &addr, "--data-dir"])
+        .arg(dir.path().join("solo"))
+        .arg("--dfgs")
+        .arg(&dfg)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let c = wait_for("the standalone node", || {
+        BlockingClient::connect(&addr).ok()
+    });
+    let l = c.dfg_list().unwrap();
+    assert_eq!(l[0]["id"], "start", "{l}");
+    node.kill().unwrap();
+    node.wait().unwrap();
+    // A cluster of three from `sluice dev --dfgs`.
+    let mut dev = Command::new(BIN)
+        .args([
+            "dev",
+            "--nodes",
+            "3",
+            "--base-port",
+            &(base + 1).to_string(),
+            "--dir",
+        ])
+        .arg(dir.path().join("dev"))
+        .arg("--dfgs")
+        .arg(&dfg)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let seeds = (1..=3)
+        .map(|i| format!("127.0.0.1:{}", base + i))
+        .collect::<Vec<_>>()
+        .join(",");
+    let c = wait_for("the dev cluster", || BlockingClient::connect(&seeds).ok());
+    wait_for("the graph on every node", || {
+        let nodes = c.dfg_list_nodes().ok()?;
+        (nodes.len() == 3
+            && nodes.iter().all(|(_, r)| {
+                r.as_ref()
+                    .is_ok_and(|l| l[0]["id"] == "start" && l[0]["state"] == "running")
+            }))
+        .then_some(())
+    });
+    c.trigger_put("/trig/in/x", "at start").unwrap();
+    assert_eq!(
+        wait_for("the relay", || value_of(&c, "/vol/out/x")),
+        b"at start"
+    );
+    // SAFETY: signalling the child process this test started.
+    unsafe {
+        libc::kill(dev.id() as libc::pid_t, libc::SIGINT);
+    }
+    dev.wait().unwrap();
 }

@@ -165,6 +165,34 @@ fn deploy_and_run(plan_input: &Path, sources: &[&str], salt: u64) {
         };
         assert_eq!(&v[..], &want[..], "{key}");
     }
+    // Each operator ran only on the nodes the layout gives its pool.
+    let layout = sluice_types::cluster::ClusterLayout::from_toml(
+        &std::fs::read_to_string(export.join("layout.toml")).unwrap(),
+    )
+    .unwrap();
+    let pools = std::fs::read_to_string(export.join("pools.txt")).unwrap();
+    let per_node = c.dfg_list_nodes().unwrap();
+    let mut ran = 0;
+    for line in pools.lines().filter(|l| l.contains("--type trigger")) {
+        let w: Vec<&str> = line.split_whitespace().collect();
+        let (pool, sg): (&str, usize) = (w[3], w[w.len() - 1].parse().unwrap());
+        let placed: Vec<u32> = layout.subgroups.trigger[sg].shards.concat();
+        for (node, list) in &per_node {
+            let calls: u64 = list.as_ref().unwrap().as_array().unwrap()[0]["status"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .filter(|st| st["vertex"] == pool)
+                .map(|st| st["calls"].as_u64().unwrap())
+                .sum();
+            assert!(
+                calls == 0 || placed.contains(node),
+                "{pool} ran {calls} times on node {node}, placed on {placed:?}"
+            );
+            ran += calls;
+        }
+    }
+    assert!(ran >= 2 * sources.len() as u64, "operators ran {ran} times");
     drop(dev);
 }
 
