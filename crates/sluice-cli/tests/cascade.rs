@@ -9,34 +9,19 @@
 
 use sluice_client::{BlockingClient, PoolSpec, PoolType};
 use std::collections::BTreeMap;
-use std::net::{SocketAddr, TcpListener};
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
+
+mod common;
+use common::free_base;
 
 const BIN: &str = env!("CARGO_BIN_EXE_sluice");
 const WAIT: Duration = Duration::from_secs(30);
 
 fn fixtures() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/cascade")
-}
-
-/// A base port with `n` free consecutive ports after it on 127.0.0.1.
-fn free_base(n: u16) -> u16 {
-    static CALLS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-    let call = CALLS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    let mut seed = (std::process::id() as u64 ^ 0x9e37_79b9_7f4a_7c15)
-        .wrapping_add(call.wrapping_mul(0x2545_f491_4f6c_dd1d));
-    for _ in 0..200 {
-        seed = seed
-            .wrapping_mul(6364136223846793005)
-            .wrapping_add(1442695040888963407);
-        let base = 20_000 + (seed >> 33) as u16 % 30_000;
-        if (0..n).all(|i| TcpListener::bind(SocketAddr::from(([127, 0, 0, 1], base + i))).is_ok()) {
-            return base;
-        }
-    }
-    panic!("no {n} free consecutive ports");
 }
 
 fn sluice(args: &[&str]) -> Output {

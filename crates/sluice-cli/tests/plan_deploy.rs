@@ -8,10 +8,12 @@
 //! puts between operators go to the operator's nodes.
 
 use std::io::BufRead;
-use std::net::{SocketAddr, TcpListener};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
+
+mod common;
+use common::free_base;
 
 const BIN: &str = env!("CARGO_BIN_EXE_sluice");
 
@@ -19,21 +21,6 @@ fn repo(rel: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("../..")
         .join(rel)
-}
-
-/// A base port with `n` free consecutive ports after it on 127.0.0.1.
-fn free_base(n: u16, salt: u64) -> u16 {
-    let mut seed = (std::process::id() as u64) ^ salt.wrapping_mul(0x9e37_79b9_7f4a_7c15);
-    for _ in 0..200 {
-        seed = seed
-            .wrapping_mul(6364136223846793005)
-            .wrapping_add(1442695040888963407);
-        let base = 20_000 + (seed >> 33) as u16 % 30_000;
-        if (0..n).all(|i| TcpListener::bind(SocketAddr::from(([127, 0, 0, 1], base + i))).is_ok()) {
-            return base;
-        }
-    }
-    panic!("no {n} free consecutive ports");
 }
 
 fn run(args: &[&str]) -> (String, String) {
@@ -66,12 +53,12 @@ fn npy(shape: &[usize], values: &[f32]) -> Vec<u8> {
 /// One cluster at a time: each is several processes on a small machine.
 static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
-fn deploy_and_run(plan_input: &Path, sources: &[&str], salt: u64) {
+fn deploy_and_run(plan_input: &Path, sources: &[&str]) {
     let _one = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let tmp = tempfile::tempdir().unwrap();
     let export = tmp.path().join("export");
     // Room for every node the plan may use (node i on base + i).
-    let base = free_base(16, salt);
+    let base = free_base(16);
     let (out, _) = run(&[
         "plan",
         plan_input.to_str().unwrap(),
@@ -201,11 +188,10 @@ fn the_jellybean_plan_deploys_and_runs_as_exported() {
     deploy_and_run(
         &repo("../shared/fixtures/jellybean-vqa"),
         &["ExtractImageFeature", "SpeechRecognition"],
-        1,
     );
 }
 
 #[test]
 fn the_traffic_plan_deploys_and_runs_as_exported() {
-    deploy_and_run(&repo("examples/plan/traffic.toml"), &["detect"], 2);
+    deploy_and_run(&repo("examples/plan/traffic.toml"), &["detect"]);
 }

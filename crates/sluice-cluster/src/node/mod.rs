@@ -497,14 +497,7 @@ impl sluice_compute::Writer for ClusterNode {
             return None;
         }
         let fut = self.write_anywhere(shard, key.to_string(), value, trace.map(|t| (*t).clone()));
-        // Upcalls run on plain threads: block this one, not the runtime.
-        Some(match tokio::runtime::Handle::try_current() {
-            Ok(_) => Err(SluiceError::Internal {
-                reason: "a replicated put from inside the async runtime must use write_anywhere"
-                    .into(),
-            }),
-            Err(_) => self.runtime.block_on(fut),
-        })
+        Some(self.block_for_upcall("a replicated put (use write_anywhere)", fut))
     }
 
     fn trigger_put(
@@ -552,12 +545,24 @@ impl sluice_compute::Writer for ClusterNode {
                 ))),
             }
         };
-        Some(match tokio::runtime::Handle::try_current() {
+        Some(self.block_for_upcall("a forwarded trigger put", fut))
+    }
+}
+
+impl ClusterNode {
+    /// Runs `fut` for a lambda: upcalls run on plain threads, so this one
+    /// blocks, not the runtime (called from the runtime, it is an error).
+    fn block_for_upcall<T>(
+        &self,
+        what: &str,
+        fut: impl std::future::Future<Output = Result<T, SluiceError>>,
+    ) -> Result<T, SluiceError> {
+        match tokio::runtime::Handle::try_current() {
             Ok(_) => Err(SluiceError::Internal {
-                reason: "a forwarded trigger put from inside the async runtime".into(),
+                reason: format!("{what} from inside the async runtime"),
             }),
             Err(_) => self.runtime.block_on(fut),
-        })
+        }
     }
 }
 
@@ -580,12 +585,7 @@ impl sluice_compute::Reader for ClusterNode {
             return None; // this node's replica
         }
         let fut = self.read_remote(g, members, key.to_string(), shard.shard, at);
-        Some(match tokio::runtime::Handle::try_current() {
-            Ok(_) => Err(SluiceError::Internal {
-                reason: "a lambda's remote read from inside the async runtime".into(),
-            }),
-            Err(_) => self.runtime.block_on(fut),
-        })
+        Some(self.block_for_upcall("a lambda's remote read", fut))
     }
 
     fn holds(&self, key: &str) -> bool {
