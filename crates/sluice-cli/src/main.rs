@@ -8,6 +8,7 @@ mod demo;
 mod dev;
 mod fsck;
 mod layout;
+mod place;
 mod plan;
 mod serve;
 mod shell;
@@ -64,6 +65,8 @@ enum Cmd {
     Fsck(fsck::FsckArgs),
     /// Choose models and workers for an inference workflow at minimum cost.
     Plan(plan::PlanArgs),
+    /// Place replicas of a model's parts to survive node failures (Lazarus).
+    Place(place::PlaceArgs),
     /// Cluster layouts: import Cascade's layout.json.
     #[command(subcommand)]
     Layout(layout::LayoutCmd),
@@ -94,6 +97,7 @@ fn main() -> ExitCode {
         Cmd::Dev(a) => dev::run(a),
         Cmd::Plan(a) => plan::run(a, &addr, cli.timeout_ms, cli.json),
         Cmd::Layout(c) => layout::run(c, cli.json),
+        Cmd::Place(a) => place::run(a, cli.json),
         Cmd::Fsck(a) => fsck::run(a, cli.json),
         Cmd::Shell => shell::run(&addr, cli.timeout_ms, cli.json),
         Cmd::Client(c) => commands::run_once(&addr, cli.timeout_ms, cli.json, c),

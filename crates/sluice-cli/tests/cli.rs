@@ -1370,3 +1370,81 @@ fn binary_values_are_escaped_on_a_terminal_only() {
     );
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// `sluice place` (issue #21): a plan with its probability and baselines,
+/// exported as a layout whose subgroups replicate each part on exactly its
+/// nodes, and reconfigured after a node fails with the fewest moves.
+#[test]
+fn place_plans_exports_and_reconfigures() {
+    let example = repo_path("examples/place/moe.toml");
+    let dir = tempfile::tempdir().unwrap();
+    let o = Command::new(BIN)
+        .args(["place", example.to_str().unwrap(), "--export"])
+        .arg(dir.path())
+        .output()
+        .unwrap();
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        o.status.success(),
+        "{out}{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    assert!(
+        out.contains("probability 0.400000 (exact, 20 scenarios)"),
+        "{out}"
+    );
+    assert!(out.contains("optimal: exact search"), "{out}");
+    assert!(out.contains("maximum rank overlap (MRO)"), "{out}");
+    let layout = sluice_types::cluster::ClusterLayout::from_toml(
+        &std::fs::read_to_string(dir.path().join("layout.toml")).unwrap(),
+    )
+    .unwrap();
+    assert_eq!(layout.nodes.len(), 6);
+    assert_eq!(layout.subgroups.volatile.len(), 8, "a subgroup per part");
+    let pools = std::fs::read_to_string(dir.path().join("pools.txt")).unwrap();
+    assert!(
+        pools.contains("/parts/expert-7 --type volatile --subgroup 7"),
+        "{pools}"
+    );
+    // Node n4 fails; the floor drops to 1 so the rest fit.
+    let placement = dir.path().join("placement.toml");
+    let text = std::fs::read_to_string(&placement).unwrap();
+    std::fs::write(
+        &placement,
+        format!(
+            "failed = [\"n4\"]\n{}",
+            text.replace("floor = 2", "floor = 1")
+        ),
+    )
+    .unwrap();
+    let o = Command::new(BIN)
+        .args(["--json", "place", "--from", placement.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let r: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(r["minimal"], true, "{r}");
+    assert!(
+        r["lost"].as_array().unwrap().len() >= 2,
+        "n4's replicas: {r}"
+    );
+    let moved = r["moves"].as_array().unwrap().len();
+    assert!(moved >= 1, "{r}");
+    // Not one part is placed on the failed node.
+    for nodes in r["placement"].as_object().unwrap().values() {
+        assert!(!nodes.as_array().unwrap().iter().any(|n| n == "n4"), "{r}");
+    }
+    // Bad input: a clear error naming the problem.
+    let o = Command::new(BIN)
+        .args([
+            "place",
+            placement
+                .to_str()
+                .unwrap()
+                .replace("placement", "nope")
+                .as_str(),
+        ])
+        .output()
+        .unwrap();
+    assert!(!o.status.success());
+}

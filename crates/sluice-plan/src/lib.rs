@@ -21,6 +21,7 @@ pub mod exhaustive;
 pub mod export;
 pub mod gen;
 pub mod load;
+pub mod place;
 pub mod problem;
 pub mod report;
 pub mod rng;
