@@ -5,9 +5,11 @@
 //!
 //! Modules: `harness` (node processes, histograms, drivers, report),
 //! `peers` (what is measured and compared with), `procs` (a local
-//! cluster), `etcd`, and the benchmarks: `single` (one node) and
-//! `cluster`. Each depends only on those before it in this list.
+//! cluster), `etcd`, and the benchmarks: `single` (one node),
+//! `cluster` and `broadcast`. Each depends only on those before it in this
+//! list.
 
+mod broadcast;
 mod cluster;
 mod etcd;
 mod harness;
@@ -56,6 +58,10 @@ pub enum BenchWhat {
     /// Replicated shards of 1, 3 and 5 nodes (real processes) next to
     /// redis-server with two replicas and WAIT 2, and failover time.
     Cluster(cluster::ClusterBenchArgs),
+    /// One object to 2..N node processes with every node's outgoing
+    /// bandwidth limited: pipelined chain, binary tree and one-to-each,
+    /// next to a single transfer.
+    Broadcast(broadcast::BroadcastBenchArgs),
     /// The Python client next to the Rust client (get latency, asyncio put
     /// throughput), one node, one run: runs `python -m sluice.bench`.
     Python(PythonBenchArgs),
@@ -267,6 +273,7 @@ pub fn run(a: BenchArgs, json: bool) -> Result<()> {
         Some(BenchWhat::Pipeline(p)) => single::pipeline_bench(p, json),
         Some(BenchWhat::Persistent(p)) => single::persistent_bench(p, json),
         Some(BenchWhat::Cluster(c)) => cluster::run(c, json),
+        Some(BenchWhat::Broadcast(b)) => broadcast::run(b, json),
         Some(BenchWhat::Core(c)) => single::core(c, json),
         Some(BenchWhat::Python(p)) => python_bench(p, json),
         Some(BenchWhat::PythonUdl(p)) => python_udl_bench(p, json),

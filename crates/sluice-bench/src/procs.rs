@@ -30,6 +30,19 @@ impl Procs {
     /// `persistent_sync`, also one persistent shard (its consensus log on
     /// the disk under the temporary directory, synced per that policy).
     pub fn start_with(n: u32, threads: usize, persistent_sync: Option<&str>) -> Result<Procs> {
+        let all: Vec<u32> = (0..n).collect();
+        Procs::start_custom(n, threads, persistent_sync, &all, "")
+    }
+
+    /// `start_with`, the volatile shard on `volatile` only, and `cluster`
+    /// added to each node's `[cluster]` section.
+    pub fn start_custom(
+        n: u32,
+        threads: usize,
+        persistent_sync: Option<&str>,
+        volatile: &[u32],
+        cluster: &str,
+    ) -> Result<Procs> {
         let dir =
             std::env::temp_dir().join(format!("sluice-bench-cluster-{}-{n}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
@@ -42,8 +55,10 @@ impl Procs {
             addrs.push(a);
         }
         let members: Vec<String> = (0..n).map(|i| i.to_string()).collect();
+        let vol: Vec<String> = volatile.iter().map(|i| i.to_string()).collect();
         text.push_str(&format!(
-            "[[subgroups.volatile]]\nshards = [[{m}]]\n[[subgroups.trigger]]\nshards = [[{m}]]\n",
+            "[[subgroups.volatile]]\nshards = [[{v}]]\n[[subgroups.trigger]]\nshards = [[{m}]]\n",
+            v = vol.join(", "),
             m = members.join(", ")
         ));
         if persistent_sync.is_some() {
@@ -63,7 +78,7 @@ impl Procs {
             std::fs::write(
                 dir.join(format!("node-{i}.toml")),
                 format!(
-                    "worker_threads = {threads}\n[persistent]\nsync = \"{}\"\n[cluster]\nvolatile_dir = \"{}\"\n",
+                    "worker_threads = {threads}\n[persistent]\nsync = \"{}\"\n[cluster]\nvolatile_dir = \"{}\"\n{cluster}\n",
                     persistent_sync.unwrap_or("always"),
                     shm.join(format!("node-{i}")).display()
                 ),

@@ -131,6 +131,29 @@ pub enum ClientCmd {
     /// Cluster membership, leaders and replication lag.
     #[command(subcommand)]
     Cluster(ClusterCmd),
+    /// Send the latest version of KEY to many nodes at once: chunked and
+    /// pipelined along chains ordered by the nodes' topology labels; each
+    /// receiver checks the checksum and keeps it for its lambdas.
+    Broadcast {
+        key: String,
+        /// Receiving node ids, comma-separated (default: every other node).
+        #[arg(long, value_delimiter = ',')]
+        to: Vec<u32>,
+        /// Receivers: the members of this shard (`volatile/0/1`).
+        #[arg(long, conflicts_with_all = ["to", "to_vertex"])]
+        to_shard: Option<String>,
+        /// Receivers: the nodes running this DFG vertex (a pathname).
+        #[arg(long, conflicts_with = "to")]
+        to_vertex: Option<String>,
+        /// Chains from each node: 1 is one chain, 2 a binary tree.
+        #[arg(long, default_value_t = 1)]
+        fanout: usize,
+        #[arg(long, default_value_t = 1024)]
+        chunk_kb: usize,
+        /// The node that sends (default: the node the client talks to).
+        #[arg(long)]
+        from: Option<u32>,
+    },
     /// Server counters.
     Stats,
     /// Round trip time to the node.
@@ -585,6 +608,18 @@ pub fn execute(
         ClientCmd::Pools(p) => pools(c, p)?,
         ClientCmd::Cluster(cmd) => cluster(c, cmd)?,
         ClientCmd::Dfg(cmd) => dfg(c, cmd)?,
+        ClientCmd::Broadcast {
+            key,
+            to,
+            to_shard,
+            to_vertex,
+            fanout,
+            chunk_kb,
+            from,
+        } => {
+            let to = receivers(c, to, to_shard, to_vertex)?;
+            return broadcast(c, &key, to, (fanout, chunk_kb, from), out);
+        }
         ClientCmd::Watch {
             prefix,
             count,
@@ -996,6 +1031,100 @@ fn dfg(c: &BlockingClient, cmd: DfgCmd) -> Result<Shown> {
             Shown::new(json!({"removed": id}), text)
         }
     })
+}
+
+/// `broadcast`: the sending node's report, one line per receiver.
+/// The receivers of a broadcast: the ids given, a shard's members, or the
+/// nodes that run a DFG vertex (empty: every other node).
+fn receivers(
+    c: &BlockingClient,
+    to: Vec<u32>,
+    shard: Option<String>,
+    vertex: Option<String>,
+) -> Result<Vec<u32>> {
+    if let Some(s) = shard {
+        let info = c.cluster_command(json!({"op": "info"}), None)?;
+        // Replicated shards by name; trigger shards by position.
+        let trigger = s.strip_prefix("trigger/").and_then(|rest| {
+            let (sg, sh) = rest.split_once('/')?;
+            Some(&info["trigger"][sg.parse::<usize>().ok()?][sh.parse::<usize>().ok()?])
+        });
+        let members = trigger
+            .unwrap_or(&info["shards"][&s]["members"])
+            .as_array()
+            .ok_or_else(|| anyhow::anyhow!("no shard {s:?} in this cluster"))?;
+        return Ok(members
+            .iter()
+            .filter_map(|m| m.as_u64().map(|m| m as u32))
+            .collect());
+    }
+    if let Some(v) = vertex {
+        let v = v.trim_end_matches('/');
+        let mut out = Vec::new();
+        for (node, list) in c.dfg_list_nodes()? {
+            let runs = list.ok().is_some_and(|l| {
+                l.as_array().into_iter().flatten().any(|g| {
+                    g["state"] == "running"
+                        && g["graph"]
+                            .as_array()
+                            .into_iter()
+                            .flatten()
+                            .any(|x| x["pathname"] == v)
+                })
+            });
+            if runs {
+                out.push(node);
+            }
+        }
+        anyhow::ensure!(!out.is_empty(), "no node runs the vertex {v:?}");
+        return Ok(out);
+    }
+    Ok(to)
+}
+
+/// A receiver that did not get the object is an error (exit code 1), after
+/// the report.
+fn broadcast(
+    c: &BlockingClient,
+    key: &str,
+    to: Vec<u32>,
+    (fanout, chunk_kb, from): (usize, usize, Option<u32>),
+    out: &mut Out,
+) -> Result<()> {
+    let mut cmd = json!({"op": "broadcast", "key": key, "fanout": fanout, "chunk_kb": chunk_kb});
+    if !to.is_empty() {
+        cmd["to"] = json!(to);
+    }
+    let r = c.cluster_command(cmd, from)?;
+    let mut text = vec![format!(
+        "{} version {} ({} bytes, crc32c {:08x}) to {}/{} nodes in {:.1} ms; order {} crosses {} topology boundaries (fewest possible {})",
+        key,
+        r["version"],
+        r["bytes"],
+        r["crc32c"].as_u64().unwrap_or(0),
+        r["ok"],
+        r["outcomes"].as_array().map_or(0, Vec::len),
+        r["elapsed_ms"].as_f64().unwrap_or(0.0),
+        r["order"],
+        r["crossings"],
+        r["crossings_optimum"]
+    )];
+    for o in r["outcomes"].as_array().into_iter().flatten() {
+        text.push(format!(
+            "  node {}: {}",
+            o["node"],
+            o["error"].as_str().unwrap_or("ok")
+        ));
+    }
+    let (ok, all) = (
+        r["ok"].as_u64().unwrap_or(0),
+        r["outcomes"].as_array().map_or(0, |a| a.len() as u64),
+    );
+    out.show(Shown::new(r, lines(text)))?;
+    if ok != all {
+        bail!("{} of {all} nodes did not receive {key}", all - ok);
+    }
+    Ok(())
 }
 
 /// A DFG file's text, with the aliases of `aliases` (an alias file, see

@@ -1303,6 +1303,23 @@ impl Client {
     /// Applies a data flow graph file (`dfgs.json` shape) on the node;
     /// returns `{"applied": [ids]}`. An invalid file changes nothing and
     /// fails with `InvalidDfg` naming the JSON path of the bad field.
+    /// Sends the latest version of `key` to the nodes `to` (`None`: every
+    /// other node) of the cluster, pipelined along `fanout` chains ordered
+    /// by topology; each receiver keeps it for its lambdas. The report
+    /// gives each node's outcome and the order's boundary crossings.
+    pub async fn broadcast(
+        &self,
+        key: &str,
+        to: Option<&[u32]>,
+        fanout: usize,
+    ) -> Result<serde_json::Value> {
+        let mut cmd = serde_json::json!({"op": "broadcast", "key": key, "fanout": fanout});
+        if let Some(t) = to {
+            cmd["to"] = serde_json::json!(t);
+        }
+        self.cluster_command(cmd, None).await
+    }
+
     pub async fn dfg_apply(&self, text: &str) -> Result<serde_json::Value> {
         let req = Request::DfgApply {
             text: text.to_string(),

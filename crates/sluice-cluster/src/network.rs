@@ -28,6 +28,8 @@ use std::time::Duration;
 
 /// Message kinds in `Request::Raft`.
 pub mod kind {
+    /// A chunk of a broadcast (`node::broadcast`), not a consensus message.
+    pub const BCAST_CHUNK: u8 = 100;
     pub const APPEND: u8 = 1;
     pub const VOTE: u8 = 2;
     pub const SNAPSHOT: u8 = 3;

@@ -9,6 +9,25 @@ use super::*;
 pub(super) enum Admin {
     Status,
     Info,
+    /// Send the latest version of `key` to nodes `to` (default: all the
+    /// others) along `fanout` chains (1: one chain) in chunks of `chunk_kb`.
+    Broadcast {
+        key: String,
+        to: Option<Vec<u32>>,
+        fanout: Option<usize>,
+        chunk_kb: Option<usize>,
+    },
+    /// What this node received by broadcast.
+    BroadcastStatus,
+    /// The latest version of `key` in this node's copy.
+    VersionOf {
+        key: String,
+    },
+    /// Fault injection: flip a byte of every broadcast chunk this node
+    /// passes on (receivers then fail their checksum).
+    CorruptChunks {
+        on: bool,
+    },
     AddMember {
         shard: String,
         node: u32,
@@ -76,6 +95,40 @@ impl ClusterNode {
         match cmd {
             Admin::Status => Ok(self.status()),
             Admin::Info => Ok(self.info()),
+            Admin::Broadcast {
+                key,
+                to,
+                fanout,
+                chunk_kb,
+            } => {
+                let to = to.unwrap_or_else(|| {
+                    self.layout
+                        .nodes
+                        .iter()
+                        .map(|n| n.id)
+                        .filter(|n| *n != self.id)
+                        .collect()
+                });
+                self.broadcast(&key, to, fanout.unwrap_or(1), chunk_kb.unwrap_or(1024) << 10)
+                    .await
+            }
+            Admin::BroadcastStatus => Ok(self.broadcast_status()),
+            Admin::VersionOf { key } => match self.store.get(&key, None, None) {
+                Ok(o) => Ok(json!({"version": o.meta.version})),
+                Err(e) => Err(e),
+            },
+            Admin::CorruptChunks { .. } if !self.settings.fault_injection => {
+                Err(SluiceError::NotSupported {
+                    what: "fault injection on this node (start it with [cluster] fault_injection = true)".into(),
+                })
+            }
+            Admin::CorruptChunks { on } => {
+                self.bcast
+                    .corrupt
+                    .store(on, std::sync::atomic::Ordering::Relaxed);
+                tracing::warn!(on, "fault injection: broadcast chunks corrupted when passed on");
+                Ok(json!({"node": self.id, "corrupt_chunks": on}))
+            }
             Admin::AddMember { shard, node } => self.add_member(&shard, node).await,
             Admin::RemoveMember { shard, node } => self.remove_member(&shard, node).await,
             Admin::Cut { .. } | Admin::Heal | Admin::StopGroup { .. }

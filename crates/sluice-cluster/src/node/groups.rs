@@ -236,6 +236,9 @@ impl ClusterNode {
                 "link from node {from} is cut (fault injection)"
             )));
         }
+        if kind == crate::network::kind::BCAST_CHUNK {
+            return self.on_chunk(body).await;
+        }
         let g = self.ensure_group(group).await?;
         let r = dispatch(&g.raft, kind, body).await;
         // Followers bound their logs by bytes too (openraft's own policy

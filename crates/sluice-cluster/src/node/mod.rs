@@ -6,11 +6,14 @@
 //! group, incoming consensus messages), `write` (batched proposals,
 //! forwarding to the leader), `read` (read checks and barriers), `meta`
 //! (pool table changes, purges, metadata catch-up), `admin` (status,
-//! membership changes, fault injection, peers' internal operations); this
+//! membership changes, fault injection, peers' internal operations),
+//! `broadcast` (large objects to many nodes along topology-ordered chains);
+//! this
 //! file holds the node, its settings, routing to a group, and what it
 //! tells clients (`info`, `status`).
 
 mod admin;
+pub mod broadcast;
 mod groups;
 mod meta;
 mod read;
@@ -78,6 +81,10 @@ pub struct ClusterSettings {
     /// `cluster.key` next to the layout file (made by the first node that
     /// starts when missing).
     pub key_file: Option<PathBuf>,
+    /// Bandwidth of this node's outgoing broadcast chunks in MB/s (0: no
+    /// limit): every chunk it sends, on any link, shares it, as a network
+    /// interface's would (`sluice bench broadcast`).
+    pub broadcast_egress_mbps: u64,
 }
 
 impl Default for ClusterSettings {
@@ -94,6 +101,7 @@ impl Default for ClusterSettings {
             sync_persistent: true,
             fault_injection: false,
             key_file: None,
+            broadcast_egress_mbps: 0,
         }
     }
 }
@@ -143,6 +151,8 @@ pub struct ClusterNode {
     /// Groups whose stop was asked for by fault injection, to be started
     /// again (tests of `on_group_stopped`).
     restart_requested: parking_lot::Mutex<std::collections::HashSet<u64>>,
+    /// Broadcasts in progress here and the objects they delivered.
+    bcast: broadcast::Broadcasts,
 }
 
 /// How often a group stopped by openraft is started again, at most.
@@ -222,6 +232,7 @@ impl ClusterNode {
             me: std::sync::OnceLock::new(),
             restarts: Default::default(),
             restart_requested: Default::default(),
+            bcast: Default::default(),
         });
         let _ = node.me.set(Arc::downgrade(&node));
         let mut wanted: BTreeSet<u64> = BTreeSet::from([META_GROUP]);
@@ -583,6 +594,22 @@ impl sluice_compute::Reader for ClusterNode {
         let members = self.members_of(g);
         if members.contains(&self.id) {
             return None; // this node's replica
+        }
+        let cached = self.bcast.received.read().get(key).cloned();
+        if let Some(c) = cached {
+            match at {
+                sluice_compute::ReadAt::Version(v) if v == c.meta.version => return Some(Ok(c)),
+                sluice_compute::ReadAt::Latest => {
+                    // A broadcast copy serves the latest read while a
+                    // member says no newer version exists (a small
+                    // question, not the object again).
+                    let ask = self.latest_version_remote(g, members.clone(), key.to_string());
+                    if self.block_for_upcall("a version check", ask).ok() == Some(c.meta.version) {
+                        return Some(Ok(c));
+                    }
+                }
+                _ => {}
+            }
         }
         let fut = self.read_remote(g, members, key.to_string(), shard.shard, at);
         Some(self.block_for_upcall("a lambda's remote read", fut))

@@ -206,3 +206,39 @@ fn retry_elsewhere(e: &SluiceError) -> bool {
             | SluiceError::Timeout { .. }
     )
 }
+
+impl ClusterNode {
+    /// The latest version of `key` a member of its shard holds (asked of
+    /// the members in turn; `version_of` answers from the member's copy).
+    pub(super) async fn latest_version_remote(
+        &self,
+        _group: u64,
+        members: Vec<u32>,
+        key: String,
+    ) -> Result<u64, SluiceError> {
+        let req = sluice_wire::Request::Cluster {
+            command: json!({"op": "version_of", "key": key}).to_string(),
+        };
+        let t = Duration::from_millis(self.settings.write_timeout_ms);
+        let mut last = unavailable(format!("no member answered for {key}"));
+        for m in members {
+            let Some(addr) = self.layout.address_of(m) else {
+                continue;
+            };
+            match self.peers.request(m, &addr.to_string(), &req, t).await {
+                Ok(sluice_wire::Response::Json(j)) => {
+                    if let Some(v) = serde_json::from_str::<serde_json::Value>(&j)
+                        .ok()
+                        .and_then(|v| v["version"].as_u64())
+                    {
+                        return Ok(v);
+                    }
+                }
+                Ok(sluice_wire::Response::Error(e)) => last = e,
+                Ok(_) => {}
+                Err(e) => last = e,
+            }
+        }
+        Err(last)
+    }
+}

@@ -201,7 +201,11 @@ async fn a_single_member_cluster_writes_reads_and_restarts() {
     assert!(matches!(e, SluiceError::NotSupported { .. }), "{e:?}");
 
     node.shutdown().await;
+    // The groups' watcher tasks hold the node a moment after their cores
+    // stop; its directory locks go with the last reference.
+    let gone = Arc::downgrade(&node);
     drop(node);
+    until("the stopped node is dropped", || gone.upgrade().is_none()).await;
     // Restart on the same directories: the log brings the objects back.
     let (_, _, store2) = single_node(d.path());
     let node = ClusterNode::start(1, layout, settings, d.path().to_path_buf(), store2.clone())
