@@ -155,7 +155,7 @@ fn placement_json(p: &PlaceProblem, pl: &Placement) -> serde_json::Value {
 }
 
 fn survival_json(s: &Survival) -> serde_json::Value {
-    json!({"p": s.p, "exact": s.exact, "interval": s.interval, "scenarios": s.scenarios})
+    json!({"p": s.p, "exact": s.exact, "interval": s.interval, "scenarios": s.scenarios, "upper_bound": s.bound})
 }
 
 fn show_plan(p: &PlaceProblem, r: &PlaceResult, json_out: bool) {

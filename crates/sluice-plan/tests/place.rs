@@ -227,6 +227,10 @@ fn large_instances_are_sampled_with_an_interval() {
     assert!(!r.survival.exact && !r.optimal);
     let (lo, hi) = r.survival.interval.unwrap();
     assert!(lo <= r.survival.p && r.survival.p <= hi);
+    // The exact bound (the weakest part alone) is above the estimate's
+    // interval's low end.
+    let bound = r.survival.bound.unwrap();
+    assert!(bound <= 1.0 && lo <= bound, "{lo} {bound}");
     assert!(r.placement.valid(&p, &r.counts));
     // The local search never ends below the best construction.
     let scen = Scenarios::of(&p);

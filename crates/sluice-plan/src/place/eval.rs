@@ -21,6 +21,8 @@ pub const SAMPLES: usize = 50_000;
 pub struct Scenarios {
     pub alive: Vec<u64>,
     pub exact: bool,
+    /// Survivors of the uniform model (for the exact per-part bound).
+    survivors: Option<(usize, usize)>,
 }
 
 /// A survival probability: exact, or estimated with a 95% interval.
@@ -31,6 +33,9 @@ pub struct Survival {
     /// (low, high) of the 95% interval when estimated.
     pub interval: Option<(f64, f64)>,
     pub scenarios: usize,
+    /// When estimated: an exact upper bound, the survival of the part
+    /// least likely to survive alone (every part must).
+    pub bound: Option<f64>,
 }
 
 impl std::fmt::Display for Survival {
@@ -39,8 +44,10 @@ impl std::fmt::Display for Survival {
             None => write!(f, "{:.6} (exact, {} scenarios)", self.p, self.scenarios),
             Some((lo, hi)) => write!(
                 f,
-                "{:.6} (95% interval {lo:.6}-{hi:.6}, {} sampled scenarios)",
-                self.p, self.scenarios
+                "{:.6} (95% interval {lo:.6}-{hi:.6}, {} sampled scenarios; exact upper bound {:.6})",
+                self.p,
+                self.scenarios,
+                self.bound.unwrap_or(1.0)
             ),
         }
     }
@@ -94,6 +101,7 @@ impl Scenarios {
                     Scenarios {
                         alive: subsets(n, r),
                         exact: true,
+                        survivors: Some((n, r)),
                     }
                 } else {
                     let mut rng = Rng::new(0x005E_ED0F_FA11);
@@ -102,6 +110,7 @@ impl Scenarios {
                             .map(|_| random_subset(&mut rng, n, r))
                             .collect(),
                         exact: false,
+                        survivors: Some((n, r)),
                     }
                 }
             }
@@ -129,6 +138,7 @@ impl Scenarios {
                             .map(|f| all & !dead_sets(f))
                             .collect(),
                         exact: true,
+                        survivors: None,
                     }
                 } else {
                     let mut rng = Rng::new(0x005E_EDD0_3A15);
@@ -137,6 +147,7 @@ impl Scenarios {
                             .map(|_| all & !dead_sets(random_subset(&mut rng, domains.len(), k)))
                             .collect(),
                         exact: false,
+                        survivors: None,
                     }
                 }
             }
@@ -156,11 +167,31 @@ impl Scenarios {
         let k = self.survived(&pl.holders);
         let p = k as f64 / n as f64;
         let interval = (!self.exact).then(|| wilson(k as f64, n as f64));
+        // A part with r replicas dies only when all r are among the N - R
+        // failed nodes: C(N - r, R) of the C(N, R) survivor sets.
+        let bound = match (self.exact, self.survivors) {
+            (false, Some((nn, rr))) => Some(
+                pl.holders
+                    .iter()
+                    .map(|h| {
+                        let r = h.count_ones() as u64;
+                        let (nn, rr) = (nn as u64, rr as u64);
+                        if nn - r < rr {
+                            1.0
+                        } else {
+                            1.0 - choose(nn - r, rr) / choose(nn, rr)
+                        }
+                    })
+                    .fold(1.0f64, f64::min),
+            ),
+            _ => None,
+        };
         Survival {
             p,
             exact: self.exact,
             interval,
             scenarios: n,
+            bound,
         }
     }
 }
