@@ -25,10 +25,10 @@ use crate::problem::{OpKind, Plan, Problem};
 use std::fmt::Write as _;
 use std::path::Path;
 
-fn pool_of(p: &Problem, v: usize) -> String {
-    let name: String = p.operators[v]
-        .name
-        .chars()
+/// `name` as one segment of a key path: characters other than letters,
+/// digits, `-` and `_` become `_`.
+pub fn path_segment(name: &str) -> String {
+    name.chars()
         .map(|c| {
             if c.is_ascii_alphanumeric() || c == '-' || c == '_' {
                 c
@@ -36,8 +36,11 @@ fn pool_of(p: &Problem, v: usize) -> String {
                 '_'
             }
         })
-        .collect();
-    format!("/plan/{name}")
+        .collect()
+}
+
+fn pool_of(p: &Problem, v: usize) -> String {
+    format!("/plan/{}", path_segment(&p.operators[v].name))
 }
 
 /// Where the models and the sink's results live (volatile subgroup 0).

@@ -525,14 +525,7 @@ impl sluice_compute::Writer for ClusterNode {
         if shard.pool_type != PoolType::Trigger {
             return None;
         }
-        let members = self
-            .layout
-            .subgroups
-            .trigger
-            .get(shard.subgroup as usize)
-            .and_then(|sg| sg.shards.get(shard.shard as usize))
-            .cloned()
-            .unwrap_or_default();
+        let members = self.trigger_members(shard);
         if members.is_empty() || members.contains(&self.id) {
             return None;
         }
@@ -561,6 +554,18 @@ impl sluice_compute::Writer for ClusterNode {
 }
 
 impl ClusterNode {
+    /// The members the layout gives a trigger shard (not replicated, so not
+    /// in the metadata group's table).
+    fn trigger_members(&self, shard: ShardId) -> Vec<u32> {
+        self.layout
+            .subgroups
+            .trigger
+            .get(shard.subgroup as usize)
+            .and_then(|sg| sg.shards.get(shard.shard as usize))
+            .cloned()
+            .unwrap_or_default()
+    }
+
     /// Runs `fut` for a lambda: upcalls run on plain threads, so this one
     /// blocks, not the runtime (called from the runtime, it is an error).
     fn block_for_upcall<T>(
@@ -629,14 +634,7 @@ impl sluice_compute::Membership for ClusterNode {
     fn position(&self, shard: ShardId) -> (usize, usize) {
         let members = match group_of(shard) {
             Some(g) => self.members_of(g),
-            None => self
-                .layout
-                .subgroups
-                .trigger
-                .get(shard.subgroup as usize)
-                .and_then(|sg| sg.shards.get(shard.shard as usize))
-                .cloned()
-                .unwrap_or_default(),
+            None => self.trigger_members(shard),
         };
         match members.iter().position(|m| *m == self.id) {
             Some(i) => (i, members.len()),

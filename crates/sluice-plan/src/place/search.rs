@@ -78,7 +78,20 @@ struct Dfs<'a> {
     rem: Vec<usize>,
 }
 
-impl Dfs<'_> {
+impl<'a> Dfs<'a> {
+    fn new(p: &'a PlaceProblem, scen: &'a Scenarios, counts: &[usize], deadline: Instant) -> Self {
+        Dfs {
+            p,
+            scen,
+            deadline,
+            states: 0,
+            out_of_time: false,
+            too_large: false,
+            holders: vec![0; counts.len()],
+            rem: counts.to_vec(),
+        }
+    }
+
     fn tick(&mut self) -> bool {
         self.states += 1;
         if self.states & 0xfff == 0 && Instant::now() > self.deadline {
@@ -211,16 +224,7 @@ fn exact_best(
             }
         }
     }
-    let mut d = Dfs {
-        p,
-        scen,
-        deadline,
-        states: 0,
-        out_of_time: false,
-        too_large: false,
-        holders: vec![0; counts.len()],
-        rem: counts.to_vec(),
-    };
+    let mut d = Dfs::new(p, scen, counts, deadline);
     let mut best = Best { pl: None };
     go(&mut d, 0, None, &mut best);
     let finished = !d.out_of_time;
@@ -503,16 +507,7 @@ pub fn reconfigure(
             }
         }
     }
-    let mut d = Dfs {
-        p,
-        scen: &scen,
-        deadline,
-        states: 0,
-        out_of_time: false,
-        too_large: false,
-        holders: vec![0; counts.len()],
-        rem: counts.to_vec(),
-    };
+    let mut d = Dfs::new(p, &scen, counts, deadline);
     let mut best = Best { pl: None };
     go(&mut d, 0, 0, current, need, &mut best);
     let minimal = !d.out_of_time && best.pl.is_some();
