@@ -5,14 +5,17 @@
 //! tuple when a source is late; [`rate::Ticker`] predicts at a target
 //! frequency from the last known observation, so items between ticks are
 //! skipped (their payloads never need to move); [`FailSoft`] says what a
-//! missing input becomes; [`metrics`] measures backlog, excess work, the
-//! actual prediction frequency and real-time accuracy.
+//! missing input becomes; [`queue::SharedQueue`] hands each item to one of
+//! competing consumers and delivers it again when a consumer's lease runs
+//! out; [`metrics`] measures excess work, the actual prediction frequency
+//! and real-time accuracy.
 //!
 //! Invariants: no I/O, no clock of its own, no dependency on the rest of
 //! Sluice (the streams built on pools and watches use these operators).
 
 pub mod align;
 pub mod metrics;
+pub mod queue;
 pub mod rate;
 
 /// One item of a stream: its source, its timestamp (µs, or any unit the
