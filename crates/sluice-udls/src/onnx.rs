@@ -10,6 +10,10 @@
 //! - `input_format`: `f32` (raw little-endian, default) or `npy`.
 //! - `output_format` (mode `tensor`): `f32` (raw, default) or `npy` (with
 //!   its shape: what a next `onnx` stage with `input_format: npy` reads).
+//! - `escalate_below` + `escalate_to` (a model cascade): when the largest
+//!   output (a classifier's confidence) is below the threshold, the input
+//!   also goes as a trigger put to `escalate_to`, whose bigger model's
+//!   answer, under the same key suffix, replaces this one.
 //! - `mode`: `tensor` (emit the output as raw f32, default), `argmax` (emit
 //!   the index of the largest output as text), or `gate` (emit the *input*
 //!   unchanged when output[0] ≥ `threshold`, else put `reject_value` under
@@ -46,7 +50,11 @@ pub struct OnnxUdl {
     threshold: f32,
     reject_destination: Option<String>,
     reject_value: Bytes,
-    /// (model version, plan) of the loaded model.
+    /// A model cascade: when the largest output (the confidence of a
+    /// classifier's probabilities) is below `.0`, the input also goes, as a
+    /// trigger put, to `.1`, where a bigger model answers; its answer, put
+    /// under the same key suffix, replaces this one.
+    escalate: Option<(f32, String)>,
     /// The loaded model: (version, plan, when its version was last checked).
     cache: Mutex<Option<(u64, Plan, std::time::Instant)>>,
 }
@@ -148,7 +156,20 @@ impl OnnxUdl {
                 .unwrap_or("rejected")
                 .to_string(),
         );
+        let escalate = match (c.get("escalate_below"), c.get("escalate_to")) {
+            (None, None) => None,
+            (Some(t), Some(to)) => {
+                let t = t.as_f64().ok_or("escalate_below: a confidence, e.g. 0.8")?;
+                let to = to
+                    .as_str()
+                    .ok_or("escalate_to: the pathname of the bigger model's vertex")?;
+                sluice_types::validate_key(to, 1024).map_err(|e| format!("escalate_to: {e}"))?;
+                Some((t as f32, to.to_string()))
+            }
+            _ => return Err("a model cascade needs both escalate_below and escalate_to".into()),
+        };
         let udl = OnnxUdl {
+            escalate,
             model_key: model_key.to_string(),
             shape,
             npy,
@@ -237,6 +258,12 @@ impl Udl for OnnxUdl {
         let plan = self.plan(ctx, &shape)?;
         let (out_shape, out) = run_model_shaped(&plan, &shape, input).map_err(UdlError::Failed)?;
         let suffix = call.key_suffix();
+        if let Some((below, to)) = &self.escalate {
+            let confidence = out.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+            if confidence < *below {
+                emit.emit_to(to, DestMode::TriggerPut, suffix, value.clone())?;
+            }
+        }
         match self.mode {
             Mode::Tensor if self.npy_out => {
                 emit.emit(suffix, Bytes::from(crate::npy::write_f32(&out_shape, &out)))

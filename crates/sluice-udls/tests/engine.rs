@@ -907,3 +907,83 @@ fn an_emit_carries_the_inputs_version_and_time_to_trigger_destinations() {
     );
     assert_ne!(meta.previous_version_by_key, sluice_types::VERSION_NONE);
 }
+
+/// Issue #18: a model cascade. The cheap model answers every input; those
+/// it is less sure of than the threshold also go to the bigger model's
+/// vertex, whose answer replaces the first under the same key. Exactly the
+/// inputs below the threshold escalate (checked against the model's own
+/// confidences).
+#[test]
+fn a_model_cascade_escalates_exactly_the_unsure_inputs() {
+    let s = store();
+    let e = engine_with(&s, sluice_udls::registry(), 2, 100_000, None);
+    s.put("/models/small", Bytes::from_static(CLASSIFIER), None, None)
+        .unwrap();
+    s.put("/models/big", Bytes::from_static(CLASSIFIER), None, None)
+        .unwrap();
+    let img = |i: usize| Bytes::copy_from_slice(&IMAGES[i * 256..(i + 1) * 256]);
+    let n = 40;
+    // The threshold: the median confidence, so about half escalate.
+    let plan = sluice_udls::onnx::load_model(CLASSIFIER, &[1, 64]).unwrap();
+    let mut conf: Vec<f32> = (0..n)
+        .map(|i| {
+            let x: Vec<f32> = img(i)
+                .chunks_exact(4)
+                .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+                .collect();
+            let out = sluice_udls::onnx::run_model(&plan, &[1, 64], x).unwrap();
+            out.iter().copied().fold(f32::NEG_INFINITY, f32::max)
+        })
+        .collect();
+    let mut sorted = conf.clone();
+    sorted.sort_by(f32::total_cmp);
+    let threshold = sorted[n / 2];
+    let unsure = conf.iter().filter(|c| **c < threshold).count();
+    assert!(unsure > 0 && unsure < n, "{unsure} of {n}");
+    e.apply(&graph(
+        "cascade",
+        json!([
+            { "pathname": "/in", "user_defined_logic_list": ["onnx"],
+              "user_defined_logic_config_list": [{ "model_key": "/models/small", "input_shape": [1, 64],
+                  "mode": "argmax", "escalate_below": threshold, "escalate_to": "/mid" }],
+              "destinations": [{ "/out": "put" }] },
+            { "pathname": "/mid", "user_defined_logic_list": ["onnx"],
+              "user_defined_logic_config_list": [{ "model_key": "/models/big", "input_shape": [1, 64],
+                  "mode": "argmax" }],
+              "destinations": [{ "/out": "put" }] }
+        ]),
+    ))
+    .unwrap();
+    for i in 0..n {
+        s.trigger_put(&format!("/in/{i:03}"), img(i), None).unwrap();
+    }
+    let calls = |v: &str| -> u64 {
+        e.list()[0]["status"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|st| st["vertex"] == v)
+            .map(|st| st["calls"].as_u64().unwrap())
+            .sum()
+    };
+    wait_for("every answer", || {
+        calls("/in") == n as u64 && calls("/mid") == unsure as u64
+    });
+    wait_for("every result", || count(&s, "/out") == n);
+    // An escalated key holds two answers: the cheap one, then the big one.
+    let i = conf.iter().position(|c| *c < threshold).unwrap();
+    wait_for("the better answer", || {
+        s.get(&format!("/out/{i:03}"), None, None)
+            .is_ok_and(|o| o.meta.previous_version_by_key != sluice_types::VERSION_NONE)
+    });
+    let err = e
+        .apply(&graph(
+            "half",
+            json!([{ "pathname": "/in", "user_defined_logic_list": ["onnx"],
+                "user_defined_logic_config_list": [{ "model_key": "/models/small", "input_shape": [1, 64],
+                    "escalate_below": 0.5 }] }]),
+        ))
+        .unwrap_err();
+    assert!(err.reason.contains("escalate_to"), "{err}");
+    conf.clear();
+}
