@@ -133,7 +133,9 @@ pub enum ClientCmd {
     Cluster(ClusterCmd),
     /// Send the latest version of KEY to many nodes at once: chunked and
     /// pipelined along chains ordered by the nodes' topology labels; each
-    /// receiver checks the checksum and keeps it for its lambdas.
+    /// receiver checks the checksum and keeps it for its lambdas. The
+    /// command waits for every receiver: for large objects on slow links
+    /// raise --timeout-ms.
     Broadcast {
         key: String,
         /// Receiving node ids, comma-separated (default: every other node).
@@ -148,6 +150,7 @@ pub enum ClientCmd {
         /// Chains from each node: 1 is one chain, 2 a binary tree.
         #[arg(long, default_value_t = 1)]
         fanout: usize,
+        /// Chunk size in KiB (4 KiB to 64 MiB).
         #[arg(long, default_value_t = 1024)]
         chunk_kb: usize,
         /// The node that sends (default: the node the client talks to).

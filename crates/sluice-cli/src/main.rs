@@ -49,8 +49,9 @@ enum Cmd {
     Serve(serve::ServeArgs),
     /// Interactive prompt: type client commands without the `sluice` prefix.
     Shell,
-    /// Benchmarks (core, memory, pipeline, persistent, plan, cluster), each
-    /// next to a baseline: runs the `sluice-bench` binary (see `sluice bench --help`).
+    /// Benchmarks (core, memory, pipeline, persistent, plan, cluster,
+    /// broadcast, python), each next to a baseline: runs the `sluice-bench`
+    /// binary (see `sluice bench --help`).
     #[command(disable_help_flag = true)]
     Bench {
         /// Arguments for `sluice-bench`.
