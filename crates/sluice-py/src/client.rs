@@ -462,6 +462,26 @@ impl Client {
         )
     }
 
+    /// Sends the latest version of `key` to many nodes of the cluster
+    /// (`to`: node ids, default every other node), pipelined along
+    /// `fanout` chains ordered by topology; the report as a dict.
+    #[pyo3(signature = (key, to = None, fanout = 1, *, future = None))]
+    fn broadcast(
+        &self,
+        py: Python<'_>,
+        key: String,
+        to: Option<Vec<u32>>,
+        fanout: usize,
+        future: Option<Py<PyAny>>,
+    ) -> PyResult<Py<PyAny>> {
+        self.call(
+            py,
+            future,
+            move |c| async move { c.broadcast(&key, to.as_deref(), fanout).await },
+            json,
+        )
+    }
+
     /// Applies data flow graphs (a `dfgs.json` document).
     #[pyo3(signature = (text, *, future = None))]
     fn dfg_apply(

@@ -129,3 +129,16 @@ def test_writes_follow_a_killed_leader_and_nothing_acknowledged_is_lost(cluster)
         "the old leader to rejoin",
         lambda: sluice.Client(cluster.addrs[leader]).stats() is not None,
     )
+
+
+def test_broadcast_reaches_every_node_and_reports_each(cluster):
+    wait_for("a leader", lambda: cluster.leader() is not None)
+    c = sluice.Client(",".join(cluster.addrs), timeout=20)
+    model = bytes(range(256)) * 4096  # 1 MiB
+    c.put("/vol/model", model)
+    r = c.broadcast("/vol/model")
+    assert r["ok"] == 2 and r["bytes"] == len(model), r
+    assert sorted(o["node"] for o in r["outcomes"]) == sorted(r["order"])
+    assert all(o["error"] is None for o in r["outcomes"]), r
+    with pytest.raises(sluice.InvalidArgument):
+        c.broadcast("/vol/model", to=[99])

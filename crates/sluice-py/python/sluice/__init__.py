@@ -355,8 +355,18 @@ class Client:
     def stats(self) -> dict:
         return self._c.stats()
 
+    def broadcast(self, key: str, to: Optional[List[int]] = None, fanout: int = 1) -> dict:
+        """Sends the latest version of ``key`` to the nodes ``to`` (default:
+        every other node) of the cluster, chunked and pipelined along
+        ``fanout`` chains ordered by the nodes' topology labels. Each
+        receiver checks the checksum and keeps the object, where lambdas'
+        reads of the key find it. Returns the report: ``outcomes`` (per
+        node, ``error`` None when received), ``order``, ``crossings``."""
+        return self._c.broadcast(key, to, fanout)
+
     def dfg_apply(self, text: str) -> dict:
-        """Applies data flow graphs (a ``dfgs.json`` document, as text)."""
+        """Applies data flow graphs (a ``dfgs.json`` document, as text).
+        In a cluster, on every node."""
         return self._c.dfg_apply(text)
 
     def dfg_list(self) -> List[dict]:
@@ -500,6 +510,7 @@ for _name in (
     "purge_object_pool",
     "ping",
     "stats",
+    "broadcast",
     "dfg_apply",
     "dfg_list",
     "dfg_remove",
