@@ -199,6 +199,23 @@ fn apply(nodes: &Nodes, fixture: &str, via: u32) -> String {
     )
 }
 
+/// The dairy farm graph, applied in the middle of the sequence and kept
+/// until the restart check at the end.
+const DAIRY: &str = "8ac4c636-9d92-11eb-9dbc-0242ac110002";
+
+/// Applies a fixture whose single vertex `vertex` has no destinations, puts
+/// one object under it and waits for exactly one call over the cluster,
+/// then removes the graph.
+fn runs_once(nodes: &Nodes, c: &BlockingClient, fixture: &str, id: &str, vertex: &str) {
+    apply(nodes, fixture, 0);
+    nodes.wait_graphs(c, &[id, DAIRY]);
+    c.put(&format!("{vertex}/x"), "v").unwrap();
+    wait_for(&format!("one call of {vertex}"), || {
+        (calls(c, vertex) == 1).then_some(())
+    });
+    remove(nodes, id);
+}
+
 fn remove(nodes: &Nodes, id: &str) {
     ok(
         sluice(&["--addr", &nodes.seeds(), "dfg", "rm", id]),
@@ -291,7 +308,7 @@ fn cascade_layout_and_every_dfgs_shape_run_on_a_cluster() {
 
     // dairy_farm: object_pool_pathname, a three-pool chain.
     apply(&nodes, "dairy_farm.dfgs.json", 2);
-    nodes.wait_graphs(&c, &["8ac4c636-9d92-11eb-9dbc-0242ac110002"]);
+    nodes.wait_graphs(&c, &[DAIRY]);
     c.put("/dairy_farm/front_end/cow1", "moo").unwrap();
     assert_eq!(
         wait_for("the chain's end", || value_of(
@@ -302,29 +319,17 @@ fn cascade_layout_and_every_dfgs_shape_run_on_a_cluster() {
     );
 
     // dds: stateful, hook both, no destinations: the lambda runs.
-    apply(&nodes, "dds.dfgs.json", 0);
-    nodes.wait_graphs(
+    runs_once(
+        &nodes,
         &c,
-        &[
-            "0e04225a-7cc4-552d-a423-85ff34647986",
-            "8ac4c636-9d92-11eb-9dbc-0242ac110002",
-        ],
+        "dds.dfgs.json",
+        "0e04225a-7cc4-552d-a423-85ff34647986",
+        "/dds/tiny_text",
     );
-    c.put("/dds/tiny_text/t", "hi").unwrap();
-    wait_for("the DDS lambda", || {
-        (calls(&c, "/dds/tiny_text") == 1).then_some(())
-    });
-    remove(&nodes, "0e04225a-7cc4-552d-a423-85ff34647986");
 
     // chain_pipeline: two UDLs with [{}, {...}] configs and [{...}, {}].
     apply(&nodes, "chain_pipeline.dfgs.json", 1);
-    nodes.wait_graphs(
-        &c,
-        &[
-            "200c8278-2e1c-11ec-a3d7-0242ac110002",
-            "8ac4c636-9d92-11eb-9dbc-0242ac110002",
-        ],
-    );
+    nodes.wait_graphs(&c, &["200c8278-2e1c-11ec-a3d7-0242ac110002", DAIRY]);
     c.put("/storage/block1", "b1").unwrap();
     assert_eq!(
         wait_for("the signature", || value_of(&c, "/signatures/block1")),
@@ -339,13 +344,7 @@ fn cascade_layout_and_every_dfgs_shape_run_on_a_cluster() {
     let out = apply(&nodes, "primary_test.dfgs.json", 2);
     assert!(out.contains("names no UDL"), "{out}");
     assert!(out.contains("extra ones are ignored"), "{out}");
-    nodes.wait_graphs(
-        &c,
-        &[
-            "200c8278-2e1c-11ec-a3d7-0242ac110002",
-            "8ac4c636-9d92-11eb-9dbc-0242ac110002",
-        ],
-    );
+    nodes.wait_graphs(&c, &["200c8278-2e1c-11ec-a3d7-0242ac110002", DAIRY]);
     c.put("/storage/block2", "b2").unwrap();
     assert_eq!(
         wait_for("the signature", || value_of(&c, "/signatures/block2")),
@@ -354,19 +353,13 @@ fn cascade_layout_and_every_dfgs_shape_run_on_a_cluster() {
     remove(&nodes, "200c8278-2e1c-11ec-a3d7-0242ac110002");
 
     // oob_test: dispatcher one, Cascade's console printer UUID (built in).
-    apply(&nodes, "oob_test.dfgs.json", 0);
-    nodes.wait_graphs(
+    runs_once(
+        &nodes,
         &c,
-        &[
-            "4a2ec3ae-9cd6-11eb-90e5-0242ac110002",
-            "8ac4c636-9d92-11eb-9dbc-0242ac110002",
-        ],
+        "oob_test.dfgs.json",
+        "4a2ec3ae-9cd6-11eb-90e5-0242ac110002",
+        "/oob",
     );
-    c.put("/oob/x", "o").unwrap();
-    wait_for("the console printer", || {
-        (calls(&c, "/oob") == 1).then_some(())
-    });
-    remove(&nodes, "4a2ec3ae-9cd6-11eb-90e5-0242ac110002");
 
     // scheduler hints: accepted and reported as unused.
     let out = apply(&nodes, "scheduler.dfgs.json", 1);
@@ -377,13 +370,7 @@ fn cascade_layout_and_every_dfgs_shape_run_on_a_cluster() {
     ] {
         assert!(out.contains(hint), "{hint} not reported:\n{out}");
     }
-    nodes.wait_graphs(
-        &c,
-        &[
-            "8ac4c636-9d92-11eb-9dbc-0242ac110002",
-            "9d1c1a4e-7a1b-11ee-b962-0242ac120002",
-        ],
-    );
+    nodes.wait_graphs(&c, &[DAIRY, "9d1c1a4e-7a1b-11ee-b962-0242ac120002"]);
     c.put("/sched/preprocess/img", "px").unwrap();
     assert_eq!(
         wait_for("the result", || value_of(&c, "/sched/result/img")),
@@ -394,13 +381,7 @@ fn cascade_layout_and_every_dfgs_shape_run_on_a_cluster() {
     // A Python UDL by Cascade's PythonOCDPO UUID, string config, trailing /.
     if python3_present() {
         apply(&nodes, "python_udl.dfgs.json", 2);
-        nodes.wait_graphs(
-            &c,
-            &[
-                "3a8e4e4c-0b5f-11ee-be56-0242ac120002",
-                "8ac4c636-9d92-11eb-9dbc-0242ac110002",
-            ],
-        );
+        nodes.wait_graphs(&c, &["3a8e4e4c-0b5f-11ee-be56-0242ac120002", DAIRY]);
         c.put("/console_printer/line", "hello").unwrap();
         assert_eq!(
             wait_for("the Python lambda's output", || value_of(
@@ -416,9 +397,9 @@ fn cascade_layout_and_every_dfgs_shape_run_on_a_cluster() {
 
     // A node that is down misses a removal and an apply, then catches up
     // from the metadata group when it restarts, and its graphs run again.
-    nodes.wait_graphs(&c, &["8ac4c636-9d92-11eb-9dbc-0242ac110002"]);
+    nodes.wait_graphs(&c, &[DAIRY]);
     nodes.kill(2);
-    remove(&nodes, "8ac4c636-9d92-11eb-9dbc-0242ac110002");
+    remove(&nodes, DAIRY);
     apply(&nodes, "unit_tests.dfgs.json", 0);
     nodes.spawn(2);
     nodes.wait_graphs(&c, &["26639e22-9b3c-11eb-a237-0242ac110002"]);
