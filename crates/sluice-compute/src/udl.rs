@@ -126,9 +126,11 @@ impl Registry {
     }
 }
 
-/// What a UDL can do with the store on its node. Gets of objects on this
-/// node return the stored `Arc<Object>`: the bytes are shared, not copied
-/// or deserialized.
+/// What a UDL can do with the store: gets of objects on this node return
+/// the stored `Arc<Object>` (the bytes are shared, not copied or
+/// deserialized); in a cluster, keys this node holds no replica of are read
+/// from a member of their shard (`Reader`), and puts to replicated shards
+/// and trigger puts to other nodes' shards go through the node (`Writer`).
 pub struct Context {
     pub(crate) store: Weak<Store>,
     pub(crate) publisher: Option<Arc<dyn Publisher>>,

@@ -45,8 +45,14 @@ type ChunkTx = mpsc::UnboundedSender<(ChunkHeader, Bytes)>;
 /// A forwarding task, ending with its chain's outcomes.
 type Report = tokio::task::JoinHandle<Vec<Outcome>>;
 
+/// Broadcasts a node receives at once, at most (each holds a buffer as
+/// large as its object); a new broadcast of a key replaces an unfinished
+/// one of the same key (its sender gave up on it).
+pub(super) const MAX_ASSEMBLIES: usize = 16;
+
 /// A broadcast being received here.
 struct Assembly {
+    key: String,
     buf: BytesMut,
     forwarders: Vec<ChunkTx>,
     reports: Vec<Report>,
@@ -64,13 +70,45 @@ pub(crate) struct Broadcasts {
     egress_free: parking_lot::Mutex<Option<tokio::time::Instant>>,
 }
 
-fn encode(h: &ChunkHeader, data: &Bytes) -> Bytes {
+/// A chunk's header as the first part of the message's body (the chunk's
+/// bytes follow as the second part, written from where they are).
+fn encode_head(h: &ChunkHeader) -> Bytes {
     let head = bincode::serialize(h).unwrap_or_default();
-    let mut b = BytesMut::with_capacity(4 + head.len() + data.len());
+    let mut b = BytesMut::with_capacity(4 + head.len());
     b.put_u32_le(head.len() as u32);
     b.put_slice(&head);
-    b.put_slice(data);
     b.freeze()
+}
+
+/// A one-receiver chunk message's body (tests of `on_chunk`).
+#[cfg(test)]
+pub(super) fn chunk_body(
+    id: u64,
+    key: &str,
+    offset: u64,
+    total: u64,
+    crc: u32,
+    data: &[u8],
+) -> Bytes {
+    let h = ChunkHeader {
+        id,
+        key: key.to_string(),
+        meta: sluice_types::ObjectMeta {
+            version: 1,
+            timestamp_us: 1,
+            previous_version: 0,
+            previous_version_by_key: 0,
+            tombstone: false,
+        },
+        offset,
+        total,
+        crc,
+        fanout: 1,
+        next: Vec::new(),
+    };
+    let mut b = encode_head(&h).to_vec();
+    b.extend_from_slice(data);
+    Bytes::from(b)
 }
 
 fn decode(mut body: Bytes) -> Result<(ChunkHeader, Bytes), SluiceError> {
@@ -345,8 +383,8 @@ impl ClusterNode {
                 from: self.id,
                 group: META_GROUP,
                 kind: crate::network::kind::BCAST_CHUNK,
-                body: encode(h, data),
-                more: Vec::new(),
+                body: encode_head(h),
+                more: vec![data.clone()],
             };
             match self.peers.request(head, &addr, &req, t).await? {
                 sluice_wire::Response::Raw(b) => {
@@ -398,10 +436,18 @@ impl ClusterNode {
                         format!("{} bytes is over the 4 GiB limit", h.total),
                     ));
                 }
+                asm.retain(|_, a| a.key != h.key);
+                if asm.len() >= MAX_ASSEMBLIES {
+                    return Err(unavailable(format!(
+                        "node {} is receiving {MAX_ASSEMBLIES} broadcasts already; retry later",
+                        self.id
+                    )));
+                }
                 let (forwarders, reports) = self.start_forwarders(&h.next, h.fanout as usize);
                 asm.insert(
                     h.id,
                     Assembly {
+                        key: h.key.clone(),
                         buf: BytesMut::with_capacity(h.total as usize),
                         forwarders,
                         reports,
@@ -540,7 +586,9 @@ mod tests {
             fanout: 2,
             next: vec![3, 4],
         };
-        let (back, data) = decode(encode(&h, &Bytes::from_static(b"abc"))).unwrap();
+        let mut body = encode_head(&h).to_vec();
+        body.extend_from_slice(b"abc");
+        let (back, data) = decode(Bytes::from(body)).unwrap();
         assert_eq!(
             (back.id, back.next, &data[..]),
             (7, vec![3, 4], &b"abc"[..])

@@ -233,3 +233,68 @@ where
     }
     out
 }
+
+/// Broadcasts being received are bounded: a new broadcast of a key replaces
+/// an unfinished one (its sender gave up), and past `MAX_ASSEMBLIES` at
+/// once a new one is refused with `Unavailable`, not buffered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unfinished_broadcasts_are_bounded() {
+    use super::broadcast::{chunk_body, MAX_ASSEMBLIES};
+    let d = tempfile::tempdir().unwrap();
+    let (layout, settings, store) = single_node(d.path());
+    let node = ClusterNode::start(1, layout, settings, d.path().to_path_buf(), store)
+        .await
+        .unwrap();
+    let whole = b"abcdefgh";
+    let crc = crc32c::crc32c(whole);
+    // The first half of broadcast 1, then a new broadcast 2 of the same key.
+    node.on_chunk(&chunk_body(1, "/vol/m", 0, 8, crc, &whole[..4]))
+        .await
+        .unwrap();
+    node.on_chunk(&chunk_body(2, "/vol/m", 0, 8, crc, &whole[..4]))
+        .await
+        .unwrap();
+    // Broadcast 1 is gone: its next chunk has no start here.
+    let e = node
+        .on_chunk(&chunk_body(1, "/vol/m", 4, 8, crc, &whole[4..]))
+        .await
+        .unwrap_err();
+    assert!(e.to_string().contains("without its start"), "{e}");
+    let done = node
+        .on_chunk(&chunk_body(2, "/vol/m", 4, 8, crc, &whole[4..]))
+        .await
+        .unwrap();
+    assert!(
+        String::from_utf8_lossy(&done).contains("\"error\":null"),
+        "{done:?}"
+    );
+    assert_eq!(node.broadcast_status()["received"][0]["bytes"], 8);
+    // As many unfinished broadcasts of other keys as allowed, then one more.
+    for i in 0..MAX_ASSEMBLIES {
+        node.on_chunk(&chunk_body(
+            10 + i as u64,
+            &format!("/vol/k{i}"),
+            0,
+            8,
+            crc,
+            &whole[..4],
+        ))
+        .await
+        .unwrap();
+    }
+    let e = node
+        .on_chunk(&chunk_body(99, "/vol/over", 0, 8, crc, &whole[..4]))
+        .await
+        .unwrap_err();
+    assert!(matches!(e, SluiceError::Unavailable { .. }), "{e:?}");
+    // A wrong checksum: reported, not kept.
+    let bad = node
+        .on_chunk(&chunk_body(5, "/vol/k0", 0, 8, crc ^ 1, whole))
+        .await
+        .unwrap();
+    assert!(
+        String::from_utf8_lossy(&bad).contains("checksum"),
+        "{bad:?}"
+    );
+    node.shutdown().await;
+}
