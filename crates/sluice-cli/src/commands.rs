@@ -230,6 +230,10 @@ pub enum PoolsCmd {
         /// Persistent pools: keep versions written in the last this-many seconds.
         #[arg(long)]
         keep_for_s: Option<u64>,
+        /// Persistent pools: keep versions while they and the newer
+        /// versions of their key hold at most this many bytes.
+        #[arg(long)]
+        keep_bytes: Option<u64>,
     },
     /// Remove a pool: its keys can no longer be read or written, but
     /// stay stored until `pools purge` (a new pool at the path is refused
@@ -1238,6 +1242,7 @@ fn pools(c: &BlockingClient, cmd: PoolsCmd) -> Result<Shown> {
         PoolsCmd::Create {
             keep_versions,
             keep_for_s,
+            keep_bytes,
             path,
             pool_type,
             affinity,
@@ -1261,12 +1266,7 @@ fn pools(c: &BlockingClient, cmd: PoolsCmd) -> Result<Shown> {
                 subgroup_index: subgroup,
                 affinity_set_regex: affinity,
                 object_locations: locations,
-                retention: (keep_versions.is_some() || keep_for_s.is_some()).then_some(
-                    sluice_client::Retention {
-                        keep_versions,
-                        keep_for_s,
-                    },
-                ),
+                retention: sluice_client::Retention::of(keep_versions, keep_for_s, keep_bytes),
                 ..Default::default()
             })?;
             one(&p)

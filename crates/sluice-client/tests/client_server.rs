@@ -939,6 +939,7 @@ async fn a_resumed_watch_reports_versions_retention_dropped() {
         retention: Some(sluice_types::pool::Retention {
             keep_versions: Some(1),
             keep_for_s: None,
+            keep_bytes: None,
         }),
         ..Default::default()
     })

@@ -300,13 +300,13 @@ impl History {
         }
     }
 
-    /// How many versions of `key` are newer than `version` (what retention
-    /// by count looks at), or `None` if `version` is not one of its
-    /// versions held here.
-    pub fn newer_versions(&self, key: &str, version: u64) -> Option<usize> {
+    /// The versions of `key` newer than `version` and the bytes they and
+    /// `version` hold on disk (what a byte budget counts).
+    pub fn newer_with_bytes(&self, key: &str, version: u64) -> Option<(usize, u64)> {
         let chain = self.chains.get(key)?;
         let i = chain.binary_search_by_key(&version, |e| e.version).ok()?;
-        Some(chain.len() - 1 - i)
+        let bytes = chain[i..].iter().map(|e| u64::from(e.loc.len)).sum();
+        Some((chain.len() - 1 - i, bytes))
     }
 
     /// The oldest version of `key` held here.
@@ -460,13 +460,17 @@ impl History {
     pub fn compaction_plan(
         &self,
         segment: u64,
-        keep: impl Fn(&str, &Entry, usize) -> bool,
+        keep: impl Fn(&str, &Entry, usize, u64) -> bool,
     ) -> std::collections::HashSet<u64> {
         let mut out = std::collections::HashSet::new();
         for (key, chain) in &self.chains {
             let n = chain.len();
-            for (i, e) in chain.iter().enumerate() {
-                if e.loc.segment == segment && (i + 1 == n || keep(key, e, n - 1 - i)) {
+            // Newest first, so the bytes of a version and those newer
+            // than it add up as we go.
+            let mut bytes = 0u64;
+            for (i, e) in chain.iter().enumerate().rev() {
+                bytes += u64::from(e.loc.len);
+                if e.loc.segment == segment && (i + 1 == n || keep(key, e, n - 1 - i, bytes)) {
                     out.insert(e.version);
                 }
             }

@@ -34,7 +34,7 @@ fn compact_all(h: &mut History, keep_newer_than: usize) -> (usize, u64, u64) {
     let (fs, d) = h.storage();
     let (mut dropped, mut before, mut after) = (0, 0, 0);
     for seg in h.sealed_segments().unwrap() {
-        let keep = h.compaction_plan(seg, |_, _, newer| newer < keep_newer_than);
+        let keep = h.compaction_plan(seg, |_, _, newer, _| newer < keep_newer_than);
         // The rewrite runs without the history (no lock held in a store).
         let c = Log::prepare_compacted(&fs, &d, seg, |r| keep.contains(&r.version)).unwrap();
         // Writes go on meanwhile, into the active segment.

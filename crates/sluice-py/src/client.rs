@@ -329,7 +329,7 @@ impl Client {
         )
     }
 
-    #[pyo3(signature = (pathname, pool_type = "volatile".to_string(), *, subgroup_index = 0, affinity_set_regex = None, keep_versions = None, keep_for_s = None, future = None))]
+    #[pyo3(signature = (pathname, pool_type = "volatile".to_string(), *, subgroup_index = 0, affinity_set_regex = None, keep_versions = None, keep_for_s = None, keep_bytes = None, future = None))]
     #[allow(clippy::too_many_arguments)]
     fn create_object_pool(
         &self,
@@ -340,6 +340,7 @@ impl Client {
         affinity_set_regex: Option<String>,
         keep_versions: Option<u32>,
         keep_for_s: Option<u64>,
+        keep_bytes: Option<u64>,
         future: Option<Py<PyAny>>,
     ) -> PyResult<Py<PyAny>> {
         let pool_type: PoolType = pool_type
@@ -350,10 +351,7 @@ impl Client {
             pool_type: Some(pool_type),
             subgroup_index,
             affinity_set_regex,
-            retention: (keep_versions.is_some() || keep_for_s.is_some()).then_some(Retention {
-                keep_versions,
-                keep_for_s,
-            }),
+            retention: Retention::of(keep_versions, keep_for_s, keep_bytes),
             ..Default::default()
         };
         self.call(

@@ -360,7 +360,7 @@ impl Store {
         };
         if report.versions > 0 && s.history.is_some() {
             // Everything the history no longer indexes leaves the disk.
-            report.bytes = self.compact_shard(s, |_, _, _| true)?.1;
+            report.bytes = self.compact_shard(s, |_, _, _, _| true)?.1;
         }
         Ok(report)
     }
@@ -1384,8 +1384,8 @@ fn check_retained(
     e: &sluice_log::Entry,
 ) -> Result<()> {
     let Some(ret) = retention else { return Ok(()) };
-    let newer = h.newer_versions(key, e.version).unwrap_or(0);
-    if newer == 0 || ret.keeps(newer, e.timestamp_us, Clock::wall_us()) {
+    let (newer, bytes) = h.newer_with_bytes(key, e.version).unwrap_or((0, 0));
+    if newer == 0 || ret.keeps(newer, bytes, e.timestamp_us, Clock::wall_us()) {
         return Ok(());
     }
     Err(SluiceError::VersionNotRetained {
@@ -1473,9 +1473,9 @@ impl Store {
         let now = Clock::wall_us();
         let (mut dropped, mut reclaimed) = (0usize, 0u64);
         for shard in self.shards.values() {
-            let (d, r) = self.compact_shard(shard, |key, e, newer| {
+            let (d, r) = self.compact_shard(shard, |key, e, newer, bytes| {
                 match view.table.pool_of(key).and_then(|p| p.retention.as_ref()) {
-                    Some(r) => r.keeps(newer, e.timestamp_us, now),
+                    Some(r) => r.keeps(newer, bytes, e.timestamp_us, now),
                     None => true,
                 }
             })?;
@@ -1568,7 +1568,7 @@ impl Store {
     fn compact_shard(
         &self,
         shard: &Shard,
-        keep: impl Fn(&str, &sluice_log::Entry, usize) -> bool,
+        keep: impl Fn(&str, &sluice_log::Entry, usize, u64) -> bool,
     ) -> Result<(usize, u64)> {
         let Some(h) = &shard.history else {
             return Ok((0, 0));

@@ -199,6 +199,7 @@ fn retention_drops_old_versions_of_its_pool_only() {
             retention: Some(Retention {
                 keep_versions: Some(2),
                 keep_for_s: None,
+                keep_bytes: None,
             }),
             ..Default::default()
         })
@@ -214,6 +215,7 @@ fn retention_drops_old_versions_of_its_pool_only() {
         retention: Some(Retention {
             keep_versions: Some(2),
             keep_for_s: None,
+            keep_bytes: None,
         }),
         ..Default::default()
     })
@@ -298,6 +300,7 @@ fn reads_honour_retention_before_compaction_and_name_it() {
         retention: Some(Retention {
             keep_versions: Some(3),
             keep_for_s: None,
+            keep_bytes: None,
         }),
         ..Default::default()
     })
@@ -457,4 +460,62 @@ fn a_replay_is_refused_past_its_bounds() {
     assert!(e.to_string().contains("5 versions back"), "{e}");
     let e = s.replay(shard, "/p", all, upto, 5, 499).unwrap_err();
     assert!(e.to_string().contains("more than 499 bytes"), "{e}");
+}
+
+/// Issue #18 (a stream's payload budget): `keep_bytes` keeps versions
+/// while they and the newer versions of their key hold at most that many
+/// bytes; older ones are refused at once and compacted away later.
+#[test]
+fn retention_by_bytes_keeps_the_newest_within_the_budget() {
+    use sluice_types::pool::Retention;
+    let _d_dir = dir();
+    let d = _d_dir.path();
+    let s = Store::open(StoreConfig {
+        layout: Layout {
+            version: 1,
+            volatile: vec![1],
+            trigger: vec![1],
+            persistent: vec![1],
+        },
+        persistent_dir: Some(d.join("persistent")),
+        persistent_segment_bytes: 4096,
+        ..Default::default()
+    })
+    .unwrap();
+    s.create_pool(&PoolSpec {
+        pathname: "/b".into(),
+        pool_type: Some(PoolType::Persistent),
+        retention: Retention::of(None, None, Some(3000)),
+        ..Default::default()
+    })
+    .unwrap();
+    // 20 versions of 1000-byte values: about two fit the 3000-byte budget
+    // with their record headers, never fewer than one.
+    let versions: Vec<u64> = (0..20)
+        .map(|i| {
+            s.put("/b/k", Bytes::from(vec![i as u8; 1000]), None, None)
+                .unwrap()
+                .version
+        })
+        .collect();
+    let kept: Vec<u64> = versions
+        .iter()
+        .copied()
+        .filter(|v| s.get("/b/k", Some(*v), None).is_ok())
+        .collect();
+    assert!(
+        (1..=2).contains(&kept.len()) && kept.last() == versions.last(),
+        "kept {kept:?} of {versions:?}"
+    );
+    let e = s.get("/b/k", Some(versions[0]), None).unwrap_err();
+    assert!(
+        e.to_string().contains("keeps 3000 bytes per key"),
+        "{e}"
+    );
+    let (dropped, _) = s.compact().unwrap();
+    assert!(dropped >= 10, "compaction dropped {dropped}");
+    assert_eq!(
+        s.get("/b/k", None, None).unwrap().value,
+        Bytes::from(vec![19u8; 1000])
+    );
 }

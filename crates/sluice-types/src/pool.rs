@@ -77,24 +77,55 @@ pub struct Retention {
     /// Keep versions written in the last this-many seconds.
     #[serde(default)]
     pub keep_for_s: Option<u64>,
+    /// Keep versions while the newer versions of their key hold at most
+    /// this many bytes (a stream's payload budget per source).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub keep_bytes: Option<u64>,
 }
 
 impl std::fmt::Display for Retention {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match (self.keep_versions, self.keep_for_s) {
-            (Some(n), Some(s)) => write!(f, "keeps {n} versions per key, for {s} s"),
-            (Some(n), None) => write!(f, "keeps {n} versions per key"),
-            (None, Some(s)) => write!(f, "keeps versions for {s} s"),
-            (None, None) => write!(f, "keeps every version"),
+        let mut parts = Vec::new();
+        if let Some(n) = self.keep_versions {
+            parts.push(format!("{n} versions per key"));
+        }
+        if let Some(s) = self.keep_for_s {
+            parts.push(format!("versions of the last {s} s"));
+        }
+        if let Some(b) = self.keep_bytes {
+            parts.push(format!("{b} bytes per key"));
+        }
+        if parts.is_empty() {
+            f.write_str("keeps every version")
+        } else {
+            write!(f, "keeps {}", parts.join(", "))
         }
     }
 }
 
 impl Retention {
-    /// Whether a version with `newer` newer versions of its key, written at
-    /// `timestamp_us`, is kept at time `now_us`.
-    pub fn keeps(&self, newer: usize, timestamp_us: u64, now_us: u64) -> bool {
+    /// A policy from optional limits; `None` when no limit is set (every
+    /// version kept).
+    pub fn of(
+        keep_versions: Option<u32>,
+        keep_for_s: Option<u64>,
+        keep_bytes: Option<u64>,
+    ) -> Option<Retention> {
+        (keep_versions.is_some() || keep_for_s.is_some() || keep_bytes.is_some()).then_some(
+            Retention {
+                keep_versions,
+                keep_for_s,
+                keep_bytes,
+            },
+        )
+    }
+
+    /// Whether a version with `newer` newer versions of its key (holding
+    /// `newer_bytes` with it), written at `timestamp_us`, is kept at time
+    /// `now_us`.
+    pub fn keeps(&self, newer: usize, newer_bytes: u64, timestamp_us: u64, now_us: u64) -> bool {
         self.keep_versions.is_none_or(|n| newer < n as usize)
+            && self.keep_bytes.is_none_or(|b| newer_bytes <= b)
             && self
                 .keep_for_s
                 .is_none_or(|s| timestamp_us.saturating_add(s.saturating_mul(1_000_000)) >= now_us)

@@ -301,8 +301,12 @@ class Client:
         affinity_set_regex: Optional[str] = None,
         keep_versions: Optional[int] = None,
         keep_for_s: Optional[int] = None,
+        keep_bytes: Optional[int] = None,
     ) -> dict:
-        """Creates a pool (``volatile``, ``persistent`` or ``trigger``)."""
+        """Creates a pool (``volatile``, ``persistent`` or ``trigger``).
+
+        Persistent pools keep every version unless limited: ``keep_versions``
+        per key, ``keep_for_s`` seconds, ``keep_bytes`` per key."""
         return self._c.create_object_pool(
             pathname,
             pool_type,
@@ -310,6 +314,7 @@ class Client:
             affinity_set_regex=affinity_set_regex,
             keep_versions=keep_versions,
             keep_for_s=keep_for_s,
+            keep_bytes=keep_bytes,
         )
 
     def list_object_pools(self, include_deleted: bool = False) -> List[dict]:

@@ -101,6 +101,7 @@ class Client:
         affinity_set_regex: Optional[str] = None,
         keep_versions: Optional[int] = None,
         keep_for_s: Optional[int] = None,
+        keep_bytes: Optional[int] = None,
         future: Any = None,
     ) -> dict: ...
     def list_object_pools(self, include_deleted: bool = False, *, future: Any = None) -> List[dict]: ...
