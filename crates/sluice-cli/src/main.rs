@@ -12,6 +12,7 @@ mod place;
 mod plan;
 mod serve;
 mod shell;
+mod stream;
 
 use clap::{Parser, Subcommand};
 use std::process::ExitCode;
@@ -71,6 +72,12 @@ enum Cmd {
     /// Cluster layouts: import Cascade's layout.json.
     #[command(subcommand)]
     Layout(layout::LayoutCmd),
+    /// Streams from the edge: publish items, subscribe to a topic.
+    #[command(subcommand)]
+    Stream(stream::StreamCmd),
+    /// Shared queues: competing consumers, each item to one of them.
+    #[command(subcommand)]
+    Queue(stream::QueueCmd),
     #[command(flatten)]
     Client(commands::ClientCmd),
 }
@@ -100,6 +107,8 @@ fn main() -> ExitCode {
         Cmd::Layout(c) => layout::run(c, cli.json),
         Cmd::Place(a) => place::run(a, cli.json),
         Cmd::Fsck(a) => fsck::run(a, cli.json),
+        Cmd::Stream(c) => stream::run_stream(&addr, cli.timeout_ms, c),
+        Cmd::Queue(c) => stream::run_queue(&addr, cli.timeout_ms, c),
         Cmd::Shell => shell::run(&addr, cli.timeout_ms, cli.json),
         Cmd::Client(c) => commands::run_once(&addr, cli.timeout_ms, cli.json, c),
     };

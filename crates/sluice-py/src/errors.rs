@@ -53,6 +53,7 @@ kinds! {
     Forbidden = Forbidden: "The operation is not allowed on this connection.",
     NotFound = NotFound: "No such key (or version).",
     VersionNotRetained = VersionNotRetained: "The version was dropped by the pool's retention.",
+    PayloadExpired = PayloadExpired: "A stream item's payload was dropped by the recording node's retention.",
     VersionConflict = VersionConflict: "A conditional write found another version.",
     ValueTooLarge = ValueTooLarge: "The value exceeds the node's limit.",
     MetaTooLarge = MetaTooLarge: "The request's metadata exceeds the node's limit.",

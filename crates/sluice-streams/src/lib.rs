@@ -10,13 +10,21 @@
 //! out; [`metrics`] measures excess work, the actual prediction frequency
 //! and real-time accuracy.
 //!
-//! Invariants: no I/O, no clock of its own, no dependency on the rest of
-//! Sluice (the streams built on pools and watches use these operators).
+//! Streams themselves live on Sluice's pools and watches: [`topic`]
+//! (producers, subscribers, lazy fetches) and [`shared`] (a shared queue
+//! across processes, on a replicated pool).
+//!
+//! Invariants: the operators (`align`, `rate`, `queue`, `metrics`) do no
+//! I/O and keep no clock of their own; only `topic` and `shared` talk to
+//! nodes, and only through `sluice-client` (no second wire
+//! implementation).
 
 pub mod align;
 pub mod metrics;
 pub mod queue;
 pub mod rate;
+pub mod shared;
+pub mod topic;
 
 /// One item of a stream: its source, its timestamp (µs, or any unit the
 /// caller keeps to) and its value. `value: None` is an item that arrived

@@ -41,6 +41,18 @@ pub enum SluiceError {
     NotFound { key: String },
     #[error("key {key:?}: {reason}")]
     VersionNotRetained { key: String, reason: String },
+    /// A stream item's payload was fetched after the recording node's
+    /// retention dropped it (EdgeServe's payload timeout).
+    #[error("payload of stream item {topic}/{stream_source} #{seq} (recorded at {ts_us} µs, {key} version {version}) expired: {reason}")]
+    PayloadExpired {
+        topic: String,
+        stream_source: String,
+        seq: u64,
+        ts_us: u64,
+        key: String,
+        version: u64,
+        reason: String,
+    },
     #[error("conditional write on key {key:?} rejected: expected version {expected}, current version is {current}")]
     VersionConflict {
         key: String,

@@ -1,0 +1,216 @@
+//! `sluice stream ...` (EdgeServe streams: publish, subscribe, fetch) and
+//! `sluice queue ...` (a shared queue of competing consumers), over
+//! `sluice-streams`.
+
+use anyhow::{Context, Result};
+use bytes::Bytes;
+use sluice_client::{Client, ClientConfig};
+use sluice_streams::shared::SharedQueue;
+use sluice_streams::topic::{Fetcher, Header, Keep, Producer, Routing, Subscriber};
+use std::io::{Read, Write};
+use std::time::Duration;
+
+#[derive(clap::Subcommand)]
+pub enum StreamCmd {
+    /// Publish one item of stream TOPIC/SOURCE (VALUE, or `-` for stdin):
+    /// the payload goes to the recording node (--local), the header to
+    /// the topic on the node(s) of --addr.
+    Publish {
+        topic: String,
+        source: String,
+        value: String,
+        /// The recording node (where the payload stays; consumers fetch
+        /// it from this address). Default: the --addr node.
+        #[arg(long)]
+        local: Option<String>,
+        /// lazy, eager, auto (measure the break-even first) or
+        /// auto:<bytes>.
+        #[arg(long, default_value = "lazy")]
+        routing: String,
+        /// The item's timestamp (µs since the epoch; default now).
+        #[arg(long)]
+        ts_us: Option<u64>,
+        /// How long items stay fetchable (creating the pools).
+        #[arg(long, default_value_t = 60)]
+        keep_for_s: u64,
+        /// Payload bytes kept per source on the recording node.
+        #[arg(long)]
+        keep_bytes: Option<u64>,
+    },
+    /// Print a topic's headers as they come (one JSON line each), in
+    /// per-source order; --from-time-us replays retained ones first.
+    Sub {
+        topic: String,
+        #[arg(long)]
+        from_time_us: Option<u64>,
+        /// Fetch every payload (lazy ones from their recording node) and
+        /// print its size and first bytes.
+        #[arg(long)]
+        fetch: bool,
+        /// Stop after this many items.
+        #[arg(long)]
+        count: Option<u64>,
+    },
+}
+
+#[derive(clap::Subcommand)]
+pub enum QueueCmd {
+    /// Add an item (VALUE, or `-` for stdin) to the shared queue NAME.
+    Push { name: String, value: String },
+    /// Take items as consumer --consumer: each goes to one live
+    /// consumer; one whose lease runs out unacknowledged goes to another
+    /// (printed with its delivery count).
+    Take {
+        name: String,
+        #[arg(long, default_value = "cli")]
+        consumer: String,
+        #[arg(long, default_value_t = 1)]
+        count: u64,
+        /// Lease on each item; past it, another consumer may take it.
+        #[arg(long, default_value_t = 30_000)]
+        lease_ms: u64,
+        /// Hold each item this long before acknowledging it (a stand-in
+        /// for work).
+        #[arg(long, default_value_t = 0)]
+        hold_ms: u64,
+        /// How long to wait for an item.
+        #[arg(long, default_value_t = 10_000)]
+        wait_ms: u64,
+    },
+}
+
+fn runtime() -> Result<tokio::runtime::Runtime> {
+    Ok(tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?)
+}
+
+async fn connect(addr: &str, timeout_ms: u64) -> Result<Client> {
+    Client::connect_with(ClientConfig {
+        addr: addr.to_string(),
+        request_timeout: Duration::from_millis(timeout_ms),
+        client_name: "sluice-cli".into(),
+        ..Default::default()
+    })
+    .await
+    .with_context(|| format!("connecting to {addr}"))
+}
+
+fn value_arg(v: &str) -> Result<Bytes> {
+    if v == "-" {
+        let mut b = Vec::new();
+        std::io::stdin().read_to_end(&mut b)?;
+        Ok(b.into())
+    } else {
+        Ok(Bytes::copy_from_slice(v.as_bytes()))
+    }
+}
+
+fn header_json(h: &Header) -> serde_json::Value {
+    let mut j = serde_json::to_value(h).expect("a header serializes");
+    j["routing"] = if h.is_eager() { "eager" } else { "lazy" }.into();
+    j
+}
+
+pub fn run_stream(addr: &str, timeout_ms: u64, cmd: StreamCmd) -> Result<()> {
+    runtime()?.block_on(async move {
+        let broker = connect(addr, timeout_ms).await?;
+        match cmd {
+            StreamCmd::Publish {
+                topic,
+                source,
+                value,
+                local,
+                routing,
+                ts_us,
+                keep_for_s,
+                keep_bytes,
+            } => {
+                let routing: Routing = routing.parse()?;
+                let local = local.unwrap_or_else(|| addr.split(',').next().unwrap_or(addr).to_string());
+                let keep = Keep {
+                    for_s: keep_for_s,
+                    bytes: keep_bytes,
+                };
+                let mut p = Producer::new(broker, &local, &topic, &source, routing, keep).await?;
+                if let Some(be) = p.break_even() {
+                    eprintln!("routing break-even: {}", serde_json::to_string(be)?);
+                }
+                let h = p.publish(ts_us, value_arg(&value)?).await?;
+                println!("{}", header_json(&h));
+                Ok(())
+            }
+            StreamCmd::Sub {
+                topic,
+                from_time_us,
+                fetch,
+                count,
+            } => {
+                let mut sub = Subscriber::new(&broker, &topic, from_time_us).await?;
+                let mut fetcher = Fetcher::default();
+                let mut n = 0u64;
+                while count.is_none_or(|c| n < c) {
+                    let Some(h) = sub.next().await else { break };
+                    let h = h?;
+                    let mut j = header_json(&h);
+                    if fetch {
+                        match fetcher.fetch(&h).await {
+                            Ok(p) => {
+                                j["fetched"] = p.len().into();
+                                j["head"] =
+                                    String::from_utf8_lossy(&p[..p.len().min(32)]).into();
+                            }
+                            Err(e) => j["error"] = e.to_string().into(),
+                        }
+                    }
+                    let mut out = std::io::stdout().lock();
+                    writeln!(out, "{j}")?;
+                    out.flush()?;
+                    n += 1;
+                }
+                Ok(())
+            }
+        }
+    })
+}
+
+pub fn run_queue(addr: &str, timeout_ms: u64, cmd: QueueCmd) -> Result<()> {
+    runtime()?.block_on(async move {
+        let client = connect(addr, timeout_ms).await?;
+        match cmd {
+            QueueCmd::Push { name, value } => {
+                let mut q = SharedQueue::open(client, &name, "cli", Duration::ZERO).await?;
+                println!("{}", q.push(value_arg(&value)?).await?);
+                Ok(())
+            }
+            QueueCmd::Take {
+                name,
+                consumer,
+                count,
+                lease_ms,
+                hold_ms,
+                wait_ms,
+            } => {
+                let lease = Duration::from_millis(lease_ms);
+                let mut q = SharedQueue::open(client, &name, &consumer, lease).await?;
+                for _ in 0..count {
+                    let d = q
+                        .take(Duration::from_millis(wait_ms), Duration::from_millis(20))
+                        .await?
+                        .with_context(|| format!("no item in queue {name} within {wait_ms} ms"))?;
+                    let j = serde_json::json!({
+                        "id": d.id,
+                        "delivery": d.delivery,
+                        "value": String::from_utf8_lossy(&d.value),
+                    });
+                    let mut out = std::io::stdout().lock();
+                    writeln!(out, "{j}")?;
+                    out.flush()?;
+                    tokio::time::sleep(Duration::from_millis(hold_ms)).await;
+                    q.ack(&d).await?;
+                }
+                Ok(())
+            }
+        }
+    })
+}
