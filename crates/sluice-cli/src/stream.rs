@@ -127,7 +127,8 @@ pub fn run_stream(addr: &str, timeout_ms: u64, cmd: StreamCmd) -> Result<()> {
                 keep_bytes,
             } => {
                 let routing: Routing = routing.parse()?;
-                let local = local.unwrap_or_else(|| addr.split(',').next().unwrap_or(addr).to_string());
+                let local =
+                    local.unwrap_or_else(|| addr.split(',').next().unwrap_or(addr).to_string());
                 let keep = Keep {
                     for_s: keep_for_s,
                     bytes: keep_bytes,
@@ -157,8 +158,7 @@ pub fn run_stream(addr: &str, timeout_ms: u64, cmd: StreamCmd) -> Result<()> {
                         match fetcher.fetch(&h).await {
                             Ok(p) => {
                                 j["fetched"] = p.len().into();
-                                j["head"] =
-                                    String::from_utf8_lossy(&p[..p.len().min(32)]).into();
+                                j["head"] = String::from_utf8_lossy(&p[..p.len().min(32)]).into();
                             }
                             Err(e) => j["error"] = e.to_string().into(),
                         }

@@ -3,97 +3,12 @@
 
 use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
-use std::sync::mpsc;
+use std::process::{Command, Output, Stdio};
 use std::time::Duration;
 
-const BIN: &str = env!("CARGO_BIN_EXE_sluice");
+mod common;
 
-struct Node {
-    child: Child,
-    addr: String,
-    dir: PathBuf,
-    lines: mpsc::Receiver<String>,
-}
-
-/// A fresh directory that outlives this call (node processes and the
-/// `Node` that removes it when dropped own it from here).
-fn temp_dir(tag: &str) -> PathBuf {
-    tempfile::Builder::new()
-        .prefix(&format!("sluice-cli-{tag}-"))
-        .tempdir()
-        .unwrap()
-        .keep()
-}
-
-/// Starts `sluice serve` with `args` in `cwd` and waits (bounded) for its
-/// "listening on" line.
-fn spawn_node(cwd: &Path, args: &[&str]) -> Result<Node, String> {
-    let mut child = Command::new(BIN)
-        .arg("serve")
-        .args(args)
-        .current_dir(cwd)
-        .env("SLUICE_LOG", "info")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let (tx, rx) = mpsc::channel();
-    let out = child.stdout.take().unwrap();
-    let tx2 = tx.clone();
-    std::thread::spawn(move || {
-        for l in BufReader::new(out).lines().map_while(Result::ok) {
-            let _ = tx.send(l);
-        }
-    });
-    let err = child.stderr.take().unwrap();
-    std::thread::spawn(move || {
-        for l in BufReader::new(err).lines().map_while(Result::ok) {
-            let _ = tx2.send(format!("stderr: {l}"));
-        }
-    });
-    let mut seen = Vec::new();
-    loop {
-        match rx.recv_timeout(Duration::from_secs(20)) {
-            Ok(l) if l.contains("listening on") => {
-                let addr = l
-                    .split("listening on ")
-                    .nth(1)
-                    .unwrap()
-                    .split_whitespace()
-                    .next()
-                    .unwrap()
-                    .to_string();
-                return Ok(Node {
-                    child,
-                    addr,
-                    dir: cwd.to_path_buf(),
-                    lines: rx,
-                });
-            }
-            Ok(l) => seen.push(l),
-            Err(_) => {
-                let _ = child.kill();
-                let status = child.wait().unwrap();
-                return Err(format!("node did not start ({status}): {seen:?}"));
-            }
-        }
-    }
-}
-
-fn start_node() -> Node {
-    let dir = temp_dir("node");
-    spawn_node(
-        &dir,
-        &[
-            "--listen",
-            "127.0.0.1:0",
-            "--data-dir",
-            dir.join("data").to_str().unwrap(),
-        ],
-    )
-    .unwrap()
-}
+use common::{spawn_node, start_node, temp_dir, Node, BIN};
 
 impl Node {
     fn sluice(&self, args: &[&str]) -> Output {
@@ -153,14 +68,6 @@ impl Node {
             // Wait on the node's own output instead of sleeping blind.
             let _ = self.lines.recv_timeout(Duration::from_millis(50));
         }
-    }
-}
-
-impl Drop for Node {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-        let _ = std::fs::remove_dir_all(&self.dir);
     }
 }
 

@@ -508,10 +508,7 @@ fn retention_by_bytes_keeps_the_newest_within_the_budget() {
         "kept {kept:?} of {versions:?}"
     );
     let e = s.get("/b/k", Some(versions[0]), None).unwrap_err();
-    assert!(
-        e.to_string().contains("keeps 3000 bytes per key"),
-        "{e}"
-    );
+    assert!(e.to_string().contains("keeps 3000 bytes per key"), "{e}");
     let (dropped, _) = s.compact().unwrap();
     assert!(dropped >= 10, "compaction dropped {dropped}");
     assert_eq!(

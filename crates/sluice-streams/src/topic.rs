@@ -234,7 +234,12 @@ impl Producer {
             break_even: None,
         };
         if routing == (Routing::Auto { threshold: None }) {
-            let be = p.calibrate(&[1 << 10, 16 << 10, 64 << 10, 256 << 10, 1 << 20, 4 << 20], 5).await?;
+            let be = p
+                .calibrate(
+                    &[1 << 10, 16 << 10, 64 << 10, 256 << 10, 1 << 20, 4 << 20],
+                    5,
+                )
+                .await?;
             p.routing = Routing::Auto {
                 threshold: Some(be.bytes.unwrap_or(u64::MAX)),
             };

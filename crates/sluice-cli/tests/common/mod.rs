@@ -1,6 +1,15 @@
 //! Helpers shared by the CLI's process tests.
 
+#![allow(dead_code)] // each test binary uses some of these
+
+use std::io::{BufRead, BufReader};
 use std::net::{SocketAddr, TcpListener};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::Duration;
+
+pub const BIN: &str = env!("CARGO_BIN_EXE_sluice");
 
 /// A base port with `n` free consecutive ports after it on 127.0.0.1
 /// (bound then released; the nodes bind them next). Each call draws
@@ -20,4 +29,100 @@ pub fn free_base(n: u16) -> u16 {
         }
     }
     panic!("no {n} free consecutive ports");
+}
+
+/// A `sluice serve` process; killed (and its directory removed) when
+/// dropped.
+pub struct Node {
+    pub child: Child,
+    pub addr: String,
+    pub dir: PathBuf,
+    pub lines: mpsc::Receiver<String>,
+}
+
+/// A fresh directory that outlives this call (node processes and the
+/// `Node` that removes it when dropped own it from here).
+pub fn temp_dir(tag: &str) -> PathBuf {
+    tempfile::Builder::new()
+        .prefix(&format!("sluice-cli-{tag}-"))
+        .tempdir()
+        .unwrap()
+        .keep()
+}
+
+/// Starts `sluice serve` with `args` in `cwd` and waits (bounded) for its
+/// "listening on" line.
+pub fn spawn_node(cwd: &Path, args: &[&str]) -> Result<Node, String> {
+    let mut child = Command::new(BIN)
+        .arg("serve")
+        .args(args)
+        .current_dir(cwd)
+        .env("SLUICE_LOG", "info")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let (tx, rx) = mpsc::channel();
+    let out = child.stdout.take().unwrap();
+    let tx2 = tx.clone();
+    std::thread::spawn(move || {
+        for l in BufReader::new(out).lines().map_while(Result::ok) {
+            let _ = tx.send(l);
+        }
+    });
+    let err = child.stderr.take().unwrap();
+    std::thread::spawn(move || {
+        for l in BufReader::new(err).lines().map_while(Result::ok) {
+            let _ = tx2.send(format!("stderr: {l}"));
+        }
+    });
+    let mut seen = Vec::new();
+    loop {
+        match rx.recv_timeout(Duration::from_secs(20)) {
+            Ok(l) if l.contains("listening on") => {
+                let addr = l
+                    .split("listening on ")
+                    .nth(1)
+                    .unwrap()
+                    .split_whitespace()
+                    .next()
+                    .unwrap()
+                    .to_string();
+                return Ok(Node {
+                    child,
+                    addr,
+                    dir: cwd.to_path_buf(),
+                    lines: rx,
+                });
+            }
+            Ok(l) => seen.push(l),
+            Err(_) => {
+                let _ = child.kill();
+                let status = child.wait().unwrap();
+                return Err(format!("node did not start ({status}): {seen:?}"));
+            }
+        }
+    }
+}
+
+pub fn start_node() -> Node {
+    let dir = temp_dir("node");
+    spawn_node(
+        &dir,
+        &[
+            "--listen",
+            "127.0.0.1:0",
+            "--data-dir",
+            dir.join("data").to_str().unwrap(),
+        ],
+    )
+    .unwrap()
+}
+
+impl Drop for Node {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
 }

@@ -1,0 +1,261 @@
+//! Issue #18 on real node processes: a broker node holding the topics and
+//! two edge (recording) nodes. Headers travel through the broker; lazy
+//! payloads stay on their recording node and are fetched from it; a
+//! payload past its retention is `PayloadExpired` naming the item; a
+//! subscriber resumes from a timestamp; a shared queue hands a killed
+//! consumer's item to another.
+
+mod common;
+
+use bytes::Bytes;
+use common::{start_node, Node, BIN};
+use sluice_client::{Client, SluiceError};
+use sluice_streams::shared::SharedQueue;
+use sluice_streams::topic::{Fetcher, Header, Keep, Producer, Routing, Subscriber};
+use std::io::{BufRead, BufReader};
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+fn rt() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+async fn next(sub: &mut Subscriber) -> Header {
+    tokio::time::timeout(Duration::from_secs(10), sub.next())
+        .await
+        .expect("a header within 10 s")
+        .expect("the watch is open")
+        .unwrap()
+}
+
+#[test]
+fn lazy_payloads_stay_on_their_recording_node_and_eager_ones_travel() {
+    let (broker, edge1, edge2) = (start_node(), start_node(), start_node());
+    rt().block_on(async {
+        let b = Client::connect(&broker.addr).await.unwrap();
+        let keep = Keep::default();
+        let mut cam = Producer::new(b.clone(), &edge1.addr, "room", "cam", Routing::Lazy, keep)
+            .await
+            .unwrap();
+        let mut mic = Producer::new(b.clone(), &edge2.addr, "room", "mic", Routing::Eager, keep)
+            .await
+            .unwrap();
+        let mut sub = Subscriber::new(&b, "room", None).await.unwrap();
+        let frame = |src: &str, i: u64| Bytes::from(format!("{src}-{i}-{}", "x".repeat(4000)));
+        for i in 0..5 {
+            cam.publish(Some(1_000 + i), frame("cam", i)).await.unwrap();
+            mic.publish(Some(1_000 + i), frame("mic", i)).await.unwrap();
+        }
+        let mut fetcher = Fetcher::default();
+        let mut seen = std::collections::BTreeMap::<String, Vec<u64>>::new();
+        for _ in 0..10 {
+            let h = next(&mut sub).await;
+            seen.entry(h.source.clone()).or_default().push(h.seq);
+            match h.source.as_str() {
+                "cam" => {
+                    assert!(!h.is_eager());
+                    assert_eq!(h.node.as_deref(), Some(edge1.addr.as_str()));
+                }
+                _ => assert!(h.is_eager() && h.node.is_none()),
+            }
+            let p = fetcher.fetch(&h).await.unwrap();
+            assert_eq!(p, frame(&h.source, h.seq));
+            assert_eq!(h.size, p.len() as u64);
+        }
+        // Per-source order.
+        assert_eq!(seen["cam"], vec![0, 1, 2, 3, 4]);
+        assert_eq!(seen["mic"], vec![0, 1, 2, 3, 4]);
+        // Only the five lazy payloads moved from a recording node, and
+        // the broker holds headers of lazy items, not their payloads.
+        assert_eq!(fetcher.fetched, 5);
+        let on_broker = b.get("/streams/room/cam").await.unwrap();
+        assert!(on_broker.value.len() < 400, "{}", on_broker.value.len());
+        let e1 = Client::connect(&edge1.addr).await.unwrap();
+        assert_eq!(
+            e1.get("/edge/room/cam").await.unwrap().value,
+            frame("cam", 4)
+        );
+        assert!(matches!(
+            e1.get("/edge/room/mic").await,
+            Err(SluiceError::NotFound { .. })
+        ));
+        // A producer that restarts goes on with its numbering.
+        let mut cam2 = Producer::new(b.clone(), &edge1.addr, "room", "cam", Routing::Lazy, keep)
+            .await
+            .unwrap();
+        assert_eq!(cam2.publish(None, frame("cam", 5)).await.unwrap().seq, 5);
+        assert_eq!(next(&mut sub).await.seq, 5);
+    });
+}
+
+#[test]
+fn expired_payloads_are_named_and_subscribers_resume_from_a_time() {
+    let (broker, edge) = (start_node(), start_node());
+    rt().block_on(async {
+        let b = Client::connect(&broker.addr).await.unwrap();
+        // Room for about two 1000-byte payloads per source.
+        let keep = Keep {
+            for_s: 3600,
+            bytes: Some(2500),
+        };
+        let mut p = Producer::new(b.clone(), &edge.addr, "t", "s", Routing::Lazy, keep)
+            .await
+            .unwrap();
+        let mut headers = Vec::new();
+        for i in 0..6u8 {
+            let ts = 10_000 * (u64::from(i) + 1);
+            headers.push(
+                p.publish(Some(ts), Bytes::from(vec![i; 1000]))
+                    .await
+                    .unwrap(),
+            );
+        }
+        let mut fetcher = Fetcher::default();
+        assert_eq!(fetcher.fetch(&headers[5]).await.unwrap()[0], 5);
+        let e = fetcher.fetch(&headers[0]).await.unwrap_err();
+        match &e {
+            SluiceError::PayloadExpired {
+                topic,
+                stream_source,
+                seq,
+                ts_us,
+                ..
+            } => assert_eq!(
+                (topic.as_str(), stream_source.as_str(), *seq, *ts_us),
+                ("t", "s", 0, 10_000)
+            ),
+            other => panic!("expected PayloadExpired, got {other:?}"),
+        }
+        assert!(
+            e.to_string().contains("payload of stream item t/s #0"),
+            "{e}"
+        );
+
+        // Resuming from the time the broker wrote the fourth header
+        // replays it and what follows, in order, then goes on live.
+        let at = b
+            .history("/streams/t/s", false, 0, u64::MAX, 100)
+            .await
+            .unwrap();
+        let fourth = at
+            .iter()
+            .find(|o| Header::decode(&o.value).unwrap().seq == 3)
+            .unwrap()
+            .meta
+            .timestamp_us;
+        let mut sub = Subscriber::new(&b, "t", Some(fourth)).await.unwrap();
+        for want in 3..6 {
+            assert_eq!(next(&mut sub).await.seq, want);
+        }
+        p.publish(None, Bytes::from_static(b"live")).await.unwrap();
+        assert_eq!(next(&mut sub).await.seq, 6);
+    });
+}
+
+/// A consumer process takes an item and is killed before acknowledging
+/// it: once its lease ends another consumer gets it, marked as a second
+/// delivery; the other items go out once each.
+#[test]
+fn a_killed_consumers_item_is_redelivered_to_another() {
+    let n: Node = start_node();
+    rt().block_on(async {
+        let c = Client::connect(&n.addr).await.unwrap();
+        let mut q = SharedQueue::open(c.clone(), "jobs", "pusher", Duration::from_secs(1))
+            .await
+            .unwrap();
+        for i in 0..4 {
+            q.push(format!("job-{i}")).await.unwrap();
+        }
+        let mut dying = Command::new(BIN)
+            .args([
+                "--addr",
+                &n.addr,
+                "queue",
+                "take",
+                "jobs",
+                "--consumer",
+                "dying",
+            ])
+            .args(["--lease-ms", "800", "--hold-ms", "600000"])
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let line = BufReader::new(dying.stdout.take().unwrap())
+            .lines()
+            .next()
+            .unwrap()
+            .unwrap();
+        let taken: serde_json::Value = serde_json::from_str(&line).unwrap();
+        assert_eq!(taken["value"], "job-0");
+        assert_eq!(taken["delivery"], 1);
+        dying.kill().unwrap();
+        dying.wait().unwrap();
+
+        let mut other = SharedQueue::open(c.clone(), "jobs", "other", Duration::from_secs(5))
+            .await
+            .unwrap();
+        let mut got = Vec::new();
+        while got.len() < 4 {
+            let d = other
+                .take(Duration::from_secs(10), Duration::from_millis(20))
+                .await
+                .unwrap()
+                .expect("an item within 10 s");
+            got.push((String::from_utf8(d.value.to_vec()).unwrap(), d.delivery));
+            other.ack(&d).await.unwrap();
+        }
+        got.sort();
+        assert_eq!(
+            got,
+            vec![
+                ("job-0".to_string(), 2),
+                ("job-1".to_string(), 1),
+                ("job-2".to_string(), 1),
+                ("job-3".to_string(), 1)
+            ]
+        );
+        assert_eq!(other.redelivered, 1);
+        assert_eq!(other.backlog().await.unwrap(), 0);
+    });
+}
+
+/// Competing consumers: every item goes to exactly one of them.
+#[test]
+fn competing_consumers_each_item_once() {
+    let n = start_node();
+    rt().block_on(async {
+        let c = Client::connect(&n.addr).await.unwrap();
+        let mut q = SharedQueue::open(c.clone(), "work", "p", Duration::from_secs(30))
+            .await
+            .unwrap();
+        for i in 0..40 {
+            q.push(format!("{i}")).await.unwrap();
+        }
+        let mut tasks = Vec::new();
+        for w in 0..3 {
+            let c = Client::connect(&n.addr).await.unwrap();
+            tasks.push(tokio::spawn(async move {
+                let mut q = SharedQueue::open(c, "work", &format!("w{w}"), Duration::from_secs(30))
+                    .await
+                    .unwrap();
+                let mut mine = Vec::new();
+                while let Some(d) = q.try_take().await.unwrap() {
+                    assert_eq!(d.delivery, 1);
+                    mine.push(String::from_utf8(d.value.to_vec()).unwrap());
+                    q.ack(&d).await.unwrap();
+                }
+                mine
+            }));
+        }
+        let mut all = Vec::new();
+        for t in tasks {
+            all.extend(t.await.unwrap());
+        }
+        let mut sorted: Vec<u32> = all.iter().map(|s| s.parse().unwrap()).collect();
+        sorted.sort();
+        assert_eq!(sorted, (0..40).collect::<Vec<_>>());
+    });
+}
