@@ -259,3 +259,84 @@ fn competing_consumers_each_item_once() {
         assert_eq!(sorted, (0..40).collect::<Vec<_>>());
     });
 }
+
+/// The operators as DFG vertices on a node: `stream_aggregate` emits a
+/// complete tuple, then a partial one (a source missing) once a later item
+/// closes the window; `stream_rate` ticks on the stream's own clock.
+#[test]
+fn aggregate_and_rate_vertices_emit_tuples_of_headers() {
+    let (broker, edge) = (start_node(), start_node());
+    rt().block_on(async {
+        let b = Client::connect(&broker.addr).await.unwrap();
+        let keep = Keep::default();
+        let mut cam = Producer::new(b.clone(), &edge.addr, "room", "cam", Routing::Lazy, keep)
+            .await
+            .unwrap();
+        let mut mic = Producer::new(b.clone(), &edge.addr, "room", "mic", Routing::Eager, keep)
+            .await
+            .unwrap();
+        b.create_pool(sluice_client::PoolSpec {
+            pathname: "/out".into(),
+            pool_type: Some(sluice_client::PoolType::Volatile),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+        let dfg = r#"[
+          {"id": "agg", "graph": [{"pathname": "/streams/room",
+            "user_defined_logic_list": ["stream_aggregate"],
+            "user_defined_logic_config_list": [{"sources": ["cam", "mic"], "max_skew_ms": 50, "fail_soft": "partial"}],
+            "destinations": [{"/out/agg": "put"}]}]},
+          {"id": "rate", "graph": [{"pathname": "/streams/room",
+            "user_defined_logic_list": ["stream_rate"],
+            "user_defined_logic_config_list": [{"sources": ["cam", "mic"], "period_ms": 100, "fail_soft": "partial"}],
+            "destinations": [{"/out/rate": "put"}]}]}]"#;
+        b.dfg_apply(dfg).await.unwrap();
+        let mut w = b.watch("/out").await.unwrap();
+        for (on_cam, ts) in [
+            (true, 1_000),
+            (false, 1_010),
+            (true, 200_000),
+            (false, 400_000),
+            (true, 400_020),
+        ] {
+            let p = if on_cam { &mut cam } else { &mut mic };
+            p.publish(Some(ts), Bytes::from(format!("at {ts}"))).await.unwrap();
+        }
+        let (mut agg, mut rate) = (Vec::new(), Vec::new());
+        while agg.len() < 3 || rate.len() < 4 {
+            let n = tokio::time::timeout(Duration::from_secs(10), w.next())
+                .await
+                .expect("tuples within 10 s")
+                .unwrap();
+            let t = sluice_streams::topic::decode_tuple(&n.object.value).unwrap();
+            match &*n.object.key {
+                "/out/agg/room" => agg.push(t),
+                "/out/rate/room" => rate.push(t),
+                k => panic!("unexpected key {k}"),
+            }
+        }
+        let shape = |t: &sluice_streams::Tuple<Header>| -> Vec<Option<u64>> {
+            t.slots.iter().map(|s| s.item().map(|i| i.ts)).collect()
+        };
+        assert_eq!(
+            agg.iter().map(|t| (t.ts, shape(t))).collect::<Vec<_>>(),
+            vec![
+                (1_000, vec![Some(1_000), Some(1_010)]),
+                (200_000, vec![Some(200_000), None]),
+                (400_000, vec![Some(400_020), Some(400_000)]),
+            ]
+        );
+        assert_eq!(
+            rate.iter().map(|t| t.ts).collect::<Vec<_>>(),
+            vec![1_000, 101_000, 201_000, 301_000]
+        );
+        // The tuples carry headers: the lazy one is fetched from the
+        // recording node, the eager one came inline.
+        let mut f = Fetcher::default();
+        let slot = |i: usize| agg[0].slots[i].item().unwrap().value.clone().unwrap();
+        assert_eq!(f.fetch(&slot(0)).await.unwrap(), Bytes::from("at 1000"));
+        assert!(slot(1).is_eager());
+        assert_eq!(f.fetch(&slot(1)).await.unwrap(), Bytes::from("at 1010"));
+    });
+}

@@ -459,3 +459,71 @@ impl Subscriber {
         }
     }
 }
+
+/// A tuple of headers (what the aggregation and target-rate operators
+/// emit in a DFG) on the wire: `[u64 LE ts][u32 LE slots]`, then per
+/// slot `[u8 state: 0 fresh, 1 imputed, 2 missing][u32 LE length][header
+/// wire bytes]`, in the topic's source order.
+pub fn encode_tuple(t: &crate::Tuple<Bytes>, sources: &[String]) -> Bytes {
+    let mut b = BytesMut::new();
+    b.put_u64_le(t.ts);
+    b.put_u32_le(t.slots.len() as u32);
+    for (i, s) in t.slots.iter().enumerate() {
+        let (state, bytes) = match s {
+            crate::Slot::Fresh(it) => (0u8, it.value.clone()),
+            crate::Slot::Imputed(it) => (1, it.value.clone()),
+            crate::Slot::Missing => (2, None),
+        };
+        b.put_u8(state);
+        match bytes {
+            Some(h) => {
+                b.put_u32_le(h.len() as u32);
+                b.put_slice(&h);
+            }
+            // A missing slot carries its source's name, as a header
+            // without a payload would.
+            None => {
+                let name = sources.get(i).map_or("", String::as_str);
+                b.put_u32_le(name.len() as u32);
+                b.put_slice(name.as_bytes());
+            }
+        }
+    }
+    b.freeze()
+}
+
+/// Parses [`encode_tuple`]'s form: each fresh or imputed slot's header
+/// (eager payloads are slices of `b`); a missing slot's item names its
+/// source with `value: None`.
+pub fn decode_tuple(b: &Bytes) -> Result<crate::Tuple<Header>> {
+    let bad = |why: &str| SluiceError::invalid_argument("stream tuple", why.to_string());
+    let take = |at: &mut usize, n: usize| -> Result<Bytes> {
+        let s = b.get(*at..*at + n).ok_or_else(|| bad("truncated"))?;
+        let out = b.slice_ref(s);
+        *at += n;
+        Ok(out)
+    };
+    let mut at = 0;
+    let ts = u64::from_le_bytes(take(&mut at, 8)?[..].try_into().expect("8 bytes"));
+    let n = u32::from_le_bytes(take(&mut at, 4)?[..].try_into().expect("4 bytes"));
+    let mut slots = Vec::with_capacity(n.min(1024) as usize);
+    for _ in 0..n {
+        let state = take(&mut at, 1)?[0];
+        let len = u32::from_le_bytes(take(&mut at, 4)?[..].try_into().expect("4 bytes"));
+        let body = take(&mut at, len as usize)?;
+        slots.push(match state {
+            0 | 1 => {
+                let h = Header::decode(&body)?;
+                let item = crate::Item::new(&h.source.clone(), h.ts_us, h);
+                if state == 0 {
+                    crate::Slot::Fresh(item)
+                } else {
+                    crate::Slot::Imputed(item)
+                }
+            }
+            2 => crate::Slot::Missing,
+            _ => return Err(bad("unknown slot state")),
+        });
+    }
+    Ok(crate::Tuple { ts, slots })
+}

@@ -1,5 +1,7 @@
-//! Sluice's built-in lambdas (UDLs): `relay`, `log`, `notify`, `onnx`, and
-//! `python` (Python classes in worker processes over shared memory).
+//! Sluice's built-in lambdas (UDLs): `relay`, `log`, `notify`, `onnx`,
+//! `stream_aggregate` and `stream_rate` (EdgeServe's operators over a
+//! topic's headers), and `python` (Python classes in worker processes over
+//! shared memory).
 //!
 //! A node's registry starts from [`registry`]; add your own UDLs to it
 //! (see `examples/custom-udl`). This crate is where tract (ONNX inference)
@@ -9,6 +11,7 @@ pub mod npy;
 #[cfg(feature = "onnx")]
 pub mod onnx;
 pub mod python;
+pub mod streams;
 
 use serde_json::Value;
 use sluice_compute::udl::join_key;
@@ -44,6 +47,12 @@ pub fn register_all(r: &mut Registry) {
         Ok(Arc::new(Notify {
             topic: topic.to_string(),
         }) as Arc<dyn Udl>)
+    });
+    r.register("stream_aggregate", |c: &Value, ctx: &Context| {
+        streams::Aggregate::from_config(c, ctx).map(|u| Arc::new(u) as Arc<dyn Udl>)
+    });
+    r.register("stream_rate", |c: &Value, ctx: &Context| {
+        streams::Rate::from_config(c, ctx).map(|u| Arc::new(u) as Arc<dyn Udl>)
     });
     r.register("python", |c: &Value, ctx: &Context| {
         python::PythonUdl::from_config(c, ctx).map(|u| Arc::new(u) as Arc<dyn Udl>)
