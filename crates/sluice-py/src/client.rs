@@ -19,6 +19,13 @@ pub struct Client {
     completions: Arc<Completions>,
 }
 
+impl Client {
+    /// The Rust client (shares its connections).
+    pub(crate) fn rust(&self) -> sluice_client::Client {
+        self.inner.clone()
+    }
+}
+
 fn object(py: Python<'_>, o: sluice_types::Object) -> PyResult<Py<PyAny>> {
     Ok(Py::new(py, Object::new(py, o)?)?.into_any())
 }

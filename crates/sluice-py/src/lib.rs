@@ -6,7 +6,8 @@
 //! Modules: `runtime` (the tokio runtime; running a Rust future for a
 //! blocking call or an asyncio future), `errors` (exception classes),
 //! `value` (`Value`: zero-copy buffers; `Object`, `PutResult`), `client`
-//! (`Client`), `watch` (`Watch`, `Notification`), `bench` (the Rust client measured
+//! (`Client`), `watch` (`Watch`, `Notification`), `streams` (stream producers,
+//! subscribers, the rate consumer, shared queues, operators), `bench` (the Rust client measured
 //! beside the Python one).
 
 use pyo3::prelude::*;
@@ -15,6 +16,7 @@ mod bench;
 mod client;
 mod errors;
 mod runtime;
+mod streams;
 mod value;
 mod watch;
 
@@ -28,6 +30,7 @@ fn _sluice(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<watch::Notification>()?;
     m.add_function(wrap_pyfunction!(bench::_rust_get_latencies, m)?)?;
     m.add_function(wrap_pyfunction!(bench::_rust_put_throughput, m)?)?;
+    streams::register(m)?;
     errors::register(m)?;
     m.add("NO_VERSION", sluice_types::VERSION_NONE)?;
     Ok(())

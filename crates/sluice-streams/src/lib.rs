@@ -11,15 +11,17 @@
 //! and real-time accuracy.
 //!
 //! Streams themselves live on Sluice's pools and watches: [`topic`]
-//! (producers, subscribers, lazy fetches) and [`shared`] (a shared queue
+//! (producers, subscribers, lazy fetches), [`consumer`] (a timer-driven
+//! consumer at a target frequency, with its metrics) and [`shared`] (a shared queue
 //! across processes, on a replicated pool).
 //!
 //! Invariants: the operators (`align`, `rate`, `queue`, `metrics`) do no
-//! I/O and keep no clock of their own; only `topic` and `shared` talk to
+//! I/O and keep no clock of their own; only `topic`, `consumer` and `shared` talk to
 //! nodes, and only through `sluice-client` (no second wire
 //! implementation).
 
 pub mod align;
+pub mod consumer;
 pub mod metrics;
 pub mod queue;
 pub mod rate;

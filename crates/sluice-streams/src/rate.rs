@@ -41,6 +41,11 @@ impl<T: Clone> Ticker<T> {
         }
     }
 
+    /// Items observed and not yet used or skipped by a tick.
+    pub fn pending(&self) -> usize {
+        self.pending.values().map(Vec::len).sum()
+    }
+
     /// An item arrived (any order of sources; each source's in time order).
     pub fn observe(&mut self, item: Item<T>) {
         let q = self.pending.entry(item.source.clone()).or_default();

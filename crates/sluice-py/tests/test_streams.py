@@ -1,0 +1,121 @@
+"""Issue #18 from Python: streams across node processes (a broker and a
+recording node), lazy and eager routing, expiry, the operators with a
+controlled clock, the rate consumer's metrics, and the shared queue."""
+
+import shutil
+import tempfile
+from pathlib import Path
+
+import pytest
+
+import sluice
+from sluice.streams import (
+    Aligner,
+    Producer,
+    RateConsumer,
+    SharedQueue,
+    Subscriber,
+    Ticker,
+    realtime_accuracy,
+)
+
+from conftest import Node
+
+
+@pytest.fixture(scope="module")
+def edge():
+    d = Path(tempfile.mkdtemp(prefix="sluice-py-edge-"))
+    n = Node(d / "data")
+    yield n
+    n.stop()
+    shutil.rmtree(d, ignore_errors=True)
+
+
+def test_lazy_payloads_are_fetched_from_the_recording_node(client, edge):
+    np = pytest.importorskip("numpy")
+    cam = Producer(client, edge.addr, "pyroom", "cam", routing="lazy")
+    mic = Producer(client, edge.addr, "pyroom", "mic", routing="eager")
+    sub = Subscriber(client, "pyroom")
+    frame = np.arange(1000, dtype=np.float32)
+    h = cam.publish(frame, ts_us=5)
+    assert (h.source, h.seq, h.ts_us, h.size, h.eager) == ("cam", 0, 5, 4000, False)
+    assert h.node == edge.addr
+    mic.publish(b"hello", ts_us=6)
+    got = [sub.next(10), sub.next(10)]
+    assert [g.source for g in got] == ["cam", "mic"]
+    assert got[0].payload is None and bytes(got[1].payload) == b"hello"
+    back = np.frombuffer(sub.fetch(got[0]), dtype=np.float32)
+    assert (back == frame).all()
+    assert bytes(sub.fetch(got[1])) == b"hello"
+    assert sub.stats()["fetched"] == 1  # only the lazy payload moved
+
+
+def test_expired_payload_is_a_typed_error_naming_the_item(client, edge):
+    p = Producer(client, edge.addr, "pyexp", "s", keep_bytes=2500)
+    first = p.publish(b"a" * 1000, ts_us=1)
+    for _ in range(5):
+        p.publish(b"b" * 1000)
+    sub = Subscriber(client, "pyexp", from_ts_us=0)
+    h = sub.next(10)
+    assert h.seq == first.seq
+    with pytest.raises(sluice.PayloadExpired) as e:
+        sub.fetch(h)
+    assert "payload of stream item pyexp/s #0" in str(e.value)
+    assert e.value.details["stream_source"] == "s"
+
+
+def test_aligner_and_ticker_with_a_controlled_clock():
+    a = Aligner(["x", "y"], max_skew=10, fail_soft="partial")
+    assert a.push("x", 100, "x1") == []
+    [(ts, slots)] = a.push("y", 105, "y1")
+    assert ts == 100 and slots == [("fresh", "x", 100, "x1"), ("fresh", "y", 105, "y1")]
+    assert a.push("x", 200, "x2") == []
+    [(ts, slots)] = a.advance(211)
+    assert ts == 200 and slots == [("fresh", "x", 200, "x2"), None]
+
+    # Section 5.2's shape: ticks every 10 from 0; the last known item of
+    # each source at each tick, items overtaken between ticks skipped.
+    t = Ticker(["x"], first=0, period=10)
+    for ts in (1, 4, 7, 12):
+        t.observe("x", ts, f"v{ts}")
+    ticks = t.tick_until(20)
+    assert [(ts, s[0][3] if s[0] else None) for ts, s in ticks] == [(0, None), (10, "v7"), (20, "v12")]
+    assert (t.used, t.skipped) == (2, 2)
+    assert realtime_accuracy([(10, "a"), (20, "b")], [(0, "a"), (15, "c")]) == 0.5
+
+
+def test_rate_consumer_skips_items_between_ticks_and_reports_metrics(client, edge):
+    p = Producer(client, edge.addr, "pyrate", "s", routing="lazy")
+    c = RateConsumer(client, "pyrate", ["s"], period_s=0.05)
+    for i in range(20):
+        p.publish(b"%d" % i)
+    ts, slots = c.tick()
+    while slots[0] is None or slots[0][1].seq < 19:
+        ts, slots = c.tick()
+    [payload] = c.payloads([slots[0][1]])
+    assert bytes(payload) == b"19"
+    c.predicted("x")
+    c.truth(0, "x")
+    m = c.metrics()
+    assert m["fetched"] == 1, m  # one payload moved for 20 items
+    assert m["skipped"] >= 1 and m["predictions"] == 1
+    assert m["realtime_accuracy"] == 1.0
+
+
+def test_shared_queue_each_item_to_one_consumer_and_redelivery(client):
+    a = SharedQueue(client, "pyq", "a", lease_s=0.3)
+    b = SharedQueue(client, "pyq", "b", lease_s=5)
+    for i in range(3):
+        a.push(b"job%d" % i)
+    held = a.take(5)  # a takes one and never acknowledges it
+    assert held.delivery == 1
+    seen = {}
+    while len(seen) < 3:
+        d = b.take(10)
+        assert d is not None
+        seen[bytes(d.value)] = d.delivery
+        b.ack(d)
+    assert seen[bytes(held.value)] == 2 and sorted(seen.values()) == [1, 1, 2]
+    assert b.redelivered == 1 and b.backlog() == 0
+    with pytest.raises(sluice.VersionConflict):
+        a.ack(held)  # its lease ran out; b took it over
