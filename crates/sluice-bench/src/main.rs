@@ -6,7 +6,7 @@
 //! Modules: `harness` (node processes, histograms, drivers, report),
 //! `peers` (what is measured and compared with), `procs` (a local
 //! cluster), `etcd`, and the benchmarks: `single` (one node),
-//! `cluster` and `broadcast`. Each depends only on those before it in this
+//! `cluster`, `broadcast` and `streams`. Each depends only on those before it in this
 //! list.
 
 mod broadcast;
@@ -16,6 +16,7 @@ mod harness;
 mod peers;
 mod procs;
 mod single;
+mod streams;
 
 use anyhow::Result;
 use clap::Parser;
@@ -62,6 +63,10 @@ pub enum BenchWhat {
     /// bandwidth limited: pipelined chain, binary tree and one-to-each,
     /// next to a single transfer.
     Broadcast(broadcast::BroadcastBenchArgs),
+    /// Streams (EdgeServe): lazy vs eager working time with skipped
+    /// frames, a bandwidth-limited broker link, publish latency vs size
+    /// and the measured lazy/eager break-even (node processes).
+    Streams(streams::StreamsBenchArgs),
     /// The Python client next to the Rust client (get latency, asyncio put
     /// throughput), one node, one run: runs `python -m sluice.bench`.
     Python(PythonBenchArgs),
@@ -274,6 +279,7 @@ pub fn run(a: BenchArgs, json: bool) -> Result<()> {
         Some(BenchWhat::Persistent(p)) => single::persistent_bench(p, json),
         Some(BenchWhat::Cluster(c)) => cluster::run(c, json),
         Some(BenchWhat::Broadcast(b)) => broadcast::run(b, json),
+        Some(BenchWhat::Streams(s)) => streams::run(s, json),
         Some(BenchWhat::Core(c)) => single::core(c, json),
         Some(BenchWhat::Python(p)) => python_bench(p, json),
         Some(BenchWhat::PythonUdl(p)) => python_udl_bench(p, json),
