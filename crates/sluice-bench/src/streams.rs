@@ -49,7 +49,8 @@ fn start_node(config: &std::path::Path) -> Result<ChildNode> {
 }
 
 pub fn run(a: StreamsBenchArgs, json_out: bool) -> Result<()> {
-    let cfg = std::env::temp_dir().join(format!("sluice-bench-streams-{}.toml", std::process::id()));
+    let cfg =
+        std::env::temp_dir().join(format!("sluice-bench-streams-{}.toml", std::process::id()));
     std::fs::write(&cfg, "[persistent]\nsync = \"never\"\n")?;
     let broker = start_node(&cfg)?;
     let edge = start_node(&cfg)?;
@@ -62,7 +63,10 @@ pub fn run(a: StreamsBenchArgs, json_out: bool) -> Result<()> {
     rt.block_on(async {
         let b = Client::connect(&broker.addr).await?;
         if want("routing") {
-            report.insert("routing".into(), routing(&a, &b, &broker.addr, &edge.addr).await?);
+            report.insert(
+                "routing".into(),
+                routing(&a, &b, &broker.addr, &edge.addr).await?,
+            );
         }
         if want("link") {
             report.insert("link".into(), link(&a, &b, &broker.addr, &edge.addr).await?);
@@ -119,13 +123,25 @@ async fn consume(broker: &Client, topic: &str, frames: u64, every: u64) -> Resul
             .context("the subscription ended")??;
         if h.seq % every == 0 {
             let p = f.fetch(&h).await?;
-            anyhow::ensure!(p[..8] == h.seq.to_le_bytes(), "frame {} is not its own", h.seq);
+            anyhow::ensure!(
+                p[..8] == h.seq.to_le_bytes(),
+                "frame {} is not its own",
+                h.seq
+            );
         }
     }
-    Ok((start.elapsed().as_secs_f64(), sub.received_bytes + f.fetched_bytes))
+    Ok((
+        start.elapsed().as_secs_f64(),
+        sub.received_bytes + f.fetched_bytes,
+    ))
 }
 
-async fn routing(a: &StreamsBenchArgs, b: &Client, broker: &str, edge: &str) -> Result<serde_json::Value> {
+async fn routing(
+    a: &StreamsBenchArgs,
+    b: &Client,
+    broker: &str,
+    edge: &str,
+) -> Result<serde_json::Value> {
     let mut rows = Vec::new();
     for (skip, every) in [(0, 1u64), (50, 2), (90, 10)] {
         let mut t = serde_json::Map::new();
@@ -158,7 +174,9 @@ async fn paced_proxy(target: String, mbps: u64) -> Result<String> {
     let next_free = Arc::new(parking_lot::Mutex::new(Instant::now()));
     tokio::spawn(async move {
         while let Ok((inbound, _)) = l.accept().await {
-            let Ok(outbound) = tokio::net::TcpStream::connect(&target).await else { continue };
+            let Ok(outbound) = tokio::net::TcpStream::connect(&target).await else {
+                continue;
+            };
             let _ = inbound.set_nodelay(true);
             let _ = outbound.set_nodelay(true);
             let (ri, wi) = inbound.into_split();
@@ -199,13 +217,28 @@ async fn pace(
     }
 }
 
-async fn link(a: &StreamsBenchArgs, b: &Client, broker: &str, edge: &str) -> Result<serde_json::Value> {
+async fn link(
+    a: &StreamsBenchArgs,
+    b: &Client,
+    broker: &str,
+    edge: &str,
+) -> Result<serde_json::Value> {
     // Every frame used: what lazy saves here is only the broker link.
     let frames = a.frames.min(20);
     let mut topics = Vec::new();
     for (name, routing) in [("eager", Routing::Eager), ("lazy", Routing::Lazy)] {
         let topic = format!("table1-{name}");
-        record(b, edge, &topic, routing, &StreamsBenchArgs { frames, ..a.clone() }).await?;
+        record(
+            b,
+            edge,
+            &topic,
+            routing,
+            &StreamsBenchArgs {
+                frames,
+                ..a.clone()
+            },
+        )
+        .await?;
         topics.push((name, topic));
     }
     let mut rows = Vec::new();
@@ -223,7 +256,11 @@ async fn link(a: &StreamsBenchArgs, b: &Client, broker: &str, edge: &str) -> Res
         }
         eprintln!(
             "link: broker link {}: eager {:.1} frames/s, lazy {:.1} frames/s",
-            if mbps == 0 { "unlimited".to_string() } else { format!("{mbps} MB/s") },
+            if mbps == 0 {
+                "unlimited".to_string()
+            } else {
+                format!("{mbps} MB/s")
+            },
             r["eager"]["frames_per_s"],
             r["lazy"]["frames_per_s"]
         );
@@ -233,13 +270,32 @@ async fn link(a: &StreamsBenchArgs, b: &Client, broker: &str, edge: &str) -> Res
 }
 
 async fn publish(a: &StreamsBenchArgs, b: &Client, edge: &str) -> Result<serde_json::Value> {
-    let sizes: [u64; 7] = [256, 4 << 10, 64 << 10, 256 << 10, 1 << 20, 4 << 20, 16 << 20];
+    let sizes: [u64; 7] = [
+        256,
+        4 << 10,
+        64 << 10,
+        256 << 10,
+        1 << 20,
+        4 << 20,
+        16 << 20,
+    ];
     let mut rows = Vec::new();
     for (i, &size) in sizes.iter().enumerate() {
         let mut r = json!({"bytes": size});
         for (name, routing) in [("eager", Routing::Eager), ("lazy", Routing::Lazy)] {
             let topic = format!("fig4-{i}-{name}");
-            let mut p = Producer::new(b.clone(), edge, &topic, "s", routing, Keep { for_s: 60, bytes: Some(64 << 20) }).await?;
+            let mut p = Producer::new(
+                b.clone(),
+                edge,
+                &topic,
+                "s",
+                routing,
+                Keep {
+                    for_s: 60,
+                    bytes: Some(64 << 20),
+                },
+            )
+            .await?;
             let payload = Bytes::from(vec![7u8; size as usize]);
             let mut h = hist();
             for _ in 0..a.reps {
@@ -247,7 +303,8 @@ async fn publish(a: &StreamsBenchArgs, b: &Client, edge: &str) -> Result<serde_j
                 p.publish(None, payload.clone()).await?;
                 h.record(t.elapsed().as_micros() as u64)?;
             }
-            r[name] = json!({"p50_us": h.value_at_quantile(0.5), "p99_us": h.value_at_quantile(0.99)});
+            r[name] =
+                json!({"p50_us": h.value_at_quantile(0.5), "p99_us": h.value_at_quantile(0.99)});
         }
         eprintln!(
             "publish: {:>9} B: eager p50 {} µs, lazy p50 {} µs",
@@ -255,13 +312,27 @@ async fn publish(a: &StreamsBenchArgs, b: &Client, edge: &str) -> Result<serde_j
         );
         rows.push(r);
     }
-    let mut p = Producer::new(b.clone(), edge, "fig4-auto", "s", Routing::Lazy, Keep::default()).await?;
+    let mut p = Producer::new(
+        b.clone(),
+        edge,
+        "fig4-auto",
+        "s",
+        Routing::Lazy,
+        Keep::default(),
+    )
+    .await?;
     let be = p
-        .calibrate(&[1 << 10, 16 << 10, 64 << 10, 256 << 10, 1 << 20, 4 << 20], 7)
+        .calibrate(
+            &[1 << 10, 16 << 10, 64 << 10, 256 << 10, 1 << 20, 4 << 20],
+            7,
+        )
         .await?;
     eprintln!(
         "publish: measured lazy/eager break-even (publish + read + fetch of a used item): {}",
-        be.bytes.map_or("none (eager faster at every size)".into(), |b| format!("{b} bytes"))
+        be.bytes
+            .map_or("none (eager faster at every size)".into(), |b| format!(
+                "{b} bytes"
+            ))
     );
     // Where the producer alone stops paying for lazy's second put.
     let producer_side = rows

@@ -340,3 +340,41 @@ fn aggregate_and_rate_vertices_emit_tuples_of_headers() {
         assert_eq!(f.fetch(&slot(1)).await.unwrap(), Bytes::from("at 1010"));
     });
 }
+
+/// A graph feeds a shared queue: every object the `shared_queue` vertex
+/// gets becomes one item, taken once.
+#[test]
+fn a_dfg_vertex_feeds_a_shared_queue() {
+    let n = start_node();
+    rt().block_on(async {
+        let c = Client::connect(&n.addr).await.unwrap();
+        let mut q = SharedQueue::open(c.clone(), "fed", "w", Duration::from_secs(30))
+            .await
+            .unwrap();
+        c.dfg_apply(
+            r#"[{"id": "feed", "graph": [{"pathname": "/trig/jobs",
+                "user_defined_logic_list": ["shared_queue"],
+                "destinations": [{"/queues/fed/items": "put"}]}]}]"#,
+        )
+        .await
+        .unwrap();
+        for i in 0..3 {
+            c.trigger_put(&format!("/trig/jobs/{i}"), format!("job-{i}"))
+                .await
+                .unwrap();
+        }
+        let mut got = Vec::new();
+        while got.len() < 3 {
+            let d = q
+                .take(Duration::from_secs(10), Duration::from_millis(20))
+                .await
+                .unwrap()
+                .expect("an item within 10 s");
+            got.push(String::from_utf8(d.value.to_vec()).unwrap());
+            q.ack(&d).await.unwrap();
+        }
+        got.sort();
+        assert_eq!(got, ["job-0", "job-1", "job-2"]);
+        assert_eq!(q.try_take().await.unwrap().map(|d| d.id), None);
+    });
+}

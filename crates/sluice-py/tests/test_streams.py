@@ -119,3 +119,30 @@ def test_shared_queue_each_item_to_one_consumer_and_redelivery(client):
     assert b.redelivered == 1 and b.backlog() == 0
     with pytest.raises(sluice.VersionConflict):
         a.ack(held)  # its lease ran out; b took it over
+
+
+def test_the_ensemble_example_runs_on_node_processes():
+    """examples/streams/ensemble.py end to end, shortened: both modes
+    predict at the target frequency from four sensor nodes."""
+    import json
+    import subprocess
+    import sys
+
+    pytest.importorskip("sklearn")
+    from conftest import ROOT, sluice_bin
+
+    out = subprocess.run(
+        [sys.executable, str(ROOT / "examples/streams/ensemble.py"), "--freqs", "10",
+         "--seconds", "1.5", "--json"],
+        capture_output=True, text=True, timeout=300,
+        env={**__import__("os").environ, "SLUICE_BIN": sluice_bin()},
+    )
+    assert out.returncode == 0, out.stderr
+    rows = json.loads(out.stdout)
+    assert [(r["target_hz"], r["delay_ms"]) for r in rows] == [(10.0, 0), (10.0, 400)]
+    for r in rows:
+        for mode in ("centralized", "decentralized"):
+            m = r[mode]
+            assert m["predictions"] >= 5 and 5 <= m["frequency_hz"] <= 15, m
+            assert m["skipped"] > 0 and m["fetched"] < m["received"], m
+    assert rows[0]["decentralized"]["realtime_accuracy"] > 0.5

@@ -1,6 +1,6 @@
 //! Sluice's built-in lambdas (UDLs): `relay`, `log`, `notify`, `onnx`,
-//! `stream_aggregate` and `stream_rate` (EdgeServe's operators over a
-//! topic's headers), and `python` (Python classes in worker processes over
+//! `stream_aggregate`, `stream_rate` (EdgeServe's operators over a
+//! topic's headers) and `shared_queue` (feeds a shared queue), and `python` (Python classes in worker processes over
 //! shared memory).
 //!
 //! A node's registry starts from [`registry`]; add your own UDLs to it
@@ -53,6 +53,9 @@ pub fn register_all(r: &mut Registry) {
     });
     r.register("stream_rate", |c: &Value, ctx: &Context| {
         streams::Rate::from_config(c, ctx).map(|u| Arc::new(u) as Arc<dyn Udl>)
+    });
+    r.register("shared_queue", |_: &Value, ctx: &Context| {
+        Ok(Arc::new(streams::QueueFeed::new(ctx)) as Arc<dyn Udl>)
     });
     r.register("python", |c: &Value, ctx: &Context| {
         python::PythonUdl::from_config(c, ctx).map(|u| Arc::new(u) as Arc<dyn Udl>)

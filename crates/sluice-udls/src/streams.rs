@@ -12,6 +12,13 @@
 //! Config: `{"sources": ["cam", "mic"], "fail_soft": "drop" |
 //! "last_known_good" | "partial"}` plus `max_skew_ms` (aggregate) or
 //! `period_ms` and optionally `max_age_ms` (rate).
+//!
+//! `shared_queue` feeds a shared queue from a graph: each object it gets
+//! is emitted under a fresh item id (`/<time>-n<node>-<seq>`, ordered by
+//! time), so with the destination `/queues/<name>/items` every input
+//! becomes one item that competing consumers (`sluice queue take`,
+//! `sluice_streams::shared::SharedQueue`, `sluice.streams.SharedQueue`)
+//! take, each item once, redelivered if a consumer dies mid-item.
 
 use bytes::Bytes;
 use parking_lot::Mutex;
@@ -172,5 +179,33 @@ impl Udl for Rate {
             t.tick_until(now)
         };
         emit_all(tuples, &self.sources, &topic, emit)
+    }
+}
+
+pub struct QueueFeed {
+    node: u32,
+    seq: std::sync::atomic::AtomicU64,
+}
+
+impl QueueFeed {
+    pub fn new(ctx: &Context) -> QueueFeed {
+        QueueFeed {
+            node: ctx.node_id,
+            seq: std::sync::atomic::AtomicU64::new(0),
+        }
+    }
+}
+
+impl Udl for QueueFeed {
+    fn handle(
+        &self,
+        call: &Upcall<'_>,
+        emit: &mut Emitter<'_>,
+        _: &Context,
+    ) -> Result<(), UdlError> {
+        let seq = self.seq.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let id = format!("/{:020}-n{}-{seq}", sluice_types::wall_us(), self.node);
+        emit.emit(&id, call.object.value.clone())?;
+        Ok(())
     }
 }
