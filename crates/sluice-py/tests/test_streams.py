@@ -16,6 +16,7 @@ from sluice.streams import (
     SharedQueue,
     Subscriber,
     Ticker,
+    decode_tuple,
     realtime_accuracy,
 )
 
@@ -146,3 +147,32 @@ def test_the_ensemble_example_runs_on_node_processes():
             assert m["predictions"] >= 5 and 5 <= m["frequency_hz"] <= 15, m
             assert m["skipped"] > 0 and m["fetched"] < m["received"], m
     assert rows[0]["decentralized"]["realtime_accuracy"] > 0.5
+
+
+def test_the_readme_streams_example_runs(node, edge, capsys):
+    """README's Streams section: its Python block, against a broker and an
+    edge node, on a topic of its own."""
+    import re
+
+    from test_readme import README
+
+    text = README.read_text()
+    section = text.split("\n## Streams from the edge", 1)[1].split("\n## ", 1)[0]
+    code = re.findall(r"```python\n(.*?)```", section, re.S)[0]
+    code = code.replace("127.0.0.1:7420", node.addr).replace("127.0.0.1:7421", edge.addr)
+    exec(compile(code.replace('"room"', '"readme-room"'), "README streams", "exec"), {})
+    out = capsys.readouterr().out
+    assert f"cam 0 11 stays on {edge.addr}" in out and "b'frame bytes'" in out
+    # Its graph, applied: a cam and a mic item 10 ms apart make a tuple.
+    graph = re.findall(r"```json\n(.*?)```", section, re.S)[0]
+    client = sluice.Client(node.addr)
+    client.dfg_apply(graph.replace("/streams/room", "/streams/readme-dfg").replace('"room"', '"readme-dfg"'))
+    w = client.watch("/trig/tuples")
+    Producer(client, edge.addr, "readme-dfg", "cam").publish(b"c", ts_us=1_000_000)
+    Producer(client, edge.addr, "readme-dfg", "mic", routing="eager").publish(b"m", ts_us=1_010_000)
+    n = w.next(10)
+    assert n is not None and n.key == "/trig/tuples/readme-dfg"
+    ts, slots = decode_tuple(n.value)
+    assert ts == 1_000_000 and [(st, h.source) for st, h in slots] == [("fresh", "cam"), ("fresh", "mic")]
+    w.close()
+    client.close()
