@@ -6,18 +6,20 @@ process; a broker node holds the topics. The stream replays test samples
 in real time, one every --step-ms, the class changing every --segment
 samples; the ground truth is the class of the sample being recorded.
 
-- centralized: sensors publish raw features (lazy); the consumer, at the
-  target frequency, fetches each sensor's last known features, joins them
-  and runs one model over all 64;
+- centralized: sensors publish raw features (lazy); the consumer aligns
+  them (one item per sensor from the same moment, `Aligner`) and, at the
+  target frequency, fetches the newest complete tuple's features, joins
+  them and runs one model over all 64;
 - decentralized: each sensor runs a local model over its 16 features and
-  publishes its class probabilities; the consumer averages the last known
-  ones (an ensemble).
+  publishes its class probabilities; the consumer (`RateConsumer`)
+  averages the last known ones at each tick (an ensemble).
 
 Each prediction is scored against the truth at the time it is made
 (real-time accuracy). With one sensor delayed by a constant (--delay-ms:
-its items arrive late), the centralized model joins stale features with
-fresh ones and degrades more than the ensemble, which is the paper's
-point. Run:
+its items arrive late), the centralized model can only predict for moments
+every sensor has reported, so all its predictions lag by the delay, while
+the ensemble lets one voter be late: the paper's point, decentralized
+degrades less. Run:
 
     python examples/streams/ensemble.py            # about 1.5 minutes
     python examples/streams/ensemble.py --json     # machine-readable
@@ -46,7 +48,7 @@ from sklearn.linear_model import LogisticRegression
 from sklearn.model_selection import train_test_split
 
 import sluice
-from sluice.streams import Producer, RateConsumer
+from sluice.streams import Aligner, Producer, RateConsumer, Subscriber, realtime_accuracy
 
 ROOT = Path(__file__).resolve().parents[2]
 SENSORS = ["s0", "s1", "s2", "s3"]
@@ -122,14 +124,13 @@ def run_once(nodes, mode, freq_hz, delay_ms, args, m, run_id):
     topic = f"ens-{run_id}"
     step = args.step_ms / 1000.0
     n_steps = int(args.seconds / step)
-    order = schedule(Xte, yte, n_steps, args.segment, seed=run_id)
+    # Both modes replay the same samples at a given frequency and delay.
+    order = schedule(Xte, yte, n_steps, args.segment, seed=int(freq_hz * 1000) + delay_ms)
     t0 = time.time() + 0.5  # everyone starts together, on the wall clock
     producers = [
         Producer(broker, nodes.addrs[1 + i], topic, s, routing="lazy") for i, s in enumerate(SENSORS)
     ]
-    consumer = RateConsumer(broker, topic, SENSORS, period_s=1.0 / freq_hz)
-    for k, idx in enumerate(order):
-        consumer.truth(int((t0 + k * step) * 1e6), str(int(yte[idx])))
+    truth = [(int((t0 + k * step) * 1e6), str(int(yte[idx]))) for k, idx in enumerate(order)]
 
     def sensor(i: int):
         g, delay = groups[i], (delay_ms / 1000.0 if i == 0 else 0.0)
@@ -140,25 +141,72 @@ def run_once(nodes, mode, freq_hz, delay_ms, args, m, run_id):
             value = local[i].predict_proba(x[None, :])[0].astype(np.float32) if mode == "decentralized" else x
             producers[i].publish(value, ts_us=int(at * 1e6))
 
+    consume = decentralized if mode == "decentralized" else centralized
+    out = consume(broker, topic, freq_hz, t0, t0 + n_steps * step, step, truth, central, sensor)
+    broker.close()
+    return out
+
+
+def start_sensors(sensor):
     threads = [threading.Thread(target=sensor, args=(i,), daemon=True) for i in range(len(SENSORS))]
     for t in threads:
         t.start()
-    end = t0 + n_steps * step
+    return threads
+
+
+def decentralized(broker, topic, freq_hz, t0, end, step, truth, central, sensor):
+    """At each tick, average the last known local predictions (stale ones
+    included: the ensemble tolerates one late voter)."""
+    consumer = RateConsumer(broker, topic, SENSORS, period_s=1.0 / freq_hz)
+    for ts, label in truth:
+        consumer.truth(ts, label)
+    threads = start_sensors(sensor)
     while time.time() < end:
         ts, slots = consumer.tick()
         if ts < t0 * 1e6 or any(s is None for s in slots):
             continue
         payloads = [np.frombuffer(p, dtype=np.float32) for p in consumer.payloads([s[1] for s in slots])]
-        if mode == "decentralized":
-            label = int(np.argmax(np.mean(payloads, axis=0)))
-        else:
-            label = int(central.predict(np.concatenate(payloads)[None, :])[0])
-        consumer.predicted(str(label))
+        consumer.predicted(str(int(np.argmax(np.mean(payloads, axis=0)))))
     for t in threads:
         t.join()
-    out = consumer.metrics()
-    broker.close()
-    return out
+    return consumer.metrics()
+
+
+def centralized(broker, topic, freq_hz, t0, end, step, truth, central, sensor):
+    """Raw features must describe one moment: at each tick, predict from the
+    newest tuple the aligner completed (one item per sensor within half a
+    step), so a late sensor holds every prediction back."""
+    sub = Subscriber(broker, topic)
+    aligner = Aligner(SENSORS, max_skew=int(step * 1e6 / 2), fail_soft="drop")
+    threads = start_sensors(sensor)
+    period, next_tick = 1.0 / freq_hz, time.time() + 1.0 / freq_hz
+    newest, predictions, used = None, [], 0
+    while time.time() < end:
+        h = sub.next(timeout_s=max(0.0, next_tick - time.time()))
+        if h is not None:
+            for _, slots in aligner.push(h.source, h.ts_us, h):
+                newest = [s[3] for s in slots]
+        if time.time() < next_tick:
+            continue
+        next_tick += period
+        if newest is None:
+            continue
+        x = np.concatenate([np.frombuffer(sub.fetch(hh), dtype=np.float32) for hh in newest])
+        used += len(newest)
+        predictions.append((int(time.time() * 1e6), str(int(central.predict(x[None, :])[0]))))
+    for t in threads:
+        t.join()
+    times = np.diff([p[0] for p in predictions]) / 1e3
+    stats = sub.stats()
+    return {
+        "realtime_accuracy": realtime_accuracy(predictions, truth),
+        "predictions": len(predictions),
+        "frequency_hz": 1e3 / times.mean() if len(times) else None,
+        "interval_std_ms": float(times.std()) if len(times) else None,
+        "fetched": stats["fetched"],
+        "received": stats["received"],
+        "skipped": stats["received"] - aligner.waiting - used,
+    }
 
 
 def main():

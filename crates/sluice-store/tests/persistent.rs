@@ -180,18 +180,7 @@ fn retention_drops_old_versions_of_its_pool_only() {
     use sluice_types::pool::Retention;
     let _d_dir = dir();
     let d = _d_dir.path();
-    let s = Store::open(StoreConfig {
-        layout: Layout {
-            version: 1,
-            volatile: vec![1],
-            trigger: vec![1],
-            persistent: vec![1],
-        },
-        persistent_dir: Some(d.join("persistent")),
-        persistent_segment_bytes: 1024,
-        ..Default::default()
-    })
-    .unwrap();
+    let s = one_shard_store(d, 1024);
     let e = s
         .create_pool(&PoolSpec {
             pathname: "/v".into(),
@@ -282,18 +271,7 @@ fn reads_honour_retention_before_compaction_and_name_it() {
     use sluice_types::pool::Retention;
     let _d_dir = dir();
     let d = _d_dir.path();
-    let s = Store::open(StoreConfig {
-        layout: Layout {
-            version: 1,
-            volatile: vec![1],
-            trigger: vec![1],
-            persistent: vec![1],
-        },
-        persistent_dir: Some(d.join("persistent")),
-        persistent_segment_bytes: 256,
-        ..Default::default()
-    })
-    .unwrap();
+    let s = one_shard_store(d, 256);
     s.create_pool(&PoolSpec {
         pathname: "/r".into(),
         pool_type: Some(PoolType::Persistent),
@@ -470,18 +448,7 @@ fn retention_by_bytes_keeps_the_newest_within_the_budget() {
     use sluice_types::pool::Retention;
     let _d_dir = dir();
     let d = _d_dir.path();
-    let s = Store::open(StoreConfig {
-        layout: Layout {
-            version: 1,
-            volatile: vec![1],
-            trigger: vec![1],
-            persistent: vec![1],
-        },
-        persistent_dir: Some(d.join("persistent")),
-        persistent_segment_bytes: 4096,
-        ..Default::default()
-    })
-    .unwrap();
+    let s = one_shard_store(d, 4096);
     s.create_pool(&PoolSpec {
         pathname: "/b".into(),
         pool_type: Some(PoolType::Persistent),
@@ -515,4 +482,21 @@ fn retention_by_bytes_keeps_the_newest_within_the_budget() {
         s.get("/b/k", None, None).unwrap().value,
         Bytes::from(vec![19u8; 1000])
     );
+}
+
+/// A store of one shard per pool type, persistent shards in `d` with
+/// segments of `segment_bytes`.
+fn one_shard_store(d: &std::path::Path, segment_bytes: u64) -> Store {
+    Store::open(StoreConfig {
+        layout: Layout {
+            version: 1,
+            volatile: vec![1],
+            trigger: vec![1],
+            persistent: vec![1],
+        },
+        persistent_dir: Some(d.join("persistent")),
+        persistent_segment_bytes: segment_bytes,
+        ..Default::default()
+    })
+    .unwrap()
 }

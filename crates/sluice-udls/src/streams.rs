@@ -74,22 +74,22 @@ fn ms(c: &Value, field: &str) -> Result<Option<u64>, String> {
     }
 }
 
-/// The header of this upcall, as an operator item (its value the header's
-/// wire bytes, passed on unchanged).
-fn item(call: &Upcall<'_>) -> Result<(Item<Bytes>, String), UdlError> {
+/// Runs an operator on this upcall's header (an item whose value is the
+/// header's wire bytes, passed on unchanged; reserved sources skipped)
+/// and emits the tuples it yields under `/<topic>`.
+fn operate(
+    call: &Upcall<'_>,
+    emit: &mut Emitter<'_>,
+    sources: &[String],
+    op: impl FnOnce(Item<Bytes>) -> Vec<Tuple<Bytes>>,
+) -> Result<(), UdlError> {
     let v = &call.object.value;
     let h = Header::decode(v).map_err(|e| UdlError::Failed(format!("{}: {e}", call.key)))?;
-    Ok((Item::new(&h.source, h.ts_us, v.clone()), h.topic))
-}
-
-fn emit_all(
-    tuples: Vec<Tuple<Bytes>>,
-    sources: &[String],
-    topic: &str,
-    emit: &mut Emitter<'_>,
-) -> Result<(), UdlError> {
-    for t in tuples {
-        emit.emit(&format!("/{topic}"), encode_tuple(&t, sources))?;
+    if h.source.starts_with('_') {
+        return Ok(());
+    }
+    for t in op(Item::new(&h.source, h.ts_us, v.clone())) {
+        emit.emit(&format!("/{}", h.topic), encode_tuple(&t, sources))?;
     }
     Ok(())
 }
@@ -118,18 +118,13 @@ impl Udl for Aggregate {
         emit: &mut Emitter<'_>,
         _: &Context,
     ) -> Result<(), UdlError> {
-        let (item, topic) = item(call)?;
-        if item.source.starts_with('_') {
-            return Ok(());
-        }
-        let now = item.ts;
-        let tuples = {
+        operate(call, emit, &self.sources, |item| {
+            let now = item.ts;
             let mut a = self.aligner.lock();
             let mut t = a.push(item);
             t.extend(a.advance(now));
             t
-        };
-        emit_all(tuples, &self.sources, &topic, emit)
+        })
     }
 }
 
@@ -164,12 +159,8 @@ impl Udl for Rate {
         emit: &mut Emitter<'_>,
         _: &Context,
     ) -> Result<(), UdlError> {
-        let (item, topic) = item(call)?;
-        if item.source.starts_with('_') {
-            return Ok(());
-        }
-        let now = item.ts;
-        let tuples = {
+        operate(call, emit, &self.sources, |item| {
+            let now = item.ts;
             let mut g = self.ticker.lock();
             let t = g.get_or_insert_with(|| {
                 let names: Vec<&str> = self.sources.iter().map(String::as_str).collect();
@@ -177,8 +168,7 @@ impl Udl for Rate {
             });
             t.observe(item);
             t.tick_until(now)
-        };
-        emit_all(tuples, &self.sources, &topic, emit)
+        })
     }
 }
 
