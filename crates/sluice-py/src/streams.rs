@@ -116,6 +116,7 @@ pub struct StreamProducer {
 impl StreamProducer {
     #[new]
     #[pyo3(signature = (broker, local_addr, topic, source, routing = "lazy", keep_for_s = 60, keep_bytes = None))]
+    #[allow(clippy::too_many_arguments)] // Python's keyword arguments
     fn new(
         py: Python<'_>,
         broker: &Client,

@@ -383,7 +383,6 @@ impl Fetcher {
             stream_source: h.source.clone(),
             seq: h.seq,
             ts_us: h.ts_us,
-            key: key.clone(),
             version,
             reason,
         };

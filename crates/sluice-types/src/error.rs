@@ -43,13 +43,13 @@ pub enum SluiceError {
     VersionNotRetained { key: String, reason: String },
     /// A stream item's payload was fetched after the recording node's
     /// retention dropped it (EdgeServe's payload timeout).
-    #[error("payload of stream item {topic}/{stream_source} #{seq} (recorded at {ts_us} µs, {key} version {version}) expired: {reason}")]
+    /// (Its payload was version `version` of `/edge/<topic>/<source>`.)
+    #[error("payload of stream item {topic}/{stream_source} #{seq} (recorded at {ts_us} µs, version {version} on its recording node) expired: {reason}")]
     PayloadExpired {
         topic: String,
         stream_source: String,
         seq: u64,
         ts_us: u64,
-        key: String,
         version: u64,
         reason: String,
     },
