@@ -30,6 +30,10 @@ pub struct ServeArgs {
     /// (`<uuid> <udl>` per line; adds to the config's [udl_aliases]).
     #[arg(long)]
     udl_aliases: Option<PathBuf>,
+    /// Serve Prometheus metrics at http://ADDR/metrics (the config's
+    /// `[metrics] listen`; off by default).
+    #[arg(long, value_name = "ADDR")]
+    metrics: Option<SocketAddr>,
     /// Accept `sluice cluster cut/heal` (dropping links to peers): tests only.
     #[arg(long, hide = true)]
     fault_injection: bool,
@@ -70,6 +74,9 @@ pub fn load_config(a: &ServeArgs) -> Result<ServerConfig> {
     }
     if a.fault_injection {
         cfg.cluster.fault_injection = true;
+    }
+    if let Some(m) = a.metrics {
+        cfg.metrics.listen = Some(m);
     }
     if let Some(p) = &a.udl_aliases {
         let text =

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 mod common;
 
-use common::{spawn_node, start_node, temp_dir, Node, BIN};
+use common::{free_base, spawn_node, start_node, temp_dir, Node, BIN};
 
 impl Node {
     fn sluice(&self, args: &[&str]) -> Output {
@@ -1354,4 +1354,129 @@ fn place_plans_exports_and_reconfigures() {
         .output()
         .unwrap();
     assert!(!o.status.success());
+}
+
+/// `GET /metrics` on a node's Prometheus endpoint (HTTP/1.1, one request).
+fn scrape(addr: &str) -> Result<String, String> {
+    use std::io::Read;
+    let mut s = std::net::TcpStream::connect(addr).map_err(|e| e.to_string())?;
+    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    write!(
+        s,
+        "GET /metrics HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+    )
+    .map_err(|e| e.to_string())?;
+    let mut text = String::new();
+    s.read_to_string(&mut text).map_err(|e| e.to_string())?;
+    if !text.starts_with("HTTP/1.1 200") {
+        return Err(text);
+    }
+    Ok(text)
+}
+
+/// The value of the series `name` (with its labels as written), if shown.
+fn series(text: &str, name: &str) -> Option<f64> {
+    text.lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
+}
+
+/// Issue #19 (observability): the Prometheus endpoint shows each
+/// operation's count and latency by pool, bytes, connections, store
+/// operations and each UDL's calls and latency; a port already taken is
+/// a clear start-up error naming the setting.
+#[test]
+fn metrics_endpoint_shows_requests_by_op_and_pool_and_udl_calls() {
+    let dir = temp_dir("metrics");
+    let port = free_base(1);
+    let maddr = format!("127.0.0.1:{port}");
+    let n = spawn_node(
+        &dir,
+        &[
+            "--listen",
+            "127.0.0.1:0",
+            "--data-dir",
+            dir.join("data").to_str().unwrap(),
+            "--metrics",
+            &maddr,
+        ],
+    )
+    .unwrap();
+    n.ok(&["put", "/vol/m", "value"]);
+    assert_eq!(n.ok(&["get", "/vol/m"]), "value\n");
+    let f = dir.join("dfg.json");
+    std::fs::write(
+        &f,
+        r#"[{"id": "m", "graph": [{"pathname": "/trig/m", "user_defined_logic_list": ["relay"],
+             "destinations": [{"/vol/out": "put"}]}]}]"#,
+    )
+    .unwrap();
+    n.ok(&["dfg", "apply", f.to_str().unwrap()]);
+    n.ok(&["trigger", "/trig/m/a", "x"]);
+    // Mirrored series refresh every second: wait for them, bounded.
+    let want = [
+        r#"sluice_request_duration_seconds_count{op="put",pool="/vol"}"#,
+        r#"sluice_request_duration_seconds_count{op="get",pool="/vol"}"#,
+        r#"sluice_request_duration_seconds_count{op="trigger_put",pool="/trig"}"#,
+        r#"sluice_store_operations_total{op="put"}"#,
+        r#"sluice_udl_calls_total{graph="m",vertex="/trig/m",udl="relay"}"#,
+        r#"sluice_udl_duration_seconds_count{graph="m",vertex="/trig/m",udl="relay"}"#,
+        "sluice_connections_accepted_total",
+        "sluice_received_bytes_total",
+        "sluice_sent_bytes_total",
+    ];
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    let text = loop {
+        let text = scrape(&maddr).unwrap_or_default();
+        if want
+            .iter()
+            .all(|w| series(&text, w).is_some_and(|v| v >= 1.0))
+        {
+            break text;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "missing series; the endpoint shows:\n{text}"
+        );
+        // Wait on the node's own output rather than sleeping blind.
+        let _ = n.lines.recv_timeout(Duration::from_millis(100));
+    };
+    // Two puts (one by the CLI, one by the relay's `put` destination).
+    assert_eq!(
+        series(&text, r#"sluice_store_operations_total{op="put"}"#),
+        Some(2.0)
+    );
+    assert_eq!(
+        series(
+            &text,
+            r#"sluice_udl_failures_total{graph="m",vertex="/trig/m",udl="relay"}"#
+        ),
+        Some(0.0)
+    );
+    assert!(
+        text.contains("# TYPE sluice_request_duration_seconds histogram"),
+        "{text}"
+    );
+    assert!(
+        text.contains(r#"sluice_request_duration_seconds_bucket{op="get",pool="/vol",le="0.001"}"#),
+        "{text}"
+    );
+    assert!(
+        text.contains("# HELP sluice_request_duration_seconds"),
+        "{text}"
+    );
+    // The endpoint's port is taken: the second node refuses to start.
+    let dir2 = temp_dir("metrics-taken");
+    let e = serve_must_fail(
+        &dir2,
+        &[
+            "--listen",
+            "127.0.0.1:0",
+            "--data-dir",
+            dir2.join("data").to_str().unwrap(),
+            "--metrics",
+            &maddr,
+        ],
+    );
+    assert!(e.contains("metrics.listen = ") && e.contains(&maddr), "{e}");
+    let _ = std::fs::remove_dir_all(&dir2);
 }

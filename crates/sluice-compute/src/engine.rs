@@ -64,6 +64,32 @@ struct EntryStats {
     last_error: Mutex<Option<String>>,
 }
 
+/// One UDL's series on the node's metrics endpoint (no-ops when the node
+/// exports no metrics: handles registered before a recorder exists stay
+/// no-ops, which is why the server installs it before building graphs).
+struct EntryMetrics {
+    calls: metrics::Counter,
+    failures: metrics::Counter,
+    dropped: metrics::Counter,
+    duration: metrics::Histogram,
+}
+
+impl EntryMetrics {
+    fn new(graph: &str, vertex: &str, udl: &str) -> EntryMetrics {
+        let labels = [
+            ("graph", graph.to_string()),
+            ("vertex", vertex.to_string()),
+            ("udl", udl.to_string()),
+        ];
+        EntryMetrics {
+            calls: metrics::counter!("sluice_udl_calls_total", &labels),
+            failures: metrics::counter!("sluice_udl_failures_total", &labels),
+            dropped: metrics::counter!("sluice_udl_dropped_total", &labels),
+            duration: metrics::histogram!("sluice_udl_duration_seconds", &labels),
+        }
+    }
+}
+
 /// One UDL of one vertex, instantiated.
 struct Entry {
     graph: String,
@@ -75,6 +101,7 @@ struct Entry {
     dispatcher: ShardDispatcher,
     destinations: Vec<(String, DestMode)>,
     stats: EntryStats,
+    metrics: EntryMetrics,
 }
 
 /// Whether `g` is the graph `json` (normalized, as `Graph::to_json` writes it).
@@ -299,6 +326,7 @@ impl Engine {
                         dispatcher: u.dispatcher,
                         destinations: u.destinations.clone(),
                         stats: EntryStats::default(),
+                        metrics: EntryMetrics::new(&g.id, &v.pathname, &u.name),
                     }));
                 }
             }
@@ -619,6 +647,7 @@ impl DeliveryObserver for Engine {
                 Err(TrySendError::Full(_)) | Err(TrySendError::Disconnected(_)) => {
                     self.stats.dropped.fetch_add(1, Ordering::Relaxed);
                     entry.stats.dropped.fetch_add(1, Ordering::Relaxed);
+                    entry.metrics.dropped.increment(1);
                     tracing::warn!(key = %d.object.key, vertex = %entry.vertex, udl = %entry.name, worker = w, "upcall queue full; upcall refused");
                     first_err.get_or_insert(SluiceError::Unavailable {
                         reason: format!(
@@ -664,6 +693,8 @@ fn worker_loop(
         );
         stats.upcalls.fetch_add(1, Ordering::Relaxed);
         e.stats.calls.fetch_add(1, Ordering::Relaxed);
+        e.metrics.calls.increment(1);
+        let started = std::time::Instant::now();
         let span = tracing::debug_span!(
             "upcall",
             key = %job.object.key,
@@ -676,9 +707,13 @@ fn worker_loop(
         let _entered = span.enter();
         let result =
             std::panic::catch_unwind(AssertUnwindSafe(|| e.udl.handle(&call, &mut emitter, &ctx)));
+        e.metrics.duration.record(started.elapsed().as_secs_f64());
         e.stats
             .emitted
             .fetch_add(emitter.emitted() as u64, Ordering::Relaxed);
+        if !matches!(result, Ok(Ok(()))) {
+            e.metrics.failures.increment(1);
+        }
         match result {
             Ok(Ok(())) => {}
             Ok(Err(err)) => {

@@ -122,6 +122,17 @@ pub struct ServerConfig {
     /// Other names of UDLs in DFG files, e.g. Cascade's UDL UUIDs:
     /// `"<uuid>" = "python"`.
     pub udl_aliases: std::collections::BTreeMap<String, String>,
+    /// The Prometheus endpoint.
+    pub metrics: MetricsConfig,
+}
+
+/// `[metrics]`: the node's Prometheus endpoint (`GET /metrics`); off
+/// unless `listen` is set.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct MetricsConfig {
+    /// Where `/metrics` is served, e.g. "127.0.0.1:9420".
+    pub listen: Option<SocketAddr>,
 }
 
 impl Default for ServerConfig {
@@ -139,6 +150,7 @@ impl Default for ServerConfig {
             default_pools: sluice_types::pool::default_pools(),
             cluster: sluice_cluster::ClusterSettings::default(),
             udl_aliases: Default::default(),
+            metrics: MetricsConfig::default(),
         }
     }
 }

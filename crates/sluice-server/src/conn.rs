@@ -67,7 +67,13 @@ struct Conn {
     peer: Option<u32>,
     /// Set while re-running a request after a metadata catch-up (no second catch-up).
     retried_after_catch_up: bool,
+    /// The request being executed, when metrics are exported: its name,
+    /// its key's pool and when it was decoded. A deferred request takes
+    /// it along and records it when its reply is ready.
+    timing: Option<Timing>,
 }
+
+type Timing = (&'static str, String, std::time::Instant);
 
 /// A reply computed off the connection's task.
 enum Reply {
@@ -96,6 +102,7 @@ pub async fn serve_conn(ctx: Arc<ConnCtx>, mut sock: TcpStream, peer: SocketAddr
         handshaken: false,
         peer: None,
         retried_after_catch_up: false,
+        timing: None,
         ctx: ctx.clone(),
     };
     let span = tracing::debug_span!("conn", id, %peer);
@@ -117,6 +124,9 @@ pub async fn serve_conn(ctx: Arc<ConnCtx>, mut sock: TcpStream, peer: SocketAddr
 }
 
 async fn flush(sock: &mut TcpStream, out: &mut OutQueue) -> std::io::Result<()> {
+    if !out.is_empty() {
+        crate::metrics::sent(out.len());
+    }
     while !out.is_empty() {
         let mut slots = [IoSlice::new(&[]); 256];
         let n = out.io_slices(&mut slots);
@@ -202,7 +212,8 @@ impl Conn {
                             Close::Io(std::io::Error::new(std::io::ErrorKind::UnexpectedEof, "connection closed mid-frame"))
                         };
                     }
-                    Some(Ok(_)) => {
+                    Some(Ok(n)) => {
+                        crate::metrics::received(n);
                         match self.process(&mut rbuf) {
                             Err(c) => return c,
                             Ok(decoded) => {
@@ -418,7 +429,17 @@ impl Conn {
                 )),
             };
         }
+        if crate::metrics::handles().is_some() {
+            let pool = req
+                .object_key()
+                .and_then(|k| self.ctx.store.pool_path_of(k))
+                .unwrap_or_default();
+            self.timing = Some((req.name(), pool, std::time::Instant::now()));
+        }
         self.execute(rid, no_reply, req);
+        if let Some((op, pool, t0)) = self.timing.take() {
+            crate::metrics::request(op, pool, t0.elapsed());
+        }
         Ok(())
     }
 
@@ -457,8 +478,12 @@ impl Conn {
         }
         self.deferred_in_flight.fetch_add(1, Ordering::Relaxed);
         let (tx, count) = (self.deferred_tx.clone(), self.deferred_in_flight.clone());
+        let timing = self.timing.take();
         tokio::spawn(async move {
             let r = fut.await;
+            if let Some((op, pool, t0)) = timing {
+                crate::metrics::request(op, pool, t0.elapsed());
+            }
             if !no_reply || matches!(r, Reply::Retry(..)) {
                 let _ = tx.send((rid, r)).await;
             }

@@ -13,11 +13,14 @@
 mod config;
 mod conn;
 pub mod fsck;
+mod metrics;
 mod server;
 mod stats;
 mod watch;
 
-pub use config::{ComputeConfig, PersistentConfig, ServerConfig, Timeouts, DEFAULT_PORT};
+pub use config::{
+    ComputeConfig, MetricsConfig, PersistentConfig, ServerConfig, Timeouts, DEFAULT_PORT,
+};
 pub use server::{Server, ServerError};
 pub use sluice_compute::{Engine, Registry};
 pub use watch::WATCH_QUEUE_LEN;

@@ -215,6 +215,11 @@ impl Server {
                 addr: cfg.listen,
                 error,
             })?;
+        // Before the engine builds graphs: their UDLs' series register
+        // against the recorder installed here.
+        if let Some(addr) = cfg.metrics.listen {
+            crate::metrics::install(addr).map_err(ServerError::Config)?;
+        }
         let watches = Arc::new(WatchHub::default());
         store.add_observer(watches.clone());
         if cfg.persistent.enabled {
@@ -267,6 +272,7 @@ impl Server {
             shutdown_tx,
             shutdown_rx,
         });
+        crate::metrics::spawn_mirror(Arc::downgrade(&ctx));
         Ok(Server {
             listener,
             ctx,

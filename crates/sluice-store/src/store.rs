@@ -408,6 +408,16 @@ impl Store {
             })
     }
 
+    /// The path of the pool a key belongs to, if any (metrics label
+    /// requests with it; no key validation, no error).
+    pub fn pool_path_of(&self, key: &str) -> Option<String> {
+        self.pools
+            .load()
+            .table
+            .pool_of(key)
+            .map(|p| p.pathname.clone())
+    }
+
     /// The pool a key belongs to (deleted pools included, flagged).
     pub fn pool_of_key(&self, key: &str) -> Result<PoolMeta> {
         validate_key(key, self.cfg.max_key_bytes)?;

@@ -493,6 +493,54 @@ impl WireObject {
 }
 
 impl Request {
+    /// The request's name in metrics and logs (`put`, `get`, ...).
+    pub fn name(&self) -> &'static str {
+        match self {
+            Request::Hello { .. } => "hello",
+            Request::PeerAuth { .. } => "peer_auth",
+            Request::Ping => "ping",
+            Request::Put { .. } => "put",
+            Request::TriggerPut { .. } => "trigger_put",
+            Request::Remove { .. } => "remove",
+            Request::Get { .. } => "get",
+            Request::GetByTime { .. } => "get_by_time",
+            Request::GetSize { .. } => "get_size",
+            Request::ListKeys { .. } => "list_keys",
+            Request::MultiGet { .. } => "multi_get",
+            Request::PoolCreate { .. } => "pool_create",
+            Request::PoolRemove { .. } => "pool_remove",
+            Request::PoolPurge { .. } => "pool_purge",
+            Request::PoolList { .. } => "pool_list",
+            Request::PoolGet { .. } => "pool_get",
+            Request::PoolOfKey { .. } => "pool_of_key",
+            Request::Watch { .. } => "watch",
+            Request::Unwatch { .. } => "unwatch",
+            Request::Stats => "stats",
+            Request::DfgApply { .. } => "dfg_apply",
+            Request::DfgList => "dfg_list",
+            Request::DfgRemove { .. } => "dfg_remove",
+            Request::History { .. } => "history",
+            Request::ListKeysAt { .. } => "list_keys_at",
+            Request::Raft { .. } => "raft",
+            Request::Cluster { .. } => "cluster",
+        }
+    }
+
+    /// The object key a request reads or writes, for requests about one
+    /// object (metrics label them with the key's pool).
+    pub fn object_key(&self) -> Option<&str> {
+        match self {
+            Request::Put { key, .. }
+            | Request::TriggerPut { key, .. }
+            | Request::Remove { key, .. }
+            | Request::Get { key, .. }
+            | Request::GetByTime { key, .. }
+            | Request::GetSize { key, .. }
+            | Request::History { key, .. } => Some(key),
+            _ => None,
+        }
+    }
+
     pub fn opcode(&self) -> u8 {
         match self {
             Request::Hello { .. } => op::HELLO,
