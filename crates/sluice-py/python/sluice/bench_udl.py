@@ -77,18 +77,24 @@ def deploy(c, code_dir, gid, src, dst, udl, cls=None, workers=1):
     )
 
 
-def stage_latency(c, src, dst, size, n):
-    """µs from trigger_put to the next stage's notification, one at a time."""
+def stage_latencies(c, stages, size, n):
+    """µs from trigger_put to the next stage's notification, one object at
+    a time, for each of `stages` ((src, dst) pairs), taking turns call by
+    call so that the machine's drift hits every stage alike."""
     value = os.urandom(size)
-    out = []
-    with c.watch(dst) as w:
-        for i in range(n):
-            t0 = time.perf_counter_ns()
-            c.trigger_put(f"{src}/k", value)
-            note = w.next(timeout=10)
-            if note is None:
-                raise RuntimeError("no output from the stage in 10 s")
-            out.append((time.perf_counter_ns() - t0) / 1000)
+    out = [[] for _ in stages]
+    watches = [c.watch(dst) for _, dst in stages]
+    try:
+        for _ in range(n):
+            for i, (src, _) in enumerate(stages):
+                t0 = time.perf_counter_ns()
+                c.trigger_put(f"{src}/k", value)
+                if watches[i].next(timeout=10) is None:
+                    raise RuntimeError(f"no output from the stage at {src} in 10 s")
+                out[i].append((time.perf_counter_ns() - t0) / 1000)
+    finally:
+        for w in watches:
+            w.close()
     return out
 
 
@@ -118,32 +124,64 @@ def throughput(c, src, dst, seconds):
     return n / elapsed
 
 
-def ray_latency(size, n):
-    import ray
+def copy_latency(size, n):
+    """µs of one copy of `size` bytes into a shared mapping whose pages are
+    already in place: what the node pays to hand a value to a worker."""
+    import mmap
 
-    ray.init(num_cpus=2, include_dashboard=False, logging_level="ERROR")
-
-    @ray.remote
-    class Echo:
-        def call(self, v):
-            return v
-
-    a = Echo.remote()
-    value = os.urandom(size)
-    ray.get(a.call.remote(value))
+    src = os.urandom(size)
+    dst = mmap.mmap(-1, size)
+    view = memoryview(dst)
     out = []
     for _ in range(n):
         t0 = time.perf_counter_ns()
-        ray.get(a.call.remote(value))
+        view[:] = src
         out.append((time.perf_counter_ns() - t0) / 1000)
-    ray.shutdown()
+    view.release()
+    dst.close()
     return out
+
+
+def ray_chain_latencies(size, n, lengths):
+    """µs of a chain of Ray actor calls (each actor's result handed to the
+    next as an object reference, as a Ray pipeline passes it), for each
+    chain length, taking turns call by call."""
+    import ray
+
+    ray.init(num_cpus=2, include_dashboard=False, logging_level="ERROR")
+    try:
+
+        @ray.remote
+        class Echo:
+            def call(self, v):
+                return v
+
+        actors = [Echo.remote() for _ in range(max(lengths))]
+        value = os.urandom(size)
+
+        def chain(k):
+            ref = value
+            for actor in actors[:k]:
+                ref = actor.call.remote(ref)
+            return ray.get(ref)
+
+        for k in lengths:
+            chain(k)
+        out = [[] for _ in lengths]
+        for _ in range(n):
+            for i, k in enumerate(lengths):
+                t0 = time.perf_counter_ns()
+                chain(k)
+                out[i].append((time.perf_counter_ns() - t0) / 1000)
+        return out
+    finally:
+        ray.shutdown()
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--addr", default=sluice.default_address())
-    ap.add_argument("--n", type=int, default=2000, help="calls per size and variant")
+    ap.add_argument("--n", type=int, default=2000, help="calls per size and variant (taking turns call by call)")
     ap.add_argument("--seconds", type=float, default=3.0)
     ap.add_argument("--ray", action="store_true", help="also measure a Ray actor call (needs ray)")
     ap.add_argument("--spin-us", type=int, help="the vertex's spin_us (default: the node's)")
@@ -166,18 +204,21 @@ def main():
     deploy(c, code_dir, f"bu-rs-{tag}", *pools["rs"], "relay")
     result = {"stage_us": {}, "throughput": {}}
     for size in (10 * 1024, 1 << 20):
-        n = a.n if size < (1 << 20) else max(200, a.n // 10)
-        for v in ("py", "rs"):
-            stage_latency(c, *pools[v], size, 50)  # warm up
-        py, rs = [], []
-        for _ in range(2):  # alternate halves: drift hits both
-            py += stage_latency(c, *pools["py"], size, n // 2)
-            rs += stage_latency(c, *pools["rs"], size, n // 2)
+        stage_latencies(c, [pools["py"], pools["rs"]], size, 50)  # warm up
+        py, rs = stage_latencies(c, [pools["py"], pools["rs"]], size, a.n)
         result["stage_us"][size] = {
             "python": {p: pct(py, p) for p in (50, 99, 99.9)},
             "relay": {p: pct(rs, p) for p in (50, 99, 99.9)},
             "added_p50_us": pct(py, 50) - pct(rs, 50),
         }
+    small, large = result["stage_us"][10 * 1024], result["stage_us"][1 << 20]
+    copy = copy_latency(1 << 20, max(200, a.n // 10))
+    result["copy_1mb_us"] = {p: pct(copy, p) for p in (50, 99)}
+    # How much more the Python stage grows from 10 KB to 1 MB than relay
+    # does, in copies of 1 MB measured just now (target: at most one).
+    growth = large["added_p50_us"] - small["added_p50_us"]
+    result["growth_1mb_over_relay_us"] = growth
+    result["growth_in_copies"] = growth / result["copy_1mb_us"][50]
     for workers in () if a.skip_throughput else (1, 2):
         deploy(c, code_dir, f"bu-burn-{tag}", *pools["burn"], "python", "Burn", workers=workers)
         throughput(c, *pools["burn"], 0.5)  # warm up
@@ -185,9 +226,35 @@ def main():
     if result["throughput"]:
         result["scaling_1_to_2"] = result["throughput"][2] / result["throughput"][1]
     if a.ray:
-        r = ray_latency(10 * 1024, a.n)
-        result["ray_actor_us"] = {p: pct(r, p) for p in (50, 99, 99.9)}
-        result["ray_over_python_stage_p50"] = pct(r, 50) / result["stage_us"][10 * 1024]["python"][50]
+        # One call, end to end: a Ray actor call against a whole Sluice
+        # stage (trigger put, lambda, emit, notification to the client).
+        # Then per stage in a pipeline: what a third stage (or actor)
+        # adds over a first, halved, in chains of 1 and 3 of each, so
+        # that the client's own way in and out is counted in neither.
+        ends = []
+        for k in (1, 3):
+            hops = [f"/bu-chain{k}-{i}-{tag}" for i in range(k + 1)]
+            for p in hops:
+                c.create_object_pool(p, "trigger")
+            for i in range(k):
+                deploy(c, code_dir, f"bu-chain{k}-{i}-{tag}", hops[i], hops[i + 1], "python", "Noop")
+            ends.append((hops[0], hops[-1]))
+        one, three = ends
+        stage_latencies(c, [one, three], 10 * 1024, 50)  # warm up
+        s1, s3 = stage_latencies(c, [one, three], 10 * 1024, a.n)
+        r1, r3 = ray_chain_latencies(10 * 1024, a.n, (1, 3))
+        result["ray_actor_us"] = {p: pct(r1, p) for p in (50, 99, 99.9)}
+        result["ray_over_python_stage_p50"] = pct(r1, 50) / result["stage_us"][10 * 1024]["python"][50]
+        result["per_stage_p50_us"] = {
+            "sluice_python": (pct(s3, 50) - pct(s1, 50)) / 2,
+            "ray_actor": (pct(r3, 50) - pct(r1, 50)) / 2,
+        }
+        result["chain_p50_us"] = {
+            "sluice_python": {1: pct(s1, 50), 3: pct(s3, 50)},
+            "ray_actor": {1: pct(r1, 50), 3: pct(r3, 50)},
+        }
+        ps = result["per_stage_p50_us"]
+        result["ray_over_python_per_stage_p50"] = ps["ray_actor"] / max(ps["sluice_python"], 1e-9)
     for g in list(c.dfg_list()):
         if g["id"].endswith(tag):
             c.dfg_remove(g["id"])
@@ -202,13 +269,22 @@ def main():
             s = r[name]
             print(f"  {name:14} {s[50]:8.1f} {s[99]:8.1f} {s[99.9]:8.1f}")
         print(f"  python adds {r['added_p50_us']:.1f} µs at p50 over Rust's relay")
+    print(
+        f"from 10 KB to 1 MB the python stage grows {result['growth_1mb_over_relay_us']:.1f} µs more than relay;"
+        f" one 1 MB copy takes {result['copy_1mb_us'][50]:.1f} µs (p50): {result['growth_in_copies']:.2f} copies (target <= 1)"
+    )
     t = result["throughput"]
     if t:
         print(f"Python stage of ~1 ms CPU per call: 1 worker {t[1]:.0f}/s, 2 workers {t[2]:.0f}/s ({result['scaling_1_to_2']:.2f}x)")
 
     if a.ray:
         r = result["ray_actor_us"]
-        print(f"Ray actor call, 10 KB: p50 {r[50]:.1f} µs, p99 {r[99]:.1f} µs: {result['ray_over_python_stage_p50']:.1f}x a Sluice Python stage at p50")
+        print(f"Ray actor call, 10 KB: p50 {r[50]:.1f} µs, p99 {r[99]:.1f} µs: {result['ray_over_python_stage_p50']:.1f}x a whole Sluice Python stage at p50")
+        ch, ps = result["chain_p50_us"], result["per_stage_p50_us"]
+        print("chains of 1 and 3, 10 KB, p50 µs (per stage: what the 2 more add, halved):")
+        for name, label in (("sluice_python", "Sluice Python stages"), ("ray_actor", "Ray actor calls")):
+            print(f"  {label:22} 1: {ch[name][1]:8.1f}   3: {ch[name][3]:8.1f}   per stage: {ps[name]:7.1f}")
+        print(f"  a Ray actor in a chain costs {result['ray_over_python_per_stage_p50']:.1f}x a Sluice Python stage at p50")
 
 
 if __name__ == "__main__":
