@@ -35,6 +35,20 @@ pub struct DevArgs {
     /// Alias file for UDL names (`serve --udl-aliases`).
     #[arg(long)]
     udl_aliases: Option<PathBuf>,
+    /// Serve node i's Prometheus metrics on 127.0.0.1:(PORT + i) (`sluice
+    /// top` reads them; README: Observability).
+    #[arg(long, value_name = "PORT")]
+    metrics_base: Option<u16>,
+}
+
+/// Node `id`'s metrics address under `--metrics-base`.
+fn metrics_addr(base: u16, id: u32) -> Result<String> {
+    let port = u32::from(base) + id;
+    anyhow::ensure!(
+        port <= u32::from(u16::MAX),
+        "--metrics-base {base}: node {id} would need port {port}"
+    );
+    Ok(format!("127.0.0.1:{port}"))
 }
 
 /// The default local layout: node ids 0..n on consecutive ports; a
@@ -100,19 +114,21 @@ fn spawn_node(
     layout: &Path,
     id: u32,
     extra: &[std::ffi::OsString],
+    metrics: Option<&str>,
 ) -> Result<Child> {
     let log = std::fs::File::create(dir.join(format!("node-{id}.log")))?;
     // Everything under --dir (so --fresh really starts afresh).
     let cfg = dir.join(format!("node-{id}.toml"));
-    std::fs::write(
-        &cfg,
-        format!(
-            "[cluster]\nvolatile_dir = \"{}\"\n",
-            dir.join(format!("node-{id}"))
-                .join("raft-volatile")
-                .display()
-        ),
-    )?;
+    let mut text = format!(
+        "[cluster]\nvolatile_dir = \"{}\"\n",
+        dir.join(format!("node-{id}"))
+            .join("raft-volatile")
+            .display()
+    );
+    if let Some(m) = metrics {
+        text.push_str(&format!("\n[metrics]\nlisten = \"{m}\"\n"));
+    }
+    std::fs::write(&cfg, text)?;
     Command::new(exe)
         .args(node_args(dir, layout, id))
         .args(extra)
@@ -228,7 +244,11 @@ pub fn run(a: DevArgs) -> Result<()> {
             (Some(d), 0) => vec!["--dfgs".into(), d.into()],
             _ => Vec::new(),
         };
-        children.push((n.id, spawn_node(&exe, &a.dir, &layout, n.id, &extra)?));
+        let metrics = a.metrics_base.map(|b| metrics_addr(b, n.id)).transpose()?;
+        children.push((
+            n.id,
+            spawn_node(&exe, &a.dir, &layout, n.id, &extra, metrics.as_deref())?,
+        ));
     }
     let base = parsed.nodes[0].address.to_string();
     eprintln!(
@@ -260,6 +280,14 @@ pub fn run(a: DevArgs) -> Result<()> {
             c.id(),
             a.dir.display()
         );
+    }
+    if let Some(b) = a.metrics_base {
+        let all: Vec<String> = parsed
+            .nodes
+            .iter()
+            .map(|n| metrics_addr(b, n.id))
+            .collect::<Result<_>>()?;
+        println!("metrics: sluice top --metrics {}", all.join(","));
     }
     let last = endpoints.last().cloned().unwrap_or_default();
     println!("try (from this directory, client commands find the nodes in {}/endpoints):\n  sluice put /vol/a hello\n  sluice --addr {last} get /vol/a\n  sluice cluster status\nCtrl-C stops every node.", a.dir.display());

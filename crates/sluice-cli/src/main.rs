@@ -13,6 +13,7 @@ mod plan;
 mod serve;
 mod shell;
 mod stream;
+mod top;
 
 use clap::{Parser, Subcommand};
 use std::process::ExitCode;
@@ -75,6 +76,9 @@ enum Cmd {
     /// Streams from the edge: publish items, subscribe to a topic.
     #[command(subcommand)]
     Stream(stream::StreamCmd),
+    /// Live view of nodes from their metrics endpoints (`serve --metrics`):
+    /// ops/s and p50/p99 per operation, busiest pools and lambdas, Raft lag.
+    Top(top::TopArgs),
     /// Shared queues: competing consumers, each item to one of them.
     #[command(subcommand)]
     Queue(stream::QueueCmd),
@@ -109,6 +113,7 @@ fn main() -> ExitCode {
         Cmd::Fsck(a) => fsck::run(a, cli.json),
         Cmd::Stream(c) => stream::run_stream(&addr, cli.timeout_ms, c),
         Cmd::Queue(c) => stream::run_queue(&addr, cli.timeout_ms, c),
+        Cmd::Top(a) => top::run(a, cli.json),
         Cmd::Shell => shell::run(&addr, cli.timeout_ms, cli.json),
         Cmd::Client(c) => commands::run_once(&addr, cli.timeout_ms, cli.json, c),
     };

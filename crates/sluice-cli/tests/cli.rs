@@ -768,6 +768,7 @@ fn dev_starts_a_three_node_cluster_and_ctrl_c_stops_it() {
             break p;
         }
     };
+    let metrics_base = free_base(3);
     let mut dev = Command::new(BIN)
         .args([
             "dev",
@@ -775,6 +776,8 @@ fn dev_starts_a_three_node_cluster_and_ctrl_c_stops_it() {
             "3",
             "--base-port",
             &base.to_string(),
+            "--metrics-base",
+            &metrics_base.to_string(),
             "--dir",
         ])
         .arg(dir.join("sluice-dev"))
@@ -797,6 +800,20 @@ fn dev_starts_a_three_node_cluster_and_ctrl_c_stops_it() {
             .unwrap();
         pids.push(pid.to_string());
     }
+    let mut metrics_line = String::new();
+    out.read_line(&mut metrics_line).unwrap();
+    let metrics = metrics_line
+        .trim()
+        .strip_prefix("metrics: sluice top --metrics ")
+        .unwrap_or_else(|| panic!("{metrics_line:?}"))
+        .to_string();
+    assert_eq!(
+        metrics,
+        (0..3)
+            .map(|i| format!("127.0.0.1:{}", metrics_base + i))
+            .collect::<Vec<_>>()
+            .join(",")
+    );
     let cli = |addr: String, args: &[&str]| {
         let o = Command::new(BIN)
             .arg("--addr")
@@ -825,6 +842,37 @@ fn dev_starts_a_three_node_cluster_and_ctrl_c_stops_it() {
         .filter(|g| g["group"] == "volatile/0/0" && g["role"] == "leader")
         .collect();
     assert_eq!(leaders.len(), 1, "{status}");
+    // `sluice top` over the three nodes' metrics: one leader of the shard
+    // among them (each node mirrors its groups once a second: wait).
+    let deadline = std::time::Instant::now() + Duration::from_secs(15);
+    loop {
+        let top = cli(
+            a0.clone(),
+            &[
+                "--json",
+                "top",
+                "--metrics",
+                &metrics,
+                "--once",
+                "--interval-ms",
+                "100",
+            ],
+        );
+        let v: serde_json::Value = serde_json::from_str(&top).unwrap();
+        let roles: Vec<&str> = v
+            .as_array()
+            .unwrap()
+            .iter()
+            .flat_map(|n| n["groups"].as_array().unwrap())
+            .filter(|g| g["group"] == "volatile/0/0")
+            .map(|g| g["role"].as_str().unwrap())
+            .collect();
+        if roles.len() == 3 && roles.iter().filter(|r| **r == "leader").count() == 1 {
+            break;
+        }
+        // Each try takes its interval (100 ms): a bounded poll.
+        assert!(std::time::Instant::now() < deadline, "{top}");
+    }
     // In human form: no raw JSON; followers' lag as node:entries.
     let human = cli(a0.clone(), &["cluster", "status"]);
     assert!(!human.contains('{'), "{human}");
@@ -1463,6 +1511,38 @@ fn metrics_endpoint_shows_requests_by_op_and_pool_and_udl_calls() {
     assert!(
         text.contains("# HELP sluice_request_duration_seconds"),
         "{text}"
+    );
+    // `sluice top` over the same endpoint: totals since the start, and
+    // the lambda by vertex and UDL.
+    let top: serde_json::Value = serde_json::from_str(&n.ok(&[
+        "--json",
+        "top",
+        "--metrics",
+        &maddr,
+        "--once",
+        "--interval-ms",
+        "100",
+    ]))
+    .unwrap();
+    let node = &top[0];
+    assert_eq!(node["addr"], maddr.as_str(), "{top}");
+    let total = |list: &str, name: &str| {
+        node[list]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|r| r["name"] == name)
+            .map(|r| r["total"].as_u64().unwrap())
+    };
+    assert_eq!(total("ops", "put"), Some(1), "{top}");
+    assert_eq!(total("ops", "get"), Some(1), "{top}");
+    assert_eq!(total("ops", "trigger_put"), Some(1), "{top}");
+    assert_eq!(total("lambdas", "/trig/m relay"), Some(1), "{top}");
+    assert!(total("pools", "/vol").unwrap() >= 2, "{top}");
+    let e = n.fails(&["top", "--metrics", "127.0.0.1:1", "--once"]);
+    assert!(
+        e.contains("is the node started with --metrics 127.0.0.1:1?"),
+        "{e}"
     );
     // The endpoint's port is taken: the second node refuses to start.
     let dir2 = temp_dir("metrics-taken");

@@ -1,0 +1,190 @@
+//! `sluice top`: a live view of nodes from their Prometheus endpoints
+//! (`serve --metrics`): operations per second with p50/p99, the busiest
+//! pools and lambdas, bytes, connections, and each Raft group's role,
+//! term and lag; refreshed in place on a terminal.
+//!
+//! `scrape` reads an endpoint, `view` computes what is shown from two
+//! scrapes, and `render` (here) is the one place that writes it.
+
+mod scrape;
+mod view;
+
+use anyhow::{bail, Result};
+use std::fmt::Write as _;
+use std::io::{IsTerminal, Write};
+use std::time::{Duration, Instant};
+use view::{NodeView, Rate};
+
+#[derive(clap::Args)]
+pub struct TopArgs {
+    /// The nodes' metrics addresses (host:port, comma-separated): what
+    /// each was started with as `--metrics` (or `[metrics] listen`).
+    #[arg(long, value_delimiter = ',', required = true, value_name = "ADDR")]
+    metrics: Vec<String>,
+    /// Refresh every this many milliseconds (the rates cover that interval).
+    #[arg(long, default_value_t = 1000)]
+    interval_ms: u64,
+    /// Print one view (over one interval) and exit.
+    #[arg(long)]
+    once: bool,
+}
+
+/// How long one scrape may take.
+const SCRAPE_TIMEOUT: Duration = Duration::from_secs(3);
+
+pub fn run(a: TopArgs, json: bool) -> Result<()> {
+    if a.interval_ms == 0 {
+        bail!("--interval-ms must be at least 1");
+    }
+    let interval = Duration::from_millis(a.interval_ms);
+    let in_place = !a.once && !json && std::io::stdout().is_terminal();
+    let mut last = scrape_all(&a.metrics);
+    let mut at = Instant::now();
+    loop {
+        std::thread::sleep(interval.saturating_sub(at.elapsed()));
+        let now = scrape_all(&a.metrics);
+        let secs = at.elapsed().as_secs_f64();
+        at = Instant::now();
+        let views: Vec<Result<NodeView, String>> = a
+            .metrics
+            .iter()
+            .zip(last.iter().zip(now.iter()))
+            .map(|(addr, (b, n))| match (b, n) {
+                (Ok(b), Ok(n)) => Ok(view::node_view(addr, b, n, secs)),
+                (_, Err(e)) | (Err(e), _) => Err(format!("{addr}: {e}")),
+            })
+            .collect();
+        if a.once && views.iter().all(|v| v.is_err()) {
+            if let Some(e) = views.iter().find_map(|v| v.as_ref().err()) {
+                bail!("{e}");
+            }
+        }
+        let out = if json {
+            json_of(&views) + "\n"
+        } else {
+            render(&views, a.interval_ms)
+        };
+        let mut stdout = std::io::stdout().lock();
+        if in_place {
+            // Home and clear: the view replaces the last one.
+            write!(stdout, "\x1b[H\x1b[2J")?;
+        }
+        stdout.write_all(out.as_bytes())?;
+        stdout.flush()?;
+        if a.once {
+            return Ok(());
+        }
+        last = now;
+    }
+}
+
+fn scrape_all(addrs: &[String]) -> Vec<Result<Vec<scrape::Sample>, String>> {
+    addrs
+        .iter()
+        .map(|a| {
+            scrape::fetch(a, SCRAPE_TIMEOUT)
+                .map(|t| scrape::parse(&t))
+                .map_err(|e| format!("{e:#}"))
+        })
+        .collect()
+}
+
+fn json_of(views: &[Result<NodeView, String>]) -> String {
+    let v: Vec<serde_json::Value> = views
+        .iter()
+        .map(|v| match v {
+            Ok(v) => serde_json::to_value(v).unwrap_or_default(),
+            Err(e) => serde_json::json!({ "error": e }),
+        })
+        .collect();
+    serde_json::Value::Array(v).to_string()
+}
+
+fn us(v: Option<f64>) -> String {
+    match v {
+        None => "-".into(),
+        Some(x) if x >= 10_000.0 => format!("{:.1}ms", x / 1000.0),
+        Some(x) => format!("{x:.0}µs"),
+    }
+}
+
+fn bytes_per_s(b: f64) -> String {
+    match b {
+        b if b >= 1e9 => format!("{:.1} GB/s", b / 1e9),
+        b if b >= 1e6 => format!("{:.1} MB/s", b / 1e6),
+        b if b >= 1e3 => format!("{:.1} kB/s", b / 1e3),
+        b => format!("{b:.0} B/s"),
+    }
+}
+
+fn rate_rows(out: &mut String, title: &str, rows: &[Rate]) {
+    if rows.is_empty() {
+        return;
+    }
+    let _ = writeln!(
+        out,
+        "  {title:<36} {:>10} {:>9} {:>9} {:>12}",
+        "/s", "p50", "p99", "total"
+    );
+    for r in rows {
+        let _ = writeln!(
+            out,
+            "  {:<36} {:>10.1} {:>9} {:>9} {:>12}",
+            r.name,
+            r.per_s,
+            us(r.p50_us),
+            us(r.p99_us),
+            r.total
+        );
+    }
+}
+
+/// The text view: one block per node.
+fn render(views: &[Result<NodeView, String>], interval_ms: u64) -> String {
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "sluice top: {} node(s), rates over {interval_ms} ms (Ctrl-C quits)",
+        views.len()
+    );
+    for v in views {
+        let _ = writeln!(out);
+        let v = match v {
+            Ok(v) => v,
+            Err(e) => {
+                let _ = writeln!(out, "{e}");
+                continue;
+            }
+        };
+        let _ = writeln!(
+            out,
+            "{}  connections {}  in {}  out {}",
+            v.addr,
+            v.connections,
+            bytes_per_s(v.received_bytes_per_s),
+            bytes_per_s(v.sent_bytes_per_s)
+        );
+        let busy: Vec<Rate> = v.ops.iter().filter(|r| r.per_s > 0.0).cloned().collect();
+        if busy.is_empty() {
+            let _ = writeln!(out, "  (no requests in the interval)");
+        }
+        rate_rows(&mut out, "operation", &busy);
+        rate_rows(&mut out, "pool", &v.pools);
+        rate_rows(&mut out, "lambda (vertex udl)", &v.lambdas);
+        if !v.groups.is_empty() {
+            let _ = writeln!(
+                out,
+                "  {:<36} {:>22} {:>6} {:>10} {:>13}",
+                "raft group", "role", "term", "apply lag", "follower lag"
+            );
+            for g in &v.groups {
+                let _ = writeln!(
+                    out,
+                    "  {:<36} {:>22} {:>6} {:>10} {:>13}",
+                    g.group, g.role, g.term, g.apply_lag, g.max_follower_lag
+                );
+            }
+        }
+    }
+    out
+}
