@@ -259,6 +259,7 @@ pub fn connect(addr: &str, timeout_ms: u64) -> Result<BlockingClient> {
         addr: addr.to_string(),
         request_timeout: Duration::from_millis(timeout_ms),
         client_name: "sluice-cli".into(),
+        tls: crate::tls::client(),
         ..Default::default()
     })
     .with_context(|| format!("connecting to {addr}"))

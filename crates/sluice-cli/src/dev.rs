@@ -39,6 +39,53 @@ pub struct DevArgs {
     /// top` reads them; README: Observability).
     #[arg(long, value_name = "PORT")]
     metrics_base: Option<u16>,
+    /// TLS everywhere: a local CA and certificates in DIR/tls (made once,
+    /// kept across restarts), mutual TLS among the nodes and for clients;
+    /// client commands run from here use them by themselves.
+    #[arg(long)]
+    tls: bool,
+}
+
+/// Node `id`'s `[tls]` under `sluice dev --tls`.
+fn tls_section(pki: &sluice_tls::DevPki, id: u32) -> Result<String> {
+    let (cert, key) = pki
+        .nodes
+        .get(id as usize)
+        .ok_or_else(|| anyhow::anyhow!("no certificate for node {id}"))?;
+    Ok(format!(
+        "\n[tls]\ncert = \"{}\"\nkey = \"{}\"\nca = \"{}\"\nrequire_client_cert = true\n",
+        cert.display(),
+        key.display(),
+        pki.ca.display()
+    ))
+}
+
+/// The development CA and certificates in `dir` (made when missing).
+fn dev_pki(dir: &Path, nodes: u32) -> Result<sluice_tls::DevPki> {
+    let have = |f: String| dir.join(f).exists();
+    let complete = have("ca.pem".into())
+        && have("client.pem".into())
+        && (0..nodes).all(|i| have(format!("node-{i}.pem")));
+    if complete {
+        return Ok(sluice_tls::DevPki {
+            ca: dir.join("ca.pem"),
+            nodes: (0..nodes)
+                .map(|i| {
+                    (
+                        dir.join(format!("node-{i}.pem")),
+                        dir.join(format!("node-{i}-key.pem")),
+                    )
+                })
+                .collect(),
+            client_cert: dir.join("client.pem"),
+            client_key: dir.join("client-key.pem"),
+        });
+    }
+    Ok(sluice_tls::make_dev_pki(
+        dir,
+        nodes,
+        sluice_tls::Validity::default(),
+    )?)
 }
 
 /// Node `id`'s metrics address under `--metrics-base`.
@@ -114,7 +161,7 @@ fn spawn_node(
     layout: &Path,
     id: u32,
     extra: &[std::ffi::OsString],
-    metrics: Option<&str>,
+    config: &str,
 ) -> Result<Child> {
     let log = std::fs::File::create(dir.join(format!("node-{id}.log")))?;
     // Everything under --dir (so --fresh really starts afresh).
@@ -125,9 +172,7 @@ fn spawn_node(
             .join("raft-volatile")
             .display()
     );
-    if let Some(m) = metrics {
-        text.push_str(&format!("\n[metrics]\nlisten = \"{m}\"\n"));
-    }
+    text.push_str(config);
     std::fs::write(&cfg, text)?;
     Command::new(exe)
         .args(node_args(dir, layout, id))
@@ -148,6 +193,7 @@ fn wait_ready(
     dir: &Path,
     children: &mut [(u32, Child)],
     timeout: Duration,
+    tls: Option<sluice_tls::ClientTls>,
 ) -> Result<()> {
     let deadline = Instant::now() + timeout;
     let mut last = String::new();
@@ -168,7 +214,12 @@ fn wait_ready(
         if listening.len() < children.len() {
             last = format!("{} of {} nodes listening", listening.len(), children.len());
         } else {
-            match BlockingClient::connect(addr)
+            let cfg = sluice_client::ClientConfig {
+                addr: addr.to_string(),
+                tls: tls.clone(),
+                ..Default::default()
+            };
+            match BlockingClient::connect_with(cfg)
                 .and_then(|c| c.cluster_command(serde_json::json!({"op": "info"}), None))
             {
                 Ok(info) => {
@@ -227,6 +278,66 @@ fn write_layout(a: &DevArgs) -> Result<(ClusterLayout, PathBuf)> {
     Ok((parsed, layout))
 }
 
+/// `--tls`: the development CA and certificates, and how this command's
+/// own client connects; without it, TLS files of an earlier run are
+/// removed (client commands run from here take them as a sign the
+/// cluster uses them).
+fn dev_tls(
+    a: &DevArgs,
+    parsed: &ClusterLayout,
+) -> Result<(Option<sluice_tls::DevPki>, Option<sluice_tls::ClientTls>)> {
+    let dir = a.dir.join("tls");
+    if !a.tls {
+        if dir.exists() {
+            std::fs::remove_dir_all(&dir).with_context(|| format!("removing {}", dir.display()))?;
+        }
+        return Ok((None, crate::tls::client()));
+    }
+    let ids = parsed.nodes.iter().map(|n| n.id).max().unwrap_or(0) + 1;
+    let pki = dev_pki(&dir, ids)?;
+    let client = sluice_tls::ClientTls::new(&pki.ca, Some((&pki.client_cert, &pki.client_key)))?;
+    Ok((Some(pki), Some(client)))
+}
+
+/// What node `id`'s config adds for `--metrics-base` and `--tls`.
+fn node_config(a: &DevArgs, pki: Option<&sluice_tls::DevPki>, id: u32) -> Result<String> {
+    let mut config = String::new();
+    if let Some(b) = a.metrics_base {
+        config.push_str(&format!(
+            "\n[metrics]\nlisten = \"{}\"\n",
+            metrics_addr(b, id)?
+        ));
+    }
+    if let Some(p) = pki {
+        config.push_str(&tls_section(p, id)?);
+    }
+    Ok(config)
+}
+
+/// The lines about `--tls` and `--metrics-base` once the nodes are up.
+fn print_extras(
+    a: &DevArgs,
+    parsed: &ClusterLayout,
+    pki: Option<&sluice_tls::DevPki>,
+) -> Result<()> {
+    if let Some(p) = pki {
+        println!(
+            "tls: mutual TLS with the CA {} (client commands run from here use {}/client.pem; elsewhere pass --tls-ca, --tls-cert and --tls-key)",
+            p.ca.display(),
+            a.dir.join("tls").display()
+        );
+    }
+    if let Some(b) = a.metrics_base {
+        let all: Vec<String> = parsed
+            .nodes
+            .iter()
+            .map(|n| metrics_addr(b, n.id))
+            .collect::<Result<_>>()?;
+        println!("metrics: sluice top --metrics {}", all.join(","));
+    }
+    Ok(())
+}
+
 pub fn run(a: DevArgs) -> Result<()> {
     if a.nodes == 0 || a.nodes > 64 {
         bail!("--nodes must be between 1 and 64");
@@ -237,6 +348,7 @@ pub fn run(a: DevArgs) -> Result<()> {
     std::fs::create_dir_all(&a.dir).with_context(|| format!("creating {}", a.dir.display()))?;
     let (parsed, layout) = write_layout(&a)?;
     let exe = std::env::current_exe().context("finding the sluice binary")?;
+    let (pki, client_tls) = dev_tls(&a, &parsed)?;
     let mut children = Vec::new();
     for (k, n) in parsed.nodes.iter().enumerate() {
         // One node applies --dfgs; the metadata group gives them to all.
@@ -244,10 +356,10 @@ pub fn run(a: DevArgs) -> Result<()> {
             (Some(d), 0) => vec!["--dfgs".into(), d.into()],
             _ => Vec::new(),
         };
-        let metrics = a.metrics_base.map(|b| metrics_addr(b, n.id)).transpose()?;
+        let config = node_config(&a, pki.as_ref(), n.id)?;
         children.push((
             n.id,
-            spawn_node(&exe, &a.dir, &layout, n.id, &extra, metrics.as_deref())?,
+            spawn_node(&exe, &a.dir, &layout, n.id, &extra, &config)?,
         ));
     }
     let base = parsed.nodes[0].address.to_string();
@@ -256,7 +368,13 @@ pub fn run(a: DevArgs) -> Result<()> {
         parsed.nodes.len(),
         a.dir.display()
     );
-    if let Err(e) = wait_ready(&base, &a.dir, &mut children, Duration::from_secs(30)) {
+    if let Err(e) = wait_ready(
+        &base,
+        &a.dir,
+        &mut children,
+        Duration::from_secs(30),
+        client_tls,
+    ) {
         for (_, c) in &mut children {
             let _ = c.kill();
             let _ = c.wait();
@@ -281,14 +399,7 @@ pub fn run(a: DevArgs) -> Result<()> {
             a.dir.display()
         );
     }
-    if let Some(b) = a.metrics_base {
-        let all: Vec<String> = parsed
-            .nodes
-            .iter()
-            .map(|n| metrics_addr(b, n.id))
-            .collect::<Result<_>>()?;
-        println!("metrics: sluice top --metrics {}", all.join(","));
-    }
+    print_extras(&a, &parsed, pki.as_ref())?;
     let last = endpoints.last().cloned().unwrap_or_default();
     println!("try (from this directory, client commands find the nodes in {}/endpoints):\n  sluice put /vol/a hello\n  sluice --addr {last} get /vol/a\n  sluice cluster status\nCtrl-C stops every node.", a.dir.display());
     let _ = std::io::stdout().flush();

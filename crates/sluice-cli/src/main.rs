@@ -13,6 +13,7 @@ mod plan;
 mod serve;
 mod shell;
 mod stream;
+mod tls;
 mod top;
 
 use clap::{Parser, Subcommand};
@@ -38,6 +39,16 @@ struct Cli {
     /// output is not a terminal; on a terminal binary values are escaped).
     #[arg(long, global = true)]
     raw: bool,
+    /// TLS: the CA that signed the nodes' certificates (nodes with `[tls]`
+    /// accept nothing else).
+    #[arg(long, global = true, env = "SLUICE_TLS_CA", value_name = "FILE")]
+    tls_ca: Option<std::path::PathBuf>,
+    /// TLS: this client's certificate, for nodes that require one.
+    #[arg(long, global = true, env = "SLUICE_TLS_CERT", value_name = "FILE")]
+    tls_cert: Option<std::path::PathBuf>,
+    /// TLS: the private key of --tls-cert.
+    #[arg(long, global = true, env = "SLUICE_TLS_KEY", value_name = "FILE")]
+    tls_key: Option<std::path::PathBuf>,
     /// Per-request timeout in milliseconds.
     #[arg(long, global = true, default_value_t = 10_000)]
     timeout_ms: u64,
@@ -100,7 +111,24 @@ fn default_addr() -> String {
 
 fn main() -> ExitCode {
     let mut cli = Cli::parse();
+    // `sluice dev`'s TLS files serve commands aimed at its nodes: no
+    // --addr, or one of the addresses it listed.
+    let dev_default = std::fs::read_to_string(DEV_ENDPOINTS).is_ok_and(|eps| {
+        cli.addr.as_deref().is_none_or(|a| {
+            a.split(',')
+                .all(|x| eps.split_whitespace().any(|e| e == x.trim()))
+        })
+    });
     let addr = cli.addr.take().unwrap_or_else(default_addr);
+    if let Err(e) = tls::init(
+        cli.tls_ca.take(),
+        cli.tls_cert.take(),
+        cli.tls_key.take(),
+        dev_default,
+    ) {
+        eprintln!("error: {e:#}");
+        return ExitCode::FAILURE;
+    }
     commands::escape_values(!cli.raw && std::io::IsTerminal::is_terminal(&std::io::stdout()));
     let result = match cli.cmd {
         Cmd::Serve(a) => serve::run(a),

@@ -84,6 +84,7 @@ fn apply(
     let c = BlockingClient::connect_with(ClientConfig {
         addr: addr.to_string(),
         request_timeout: std::time::Duration::from_millis(timeout_ms),
+        tls: crate::tls::client(),
         ..Default::default()
     })
     .with_context(|| format!("connecting to {addr}"))?;

@@ -137,10 +137,11 @@ pub fn run(a: ServeArgs) -> Result<()> {
         let data_dir = cfg.data_dir.clone();
         let node_id = cfg.node_id;
         let clustered = cfg.cluster.layout.is_some();
+        let self_tls = crate::tls::of_node(&cfg)?;
         let server = Server::bind(cfg).await?;
         if let Some(text) = dfgs {
             if clustered {
-                tokio::spawn(apply_at_start(server.local_addr(), text));
+                tokio::spawn(apply_at_start(server.local_addr(), text, self_tls));
             } else {
                 let r = server
                     .engine()
@@ -165,11 +166,16 @@ pub fn run(a: ServeArgs) -> Result<()> {
 /// Applies `--dfgs` to the cluster through this node once it can: the
 /// metadata group needs a leader and the graphs' pools must exist. Each
 /// new reason to wait is logged once.
-async fn apply_at_start(addr: SocketAddr, text: String) {
+async fn apply_at_start(addr: SocketAddr, text: String, tls: Option<sluice_tls::ClientTls>) {
     let mut last = String::new();
     let mut pause = std::time::Duration::from_millis(100);
     loop {
-        let r = match sluice_client::Client::connect(&addr.to_string()).await {
+        let cfg = sluice_client::ClientConfig {
+            addr: addr.to_string(),
+            tls: tls.clone(),
+            ..Default::default()
+        };
+        let r = match sluice_client::Client::connect_with(cfg).await {
             Ok(c) => c.dfg_apply(&text).await,
             Err(e) => Err(e),
         };

@@ -90,6 +90,7 @@ async fn connect(addr: &str, timeout_ms: u64) -> Result<Client> {
         addr: addr.to_string(),
         request_timeout: Duration::from_millis(timeout_ms),
         client_name: "sluice-cli".into(),
+        tls: crate::tls::client(),
         ..Default::default()
     })
     .await

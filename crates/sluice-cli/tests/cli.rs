@@ -1560,3 +1560,175 @@ fn metrics_endpoint_shows_requests_by_op_and_pool_and_udl_calls() {
     assert!(e.contains("metrics.listen = ") && e.contains(&maddr), "{e}");
     let _ = std::fs::remove_dir_all(&dir2);
 }
+
+/// A node config with `[tls]` from `pki` (node 0's certificate).
+fn tls_config(dir: &Path, pki: &sluice_tls::DevPki, require_client_cert: bool) -> PathBuf {
+    let cfg = dir.join("node.toml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "[tls]\ncert = \"{}\"\nkey = \"{}\"\nca = \"{}\"\nrequire_client_cert = {require_client_cert}\n",
+            pki.nodes[0].0.display(),
+            pki.nodes[0].1.display(),
+            pki.ca.display()
+        ),
+    )
+    .unwrap();
+    cfg
+}
+
+fn tls_node(dir: &Path, cfg: &Path) -> Node {
+    spawn_node(
+        dir,
+        &[
+            "--config",
+            cfg.to_str().unwrap(),
+            "--listen",
+            "127.0.0.1:0",
+            "--data-dir",
+            dir.join("data").to_str().unwrap(),
+        ],
+    )
+    .unwrap()
+}
+
+/// Issue #19: a node with `[tls]` serves clients that trust its CA and
+/// nobody else (plaintext, another CA); an expired certificate is refused
+/// as expired; with `require_client_cert` a client needs a certificate
+/// from the CA.
+#[test]
+fn tls_nodes_serve_clients_that_trust_their_ca_and_nobody_else() {
+    let dir = temp_dir("tls");
+    let pki =
+        sluice_tls::make_dev_pki(&dir.join("pki"), 1, sluice_tls::Validity::default()).unwrap();
+    let other =
+        sluice_tls::make_dev_pki(&dir.join("other"), 1, sluice_tls::Validity::default()).unwrap();
+    let n = tls_node(&dir, &tls_config(&dir, &pki, false));
+    let ca = pki.ca.to_str().unwrap();
+    n.ok(&["--tls-ca", ca, "put", "/vol/s", "secret"]);
+    assert_eq!(n.ok(&["--tls-ca", ca, "get", "/vol/s"]), "secret\n");
+    let e = n.fails(&["get", "/vol/s"]);
+    assert!(
+        e.contains("if the node runs with TLS connect with its CA (--tls-ca)"),
+        "{e}"
+    );
+    let e = n.fails(&["--tls-ca", other.ca.to_str().unwrap(), "get", "/vol/s"]);
+    assert!(
+        e.contains("TLS handshake") && e.contains("invalid peer certificate"),
+        "{e}"
+    );
+    let e = n.fails(&["--tls-cert", "c.pem", "--tls-key", "k.pem", "get", "/vol/s"]);
+    assert!(e.contains("need --tls-ca"), "{e}");
+    drop(n);
+
+    // An expired node certificate.
+    let dir = temp_dir("tls-expired");
+    let expired = sluice_tls::Validity {
+        from_days: -30,
+        to_days: -1,
+    };
+    let old = sluice_tls::make_dev_pki(&dir.join("pki"), 1, expired).unwrap();
+    let n = tls_node(&dir, &tls_config(&dir, &old, false));
+    let e = n.fails(&["--tls-ca", old.ca.to_str().unwrap(), "get", "/vol/s"]);
+    assert!(e.contains("certificate expired"), "{e}");
+    drop(n);
+
+    // Mutual TLS.
+    let dir = temp_dir("mtls");
+    let pki =
+        sluice_tls::make_dev_pki(&dir.join("pki"), 1, sluice_tls::Validity::default()).unwrap();
+    let n = tls_node(&dir, &tls_config(&dir, &pki, true));
+    let ca = pki.ca.to_str().unwrap();
+    let e = n.fails(&["--tls-ca", ca, "get", "/vol/s"]);
+    assert!(e.contains("CertificateRequired"), "{e}");
+    let (cert, key) = (
+        pki.client_cert.to_str().unwrap(),
+        pki.client_key.to_str().unwrap(),
+    );
+    n.ok(&[
+        "--tls-ca",
+        ca,
+        "--tls-cert",
+        cert,
+        "--tls-key",
+        key,
+        "put",
+        "/vol/m",
+        "x",
+    ]);
+    assert_eq!(
+        n.ok(&[
+            "--tls-ca",
+            ca,
+            "--tls-cert",
+            cert,
+            "--tls-key",
+            key,
+            "get",
+            "/vol/m"
+        ]),
+        "x\n"
+    );
+}
+
+/// Issue #19: `sluice dev --tls` is the secure setup in one command: a
+/// local CA, mutual TLS among the nodes (their Raft traffic included) and
+/// for clients, which find the files by themselves when run from there.
+#[test]
+fn dev_tls_runs_a_cluster_over_mutual_tls() {
+    let dir = temp_dir("dev-tls");
+    let base = free_base(3);
+    let mut dev = Command::new(BIN)
+        .args([
+            "dev",
+            "--tls",
+            "--nodes",
+            "3",
+            "--base-port",
+            &base.to_string(),
+        ])
+        .current_dir(&dir)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut out = BufReader::new(dev.stdout.take().unwrap());
+    let mut lines = Vec::new();
+    for _ in 0..5 {
+        let mut l = String::new();
+        out.read_line(&mut l).unwrap();
+        lines.push(l);
+    }
+    assert!(lines[0].contains("3 nodes up"), "{lines:?}");
+    assert!(lines[4].starts_with("tls: mutual TLS"), "{lines:?}");
+    let cli = |args: &[&str]| {
+        Command::new(BIN)
+            .args(args)
+            .current_dir(&dir)
+            .output()
+            .unwrap()
+    };
+    let a2 = format!("127.0.0.1:{}", base + 2);
+    let o = cli(&["put", "/vol/t", "over tls"]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    // A follower answers a linearizable read: it asked the leader, over TLS.
+    let o = cli(&["--addr", &a2, "get", "--linearizable", "/vol/t"]);
+    assert_eq!(String::from_utf8_lossy(&o.stdout), "over tls\n");
+    // Without the client certificate: refused.
+    let ca = dir.join("sluice-dev/tls/ca.pem");
+    let o = cli(&[
+        "--addr",
+        &a2,
+        "--tls-ca",
+        ca.to_str().unwrap(),
+        "get",
+        "/vol/t",
+    ]);
+    assert!(!o.status.success());
+    assert!(String::from_utf8_lossy(&o.stderr).contains("CertificateRequired"));
+    unsafe {
+        libc::kill(dev.id() as i32, libc::SIGINT);
+    }
+    assert!(dev.wait().unwrap().success());
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -38,6 +38,9 @@ pub struct ClientConfig {
     /// Which member of a replicated shard serves reads (cluster only;
     /// writes always go to the shard's leader).
     pub member_selection: MemberSelection,
+    /// TLS to the nodes (a node with `[tls]` accepts nothing else): the CA
+    /// to trust, and a client certificate where nodes require one.
+    pub tls: Option<sluice_tls::ClientTls>,
 }
 
 impl Default for ClientConfig {
@@ -50,6 +53,7 @@ impl Default for ClientConfig {
             attempt_timeout: Duration::from_secs(1),
             client_name: "sluice-client".into(),
             member_selection: MemberSelection::RoundRobin,
+            tls: None,
         }
     }
 }
@@ -215,7 +219,14 @@ async fn connect_seed(cfg: &ClientConfig) -> Result<(std::net::SocketAddr, Arc<C
                 continue;
             }
         };
-        match Conn::connect(addr, &cfg.client_name, cfg.connect_timeout).await {
+        match Conn::connect_with(
+            addr,
+            &cfg.client_name,
+            cfg.connect_timeout,
+            cfg.tls.as_ref(),
+        )
+        .await
+        {
             Ok(c) => return Ok((addr, c)),
             Err(e) if seeds.len() == 1 => return Err(e),
             Err(e) => failures.push(format!("{seed}: {e}")),
@@ -269,13 +280,19 @@ impl Client {
     pub async fn connect_with(cfg: ClientConfig) -> Result<Client> {
         let (addr, first) = connect_seed(&cfg).await?;
         let n = cfg.connections.max(1);
-        let home = NodePool::new(addr, n, &cfg.client_name, cfg.connect_timeout);
+        let home = NodePool::new(addr, n, &cfg);
         let info = first.info.clone();
         home.fill(0, first);
         for i in 1..home.len() {
             home.fill(
                 i,
-                Conn::connect(addr, &cfg.client_name, cfg.connect_timeout).await?,
+                Conn::connect_with(
+                    addr,
+                    &cfg.client_name,
+                    cfg.connect_timeout,
+                    cfg.tls.as_ref(),
+                )
+                .await?,
             );
         }
         // Deduplication of retried writes relies on client ids never
@@ -388,12 +405,7 @@ impl Client {
                 reason: format!("node {node} is not in the cluster layout"),
             })?;
         let cfg = &self.inner.cfg;
-        let pool = Arc::new(NodePool::new(
-            addr,
-            cfg.connections,
-            &cfg.client_name,
-            cfg.connect_timeout,
-        ));
+        let pool = Arc::new(NodePool::new(addr, cfg.connections, cfg));
         self.inner.nodes.lock().insert(node, pool.clone());
         Ok(pool)
     }

@@ -24,17 +24,19 @@ pub(crate) struct NodePool {
     rr: AtomicUsize,
     name: String,
     connect_timeout: Duration,
+    tls: Option<sluice_tls::ClientTls>,
 }
 
 impl NodePool {
-    pub(crate) fn new(addr: SocketAddr, n: usize, name: &str, connect_timeout: Duration) -> Self {
+    pub(crate) fn new(addr: SocketAddr, n: usize, cfg: &crate::ClientConfig) -> Self {
         NodePool {
             addr,
             slots: (0..n.max(1)).map(|_| ArcSwapOption::empty()).collect(),
             reconnect: tokio::sync::Mutex::new(()),
             rr: AtomicUsize::new(0),
-            name: name.to_string(),
-            connect_timeout,
+            name: cfg.client_name.clone(),
+            connect_timeout: cfg.connect_timeout,
+            tls: cfg.tls.clone(),
         }
     }
 
@@ -60,7 +62,13 @@ impl NodePool {
                 return Ok(c);
             }
         }
-        let c = Conn::connect(self.addr, &self.name, self.connect_timeout).await?;
+        let c = Conn::connect_with(
+            self.addr,
+            &self.name,
+            self.connect_timeout,
+            self.tls.as_ref(),
+        )
+        .await?;
         self.slots[i].store(Some(c.clone()));
         Ok(c)
     }

@@ -11,9 +11,12 @@ use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
+
+/// A connection's halves: a TCP socket's, or those of TLS over one.
+type ReadHalf = Box<dyn AsyncRead + Send + Unpin>;
+type WriteHalf = Box<dyn AsyncWrite + Send + Unpin>;
 use tokio::sync::{mpsc, oneshot, Semaphore};
 
 pub(crate) enum Pending {
@@ -24,7 +27,7 @@ pub(crate) enum Pending {
 }
 
 pub struct Conn {
-    writer: tokio::sync::Mutex<OwnedWriteHalf>,
+    writer: tokio::sync::Mutex<WriteHalf>,
     pending: Mutex<HashMap<u64, Pending>>,
     next_id: AtomicU64,
     alive: AtomicBool,
@@ -42,10 +45,22 @@ fn conn_err(reason: impl Into<String>) -> SluiceError {
 }
 
 impl Conn {
+    /// A plaintext connection (see `connect_with`).
     pub async fn connect(
         addr: SocketAddr,
         name: &str,
         connect_timeout: Duration,
+    ) -> Result<Arc<Conn>> {
+        Self::connect_with(addr, name, connect_timeout, None).await
+    }
+
+    /// Connects, with TLS when `tls` is given (the node's certificate must
+    /// name `addr`'s IP address), and shakes hands.
+    pub async fn connect_with(
+        addr: SocketAddr,
+        name: &str,
+        connect_timeout: Duration,
+        tls: Option<&sluice_tls::ClientTls>,
     ) -> Result<Arc<Conn>> {
         let sock = tokio::time::timeout(connect_timeout, TcpStream::connect(addr))
             .await
@@ -59,7 +74,30 @@ impl Conn {
                 ))
             })?;
         let _ = sock.set_nodelay(true);
-        let (mut rd, mut wr) = sock.into_split();
+        let (mut rd, mut wr): (ReadHalf, WriteHalf) = match tls {
+            None => {
+                let (r, w) = sock.into_split();
+                (Box::new(r), Box::new(w))
+            }
+            Some(t) => {
+                let server = sluice_tls::ClientTls::server_name(&addr.ip().to_string())
+                    .map_err(|e| conn_err(e.to_string()))?;
+                let connector = sluice_tls::tokio_rustls::TlsConnector::from(t.config.clone());
+                let s = tokio::time::timeout(connect_timeout, connector.connect(server, sock))
+                    .await
+                    .map_err(|_| SluiceError::Timeout {
+                        what: format!("TLS handshake with {addr}"),
+                        after_ms: connect_timeout.as_millis() as u64,
+                    })?
+                    .map_err(|e| {
+                        conn_err(format!(
+                            "TLS handshake with {addr}: {e} (check --tls-ca is the CA that signed the node's certificate, and that the node runs with TLS)"
+                        ))
+                    })?;
+                let (r, w) = tokio::io::split(s);
+                (Box::new(r), Box::new(w))
+            }
+        };
         // Handshake synchronously, before the reader task exists.
         let mut q = OutQueue::new();
         Request::Hello {
@@ -67,9 +105,12 @@ impl Conn {
             client_name: name.to_string(),
         }
         .encode(&mut q, 0, 0);
-        wr.write_all(&q.to_bytes())
-            .await
-            .map_err(|e| conn_err(format!("handshake with {addr}: {e}")))?;
+        async {
+            wr.write_all(&q.to_bytes()).await?;
+            wr.flush().await
+        }
+        .await
+        .map_err(|e| conn_err(format!("handshake with {addr}: {e}")))?;
         // Before the handshake we accept the largest frame a server may send.
         let decoder = FrameDecoder::new(u32::MAX, u32::MAX);
         let mut buf = BytesMut::with_capacity(4096);
@@ -77,7 +118,7 @@ impl Conn {
             loop {
                 if let Some(f) = decoder.decode(&mut buf).map_err(|e| match e {
                     sluice_wire::FrameError::BadMagic(_) => conn_err(format!(
-                        "{addr} is not a Sluice node (it answered with something other than Sluice frames); check the address and port"
+                        "{addr} is not a Sluice node (it answered with something other than Sluice frames); check the address and port, and if the node runs with TLS connect with its CA (--tls-ca)"
                     )),
                     e => SluiceError::protocol(e.to_string()),
                 })? {
@@ -96,7 +137,7 @@ impl Conn {
                     == 0
                 {
                     return Err(conn_err(format!(
-                        "{addr} closed the connection during the handshake"
+                        "{addr} closed the connection during the handshake (if the node runs with TLS, connect with its CA: --tls-ca)"
                     )));
                 }
             }
@@ -151,6 +192,11 @@ impl Conn {
                 }
                 Ok(k) => q.advance(k),
             }
+        }
+        // TLS: push out the records written (a no-op on TCP).
+        if w.flush().await.is_err() {
+            self.alive.store(false, Ordering::Release);
+            return Err(self.dead_error());
         }
         Ok(())
     }
@@ -220,7 +266,7 @@ impl Conn {
 
 async fn read_loop(
     weak: std::sync::Weak<Conn>,
-    mut rd: OwnedReadHalf,
+    mut rd: ReadHalf,
     mut buf: BytesMut,
     decoder: FrameDecoder,
 ) {

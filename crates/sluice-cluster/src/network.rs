@@ -49,6 +49,8 @@ pub struct Peers {
     pub acks: Acks,
     /// The cluster key this node authenticates with (`Request::PeerAuth`).
     key: String,
+    /// TLS to peers (the node's own certificate presented), when on.
+    tls: Option<sluice_tls::ClientTls>,
 }
 
 /// When each peer last acknowledged this node as a group's leader: an
@@ -96,9 +98,15 @@ impl Acks {
 struct Msg(String);
 
 impl Peers {
-    pub fn new(me: u32, connect_timeout: Duration, key: String) -> Self {
+    pub fn new(
+        me: u32,
+        connect_timeout: Duration,
+        key: String,
+        tls: Option<sluice_tls::ClientTls>,
+    ) -> Self {
         Peers {
             key,
+            tls,
             me,
             conns: Mutex::default(),
             connecting: Mutex::default(),
@@ -148,10 +156,11 @@ impl Peers {
         let sa: SocketAddr = addr.parse().map_err(|e| SluiceError::Connection {
             reason: format!("node {target} has a bad address {addr:?}: {e}"),
         })?;
-        let c = Conn::connect(
+        let c = Conn::connect_with(
             sa,
             &format!("sluice-node-{}", self.me),
             self.connect_timeout,
+            self.tls.as_ref(),
         )
         .await?;
         // Only an authenticated connection may carry consensus messages.

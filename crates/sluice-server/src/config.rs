@@ -124,6 +124,8 @@ pub struct ServerConfig {
     pub udl_aliases: std::collections::BTreeMap<String, String>,
     /// The Prometheus endpoint.
     pub metrics: MetricsConfig,
+    /// TLS on client and peer connections (off unless `tls.cert` is set).
+    pub tls: sluice_tls::NodeTls,
 }
 
 /// `[metrics]`: the node's Prometheus endpoint (`GET /metrics`); off
@@ -151,6 +153,7 @@ impl Default for ServerConfig {
             cluster: sluice_cluster::ClusterSettings::default(),
             udl_aliases: Default::default(),
             metrics: MetricsConfig::default(),
+            tls: sluice_tls::NodeTls::default(),
         }
     }
 }
@@ -166,6 +169,7 @@ impl ServerConfig {
     pub fn validate(&self) -> Result<(), String> {
         self.layout.validate()?;
         self.persistent.sync_policy()?;
+        self.tls.validate().map_err(|e| e.to_string())?;
         let c = &self.cluster;
         if c.election_min_ms <= c.heartbeat_ms * 2 || c.election_max_ms <= c.election_min_ms {
             return Err(format!(

@@ -15,7 +15,6 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpStream;
 use tokio::sync::{mpsc, watch, Semaphore};
 
 /// Most versions, and value bytes, a resumed watch replays.
@@ -86,7 +85,11 @@ enum Reply {
 
 type Deferred = (u64, Reply);
 
-pub async fn serve_conn(ctx: Arc<ConnCtx>, mut sock: TcpStream, peer: SocketAddr) {
+/// A connection's byte stream: a TCP socket, or TLS over one.
+pub trait Stream: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send {}
+impl<T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send> Stream for T {}
+
+pub async fn serve_conn<S: Stream>(ctx: Arc<ConnCtx>, mut sock: S, peer: SocketAddr) {
     let id = ctx.next_conn_id.fetch_add(1, Ordering::Relaxed);
     let (notify_tx, mut notify_rx) = mpsc::channel(WATCH_QUEUE_LEN);
     let (deferred_tx, mut deferred_rx) =
@@ -123,7 +126,7 @@ pub async fn serve_conn(ctx: Arc<ConnCtx>, mut sock: TcpStream, peer: SocketAddr
     ctx.watches.remove_conn(id);
 }
 
-async fn flush(sock: &mut TcpStream, out: &mut OutQueue) -> std::io::Result<()> {
+async fn flush<S: Stream>(sock: &mut S, out: &mut OutQueue) -> std::io::Result<()> {
     if !out.is_empty() {
         crate::metrics::sent(out.len());
     }
@@ -136,7 +139,8 @@ async fn flush(sock: &mut TcpStream, out: &mut OutQueue) -> std::io::Result<()> 
         }
         out.advance(written);
     }
-    Ok(())
+    // TLS: push out the records written (a no-op on TCP).
+    sock.flush().await
 }
 
 /// Where a request goes on a cluster node (`Conn::replicated_shard`).
@@ -154,9 +158,9 @@ enum Route {
 }
 
 impl Conn {
-    async fn run(
+    async fn run<S: Stream>(
         &mut self,
-        sock: &mut TcpStream,
+        sock: &mut S,
         notify_rx: &mut mpsc::Receiver<Notice>,
         deferred_rx: &mut mpsc::Receiver<Deferred>,
     ) -> Close {

@@ -112,6 +112,10 @@ fn describe() {
         "sluice_protocol_errors_total",
         "Malformed requests answered with an error"
     );
+    describe_counter!(
+        "sluice_tls_handshake_failures_total",
+        "Connections dropped in their TLS handshake (wrong CA, no client certificate, timeout)"
+    );
     describe_gauge!("sluice_watches", "Open watches");
     describe_counter!("sluice_store_operations_total", "Store operations by kind");
     describe_counter!("sluice_store_errors_total", "Store operations that failed");
@@ -221,6 +225,7 @@ fn mirror(ctx: &Arc<ConnCtx>) {
     counter!("sluice_connections_accepted_total").absolute(g(&s.connections_accepted));
     counter!("sluice_connections_rejected_total").absolute(g(&s.connections_rejected));
     counter!("sluice_protocol_errors_total").absolute(g(&s.protocol_errors));
+    counter!("sluice_tls_handshake_failures_total").absolute(g(&s.tls_handshake_failures));
     gauge!("sluice_watches").set(ctx.watches.len() as f64);
     let store = &ctx.store;
     let st = &store.stats;

@@ -51,6 +51,9 @@ fn spawn_compactor(store: std::sync::Weak<Store>, every: Duration) {
 /// A bound, not yet running, node.
 pub struct Server {
     listener: TcpListener,
+    /// Set when `[tls]` names a certificate: every connection starts with
+    /// a TLS handshake (within `timeouts.handshake_ms`).
+    tls: Option<tokio_rustls::TlsAcceptor>,
     ctx: Arc<ConnCtx>,
     /// The data directory's lock (nodes started by `bind`), held until
     /// `run` returns.
@@ -146,7 +149,13 @@ impl Server {
                 sluice_cluster::ClusterNode::start(
                     cfg.node_id,
                     l,
-                    cfg.cluster.clone(),
+                    sluice_cluster::ClusterSettings {
+                        peer_tls: cfg
+                            .tls
+                            .peer_config()
+                            .map_err(|e| ServerError::Config(e.to_string()))?,
+                        ..cfg.cluster.clone()
+                    },
                     cfg.data_dir.clone(),
                     store.clone(),
                 )
@@ -215,6 +224,11 @@ impl Server {
                 addr: cfg.listen,
                 error,
             })?;
+        let tls = cfg
+            .tls
+            .server_config()
+            .map_err(|e| ServerError::Config(e.to_string()))?
+            .map(tokio_rustls::TlsAcceptor::from);
         // Before the engine builds graphs: their UDLs' series register
         // against the recorder installed here.
         if let Some(addr) = cfg.metrics.listen {
@@ -275,6 +289,7 @@ impl Server {
         crate::metrics::spawn_mirror(Arc::downgrade(&ctx));
         Ok(Server {
             listener,
+            tls,
             ctx,
             data_lock: None,
         })
@@ -318,9 +333,26 @@ impl Server {
                         Ok(permit) => {
                             ctx.stats.connections_accepted.fetch_add(1, Ordering::Relaxed);
                             let ctx = ctx.clone();
+                            let tls = self.tls.clone();
                             conns.spawn(async move {
                                 ctx.stats.connections_open.fetch_add(1, Ordering::Relaxed);
-                                serve_conn(ctx.clone(), sock, peer).await;
+                                match tls {
+                                    None => serve_conn(ctx.clone(), sock, peer).await,
+                                    Some(acceptor) => {
+                                        let limit = Duration::from_millis(ctx.cfg.timeouts.handshake_ms);
+                                        match tokio::time::timeout(limit, acceptor.accept(sock)).await {
+                                            Ok(Ok(tls)) => serve_conn(ctx.clone(), tls, peer).await,
+                                            Ok(Err(e)) => {
+                                                ctx.stats.tls_handshake_failures.fetch_add(1, Ordering::Relaxed);
+                                                tracing::info!(%peer, error = %e, "TLS handshake failed");
+                                            }
+                                            Err(_) => {
+                                                ctx.stats.tls_handshake_failures.fetch_add(1, Ordering::Relaxed);
+                                                tracing::info!(%peer, "TLS handshake timed out");
+                                            }
+                                        }
+                                    }
+                                }
                                 ctx.stats.connections_open.fetch_sub(1, Ordering::Relaxed);
                                 drop(permit);
                             });

@@ -10,4 +10,6 @@ pub struct ServerStats {
     pub connections_open: AtomicU64,
     pub protocol_errors: AtomicU64,
     pub requests: AtomicU64,
+    /// Connections dropped in (or timed out during) their TLS handshake.
+    pub tls_handshake_failures: AtomicU64,
 }

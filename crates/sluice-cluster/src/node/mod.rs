@@ -81,6 +81,10 @@ pub struct ClusterSettings {
     /// `cluster.key` next to the layout file (made by the first node that
     /// starts when missing).
     pub key_file: Option<PathBuf>,
+    /// TLS to peers: set by the server from its `[tls]` (not a setting of
+    /// its own).
+    #[serde(skip)]
+    pub peer_tls: Option<sluice_tls::ClientTls>,
     /// Bandwidth of this node's outgoing broadcast chunks in MB/s (0: no
     /// limit): every chunk it sends, on any link, shares it, as a network
     /// interface's would (`sluice bench broadcast`).
@@ -101,6 +105,7 @@ impl Default for ClusterSettings {
             sync_persistent: true,
             fault_injection: false,
             key_file: None,
+            peer_tls: None,
             broadcast_egress_mbps: 0,
         }
     }
@@ -210,7 +215,12 @@ impl ClusterNode {
             volatile_root,
             _volatile_lock: volatile_lock,
             meta: Arc::new(MetaCell::new(MetaState::from_layout(&layout))),
-            peers: Arc::new(Peers::new(id, Duration::from_millis(500), key.clone())),
+            peers: Arc::new(Peers::new(
+                id,
+                Duration::from_millis(500),
+                key.clone(),
+                settings.peer_tls.clone(),
+            )),
             key,
             layout,
             settings,

@@ -1,0 +1,54 @@
+//! The client side's TLS for every command of this process: set once by
+//! `main` from `--tls-ca`/`--tls-cert`/`--tls-key` (or, for a `sluice dev
+//! --tls` cluster found through `./sluice-dev/endpoints`, from the files
+//! it wrote), read by each place that connects.
+
+use anyhow::{Context, Result};
+use sluice_tls::ClientTls;
+use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
+
+static CLIENT: OnceLock<Option<ClientTls>> = OnceLock::new();
+
+/// Where `sluice dev --tls` keeps its CA and certificates.
+pub const DEV_TLS_DIR: &str = "sluice-dev/tls";
+
+/// Sets this process's client TLS from the flags; with none, and when
+/// the address came from `sluice dev`'s endpoints, from its TLS files.
+pub fn init(
+    ca: Option<PathBuf>,
+    cert: Option<PathBuf>,
+    key: Option<PathBuf>,
+    dev_default: bool,
+) -> Result<()> {
+    let dev = Path::new(DEV_TLS_DIR);
+    let (ca, cert, key) = match (ca, cert, key) {
+        (None, None, None) if dev_default && dev.join("ca.pem").exists() => (
+            Some(dev.join("ca.pem")),
+            Some(dev.join("client.pem")),
+            Some(dev.join("client-key.pem")),
+        ),
+        other => other,
+    };
+    let tls = match (ca, cert, key) {
+        (None, None, None) => None,
+        (Some(ca), None, None) => Some(ClientTls::new(&ca, None)?),
+        (Some(ca), Some(c), Some(k)) => Some(ClientTls::new(&ca, Some((&c, &k)))?),
+        (None, _, _) => anyhow::bail!(
+            "--tls-cert and --tls-key need --tls-ca (the CA that signed the nodes' certificates)"
+        ),
+        _ => anyhow::bail!("--tls-cert and --tls-key go together"),
+    };
+    let _ = CLIENT.set(tls);
+    Ok(())
+}
+
+/// The TLS every client connection of this process uses.
+pub fn client() -> Option<ClientTls> {
+    CLIENT.get().cloned().flatten()
+}
+
+/// A node's own connections to itself (applying `--dfgs`): as a peer.
+pub fn of_node(cfg: &sluice_server::ServerConfig) -> Result<Option<ClientTls>> {
+    cfg.tls.peer_config().context("the node's [tls] settings")
+}

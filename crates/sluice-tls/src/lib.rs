@@ -1,0 +1,235 @@
+//! TLS for Sluice: rustls configurations built from PEM files (a node's
+//! listener, its connections to peers, clients), and a local certificate
+//! authority for `sluice dev --tls` and tests.
+//!
+//! Invariants: no I/O beyond reading the named files and writing the
+//! development CA's; no sockets (callers wrap their own streams with
+//! `tokio_rustls`); one crypto provider (`ring`), chosen here, so no
+//! process-wide default has to be installed; every error names the file or
+//! setting at fault and says what to do.
+
+mod pki;
+
+pub use pki::{make_dev_pki, DevPki, Validity};
+pub use rustls;
+pub use tokio_rustls;
+
+use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
+use rustls::server::WebPkiClientVerifier;
+use rustls::{ClientConfig, RootCertStore, ServerConfig};
+use serde::{Deserialize, Serialize};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+/// What went wrong setting TLS up.
+#[derive(Debug, thiserror::Error)]
+pub enum TlsError {
+    #[error("{what} {}: {reason}", path.display())]
+    File {
+        what: &'static str,
+        path: PathBuf,
+        reason: String,
+    },
+    #[error("{0}")]
+    Config(String),
+}
+
+fn provider() -> Arc<rustls::crypto::CryptoProvider> {
+    Arc::new(rustls::crypto::ring::default_provider())
+}
+
+fn read(what: &'static str, path: &Path) -> Result<Vec<u8>, TlsError> {
+    std::fs::read(path).map_err(|e| TlsError::File {
+        what,
+        path: path.to_path_buf(),
+        reason: e.to_string(),
+    })
+}
+
+/// The certificates of a PEM file (a chain, or a CA bundle).
+pub fn load_certs(
+    what: &'static str,
+    path: &Path,
+) -> Result<Vec<CertificateDer<'static>>, TlsError> {
+    let pem = read(what, path)?;
+    let certs: Vec<_> = rustls_pemfile::certs(&mut pem.as_slice())
+        .collect::<Result<_, _>>()
+        .map_err(|e| TlsError::File {
+            what,
+            path: path.to_path_buf(),
+            reason: format!("not PEM certificates: {e}"),
+        })?;
+    if certs.is_empty() {
+        return Err(TlsError::File {
+            what,
+            path: path.to_path_buf(),
+            reason: "holds no certificate (expected -----BEGIN CERTIFICATE-----)".into(),
+        });
+    }
+    Ok(certs)
+}
+
+/// The private key of a PEM file (PKCS#8, PKCS#1 or SEC1).
+pub fn load_key(what: &'static str, path: &Path) -> Result<PrivateKeyDer<'static>, TlsError> {
+    let pem = read(what, path)?;
+    rustls_pemfile::private_key(&mut pem.as_slice())
+        .map_err(|e| TlsError::File {
+            what,
+            path: path.to_path_buf(),
+            reason: format!("not a PEM private key: {e}"),
+        })?
+        .ok_or_else(|| TlsError::File {
+            what,
+            path: path.to_path_buf(),
+            reason: "holds no private key (expected -----BEGIN PRIVATE KEY-----)".into(),
+        })
+}
+
+fn roots(path: &Path) -> Result<RootCertStore, TlsError> {
+    let mut store = RootCertStore::empty();
+    for c in load_certs("tls.ca", path)? {
+        store.add(c).map_err(|e| TlsError::File {
+            what: "tls.ca",
+            path: path.to_path_buf(),
+            reason: format!("not a usable CA certificate: {e}"),
+        })?;
+    }
+    Ok(store)
+}
+
+/// A node's `[tls]`: its certificate and key (presented to clients, and
+/// to peers when it connects to them), the CA that signed its peers' and
+/// (optionally) clients' certificates, and whether clients must present
+/// one.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct NodeTls {
+    pub cert: Option<PathBuf>,
+    pub key: Option<PathBuf>,
+    pub ca: Option<PathBuf>,
+    /// Refuse clients without a certificate signed by `ca` (mutual TLS).
+    pub require_client_cert: bool,
+}
+
+impl NodeTls {
+    /// Whether TLS is on (a certificate is named).
+    pub fn enabled(&self) -> bool {
+        self.cert.is_some()
+    }
+
+    /// Checks the settings hang together (before any file is read).
+    pub fn validate(&self) -> Result<(), TlsError> {
+        match (&self.cert, &self.key) {
+            (Some(_), None) | (None, Some(_)) => {
+                return Err(TlsError::Config(
+                    "tls: set both tls.cert and tls.key (the node's certificate and its private key), or neither".into(),
+                ))
+            }
+            _ => {}
+        }
+        if self.cert.is_none() && (self.ca.is_some() || self.require_client_cert) {
+            return Err(TlsError::Config(
+                "tls: tls.ca and tls.require_client_cert need tls.cert and tls.key (TLS is off without them)".into(),
+            ));
+        }
+        if self.require_client_cert && self.ca.is_none() {
+            return Err(TlsError::Config(
+                "tls.require_client_cert = true needs tls.ca (the CA that signs client certificates)".into(),
+            ));
+        }
+        Ok(())
+    }
+
+    /// The listener's configuration; `None` when TLS is off.
+    pub fn server_config(&self) -> Result<Option<Arc<ServerConfig>>, TlsError> {
+        self.validate()?;
+        let (Some(cert), Some(key)) = (&self.cert, &self.key) else {
+            return Ok(None);
+        };
+        let certs = load_certs("tls.cert", cert)?;
+        let key = load_key("tls.key", key)?;
+        let builder = ServerConfig::builder_with_provider(provider())
+            .with_safe_default_protocol_versions()
+            .map_err(|e| TlsError::Config(e.to_string()))?;
+        let builder = match &self.ca {
+            Some(ca) => {
+                let v =
+                    WebPkiClientVerifier::builder_with_provider(Arc::new(roots(ca)?), provider());
+                let v = if self.require_client_cert {
+                    v.build()
+                } else {
+                    v.allow_unauthenticated().build()
+                }
+                .map_err(|e| TlsError::Config(format!("tls.ca: {e}")))?;
+                builder.with_client_cert_verifier(v)
+            }
+            None => builder.with_no_client_auth(),
+        };
+        let cfg = builder
+            .with_single_cert(certs, key)
+            .map_err(|e| TlsError::Config(format!("tls.cert / tls.key: {e}")))?;
+        Ok(Some(Arc::new(cfg)))
+    }
+
+    /// How this node connects to its peers: verifying them against `ca`
+    /// (else its own certificate's chain) and presenting its own
+    /// certificate; `None` when TLS is off.
+    pub fn peer_config(&self) -> Result<Option<ClientTls>, TlsError> {
+        self.validate()?;
+        let (Some(cert), Some(key)) = (&self.cert, &self.key) else {
+            return Ok(None);
+        };
+        let ca = self.ca.as_deref().unwrap_or(cert);
+        ClientTls::new(ca, Some((cert, key))).map(Some)
+    }
+}
+
+/// A client's TLS: the CA it trusts, and optionally its own certificate.
+#[derive(Clone, Debug)]
+pub struct ClientTls {
+    pub config: Arc<ClientConfig>,
+}
+
+/// The same configuration (settings compare equal when they share it).
+impl PartialEq for ClientTls {
+    fn eq(&self, other: &Self) -> bool {
+        Arc::ptr_eq(&self.config, &other.config)
+    }
+}
+
+impl Eq for ClientTls {}
+
+impl ClientTls {
+    /// Trusts the certificates in `ca`; presents `cert` and `key` when
+    /// given (nodes that require client certificates).
+    pub fn new(ca: &Path, identity: Option<(&Path, &Path)>) -> Result<ClientTls, TlsError> {
+        let builder = ClientConfig::builder_with_provider(provider())
+            .with_safe_default_protocol_versions()
+            .map_err(|e| TlsError::Config(e.to_string()))?
+            .with_root_certificates(roots(ca)?);
+        let config = match identity {
+            Some((cert, key)) => builder
+                .with_client_auth_cert(load_certs("tls cert", cert)?, load_key("tls key", key)?)
+                .map_err(|e| {
+                    TlsError::Config(format!("client certificate {}: {e}", cert.display()))
+                })?,
+            None => builder.with_no_client_auth(),
+        };
+        Ok(ClientTls {
+            config: Arc::new(config),
+        })
+    }
+
+    /// The name a node's certificate must carry: its IP address, or the
+    /// host name it was reached by.
+    pub fn server_name(host: &str) -> Result<ServerName<'static>, TlsError> {
+        ServerName::try_from(host.to_string()).map_err(|e| {
+            TlsError::Config(format!(
+                "{host:?} cannot be checked against a certificate: {e}"
+            ))
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,134 @@
+//! A local certificate authority for `sluice dev --tls` and tests: a CA,
+//! one certificate per node (for 127.0.0.1 and localhost, usable both to
+//! serve and to connect to peers) and one client certificate, as PEM files.
+
+use crate::TlsError;
+use rcgen::{
+    BasicConstraints, CertificateParams, CertifiedIssuer, DnType, ExtendedKeyUsagePurpose, IsCa,
+    KeyPair, KeyUsagePurpose,
+};
+use std::path::{Path, PathBuf};
+use time::{Duration, OffsetDateTime};
+
+/// When the certificates are valid, relative to now.
+#[derive(Clone, Copy, Debug)]
+pub struct Validity {
+    pub from_days: i64,
+    pub to_days: i64,
+}
+
+impl Default for Validity {
+    /// From a day ago (clock skew) for a year.
+    fn default() -> Self {
+        Validity {
+            from_days: -1,
+            to_days: 365,
+        }
+    }
+}
+
+/// Where `make_dev_pki` wrote its files.
+#[derive(Clone, Debug)]
+pub struct DevPki {
+    pub ca: PathBuf,
+    /// Per node: (certificate, key).
+    pub nodes: Vec<(PathBuf, PathBuf)>,
+    pub client_cert: PathBuf,
+    pub client_key: PathBuf,
+}
+
+fn gen_err(e: rcgen::Error) -> TlsError {
+    TlsError::Config(format!("generating a certificate: {e}"))
+}
+
+fn write(path: &Path, text: &str) -> Result<(), TlsError> {
+    std::fs::write(path, text).map_err(|e| TlsError::File {
+        what: "writing",
+        path: path.to_path_buf(),
+        reason: e.to_string(),
+    })
+}
+
+/// A private key: readable by its owner only.
+fn write_key(path: &Path, text: &str) -> Result<(), TlsError> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(path)
+        .and_then(|mut f| f.write_all(text.as_bytes()))
+        .map_err(|e| TlsError::File {
+            what: "writing",
+            path: path.to_path_buf(),
+            reason: e.to_string(),
+        })
+}
+
+/// Writes a CA, `nodes` node certificates and a client certificate into
+/// `dir` (`ca.pem`, `node-<i>.pem`/`node-<i>-key.pem`, `client.pem`/
+/// `client-key.pem`). `leaf` sets the node and client certificates'
+/// validity (tests make expired ones); the CA is valid for as long.
+pub fn make_dev_pki(dir: &Path, nodes: u32, leaf: Validity) -> Result<DevPki, TlsError> {
+    std::fs::create_dir_all(dir).map_err(|e| TlsError::File {
+        what: "creating",
+        path: dir.to_path_buf(),
+        reason: e.to_string(),
+    })?;
+    let now = OffsetDateTime::now_utc();
+    let when = |p: &mut CertificateParams| {
+        p.not_before = now + Duration::days(leaf.from_days);
+        p.not_after = now + Duration::days(leaf.to_days);
+    };
+    let mut ca = CertificateParams::new(Vec::<String>::new()).map_err(gen_err)?;
+    ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    ca.distinguished_name
+        .push(DnType::CommonName, "Sluice development CA");
+    ca.key_usages = vec![
+        KeyUsagePurpose::KeyCertSign,
+        KeyUsagePurpose::CrlSign,
+        KeyUsagePurpose::DigitalSignature,
+    ];
+    ca.not_before = now + Duration::days(leaf.from_days.min(-1));
+    ca.not_after = now + Duration::days(leaf.to_days.max(365));
+    let ca_key = KeyPair::generate().map_err(gen_err)?;
+    let issuer = CertifiedIssuer::self_signed(ca, ca_key).map_err(gen_err)?;
+    let ca_path = dir.join("ca.pem");
+    write(&ca_path, &issuer.pem())?;
+    let leaf_cert = |name: String| -> Result<(String, String), TlsError> {
+        let mut p = CertificateParams::new(vec!["127.0.0.1".to_string(), "localhost".to_string()])
+            .map_err(gen_err)?;
+        p.distinguished_name.push(DnType::CommonName, name);
+        p.extended_key_usages = vec![
+            ExtendedKeyUsagePurpose::ServerAuth,
+            ExtendedKeyUsagePurpose::ClientAuth,
+        ];
+        when(&mut p);
+        let key = KeyPair::generate().map_err(gen_err)?;
+        let cert = p.signed_by(&key, &issuer).map_err(gen_err)?;
+        Ok((cert.pem(), key.serialize_pem()))
+    };
+    let mut out = Vec::new();
+    for i in 0..nodes {
+        let (c, k) = leaf_cert(format!("sluice node {i}"))?;
+        let (cp, kp) = (
+            dir.join(format!("node-{i}.pem")),
+            dir.join(format!("node-{i}-key.pem")),
+        );
+        write(&cp, &c)?;
+        write_key(&kp, &k)?;
+        out.push((cp, kp));
+    }
+    let (c, k) = leaf_cert("sluice client".into())?;
+    let (client_cert, client_key) = (dir.join("client.pem"), dir.join("client-key.pem"));
+    write(&client_cert, &c)?;
+    write_key(&client_key, &k)?;
+    Ok(DevPki {
+        ca: ca_path,
+        nodes: out,
+        client_cert,
+        client_key,
+    })
+}

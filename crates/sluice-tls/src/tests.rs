@@ -1,0 +1,152 @@
+use super::*;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+fn node(pki: &DevPki, require_client_cert: bool) -> NodeTls {
+    NodeTls {
+        cert: Some(pki.nodes[0].0.clone()),
+        key: Some(pki.nodes[0].1.clone()),
+        ca: Some(pki.ca.clone()),
+        require_client_cert,
+    }
+}
+
+/// A handshake and one echoed message over an in-memory pipe: the
+/// client's outcome (`Err` with the error's text).
+async fn exchange(server: Arc<ServerConfig>, client: ClientTls) -> Result<(), String> {
+    let (a, b) = tokio::io::duplex(64 * 1024);
+    let srv = tokio::spawn(async move {
+        let mut s = tokio_rustls::TlsAcceptor::from(server).accept(a).await?;
+        let mut buf = [0u8; 5];
+        s.read_exact(&mut buf).await?;
+        s.write_all(&buf).await?;
+        s.flush().await?;
+        Ok::<_, std::io::Error>(())
+    });
+    let name = ClientTls::server_name("127.0.0.1").unwrap();
+    let r = async {
+        let mut c = tokio_rustls::TlsConnector::from(client.config)
+            .connect(name, b)
+            .await?;
+        c.write_all(b"hello").await?;
+        c.flush().await?;
+        let mut buf = [0u8; 5];
+        c.read_exact(&mut buf).await?;
+        assert_eq!(&buf, b"hello");
+        Ok::<_, std::io::Error>(())
+    }
+    .await
+    .map_err(|e| e.to_string());
+    let s = srv.await.unwrap();
+    r.and(s.map_err(|e| format!("server: {e}")))
+}
+
+fn rt() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+#[test]
+fn a_client_trusting_the_ca_talks_to_a_node() {
+    let dir = tempfile::tempdir().unwrap();
+    let pki = make_dev_pki(dir.path(), 1, Validity::default()).unwrap();
+    let server = node(&pki, false).server_config().unwrap().unwrap();
+    let client = ClientTls::new(&pki.ca, None).unwrap();
+    rt().block_on(exchange(server, client)).unwrap();
+    // Keys are for their owner only.
+    use std::os::unix::fs::PermissionsExt;
+    let mode = std::fs::metadata(&pki.nodes[0].1)
+        .unwrap()
+        .permissions()
+        .mode();
+    assert_eq!(mode & 0o777, 0o600);
+}
+
+#[test]
+fn a_wrong_ca_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let pki = make_dev_pki(&dir.path().join("a"), 1, Validity::default()).unwrap();
+    let other = make_dev_pki(&dir.path().join("b"), 1, Validity::default()).unwrap();
+    let server = node(&pki, false).server_config().unwrap().unwrap();
+    let client = ClientTls::new(&other.ca, None).unwrap();
+    let e = rt().block_on(exchange(server, client)).unwrap_err();
+    assert!(e.contains("invalid peer certificate"), "{e}");
+}
+
+#[test]
+fn an_expired_certificate_is_refused_as_expired() {
+    let dir = tempfile::tempdir().unwrap();
+    let expired = Validity {
+        from_days: -30,
+        to_days: -1,
+    };
+    let pki = make_dev_pki(dir.path(), 1, expired).unwrap();
+    let server = node(&pki, false).server_config().unwrap().unwrap();
+    let client = ClientTls::new(&pki.ca, None).unwrap();
+    let e = rt().block_on(exchange(server, client)).unwrap_err();
+    assert!(e.contains("certificate expired"), "{e}");
+}
+
+#[test]
+fn mutual_tls_needs_a_client_certificate_from_the_ca() {
+    let dir = tempfile::tempdir().unwrap();
+    let pki = make_dev_pki(&dir.path().join("a"), 1, Validity::default()).unwrap();
+    let other = make_dev_pki(&dir.path().join("b"), 1, Validity::default()).unwrap();
+    let server = node(&pki, true).server_config().unwrap().unwrap();
+    // Without a certificate: refused.
+    let anon = ClientTls::new(&pki.ca, None).unwrap();
+    assert!(rt().block_on(exchange(server.clone(), anon)).is_err());
+    // With one from another CA: refused.
+    let stranger = ClientTls::new(&pki.ca, Some((&other.client_cert, &other.client_key))).unwrap();
+    assert!(rt().block_on(exchange(server.clone(), stranger)).is_err());
+    // With the CA's client certificate: accepted; so is a peer node.
+    let client = ClientTls::new(&pki.ca, Some((&pki.client_cert, &pki.client_key))).unwrap();
+    rt().block_on(exchange(server.clone(), client)).unwrap();
+    let peer = node(&pki, true).peer_config().unwrap().unwrap();
+    rt().block_on(exchange(server, peer)).unwrap();
+}
+
+#[test]
+fn settings_that_do_not_hang_together_are_refused_by_name() {
+    let p = |s: &str| Some(PathBuf::from(s));
+    let cases = [
+        (
+            NodeTls {
+                cert: p("c"),
+                ..Default::default()
+            },
+            "tls.key",
+        ),
+        (
+            NodeTls {
+                ca: p("ca"),
+                ..Default::default()
+            },
+            "need tls.cert",
+        ),
+        (
+            NodeTls {
+                cert: p("c"),
+                key: p("k"),
+                require_client_cert: true,
+                ..Default::default()
+            },
+            "needs tls.ca",
+        ),
+    ];
+    for (t, want) in cases {
+        let e = t.validate().unwrap_err().to_string();
+        assert!(e.contains(want), "{e}");
+    }
+    assert!(NodeTls::default().server_config().unwrap().is_none());
+    let e = NodeTls {
+        cert: p("/nonexistent/cert.pem"),
+        key: p("/nonexistent/key.pem"),
+        ..Default::default()
+    }
+    .server_config()
+    .unwrap_err()
+    .to_string();
+    assert!(e.contains("tls.cert /nonexistent/cert.pem"), "{e}");
+}
