@@ -93,7 +93,8 @@ impl Client {
 #[pymethods]
 impl Client {
     #[new]
-    #[pyo3(signature = (addr, *, timeout_s = 10.0, connect_timeout_s = 3.0, connections = 1, name = "sluice-python".to_string()))]
+    #[pyo3(signature = (addr, *, timeout_s = 10.0, connect_timeout_s = 3.0, connections = 1, name = "sluice-python".to_string(), tls_ca = None, tls_cert = None, tls_key = None))]
+    #[allow(clippy::too_many_arguments)] // Python's keyword arguments
     fn new(
         py: Python<'_>,
         addr: String,
@@ -101,8 +102,27 @@ impl Client {
         connect_timeout_s: f64,
         connections: usize,
         name: String,
+        tls_ca: Option<std::path::PathBuf>,
+        tls_cert: Option<std::path::PathBuf>,
+        tls_key: Option<std::path::PathBuf>,
     ) -> PyResult<Client> {
+        let tls_err = |m: String| pyo3::exceptions::PyValueError::new_err(m);
+        let tls = match (tls_ca, tls_cert, tls_key) {
+            (None, None, None) => None,
+            (Some(ca), None, None) => Some(sluice_tls::ClientTls::new(&ca, None)),
+            (Some(ca), Some(c), Some(k)) => Some(sluice_tls::ClientTls::new(&ca, Some((&c, &k)))),
+            (None, _, _) => {
+                return Err(tls_err(
+                    "tls_cert and tls_key need tls_ca (the CA that signed the nodes' certificates)"
+                        .into(),
+                ))
+            }
+            _ => return Err(tls_err("tls_cert and tls_key go together".into())),
+        }
+        .transpose()
+        .map_err(|e| tls_err(e.to_string()))?;
         let cfg = ClientConfig {
+            tls,
             addr,
             connections: connections.max(1),
             connect_timeout: Duration::from_micros(micros(connect_timeout_s)?),

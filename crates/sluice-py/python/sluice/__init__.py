@@ -153,7 +153,9 @@ class Client:
     ``addr`` is ``host:port``, or several comma-separated seeds (the first
     that answers is used; in a cluster any one will do). ``timeout`` bounds
     each request, in seconds. Use it as a context manager, or call
-    ``close()``; it is safe to share between threads.
+    ``close()``; it is safe to share between threads. Nodes that run
+    with TLS need ``tls_ca`` (the CA's PEM file), and ``tls_cert`` and
+    ``tls_key`` where they require client certificates (README: Security).
     """
 
     def __init__(
@@ -164,6 +166,9 @@ class Client:
         connect_timeout: float = 3.0,
         connections: int = 1,
         name: str = "sluice-python",
+        tls_ca: Optional[str] = None,
+        tls_cert: Optional[str] = None,
+        tls_key: Optional[str] = None,
     ) -> None:
         self._c = _sluice.Client(
             addr or default_address(),
@@ -171,6 +176,9 @@ class Client:
             connect_timeout_s=connect_timeout,
             connections=connections,
             name=name,
+            tls_ca=tls_ca,
+            tls_cert=tls_cert,
+            tls_key=tls_key,
         )
 
     # -- context manager ------------------------------------------------

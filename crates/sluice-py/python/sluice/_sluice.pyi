@@ -59,6 +59,9 @@ class Client:
         connect_timeout_s: float = 3.0,
         connections: int = 1,
         name: str = "sluice-python",
+        tls_ca: Optional[str] = None,
+        tls_cert: Optional[str] = None,
+        tls_key: Optional[str] = None,
     ) -> None: ...
     @property
     def node_id(self) -> int: ...
