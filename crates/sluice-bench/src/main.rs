@@ -17,6 +17,7 @@ mod peers;
 mod procs;
 mod single;
 mod streams;
+mod tls;
 
 use anyhow::Result;
 use clap::Parser;
@@ -74,6 +75,9 @@ pub enum BenchWhat {
     /// worker scaling, and optionally a Ray actor call: runs `python -m
     /// sluice.bench_udl` against a node whose lambdas use that Python.
     PythonUdl(PythonUdlBenchArgs),
+    /// TLS next to plaintext: put/get p50 with one client and throughput
+    /// with many, two node processes measured in turns.
+    Tls(tls::TlsArgs),
 }
 
 #[derive(clap::Args)]
@@ -283,6 +287,7 @@ pub fn run(a: BenchArgs, json: bool) -> Result<()> {
         Some(BenchWhat::Core(c)) => single::core(c, json),
         Some(BenchWhat::Python(p)) => python_bench(p, json),
         Some(BenchWhat::PythonUdl(p)) => python_udl_bench(p, json),
+        Some(BenchWhat::Tls(t)) => tls::run(t, json),
         None => single::core(a.core, json),
     }
 }
