@@ -19,6 +19,43 @@ pub struct SluiceOp {
 
 pub const KEYS_PER_SIZE: u64 = 64;
 
+/// `n` clients (a connection each) doing `op` ("put", "get" or
+/// "trigger_put") with `size`-byte values; for gets, the keys they read
+/// are written first.
+pub async fn sluice_ops(
+    cfg: &sluice_client::ClientConfig,
+    op: &'static str,
+    size: usize,
+    n: usize,
+) -> Result<Vec<SluiceOp>> {
+    let mut v = Vec::new();
+    for c in 0..n {
+        let client = Client::connect_with(cfg.clone()).await?;
+        let prefix = match op {
+            "put" => format!("/vol/bench/put/{size}/{c}"),
+            "get" => format!("/vol/bench/{size}"),
+            _ => format!("/trig/bench/{size}"),
+        };
+        v.push(SluiceOp {
+            client,
+            op,
+            value: Bytes::from(vec![b'x'; size]),
+            prefix,
+        });
+    }
+    if op == "get" {
+        for i in 0..KEYS_PER_SIZE {
+            v[0].client
+                .put(
+                    &format!("/vol/bench/{size}/{i}"),
+                    Bytes::from(vec![b'x'; size]),
+                )
+                .await?;
+        }
+    }
+    Ok(v)
+}
+
 impl Op for SluiceOp {
     async fn call(&mut self, i: u64) -> Result<()> {
         let key = format!("{}/{}", self.prefix, i % KEYS_PER_SIZE);

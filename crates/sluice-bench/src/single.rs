@@ -54,42 +54,13 @@ pub fn core(a: CoreArgs, json: bool) -> Result<()> {
                 .worker_threads(2)
                 .enable_all()
                 .build()?;
+            let cfg = ClientConfig {
+                addr: addr.clone(),
+                client_name: "bench".into(),
+                ..Default::default()
+            };
             let mk_clients = |rt: &tokio::runtime::Runtime, n: usize| -> Result<Vec<SluiceOp>> {
-                rt.block_on(async {
-                    let mut v = Vec::new();
-                    for c in 0..n {
-                        let client = Client::connect_with(ClientConfig {
-                            addr: addr.clone(),
-                            client_name: "bench".into(),
-                            ..Default::default()
-                        })
-                        .await?;
-                        let prefix = if op == "put" {
-                            format!("/vol/bench/put/{size}/{c}")
-                        } else if op == "get" {
-                            format!("/vol/bench/{size}")
-                        } else {
-                            format!("/trig/bench/{size}")
-                        };
-                        v.push(SluiceOp {
-                            client,
-                            op,
-                            value: Bytes::from(vec![b'x'; size]),
-                            prefix,
-                        });
-                    }
-                    if op == "get" {
-                        for i in 0..KEYS_PER_SIZE {
-                            v[0].client
-                                .put(
-                                    &format!("/vol/bench/{size}/{i}"),
-                                    Bytes::from(vec![b'x'; size]),
-                                )
-                                .await?;
-                        }
-                    }
-                    Ok::<_, anyhow::Error>(v)
-                })
+                rt.block_on(sluice_ops(&cfg, op, size, n))
             };
             let w = mk_clients(&rt1, 1)?;
             let one = w[0].clone();

@@ -5,10 +5,9 @@
 //! and N clients (throughput).
 
 use crate::harness::{closed_loop, fmt_size, report, row, ChildNode, Row};
-use crate::peers::{SluiceOp, KEYS_PER_SIZE};
+use crate::peers::{sluice_ops, SluiceOp};
 use anyhow::Result;
-use bytes::Bytes;
-use sluice_client::{Client, ClientConfig};
+use sluice_client::ClientConfig;
 use std::time::Duration;
 
 #[derive(clap::Args, Clone)]
@@ -34,37 +33,13 @@ async fn clients(
     size: usize,
     n: usize,
 ) -> Result<Vec<SluiceOp>> {
-    let mut v = Vec::new();
-    for c in 0..n {
-        let client = Client::connect_with(ClientConfig {
-            addr: addr.to_string(),
-            client_name: "bench-tls".into(),
-            tls: tls.cloned(),
-            ..Default::default()
-        })
-        .await?;
-        let prefix = match op {
-            "put" => format!("/vol/bench/put/{size}/{c}"),
-            _ => format!("/vol/bench/{size}"),
-        };
-        v.push(SluiceOp {
-            client,
-            op,
-            value: Bytes::from(vec![b'x'; size]),
-            prefix,
-        });
-    }
-    if op == "get" {
-        for i in 0..KEYS_PER_SIZE {
-            v[0].client
-                .put(
-                    &format!("/vol/bench/{size}/{i}"),
-                    Bytes::from(vec![b'x'; size]),
-                )
-                .await?;
-        }
-    }
-    Ok(v)
+    let cfg = ClientConfig {
+        addr: addr.to_string(),
+        client_name: "bench-tls".into(),
+        tls: tls.cloned(),
+        ..Default::default()
+    };
+    sluice_ops(&cfg, op, size, n).await
 }
 
 /// One node, one round: p50 with one client and throughput with many,
