@@ -12,6 +12,7 @@
 import argparse
 import json
 import os
+import shutil
 import statistics
 import sys
 import tempfile
@@ -258,6 +259,7 @@ def main():
     for g in list(c.dfg_list()):
         if g["id"].endswith(tag):
             c.dfg_remove(g["id"])
+    shutil.rmtree(code_dir, ignore_errors=True)
     if a.json:
         print(json.dumps(result, indent=2))
         return
