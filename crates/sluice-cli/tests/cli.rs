@@ -1500,6 +1500,15 @@ fn metrics_endpoint_shows_requests_by_op_and_pool_and_udl_calls() {
         ),
         Some(0.0)
     );
+    // Nothing waits once the relay ran, on any worker.
+    let depths: Vec<&str> = text
+        .lines()
+        .filter(|l| l.starts_with("sluice_upcall_queue_depth{"))
+        .collect();
+    assert!(
+        !depths.is_empty() && depths.iter().all(|l| l.ends_with(" 0")),
+        "{depths:?}"
+    );
     assert!(
         text.contains("# TYPE sluice_request_duration_seconds histogram"),
         "{text}"

@@ -153,6 +153,9 @@ struct Stats {
     failures: AtomicU64,
     panics: AtomicU64,
     dropped: AtomicU64,
+    /// Upcalls waiting in each worker's queue (raised before a job is
+    /// sent, lowered when a worker takes it or the send fails).
+    queued: Vec<AtomicU64>,
 }
 
 /// The compute engine of a node: a store observer that dispatches
@@ -191,7 +194,10 @@ impl Engine {
             cfg.workers
         };
         let ctx = Arc::new(Context::new(Arc::downgrade(store), publisher, cfg.node_id));
-        let stats = Arc::new(Stats::default());
+        let stats = Arc::new(Stats {
+            queued: (0..n).map(|_| AtomicU64::new(0)).collect(),
+            ..Stats::default()
+        });
         let hist = || {
             Mutex::new(
                 Histogram::new_with_bounds(1, 60_000_000_000, 3)
@@ -577,6 +583,7 @@ impl Engine {
             "failures": g(&self.stats.failures),
             "panics": g(&self.stats.panics),
             "dropped": g(&self.stats.dropped),
+            "queued": self.stats.queued.iter().map(g).collect::<Vec<_>>(),
             "dispatch_overhead_us": {
                 "count": all.len(),
                 "p50": us(0.5),
@@ -642,9 +649,11 @@ impl DeliveryObserver for Engine {
                 enqueued_us,
                 enqueued_at: t0,
             };
+            self.stats.queued[w].fetch_add(1, Ordering::Relaxed);
             match self.workers[w].try_send(job) {
                 Ok(()) => {}
                 Err(TrySendError::Full(_)) | Err(TrySendError::Disconnected(_)) => {
+                    self.stats.queued[w].fetch_sub(1, Ordering::Relaxed);
                     self.stats.dropped.fetch_add(1, Ordering::Relaxed);
                     entry.stats.dropped.fetch_add(1, Ordering::Relaxed);
                     entry.metrics.dropped.increment(1);
@@ -671,6 +680,7 @@ fn worker_loop(
     node_id: u32,
 ) {
     while let Ok(job) = rx.recv() {
+        stats.queued[id].fetch_sub(1, Ordering::Relaxed);
         let waited = job.enqueued_at.elapsed().as_nanos() as u64;
         let _ = dispatch_ns[id].lock().record(waited.max(1));
         let started_us = Clock::wall_us();

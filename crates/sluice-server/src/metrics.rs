@@ -135,6 +135,10 @@ fn describe() {
         "Upcalls refused because a worker's queue was full (compute.queue_len)"
     );
     describe_gauge!("sluice_graphs", "Data flow graphs running here");
+    describe_gauge!(
+        "sluice_upcall_queue_depth",
+        "Upcalls waiting per worker thread (bounded by compute.queue_len)"
+    );
     describe_counter!("sluice_udl_calls_total", "Calls per UDL of each vertex");
     describe_counter!(
         "sluice_udl_failures_total",
@@ -251,6 +255,12 @@ fn mirror(ctx: &Arc<ConnCtx>) {
     counter!("sluice_upcall_panics_total").absolute(n("panics"));
     counter!("sluice_upcalls_dropped_total").absolute(n("dropped"));
     gauge!("sluice_graphs").set(n("graphs") as f64);
+    if let Some(q) = e["queued"].as_array() {
+        for (w, depth) in q.iter().enumerate() {
+            gauge!("sluice_upcall_queue_depth", "worker" => w.to_string())
+                .set(depth.as_u64().unwrap_or(0) as f64);
+        }
+    }
     if let Some(c) = &ctx.cluster {
         mirror_raft(&c.status());
     }
