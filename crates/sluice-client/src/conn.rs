@@ -83,6 +83,9 @@ impl Conn {
                 let server = sluice_tls::ClientTls::server_name(&addr.ip().to_string())
                     .map_err(|e| conn_err(e.to_string()))?;
                 let connector = sluice_tls::tokio_rustls::TlsConnector::from(t.config.clone());
+                // rustls reads the socket 4 KB at a time: a buffer under
+                // it makes a 10 KB reply one recv, not three.
+                let sock = tokio::io::BufReader::with_capacity(64 * 1024, sock);
                 let s = tokio::time::timeout(connect_timeout, connector.connect(server, sock))
                     .await
                     .map_err(|_| SluiceError::Timeout {
