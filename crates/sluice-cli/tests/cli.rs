@@ -1741,3 +1741,39 @@ fn dev_tls_runs_a_cluster_over_mutual_tls() {
     assert!(dev.wait().unwrap().success());
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// Issue #19: a node listening beyond loopback without TLS says so.
+#[test]
+fn a_node_beyond_loopback_without_tls_warns() {
+    let dir = temp_dir("exposed");
+    let mut child = Command::new(BIN)
+        .args(["serve", "--listen", "0.0.0.0:0", "--data-dir"])
+        .arg(dir.join("data"))
+        .env("SLUICE_LOG", "warn")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    let err = child.stderr.take().unwrap();
+    std::thread::spawn(move || {
+        for l in BufReader::new(err).lines().map_while(Result::ok) {
+            let _ = tx.send(l);
+        }
+    });
+    let found = (|| loop {
+        match rx.recv_timeout(Duration::from_secs(20)) {
+            Ok(l) if l.contains("listening beyond loopback without TLS") => return Some(l),
+            Ok(_) => continue,
+            Err(_) => return None,
+        }
+    })();
+    let _ = child.kill();
+    let _ = child.wait();
+    let _ = std::fs::remove_dir_all(&dir);
+    let line = found.expect("no warning about listening beyond loopback without TLS");
+    assert!(
+        line.contains("[tls]") && line.contains("0.0.0.0:"),
+        "{line}"
+    );
+}

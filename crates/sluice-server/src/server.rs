@@ -316,6 +316,13 @@ impl Server {
     pub async fn run(self, shutdown: impl Future<Output = ()>) {
         let _data_lock = self.data_lock;
         let ctx = self.ctx;
+        let at = self.listener.local_addr().unwrap_or(ctx.cfg.listen);
+        if !at.ip().is_loopback() && self.tls.is_none() {
+            tracing::warn!(
+                addr = %at,
+                "listening beyond loopback without TLS: anyone who can reach {at} can read and write every pool, apply data flow graphs and see the traffic; set [tls] (README: Security)"
+            );
+        }
         let mut conns = tokio::task::JoinSet::new();
         tokio::pin!(shutdown);
         loop {
