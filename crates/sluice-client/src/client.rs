@@ -1103,6 +1103,23 @@ impl Client {
                         view.leaders.lock().remove("meta");
                         Step::Pause
                     }
+                    // The node asked holds no metadata replica: ask one
+                    // that does; when it cannot name them yet (it has not
+                    // learned the metadata group's members, just after
+                    // start), learn the leader afresh and try again.
+                    Err(SluiceError::NotMember { members, .. }) => match members.first() {
+                        Some(m) => Step::Follow(*m),
+                        None => {
+                            view.leaders.lock().remove("meta");
+                            if self.refresh_cluster().await.is_ok() {
+                                let known = self.inner.cluster.load_full();
+                                if let Some(l) = known.and_then(|v| v.leader("meta")) {
+                                    view.set_leader("meta", l);
+                                }
+                            }
+                            Step::Pause
+                        }
+                    },
                     _ => Step::Done,
                 };
                 (r, step)
