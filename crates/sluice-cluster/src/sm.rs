@@ -714,6 +714,21 @@ impl Sm {
         let st = self.st.lock();
         (st.snapshots_built, st.snapshots_installed)
     }
+
+    /// The size in bytes of the snapshot this member holds (0 without
+    /// one); a snapshot kept only in its file is measured there, outside
+    /// the state's lock.
+    pub fn snapshot_bytes(&self) -> u64 {
+        let held = self.st.lock().current.as_ref().map(|(_, d)| match d {
+            SnapData::Mem(b) => Ok(b.len() as u64),
+            SnapData::File(p) => Err(p.clone()),
+        });
+        match held {
+            None => 0,
+            Some(Ok(n)) => n,
+            Some(Err(path)) => std::fs::metadata(path).map_or(0, |m| m.len()),
+        }
+    }
 }
 
 impl RaftSnapshotBuilder<TypeConfig> for Sm {

@@ -181,6 +181,10 @@ fn describe() {
         "sluice_raft_snapshots_installed_total",
         "Snapshots installed per group"
     );
+    describe_gauge!(
+        "sluice_raft_snapshot_bytes",
+        "Size of the snapshot each group holds here"
+    );
 }
 
 /// Bytes read from clients and peers.
@@ -303,6 +307,8 @@ fn mirror_raft(status: &serde_json::Value) {
             .absolute(u("snapshots_built"));
         counter!("sluice_raft_snapshots_installed_total", "group" => group.clone())
             .absolute(u("snapshots_installed"));
+        gauge!("sluice_raft_snapshot_bytes", "group" => group.clone())
+            .set(u("snapshot_bytes") as f64);
         if let Some(lag) = grp["lag"].as_object() {
             for (peer, entries) in lag {
                 gauge!("sluice_raft_follower_lag_entries", "group" => group.clone(), "peer" => peer.clone())
@@ -325,6 +331,7 @@ mod tests {
             "groups": [
                 {"group": "meta", "role": "leader", "term": 7, "last_log_index": 120,
                  "applied_index": 118, "snapshots_built": 2, "snapshots_installed": 0,
+                 "snapshot_bytes": 4096,
                  "lag": {"2": 0, "3": 5}},
                 {"group": "volatile/0/0", "role": "follower", "term": 3,
                  "last_log_index": 40, "applied_index": 40, "lag": {}}
@@ -342,6 +349,8 @@ mod tests {
             r#"sluice_raft_apply_lag_entries{group="volatile/0/0"} 0"#,
             r#"sluice_raft_follower_lag_entries{group="meta",peer="3"} 5"#,
             r#"sluice_raft_snapshots_built_total{group="meta"} 2"#,
+            r#"sluice_raft_snapshot_bytes{group="meta"} 4096"#,
+            r#"sluice_raft_snapshot_bytes{group="volatile/0/0"} 0"#,
         ] {
             assert!(text.lines().any(|l| l == line), "no {line:?} in:\n{text}");
         }

@@ -454,6 +454,7 @@ impl ClusterNode {
                     "snapshot_index": m.snapshot.map(|l| l.index),
                     "snapshots_built": built,
                     "snapshots_installed": installed,
+                    "snapshot_bytes": x.sm.snapshot_bytes(),
                     "role": match m.state {
                         ServerState::Follower | ServerState::Learner if !member => "removed",
                         ServerState::Leader if leader == Some(u64::from(self.id)) => "leader",
