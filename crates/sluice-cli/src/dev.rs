@@ -62,24 +62,9 @@ fn tls_section(pki: &sluice_tls::DevPki, id: u32) -> Result<String> {
 
 /// The development CA and certificates in `dir` (made when missing).
 fn dev_pki(dir: &Path, nodes: u32) -> Result<sluice_tls::DevPki> {
-    let have = |f: String| dir.join(f).exists();
-    let complete = have("ca.pem".into())
-        && have("client.pem".into())
-        && (0..nodes).all(|i| have(format!("node-{i}.pem")));
-    if complete {
-        return Ok(sluice_tls::DevPki {
-            ca: dir.join("ca.pem"),
-            nodes: (0..nodes)
-                .map(|i| {
-                    (
-                        dir.join(format!("node-{i}.pem")),
-                        dir.join(format!("node-{i}-key.pem")),
-                    )
-                })
-                .collect(),
-            client_cert: dir.join("client.pem"),
-            client_key: dir.join("client-key.pem"),
-        });
+    let files = sluice_tls::DevPki::at(dir, nodes);
+    if files.complete() {
+        return Ok(files);
     }
     Ok(sluice_tls::make_dev_pki(
         dir,

@@ -30,15 +30,12 @@ pub fn init(
         ),
         other => other,
     };
-    let tls = match (ca, cert, key) {
-        (None, None, None) => None,
-        (Some(ca), None, None) => Some(ClientTls::new(&ca, None)?),
-        (Some(ca), Some(c), Some(k)) => Some(ClientTls::new(&ca, Some((&c, &k)))?),
-        (None, _, _) => anyhow::bail!(
-            "--tls-cert and --tls-key need --tls-ca (the CA that signed the nodes' certificates)"
-        ),
-        _ => anyhow::bail!("--tls-cert and --tls-key go together"),
-    };
+    let tls = ClientTls::from_files(
+        ca.as_deref(),
+        cert.as_deref(),
+        key.as_deref(),
+        ["--tls-ca", "--tls-cert", "--tls-key"],
+    )?;
     let _ = CLIENT.set(tls);
     Ok(())
 }

@@ -38,6 +38,20 @@ pub struct Conn {
     pub info: ServerInfo,
 }
 
+/// `fut`'s output, or a `Timeout` naming `what` once `limit` has passed.
+async fn within<T>(
+    limit: Duration,
+    what: impl FnOnce() -> String,
+    fut: impl std::future::Future<Output = T>,
+) -> Result<T> {
+    tokio::time::timeout(limit, fut)
+        .await
+        .map_err(|_| SluiceError::Timeout {
+            what: what(),
+            after_ms: limit.as_millis() as u64,
+        })
+}
+
 fn conn_err(reason: impl Into<String>) -> SluiceError {
     SluiceError::Connection {
         reason: reason.into(),
@@ -62,17 +76,17 @@ impl Conn {
         connect_timeout: Duration,
         tls: Option<&sluice_tls::ClientTls>,
     ) -> Result<Arc<Conn>> {
-        let sock = tokio::time::timeout(connect_timeout, TcpStream::connect(addr))
-            .await
-            .map_err(|_| SluiceError::Timeout {
-                what: format!("connecting to {addr}"),
-                after_ms: connect_timeout.as_millis() as u64,
-            })?
-            .map_err(|e| {
-                conn_err(format!(
-                    "cannot connect to {addr}: {e} (is `sluice serve` running there?)"
-                ))
-            })?;
+        let sock = within(
+            connect_timeout,
+            || format!("connecting to {addr}"),
+            TcpStream::connect(addr),
+        )
+        .await?
+        .map_err(|e| {
+            conn_err(format!(
+                "cannot connect to {addr}: {e} (is `sluice serve` running there?)"
+            ))
+        })?;
         let _ = sock.set_nodelay(true);
         let (mut rd, mut wr): (ReadHalf, WriteHalf) = match tls {
             None => {
@@ -83,15 +97,10 @@ impl Conn {
                 let server = sluice_tls::ClientTls::server_name(&addr.ip().to_string())
                     .map_err(|e| conn_err(e.to_string()))?;
                 let connector = sluice_tls::tokio_rustls::TlsConnector::from(t.config.clone());
-                // rustls reads the socket 4 KB at a time: a buffer under
-                // it makes a 10 KB reply one recv, not three.
-                let sock = tokio::io::BufReader::with_capacity(64 * 1024, sock);
-                let s = tokio::time::timeout(connect_timeout, connector.connect(server, sock))
-                    .await
-                    .map_err(|_| SluiceError::Timeout {
-                        what: format!("TLS handshake with {addr}"),
-                        after_ms: connect_timeout.as_millis() as u64,
-                    })?
+                let sock = tokio::io::BufReader::with_capacity(sluice_tls::READ_BUFFER_BYTES, sock);
+                let handshake = connector.connect(server, sock);
+                let s = within(connect_timeout, || format!("TLS handshake with {addr}"), handshake)
+                    .await?
                     .map_err(|e| {
                         conn_err(format!(
                             "TLS handshake with {addr}: {e} (check --tls-ca is the CA that signed the node's certificate, and that the node runs with TLS)"
@@ -117,7 +126,7 @@ impl Conn {
         // Before the handshake we accept the largest frame a server may send.
         let decoder = FrameDecoder::new(u32::MAX, u32::MAX);
         let mut buf = BytesMut::with_capacity(4096);
-        let info = tokio::time::timeout(connect_timeout, async {
+        let info = within(connect_timeout, || format!("handshake with {addr}"), async {
             loop {
                 if let Some(f) = decoder.decode(&mut buf).map_err(|e| match e {
                     sluice_wire::FrameError::BadMagic(_) => conn_err(format!(
@@ -145,11 +154,7 @@ impl Conn {
                 }
             }
         })
-        .await
-        .map_err(|_| SluiceError::Timeout {
-            what: format!("handshake with {addr}"),
-            after_ms: connect_timeout.as_millis() as u64,
-        })??;
+        .await??;
         let conn = Arc::new(Conn {
             writer: tokio::sync::Mutex::new(wr),
             pending: Mutex::new(HashMap::new()),

@@ -7,8 +7,9 @@
 //! correctly routed request never takes a proxy hop. A stale cache is caught
 //! by the server (`WrongShard`, `NoPool`), refreshed and retried once.
 //!
-//! Requests are pipelined over a small pool of connections; replies may
-//! arrive in any order and are matched by request id.
+//! Requests are pipelined over a small pool of connections (TLS when
+//! `ClientConfig::tls` is set); replies may arrive in any order and are
+//! matched by request id.
 
 mod blocking;
 mod client;

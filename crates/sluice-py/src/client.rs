@@ -106,21 +106,13 @@ impl Client {
         tls_cert: Option<std::path::PathBuf>,
         tls_key: Option<std::path::PathBuf>,
     ) -> PyResult<Client> {
-        let tls_err = |m: String| pyo3::exceptions::PyValueError::new_err(m);
-        let tls = match (tls_ca, tls_cert, tls_key) {
-            (None, None, None) => None,
-            (Some(ca), None, None) => Some(sluice_tls::ClientTls::new(&ca, None)),
-            (Some(ca), Some(c), Some(k)) => Some(sluice_tls::ClientTls::new(&ca, Some((&c, &k)))),
-            (None, _, _) => {
-                return Err(tls_err(
-                    "tls_cert and tls_key need tls_ca (the CA that signed the nodes' certificates)"
-                        .into(),
-                ))
-            }
-            _ => return Err(tls_err("tls_cert and tls_key go together".into())),
-        }
-        .transpose()
-        .map_err(|e| tls_err(e.to_string()))?;
+        let tls = sluice_tls::ClientTls::from_files(
+            tls_ca.as_deref(),
+            tls_cert.as_deref(),
+            tls_key.as_deref(),
+            ["tls_ca", "tls_cert", "tls_key"],
+        )
+        .map_err(|e| pyo3::exceptions::PyValueError::new_err(e.to_string()))?;
         let cfg = ClientConfig {
             tls,
             addr,

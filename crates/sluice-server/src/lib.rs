@@ -1,6 +1,7 @@
 //! The Sluice node server.
 //!
-//! Accepts TCP connections, speaks the `sluice-wire` protocol and executes
+//! Accepts TCP connections (TLS over them with `[tls]`), speaks the
+//! `sluice-wire` protocol, serves Prometheus metrics with `[metrics]`, and executes
 //! requests against a `sluice-store::Store`. Architecture invariants:
 //! - one task per connection reads, executes and writes: a request's reply
 //!   is written by the task that decoded it, with no hop between tasks on

@@ -49,9 +49,6 @@ fn spawn_compactor(store: std::sync::Weak<Store>, every: Duration) {
 }
 
 /// A bound, not yet running, node.
-/// The read buffer under a TLS connection (see where it is used).
-const TLS_READ_BUFFER: usize = 64 * 1024;
-
 pub struct Server {
     listener: TcpListener,
     /// Set when `[tls]` names a certificate: every connection starts with
@@ -350,9 +347,10 @@ impl Server {
                                     None => serve_conn(ctx.clone(), sock, peer).await,
                                     Some(acceptor) => {
                                         let limit = Duration::from_millis(ctx.cfg.timeouts.handshake_ms);
-                                        // rustls reads the socket 4 KB at a time: a buffer
-                                        // under it makes a 10 KB request one recv, not three.
-                                        let sock = tokio::io::BufReader::with_capacity(TLS_READ_BUFFER, sock);
+                                        let sock = tokio::io::BufReader::with_capacity(
+                                            sluice_tls::READ_BUFFER_BYTES,
+                                            sock,
+                                        );
                                         match tokio::time::timeout(limit, acceptor.accept(sock)).await {
                                             Ok(Ok(tls)) => serve_conn(ctx.clone(), tls, peer).await,
                                             Ok(Err(e)) => {

@@ -34,6 +34,11 @@ pub enum TlsError {
     Config(String),
 }
 
+/// The read buffer to put under a TLS stream: rustls reads the socket
+/// 4 KB at a time (its `READ_SIZE`), so without one a 10 KB message takes
+/// three `recv` calls (BENCHMARKS.md: TLS next to plaintext).
+pub const READ_BUFFER_BYTES: usize = 64 * 1024;
+
 fn provider() -> Arc<rustls::crypto::CryptoProvider> {
     Arc::new(rustls::crypto::ring::default_provider())
 }
@@ -218,6 +223,30 @@ impl ClientTls {
         Ok(ClientTls {
             config: Arc::new(config),
         })
+    }
+
+    /// From optional file names as a user gives them (flags, keyword
+    /// arguments): none is plaintext, a CA alone trusts the nodes, a CA
+    /// with a certificate and key also presents them. `names` are how the
+    /// caller calls the three, for the errors.
+    pub fn from_files(
+        ca: Option<&Path>,
+        cert: Option<&Path>,
+        key: Option<&Path>,
+        names: [&str; 3],
+    ) -> Result<Option<ClientTls>, TlsError> {
+        let [ca_name, cert_name, key_name] = names;
+        match (ca, cert, key) {
+            (None, None, None) => Ok(None),
+            (Some(ca), None, None) => ClientTls::new(ca, None).map(Some),
+            (Some(ca), Some(c), Some(k)) => ClientTls::new(ca, Some((c, k))).map(Some),
+            (None, _, _) => Err(TlsError::Config(format!(
+                "{cert_name} and {key_name} need {ca_name} (the CA that signed the nodes' certificates)"
+            ))),
+            _ => Err(TlsError::Config(format!(
+                "{cert_name} and {key_name} go together"
+            ))),
+        }
     }
 
     /// The name a node's certificate must carry: its IP address, or the

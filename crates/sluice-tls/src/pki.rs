@@ -27,7 +27,7 @@ impl Default for Validity {
     }
 }
 
-/// Where `make_dev_pki` wrote its files.
+/// Where `make_dev_pki` writes its files.
 #[derive(Clone, Debug)]
 pub struct DevPki {
     pub ca: PathBuf,
@@ -35,6 +35,34 @@ pub struct DevPki {
     pub nodes: Vec<(PathBuf, PathBuf)>,
     pub client_cert: PathBuf,
     pub client_key: PathBuf,
+}
+
+impl DevPki {
+    /// The files of a development CA for `nodes` nodes in `dir` (whether
+    /// or not they exist yet).
+    pub fn at(dir: &Path, nodes: u32) -> DevPki {
+        DevPki {
+            ca: dir.join("ca.pem"),
+            nodes: (0..nodes)
+                .map(|i| {
+                    (
+                        dir.join(format!("node-{i}.pem")),
+                        dir.join(format!("node-{i}-key.pem")),
+                    )
+                })
+                .collect(),
+            client_cert: dir.join("client.pem"),
+            client_key: dir.join("client-key.pem"),
+        }
+    }
+
+    /// Whether every file is there (a CA made earlier can be used again).
+    pub fn complete(&self) -> bool {
+        std::iter::once(&self.ca)
+            .chain(self.nodes.iter().flat_map(|(c, k)| [c, k]))
+            .chain([&self.client_cert, &self.client_key])
+            .all(|p| p.exists())
+    }
 }
 
 fn gen_err(e: rcgen::Error) -> TlsError {
@@ -95,8 +123,8 @@ pub fn make_dev_pki(dir: &Path, nodes: u32, leaf: Validity) -> Result<DevPki, Tl
     ca.not_after = now + Duration::days(leaf.to_days.max(365));
     let ca_key = KeyPair::generate().map_err(gen_err)?;
     let issuer = CertifiedIssuer::self_signed(ca, ca_key).map_err(gen_err)?;
-    let ca_path = dir.join("ca.pem");
-    write(&ca_path, &issuer.pem())?;
+    let files = DevPki::at(dir, nodes);
+    write(&files.ca, &issuer.pem())?;
     let leaf_cert = |name: String| -> Result<(String, String), TlsError> {
         let mut p = CertificateParams::new(vec!["127.0.0.1".to_string(), "localhost".to_string()])
             .map_err(gen_err)?;
@@ -110,25 +138,13 @@ pub fn make_dev_pki(dir: &Path, nodes: u32, leaf: Validity) -> Result<DevPki, Tl
         let cert = p.signed_by(&key, &issuer).map_err(gen_err)?;
         Ok((cert.pem(), key.serialize_pem()))
     };
-    let mut out = Vec::new();
-    for i in 0..nodes {
+    for (i, (cp, kp)) in files.nodes.iter().enumerate() {
         let (c, k) = leaf_cert(format!("sluice node {i}"))?;
-        let (cp, kp) = (
-            dir.join(format!("node-{i}.pem")),
-            dir.join(format!("node-{i}-key.pem")),
-        );
-        write(&cp, &c)?;
-        write_key(&kp, &k)?;
-        out.push((cp, kp));
+        write(cp, &c)?;
+        write_key(kp, &k)?;
     }
     let (c, k) = leaf_cert("sluice client".into())?;
-    let (client_cert, client_key) = (dir.join("client.pem"), dir.join("client-key.pem"));
-    write(&client_cert, &c)?;
-    write_key(&client_key, &k)?;
-    Ok(DevPki {
-        ca: ca_path,
-        nodes: out,
-        client_cert,
-        client_key,
-    })
+    write(&files.client_cert, &c)?;
+    write_key(&files.client_key, &k)?;
+    Ok(files)
 }

@@ -150,3 +150,34 @@ fn settings_that_do_not_hang_together_are_refused_by_name() {
     .to_string();
     assert!(e.contains("tls.cert /nonexistent/cert.pem"), "{e}");
 }
+
+#[test]
+fn client_files_as_given_are_plaintext_ca_only_or_an_identity() {
+    let dir = tempfile::tempdir().unwrap();
+    let files = DevPki::at(dir.path(), 2);
+    assert!(!files.complete());
+    let pki = make_dev_pki(dir.path(), 2, Validity::default()).unwrap();
+    assert!(files.complete());
+    assert_eq!(pki.nodes, files.nodes);
+    let names = ["--ca", "--cert", "--key"];
+    let (ca, c, k) = (
+        Some(pki.ca.as_path()),
+        Some(pki.client_cert.as_path()),
+        Some(pki.client_key.as_path()),
+    );
+    assert!(ClientTls::from_files(None, None, None, names)
+        .unwrap()
+        .is_none());
+    assert!(ClientTls::from_files(ca, None, None, names)
+        .unwrap()
+        .is_some());
+    assert!(ClientTls::from_files(ca, c, k, names).unwrap().is_some());
+    let e = ClientTls::from_files(None, c, k, names)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("--cert and --key need --ca"), "{e}");
+    let e = ClientTls::from_files(ca, c, None, names)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("go together"), "{e}");
+}
