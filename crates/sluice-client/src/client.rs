@@ -41,6 +41,9 @@ pub struct ClientConfig {
     /// TLS to the nodes (a node with `[tls]` accepts nothing else): the CA
     /// to trust, and a client certificate where nodes require one.
     pub tls: Option<sluice_tls::ClientTls>,
+    /// A bearer token (`sluice auth create`): the principal this client
+    /// acts as where nodes enforce policies.
+    pub token: Option<String>,
 }
 
 impl Default for ClientConfig {
@@ -54,6 +57,7 @@ impl Default for ClientConfig {
             client_name: "sluice-client".into(),
             member_selection: MemberSelection::RoundRobin,
             tls: None,
+            token: None,
         }
     }
 }
@@ -224,6 +228,7 @@ async fn connect_seed(cfg: &ClientConfig) -> Result<(std::net::SocketAddr, Arc<C
             &cfg.client_name,
             cfg.connect_timeout,
             cfg.tls.as_ref(),
+            cfg.token.as_deref(),
         )
         .await
         {
@@ -291,6 +296,7 @@ impl Client {
                     &cfg.client_name,
                     cfg.connect_timeout,
                     cfg.tls.as_ref(),
+                    cfg.token.as_deref(),
                 )
                 .await?,
             );
@@ -1357,6 +1363,21 @@ impl Client {
             // A cluster's graphs go through its metadata group.
             Some(view) => json_of(self.meta_call(&view, &req).await?),
             None => self.json_call(&req).await,
+        }
+    }
+
+    /// A policy command (`{"op": "ls" | "whoami" | "set" | "rm" |
+    /// "auth_create" | "auth_revoke" | "auth_roles" | "require_auth",
+    /// ...}`, see `sluice policy --help`). Changes go through a cluster's
+    /// metadata group; listings come from the node this client talks to.
+    pub async fn policy(&self, command: serde_json::Value) -> Result<serde_json::Value> {
+        let read_only = matches!(command["op"].as_str(), Some("ls" | "whoami"));
+        let req = Request::Policy {
+            command: command.to_string(),
+        };
+        match self.inner.cluster.load_full() {
+            Some(view) if !read_only => json_of(self.meta_call(&view, &req).await?),
+            _ => self.json_call(&req).await,
         }
     }
 

@@ -25,6 +25,7 @@ pub(crate) struct NodePool {
     name: String,
     connect_timeout: Duration,
     tls: Option<sluice_tls::ClientTls>,
+    token: Option<String>,
 }
 
 impl NodePool {
@@ -37,6 +38,7 @@ impl NodePool {
             name: cfg.client_name.clone(),
             connect_timeout: cfg.connect_timeout,
             tls: cfg.tls.clone(),
+            token: cfg.token.clone(),
         }
     }
 
@@ -67,6 +69,7 @@ impl NodePool {
             &self.name,
             self.connect_timeout,
             self.tls.as_ref(),
+            self.token.as_deref(),
         )
         .await?;
         self.slots[i].store(Some(c.clone()));

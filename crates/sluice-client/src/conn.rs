@@ -65,16 +65,18 @@ impl Conn {
         name: &str,
         connect_timeout: Duration,
     ) -> Result<Arc<Conn>> {
-        Self::connect_with(addr, name, connect_timeout, None).await
+        Self::connect_with(addr, name, connect_timeout, None, None).await
     }
 
     /// Connects, with TLS when `tls` is given (the node's certificate must
-    /// name `addr`'s IP address), and shakes hands.
+    /// name `addr`'s IP address), and shakes hands, naming the principal
+    /// `token` authenticates when one is given.
     pub async fn connect_with(
         addr: SocketAddr,
         name: &str,
         connect_timeout: Duration,
         tls: Option<&sluice_tls::ClientTls>,
+        token: Option<&str>,
     ) -> Result<Arc<Conn>> {
         let sock = within(
             connect_timeout,
@@ -115,6 +117,7 @@ impl Conn {
         Request::Hello {
             protocol_version: PROTOCOL_VERSION,
             client_name: name.to_string(),
+            token: token.map(str::to_string),
         }
         .encode(&mut q, 0, 0);
         async {

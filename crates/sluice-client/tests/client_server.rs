@@ -368,6 +368,7 @@ async fn handshake(addr: SocketAddr) -> Raw {
     sluice_wire::Request::Hello {
         protocol_version: sluice_wire::PROTOCOL_VERSION,
         client_name: "raw".into(),
+        token: None,
     }
     .encode(&mut q, 1, 0);
     sock.write_all(&q.to_bytes()).await.unwrap();

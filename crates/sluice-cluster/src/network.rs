@@ -161,6 +161,7 @@ impl Peers {
             &format!("sluice-node-{}", self.me),
             self.connect_timeout,
             self.tls.as_ref(),
+            None,
         )
         .await?;
         // Only an authenticated connection may carry consensus messages.

@@ -37,6 +37,10 @@ pub struct MetaState {
     /// (UDL names resolved), which every node runs (`Engine::reconcile`).
     #[serde(default)]
     pub dfgs: BTreeMap<String, String>,
+    /// Access rules, rate limits, QoS and principals, which every node
+    /// enforces (`sluice policy`, `sluice auth`).
+    #[serde(default)]
+    pub policies: sluice_types::policy::Policies,
 }
 
 /// `MetaState` shared by the node and the metadata group's state machine,
@@ -98,6 +102,7 @@ impl MetaState {
             epoch: 0,
             members,
             dfgs: BTreeMap::new(),
+            policies: Default::default(),
         }
     }
 }
@@ -569,6 +574,10 @@ impl Sm {
             MetaCommand::DfgRemove { id } => match self.meta.write().dfgs.remove(&id) {
                 Some(_) => Ok("{}".to_string()),
                 None => Err(Applied::err(&SluiceError::DfgNotFound { id })),
+            },
+            MetaCommand::Policy { change } => match self.meta.write().policies.apply(change) {
+                Ok(()) => Ok("{}".to_string()),
+                Err(e) => Err(Applied::err(&e)),
             },
         };
         self.meta.write().epoch += 1;

@@ -118,6 +118,10 @@ pub enum MetaCommand {
     DfgRemove {
         id: String,
     },
+    /// A change to the policies every node enforces.
+    Policy {
+        change: sluice_types::policy::PolicyChange,
+    },
 }
 
 /// What applying a command produced. Errors travel as JSON text because

@@ -126,6 +126,18 @@ pub struct ServerConfig {
     pub metrics: MetricsConfig,
     /// TLS on client and peer connections (off unless `tls.cert` is set).
     pub tls: sluice_tls::NodeTls,
+    /// Where policy refusals are recorded (the policies themselves live in
+    /// the metadata service: `sluice policy`).
+    pub policy: PolicyConfig,
+}
+
+/// `[policy]`: this node's side of the policies.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct PolicyConfig {
+    /// A file every refusal is appended to, one JSON line each (they are
+    /// also logged at warn level under the `sluice::audit` target).
+    pub audit_log: Option<PathBuf>,
 }
 
 /// `[metrics]`: the node's Prometheus endpoint (`GET /metrics`); off
@@ -154,6 +166,7 @@ impl Default for ServerConfig {
             udl_aliases: Default::default(),
             metrics: MetricsConfig::default(),
             tls: sluice_tls::NodeTls::default(),
+            policy: PolicyConfig::default(),
         }
     }
 }

@@ -36,6 +36,8 @@ pub struct ConnCtx {
     pub watches: Arc<WatchHub>,
     pub engine: Arc<sluice_compute::Engine>,
     pub stats: ServerStats,
+    /// Access rules, rate limits, QoS and principals in force here.
+    pub policy: Arc<crate::policy::PolicyState>,
     pub conn_slots: Arc<Semaphore>,
     pub next_conn_id: AtomicU64,
     pub shutdown_tx: watch::Sender<bool>,
@@ -64,6 +66,14 @@ struct Conn {
     /// The node this connection authenticated as (`Request::PeerAuth`):
     /// only then may it carry consensus messages and internal operations.
     peer: Option<u32>,
+    /// Where the connection comes from (for the audit log).
+    addr: SocketAddr,
+    /// The principal a verified client certificate names.
+    cert_name: Option<String>,
+    /// Who the connection acts as (set by the handshake).
+    principal: crate::policy::Principal,
+    /// The policies in force for `principal`, rebuilt when they change.
+    view: crate::policy::View,
     /// Set while re-running a request after a metadata catch-up (no second catch-up).
     retried_after_catch_up: bool,
     /// The request being executed, when metrics are exported: its name,
@@ -81,6 +91,8 @@ enum Reply {
     Resp(Result<Response, SluiceError>),
     /// Run this request again (after a metadata catch-up).
     Retry(Box<Request>, bool),
+    /// Run this request now (its rate-limit delay is over).
+    Run(Box<Request>, bool),
 }
 
 type Deferred = (u64, Reply);
@@ -89,7 +101,14 @@ type Deferred = (u64, Reply);
 pub trait Stream: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send {}
 impl<T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send> Stream for T {}
 
-pub async fn serve_conn<S: Stream>(ctx: Arc<ConnCtx>, mut sock: S, peer: SocketAddr) {
+/// Serves one connection; `cert_name`: the principal its verified client
+/// certificate names, if it presented one.
+pub async fn serve_conn<S: Stream>(
+    ctx: Arc<ConnCtx>,
+    mut sock: S,
+    peer: SocketAddr,
+    cert_name: Option<String>,
+) {
     let id = ctx.next_conn_id.fetch_add(1, Ordering::Relaxed);
     let (notify_tx, mut notify_rx) = mpsc::channel(WATCH_QUEUE_LEN);
     let (deferred_tx, mut deferred_rx) =
@@ -104,6 +123,10 @@ pub async fn serve_conn<S: Stream>(ctx: Arc<ConnCtx>, mut sock: S, peer: SocketA
         deferred_in_flight: Arc::default(),
         handshaken: false,
         peer: None,
+        addr: peer,
+        cert_name,
+        principal: crate::policy::Principal::anonymous(),
+        view: crate::policy::View::none(),
         retried_after_catch_up: false,
         timing: None,
         ctx: ctx.clone(),
@@ -242,6 +265,7 @@ impl Conn {
                             self.execute(rid, no_reply, *req);
                             self.retried_after_catch_up = false;
                         }
+                        Reply::Run(req, no_reply) => self.execute(rid, no_reply, *req),
                     }
                 }
                 Some(n) = notify_rx.recv() => {
@@ -406,6 +430,7 @@ impl Conn {
                 Request::Hello {
                     protocol_version,
                     client_name,
+                    token,
                 } => {
                     if protocol_version != PROTOCOL_VERSION {
                         return Err(Close::Fatal(
@@ -413,7 +438,16 @@ impl Conn {
                                 "client speaks protocol version {protocol_version}, this server speaks {PROTOCOL_VERSION}; upgrade the older side"
                             )),)));
                     }
-                    tracing::debug!(client = %client_name, "handshake");
+                    let policy = &self.ctx.policy;
+                    self.principal = match policy.authenticate(token.as_deref(), self.cert_name.as_deref()) {
+                        Ok(p) => p,
+                        Err(e) => {
+                            policy.audit.refused(self.cert_name.as_deref().unwrap_or(crate::policy::ANONYMOUS), "hello", self.addr, &e);
+                            return Err(Close::Fatal(rid, Box::new(e)));
+                        }
+                    };
+                    self.view = policy.view(&self.principal);
+                    tracing::debug!(client = %client_name, principal = %self.principal.name, "handshake");
                     self.handshaken = true;
                     let info = ServerInfo {
                         protocol_version: PROTOCOL_VERSION,
@@ -433,6 +467,15 @@ impl Conn {
                 )),
             };
         }
+        // Nodes (peers that proved the cluster key) are not policed.
+        let req = if self.peer.is_none() {
+            match self.admit(rid, no_reply, req) {
+                Some(r) => r,
+                None => return Ok(()),
+            }
+        } else {
+            req
+        };
         if crate::metrics::handles().is_some() {
             let pool = req
                 .object_key()
@@ -445,6 +488,42 @@ impl Conn {
             crate::metrics::request(op, pool, t0.elapsed());
         }
         Ok(())
+    }
+
+    /// Checks a request against the policies: returns it when it may run
+    /// now; answers a refusal, or runs it later (a rate limit's delay).
+    fn admit(&mut self, rid: u64, no_reply: bool, req: Request) -> Option<Request> {
+        use crate::policy::Admit;
+        let policy = self.ctx.policy.clone();
+        if self.view.stale(&policy) {
+            self.view = policy.view(&self.principal);
+        }
+        let bytes = match &req {
+            Request::Put { value, .. } | Request::TriggerPut { value, .. } => value.len() as u64,
+            _ => 0,
+        };
+        let store = &self.ctx.store;
+        match self
+            .view
+            .admit(&self.principal, &req, bytes, |k| store.pool_path_of(k))
+        {
+            Admit::Run => Some(req),
+            Admit::Refuse(e) => {
+                policy
+                    .audit
+                    .refused(&self.principal.name, req.name(), self.addr, &e);
+                Response::error(&mut self.out, rid, &e);
+                None
+            }
+            Admit::After(d) => {
+                crate::metrics::rate_limit_delay(d);
+                self.defer(rid, no_reply, async move {
+                    tokio::time::sleep(d).await;
+                    Reply::Run(Box::new(req), no_reply)
+                });
+                None
+            }
+        }
     }
 
     /// Catches up with the metadata leader, then executes `req` again on a
@@ -488,7 +567,7 @@ impl Conn {
             if let Some((op, pool, t0)) = timing {
                 crate::metrics::request(op, pool, t0.elapsed());
             }
-            if !no_reply || matches!(r, Reply::Retry(..)) {
+            if !no_reply || matches!(r, Reply::Retry(..) | Reply::Run(..)) {
                 let _ = tx.send((rid, r)).await;
             }
             count.fetch_sub(1, Ordering::Relaxed);
@@ -838,6 +917,7 @@ impl Conn {
             | Request::Raft { .. }
             | Request::Cluster { .. }
             | Request::PeerAuth { .. } => self.exec_node(rid, no_reply, req),
+            Request::Policy { .. } => self.exec_policy(rid, no_reply, req),
         }
     }
 
@@ -1113,6 +1193,47 @@ impl Conn {
         }
     }
 
+    /// Policies and principals: listings from this node's copy; changes
+    /// through the metadata group (a cluster) or kept by this node.
+    fn exec_policy(&mut self, rid: u64, no_reply: bool, req: Request) {
+        use crate::policy::commands::{prepare, Step};
+        let Request::Policy { command } = req else {
+            return;
+        };
+        let policy = self.ctx.policy.clone();
+        let (change, reply) = match prepare(&policy, &self.principal, &command) {
+            Err(e) => return Response::error(&mut self.out, rid, &e),
+            Ok(Step::Answer(v)) => return Response::Json(v.to_string()).encode(&mut self.out, rid),
+            Ok(Step::Change { change, reply }) => (change, reply),
+        };
+        let Some(cl) = self.ctx.cluster.clone() else {
+            // The document is fsynced: off the event loop.
+            let r = off_event_loop(|| policy.apply_local(change));
+            return match r {
+                Some(Ok(())) => Response::Json(reply.to_string()).encode(&mut self.out, rid),
+                Some(Err(e)) => Response::error(&mut self.out, rid, &e),
+                None => Response::error(
+                    &mut self.out,
+                    rid,
+                    &SluiceError::Internal {
+                        reason: "a standalone node without its policy file".into(),
+                    },
+                ),
+            };
+        };
+        self.defer(rid, no_reply, async move {
+            let r = cl
+                .meta_write(sluice_cluster::MetaCommand::Policy { change })
+                .await
+                .map(|_| {
+                    // In force here at once; other nodes as they apply it.
+                    policy.install(cl.policies());
+                    Response::Json(reply.to_string())
+                });
+            Reply::Resp(r)
+        });
+    }
+
     /// Watches, data flow graphs, counters, and what only a cluster node serves.
     fn exec_node(&mut self, rid: u64, _no_reply: bool, req: Request) {
         let store = &*self.ctx.store;
@@ -1123,6 +1244,7 @@ impl Conn {
             Request::Raft { .. } | Request::Cluster { .. } | Request::PeerAuth { .. } => {
                 unreachable!("handled by execute_clustered")
             }
+            Request::Policy { .. } => unreachable!("handled by exec_policy"),
             Request::Watch { prefix, from } => {
                 let max = limits.max_watches_per_conn;
                 if self.ctx.watches.count_for(self.id) >= max as usize {

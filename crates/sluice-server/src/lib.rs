@@ -1,8 +1,10 @@
 //! The Sluice node server.
 //!
 //! Accepts TCP connections (TLS over them with `[tls]`), speaks the
-//! `sluice-wire` protocol, serves Prometheus metrics with `[metrics]`, and executes
-//! requests against a `sluice-store::Store`. Architecture invariants:
+//! `sluice-wire` protocol, serves Prometheus metrics with `[metrics]`,
+//! enforces the policies of the metadata service (principals, access
+//! rules, rate limits, QoS: `policy`), and executes requests against a
+//! `sluice-store::Store`. Architecture invariants:
 //! - one task per connection reads, executes and writes: a request's reply
 //!   is written by the task that decoded it, with no hop between tasks on
 //!   the data path (the store's operations are non-blocking);
@@ -15,12 +17,14 @@ mod config;
 mod conn;
 pub mod fsck;
 mod metrics;
+pub mod policy;
 mod server;
 mod stats;
 mod watch;
 
 pub use config::{
-    ComputeConfig, MetricsConfig, PersistentConfig, ServerConfig, Timeouts, DEFAULT_PORT,
+    ComputeConfig, MetricsConfig, PersistentConfig, PolicyConfig, ServerConfig, Timeouts,
+    DEFAULT_PORT,
 };
 pub use server::{Server, ServerError};
 pub use sluice_compute::{Engine, Registry};

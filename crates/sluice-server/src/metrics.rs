@@ -92,6 +92,18 @@ fn describe() {
         "Requests by operation and by the pool of their key: time on this node from decoding to the reply"
     );
     describe_counter!(
+        "sluice_policy_refusals_total",
+        "Requests refused by a policy, by kind (permission_denied, rate_limited, unauthenticated), operation and principal"
+    );
+    describe_counter!(
+        "sluice_rate_limit_delays_total",
+        "Requests a rate limit held back (then ran)"
+    );
+    describe_histogram!(
+        "sluice_rate_limit_delay_seconds",
+        "How long a rate limit held a request back"
+    );
+    describe_counter!(
         "sluice_received_bytes_total",
         "Bytes read from clients and peers"
     );
@@ -209,6 +221,14 @@ pub fn sent(n: usize) {
 pub fn request(op: &'static str, pool: String, took: Duration) {
     histogram!("sluice_request_duration_seconds", "op" => op, "pool" => pool)
         .record(took.as_secs_f64());
+}
+
+/// A request held back by a rate limit for `d`.
+pub fn rate_limit_delay(d: Duration) {
+    if handles().is_some() {
+        counter!("sluice_rate_limit_delays_total").increment(1);
+        histogram!("sluice_rate_limit_delay_seconds").record(d.as_secs_f64());
+    }
 }
 
 /// Refreshes the mirrored series every second while the node lives.

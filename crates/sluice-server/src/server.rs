@@ -273,6 +273,16 @@ impl Server {
                 tracing::warn!(error = %e, "stored data flow graphs are invalid; starting without them")
             }
         }
+        let audit = crate::policy::audit::Audit::open(cfg.policy.audit_log.as_deref())
+            .map_err(ServerError::Config)?;
+        let policy = Arc::new(match &cluster {
+            Some(_) => crate::policy::PolicyState::clustered(audit),
+            None => crate::policy::PolicyState::standalone(&cfg.data_dir, audit)
+                .map_err(ServerError::Config)?,
+        });
+        if let Some(c) = &cluster {
+            spawn_policy_follower(c, Arc::downgrade(&policy));
+        }
         let (shutdown_tx, shutdown_rx) = watch::channel(false);
         let ctx = Arc::new(ConnCtx {
             conn_slots: Arc::new(Semaphore::new(cfg.limits.max_connections as usize)),
@@ -282,6 +292,7 @@ impl Server {
             watches,
             engine,
             stats: ServerStats::default(),
+            policy,
             next_conn_id: AtomicU64::new(1),
             shutdown_tx,
             shutdown_rx,
@@ -344,7 +355,7 @@ impl Server {
                             conns.spawn(async move {
                                 ctx.stats.connections_open.fetch_add(1, Ordering::Relaxed);
                                 match tls {
-                                    None => serve_conn(ctx.clone(), sock, peer).await,
+                                    None => serve_conn(ctx.clone(), sock, peer, None).await,
                                     Some(acceptor) => {
                                         let limit = Duration::from_millis(ctx.cfg.timeouts.handshake_ms);
                                         let sock = tokio::io::BufReader::with_capacity(
@@ -352,7 +363,15 @@ impl Server {
                                             sock,
                                         );
                                         match tokio::time::timeout(limit, acceptor.accept(sock)).await {
-                                            Ok(Ok(tls)) => serve_conn(ctx.clone(), tls, peer).await,
+                                            Ok(Ok(tls)) => {
+                                                let cert_name = tls
+                                                    .get_ref()
+                                                    .1
+                                                    .peer_certificates()
+                                                    .and_then(|c| c.first())
+                                                    .and_then(sluice_tls::principal_of);
+                                                serve_conn(ctx.clone(), tls, peer, cert_name).await
+                                            }
                                             Ok(Err(e)) => {
                                                 ctx.stats.tls_handshake_failures.fetch_add(1, Ordering::Relaxed);
                                                 tracing::info!(%peer, error = %e, "TLS handshake failed");
@@ -396,6 +415,29 @@ impl Server {
             conns.abort_all();
         }
     }
+}
+
+/// Keeps the policies in force here equal to the cluster's: at start and
+/// after every metadata change (a change is in force on every node as
+/// soon as it has applied the entry). Ends with the node.
+fn spawn_policy_follower(
+    cluster: &Arc<sluice_cluster::ClusterNode>,
+    policy: std::sync::Weak<crate::policy::PolicyState>,
+) {
+    let mut changes = cluster.meta_changes();
+    let cluster = Arc::downgrade(cluster);
+    tokio::spawn(async move {
+        loop {
+            let (Some(c), Some(p)) = (cluster.upgrade(), policy.upgrade()) else {
+                return;
+            };
+            p.install(c.policies());
+            drop((c, p));
+            if changes.changed().await.is_err() {
+                return;
+            }
+        }
+    });
 }
 
 /// Keeps the engine's graphs equal to the cluster's table: at start (the

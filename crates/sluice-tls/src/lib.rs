@@ -10,7 +10,7 @@
 
 mod pki;
 
-pub use pki::{make_dev_pki, DevPki, Validity};
+pub use pki::{make_dev_pki, DevPki, Validity, DEV_CLIENT_NAME};
 pub use rustls;
 pub use tokio_rustls;
 
@@ -32,6 +32,46 @@ pub enum TlsError {
     },
     #[error("{0}")]
     Config(String),
+}
+
+/// The principal a verified client certificate names: its subject's
+/// common name (else its first DNS name). `None` for a certificate that
+/// does not parse or names neither.
+pub fn principal_of(cert: &CertificateDer<'_>) -> Option<String> {
+    let (_, c) = x509_parser::parse_x509_certificate(cert.as_ref()).ok()?;
+    if let Some(cn) = c
+        .subject()
+        .iter_common_name()
+        .next()
+        .and_then(|a| a.as_str().ok())
+    {
+        return Some(cn.to_string());
+    }
+    let san = c.subject_alternative_name().ok()??;
+    san.value.general_names.iter().find_map(|n| match n {
+        x509_parser::extensions::GeneralName::DNSName(d) => Some(d.to_string()),
+        _ => None,
+    })
+}
+
+/// A bearer token's SHA-256, hex: what a node keeps instead of the token.
+pub fn token_sha256(token: &str) -> String {
+    let d = ring::digest::digest(&ring::digest::SHA256, token.as_bytes());
+    d.as_ref().iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// A new bearer token: 32 random bytes from the operating system, hex,
+/// after a `slt_` prefix (so a leaked token is easy to grep for).
+pub fn new_token() -> Result<String, TlsError> {
+    use ring::rand::SecureRandom;
+    let mut b = [0u8; 32];
+    ring::rand::SystemRandom::new()
+        .fill(&mut b)
+        .map_err(|_| TlsError::Config("the system random source failed".into()))?;
+    Ok(format!(
+        "slt_{}",
+        b.iter().map(|b| format!("{b:02x}")).collect::<String>()
+    ))
 }
 
 /// The read buffer to put under a TLS stream: rustls reads the socket

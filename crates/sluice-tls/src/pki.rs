@@ -10,6 +10,10 @@ use rcgen::{
 use std::path::{Path, PathBuf};
 use time::{Duration, OffsetDateTime};
 
+/// The common name of the development client certificate: the principal
+/// a client presenting it acts as.
+pub const DEV_CLIENT_NAME: &str = "sluice-client";
+
 /// When the certificates are valid, relative to now.
 #[derive(Clone, Copy, Debug)]
 pub struct Validity {
@@ -139,11 +143,11 @@ pub fn make_dev_pki(dir: &Path, nodes: u32, leaf: Validity) -> Result<DevPki, Tl
         Ok((cert.pem(), key.serialize_pem()))
     };
     for (i, (cp, kp)) in files.nodes.iter().enumerate() {
-        let (c, k) = leaf_cert(format!("sluice node {i}"))?;
+        let (c, k) = leaf_cert(format!("sluice-node-{i}"))?;
         write(cp, &c)?;
         write_key(kp, &k)?;
     }
-    let (c, k) = leaf_cert("sluice client".into())?;
+    let (c, k) = leaf_cert(DEV_CLIENT_NAME.into())?;
     write(&files.client_cert, &c)?;
     write_key(&files.client_key, &k)?;
     Ok(files)

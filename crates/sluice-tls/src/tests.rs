@@ -181,3 +181,35 @@ fn client_files_as_given_are_plaintext_ca_only_or_an_identity() {
         .to_string();
     assert!(e.contains("go together"), "{e}");
 }
+
+#[test]
+fn tokens_are_random_and_hash_stably() {
+    let a = crate::new_token().unwrap();
+    let b = crate::new_token().unwrap();
+    assert_ne!(a, b);
+    assert!(a.starts_with("slt_") && a.len() == 4 + 64, "{a}");
+    assert_eq!(crate::token_sha256(&a), crate::token_sha256(&a));
+    assert_ne!(crate::token_sha256(&a), crate::token_sha256(&b));
+    // The SHA-256 of "abc" (FIPS 180-2, appendix B.1).
+    assert_eq!(
+        crate::token_sha256("abc"),
+        "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"
+    );
+}
+
+#[test]
+fn a_client_certificate_names_its_principal() {
+    let dir = tempfile::tempdir().unwrap();
+    let pki = crate::make_dev_pki(dir.path(), 1, crate::Validity::default()).unwrap();
+    let certs = crate::load_certs("client", &pki.client_cert).unwrap();
+    assert_eq!(
+        crate::principal_of(&certs[0]).as_deref(),
+        Some(crate::DEV_CLIENT_NAME)
+    );
+    let node = crate::load_certs("node", &pki.nodes[0].0).unwrap();
+    assert_eq!(crate::principal_of(&node[0]).as_deref(), Some("sluice-node-0"));
+    assert_eq!(
+        crate::principal_of(&rustls::pki_types::CertificateDer::from(vec![1, 2, 3])),
+        None
+    );
+}

@@ -39,6 +39,23 @@ pub enum SluiceError {
     Forbidden { what: String },
     #[error("key {key:?} not found")]
     NotFound { key: String },
+    /// A connection that names no principal (or a bad or revoked token)
+    /// where the node's policies require one.
+    #[error("not authenticated: {reason}")]
+    Unauthenticated { reason: String },
+    #[error("permission denied: principal {principal:?} may not {op} on {pool:?} (needs {perm}; `sluice policy ls` shows the access rules)")]
+    PermissionDenied {
+        principal: String,
+        op: String,
+        pool: String,
+        perm: String,
+    },
+    #[error("rate limited: principal {principal:?} is over policy {policy:?}; retry after {retry_after_ms} ms")]
+    RateLimited {
+        principal: String,
+        policy: String,
+        retry_after_ms: u64,
+    },
     #[error("key {key:?}: {reason}")]
     VersionNotRetained { key: String, reason: String },
     /// A stream item's payload was fetched after the recording node's

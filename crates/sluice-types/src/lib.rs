@@ -10,6 +10,7 @@ pub mod error;
 pub mod key;
 pub mod limits;
 pub mod object;
+pub mod policy;
 pub mod pool;
 pub mod retry;
 pub mod routing;

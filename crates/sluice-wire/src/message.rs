@@ -42,6 +42,8 @@ pub mod op {
     /// Node to node: authenticate the connection as a cluster peer.
     pub const PEER_AUTH: u8 = 0x1A;
     pub const POOL_PURGE: u8 = 0x1B;
+    /// Policies and principals (JSON command; answered with JSON).
+    pub const POLICY: u8 = 0x1C;
 
     pub const HELLO_OK: u8 = 0x81;
     pub const PONG: u8 = 0x82;
@@ -142,6 +144,9 @@ pub enum Request {
     Hello {
         protocol_version: u16,
         client_name: String,
+        /// A bearer token naming the connection's principal (`sluice auth
+        /// create`); encoded only when set.
+        token: Option<String>,
     },
     /// Sent by a node right after `Hello` on its connections to peers:
     /// proves it holds the cluster key, so the connection may carry
@@ -282,6 +287,11 @@ pub enum Request {
     },
     /// Cluster administration and status (a JSON command).
     Cluster {
+        command: String,
+    },
+    /// Policies and principals: list, set, remove, create and revoke
+    /// tokens (a JSON command, `{"op": ...}`; answered with JSON).
+    Policy {
         command: String,
     },
 }
@@ -523,6 +533,7 @@ impl Request {
             Request::ListKeysAt { .. } => "list_keys_at",
             Request::Raft { .. } => "raft",
             Request::Cluster { .. } => "cluster",
+            Request::Policy { .. } => "policy",
         }
     }
 
@@ -570,6 +581,7 @@ impl Request {
             Request::ListKeysAt { .. } => op::LIST_KEYS_AT,
             Request::Raft { .. } => op::RAFT,
             Request::Cluster { .. } => op::CLUSTER,
+            Request::Policy { .. } => op::POLICY,
         }
     }
 
@@ -579,8 +591,12 @@ impl Request {
             Request::Hello {
                 protocol_version,
                 client_name,
+                token,
             } => frame(out, opc, flags, request_id, None, |w| {
                 w.u16(*protocol_version).str(client_name);
+                if let Some(t) = token {
+                    w.str(t);
+                }
             }),
             Request::PeerAuth { node, key } => frame(out, opc, flags, request_id, None, |w| {
                 w.u32(*node).str(key);
@@ -680,9 +696,11 @@ impl Request {
             } => frame_parts(out, opc, flags, request_id, Some(body), more, |w| {
                 w.u32(*from).u64(*group).u8(*kind);
             }),
-            Request::Cluster { command } => frame(out, opc, flags, request_id, None, |w| {
-                w.str(command);
-            }),
+            Request::Cluster { command } | Request::Policy { command } => {
+                frame(out, opc, flags, request_id, None, |w| {
+                    w.str(command);
+                })
+            }
             Request::GetByTime {
                 key,
                 shard,
@@ -767,6 +785,7 @@ impl Request {
             op::HELLO => Request::Hello {
                 protocol_version: r.u16()?,
                 client_name: r.str()?,
+                token: if r.at_end() { None } else { Some(r.str()?) },
             },
             op::PEER_AUTH => Request::PeerAuth {
                 node: r.u32()?,
@@ -839,6 +858,7 @@ impl Request {
                 more: Vec::new(),
             },
             op::CLUSTER => Request::Cluster { command: r.str()? },
+            op::POLICY => Request::Policy { command: r.str()? },
             op::GET_BY_TIME => Request::GetByTime {
                 key: r.str()?,
                 shard: shard_dec(r.u32()?),

@@ -101,10 +101,16 @@ fn arb_trace() -> impl Strategy<Value = Option<Trace>> {
 
 fn arb_request() -> impl Strategy<Value = Request> {
     prop_oneof![
-        (any::<u16>(), "[a-z]{0,10}").prop_map(|(v, n)| Request::Hello {
-            protocol_version: v,
-            client_name: n
-        }),
+        (
+            any::<u16>(),
+            "[a-z]{0,10}",
+            proptest::option::of("[a-z0-9_]{0,40}")
+        )
+            .prop_map(|(v, n, token)| Request::Hello {
+                protocol_version: v,
+                client_name: n,
+                token
+            }),
         Just(Request::Ping),
         Just(Request::Stats),
         (
@@ -180,6 +186,7 @@ fn arb_request() -> impl Strategy<Value = Request> {
             }
         ),
         ".{0,64}".prop_map(|command| Request::Cluster { command }),
+        ".{0,64}".prop_map(|command| Request::Policy { command }),
         (
             arb_key(),
             arb_opt_shard(),
@@ -513,6 +520,7 @@ fn regenerate_corpus() {
         Request::Hello {
             protocol_version: 1,
             client_name: "seed".into(),
+            token: None,
         },
         Request::Ping,
         Request::Put {

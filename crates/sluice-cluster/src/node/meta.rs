@@ -25,6 +25,11 @@ impl ClusterNode {
         self.meta.read().dfgs.clone()
     }
 
+    /// The policies as this node has applied the metadata log so far.
+    pub fn policies(&self) -> sluice_types::policy::Policies {
+        self.meta.read().policies.clone()
+    }
+
     /// Changes whenever this node applies a metadata change (or installs
     /// a metadata snapshot).
     pub fn meta_changes(&self) -> tokio::sync::watch::Receiver<u64> {
