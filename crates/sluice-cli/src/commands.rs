@@ -128,6 +128,12 @@ pub enum ClientCmd {
     /// Manage data flow graphs (lambdas) on the node.
     #[command(subcommand)]
     Dfg(DfgCmd),
+    /// Principals: bearer tokens, certificate roles, who am I.
+    #[command(subcommand)]
+    Auth(crate::policy::AuthCmd),
+    /// Access rules, rate limits and QoS, enforced by every node.
+    #[command(subcommand)]
+    Policy(crate::policy::PolicyCmd),
     /// Cluster membership, leaders and replication lag.
     #[command(subcommand)]
     Cluster(ClusterCmd),
@@ -260,6 +266,7 @@ pub fn connect(addr: &str, timeout_ms: u64) -> Result<BlockingClient> {
         request_timeout: Duration::from_millis(timeout_ms),
         client_name: "sluice-cli".into(),
         tls: crate::tls::client(),
+        token: crate::tls::token(),
         ..Default::default()
     })
     .with_context(|| format!("connecting to {addr}"))
@@ -430,7 +437,7 @@ pub struct Shown {
 }
 
 impl Shown {
-    fn new(json: serde_json::Value, text: impl Into<Vec<u8>>) -> Shown {
+    pub fn new(json: serde_json::Value, text: impl Into<Vec<u8>>) -> Shown {
         Shown {
             json,
             text: text.into(),
@@ -454,7 +461,7 @@ impl Shown {
 }
 
 /// Text lines, each ending in a newline.
-fn lines<I: IntoIterator<Item = String>>(items: I) -> String {
+pub fn lines<I: IntoIterator<Item = String>>(items: I) -> String {
     items.into_iter().map(|l| l + "\n").collect()
 }
 
@@ -616,6 +623,8 @@ pub fn execute(
         ClientCmd::Pools(p) => pools(c, p)?,
         ClientCmd::Cluster(cmd) => cluster(c, cmd)?,
         ClientCmd::Dfg(cmd) => dfg(c, cmd)?,
+        ClientCmd::Auth(cmd) => crate::policy::auth(c, cmd)?,
+        ClientCmd::Policy(cmd) => crate::policy::policy(c, cmd)?,
         ClientCmd::Broadcast {
             key,
             to,

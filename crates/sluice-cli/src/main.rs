@@ -10,6 +10,7 @@ mod fsck;
 mod layout;
 mod place;
 mod plan;
+mod policy;
 mod serve;
 mod shell;
 mod stream;
@@ -49,6 +50,16 @@ struct Cli {
     /// TLS: the private key of --tls-cert.
     #[arg(long, global = true, env = "SLUICE_TLS_KEY", value_name = "FILE")]
     tls_key: Option<std::path::PathBuf>,
+    /// A bearer token (`sluice auth create`): the principal this command
+    /// acts as where nodes enforce policies.
+    #[arg(
+        long,
+        global = true,
+        env = "SLUICE_TOKEN",
+        value_name = "TOKEN",
+        hide_env_values = true
+    )]
+    token: Option<String>,
     /// Per-request timeout in milliseconds.
     #[arg(long, global = true, default_value_t = 10_000)]
     timeout_ms: u64,
@@ -129,6 +140,7 @@ fn main() -> ExitCode {
         eprintln!("error: {e:#}");
         return ExitCode::FAILURE;
     }
+    tls::init_token(cli.token.take());
     commands::escape_values(!cli.raw && std::io::IsTerminal::is_terminal(&std::io::stdout()));
     let result = match cli.cmd {
         Cmd::Serve(a) => serve::run(a),

@@ -85,6 +85,7 @@ fn apply(
         addr: addr.to_string(),
         request_timeout: std::time::Duration::from_millis(timeout_ms),
         tls: crate::tls::client(),
+        token: crate::tls::token(),
         ..Default::default()
     })
     .with_context(|| format!("connecting to {addr}"))?;

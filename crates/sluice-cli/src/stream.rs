@@ -91,6 +91,7 @@ async fn connect(addr: &str, timeout_ms: u64) -> Result<Client> {
         request_timeout: Duration::from_millis(timeout_ms),
         client_name: "sluice-cli".into(),
         tls: crate::tls::client(),
+        token: crate::tls::token(),
         ..Default::default()
     })
     .await

@@ -1,7 +1,8 @@
-//! The client side's TLS for every command of this process: set once by
-//! `main` from `--tls-ca`/`--tls-cert`/`--tls-key` (or, for a `sluice dev
-//! --tls` cluster found through `./sluice-dev/endpoints`, from the files
-//! it wrote), read by each place that connects.
+//! The client side's credentials for every command of this process: TLS
+//! set once by `main` from `--tls-ca`/`--tls-cert`/`--tls-key` (or, for a
+//! `sluice dev --tls` cluster found through `./sluice-dev/endpoints`, from
+//! the files it wrote) and the bearer token of `--token`, read by each
+//! place that connects.
 
 use anyhow::{Context, Result};
 use sluice_tls::ClientTls;
@@ -9,6 +10,17 @@ use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
 static CLIENT: OnceLock<Option<ClientTls>> = OnceLock::new();
+static TOKEN: OnceLock<Option<String>> = OnceLock::new();
+
+/// Sets the bearer token every connection of this process presents.
+pub fn init_token(token: Option<String>) {
+    let _ = TOKEN.set(token.filter(|t| !t.is_empty()));
+}
+
+/// The token of `--token` (or `SLUICE_TOKEN`).
+pub fn token() -> Option<String> {
+    TOKEN.get().cloned().flatten()
+}
 
 /// Where `sluice dev --tls` keeps its CA and certificates.
 pub const DEV_TLS_DIR: &str = "sluice-dev/tls";

@@ -145,6 +145,7 @@ impl BlockingClient {
         fn ping(&self) -> Result<Duration>;
         fn stats(&self) -> Result<serde_json::Value>;
         fn dfg_apply(&self, text: &str) -> Result<serde_json::Value>;
+        fn policy(&self, command: serde_json::Value) -> Result<serde_json::Value>;
         fn broadcast(&self, key: &str, to: Option<&[u32]>, fanout: usize) -> Result<serde_json::Value>;
         fn dfg_list(&self) -> Result<serde_json::Value>;
         fn dfg_list_nodes(&self) -> Result<Vec<(u32, Result<serde_json::Value>)>>;

@@ -439,13 +439,21 @@ impl Conn {
                             )),)));
                     }
                     let policy = &self.ctx.policy;
-                    self.principal = match policy.authenticate(token.as_deref(), self.cert_name.as_deref()) {
-                        Ok(p) => p,
-                        Err(e) => {
-                            policy.audit.refused(self.cert_name.as_deref().unwrap_or(crate::policy::ANONYMOUS), "hello", self.addr, &e);
-                            return Err(Close::Fatal(rid, Box::new(e)));
-                        }
-                    };
+                    self.principal =
+                        match policy.authenticate(token.as_deref(), self.cert_name.as_deref()) {
+                            Ok(p) => p,
+                            Err(e) => {
+                                policy.audit.refused(
+                                    self.cert_name
+                                        .as_deref()
+                                        .unwrap_or(crate::policy::ANONYMOUS),
+                                    "hello",
+                                    self.addr,
+                                    &e,
+                                );
+                                return Err(Close::Fatal(rid, Box::new(e)));
+                            }
+                        };
                     self.view = policy.view(&self.principal);
                     tracing::debug!(client = %client_name, principal = %self.principal.name, "handshake");
                     self.handshaken = true;

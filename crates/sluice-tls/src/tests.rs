@@ -207,7 +207,10 @@ fn a_client_certificate_names_its_principal() {
         Some(crate::DEV_CLIENT_NAME)
     );
     let node = crate::load_certs("node", &pki.nodes[0].0).unwrap();
-    assert_eq!(crate::principal_of(&node[0]).as_deref(), Some("sluice-node-0"));
+    assert_eq!(
+        crate::principal_of(&node[0]).as_deref(),
+        Some("sluice-node-0")
+    );
     assert_eq!(
         crate::principal_of(&rustls::pki_types::CertificateDer::from(vec![1, 2, 3])),
         None

@@ -26,7 +26,13 @@ pub enum Perm {
 }
 
 impl Perm {
-    pub const ALL: [Perm; 5] = [Perm::Read, Perm::Write, Perm::Trigger, Perm::Watch, Perm::Admin];
+    pub const ALL: [Perm; 5] = [
+        Perm::Read,
+        Perm::Write,
+        Perm::Trigger,
+        Perm::Watch,
+        Perm::Admin,
+    ];
 
     pub fn bit(self) -> u8 {
         1 << (self as u8)
@@ -163,7 +169,10 @@ impl Rule {
                     return bad("pool", format!("{pool:?} is not an absolute path"));
                 }
                 if allow.is_empty() {
-                    return bad("allow", "an access rule allows at least one permission".into());
+                    return bad(
+                        "allow",
+                        "an access rule allows at least one permission".into(),
+                    );
                 }
             }
             Rule::Rate {
@@ -179,7 +188,10 @@ impl Rule {
                     return bad("rate", "give ops/s, bytes/s or both".into());
                 }
                 if *ops_per_s == Some(0) || *bytes_per_s == Some(0) {
-                    return bad("rate", "0 would refuse everything; remove the policy or use an access rule".into());
+                    return bad(
+                        "rate",
+                        "0 would refuse everything; remove the policy or use an access rule".into(),
+                    );
                 }
             }
             Rule::Qos { .. } => {}
@@ -223,12 +235,27 @@ pub struct Policies {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "change", rename_all = "snake_case")]
 pub enum PolicyChange {
-    SetRule { name: String, rule: Rule },
-    RemoveRule { name: String },
-    AddToken { name: String, principal: TokenPrincipal },
-    RevokeToken { name: String },
-    SetCertRoles { name: String, roles: Vec<String> },
-    RequireAuth { on: bool },
+    SetRule {
+        name: String,
+        rule: Rule,
+    },
+    RemoveRule {
+        name: String,
+    },
+    AddToken {
+        name: String,
+        principal: TokenPrincipal,
+    },
+    RevokeToken {
+        name: String,
+    },
+    SetCertRoles {
+        name: String,
+        roles: Vec<String>,
+    },
+    RequireAuth {
+        on: bool,
+    },
 }
 
 impl Policies {
@@ -284,7 +311,9 @@ impl Policies {
 
     /// Whether any access rule exists (then everything else is refused).
     pub fn access_control_on(&self) -> bool {
-        self.rules.values().any(|r| matches!(r, Rule::Access { .. }))
+        self.rules
+            .values()
+            .any(|r| matches!(r, Rule::Access { .. }))
     }
 }
 
@@ -299,7 +328,10 @@ fn check_name(name: &str) -> Result<(), SluiceError> {
 }
 
 fn not_found(what: &str, name: &str) -> SluiceError {
-    SluiceError::invalid_argument(what, format!("{name:?} not found (`sluice policy ls` lists them)"))
+    SluiceError::invalid_argument(
+        what,
+        format!("{name:?} not found (`sluice policy ls` lists them)"),
+    )
 }
 
 /// Whether `pool` (a pool path, or a key) is `scope` or under it, on a

@@ -140,7 +140,10 @@ mod tests {
         // ...and leaves a debt of 4 s before anything else runs.
         match b.take(1, t0) {
             Take::Refuse { retry_after } => {
-                assert!((retry_after.as_secs_f64() - 4.001).abs() < 1e-3, "{retry_after:?}")
+                assert!(
+                    (retry_after.as_secs_f64() - 4.001).abs() < 1e-3,
+                    "{retry_after:?}"
+                )
             }
             other => panic!("{other:?}"),
         }

@@ -3,7 +3,7 @@
 //! `PolicyChange`, applied by the metadata group in a cluster (every node
 //! installs it as it applies the log) or by a standalone node itself.
 
-use super::{Compiled, Principal, PolicyState};
+use super::{Compiled, PolicyState, Principal};
 use serde::Deserialize;
 use serde_json::{json, Value};
 use sluice_types::policy::{PolicyChange, Rule, TokenPrincipal};
@@ -17,18 +17,30 @@ enum Command {
     Ls,
     /// The connection's own principal, roles and permissions.
     Whoami,
-    Set { name: String, rule: Rule },
-    Rm { name: String },
+    Set {
+        name: String,
+        rule: Rule,
+    },
+    Rm {
+        name: String,
+    },
     /// A new principal with a bearer token (shown once, in the reply).
     AuthCreate {
         name: String,
         #[serde(default)]
         roles: Vec<String>,
     },
-    AuthRevoke { name: String },
+    AuthRevoke {
+        name: String,
+    },
     /// Roles of a principal that presents a client certificate.
-    AuthRoles { name: String, roles: Vec<String> },
-    RequireAuth { on: bool },
+    AuthRoles {
+        name: String,
+        roles: Vec<String>,
+    },
+    RequireAuth {
+        on: bool,
+    },
 }
 
 /// What running a command takes next.
@@ -43,7 +55,12 @@ pub enum Step {
 pub fn prepare(state: &PolicyState, who: &Principal, command: &str) -> Result<Step, SluiceError> {
     let cmd: Command = serde_json::from_str(command)
         .map_err(|e| SluiceError::invalid_argument("policy command", e.to_string()))?;
-    let change = |change: PolicyChange| Ok(Step::Change { change, reply: json!({}) });
+    let change = |change: PolicyChange| {
+        Ok(Step::Change {
+            change,
+            reply: json!({}),
+        })
+    };
     match cmd {
         Command::Ls => Ok(Step::Answer(listing(&state.current()))),
         Command::Whoami => {

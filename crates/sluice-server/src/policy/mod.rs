@@ -102,7 +102,12 @@ impl Compiled {
                 .get(&p.name)
                 .map(|t| t.roles.clone())
                 .unwrap_or_default(),
-            Via::Certificate => self.doc.cert_roles.get(&p.name).cloned().unwrap_or_default(),
+            Via::Certificate => self
+                .doc
+                .cert_roles
+                .get(&p.name)
+                .cloned()
+                .unwrap_or_default(),
             Via::Anonymous => Vec::new(),
         }
     }
@@ -149,7 +154,10 @@ impl PolicyState {
     }
 
     /// A standalone node's state, kept in `<data_dir>/policies.json`.
-    pub fn standalone(data_dir: &std::path::Path, audit: audit::Audit) -> Result<PolicyState, String> {
+    pub fn standalone(
+        data_dir: &std::path::Path,
+        audit: audit::Audit,
+    ) -> Result<PolicyState, String> {
         let path = data_dir.join("policies.json");
         let doc = match std::fs::read(&path) {
             Ok(b) => serde_json::from_slice(&b)
@@ -161,7 +169,11 @@ impl PolicyState {
         Ok(Self::with(doc, Some((path, local)), audit))
     }
 
-    fn with(doc: Policies, local: Option<(PathBuf, Mutex<Policies>)>, audit: audit::Audit) -> PolicyState {
+    fn with(
+        doc: Policies,
+        local: Option<(PathBuf, Mutex<Policies>)>,
+        audit: audit::Audit,
+    ) -> PolicyState {
         PolicyState {
             current: RwLock::new(Arc::new(Compiled::new(doc))),
             generation: AtomicU64::new(1),
@@ -182,7 +194,12 @@ impl PolicyState {
         if cur.doc == doc {
             return;
         }
-        tracing::info!(version = doc.version, rules = doc.rules.len(), tokens = doc.tokens.len(), "policies changed");
+        tracing::info!(
+            version = doc.version,
+            rules = doc.rules.len(),
+            tokens = doc.tokens.len(),
+            "policies changed"
+        );
         *cur = Arc::new(Compiled::new(doc));
         self.generation.fetch_add(1, Ordering::Release);
     }
@@ -255,7 +272,7 @@ impl PolicyState {
                 Some(t) if Some(&t.token_sha256) == p.token_sha256.as_ref() => None,
                 _ => Some(format!("the token of principal {:?} was revoked", p.name)),
             },
-            Via::Anonymous if doc.require_auth => Some(unauthenticated_required().to_string()),
+            Via::Anonymous if doc.require_auth => Some(AUTH_REQUIRED.to_string()),
             _ => None,
         };
         let access = doc.access_control_on().then(|| {
@@ -358,7 +375,9 @@ impl View {
             return Admit::Run;
         }
         if let Some(why) = &self.revoked {
-            return Admit::Refuse(SluiceError::Unauthenticated { reason: why.clone() });
+            return Admit::Refuse(SluiceError::Unauthenticated {
+                reason: why.clone(),
+            });
         }
         let denied = |perm: Perm, path: &str| SluiceError::PermissionDenied {
             principal: p.name.clone(),
@@ -384,16 +403,18 @@ impl View {
                 _ => {}
             }
         }
+        // Rate limits count what a principal does to pools, not the
+        // pool table and cluster view a client routes by.
         let path = match need {
-            Need::On(_, path) => Some(path),
-            Need::OnEach(_, keys) => keys.first().map(String::as_str),
-            _ => None,
+            Need::On(_, path) => path,
+            Need::OnEach(_, keys) => keys.first().map_or("/", String::as_str),
+            _ => return Admit::Run,
         };
         let now = Instant::now();
         let mut wait = Duration::ZERO;
         for (name, scope, bucket) in &self.rates {
             if let Some(s) = scope {
-                if !path.is_some_and(|k| path_covers(s, k)) {
+                if !path_covers(s, path) {
                     continue;
                 }
             }
@@ -417,11 +438,7 @@ impl View {
     }
 }
 
-fn unauthenticated_required() -> SluiceError {
-    SluiceError::Unauthenticated {
-        reason: "this node requires a principal: connect with a token (--token, SLUICE_TOKEN; `sluice auth create`) or a client certificate".into(),
-    }
-}
+const AUTH_REQUIRED: &str = "this node requires a principal: connect with a token (--token, SLUICE_TOKEN; `sluice auth create`) or a client certificate";
 
 /// Writes `path` so that a crash leaves the old or the new file, never a
 /// torn one: a temporary file, fsynced, renamed over it.
@@ -436,7 +453,9 @@ fn write_atomically(path: &std::path::Path, text: &[u8]) -> Result<(), SluiceErr
     f.sync_all().map_err(io)?;
     std::fs::rename(&tmp, path).map_err(io)?;
     if let Some(dir) = path.parent() {
-        std::fs::File::open(dir).and_then(|d| d.sync_all()).map_err(io)?;
+        std::fs::File::open(dir)
+            .and_then(|d| d.sync_all())
+            .map_err(io)?;
     }
     Ok(())
 }

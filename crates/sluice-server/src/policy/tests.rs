@@ -108,8 +108,14 @@ fn every_request() -> Vec<(Request, Option<(Perm, &'static str)>)> {
             },
             Some((Admin, "/p/new")),
         ),
-        (Request::PoolRemove { path: "/p".into() }, Some((Admin, "/p"))),
-        (Request::PoolPurge { path: "/p".into() }, Some((Admin, "/p"))),
+        (
+            Request::PoolRemove { path: "/p".into() },
+            Some((Admin, "/p")),
+        ),
+        (
+            Request::PoolPurge { path: "/p".into() },
+            Some((Admin, "/p")),
+        ),
         (
             Request::PoolList {
                 include_deleted: false,
@@ -239,12 +245,15 @@ fn every_request_is_refused_without_the_permission_it_needs_and_runs_with_it() {
         let r = v.admit(&p, &req, 0, |_| Some("/p".into()));
         match (need, r) {
             (None, Admit::Run) => {}
-            (Some((perm, _)), Admit::Refuse(SluiceError::PermissionDenied {
-                principal,
-                op,
-                pool,
-                perm: named,
-            })) => {
+            (
+                Some((perm, _)),
+                Admit::Refuse(SluiceError::PermissionDenied {
+                    principal,
+                    op,
+                    pool,
+                    perm: named,
+                }),
+            ) => {
                 assert_eq!(principal, "bob");
                 assert_eq!(op, req.name());
                 assert_eq!(pool, "/p", "{op}");
@@ -304,7 +313,10 @@ fn scopes_roles_and_anyone() {
         shard: None,
         keys: keys.iter().map(|k| k.to_string()).collect(),
     };
-    assert!(matches!(v.admit(&p, &mg(&["/logs/a", "/public/b"]), 0, |_| None), Admit::Run));
+    assert!(matches!(
+        v.admit(&p, &mg(&["/logs/a", "/public/b"]), 0, |_| None),
+        Admit::Run
+    ));
     match v.admit(&p, &mg(&["/logs/a", "/private/b"]), 0, |_| None) {
         Admit::Refuse(SluiceError::PermissionDenied { pool, .. }) => assert_eq!(pool, "/private/b"),
         _ => panic!("a multi-get with one key out of scope must be refused"),
@@ -336,8 +348,14 @@ fn tokens_authenticate_and_revocation_ends_them() {
     assert_eq!(st.authenticate(None, Some("bob")).unwrap().name, "bob");
     assert_eq!(st.authenticate(None, None).unwrap().name, ANONYMOUS);
     let v = st.view(&p);
-    assert!(matches!(v.admit(&p, &Request::Stats, 0, |_| None), Admit::Run));
-    d.apply(PolicyChange::RevokeToken { name: "alice".into() }).unwrap();
+    assert!(matches!(
+        v.admit(&p, &Request::Stats, 0, |_| None),
+        Admit::Run
+    ));
+    d.apply(PolicyChange::RevokeToken {
+        name: "alice".into(),
+    })
+    .unwrap();
     st.install(d.clone());
     assert!(v.stale(&st));
     let v = st.view(&p);
@@ -350,9 +368,19 @@ fn tokens_authenticate_and_revocation_ends_them() {
     st.install(d);
     let anon = Principal::anonymous();
     let v = st.view(&anon);
-    assert!(matches!(v.admit(&anon, &Request::Ping, 0, |_| None), Admit::Run));
     assert!(matches!(
-        v.admit(&anon, &Request::PoolList { include_deleted: false }, 0, |_| None),
+        v.admit(&anon, &Request::Ping, 0, |_| None),
+        Admit::Run
+    ));
+    assert!(matches!(
+        v.admit(
+            &anon,
+            &Request::PoolList {
+                include_deleted: false
+            },
+            0,
+            |_| None
+        ),
         Admit::Refuse(SluiceError::Unauthenticated { .. })
     ));
 }
@@ -400,7 +428,10 @@ fn rate_limits_delay_then_refuse_and_apply_per_pool() {
     // Another view of the same principal shares the bucket; a change to
     // the policy starts a fresh one.
     let v2 = st.view(&p);
-    assert!(matches!(v2.admit(&p, &get("/p/a"), 0, |_| None), Admit::Refuse(_)));
+    assert!(matches!(
+        v2.admit(&p, &get("/p/a"), 0, |_| None),
+        Admit::Refuse(_)
+    ));
     st.install(doc(&[(
         "slow",
         Rule::Rate {
@@ -412,7 +443,10 @@ fn rate_limits_delay_then_refuse_and_apply_per_pool() {
         },
     )]));
     let v3 = st.view(&p);
-    assert!(matches!(v3.admit(&p, &get("/p/a"), 0, |_| None), Admit::Run));
+    assert!(matches!(
+        v3.admit(&p, &get("/p/a"), 0, |_| None),
+        Admit::Run
+    ));
 }
 
 #[test]
@@ -426,7 +460,9 @@ fn standalone_changes_are_kept_across_restarts() {
     .unwrap()
     .unwrap();
     assert!(st
-        .apply_local(PolicyChange::RemoveRule { name: "nope".into() })
+        .apply_local(PolicyChange::RemoveRule {
+            name: "nope".into()
+        })
         .unwrap()
         .is_err());
     let again = PolicyState::standalone(dir.path(), audit::Audit::default()).unwrap();
