@@ -2053,3 +2053,205 @@ async fn chaos_run_loses_nothing_and_stays_linearizable() {
     );
     assert!(acked > 0 && reads > 0 && !faults.is_empty());
 }
+
+/// What a request by the holder of `token` on node `id` gets, sent
+/// straight to that node (no routing: every node enforces the policies
+/// itself). `Ok` for any answer that is not a policy refusal.
+async fn policed(
+    c: &Cluster,
+    id: u32,
+    token: Option<&str>,
+    req: &Request,
+) -> Result<(), SluiceError> {
+    let conn = Conn::connect_with(
+        c.addrs[&id],
+        "policy-test",
+        Duration::from_secs(2),
+        None,
+        token,
+    )
+    .await?;
+    match conn.call(req, Duration::from_secs(5)).await {
+        Err(
+            e @ (SluiceError::PermissionDenied { .. }
+            | SluiceError::RateLimited { .. }
+            | SluiceError::Unauthenticated { .. }),
+        ) => Err(e),
+        _ => Ok(()),
+    }
+}
+
+fn get_req(key: &str) -> Request {
+    Request::Get {
+        key: key.into(),
+        shard: None,
+        version: None,
+        min_version: None,
+        linearizable: false,
+    }
+}
+
+/// Policies live in the metadata group: a change made through one node
+/// is enforced by every node, live, on connections already open; a
+/// revoked token stops working everywhere; a rate limit comes and goes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn policies_change_live_on_every_node() {
+    let _serial = SERIAL.lock().await;
+    let c = Cluster::start();
+    c.ready().await;
+    let anon = c.client(2).await;
+    let token = |r: serde_json::Value| r["token"].as_str().unwrap().to_string();
+    let admin_tok = token(
+        anon.policy(serde_json::json!({"op": "auth_create", "name": "admin", "roles": ["admin"]}))
+            .await
+            .unwrap(),
+    );
+    let alice_tok = token(
+        anon.policy(serde_json::json!({"op": "auth_create", "name": "alice"}))
+            .await
+            .unwrap(),
+    );
+    // Open by default: anyone may do anything.
+    for id in 1..=5 {
+        policed(&c, id, None, &get_req("/vol/a")).await.unwrap();
+    }
+    let admin = Client::connect_with(ClientConfig {
+        addr: c.addr(3),
+        token: Some(admin_tok.clone()),
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    let set = |name: &str, rule: serde_json::Value| serde_json::json!({"op": "set", "name": name, "rule": rule});
+    admin
+        .policy(set("admins", serde_json::json!({"kind": "access", "who": {"role": "admin"}, "pool": "/", "allow": ["read", "write", "trigger", "watch", "admin"]})))
+        .await
+        .unwrap();
+    admin
+        .policy(set("alice-vol", serde_json::json!({"kind": "access", "who": {"principal": "alice"}, "pool": "/vol", "allow": ["read", "write"]})))
+        .await
+        .unwrap();
+    // Every node: anonymous is refused, alice may read /vol but not
+    // manage pools, the admin may.
+    let pool_rm = Request::PoolRemove {
+        path: "/vol".into(),
+    };
+    for id in 1..=5 {
+        c.wait_for(&format!("access rules on node {id}"), || async {
+            matches!(
+                policed(&c, id, None, &get_req("/vol/a")).await,
+                Err(SluiceError::PermissionDenied { .. })
+            )
+        })
+        .await;
+        policed(&c, id, Some(&alice_tok), &get_req("/vol/a"))
+            .await
+            .unwrap();
+        match policed(&c, id, Some(&alice_tok), &pool_rm).await {
+            Err(SluiceError::PermissionDenied {
+                principal, perm, ..
+            }) => {
+                assert_eq!((principal.as_str(), perm.as_str()), ("alice", "admin"))
+            }
+            other => panic!("node {id}: alice removing a pool: {other:?}"),
+        }
+        match policed(&c, id, Some(&alice_tok), &get_req("/trig/x")).await {
+            Err(SluiceError::PermissionDenied { pool, .. }) => assert_eq!(pool, "/trig"),
+            other => panic!("node {id}: alice reading /trig: {other:?}"),
+        }
+    }
+    // A client of alice's, connected before the next changes.
+    let alice = Client::connect_with(ClientConfig {
+        addr: c.addr(1),
+        token: Some(alice_tok.clone()),
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    alice.put("/vol/k", Bytes::from_static(b"v")).await.unwrap();
+    // A rate limit: 20 ops/s for alice, no delay.
+    admin
+        .policy(set("alice-rate", serde_json::json!({"kind": "rate", "who": {"principal": "alice"}, "ops_per_s": 20, "max_delay_ms": 0})))
+        .await
+        .unwrap();
+    for id in 1..=5 {
+        c.wait_for(&format!("the rate limit on node {id}"), || async {
+            let conn = Conn::connect_with(
+                c.addrs[&id],
+                "t",
+                Duration::from_secs(2),
+                None,
+                Some(&alice_tok),
+            )
+            .await
+            .unwrap();
+            // More than a second's burst in a row: some are refused.
+            let mut limited = 0;
+            for _ in 0..40 {
+                if let Err(SluiceError::RateLimited {
+                    retry_after_ms,
+                    policy,
+                    ..
+                }) = conn.call(&get_req("/vol/k"), Duration::from_secs(5)).await
+                {
+                    assert_eq!(policy, "alice-rate");
+                    assert!(
+                        retry_after_ms > 0 && retry_after_ms <= 1000,
+                        "{retry_after_ms}"
+                    );
+                    limited += 1;
+                }
+            }
+            limited > 0
+        })
+        .await;
+    }
+    admin
+        .policy(serde_json::json!({"op": "rm", "name": "alice-rate"}))
+        .await
+        .unwrap();
+    c.wait_for("the rate limit lifted", || async {
+        let mut ok = true;
+        for _ in 0..40 {
+            ok &= alice.get("/vol/k").await.is_ok();
+        }
+        ok
+    })
+    .await;
+    // Revoked: the open client is refused from its next request on, on
+    // every node, and cannot connect again.
+    admin
+        .policy(serde_json::json!({"op": "auth_revoke", "name": "alice"}))
+        .await
+        .unwrap();
+    c.wait_for("alice's open connection refused", || async {
+        matches!(
+            alice.get("/vol/k").await,
+            Err(SluiceError::Unauthenticated { .. })
+        )
+    })
+    .await;
+    for id in 1..=5 {
+        c.wait_for(&format!("alice's token refused by node {id}"), || async {
+            matches!(
+                Conn::connect_with(
+                    c.addrs[&id],
+                    "t",
+                    Duration::from_secs(2),
+                    None,
+                    Some(&alice_tok)
+                )
+                .await,
+                Err(SluiceError::Unauthenticated { .. })
+            )
+        })
+        .await;
+    }
+    // The listing never shows a token or its hash.
+    let ls = admin
+        .policy(serde_json::json!({"op": "ls"}))
+        .await
+        .unwrap()
+        .to_string();
+    assert!(!ls.contains(&admin_tok) && !ls.contains("sha256"), "{ls}");
+}
