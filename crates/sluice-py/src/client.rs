@@ -93,7 +93,7 @@ impl Client {
 #[pymethods]
 impl Client {
     #[new]
-    #[pyo3(signature = (addr, *, timeout_s = 10.0, connect_timeout_s = 3.0, connections = 1, name = "sluice-python".to_string(), tls_ca = None, tls_cert = None, tls_key = None))]
+    #[pyo3(signature = (addr, *, timeout_s = 10.0, connect_timeout_s = 3.0, connections = 1, name = "sluice-python".to_string(), tls_ca = None, tls_cert = None, tls_key = None, token = None))]
     #[allow(clippy::too_many_arguments)] // Python's keyword arguments
     fn new(
         py: Python<'_>,
@@ -105,6 +105,7 @@ impl Client {
         tls_ca: Option<std::path::PathBuf>,
         tls_cert: Option<std::path::PathBuf>,
         tls_key: Option<std::path::PathBuf>,
+        token: Option<String>,
     ) -> PyResult<Client> {
         let tls = sluice_tls::ClientTls::from_files(
             tls_ca.as_deref(),
@@ -115,6 +116,7 @@ impl Client {
         .map_err(|e| pyo3::exceptions::PyValueError::new_err(e.to_string()))?;
         let cfg = ClientConfig {
             tls,
+            token,
             addr,
             connections: connections.max(1),
             connect_timeout: Duration::from_micros(micros(connect_timeout_s)?),
@@ -495,6 +497,24 @@ impl Client {
             py,
             future,
             move |c| async move { c.broadcast(&key, to.as_deref(), fanout).await },
+            json,
+        )
+    }
+
+    /// A policy command (JSON text, `{"op": ...}`; see `sluice policy`).
+    #[pyo3(signature = (command, *, future = None))]
+    fn policy(
+        &self,
+        py: Python<'_>,
+        command: String,
+        future: Option<Py<PyAny>>,
+    ) -> PyResult<Py<PyAny>> {
+        let cmd: serde_json::Value = serde_json::from_str(&command)
+            .map_err(|e| pyo3::exceptions::PyValueError::new_err(format!("policy command: {e}")))?;
+        self.call(
+            py,
+            future,
+            move |c| async move { c.policy(cmd).await },
             json,
         )
     }

@@ -65,3 +65,45 @@ def test_without_the_client_certificate_or_the_ca_it_is_refused(tls_dev):
         sluice.Client(addr, tls_cert=str(tls / "client.pem"), tls_key=str(tls / "client-key.pem"))
     with pytest.raises(ValueError, match=r"tls\.ca .*nope\.pem"):
         sluice.Client(addr, tls_ca=str(Path(tls) / "nope.pem"))
+
+
+def test_principals_access_rules_and_revocation(tls_dev):
+    """The client certificate names a principal; tokens name others; an
+    access rule refuses what it does not allow with PermissionDenied; a
+    revoked token is refused (issue #19)."""
+    addr, tls = tls_dev
+    creds = dict(
+        tls_ca=str(tls / "ca.pem"),
+        tls_cert=str(tls / "client.pem"),
+        tls_key=str(tls / "client-key.pem"),
+    )
+    with sluice.Client(addr, **creds) as c:
+        me = c.policy("whoami")
+        assert (me["principal"], me["via"]) == ("sluice-client", "certificate")
+        admin = c.policy("auth_create", name="py-admin", roles=["admin"])["token"]
+        bob = c.policy("auth_create", name="bob")["token"]
+    with sluice.Client(addr, token=admin, **creds) as a:
+        assert a.policy("whoami")["principal"] == "py-admin"
+        a.policy("set", name="admins", rule={"kind": "access", "who": {"role": "admin"}, "pool": "/", "allow": ["read", "write", "trigger", "watch", "admin"]})
+        a.policy("set", name="bob-reads", rule={"kind": "access", "who": {"principal": "bob"}, "pool": "/vol", "allow": ["read"]})
+        a.put("/vol/shared", b"x")
+        with sluice.Client(addr, token=bob, **creds) as b:
+            assert bytes(b.get("/vol/shared").value) == b"x"
+            with pytest.raises(sluice.PermissionDenied) as e:
+                b.put("/vol/shared", b"y")
+            assert e.value.details["principal"] == "bob"
+            assert e.value.details["perm"] == "write"
+            # The certificate's principal has no rule: refused too.
+            with sluice.Client(addr, **creds) as anon:
+                with pytest.raises(sluice.PermissionDenied):
+                    anon.get("/vol/shared")
+            a.policy("set", name="bob-slow", rule={"kind": "rate", "who": {"principal": "bob"}, "ops_per_s": 5, "max_delay_ms": 0})
+            with pytest.raises(sluice.RateLimited) as e:
+                for _ in range(50):
+                    b.get("/vol/shared")
+            assert e.value.details["retry_after_ms"] > 0
+            a.policy("auth_revoke", name="bob")
+            with pytest.raises(sluice.Unauthenticated):
+                b.get("/vol/shared")
+        with pytest.raises(sluice.Unauthenticated):
+            sluice.Client(addr, token=bob, **creds)

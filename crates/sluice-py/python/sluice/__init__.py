@@ -26,6 +26,7 @@ notifications through ``watch``.
 
 from __future__ import annotations
 
+import json
 import asyncio
 import os
 import threading
@@ -155,7 +156,9 @@ class Client:
     each request, in seconds. Use it as a context manager, or call
     ``close()``; it is safe to share between threads. Nodes that run
     with TLS need ``tls_ca`` (the CA's PEM file), and ``tls_cert`` and
-    ``tls_key`` where they require client certificates (README: Security).
+    ``tls_key`` where they require client certificates; where nodes enforce
+    policies, ``token`` (from ``sluice auth create``) names the principal
+    this client acts as (README: Security).
     """
 
     def __init__(
@@ -169,6 +172,7 @@ class Client:
         tls_ca: Optional[str] = None,
         tls_cert: Optional[str] = None,
         tls_key: Optional[str] = None,
+        token: Optional[str] = None,
     ) -> None:
         self._c = _sluice.Client(
             addr or default_address(),
@@ -179,6 +183,7 @@ class Client:
             tls_ca=tls_ca,
             tls_cert=tls_cert,
             tls_key=tls_key,
+            token=token,
         )
 
     # -- context manager ------------------------------------------------
@@ -376,6 +381,14 @@ class Client:
         reads of the key find it. Returns the report: ``outcomes`` (per
         node, ``error`` None when received), ``order``, ``crossings``."""
         return self._c.broadcast(key, to, fanout)
+
+    def policy(self, op: str, **fields: Any) -> dict:
+        """A policy command, as ``sluice policy`` and ``sluice auth`` send
+        them: ``policy("ls")``, ``policy("whoami")``,
+        ``policy("auth_create", name="alice", roles=["ops"])`` (the reply
+        holds the token, shown once), ``policy("set", name=..., rule={...})``,
+        ``policy("rm", name=...)``, ``policy("auth_revoke", name=...)``."""
+        return self._c.policy(json.dumps({"op": op, **fields}))
 
     def dfg_apply(self, text: str) -> dict:
         """Applies data flow graphs (a ``dfgs.json`` document, as text).
