@@ -14,6 +14,7 @@ mod cluster;
 mod etcd;
 mod harness;
 mod peers;
+mod policy;
 mod procs;
 mod single;
 mod streams;
@@ -78,6 +79,10 @@ pub enum BenchWhat {
     /// TLS next to plaintext: put/get p50 with one client and throughput
     /// with many, two node processes measured in turns.
     Tls(tls::TlsArgs),
+    /// Policies (issue #19): access rules and rate limits enabled but not
+    /// triggered next to an open node; QoS (mRPC Table 3.4); a rate limit
+    /// changed live under load on a 3-node cluster (Fig. 3.7).
+    Policy(policy::PolicyArgs),
 }
 
 #[derive(clap::Args)]
@@ -288,6 +293,7 @@ pub fn run(a: BenchArgs, json: bool) -> Result<()> {
         Some(BenchWhat::Python(p)) => python_bench(p, json),
         Some(BenchWhat::PythonUdl(p)) => python_udl_bench(p, json),
         Some(BenchWhat::Tls(t)) => tls::run(t, json),
+        Some(BenchWhat::Policy(p)) => policy::run(p, json),
         None => single::core(a.core, json),
     }
 }

@@ -74,6 +74,12 @@ struct Conn {
     principal: crate::policy::Principal,
     /// The policies in force for `principal`, rebuilt when they change.
     view: crate::policy::View,
+    /// QoS: a bulk request held back while small ones are served.
+    held: Option<Frame>,
+    /// QoS: small requests decoded since the last flush (`Gate::done`).
+    small_pending: usize,
+    /// QoS: bulk value bytes executed since this connection last yielded.
+    bulk_turn_bytes: usize,
     /// Set while re-running a request after a metadata catch-up (no second catch-up).
     retried_after_catch_up: bool,
     /// The request being executed, when metrics are exported: its name,
@@ -127,6 +133,9 @@ pub async fn serve_conn<S: Stream>(
         cert_name,
         principal: crate::policy::Principal::anonymous(),
         view: crate::policy::View::none(),
+        held: None,
+        small_pending: 0,
+        bulk_turn_bytes: 0,
         retried_after_catch_up: false,
         timing: None,
         ctx: ctx.clone(),
@@ -134,6 +143,7 @@ pub async fn serve_conn<S: Stream>(
     let span = tracing::debug_span!("conn", id, %peer);
     let _e = span.enter();
     let reason = conn.run(&mut sock, &mut notify_rx, &mut deferred_rx).await;
+    ctx.policy.gate.done(conn.small_pending);
     match reason {
         Close::Eof | Close::Shutdown => tracing::debug!("connection closed"),
         Close::Io(e) => tracing::debug!(error = %e, "connection I/O error"),
@@ -199,6 +209,22 @@ impl Conn {
         // however slowly it trickles in.
         let mut frame_started: Option<tokio::time::Instant> = None;
         loop {
+            if self.held.is_some() {
+                // QoS: a bulk request waits (bounded) for the node's small
+                // requests, then this connection goes on where it stopped.
+                if let Err(e) = self.flush_out(sock).await {
+                    return Close::Io(e);
+                }
+                self.ctx.policy.gate.hold_bulk().await;
+                self.bulk_turn_bytes = 0;
+                if let Err(c) = self.process(&mut rbuf) {
+                    return c;
+                }
+                if let Err(e) = self.flush_out(sock).await {
+                    return Close::Io(e);
+                }
+                continue;
+            }
             // Make room: exactly enough for a large frame whose header is in,
             // else another chunk.
             let need = self.decoder.needed(&rbuf).unwrap_or(0);
@@ -280,10 +306,43 @@ impl Conn {
                     }
                 }
             }
-            if let Err(e) = flush(sock, &mut self.out).await {
+            if let Err(e) = self.flush_out(sock).await {
                 return Close::Io(e);
             }
         }
+    }
+
+    /// Writes what is queued; the small requests it answers are done.
+    async fn flush_out<S: Stream>(&mut self, sock: &mut S) -> std::io::Result<()> {
+        let r = flush(sock, &mut self.out).await;
+        self.ctx
+            .policy
+            .gate
+            .done(std::mem::take(&mut self.small_pending));
+        r
+    }
+
+    /// QoS: whether `frame` is bulk and must wait for the node's small
+    /// requests (or for this connection's turn to end); counts it either
+    /// way. Every turn runs at least one bulk request.
+    fn qos_hold(&mut self, frame: &Frame) -> bool {
+        let Some(q) = self.view.qos else {
+            return false;
+        };
+        let gate = &self.ctx.policy.gate;
+        if q.priority || frame.value.len() as u64 <= q.small_bytes {
+            gate.begin();
+            self.small_pending += 1;
+            return false;
+        }
+        if self.bulk_turn_bytes > 0
+            && (self.bulk_turn_bytes >= crate::policy::qos::BULK_TURN_BYTES
+                || gate.others(self.small_pending) > 0)
+        {
+            return true;
+        }
+        self.bulk_turn_bytes += frame.value.len();
+        false
     }
 
     /// Registers a watch that resumes on a persistent pool at `from`
@@ -389,11 +448,18 @@ impl Conn {
         let max_in_flight = self.ctx.cfg.limits.max_in_flight_per_conn as usize;
         let mut in_batch = 0usize;
         loop {
-            let frame = match self.decoder.decode(rbuf) {
-                Ok(Some(f)) => f,
-                Ok(None) => return Ok(in_batch),
-                Err(e) => return Err(Close::Fatal(e.request_id(), Box::new(frame_error(e)))),
+            let frame = match self.held.take() {
+                Some(f) => f,
+                None => match self.decoder.decode(rbuf) {
+                    Ok(Some(f)) => f,
+                    Ok(None) => return Ok(in_batch),
+                    Err(e) => return Err(Close::Fatal(e.request_id(), Box::new(frame_error(e)))),
+                },
             };
+            if self.qos_hold(&frame) {
+                self.held = Some(frame);
+                return Ok(in_batch);
+            }
             self.ctx.stats.requests.fetch_add(1, Ordering::Relaxed);
             in_batch += 1;
             if in_batch > max_in_flight {

@@ -13,6 +13,7 @@ pub mod audit;
 pub mod bucket;
 pub mod commands;
 pub mod needs;
+pub mod qos;
 
 use bucket::{Bucket, Take};
 use needs::Need;
@@ -65,6 +66,9 @@ impl Principal {
     }
 }
 
+/// A rate limiter's key: (rate policy, principal).
+type BucketKey = (String, String);
+
 /// The node's policies, compiled, with the rate limiters they need.
 pub struct PolicyState {
     current: RwLock<Arc<Compiled>>,
@@ -72,8 +76,10 @@ pub struct PolicyState {
     generation: AtomicU64,
     /// (rate policy, principal) -> bucket, kept across changes to other
     /// policies (a change of the policy itself starts a fresh bucket).
-    buckets: Mutex<HashMap<(String, String), (Rule, Arc<Bucket>)>>,
+    buckets: Mutex<HashMap<BucketKey, (Rule, Arc<Bucket>)>>,
     pub audit: audit::Audit,
+    /// Small requests in progress on this node (QoS).
+    pub gate: qos::Gate,
     /// A standalone node's document and where it is kept.
     local: Option<(PathBuf, Mutex<Policies>)>,
 }
@@ -179,6 +185,7 @@ impl PolicyState {
             generation: AtomicU64::new(1),
             buckets: Mutex::default(),
             audit,
+            gate: qos::Gate::default(),
             local,
         }
     }

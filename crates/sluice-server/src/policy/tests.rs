@@ -6,6 +6,13 @@ use sluice_wire::Request;
 /// One request of every kind, with what it needs: the table the access
 /// check is tested against.
 fn every_request() -> Vec<(Request, Option<(Perm, &'static str)>)> {
+    let mut v = data_requests();
+    v.extend(control_requests());
+    v
+}
+
+/// The handshake and the requests about keys.
+fn data_requests() -> Vec<(Request, Option<(Perm, &'static str)>)> {
     use Perm::*;
     let key = || "/p/k".to_string();
     vec![
@@ -99,6 +106,15 @@ fn every_request() -> Vec<(Request, Option<(Perm, &'static str)>)> {
             },
             Some((Read, "/p/k")),
         ),
+    ]
+}
+
+/// The rest of the table: pools, watches, graphs, node and cluster
+/// commands, policies.
+fn control_requests() -> Vec<(Request, Option<(Perm, &'static str)>)> {
+    use Perm::*;
+    let key = || "/p/k".to_string();
+    vec![
         (
             Request::PoolCreate {
                 spec: sluice_types::PoolSpec {

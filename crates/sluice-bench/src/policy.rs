@@ -1,0 +1,437 @@
+//! `sluice bench policy`: the managed data path's policies measured
+//! (issue #19), each next to its baseline in the same run:
+//! - `overhead`: access rules and a rate limit enabled but never
+//!   triggered, against an open node (two node processes in turns);
+//! - `qos`: mRPC's Table 3.4: a latency-sensitive client (32 B gets, one
+//!   in flight) next to a bandwidth-sensitive one (32 KB puts, 64 in
+//!   flight) on one node, without and with the QoS policy;
+//! - `live`: a rate limit added and then removed under load on a 3-node
+//!   cluster, as ops/s over time (mRPC's Fig. 3.7).
+
+use crate::harness::{closed_loop, fmt_size, hist, report, row, ChildNode, Row};
+use crate::peers::sluice_ops;
+use anyhow::{Context, Result};
+use bytes::Bytes;
+use serde_json::json;
+use sluice_client::{Client, ClientConfig, SluiceError};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+#[derive(clap::Args, Clone)]
+pub struct PolicyArgs {
+    /// Which experiment: overhead, qos, live, or all.
+    #[arg(long, default_value = "all")]
+    pub what: String,
+    /// Length of each measurement phase.
+    #[arg(long, default_value_t = 2000)]
+    pub duration_ms: u64,
+    /// Rounds (overhead and qos).
+    #[arg(long, default_value_t = 3)]
+    pub rounds: usize,
+    /// Concurrent clients in the overhead's throughput phase.
+    #[arg(long, default_value_t = 16)]
+    pub clients: usize,
+}
+
+pub fn run(a: PolicyArgs, json: bool) -> Result<()> {
+    let all = a.what == "all";
+    anyhow::ensure!(
+        all || ["overhead", "qos", "live"].contains(&a.what.as_str()),
+        "--what {:?}: use overhead, qos, live or all",
+        a.what
+    );
+    if all || a.what == "overhead" {
+        overhead(&a, json)?;
+    }
+    if all || a.what == "qos" {
+        qos(&a, json)?;
+    }
+    if all || a.what == "live" {
+        live(&a, json)?;
+    }
+    Ok(())
+}
+
+fn rt(threads: usize) -> Result<tokio::runtime::Runtime> {
+    Ok(tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(threads)
+        .enable_all()
+        .build()?)
+}
+
+/// A policy command on `addr` (as `token`), for setting experiments up.
+async fn policy(
+    addr: &str,
+    token: Option<&str>,
+    cmd: serde_json::Value,
+) -> Result<serde_json::Value> {
+    let c = Client::connect_with(ClientConfig {
+        addr: addr.into(),
+        token: token.map(str::to_string),
+        ..Default::default()
+    })
+    .await?;
+    Ok(c.policy(cmd).await?)
+}
+
+fn set(name: &str, rule: serde_json::Value) -> serde_json::Value {
+    json!({"op": "set", "name": name, "rule": rule})
+}
+
+/// Access rules and a rate limit that never triggers, next to an open node.
+fn overhead(a: &PolicyArgs, json: bool) -> Result<()> {
+    let open = ChildNode::start(&[])?;
+    let policed = ChildNode::start(&[])?;
+    let r = rt(2)?;
+    let token = r.block_on(async {
+        let t = policy(&policed.addr, None, json!({"op": "auth_create", "name": "bench", "roles": ["bench"]}))
+            .await?["token"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string();
+        let tok = Some(t.as_str());
+        policy(&policed.addr, tok, set("bench-all", json!({"kind": "access", "who": {"role": "bench"}, "pool": "/", "allow": ["read", "write", "trigger", "watch", "admin"]}))).await?;
+        policy(&policed.addr, tok, set("others-read", json!({"kind": "access", "who": "anyone", "pool": "/public", "allow": ["read"]}))).await?;
+        policy(&policed.addr, tok, set("bench-rate", json!({"kind": "rate", "who": {"role": "bench"}, "ops_per_s": 100_000_000u64, "bytes_per_s": 100_000_000_000u64, "max_delay_ms": 100}))).await?;
+        anyhow::Ok(t)
+    })?;
+    drop(r);
+    eprintln!(
+        "sluice bench policy overhead: open node {}, policed node {} (2 access rules, 1 rate limit, token), {} rounds",
+        open.addr, policed.addr, a.rounds
+    );
+    let dur = Duration::from_millis(a.duration_ms);
+    let size = 10240;
+    let mut rows = Vec::new();
+    for _ in 0..a.rounds.max(1) {
+        for (target, addr, tok) in [
+            ("open", &open.addr, None),
+            ("policed", &policed.addr, Some(token.clone())),
+        ] {
+            let cfg = ClientConfig {
+                addr: addr.clone(),
+                token: tok,
+                ..Default::default()
+            };
+            for op in ["put", "get"] {
+                for n in [1, a.clients] {
+                    let r = if n == 1 {
+                        tokio::runtime::Builder::new_current_thread()
+                            .enable_all()
+                            .build()?
+                    } else {
+                        rt(2)?
+                    };
+                    let w = r.block_on(sluice_ops(&cfg, op, size, n))?;
+                    let res = r.block_on(closed_loop(
+                        w,
+                        dur,
+                        format!("{target} {op} {} c={n}", fmt_size(size)),
+                    ));
+                    rows.push(row(target, op, size, "closed", n, (&res.0, res.1, res.2)));
+                }
+            }
+        }
+    }
+    report(&rows, json, None)?;
+    if !json {
+        let med = |t: &str, op: &str, n: usize, f: fn(&Row) -> f64| {
+            median(
+                rows.iter()
+                    .filter(|r| r.target == t && r.op == op && r.clients == n)
+                    .map(f),
+            )
+        };
+        println!(
+            "\npolicies enabled, not triggered, next to an open node (medians of {} rounds):",
+            a.rounds
+        );
+        for op in ["put", "get"] {
+            let p = med("policed", op, 1, |r| r.p50_us) / med("open", op, 1, |r| r.p50_us);
+            let t = med("policed", op, a.clients, |r| r.ops_per_s)
+                / med("open", op, a.clients, |r| r.ops_per_s);
+            println!(
+                "  {op} 10 KB: p50 {p:.3}x, throughput ({} clients) {t:.3}x (target: within 2%)",
+                a.clients
+            );
+        }
+    }
+    Ok(())
+}
+
+fn median(v: impl Iterator<Item = f64>) -> f64 {
+    let mut v: Vec<f64> = v.collect();
+    v.sort_by(|a, b| a.total_cmp(b));
+    if v.is_empty() {
+        f64::NAN
+    } else {
+        v[v.len() / 2]
+    }
+}
+
+/// What one QoS phase measured.
+struct QosPhase {
+    small: Option<Row>,
+    bulk_ops_per_s: Option<f64>,
+}
+
+/// mRPC Table 3.4 on one node: phases small alone, bulk alone, both
+/// without QoS, both with QoS.
+fn qos(a: &PolicyArgs, json: bool) -> Result<()> {
+    let node = ChildNode::start(&[])?;
+    let addr = node.addr.clone();
+    eprintln!(
+        "sluice bench policy qos: node {addr}, {} rounds of 4 phases",
+        a.rounds
+    );
+    let dur = Duration::from_millis(a.duration_ms);
+    let mut rows = Vec::new();
+    let mut summary: Vec<(&str, f64, f64)> = Vec::new();
+    for _ in 0..a.rounds.max(1) {
+        let alone = qos_phase(&addr, dur, true, false)?;
+        let bulk_alone = qos_phase(&addr, dur, false, true)?;
+        let mixed = qos_phase(&addr, dur, true, true)?;
+        let r = rt(1)?;
+        r.block_on(policy(
+            &addr,
+            None,
+            set("qos", json!({"kind": "qos", "small_bytes": 4096})),
+        ))?;
+        let with_qos = qos_phase(&addr, dur, true, true)?;
+        r.block_on(policy(&addr, None, json!({"op": "rm", "name": "qos"})))?;
+        let base_p99 = alone.small.as_ref().map_or(f64::NAN, |r| r.p99_us);
+        let base_bulk = bulk_alone.bulk_ops_per_s.unwrap_or(f64::NAN);
+        for (label, ph) in [
+            ("alone", &alone),
+            ("bulk alone", &bulk_alone),
+            ("no QoS", &mixed),
+            ("QoS", &with_qos),
+        ] {
+            if let Some(s) = &ph.small {
+                let mut s = s.clone();
+                s.target = format!("small {label}");
+                rows.push(s);
+            }
+            if let Some(b) = ph.bulk_ops_per_s {
+                let mut r = row(
+                    &format!("bulk {label}"),
+                    "put",
+                    32 << 10,
+                    "closed",
+                    64,
+                    (&hist(), Duration::from_secs(1), 0),
+                );
+                r.ops_per_s = b;
+                rows.push(r);
+            }
+        }
+        for (label, ph) in [("no QoS", &mixed), ("QoS", &with_qos)] {
+            summary.push((
+                label,
+                ph.small.as_ref().map_or(f64::NAN, |r| r.p99_us) / base_p99,
+                ph.bulk_ops_per_s.unwrap_or(f64::NAN) / base_bulk,
+            ));
+        }
+    }
+    report(&rows, json, None)?;
+    if !json {
+        println!("\nmRPC Table 3.4 (medians of {} rounds): small client's p99 / its unloaded p99, bulk throughput / bulk alone", a.rounds);
+        for label in ["no QoS", "QoS"] {
+            let p = median(summary.iter().filter(|s| s.0 == label).map(|s| s.1));
+            let t = median(summary.iter().filter(|s| s.0 == label).map(|s| s.2));
+            println!("  {label:>6}: small p99 {p:.2}x (target with QoS <= 1.5x), bulk throughput {t:.2}x (target with QoS >= 0.9x)");
+        }
+    }
+    Ok(())
+}
+
+/// One phase: the small client (32 B gets, one in flight, its own thread
+/// and runtime) and/or the bulk client (32 KB puts, 64 in flight on one
+/// connection, another thread and runtime), for `dur`.
+fn qos_phase(addr: &str, dur: Duration, small: bool, bulk: bool) -> Result<QosPhase> {
+    let cfg = ClientConfig {
+        addr: addr.into(),
+        ..Default::default()
+    };
+    let bulk_thread = bulk.then(|| {
+        let cfg = cfg.clone();
+        std::thread::spawn(move || -> Result<f64> {
+            let r = rt(1)?;
+            r.block_on(async {
+                let c = Client::connect_with(cfg).await?;
+                let ops = Arc::new(AtomicU64::new(0));
+                let stop = Arc::new(AtomicBool::new(false));
+                let value = Bytes::from(vec![b'b'; 32 << 10]);
+                let t0 = Instant::now();
+                let mut tasks = Vec::new();
+                for w in 0..64u64 {
+                    let (c, ops, stop, value) =
+                        (c.clone(), ops.clone(), stop.clone(), value.clone());
+                    tasks.push(tokio::spawn(async move {
+                        let mut i = 0u64;
+                        while !stop.load(Ordering::Relaxed) {
+                            if c.put(&format!("/vol/bulk/{w}/{}", i % 16), value.clone())
+                                .await
+                                .is_ok()
+                            {
+                                ops.fetch_add(1, Ordering::Relaxed);
+                            }
+                            i += 1;
+                        }
+                    }));
+                }
+                tokio::time::sleep(dur).await;
+                stop.store(true, Ordering::Relaxed);
+                let n = ops.load(Ordering::Relaxed);
+                let took = t0.elapsed();
+                for t in tasks {
+                    let _ = t.await;
+                }
+                anyhow::Ok(n as f64 / took.as_secs_f64())
+            })
+        })
+    });
+    let small_row = if small {
+        let r = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()?;
+        let w = r.block_on(sluice_ops(&cfg, "get", 32, 1))?;
+        // Let the bulk client reach its steady state first.
+        std::thread::sleep(Duration::from_millis(200));
+        let res = r.block_on(closed_loop(
+            w,
+            dur.saturating_sub(Duration::from_millis(400)),
+            "small 32 B gets".into(),
+        ));
+        Some(row("small", "get", 32, "closed", 1, (&res.0, res.1, res.2)))
+    } else {
+        None
+    };
+    let bulk_ops_per_s = match bulk_thread {
+        Some(t) => Some(
+            t.join()
+                .map_err(|_| anyhow::anyhow!("the bulk client panicked"))??,
+        ),
+        None => None,
+    };
+    Ok(QosPhase {
+        small: small_row,
+        bulk_ops_per_s,
+    })
+}
+
+/// A rate limit added, then removed, under load on a 3-node cluster:
+/// ops/s per 100 ms, and how long after each command returned the
+/// change was in force on the node serving the load.
+fn live(a: &PolicyArgs, json: bool) -> Result<()> {
+    let procs = crate::procs::Procs::start(3, 0)?;
+    let (load_addr, admin_addr) = (procs.addrs[1].clone(), procs.addrs[2].clone());
+    let r = rt(2)?;
+    let limit = 2000u64;
+    let phase = Duration::from_millis(a.duration_ms.max(1000));
+    let out = r.block_on(async {
+        let c = crate::procs::connect(&load_addr, Duration::from_secs(5)).await?;
+        c.put("/vol/live/k", Bytes::from_static(b"x")).await?;
+        // Gets straight to one node, so one node's limit is what shows.
+        let conns: Vec<_> = futures_conns(&load_addr, 8).await?;
+        let start = Instant::now();
+        let stop = Arc::new(AtomicBool::new(false));
+        let events: Arc<parking_lot::Mutex<Vec<(u64, u8)>>> = Arc::default();
+        let mut tasks = Vec::new();
+        for conn in conns {
+            let (stop, events) = (stop.clone(), events.clone());
+            tasks.push(tokio::spawn(async move {
+                let req = sluice_wire::Request::Get { key: "/vol/live/k".into(), shard: None, version: None, min_version: None, linearizable: false };
+                let mut local = Vec::new();
+                while !stop.load(Ordering::Relaxed) {
+                    let kind = match conn.call(&req, Duration::from_secs(5)).await {
+                        Ok(_) => 0u8,
+                        Err(SluiceError::RateLimited { .. }) => 1,
+                        Err(_) => 2,
+                    };
+                    local.push((start.elapsed().as_micros() as u64, kind));
+                }
+                events.lock().extend(local);
+            }));
+        }
+        tokio::time::sleep(phase).await;
+        policy(&admin_addr, None, set("live", json!({"kind": "rate", "who": "anyone", "pool": "/vol/live", "ops_per_s": limit, "max_delay_ms": 0}))).await?;
+        let set_at = start.elapsed().as_micros() as u64;
+        tokio::time::sleep(phase).await;
+        policy(&admin_addr, None, json!({"op": "rm", "name": "live"})).await?;
+        let rm_at = start.elapsed().as_micros() as u64;
+        tokio::time::sleep(phase).await;
+        stop.store(true, Ordering::Relaxed);
+        for t in tasks {
+            let _ = t.await;
+        }
+        let ev = std::mem::take(&mut *events.lock());
+        anyhow::Ok((ev, set_at, rm_at))
+    })?;
+    let (mut ev, set_at, rm_at) = out;
+    ev.sort_unstable();
+    let bucket_us = 100_000u64;
+    let end = ev.last().map_or(0, |e| e.0);
+    let mut series = Vec::new();
+    for b in 0..=end / bucket_us {
+        let inb = ev.iter().filter(|e| e.0 / bucket_us == b);
+        let (mut ok, mut lim, mut err) = (0u64, 0u64, 0u64);
+        for e in inb {
+            match e.1 {
+                0 => ok += 1,
+                1 => lim += 1,
+                _ => err += 1,
+            }
+        }
+        series.push(
+            json!({"t_ms": b * 100, "ok_per_s": ok * 10, "limited_per_s": lim * 10, "failed": err}),
+        );
+    }
+    let first_limited = ev
+        .iter()
+        .find(|e| e.1 == 1 && e.0 >= set_at.saturating_sub(bucket_us))
+        .map(|e| e.0);
+    let last_limited = ev.iter().rev().find(|e| e.1 == 1).map(|e| e.0);
+    let failed = ev.iter().filter(|e| e.1 == 2).count();
+    // In force when the admitted rate first falls to the limit: the first
+    // refusal after the command returned (or before it: the leader and
+    // this node applied it while the reply was on its way).
+    let took_effect_ms = first_limited.map(|t| t.saturating_sub(set_at) as f64 / 1000.0);
+    let lifted_ms = last_limited.map(|t| t.saturating_sub(rm_at) as f64 / 1000.0);
+    let doc = json!({
+        "limit_ops_per_s": limit,
+        "set_at_ms": set_at / 1000, "removed_at_ms": rm_at / 1000,
+        "took_effect_ms": took_effect_ms, "lifted_ms": lifted_ms,
+        "failed_other_than_limited": failed, "series": series,
+    });
+    if json {
+        println!("{doc}");
+    } else {
+        println!("\nlive rate limit ({limit} ops/s on the serving node) set through another node of a 3-node cluster:");
+        println!("  t_ms  ok/s  limited/s");
+        for s in &series {
+            println!(
+                "  {:>5} {:>6} {:>6}",
+                s["t_ms"], s["ok_per_s"], s["limited_per_s"]
+            );
+        }
+        println!(
+            "set at {} ms, in force after {:.1} ms; removed at {} ms, lifted after {:.1} ms; failed requests other than limited: {failed}",
+            set_at / 1000,
+            took_effect_ms.unwrap_or(f64::NAN),
+            rm_at / 1000,
+            lifted_ms.unwrap_or(f64::NAN)
+        );
+    }
+    Ok(())
+}
+
+async fn futures_conns(addr: &str, n: usize) -> Result<Vec<Arc<sluice_client::Conn>>> {
+    let sa: std::net::SocketAddr = addr.parse().context("node address")?;
+    let mut v = Vec::new();
+    for _ in 0..n {
+        v.push(sluice_client::Conn::connect(sa, "bench-live", Duration::from_secs(3)).await?);
+    }
+    Ok(v)
+}
