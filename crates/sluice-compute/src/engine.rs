@@ -563,6 +563,12 @@ impl Engine {
 
     /// Routes the lambdas' reads of keys this node holds no copy of
     /// through `reader` (a cluster: to a member of the key's shard).
+    /// Tells `sink` of every upcall of a traced object as it finishes
+    /// (trace export; unset, an upcall pays one uncontended read lock).
+    pub fn set_hop_sink(&self, sink: Arc<dyn crate::udl::HopSink>) {
+        *self.ctx.hop_sink.write() = Some(sink);
+    }
+
     pub fn set_reader(&self, reader: Arc<dyn crate::udl::Reader>) {
         *self.ctx.reader.write() = Some(reader);
     }
@@ -721,8 +727,24 @@ fn worker_loop(
         e.stats
             .emitted
             .fetch_add(emitter.emitted() as u64, Ordering::Relaxed);
-        if !matches!(result, Ok(Ok(()))) {
+        let ok = matches!(result, Ok(Ok(())));
+        if !ok {
             e.metrics.failures.increment(1);
+        }
+        if let Some(t) = job.object.trace.as_deref().filter(|t| t.is_timed()) {
+            if let Some(sink) = ctx.hop_sink.read().as_ref() {
+                sink.on_hop(&crate::udl::HopDone {
+                    trace: t,
+                    stage: &e.vertex,
+                    udl: &e.name,
+                    key: &job.object.key,
+                    enqueued_us: job.enqueued_us,
+                    started_us,
+                    finished_us: Clock::wall_us(),
+                    ok,
+                    node_id,
+                });
+            }
         }
         match result {
             Ok(Ok(())) => {}

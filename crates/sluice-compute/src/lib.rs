@@ -28,6 +28,6 @@ pub mod udl;
 pub use dfg::{DfgError, DfgFile};
 pub use engine::{ApplyReport, Engine, EngineConfig, Membership, Prepared};
 pub use udl::{
-    Context, Emitter, Publisher, ReadAt, Reader, Registry, Udl, UdlError, UdlFactory, Upcall,
-    Writer,
+    Context, Emitter, HopDone, HopSink, Publisher, ReadAt, Reader, Registry, Udl, UdlError,
+    UdlFactory, Upcall, Writer,
 };

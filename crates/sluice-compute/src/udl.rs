@@ -136,7 +136,30 @@ pub struct Context {
     pub(crate) publisher: Option<Arc<dyn Publisher>>,
     pub(crate) writer: parking_lot::RwLock<Option<Arc<dyn Writer>>>,
     pub(crate) reader: parking_lot::RwLock<Option<Arc<dyn Reader>>>,
+    /// Told of every traced upcall (trace export), when set.
+    pub(crate) hop_sink: parking_lot::RwLock<Option<Arc<dyn HopSink>>>,
     pub node_id: u32,
+}
+
+/// One upcall of a traced object, finished: what a trace exporter turns
+/// into a span (`Engine::set_hop_sink`).
+pub struct HopDone<'a> {
+    /// The input's trace (its hops: the stages before this one).
+    pub trace: &'a Trace,
+    pub stage: &'a str,
+    pub udl: &'a str,
+    pub key: &'a str,
+    pub enqueued_us: u64,
+    pub started_us: u64,
+    pub finished_us: u64,
+    pub ok: bool,
+    pub node_id: u32,
+}
+
+/// Receives each traced upcall as it finishes, on the upcall thread: must
+/// not block (queue and return).
+pub trait HopSink: Send + Sync {
+    fn on_hop(&self, hop: &HopDone<'_>);
 }
 
 /// Which version a lambda's read asks for.
@@ -192,6 +215,7 @@ impl Context {
             publisher,
             writer: parking_lot::RwLock::new(None),
             reader: parking_lot::RwLock::new(None),
+            hop_sink: parking_lot::RwLock::new(None),
             node_id,
         }
     }

@@ -129,6 +129,8 @@ pub struct ServerConfig {
     /// Where policy refusals are recorded (the policies themselves live in
     /// the metadata service: `sluice policy`).
     pub policy: PolicyConfig,
+    /// Trace export to an OpenTelemetry collector (off unless set).
+    pub otel: crate::otel::OtelConfig,
 }
 
 /// `[policy]`: this node's side of the policies.
@@ -167,6 +169,7 @@ impl Default for ServerConfig {
             metrics: MetricsConfig::default(),
             tls: sluice_tls::NodeTls::default(),
             policy: PolicyConfig::default(),
+            otel: crate::otel::OtelConfig::default(),
         }
     }
 }
@@ -183,6 +186,9 @@ impl ServerConfig {
         self.layout.validate()?;
         self.persistent.sync_policy()?;
         self.tls.validate().map_err(|e| e.to_string())?;
+        if let Some(e) = &self.otel.endpoint {
+            crate::otel::Endpoint::parse(e)?;
+        }
         let c = &self.cluster;
         if c.election_min_ms <= c.heartbeat_ms * 2 || c.election_max_ms <= c.election_min_ms {
             return Err(format!(

@@ -17,6 +17,7 @@ mod config;
 mod conn;
 pub mod fsck;
 mod metrics;
+pub mod otel;
 pub mod policy;
 mod server;
 mod stats;

@@ -257,6 +257,15 @@ impl Server {
                 .clone()
                 .map(|c| c as Arc<dyn sluice_compute::Membership>),
         );
+        if let Some(ex) =
+            crate::otel::Exporter::start(&cfg.otel, cfg.node_id).map_err(ServerError::Config)?
+        {
+            tracing::info!(
+                endpoint = cfg.otel.endpoint.as_deref().unwrap_or_default(),
+                "exporting traces to an OpenTelemetry collector"
+            );
+            engine.set_hop_sink(ex);
+        }
         if let Some(c) = &cluster {
             engine.set_writer(c.clone());
             engine.set_reader(c.clone());
