@@ -976,3 +976,96 @@ async fn a_resumed_watch_reports_versions_retention_dropped() {
     );
     s.stop().await;
 }
+
+/// A fake OpenTelemetry collector: every OTLP/HTTP body it is posted,
+/// answered 200.
+async fn collector() -> (
+    SocketAddr,
+    tokio::sync::mpsc::UnboundedReceiver<serde_json::Value>,
+) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = l.local_addr().unwrap();
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+    tokio::spawn(async move {
+        while let Ok((mut s, _)) = l.accept().await {
+            let tx = tx.clone();
+            tokio::spawn(async move {
+                let mut buf = Vec::new();
+                let mut chunk = [0u8; 8192];
+                loop {
+                    let n = s.read(&mut chunk).await.unwrap_or(0);
+                    if n == 0 {
+                        return;
+                    }
+                    buf.extend_from_slice(&chunk[..n]);
+                    let text = String::from_utf8_lossy(&buf).to_string();
+                    let Some(i) = text.find("\r\n\r\n") else {
+                        continue;
+                    };
+                    let len: usize = text
+                        .lines()
+                        .find_map(|l| l.strip_prefix("Content-Length: "))
+                        .and_then(|v| v.trim().parse().ok())
+                        .unwrap_or(0);
+                    if buf.len() >= i + 4 + len {
+                        let _ = s
+                            .write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n")
+                            .await;
+                        let _ = tx.send(serde_json::from_str(&text[i + 4..]).unwrap());
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    (addr, rx)
+}
+
+/// With `[otel] endpoint`, a traced request through a two-stage graph
+/// reaches the collector as one trace: the client's request, then each
+/// stage, each span a child of the one before.
+#[tokio::test]
+async fn traces_are_exported_as_opentelemetry_spans() {
+    let (at, mut bodies) = collector().await;
+    let s = start(|c| c.otel.endpoint = Some(format!("http://{at}/v1/traces"))).await;
+    let c = s.client().await;
+    c.dfg_apply(
+        r#"[{"id": "two", "graph": [
+            {"pathname": "/trig/in", "user_defined_logic_list": ["relay"], "destinations": [{"/trig/mid": "trigger_put"}]},
+            {"pathname": "/trig/mid", "user_defined_logic_list": ["relay"], "destinations": [{"/vol/out": "put"}]}]}]"#,
+    )
+    .await
+    .unwrap();
+    c.trigger_put_traced("/trig/in/a", Bytes::from_static(b"x"), 77)
+        .await
+        .unwrap();
+    let mut spans = Vec::new();
+    while spans.len() < 3 {
+        let body = tokio::time::timeout(Duration::from_secs(10), bodies.recv())
+            .await
+            .expect("spans reach the collector")
+            .unwrap();
+        for s in body["resourceSpans"][0]["scopeSpans"][0]["spans"]
+            .as_array()
+            .unwrap()
+        {
+            spans.push(s.clone());
+        }
+    }
+    let by_name = |n: &str| {
+        spans
+            .iter()
+            .find(|s| s["name"] == n)
+            .cloned()
+            .unwrap_or_else(|| panic!("no span {n}: {spans:?}"))
+    };
+    let root = by_name("put /trig/in/a");
+    let first = by_name("/trig/in");
+    let second = by_name("/trig/mid");
+    assert!(spans.iter().all(|s| s["traceId"] == format!("{:032x}", 77)));
+    assert!(root.get("parentSpanId").is_none());
+    assert_eq!(first["parentSpanId"], root["spanId"]);
+    assert_eq!(second["parentSpanId"], first["spanId"]);
+    s.stop().await;
+}
