@@ -40,6 +40,10 @@ pub enum ClientCmd {
         /// terminal.
         #[arg(long, conflicts_with_all = ["value", "file"])]
         stdin: bool,
+        /// Start a latency trace with this id: each stage adds its hop
+        /// (exported as OpenTelemetry spans by nodes with `[otel]`).
+        #[arg(long)]
+        trace_id: Option<u64>,
     },
     /// Print a value (latest, --version V, or --at TIMESTAMP_US).
     Get {
@@ -705,8 +709,13 @@ fn writes(c: &BlockingClient, cmd: ClientCmd, stdin_ok: bool) -> Result<Shown> {
             value,
             file,
             stdin,
+            trace_id,
         } => {
-            let ts = c.trigger_put(&key, read_value(value, file, stdin, stdin_ok)?)?;
+            let v = read_value(value, file, stdin, stdin_ok)?;
+            let ts = match trace_id {
+                Some(id) => c.trigger_put_traced(&key, v, id)?,
+                None => c.trigger_put(&key, v)?,
+            };
             Shown::new(
                 json!({"key": key, "timestamp_us": ts}),
                 format!("triggered {key} at {ts}\n"),

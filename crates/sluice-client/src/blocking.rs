@@ -97,6 +97,17 @@ impl BlockingClient {
         self.rt.block_on(self.client.trigger_put(key, value))
     }
 
+    /// A trigger put that starts a latency trace (`Client::trigger_put_traced`).
+    pub fn trigger_put_traced(
+        &self,
+        key: &str,
+        value: impl Into<Bytes>,
+        trace_id: u64,
+    ) -> Result<u64> {
+        self.rt
+            .block_on(self.client.trigger_put_traced(key, value, trace_id))
+    }
+
     pub fn multi_get(&self, keys: &[&str]) -> Result<Vec<Result<Object>>> {
         self.rt.block_on(self.client.multi_get(keys))
     }
