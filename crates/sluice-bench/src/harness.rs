@@ -374,6 +374,18 @@ pub fn report(rows: &[Row], json: bool, out: Option<&std::path::Path>) -> Result
     Ok(())
 }
 
+/// CPU time a process has used (all threads, user and system), from
+/// /proc (clock ticks, 10 ms each on Linux's usual 100 Hz).
+pub fn cpu_time(pid: u32) -> Result<Duration> {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
+    // Fields after the command name (which may hold spaces) close with ')'.
+    let rest = s.rsplit_once(')').map(|x| x.1).unwrap_or_default();
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    let ticks = |i: usize| f.get(i).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0);
+    // utime and stime are fields 14 and 15 of stat, 12 and 13 after ')'.
+    Ok(Duration::from_millis((ticks(11) + ticks(12)) * 10))
+}
+
 pub fn rss_kib(pid: u32) -> Result<u64> {
     let s = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
     s.lines()

@@ -8,7 +8,7 @@
 //! - `live`: a rate limit added and then removed under load on a 3-node
 //!   cluster, as ops/s over time (mRPC's Fig. 3.7).
 
-use crate::harness::{closed_loop, fmt_size, hist, report, row, ChildNode, Row};
+use crate::harness::{closed_loop, cpu_time, fmt_size, hist, report, row, ChildNode, Row};
 use crate::peers::sluice_ops;
 use anyhow::{Context, Result};
 use bytes::Bytes;
@@ -32,6 +32,9 @@ pub struct PolicyArgs {
     /// Concurrent clients in the overhead's throughput phase.
     #[arg(long, default_value_t = 16)]
     pub clients: usize,
+    /// The QoS node's tokio worker threads (0: one per core).
+    #[arg(long, default_value_t = 0)]
+    pub node_threads: usize,
 }
 
 pub fn run(a: PolicyArgs, json: bool) -> Result<()> {
@@ -104,11 +107,14 @@ fn overhead(a: &PolicyArgs, json: bool) -> Result<()> {
     let dur = Duration::from_millis(a.duration_ms);
     let size = 10240;
     let mut rows = Vec::new();
+    // Node CPU time per request in the many-client phases: (target, op, µs).
+    let mut cpu: Vec<(&str, &str, f64)> = Vec::new();
     for _ in 0..a.rounds.max(1) {
-        for (target, addr, tok) in [
-            ("open", &open.addr, None),
-            ("policed", &policed.addr, Some(token.clone())),
+        for (target, node, tok) in [
+            ("open", &open, None),
+            ("policed", &policed, Some(token.clone())),
         ] {
+            let addr = &node.addr;
             let cfg = ClientConfig {
                 addr: addr.clone(),
                 token: tok,
@@ -124,11 +130,17 @@ fn overhead(a: &PolicyArgs, json: bool) -> Result<()> {
                         rt(2)?
                     };
                     let w = r.block_on(sluice_ops(&cfg, op, size, n))?;
+                    let cpu0 = cpu_time(node.pid())?;
                     let res = r.block_on(closed_loop(
                         w,
                         dur,
                         format!("{target} {op} {} c={n}", fmt_size(size)),
                     ));
+                    if n > 1 {
+                        let used = cpu_time(node.pid())?.saturating_sub(cpu0);
+                        let per_op = used.as_secs_f64() * 1e6 / res.0.len().max(1) as f64;
+                        cpu.push((target, op, per_op));
+                    }
                     rows.push(row(target, op, size, "closed", n, (&res.0, res.1, res.2)));
                 }
             }
@@ -151,9 +163,13 @@ fn overhead(a: &PolicyArgs, json: bool) -> Result<()> {
             let p = med("policed", op, 1, |r| r.p50_us) / med("open", op, 1, |r| r.p50_us);
             let t = med("policed", op, a.clients, |r| r.ops_per_s)
                 / med("open", op, a.clients, |r| r.ops_per_s);
+            let c = |t: &str| median(cpu.iter().filter(|x| x.0 == t && x.1 == op).map(|x| x.2));
             println!(
-                "  {op} 10 KB: p50 {p:.3}x, throughput ({} clients) {t:.3}x (target: within 2%)",
-                a.clients
+                "  {op} 10 KB: p50 {p:.3}x, throughput ({} clients) {t:.3}x (target: within 2%); node CPU per request {:.2} vs {:.2} µs ({:.3}x)",
+                a.clients,
+                c("policed"),
+                c("open"),
+                c("policed") / c("open")
             );
         }
     }
@@ -179,7 +195,12 @@ struct QosPhase {
 /// mRPC Table 3.4 on one node: phases small alone, bulk alone, both
 /// without QoS, both with QoS.
 fn qos(a: &PolicyArgs, json: bool) -> Result<()> {
-    let node = ChildNode::start(&[])?;
+    let dir = tempfile::Builder::new()
+        .prefix("sluice-bench-qos-")
+        .tempdir()?;
+    let cfg = dir.path().join("node.toml");
+    std::fs::write(&cfg, format!("worker_threads = {}\n", a.node_threads))?;
+    let node = ChildNode::start(&["--config", cfg.to_str().unwrap_or_default()])?;
     let addr = node.addr.clone();
     eprintln!(
         "sluice bench policy qos: node {addr}, {} rounds of 4 phases",
