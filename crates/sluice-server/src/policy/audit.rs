@@ -1,7 +1,16 @@
 //! The audit log: every refusal (a permission denied, a failed
-//! authentication, a rate-limited request) as one JSON line in the file
-//! `[policy] audit_log` names, and as a `sluice::audit` tracing event,
-//! counted in `sluice_policy_refusals_total`.
+//! authentication) as one JSON line in the file `[policy] audit_log`
+//! names, and as a `sluice::audit` tracing event, counted in
+//! `sluice_policy_refusals_total`. Rate-limited requests are flow control,
+//! not incidents, and come by the hundred thousand a second: each is
+//! counted, and the log gets one line per principal and policy a second
+//! with how many were refused since the last.
+
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+/// How often a principal's rate-limit refusals are summarised in the log.
+const RATE_LIMITED_REPORT_EVERY: Duration = Duration::from_secs(1);
 
 use parking_lot::Mutex;
 use sluice_types::SluiceError;
@@ -13,6 +22,8 @@ use std::path::Path;
 #[derive(Default)]
 pub struct Audit {
     file: Option<Mutex<std::fs::File>>,
+    /// (principal, policy) -> refusals not yet logged, since when.
+    rate_limited: Mutex<HashMap<(String, String), (u64, Instant)>>,
 }
 
 impl Audit {
@@ -28,7 +39,10 @@ impl Audit {
                     .map_err(|e| format!("[policy] audit_log {}: {e}", p.display()))?,
             )),
         };
-        Ok(Audit { file })
+        Ok(Audit {
+            file,
+            rate_limited: Mutex::default(),
+        })
     }
 
     /// Records one refusal of `op` by `principal` from `peer`.
@@ -39,19 +53,34 @@ impl Audit {
             SluiceError::Unauthenticated { .. } => "unauthenticated",
             _ => "refused",
         };
-        tracing::warn!(target: "sluice::audit", %principal, op, %peer, kind, error = %e, "refused");
         metrics::counter!("sluice_policy_refusals_total", "kind" => kind, "op" => op.to_string(), "principal" => principal.to_string())
             .increment(1);
+        let mut line = serde_json::json!({
+            "time_us": sluice_types::wall_us(),
+            "principal": principal,
+            "op": op,
+            "peer": peer.to_string(),
+            "kind": kind,
+            "error": e,
+            "message": e.to_string(),
+        });
+        if let SluiceError::RateLimited { policy, .. } = e {
+            let mut m = self.rate_limited.lock();
+            let now = Instant::now();
+            let entry = m
+                .entry((principal.to_string(), policy.clone()))
+                .or_insert((0, now - RATE_LIMITED_REPORT_EVERY));
+            entry.0 += 1;
+            if now.duration_since(entry.1) < RATE_LIMITED_REPORT_EVERY {
+                return;
+            }
+            let count = std::mem::replace(entry, (0, now)).0;
+            line["refused_since_last_report"] = serde_json::json!(count);
+            tracing::warn!(target: "sluice::audit", %principal, %policy, count, "rate limited (requests refused since the last report)");
+        } else {
+            tracing::warn!(target: "sluice::audit", %principal, op, %peer, kind, error = %e, "refused");
+        }
         if let Some(f) = &self.file {
-            let line = serde_json::json!({
-                "time_us": sluice_types::wall_us(),
-                "principal": principal,
-                "op": op,
-                "peer": peer.to_string(),
-                "kind": kind,
-                "error": e,
-                "message": e.to_string(),
-            });
             // One write per line, so concurrent refusals never interleave.
             let mut text = line.to_string();
             text.push('\n');
@@ -59,5 +88,45 @@ impl Audit {
                 tracing::error!(error = %err, "cannot write the audit log");
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn refusals_go_to_the_file_and_rate_limits_are_summarised() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("audit.jsonl");
+        let a = Audit::open(Some(&path)).unwrap();
+        let peer: SocketAddr = "127.0.0.1:1".parse().unwrap();
+        let denied = SluiceError::PermissionDenied {
+            principal: "bob".into(),
+            op: "put".into(),
+            pool: "/p".into(),
+            perm: "write".into(),
+        };
+        a.refused("bob", "put", peer, &denied);
+        a.refused("bob", "put", peer, &denied);
+        let limited = SluiceError::RateLimited {
+            principal: "bob".into(),
+            policy: "slow".into(),
+            retry_after_ms: 5,
+        };
+        for _ in 0..1000 {
+            a.refused("bob", "get", peer, &limited);
+        }
+        let text = std::fs::read_to_string(&path).unwrap();
+        let lines: Vec<serde_json::Value> = text
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect();
+        // Both denials, and one line for the burst of rate-limited ones.
+        assert_eq!(lines.len(), 3, "{text}");
+        assert_eq!(lines[0]["kind"], "permission_denied");
+        assert_eq!(lines[0]["error"]["perm"], "write");
+        assert_eq!(lines[2]["kind"], "rate_limited");
+        assert_eq!(lines[2]["refused_since_last_report"], 1);
     }
 }
