@@ -44,6 +44,11 @@ pub struct ClientConfig {
     /// A bearer token (`sluice auth create`): the principal this client
     /// acts as where nodes enforce policies.
     pub token: Option<String>,
+    /// Send values larger than this in parts of this size, so small
+    /// requests on the same connection go out between the parts instead of
+    /// queueing behind the whole value (QoS; README: Security). Costs the
+    /// node one copy of such values. `None` (the default): whole.
+    pub value_part_bytes: Option<usize>,
 }
 
 impl Default for ClientConfig {
@@ -58,6 +63,7 @@ impl Default for ClientConfig {
             member_selection: MemberSelection::RoundRobin,
             tls: None,
             token: None,
+            value_part_bytes: None,
         }
     }
 }

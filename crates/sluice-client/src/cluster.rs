@@ -26,6 +26,7 @@ pub(crate) struct NodePool {
     connect_timeout: Duration,
     tls: Option<sluice_tls::ClientTls>,
     token: Option<String>,
+    part_bytes: usize,
 }
 
 impl NodePool {
@@ -39,10 +40,12 @@ impl NodePool {
             connect_timeout: cfg.connect_timeout,
             tls: cfg.tls.clone(),
             token: cfg.token.clone(),
+            part_bytes: cfg.value_part_bytes.unwrap_or(0),
         }
     }
 
     pub(crate) fn fill(&self, i: usize, c: Arc<Conn>) {
+        c.set_value_part_bytes(self.part_bytes);
         self.slots[i].store(Some(c));
     }
 
@@ -72,6 +75,7 @@ impl NodePool {
             self.token.as_deref(),
         )
         .await?;
+        c.set_value_part_bytes(self.part_bytes);
         self.slots[i].store(Some(c.clone()));
         Ok(c)
     }

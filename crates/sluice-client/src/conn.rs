@@ -35,6 +35,9 @@ pub struct Conn {
     fatal: Mutex<Option<SluiceError>>,
     /// Keeps us under the server's announced in-flight limit.
     pub(crate) in_flight: Semaphore,
+    /// Values larger than this go out in parts (0: never), so requests
+    /// sent meanwhile are not stuck behind them (`ClientConfig`).
+    part_bytes: std::sync::atomic::AtomicUsize,
     pub info: ServerInfo,
 }
 
@@ -165,6 +168,7 @@ impl Conn {
             alive: AtomicBool::new(true),
             fatal: Mutex::new(None),
             in_flight: Semaphore::new(info.limits.max_in_flight_per_conn as usize),
+            part_bytes: Default::default(),
             info,
         });
         let decoder = FrameDecoder::new(
@@ -189,9 +193,32 @@ impl Conn {
             .unwrap_or_else(|| conn_err("connection to the server closed"))
     }
 
+    /// Sends values larger than `n` bytes in parts of `n` (0: whole).
+    pub fn set_value_part_bytes(&self, n: usize) {
+        self.part_bytes.store(n, Ordering::Relaxed);
+    }
+
     async fn send(&self, req: &Request, id: u64, flags: u8) -> Result<()> {
+        let part = self.part_bytes.load(Ordering::Relaxed);
+        let Some(value) = req.value().filter(|v| part > 0 && v.len() > part) else {
+            let mut q = OutQueue::new();
+            req.encode(&mut q, id, flags);
+            return self.write_queue(q).await;
+        };
+        // The writer is taken per part: other requests go out in between.
+        let mut at = 0;
+        while value.len() - at > part {
+            let mut q = OutQueue::new();
+            sluice_wire::encode_part(&mut q, req.opcode(), id, &value.slice(at..at + part));
+            self.write_queue(q).await?;
+            at += part;
+        }
         let mut q = OutQueue::new();
-        req.encode(&mut q, id, flags);
+        req.with_value(value.slice(at..)).encode(&mut q, id, flags);
+        self.write_queue(q).await
+    }
+
+    async fn write_queue(&self, mut q: OutQueue) -> Result<()> {
         let mut w = self.writer.lock().await;
         while !q.is_empty() {
             let mut slots = [IoSlice::new(&[]); 16];

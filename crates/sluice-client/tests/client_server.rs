@@ -1069,3 +1069,119 @@ async fn traces_are_exported_as_opentelemetry_spans() {
     assert_eq!(second["parentSpanId"], first["spanId"]);
     s.stop().await;
 }
+
+/// A small request on the connection a large put is being written to:
+/// with the value sent in parts it goes out between two parts and is
+/// answered first; sent whole, it waits for the whole value (the order
+/// this test checks both ways, on one `Conn`, whose `call` takes the
+/// connection's writer in its first poll).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_small_request_is_not_stuck_behind_a_large_value_sent_in_parts() {
+    let s = start(|_| {}).await;
+    s.client()
+        .await
+        .put("/vol/small", Bytes::from_static(b"s"))
+        .await
+        .unwrap();
+    let t = Duration::from_secs(10);
+    for parts in [0, 64 << 10] {
+        let c = sluice_client::Conn::connect(s.addr, "parts", t)
+            .await
+            .unwrap();
+        c.set_value_part_bytes(parts);
+        let put = sluice_wire::Request::Put {
+            key: "/vol/big".into(),
+            shard: None,
+            expected: None,
+            value: Bytes::from(vec![7u8; 32 << 20]),
+            trace: None,
+            req_id: None,
+        };
+        let get = sluice_wire::Request::Get {
+            key: "/vol/small".into(),
+            shard: None,
+            version: None,
+            min_version: None,
+            linearizable: false,
+        };
+        // Polled in this order every time (a biased select): the put
+        // takes the writer first and fills the socket; the get queues for
+        // the writer; when both replies are in, the put is seen first.
+        let mut put_call = std::pin::pin!(c.call(&put, t));
+        let mut get_call = std::pin::pin!(c.call(&get, t));
+        let (mut p, mut g) = (None, None);
+        let mut order = Vec::new();
+        while p.is_none() || g.is_none() {
+            tokio::select! {
+                biased;
+                r = &mut put_call, if p.is_none() => { order.push("put"); p = Some(r); }
+                r = &mut get_call, if g.is_none() => { order.push("get"); g = Some(r); }
+            }
+        }
+        let (p, g) = (p.unwrap(), g.unwrap());
+        assert!(matches!(p, Ok(sluice_wire::Response::PutOk(_))), "{p:?}");
+        assert!(matches!(g, Ok(sluice_wire::Response::Object(_))), "{g:?}");
+        let expected = if parts > 0 {
+            ["get", "put"]
+        } else {
+            ["put", "get"]
+        };
+        assert_eq!(order, expected, "parts of {parts} bytes");
+    }
+    // The value sent in parts arrived whole.
+    let back = s.client().await.get("/vol/big").await.unwrap();
+    assert_eq!(back.value.len(), 32 << 20);
+    assert!(back.value.iter().all(|b| *b == 7));
+    s.stop().await;
+}
+
+/// Values in parts are bounded like whole ones: parts past
+/// `max_value_bytes` get the request a `ValueTooLarge`, and the
+/// connection lives on.
+#[tokio::test]
+async fn values_in_parts_are_bounded() {
+    let s = start(|c| c.limits.max_value_bytes = 1000).await;
+    let mut r = handshake(s.addr).await;
+    let mut q = sluice_wire::OutQueue::new();
+    for _ in 0..2 {
+        sluice_wire::encode_part(
+            &mut q,
+            sluice_wire::op::PUT,
+            5,
+            &Bytes::from(vec![1u8; 600]),
+        );
+    }
+    let put = |v: &'static [u8]| sluice_wire::Request::Put {
+        key: "/vol/p".into(),
+        shard: None,
+        expected: None,
+        value: Bytes::from_static(v),
+        trace: None,
+        req_id: None,
+    };
+    put(b"end").encode(&mut q, 5, 0);
+    // Parts that fit, then the request: one value.
+    sluice_wire::encode_part(&mut q, sluice_wire::op::PUT, 6, &Bytes::from_static(b"ab"));
+    put(b"cd").encode(&mut q, 6, 0);
+    r.write_all(&q.to_bytes()).await.unwrap();
+    let (id, resp) = read_response(&mut r).await.unwrap();
+    assert_eq!(id, 5);
+    assert!(
+        matches!(
+            resp,
+            sluice_wire::Response::Error(SluiceError::ValueTooLarge {
+                size: 1200,
+                max: 1000
+            })
+        ),
+        "{resp:?}"
+    );
+    let (id, resp) = read_response(&mut r).await.unwrap();
+    assert_eq!(id, 6);
+    assert!(matches!(resp, sluice_wire::Response::PutOk(_)), "{resp:?}");
+    assert_eq!(
+        &s.client().await.get("/vol/p").await.unwrap().value[..],
+        b"abcd"
+    );
+    s.stop().await;
+}

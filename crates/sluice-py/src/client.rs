@@ -93,7 +93,7 @@ impl Client {
 #[pymethods]
 impl Client {
     #[new]
-    #[pyo3(signature = (addr, *, timeout_s = 10.0, connect_timeout_s = 3.0, connections = 1, name = "sluice-python".to_string(), tls_ca = None, tls_cert = None, tls_key = None, token = None))]
+    #[pyo3(signature = (addr, *, timeout_s = 10.0, connect_timeout_s = 3.0, connections = 1, name = "sluice-python".to_string(), tls_ca = None, tls_cert = None, tls_key = None, token = None, value_part_bytes = None))]
     #[allow(clippy::too_many_arguments)] // Python's keyword arguments
     fn new(
         py: Python<'_>,
@@ -106,6 +106,7 @@ impl Client {
         tls_cert: Option<std::path::PathBuf>,
         tls_key: Option<std::path::PathBuf>,
         token: Option<String>,
+        value_part_bytes: Option<usize>,
     ) -> PyResult<Client> {
         let tls = sluice_tls::ClientTls::from_files(
             tls_ca.as_deref(),
@@ -117,6 +118,7 @@ impl Client {
         let cfg = ClientConfig {
             tls,
             token,
+            value_part_bytes,
             addr,
             connections: connections.max(1),
             connect_timeout: Duration::from_micros(micros(connect_timeout_s)?),

@@ -174,3 +174,14 @@ def test_every_error_kind_has_its_exception_class():
         cls = getattr(sluice, name)
         assert issubclass(cls, sluice.SluiceError) and cls is not sluice.SluiceError, name
         assert cls.__doc__, name
+
+
+def test_large_values_in_parts_arrive_whole(node):
+    """``value_part_bytes``: a value larger than a part goes out in parts
+    (small requests interleave) and is stored whole."""
+    big = bytes(range(256)) * 4096  # 1 MiB
+    with sluice.Client(node.addr, value_part_bytes=64 * 1024) as c:
+        c.put("/vol/parts/big", big)
+        c.put("/vol/parts/small", b"s")
+        assert bytes(c.get("/vol/parts/big").value) == big
+        assert bytes(c.get("/vol/parts/small").value) == b"s"

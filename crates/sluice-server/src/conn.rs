@@ -80,6 +80,10 @@ struct Conn {
     small_pending: usize,
     /// QoS: bulk value bytes executed since this connection last yielded.
     bulk_turn_bytes: usize,
+    /// Values arriving in parts (`FLAG_PART`), by request id.
+    parts: std::collections::HashMap<u64, Partial>,
+    /// Bytes held in `parts`.
+    parts_bytes: usize,
     /// Set while re-running a request after a metadata catch-up (no second catch-up).
     retried_after_catch_up: bool,
     /// The request being executed, when metrics are exported: its name,
@@ -89,6 +93,13 @@ struct Conn {
 }
 
 type Timing = (&'static str, String, std::time::Instant);
+
+/// A value arriving in parts: what came so far, or why it is refused (the
+/// request's final frame is answered with that error).
+enum Partial {
+    Bytes(BytesMut),
+    Refused(SluiceError),
+}
 
 /// A reply computed off the connection's task.
 enum Reply {
@@ -136,6 +147,8 @@ pub async fn serve_conn<S: Stream>(
         held: None,
         small_pending: 0,
         bulk_turn_bytes: 0,
+        parts: Default::default(),
+        parts_bytes: 0,
         retried_after_catch_up: false,
         timing: None,
         ctx: ctx.clone(),
@@ -460,6 +473,13 @@ impl Conn {
                 self.held = Some(frame);
                 return Ok(in_batch);
             }
+            if frame.flags & sluice_wire::FLAG_PART != 0 {
+                self.add_part(frame);
+                continue;
+            }
+            let Some(frame) = self.join_parts(frame) else {
+                continue;
+            };
             self.ctx.stats.requests.fetch_add(1, Ordering::Relaxed);
             in_batch += 1;
             if in_batch > max_in_flight {
@@ -474,6 +494,88 @@ impl Conn {
             }
             self.handle(frame)?;
         }
+    }
+
+    /// Keeps a part of a value that arrives in parts, within bounds: one
+    /// value's parts at most `max_value_bytes`, all of a connection's at
+    /// most twice that, at most `max_in_flight_per_conn` values at once.
+    fn add_part(&mut self, frame: Frame) {
+        let limits = &self.ctx.cfg.limits;
+        let (max_value, max_values) = (
+            limits.max_value_bytes as usize,
+            limits.max_in_flight_per_conn as usize,
+        );
+        let n = frame.value.len();
+        if !self.parts.contains_key(&frame.request_id) && self.parts.len() >= max_values {
+            let e = SluiceError::TooManyInFlight {
+                max: max_values as u32,
+            };
+            self.parts.insert(frame.request_id, Partial::Refused(e));
+            return;
+        }
+        let total = self.parts_bytes;
+        let entry = self
+            .parts
+            .entry(frame.request_id)
+            .or_insert_with(|| Partial::Bytes(BytesMut::new()));
+        let Partial::Bytes(buf) = entry else { return };
+        let refusal = if buf.len() + n > max_value {
+            Some(SluiceError::ValueTooLarge {
+                size: (buf.len() + n) as u64,
+                max: max_value as u64,
+            })
+        } else if total + n > 2 * max_value {
+            Some(SluiceError::Unavailable {
+                reason: format!(
+                    "more than {} bytes of values in parts on this connection; wait for replies",
+                    2 * max_value
+                ),
+            })
+        } else {
+            None
+        };
+        match refusal {
+            Some(e) => {
+                self.parts_bytes -= buf.len();
+                *entry = Partial::Refused(e);
+            }
+            None => {
+                buf.extend_from_slice(&frame.value);
+                self.parts_bytes += n;
+            }
+        }
+    }
+
+    /// The request's frame with its whole value when parts came before it
+    /// (`None`: the value was refused, and the request answered so).
+    fn join_parts(&mut self, mut frame: Frame) -> Option<Frame> {
+        if self.parts.is_empty() {
+            return Some(frame);
+        }
+        let Some(p) = self.parts.remove(&frame.request_id) else {
+            return Some(frame);
+        };
+        match p {
+            Partial::Refused(e) => {
+                Response::error(&mut self.out, frame.request_id, &e);
+                return None;
+            }
+            Partial::Bytes(mut buf) => {
+                self.parts_bytes -= buf.len();
+                let max = self.ctx.cfg.limits.max_value_bytes as usize;
+                if buf.len() + frame.value.len() > max {
+                    let e = SluiceError::ValueTooLarge {
+                        size: (buf.len() + frame.value.len()) as u64,
+                        max: max as u64,
+                    };
+                    Response::error(&mut self.out, frame.request_id, &e);
+                    return None;
+                }
+                buf.extend_from_slice(&frame.value);
+                frame.value = buf.freeze();
+            }
+        }
+        Some(frame)
     }
 
     fn handle(&mut self, frame: Frame) -> Result<(), Close> {

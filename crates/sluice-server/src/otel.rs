@@ -70,17 +70,30 @@ impl Endpoint {
     }
 }
 
-/// One span, as OTLP's JSON encoding writes it.
-fn span(
+/// One span.
+struct Span<'a> {
     trace_id: u64,
     span_id: u64,
     parent: Option<u64>,
     name: String,
     start_us: u64,
     end_us: u64,
-    attrs: &[(&str, Value)],
+    attrs: &'a [(&'a str, Value)],
     ok: bool,
-) -> Value {
+}
+
+/// A span as OTLP's JSON encoding writes it.
+fn span(sp: Span<'_>) -> Value {
+    let Span {
+        trace_id,
+        span_id,
+        parent,
+        name,
+        start_us,
+        end_us,
+        attrs,
+        ok,
+    } = sp;
     let attributes: Vec<Value> = attrs
         .iter()
         .map(|(k, v)| {
@@ -129,27 +142,27 @@ pub fn spans_of(h: &HopDone<'_>) -> Vec<Value> {
     let parent = match t.hops.last() {
         Some(prev) => span_id(t.id, n, &prev.stage),
         None => {
-            out.push(span(
-                t.id,
-                root,
-                None,
-                format!("put {}", h.key),
-                t.client_sent_us,
-                h.enqueued_us,
-                &[("sluice.key", json!(h.key))],
-                true,
-            ));
+            out.push(span(Span {
+                trace_id: t.id,
+                span_id: root,
+                parent: None,
+                name: format!("put {}", h.key),
+                start_us: t.client_sent_us,
+                end_us: h.enqueued_us,
+                attrs: &[("sluice.key", json!(h.key))],
+                ok: true,
+            }));
             root
         }
     };
-    out.push(span(
-        t.id,
-        span_id(t.id, n + 1, h.stage),
-        Some(parent),
-        h.stage.to_string(),
-        h.enqueued_us,
-        h.finished_us,
-        &[
+    out.push(span(Span {
+        trace_id: t.id,
+        span_id: span_id(t.id, n + 1, h.stage),
+        parent: Some(parent),
+        name: h.stage.to_string(),
+        start_us: h.enqueued_us,
+        end_us: h.finished_us,
+        attrs: &[
             ("sluice.key", json!(h.key)),
             ("sluice.udl", json!(h.udl)),
             ("sluice.node", json!(h.node_id)),
@@ -162,8 +175,8 @@ pub fn spans_of(h: &HopDone<'_>) -> Vec<Value> {
                 json!(h.finished_us.saturating_sub(h.started_us)),
             ),
         ],
-        h.ok,
-    ));
+        ok: h.ok,
+    }));
     out
 }
 

@@ -4,6 +4,12 @@ pub const MAGIC: u16 = 0x51CE;
 pub const HEADER_LEN: usize = 24;
 /// put_and_forget: the server sends no reply on success.
 pub const FLAG_NO_REPLY: u8 = 0x01;
+/// A part of a large value sent ahead of its request (QoS: so small
+/// requests on the same connection go out between the parts). The frame
+/// has no metadata; its value is the next part of the value of the request
+/// with the same id, which follows as an ordinary frame carrying the last
+/// part (`encode_part`).
+pub const FLAG_PART: u8 = 0x02;
 
 /// One decoded frame. `meta` and `value` share the read buffer's memory.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -107,7 +113,7 @@ impl FrameDecoder {
         let value_len = h.get_u32_le();
         let reserved = h.get_u32_le();
         let request_id = h.get_u64_le();
-        if flags & !FLAG_NO_REPLY != 0 || reserved != 0 {
+        if flags & !(FLAG_NO_REPLY | FLAG_PART) != 0 || reserved != 0 {
             return Err(FrameError::BadHeader {
                 request_id,
                 reason: format!("unknown flags {flags:#04x} or non-zero reserved field {reserved}"),
@@ -157,4 +163,11 @@ pub fn write_header(
     out.put_u32_le(value_len as u32);
     out.put_u32_le(0);
     out.put_u64_le(request_id);
+}
+
+/// Queues a part of request `request_id`'s value (`FLAG_PART`): a header
+/// and the part, by reference.
+pub fn encode_part(out: &mut crate::OutQueue, opcode: u8, request_id: u64, part: &Bytes) {
+    write_header(out.buf(), opcode, FLAG_PART, request_id, 0, part.len());
+    out.push_value(part);
 }

@@ -25,7 +25,9 @@ mod message;
 mod out;
 
 pub use codec::{MetaReader, MetaWriter};
-pub use frame::{Frame, FrameDecoder, FrameError, FLAG_NO_REPLY, HEADER_LEN, MAGIC};
+pub use frame::{
+    encode_part, Frame, FrameDecoder, FrameError, FLAG_NO_REPLY, FLAG_PART, HEADER_LEN, MAGIC,
+};
 pub use message::{
     encode_object, encode_objects, op, DeliveryKindWire, MultiGetItem, ObjRef, Request, Response,
     ServerInfo, WatchFrom, WireObject,

@@ -537,6 +537,24 @@ impl Request {
         }
     }
 
+    /// The value a write carries (puts and trigger puts).
+    pub fn value(&self) -> Option<&Bytes> {
+        match self {
+            Request::Put { value, .. } | Request::TriggerPut { value, .. } => Some(value),
+            _ => None,
+        }
+    }
+
+    /// This write with `v` as its value (the last part of a value sent in
+    /// parts); other requests as they are.
+    pub fn with_value(&self, v: Bytes) -> Request {
+        let mut r = self.clone();
+        if let Request::Put { value, .. } | Request::TriggerPut { value, .. } = &mut r {
+            *value = v;
+        }
+        r
+    }
+
     /// The object key a request reads or writes, for requests about one
     /// object (metrics label them with the key's pool).
     pub fn object_key(&self) -> Option<&str> {

@@ -158,7 +158,9 @@ class Client:
     with TLS need ``tls_ca`` (the CA's PEM file), and ``tls_cert`` and
     ``tls_key`` where they require client certificates; where nodes enforce
     policies, ``token`` (from ``sluice auth create``) names the principal
-    this client acts as (README: Security).
+    this client acts as (README: Security). ``value_part_bytes`` sends
+    larger values in parts of that size, so small requests on the same
+    connection are not stuck behind them.
     """
 
     def __init__(
@@ -173,6 +175,7 @@ class Client:
         tls_cert: Optional[str] = None,
         tls_key: Optional[str] = None,
         token: Optional[str] = None,
+        value_part_bytes: Optional[int] = None,
     ) -> None:
         self._c = _sluice.Client(
             addr or default_address(),
@@ -184,6 +187,7 @@ class Client:
             tls_cert=tls_cert,
             tls_key=tls_key,
             token=token,
+            value_part_bytes=value_part_bytes,
         )
 
     # -- context manager ------------------------------------------------

@@ -63,6 +63,7 @@ class Client:
         tls_cert: Optional[str] = None,
         tls_key: Optional[str] = None,
         token: Optional[str] = None,
+        value_part_bytes: Optional[int] = None,
     ) -> None: ...
     @property
     def node_id(self) -> int: ...
