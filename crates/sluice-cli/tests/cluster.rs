@@ -79,18 +79,23 @@ impl Cluster {
 
     /// The layout above plus `extra` subgroups (TOML).
     fn start_with(extra: &str) -> Cluster {
+        Cluster::start_nodes(
+            5,
+            &format!("[[subgroups.volatile]]\nshards = [[1, 2, 3], [4]]\n[[subgroups.trigger]]\nshards = [[1, 2, 3, 4, 5]]\n{extra}"),
+        )
+    }
+
+    /// Nodes 1..=n with these subgroups (TOML).
+    fn start_nodes(n: u32, subgroups: &str) -> Cluster {
         let dir = tempfile::tempdir().unwrap();
-        let addrs: BTreeMap<u32, SocketAddr> = (1..=5u32)
+        let addrs: BTreeMap<u32, SocketAddr> = (1..=n)
             .map(|i| (i, free_addr([127, 0, 0, i as u8])))
             .collect();
         let mut layout = String::from("version = 1\n");
         for (id, a) in &addrs {
             layout.push_str(&format!("[[nodes]]\nid = {id}\naddress = \"{a}\"\n"));
         }
-        layout.push_str(
-            "[[subgroups.volatile]]\nshards = [[1, 2, 3], [4]]\n[[subgroups.trigger]]\nshards = [[1, 2, 3, 4, 5]]\n",
-        );
-        layout.push_str(extra);
+        layout.push_str(subgroups);
         std::fs::write(dir.path().join("layout.toml"), layout).unwrap();
         for id in addrs.keys() {
             let cfg = format!(
@@ -108,7 +113,7 @@ impl Cluster {
             procs: HashMap::new(),
             pollers: tokio::sync::Mutex::default(),
         };
-        for id in 1..=5 {
+        for id in 1..=n {
             c.spawn(id);
         }
         c
@@ -2092,12 +2097,16 @@ fn get_req(key: &str) -> Request {
 }
 
 /// Policies live in the metadata group: a change made through one node
-/// is enforced by every node, live, on connections already open; a
-/// revoked token stops working everywhere; a rate limit comes and goes.
+/// of a 3-node cluster is enforced by every node, live, on connections
+/// already open; a revoked token stops working everywhere; a rate limit
+/// comes and goes.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn policies_change_live_on_every_node() {
     let _serial = SERIAL.lock().await;
-    let c = Cluster::start();
+    let c = Cluster::start_nodes(
+        3,
+        "[[subgroups.volatile]]\nshards = [[1, 2, 3]]\n[[subgroups.trigger]]\nshards = [[1, 2, 3]]\n",
+    );
     c.ready().await;
     let anon = c.client(2).await;
     let token = |r: serde_json::Value| r["token"].as_str().unwrap().to_string();
@@ -2112,7 +2121,7 @@ async fn policies_change_live_on_every_node() {
             .unwrap(),
     );
     // Open by default: anyone may do anything.
-    for id in 1..=5 {
+    for id in 1..=3 {
         policed(&c, id, None, &get_req("/vol/a")).await.unwrap();
     }
     let admin = Client::connect_with(ClientConfig {
@@ -2136,7 +2145,7 @@ async fn policies_change_live_on_every_node() {
     let pool_rm = Request::PoolRemove {
         path: "/vol".into(),
     };
-    for id in 1..=5 {
+    for id in 1..=3 {
         c.wait_for(&format!("access rules on node {id}"), || async {
             matches!(
                 policed(&c, id, None, &get_req("/vol/a")).await,
@@ -2174,7 +2183,7 @@ async fn policies_change_live_on_every_node() {
         .policy(set("alice-rate", serde_json::json!({"kind": "rate", "who": {"principal": "alice"}, "ops_per_s": 20, "max_delay_ms": 0})))
         .await
         .unwrap();
-    for id in 1..=5 {
+    for id in 1..=3 {
         c.wait_for(&format!("the rate limit on node {id}"), || async {
             let conn = Conn::connect_with(
                 c.addrs[&id],
@@ -2231,7 +2240,7 @@ async fn policies_change_live_on_every_node() {
         )
     })
     .await;
-    for id in 1..=5 {
+    for id in 1..=3 {
         c.wait_for(&format!("alice's token refused by node {id}"), || async {
             matches!(
                 Conn::connect_with(
