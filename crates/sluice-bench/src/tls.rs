@@ -109,6 +109,63 @@ pub fn run(a: TlsArgs, json: bool) -> Result<()> {
     report(&rows, json, None)?;
     if !json {
         summary(&rows, a.clients);
+        crypto_bound(&rows, a.size, a.clients)?;
+    }
+    Ok(())
+}
+
+/// AES-256-GCM (what rustls negotiates first under TLS 1.3) sealing on
+/// one core of this machine, bytes/s: the cipher's own cost, measured in
+/// the same run (ring, as rustls uses it).
+fn aes_gcm_bytes_per_s(size: usize) -> Result<f64> {
+    use ring::aead::{Aad, LessSafeKey, Nonce, UnboundKey, AES_256_GCM};
+    let key = LessSafeKey::new(
+        UnboundKey::new(&AES_256_GCM, &[7u8; 32]).map_err(|_| anyhow::anyhow!("AES key"))?,
+    );
+    let mut buf = vec![0u8; size];
+    let t0 = std::time::Instant::now();
+    let mut n = 0u64;
+    while t0.elapsed() < Duration::from_millis(300) {
+        let nonce = Nonce::assume_unique_for_key([(n % 251) as u8; 12]);
+        let tag = key
+            .seal_in_place_separate_tag(nonce, Aad::empty(), &mut buf)
+            .map_err(|_| anyhow::anyhow!("AES seal"))?;
+        std::hint::black_box(tag);
+        n += 1;
+    }
+    Ok(n as f64 * size as f64 / t0.elapsed().as_secs_f64())
+}
+
+/// What TLS must cost in throughput when the clients and the node share
+/// this machine's cores: each op's value is encrypted once and decrypted
+/// once (open costs what seal does), on top of the CPU a plaintext op
+/// takes (all cores over plaintext ops/s, the cores being saturated).
+fn crypto_bound(rows: &[Row], size: usize, clients: usize) -> Result<()> {
+    let rate = aes_gcm_bytes_per_s(size)?;
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get()) as f64;
+    let crypto_s = 2.0 * size as f64 / rate;
+    println!(
+        "AES-256-GCM on this machine: {:.2} GB/s per core, {:.2} µs of crypto per {} op (sealed and opened once)",
+        rate / 1e9,
+        crypto_s * 1e6,
+        fmt_size(size)
+    );
+    for op in ["put", "get"] {
+        let mut v: Vec<f64> = rows
+            .iter()
+            .filter(|r| r.target == "plaintext" && r.op == op && r.clients == clients)
+            .map(|r| r.ops_per_s)
+            .collect();
+        v.sort_by(f64::total_cmp);
+        let Some(plain) = v.get(v.len() / 2).copied() else {
+            continue;
+        };
+        let cpu_per_op = cores / plain;
+        println!(
+            "{op}: with {cores} cores saturated by plaintext at {plain:.0} ops/s ({:.1} µs of CPU per op), TLS can reach at most {:.2}x of it here",
+            cpu_per_op * 1e6,
+            cpu_per_op / (cpu_per_op + crypto_s)
+        );
     }
     Ok(())
 }
