@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 
 #[derive(clap::Args, Clone)]
 pub struct PolicyArgs {
-    /// Which experiment: overhead, qos, live, or all.
+    /// Which experiment: overhead, qos, conn, live, or all.
     #[arg(long, default_value = "all")]
     pub what: String,
     /// Length of each measurement phase.
@@ -40,8 +40,8 @@ pub struct PolicyArgs {
 pub fn run(a: PolicyArgs, json: bool) -> Result<()> {
     let all = a.what == "all";
     anyhow::ensure!(
-        all || ["overhead", "qos", "live"].contains(&a.what.as_str()),
-        "--what {:?}: use overhead, qos, live or all",
+        all || ["overhead", "qos", "conn", "live"].contains(&a.what.as_str()),
+        "--what {:?}: use overhead, qos, conn, live or all",
         a.what
     );
     if all || a.what == "overhead" {
@@ -49,6 +49,9 @@ pub fn run(a: PolicyArgs, json: bool) -> Result<()> {
     }
     if all || a.what == "qos" {
         qos(&a, json)?;
+    }
+    if all || a.what == "conn" {
+        one_connection(&a, json)?;
     }
     if all || a.what == "live" {
         live(&a, json)?;
@@ -235,15 +238,8 @@ fn qos(a: &PolicyArgs, json: bool) -> Result<()> {
                 rows.push(s);
             }
             if let Some(b) = ph.bulk_ops_per_s {
-                let mut r = row(
-                    &format!("bulk {label}"),
-                    "put",
-                    32 << 10,
-                    "closed",
-                    64,
-                    (&hist(), Duration::from_secs(1), 0),
-                );
-                r.ops_per_s = b;
+                let mut r = row_of_rate(&format!("bulk {label}"), 32 << 10, b);
+                r.clients = 64;
                 rows.push(r);
             }
         }
@@ -340,6 +336,94 @@ fn qos_phase(addr: &str, dur: Duration, small: bool, bulk: bool) -> Result<QosPh
         small: small_row,
         bulk_ops_per_s,
     })
+}
+
+/// Small gets (one in flight) on the connection that also carries 1 MB
+/// puts (4 in flight), with the values sent whole and in 64 KB parts
+/// (`ClientConfig::value_part_bytes`), next to the gets alone.
+fn one_connection(a: &PolicyArgs, json: bool) -> Result<()> {
+    let node = ChildNode::start(&[])?;
+    eprintln!(
+        "sluice bench policy conn: node {}, {} rounds",
+        node.addr, a.rounds
+    );
+    let dur = Duration::from_millis(a.duration_ms);
+    let mut rows = Vec::new();
+    for _ in 0..a.rounds.max(1) {
+        for (label, parts, bulk) in [
+            ("gets alone", None, false),
+            ("whole 1 MB puts", None, true),
+            ("1 MB puts in 64 KB parts", Some(64 << 10), true),
+        ] {
+            let r = rt(2)?;
+            let (small, puts) = r.block_on(async {
+                let c = Client::connect_with(ClientConfig {
+                    addr: node.addr.clone(),
+                    connections: 1,
+                    value_part_bytes: parts,
+                    ..Default::default()
+                })
+                .await?;
+                c.put("/vol/conn/small", Bytes::from_static(b"s")).await?;
+                let stop = Arc::new(AtomicBool::new(false));
+                let puts = Arc::new(AtomicU64::new(0));
+                let mut tasks = Vec::new();
+                for w in 0..if bulk { 4 } else { 0 } {
+                    let (c, stop, puts) = (c.clone(), stop.clone(), puts.clone());
+                    tasks.push(tokio::spawn(async move {
+                        let v = Bytes::from(vec![b'b'; 1 << 20]);
+                        while !stop.load(Ordering::Relaxed) {
+                            if c.put(&format!("/vol/conn/big/{w}"), v.clone())
+                                .await
+                                .is_ok()
+                            {
+                                puts.fetch_add(1, Ordering::Relaxed);
+                            }
+                        }
+                    }));
+                }
+                let mut h = hist();
+                let t0 = Instant::now();
+                while t0.elapsed() < dur {
+                    let t = Instant::now();
+                    c.get("/vol/conn/small").await?;
+                    let _ = h.record(t.elapsed().as_nanos() as u64);
+                }
+                stop.store(true, Ordering::Relaxed);
+                for t in tasks {
+                    let _ = t.await;
+                }
+                anyhow::Ok((
+                    h,
+                    puts.load(Ordering::Relaxed) as f64 / t0.elapsed().as_secs_f64(),
+                ))
+            })?;
+            let mut row = row(label, "get", 32, "closed", 1, (&small, dur, 0));
+            row.ops_per_s = small.len() as f64 / dur.as_secs_f64();
+            rows.push(row);
+            if bulk {
+                let mut b = row_of_rate(&format!("{label}: puts"), 1 << 20, puts);
+                b.clients = 4;
+                rows.push(b);
+            }
+        }
+    }
+    report(&rows, json, None)?;
+    Ok(())
+}
+
+/// A row that carries only a rate (ops/s).
+fn row_of_rate(target: &str, size: usize, ops_per_s: f64) -> Row {
+    let mut r = row(
+        target,
+        "put",
+        size,
+        "closed",
+        1,
+        (&hist(), Duration::from_secs(1), 0),
+    );
+    r.ops_per_s = ops_per_s;
+    r
 }
 
 /// A rate limit added, then removed, under load on a 3-node cluster:
