@@ -234,6 +234,16 @@ fn access(who: &str, pool: &str, allow: &[Perm]) -> Rule {
     }
 }
 
+fn get(key: &str) -> Request {
+    Request::Get {
+        key: key.into(),
+        shard: None,
+        version: None,
+        min_version: None,
+        linearizable: false,
+    }
+}
+
 fn bob() -> Principal {
     Principal {
         name: "bob".into(),
@@ -312,13 +322,6 @@ fn scopes_roles_and_anyone() {
     st.install(d);
     let p = bob();
     let v = st.view(&p);
-    let get = |k: &str| Request::Get {
-        key: k.into(),
-        shard: None,
-        version: None,
-        min_version: None,
-        linearizable: false,
-    };
     let ok = |k: &str| matches!(v.admit(&p, &get(k), 0, |_| None), Admit::Run);
     assert!(ok("/logs/a"));
     assert!(ok("/public/x"));
@@ -416,13 +419,6 @@ fn rate_limits_delay_then_refuse_and_apply_per_pool() {
     )]));
     let p = bob();
     let v = st.view(&p);
-    let get = |k: &str| Request::Get {
-        key: k.into(),
-        shard: None,
-        version: None,
-        min_version: None,
-        linearizable: false,
-    };
     let mut answers = Vec::new();
     for _ in 0..4 {
         answers.push(match v.admit(&p, &get("/p/a"), 0, |_| None) {
