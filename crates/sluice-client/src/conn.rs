@@ -38,6 +38,8 @@ pub struct Conn {
     /// Values larger than this go out in parts (0: never), so requests
     /// sent meanwhile are not stuck behind them (`ClientConfig`).
     part_bytes: std::sync::atomic::AtomicUsize,
+    /// The TCP socket under the connection (open as long as `Conn` is).
+    fd: std::os::fd::RawFd,
     pub info: ServerInfo,
 }
 
@@ -93,6 +95,7 @@ impl Conn {
             ))
         })?;
         let _ = sock.set_nodelay(true);
+        let fd = std::os::fd::AsRawFd::as_raw_fd(&sock);
         let (mut rd, mut wr): (ReadHalf, WriteHalf) = match tls {
             None => {
                 let (r, w) = sock.into_split();
@@ -169,6 +172,7 @@ impl Conn {
             fatal: Mutex::new(None),
             in_flight: Semaphore::new(info.limits.max_in_flight_per_conn as usize),
             part_bytes: Default::default(),
+            fd,
             info,
         });
         let decoder = FrameDecoder::new(
@@ -194,8 +198,28 @@ impl Conn {
     }
 
     /// Sends values larger than `n` bytes in parts of `n` (0: whole).
+    /// Parts also keep the kernel's send queue short (TCP_NOTSENT_LOWAT
+    /// of two parts): otherwise megabytes of parts already handed to the
+    /// socket would sit ahead of a small request as a whole value does.
     pub fn set_value_part_bytes(&self, n: usize) {
         self.part_bytes.store(n, Ordering::Relaxed);
+        if n > 0 {
+            let lowat = (2 * n).min(i32::MAX as usize) as libc::c_int;
+            // SAFETY: `fd` is this connection's open socket (its halves
+            // live as long as `self`); the option value is a c_int.
+            let r = unsafe {
+                libc::setsockopt(
+                    self.fd,
+                    libc::IPPROTO_TCP,
+                    libc::TCP_NOTSENT_LOWAT,
+                    (&lowat as *const libc::c_int).cast(),
+                    std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+                )
+            };
+            if r != 0 {
+                tracing::debug!(error = %std::io::Error::last_os_error(), "TCP_NOTSENT_LOWAT not set");
+            }
+        }
     }
 
     async fn send(&self, req: &Request, id: u64, flags: u8) -> Result<()> {
