@@ -216,3 +216,17 @@ fn a_client_certificate_names_its_principal() {
         None
     );
 }
+
+#[test]
+fn aes_128_gcm_is_preferred() {
+    let p = crate::provider();
+    assert_eq!(
+        p.cipher_suites[0].suite(),
+        rustls::CipherSuite::TLS13_AES_128_GCM_SHA256
+    );
+    // Nothing was dropped: the other suites follow.
+    assert_eq!(
+        p.cipher_suites.len(),
+        rustls::crypto::ring::default_provider().cipher_suites.len()
+    );
+}
