@@ -439,7 +439,7 @@ fn live(a: &PolicyArgs, json: bool) -> Result<()> {
         let c = crate::procs::connect(&load_addr, Duration::from_secs(5)).await?;
         c.put("/vol/live/k", Bytes::from_static(b"x")).await?;
         // Gets straight to one node, so one node's limit is what shows.
-        let conns: Vec<_> = futures_conns(&load_addr, 8).await?;
+        let conns: Vec<_> = conns_to(&load_addr, 8).await?;
         let start = Instant::now();
         let stop = Arc::new(AtomicBool::new(false));
         let events: Arc<parking_lot::Mutex<Vec<(u64, u8)>>> = Arc::default();
@@ -447,7 +447,7 @@ fn live(a: &PolicyArgs, json: bool) -> Result<()> {
         for conn in conns {
             let (stop, events) = (stop.clone(), events.clone());
             tasks.push(tokio::spawn(async move {
-                let req = sluice_wire::Request::Get { key: "/vol/live/k".into(), shard: None, version: None, min_version: None, linearizable: false };
+                let req = sluice_wire::Request::get_latest("/vol/live/k");
                 let mut local = Vec::new();
                 while !stop.load(Ordering::Relaxed) {
                     let kind = match conn.call(&req, Duration::from_secs(5)).await {
@@ -532,7 +532,7 @@ fn live(a: &PolicyArgs, json: bool) -> Result<()> {
     Ok(())
 }
 
-async fn futures_conns(addr: &str, n: usize) -> Result<Vec<Arc<sluice_client::Conn>>> {
+async fn conns_to(addr: &str, n: usize) -> Result<Vec<Arc<sluice_client::Conn>>> {
     let sa: std::net::SocketAddr = addr.parse().context("node address")?;
     let mut v = Vec::new();
     for _ in 0..n {

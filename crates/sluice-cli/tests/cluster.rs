@@ -2087,13 +2087,7 @@ async fn policed(
 }
 
 fn get_req(key: &str) -> Request {
-    Request::Get {
-        key: key.into(),
-        shard: None,
-        version: None,
-        min_version: None,
-        linearizable: false,
-    }
+    Request::get_latest(key)
 }
 
 /// Policies live in the metadata group: a change made through one node

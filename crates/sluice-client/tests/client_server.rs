@@ -1097,13 +1097,7 @@ async fn a_small_request_is_not_stuck_behind_a_large_value_sent_in_parts() {
             trace: None,
             req_id: None,
         };
-        let get = sluice_wire::Request::Get {
-            key: "/vol/small".into(),
-            shard: None,
-            version: None,
-            min_version: None,
-            linearizable: false,
-        };
+        let get = sluice_wire::Request::get_latest("/vol/small");
         // Polled in this order every time (a biased select): the put
         // takes the writer first and fills the socket; the get queues for
         // the writer; when both replies are in, the put is seen first.
@@ -1183,5 +1177,34 @@ async fn values_in_parts_are_bounded() {
         &s.client().await.get("/vol/p").await.unwrap().value[..],
         b"abcd"
     );
+    // All of a connection's values in parts together: at most twice
+    // `max_value_bytes`; the value that would pass it is refused.
+    let mut q = sluice_wire::OutQueue::new();
+    for (rid, n) in [(7, 900), (8, 900), (9, 300)] {
+        sluice_wire::encode_part(
+            &mut q,
+            sluice_wire::op::PUT,
+            rid,
+            &Bytes::from(vec![2u8; n]),
+        );
+    }
+    for rid in [9, 7, 8] {
+        put(b"z").encode(&mut q, rid, 0);
+    }
+    r.write_all(&q.to_bytes()).await.unwrap();
+    let (id, resp) = read_response(&mut r).await.unwrap();
+    assert_eq!(id, 9);
+    assert!(
+        matches!(
+            resp,
+            sluice_wire::Response::Error(SluiceError::Unavailable { .. })
+        ),
+        "{resp:?}"
+    );
+    for rid in [7, 8] {
+        let (id, resp) = read_response(&mut r).await.unwrap();
+        assert_eq!(id, rid);
+        assert!(matches!(resp, sluice_wire::Response::PutOk(_)), "{resp:?}");
+    }
     s.stop().await;
 }

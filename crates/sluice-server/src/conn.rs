@@ -670,14 +670,11 @@ impl Conn {
     /// now; answers a refusal, or runs it later (a rate limit's delay).
     fn admit(&mut self, rid: u64, no_reply: bool, req: Request) -> Option<Request> {
         use crate::policy::Admit;
-        let policy = self.ctx.policy.clone();
-        if self.view.stale(&policy) {
+        let policy = &self.ctx.policy;
+        if self.view.stale(policy) {
             self.view = policy.view(&self.principal);
         }
-        let bytes = match &req {
-            Request::Put { value, .. } | Request::TriggerPut { value, .. } => value.len() as u64,
-            _ => 0,
-        };
+        let bytes = req.value().map_or(0, |v| v.len() as u64);
         let store = &self.ctx.store;
         match self
             .view

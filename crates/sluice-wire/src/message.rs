@@ -537,6 +537,18 @@ impl Request {
         }
     }
 
+    /// A get of `key`'s latest version, routed by the node, as any member
+    /// has it (a stable read, no session floor).
+    pub fn get_latest(key: impl Into<String>) -> Request {
+        Request::Get {
+            key: key.into(),
+            shard: None,
+            version: None,
+            min_version: None,
+            linearizable: false,
+        }
+    }
+
     /// The value a write carries (puts and trigger puts).
     pub fn value(&self) -> Option<&Bytes> {
         match self {

@@ -55,15 +55,8 @@ impl Audit {
         };
         metrics::counter!("sluice_policy_refusals_total", "kind" => kind, "op" => op.to_string(), "principal" => principal.to_string())
             .increment(1);
-        let mut line = serde_json::json!({
-            "time_us": sluice_types::wall_us(),
-            "principal": principal,
-            "op": op,
-            "peer": peer.to_string(),
-            "kind": kind,
-            "error": e,
-            "message": e.to_string(),
-        });
+        // Rate-limited refusals: counted here, written once a second.
+        let mut summarised = None;
         if let SluiceError::RateLimited { policy, .. } = e {
             let mut m = self.rate_limited.lock();
             let now = Instant::now();
@@ -75,12 +68,24 @@ impl Audit {
                 return;
             }
             let count = std::mem::replace(entry, (0, now)).0;
-            line["refused_since_last_report"] = serde_json::json!(count);
+            summarised = Some(count);
             tracing::warn!(target: "sluice::audit", %principal, %policy, count, "rate limited (requests refused since the last report)");
         } else {
             tracing::warn!(target: "sluice::audit", %principal, op, %peer, kind, error = %e, "refused");
         }
         if let Some(f) = &self.file {
+            let mut line = serde_json::json!({
+                "time_us": sluice_types::wall_us(),
+                "principal": principal,
+                "op": op,
+                "peer": peer.to_string(),
+                "kind": kind,
+                "error": e,
+                "message": e.to_string(),
+            });
+            if let Some(n) = summarised {
+                line["refused_since_last_report"] = serde_json::json!(n);
+            }
             // One write per line, so concurrent refusals never interleave.
             let mut text = line.to_string();
             text.push('\n');

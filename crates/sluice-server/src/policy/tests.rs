@@ -235,13 +235,7 @@ fn access(who: &str, pool: &str, allow: &[Perm]) -> Rule {
 }
 
 fn get(key: &str) -> Request {
-    Request::Get {
-        key: key.into(),
-        shard: None,
-        version: None,
-        min_version: None,
-        linearizable: false,
-    }
+    Request::get_latest(key)
 }
 
 fn bob() -> Principal {
