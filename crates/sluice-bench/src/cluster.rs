@@ -34,6 +34,15 @@ pub struct ClusterBenchArgs {
     /// Skip the redis-server comparison.
     #[arg(long)]
     no_redis: bool,
+    /// Seconds of saturated writes (the throughput phase's clients with
+    /// 10 KB values, plus two with 1 MB values) on shards of 3 or more,
+    /// counting the elections they cause (there should be none).
+    #[arg(long, default_value_t = 0)]
+    saturated_s: u64,
+    /// Nodes run with `fast_failover = false`: a dead leader is replaced
+    /// by the election timers only (the comparison for failover times).
+    #[arg(long)]
+    no_fast_failover: bool,
     /// Tokio worker threads per node (0: one per core). Nodes of a real
     /// cluster have a machine each; co-located on one small machine they
     /// compete for its cores.
@@ -81,6 +90,92 @@ impl Op for LinOp {
         }
         Ok(())
     }
+}
+
+/// The volatile shard's entry in node `c`'s `cluster status`.
+async fn shard_status(c: &Client) -> Result<serde_json::Value> {
+    let st = c
+        .cluster_command(serde_json::json!({"op": "status"}), None)
+        .await?;
+    Ok(st["groups"]
+        .as_array()
+        .and_then(|g| g.iter().find(|g| g["group"] == "volatile/0/0"))
+        .cloned()
+        .unwrap_or_default())
+}
+
+/// Waits until restarted node `l` follows the shard's leader and has
+/// applied everything `probe`'s node had (a member back in service, as
+/// before the kill, so each kill is measured from the same state).
+async fn caught_up(procs: &Procs, l: u32, probe: &Client) -> Result<()> {
+    let target = shard_status(probe).await?["applied_index"]
+        .as_u64()
+        .unwrap_or(0);
+    let back = connect(&procs.addrs[l as usize], Duration::from_secs(10)).await?;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let s = shard_status(&back).await?;
+        let follows = s["role"] == "follower" && s["leader"].as_u64().is_some();
+        if follows && s["applied_index"].as_u64().unwrap_or(0) >= target {
+            return Ok(());
+        }
+        if Instant::now() > deadline {
+            bail!("node {l} did not catch up within 30 s after its restart: {s}");
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// Each Raft group's term on each node (`cluster status`).
+async fn terms(procs: &Procs) -> Result<std::collections::BTreeMap<(usize, String), u64>> {
+    let mut out = std::collections::BTreeMap::new();
+    for (i, addr) in procs.addrs.iter().enumerate() {
+        let c = connect(addr, Duration::from_secs(10)).await?;
+        let st = c
+            .cluster_command(serde_json::json!({"op": "status"}), None)
+            .await?;
+        for g in st["groups"].as_array().into_iter().flatten() {
+            let name = g["group"].as_str().unwrap_or_default().to_string();
+            out.insert((i, name), g["term"].as_u64().unwrap_or(0));
+        }
+    }
+    Ok(out)
+}
+
+struct Saturated {
+    elections: u64,
+    ops_per_s: f64,
+    errors: u64,
+}
+
+/// Writes as fast as the clients can for `saturated_s` seconds and counts
+/// the elections meanwhile: the largest term increase of any group on any
+/// node (a false election under load shows as a new term).
+async fn saturated(procs: &Procs, a: &ClusterBenchArgs) -> Result<Saturated> {
+    let before = terms(procs).await?;
+    let mut ws = Vec::new();
+    for i in 0..a.clients + 2 {
+        let size = if i < a.clients { 10_240 } else { 1 << 20 };
+        ws.push(SluiceOp {
+            client: connect(&procs.addrs[0], Duration::from_secs(10)).await?,
+            op: "put",
+            value: Bytes::from(vec![b's'; size]),
+            prefix: format!("/vol/saturated/{size}"),
+        });
+    }
+    let label = format!("saturated writes, {} s", a.saturated_s);
+    let (h, took, errors) = closed_loop(ws, Duration::from_secs(a.saturated_s), label).await;
+    let after = terms(procs).await?;
+    let elections = after
+        .iter()
+        .map(|(k, t)| t.saturating_sub(before.get(k).copied().unwrap_or(*t)))
+        .max()
+        .unwrap_or(0);
+    Ok(Saturated {
+        elections,
+        ops_per_s: h.len() as f64 / took.as_secs_f64(),
+        errors,
+    })
 }
 
 fn median(v: &mut [f64]) -> f64 {
@@ -169,6 +264,7 @@ pub fn run(a: ClusterBenchArgs, json: bool) -> Result<()> {
     let dur = Duration::from_millis(a.duration_ms);
     let mut rows: Vec<Row> = Vec::new();
     let mut failover_ms: Vec<(u32, Vec<f64>, Vec<f64>)> = Vec::new();
+    let mut spurious: Vec<(u32, Saturated)> = Vec::new();
     let base = baseline_server()?;
     rt.block_on(async {
         for &size in &a.sizes {
@@ -181,7 +277,9 @@ pub fn run(a: ClusterBenchArgs, json: bool) -> Result<()> {
         }
         for &n in &a.shard_sizes {
             eprintln!("shard of {n}: starting {n} node processes");
-            let mut procs = Procs::start(n, a.node_threads)?;
+            let all: Vec<u32> = (0..n).collect();
+            let settings = if a.no_fast_failover { "fast_failover = false" } else { "" };
+            let mut procs = Procs::start_custom(n, a.node_threads, None, &all, settings)?;
             let c0 = connect(&procs.addrs[0], Duration::from_secs(10)).await?;
             wait_leader(&c0).await?;
             let target = format!("sluice-r{n}");
@@ -244,9 +342,12 @@ pub fn run(a: ClusterBenchArgs, json: bool) -> Result<()> {
                     times.push(ms);
                     elections.push(elected.as_secs_f64() * 1000.0);
                     procs.restart(l)?;
-                    connect(&procs.addrs[l as usize], Duration::from_secs(10)).await?;
+                    caught_up(&procs, l, &probe).await?;
                 }
                 failover_ms.push((n, times, elections));
+            }
+            if n >= 3 && a.saturated_s > 0 {
+                spurious.push((n, saturated(&procs, &a).await?));
             }
             drop(c0);
         }
@@ -280,6 +381,12 @@ pub fn run(a: ClusterBenchArgs, json: bool) -> Result<()> {
             median(&mut e),
             median(&mut t),
             t.len()
+        );
+    }
+    for (n, s) in spurious {
+        println!(
+            "saturated, shard of {n}: {} elections in {} s of writes at {:.0} ops/s ({} failed requests; target 0 elections)",
+            s.elections, a.saturated_s, s.ops_per_s, s.errors
         );
     }
     let find = |t: &str, op: &str, size: usize, c: usize| {

@@ -110,7 +110,12 @@ impl Procs {
             .arg(i.to_string())
             .arg("--data-dir")
             .arg(self.dir.join(format!("node-{i}")))
-            .env("SLUICE_LOG", "warn,openraft=off")
+            // The nodes' log filter: SLUICE_BENCH_NODE_LOG, else warnings.
+            .env(
+                "SLUICE_LOG",
+                std::env::var("SLUICE_BENCH_NODE_LOG")
+                    .unwrap_or_else(|_| "warn,openraft=off".into()),
+            )
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::inherit())

@@ -87,6 +87,11 @@ impl Cluster {
 
     /// Nodes 1..=n with these subgroups (TOML).
     fn start_nodes(n: u32, subgroups: &str) -> Cluster {
+        Cluster::start_nodes_with(n, subgroups, "")
+    }
+
+    /// Nodes 1..=n with these subgroups and `[cluster]` settings (TOML).
+    fn start_nodes_with(n: u32, subgroups: &str, cluster: &str) -> Cluster {
         let dir = tempfile::tempdir().unwrap();
         let addrs: BTreeMap<u32, SocketAddr> = (1..=n)
             .map(|i| (i, free_addr([127, 0, 0, i as u8])))
@@ -99,7 +104,7 @@ impl Cluster {
         std::fs::write(dir.path().join("layout.toml"), layout).unwrap();
         for id in addrs.keys() {
             let cfg = format!(
-                "node_id = {id}\nlisten = \"{}\"\ndata_dir = \"{}\"\n[cluster]\nlayout = \"{}\"\nfault_injection = true\nwrite_timeout_ms = 1500\nsnapshot_every = 100\nvolatile_dir = \"{}\"\n",
+                "node_id = {id}\nlisten = \"{}\"\ndata_dir = \"{}\"\n[cluster]\nlayout = \"{}\"\nfault_injection = true\nwrite_timeout_ms = 1500\nsnapshot_every = 100\nvolatile_dir = \"{}\"\n{cluster}\n",
                 addrs[id],
                 dir.path().join(format!("node-{id}")).display(),
                 dir.path().join("layout.toml").display(),
@@ -1540,6 +1545,87 @@ async fn writes_follow_failover_within_the_promised_time() {
     assert!(
         *times.last().unwrap() <= Duration::from_secs(3),
         "{times:?}"
+    );
+}
+
+/// Issue #20: a leader whose process died is replaced at once, not after
+/// the followers' leader lease and an election timeout. The timers here
+/// are so long (an 8 s lease, then 4-8 s) that they cannot elect anyone
+/// within the 6 s this test waits: only the survivors' reaction to the
+/// closed connection and the refused probe can. A killed follower, whose
+/// leader lives, causes no election at all.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_crashed_leader_is_replaced_without_waiting_for_the_timers() {
+    let _serial = SERIAL.lock().await;
+    let mut c = Cluster::start_nodes_with(
+        3,
+        "[[subgroups.volatile]]\nshards = [[1, 2, 3]]\n[[subgroups.trigger]]\nshards = [[1, 2, 3]]\n",
+        "election_min_ms = 4000\nelection_max_ms = 8000\n",
+    );
+    c.ready().await;
+    let client = c.client(1).await;
+    let term = |s: serde_json::Value| -> Vec<(String, u64)> {
+        let groups = s["groups"].as_array().cloned().unwrap_or_default();
+        groups
+            .iter()
+            .map(|g| {
+                (
+                    g["group"].as_str().unwrap_or("").to_string(),
+                    g["term"].as_u64().unwrap_or(0),
+                )
+            })
+            .collect()
+    };
+    let leader = c.leader(1, "volatile/0/0").await.unwrap();
+    let follower = (1..=3).find(|i| *i != leader).unwrap();
+    let observer = (1..=3).find(|i| *i != leader && *i != follower).unwrap();
+    let terms_before = term(c.status(observer).await);
+
+    // A follower dies: its leader lives, so nobody stands for election.
+    c.kill(follower);
+    client
+        .put("/vol/ha/1", "while a follower is down")
+        .await
+        .unwrap();
+    c.spawn(follower);
+    c.ready().await;
+    c.wait_for("the follower to catch up", || async {
+        c.applied_version(follower, "volatile/0/0")
+            .await
+            .unwrap_or(0)
+            >= c.applied_version(leader, "volatile/0/0").await.unwrap_or(0)
+    })
+    .await;
+    assert_eq!(
+        term(c.status(observer).await),
+        terms_before,
+        "a follower's death caused an election\n{}",
+        c.logs()
+    );
+
+    // The leader dies: the survivors elect one of them now.
+    c.kill(leader);
+    let deadline = Instant::now() + Duration::from_secs(6);
+    while c
+        .leader(observer, "volatile/0/0")
+        .await
+        .is_none_or(|l| l == leader)
+    {
+        assert!(
+            Instant::now() < deadline,
+            "no new leader within 6 s: the timers would take 12 s or more\n{}",
+            c.logs()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let survivor = c.client(observer).await;
+    survivor
+        .put("/vol/ha/2", "after the leader died")
+        .await
+        .unwrap();
+    assert_eq!(
+        &survivor.get("/vol/ha/1").await.unwrap().value[..],
+        b"while a follower is down"
     );
 }
 

@@ -40,6 +40,8 @@ pub struct Conn {
     part_bytes: std::sync::atomic::AtomicUsize,
     /// The TCP socket under the connection (open as long as `Conn` is).
     fd: std::os::fd::RawFd,
+    /// Set once the reader saw the connection end (`Conn::closed`).
+    closed: tokio::sync::watch::Sender<bool>,
     pub info: ServerInfo,
 }
 
@@ -173,6 +175,7 @@ impl Conn {
             in_flight: Semaphore::new(info.limits.max_in_flight_per_conn as usize),
             part_bytes: Default::default(),
             fd,
+            closed: tokio::sync::watch::Sender::new(false),
             info,
         });
         let decoder = FrameDecoder::new(
@@ -188,6 +191,15 @@ impl Conn {
 
     pub fn is_alive(&self) -> bool {
         self.alive.load(Ordering::Acquire)
+    }
+
+    /// Resolves once the server's side of the connection ends (its
+    /// process died, it closed the connection, or the socket failed):
+    /// `true`. Resolves `false` if this `Conn` is dropped first. It holds
+    /// no reference to the connection while it waits.
+    pub fn closed(&self) -> impl std::future::Future<Output = bool> + Send + 'static {
+        let mut rx = self.closed.subscribe();
+        async move { rx.wait_for(|c| *c).await.is_ok() }
     }
 
     fn dead_error(&self) -> SluiceError {
@@ -397,6 +409,7 @@ async fn read_loop(
     }
     let Some(conn) = weak.upgrade() else { return };
     conn.alive.store(false, Ordering::Release);
+    conn.closed.send_replace(true);
     // Fail every waiter now rather than at its timeout.
     let err = conn.dead_error();
     for (_, p) in conn.pending.lock().drain() {

@@ -51,6 +51,9 @@ pub struct Peers {
     key: String,
     /// TLS to peers (the node's own certificate presented), when on.
     tls: Option<sluice_tls::ClientTls>,
+    /// Called with a peer's id when a connection to it ends (set once by
+    /// the node: `ClusterNode::peer_connection_lost`).
+    on_lost: std::sync::OnceLock<Arc<dyn Fn(u32) + Send + Sync>>,
 }
 
 /// When each peer last acknowledged this node as a group's leader: an
@@ -113,7 +116,14 @@ impl Peers {
             blocked: RwLock::default(),
             connect_timeout,
             acks: Acks::default(),
+            on_lost: std::sync::OnceLock::new(),
         }
+    }
+
+    /// What to call when a connection to a peer ends (once; later calls
+    /// are ignored).
+    pub fn on_connection_lost(&self, f: impl Fn(u32) + Send + Sync + 'static) {
+        let _ = self.on_lost.set(Arc::new(f));
     }
 
     pub fn is_blocked(&self, peer: u32) -> bool {
@@ -178,6 +188,14 @@ impl Peers {
             }
         }
         self.conns.lock().insert(target, c.clone());
+        if let Some(f) = self.on_lost.get().cloned() {
+            let closed = c.closed();
+            tokio::spawn(async move {
+                if closed.await {
+                    f(target);
+                }
+            });
+        }
         Ok(c)
     }
 

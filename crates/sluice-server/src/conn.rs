@@ -157,6 +157,15 @@ pub async fn serve_conn<S: Stream>(
     let _e = span.enter();
     let reason = conn.run(&mut sock, &mut notify_rx, &mut deferred_rx).await;
     ctx.policy.gate.done(conn.small_pending);
+    if let (Some(node), Some(cl), false) = (
+        conn.peer,
+        ctx.cluster.as_ref(),
+        matches!(reason, Close::Shutdown),
+    ) {
+        // A peer's connection closed: if it was a leader that crashed,
+        // its groups elect a new one now (`ClusterNode::peer_connection_lost`).
+        cl.peer_connection_lost(node);
+    }
     match reason {
         Close::Eof | Close::Shutdown => tracing::debug!("connection closed"),
         Close::Io(e) => tracing::debug!(error = %e, "connection I/O error"),

@@ -7,13 +7,14 @@
 //! forwarding to the leader), `read` (read checks and barriers), `meta`
 //! (pool table changes, purges, metadata catch-up), `admin` (status,
 //! membership changes, fault injection, peers' internal operations),
-//! `broadcast` (large objects to many nodes along topology-ordered chains);
-//! this
+//! `broadcast` (large objects to many nodes along topology-ordered chains),
+//! `failover` (an election at once when a leader's process is gone); this
 //! file holds the node, its settings, routing to a group, and what it
 //! tells clients (`info`, `status`).
 
 mod admin;
 pub mod broadcast;
+mod failover;
 mod groups;
 mod meta;
 mod read;
@@ -57,6 +58,11 @@ pub struct ClusterSettings {
     /// starts an election (how fast a dead leader is replaced).
     pub election_min_ms: u64,
     pub election_max_ms: u64,
+    /// When a connection with a group's leader closes and nothing listens
+    /// at its address any more (its process died), elect a new leader at
+    /// once instead of waiting for the timers above (`node/failover.rs`).
+    /// A leader that is alive but unreachable is left to the timers.
+    pub fast_failover: bool,
     /// How long a write may wait to be committed before the client gets
     /// `Unavailable` (e.g. the shard lost its majority).
     pub write_timeout_ms: u64,
@@ -98,6 +104,7 @@ impl Default for ClusterSettings {
             heartbeat_ms: 50,
             election_min_ms: 200,
             election_max_ms: 400,
+            fast_failover: true,
             write_timeout_ms: 3000,
             snapshot_every: 10_000,
             snapshot_bytes: 256 << 20,
@@ -158,6 +165,8 @@ pub struct ClusterNode {
     restart_requested: parking_lot::Mutex<std::collections::HashSet<u64>>,
     /// Broadcasts in progress here and the objects they delivered.
     bcast: broadcast::Broadcasts,
+    /// Peers whose death this node is acting on (`failover`).
+    taking_over: parking_lot::Mutex<std::collections::HashSet<u32>>,
 }
 
 /// How often a group stopped by openraft is started again, at most.
@@ -240,11 +249,18 @@ impl ClusterNode {
             ),
             writer_seq: std::sync::atomic::AtomicU64::new(1),
             me: std::sync::OnceLock::new(),
+            taking_over: Default::default(),
             restarts: Default::default(),
             restart_requested: Default::default(),
             bcast: Default::default(),
         });
         let _ = node.me.set(Arc::downgrade(&node));
+        let weak = Arc::downgrade(&node);
+        node.peers.on_connection_lost(move |peer| {
+            if let Some(n) = weak.upgrade() {
+                n.peer_connection_lost(peer);
+            }
+        });
         let mut wanted: BTreeSet<u64> = BTreeSet::from([META_GROUP]);
         for (g, members) in node.meta.read().members.clone() {
             if members.contains(&id) {
