@@ -43,6 +43,10 @@ pub struct ClusterBenchArgs {
     /// by the election timers only (the comparison for failover times).
     #[arg(long)]
     no_fast_failover: bool,
+    /// TOML lines added to every node's `[cluster]` section (e.g.
+    /// "snapshot_bytes = 1073741824"), to measure a setting.
+    #[arg(long, default_value = "")]
+    cluster_config: String,
     /// Tokio worker threads per node (0: one per core). Nodes of a real
     /// cluster have a machine each; co-located on one small machine they
     /// compete for its cores.
@@ -265,6 +269,8 @@ pub fn run(a: ClusterBenchArgs, json: bool) -> Result<()> {
     let mut rows: Vec<Row> = Vec::new();
     let mut failover_ms: Vec<(u32, Vec<f64>, Vec<f64>)> = Vec::new();
     let mut spurious: Vec<(u32, Saturated)> = Vec::new();
+    // (shard size, value size, clients, page faults per put on all members)
+    let mut faults: Vec<(u32, usize, usize, f64)> = Vec::new();
     let base = baseline_server()?;
     rt.block_on(async {
         for &size in &a.sizes {
@@ -278,8 +284,11 @@ pub fn run(a: ClusterBenchArgs, json: bool) -> Result<()> {
         for &n in &a.shard_sizes {
             eprintln!("shard of {n}: starting {n} node processes");
             let all: Vec<u32> = (0..n).collect();
-            let settings = if a.no_fast_failover { "fast_failover = false" } else { "" };
-            let mut procs = Procs::start_custom(n, a.node_threads, None, &all, settings)?;
+            let mut settings = a.cluster_config.clone();
+            if a.no_fast_failover {
+                settings.push_str("\nfast_failover = false");
+            }
+            let mut procs = Procs::start_custom(n, a.node_threads, None, &all, &settings)?;
             let c0 = connect(&procs.addrs[0], Duration::from_secs(10)).await?;
             wait_leader(&c0).await?;
             let target = format!("sluice-r{n}");
@@ -291,13 +300,17 @@ pub fn run(a: ClusterBenchArgs, json: bool) -> Result<()> {
                     value: value.clone(),
                     prefix: format!("/vol/bench/{size}"),
                 };
+                let f0 = procs.page_faults();
                 let r = closed_loop(vec![op(c0.clone(), "put")], dur, format!("{target} put {} c=1", fmt_size(size))).await;
+                faults.push((n, size, 1, (procs.page_faults() - f0) as f64 / r.0.len().max(1) as f64));
                 rows.push(row(&target, "put", size, "closed", 1, (&r.0, r.1, r.2)));
                 let mut ws = Vec::new();
                 for _ in 0..a.clients {
                     ws.push(op(connect(&procs.addrs[0], Duration::from_secs(10)).await?, "put"));
                 }
+                let f0 = procs.page_faults();
                 let r = closed_loop(ws, dur, format!("{target} put {} c={}", fmt_size(size), a.clients)).await;
+                faults.push((n, size, a.clients, (procs.page_faults() - f0) as f64 / r.0.len().max(1) as f64));
                 rows.push(row(&target, "put", size, "closed", a.clients, (&r.0, r.1, r.2)));
                 let r = closed_loop(vec![op(c0.clone(), "get")], dur, format!("{target} stable get {}", fmt_size(size))).await;
                 rows.push(row(&target, "get_stable", size, "closed", 1, (&r.0, r.1, r.2)));
@@ -381,6 +394,12 @@ pub fn run(a: ClusterBenchArgs, json: bool) -> Result<()> {
             median(&mut e),
             median(&mut t),
             t.len()
+        );
+    }
+    for (n, size, c, f) in faults {
+        println!(
+            "page faults per put, shard of {n}, {} c={c}: {f:.2} (all members together)",
+            fmt_size(size)
         );
     }
     for (n, s) in spurious {

@@ -123,6 +123,24 @@ impl Procs {
             .context("starting `sluice serve --cluster`")
     }
 
+    /// Page faults (minor + major) the live node processes have taken so
+    /// far (`/proc/PID/stat`; 0 where it cannot be read).
+    pub fn page_faults(&self) -> u64 {
+        self.children
+            .iter()
+            .flatten()
+            .map(|c| {
+                let stat = std::fs::read_to_string(format!("/proc/{}/stat", c.id()))
+                    .unwrap_or_default();
+                // The fields after the command name (which may hold spaces):
+                // state is field 3, minflt field 10, majflt field 12.
+                let rest = stat.rsplit_once(") ").map_or("", |(_, r)| r);
+                let f: Vec<u64> = rest.split(' ').map(|x| x.parse().unwrap_or(0)).collect();
+                f.get(7).copied().unwrap_or(0) + f.get(9).copied().unwrap_or(0)
+            })
+            .sum()
+    }
+
     pub fn kill(&mut self, i: u32) {
         if let Some(mut c) = self.children[i as usize].take() {
             let _ = c.kill();
