@@ -96,6 +96,30 @@ impl Op for LinOp {
     }
 }
 
+/// The members' page-fault count a third into a phase of length `dur`
+/// (the first third warms the log, the pools and the allocator up).
+fn steady_faults(procs: &Procs, dur: Duration) -> tokio::task::JoinHandle<u64> {
+    let pids = procs.pids();
+    tokio::spawn(async move {
+        tokio::time::sleep(dur / 3).await;
+        crate::procs::page_faults_of(&pids)
+    })
+}
+
+/// Page faults per operation over the last two thirds of a phase: the
+/// faults since `start`'s count over the operations at the phase's rate.
+async fn faults_per_op(
+    procs: &Procs,
+    start: tokio::task::JoinHandle<u64>,
+    r: &(hdrhistogram::Histogram<u64>, Duration, u64),
+    dur: Duration,
+) -> f64 {
+    let end = procs.page_faults();
+    let start = start.await.unwrap_or(end);
+    let rate = r.0.len() as f64 / r.1.as_secs_f64();
+    end.saturating_sub(start) as f64 / (rate * dur.as_secs_f64() * 2.0 / 3.0).max(1.0)
+}
+
 /// The volatile shard's entry in node `c`'s `cluster status`.
 async fn shard_status(c: &Client) -> Result<serde_json::Value> {
     let st = c
@@ -300,17 +324,17 @@ pub fn run(a: ClusterBenchArgs, json: bool) -> Result<()> {
                     value: value.clone(),
                     prefix: format!("/vol/bench/{size}"),
                 };
-                let f0 = procs.page_faults();
+                let f = steady_faults(&procs, dur);
                 let r = closed_loop(vec![op(c0.clone(), "put")], dur, format!("{target} put {} c=1", fmt_size(size))).await;
-                faults.push((n, size, 1, (procs.page_faults() - f0) as f64 / r.0.len().max(1) as f64));
+                faults.push((n, size, 1, faults_per_op(&procs, f, &r, dur).await));
                 rows.push(row(&target, "put", size, "closed", 1, (&r.0, r.1, r.2)));
                 let mut ws = Vec::new();
                 for _ in 0..a.clients {
                     ws.push(op(connect(&procs.addrs[0], Duration::from_secs(10)).await?, "put"));
                 }
-                let f0 = procs.page_faults();
+                let f = steady_faults(&procs, dur);
                 let r = closed_loop(ws, dur, format!("{target} put {} c={}", fmt_size(size), a.clients)).await;
-                faults.push((n, size, a.clients, (procs.page_faults() - f0) as f64 / r.0.len().max(1) as f64));
+                faults.push((n, size, a.clients, faults_per_op(&procs, f, &r, dur).await));
                 rows.push(row(&target, "put", size, "closed", a.clients, (&r.0, r.1, r.2)));
                 let r = closed_loop(vec![op(c0.clone(), "get")], dur, format!("{target} stable get {}", fmt_size(size))).await;
                 rows.push(row(&target, "get_stable", size, "closed", 1, (&r.0, r.1, r.2)));
@@ -398,7 +422,7 @@ pub fn run(a: ClusterBenchArgs, json: bool) -> Result<()> {
     }
     for (n, size, c, f) in faults {
         println!(
-            "page faults per put, shard of {n}, {} c={c}: {f:.2} (all members together)",
+            "page faults per put, shard of {n}, {} c={c}: {f:.2} (all members together, last two thirds of the phase)",
             fmt_size(size)
         );
     }

@@ -123,22 +123,15 @@ impl Procs {
             .context("starting `sluice serve --cluster`")
     }
 
+    /// The live node processes' ids.
+    pub fn pids(&self) -> Vec<u32> {
+        self.children.iter().flatten().map(Child::id).collect()
+    }
+
     /// Page faults (minor + major) the live node processes have taken so
-    /// far (`/proc/PID/stat`; 0 where it cannot be read).
+    /// far.
     pub fn page_faults(&self) -> u64 {
-        self.children
-            .iter()
-            .flatten()
-            .map(|c| {
-                let stat = std::fs::read_to_string(format!("/proc/{}/stat", c.id()))
-                    .unwrap_or_default();
-                // The fields after the command name (which may hold spaces):
-                // state is field 3, minflt field 10, majflt field 12.
-                let rest = stat.rsplit_once(") ").map_or("", |(_, r)| r);
-                let f: Vec<u64> = rest.split(' ').map(|x| x.parse().unwrap_or(0)).collect();
-                f.get(7).copied().unwrap_or(0) + f.get(9).copied().unwrap_or(0)
-            })
-            .sum()
+        page_faults_of(&self.pids())
     }
 
     pub fn kill(&mut self, i: u32) {
@@ -181,4 +174,19 @@ pub async fn connect(addr: &str, timeout: Duration) -> Result<Client> {
             Err(_) => tokio::time::sleep(Duration::from_millis(50)).await,
         }
     }
+}
+
+/// Page faults (minor + major) processes `pids` have taken so far, all
+/// their threads together (`/proc/PID/stat`; 0 where it cannot be read).
+pub fn page_faults_of(pids: &[u32]) -> u64 {
+    pids.iter()
+        .map(|pid| {
+            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+            // The fields after the command name (which may hold spaces):
+            // state is field 3, minflt field 10, majflt field 12.
+            let rest = stat.rsplit_once(") ").map_or("", |(_, r)| r);
+            let f: Vec<u64> = rest.split(' ').map(|x| x.parse().unwrap_or(0)).collect();
+            f.get(7).copied().unwrap_or(0) + f.get(9).copied().unwrap_or(0)
+        })
+        .sum()
 }

@@ -1208,3 +1208,66 @@ async fn values_in_parts_are_bounded() {
     }
     s.stop().await;
 }
+
+/// Issue #20: frames of 256 KB and more are read into recycled buffers of
+/// their own. Frames written back to back in one write (large, small,
+/// large, and a get right behind) are each decoded whole, none reads into
+/// the next, and the values come back byte for byte; a large frame that
+/// stalls halfway is still bounded by `frame_ms`.
+#[tokio::test]
+async fn large_frames_in_their_own_buffers_keep_their_neighbours_intact() {
+    let s = start(|c| c.timeouts.frame_ms = 300).await;
+    let mut sock = handshake(s.addr).await;
+    let put = |key: &str, value: Vec<u8>| sluice_wire::Request::Put {
+        key: key.into(),
+        shard: None,
+        expected: None,
+        value: Bytes::from(value),
+        trace: None,
+        req_id: None,
+    };
+    let big_a: Vec<u8> = (0..(1 << 20) + 13).map(|i| (i % 251) as u8).collect();
+    let big_b: Vec<u8> = (0..300_000).map(|i| (i % 241) as u8).collect();
+    let mut q = sluice_wire::OutQueue::new();
+    put("/vol/big/a", big_a.clone()).encode(&mut q, 2, 0);
+    put("/vol/small", b"between".to_vec()).encode(&mut q, 3, 0);
+    put("/vol/big/b", big_b.clone()).encode(&mut q, 4, 0);
+    sluice_wire::Request::get_latest("/vol/small").encode(&mut q, 5, 0);
+    sock.write_all(&q.to_bytes()).await.unwrap();
+    for id in 2..=5u64 {
+        let (rid, r) = read_response(&mut sock).await.unwrap();
+        assert_eq!(rid, id);
+        match r {
+            sluice_wire::Response::PutOk(_) => assert!(id < 5),
+            sluice_wire::Response::Object(o) => assert_eq!(&o.value[..], b"between"),
+            other => panic!("request {id}: {other:?}"),
+        }
+    }
+    let c = s.client().await;
+    assert_eq!(&c.get("/vol/big/a").await.unwrap().value[..], &big_a[..]);
+    assert_eq!(&c.get("/vol/big/b").await.unwrap().value[..], &big_b[..]);
+    // Overwritten many times: recycled buffers never show old bytes.
+    for round in 0..8u8 {
+        let v = vec![round; 400_000];
+        c.put("/vol/big/a", v.clone()).await.unwrap();
+        assert_eq!(&c.get("/vol/big/a").await.unwrap().value[..], &v[..]);
+    }
+
+    // Half a large frame, then nothing: closed after frame_ms.
+    let mut stall = handshake(s.addr).await;
+    let mut q = sluice_wire::OutQueue::new();
+    put("/vol/big/c", vec![1u8; 1 << 20]).encode(&mut q, 9, 0);
+    let bytes = q.to_bytes();
+    stall.write_all(&bytes[..bytes.len() / 2]).await.unwrap();
+    let (_, r) = read_response(&mut stall).await.unwrap();
+    assert!(
+        matches!(r, sluice_wire::Response::Error(SluiceError::Timeout { .. })),
+        "{r:?}"
+    );
+    assert!(
+        read_response(&mut stall).await.is_none(),
+        "connection closed"
+    );
+    assert!(c.get("/vol/big/c").await.is_err(), "nothing stored");
+    s.stop().await;
+}

@@ -38,6 +38,8 @@ pub struct ConnCtx {
     pub stats: ServerStats,
     /// Access rules, rate limits, QoS and principals in force here.
     pub policy: Arc<crate::policy::PolicyState>,
+    /// Recycled buffers that large frames are read into.
+    pub recv_pool: Arc<crate::recv_pool::RecvPool>,
     pub conn_slots: Arc<Semaphore>,
     pub next_conn_id: AtomicU64,
     pub shutdown_tx: watch::Sender<bool>,
@@ -230,6 +232,8 @@ impl Conn {
         // the buffer arrived: the whole frame is due `frame_ms` after it,
         // however slowly it trickles in.
         let mut frame_started: Option<tokio::time::Instant> = None;
+        // A large frame being read into a buffer of its own, and its size.
+        let mut large: Option<(Vec<u8>, usize)> = None;
         loop {
             if self.held.is_some() {
                 // QoS: a bulk request waits (bounded) for the node's small
@@ -247,14 +251,7 @@ impl Conn {
                 }
                 continue;
             }
-            // Make room: exactly enough for a large frame whose header is in,
-            // else another chunk.
-            let need = self.decoder.needed(&rbuf).unwrap_or(0);
-            if need > rbuf.capacity() {
-                rbuf.reserve(need - rbuf.len());
-            } else if rbuf.capacity() - rbuf.len() < 4096 {
-                rbuf.reserve(READ_CHUNK);
-            }
+            self.make_room(&mut rbuf, &mut large);
             // A partial frame must complete promptly; an idle connection may wait.
             let now = tokio::time::Instant::now();
             let deadline = if !self.handshaken {
@@ -265,9 +262,19 @@ impl Conn {
                 idle
             };
             let read = async {
+                let io = async {
+                    match large.as_mut() {
+                        // Never past the frame: the next one starts in `rbuf`.
+                        Some((buf, need)) => {
+                            let room = *need - buf.len();
+                            sock.read_buf(&mut bytes::BufMut::limit(buf, room)).await
+                        }
+                        None => sock.read_buf(&mut rbuf).await,
+                    }
+                };
                 match deadline {
-                    Some(d) => tokio::time::timeout(d, sock.read_buf(&mut rbuf)).await.ok(),
-                    None => Some(sock.read_buf(&mut rbuf).await),
+                    Some(d) => tokio::time::timeout(d, io).await.ok(),
+                    None => Some(io.await),
                 }
             };
             tokio::select! {
@@ -277,45 +284,25 @@ impl Conn {
                     None => {
                         let what = if self.handshaken { "reading a frame" } else { "handshake" };
                         let after_ms = if self.handshaken { frame_to } else { handshake }.as_millis() as u64;
-                        if self.handshaken && rbuf.is_empty() {
+                        if self.handshaken && rbuf.is_empty() && large.is_none() {
                             return Close::Eof; // idle timeout
                         }
                         return Close::Fatal(0, Box::new(SluiceError::Timeout { what: what.into(), after_ms }));
                     }
                     Some(Ok(0)) => {
-                        return if rbuf.is_empty() { Close::Eof } else {
+                        return if rbuf.is_empty() && large.is_none() { Close::Eof } else {
                             Close::Io(std::io::Error::new(std::io::ErrorKind::UnexpectedEof, "connection closed mid-frame"))
                         };
                     }
                     Some(Ok(n)) => {
                         crate::metrics::received(n);
-                        match self.process(&mut rbuf) {
-                            Err(c) => return c,
-                            Ok(decoded) => {
-                                if rbuf.is_empty() {
-                                    frame_started = None;
-                                } else if decoded > 0 || frame_started.is_none() {
-                                    frame_started = Some(tokio::time::Instant::now());
-                                }
-                            }
+                        if let Err(c) = self.after_read(&mut rbuf, &mut large, &mut frame_started) {
+                            return c;
                         }
                     }
                     Some(Err(e)) => return Close::Io(e),
                 },
-                Some((rid, rep)) = deferred_rx.recv() => {
-                    match rep {
-                        Reply::Object(r) => reply_object(&mut self.out, rid, r),
-                        Reply::Put(Ok(p)) => Response::put_ok(&mut self.out, rid, &p),
-                        Reply::Resp(Ok(r)) => r.encode(&mut self.out, rid),
-                        Reply::Put(Err(e)) | Reply::Resp(Err(e)) => Response::error(&mut self.out, rid, &e),
-                        Reply::Retry(req, no_reply) => {
-                            self.retried_after_catch_up = true;
-                            self.execute(rid, no_reply, *req);
-                            self.retried_after_catch_up = false;
-                        }
-                        Reply::Run(req, no_reply) => self.execute(rid, no_reply, *req),
-                    }
-                }
+                Some((rid, rep)) = deferred_rx.recv() => self.deliver(rid, rep),
                 Some(n) = notify_rx.recv() => {
                     self.encode_notice(n);
                     while let Ok(n) = notify_rx.try_recv() {
@@ -331,6 +318,73 @@ impl Conn {
             if let Err(e) = self.flush_out(sock).await {
                 return Close::Io(e);
             }
+        }
+    }
+
+    /// Makes room for the next read: a large frame whose header is in gets
+    /// a recycled buffer of its own (`recv_pool`), which takes over the
+    /// part already read; a smaller one an exact reservation; else another
+    /// chunk.
+    fn make_room(&self, rbuf: &mut BytesMut, large: &mut Option<(Vec<u8>, usize)>) {
+        let need = self.decoder.needed(rbuf).unwrap_or(0);
+        if large.is_none() && need >= crate::recv_pool::LARGE_FRAME && rbuf.len() < need {
+            let mut buf = self.ctx.recv_pool.take(need);
+            buf.extend_from_slice(rbuf);
+            rbuf.clear();
+            *large = Some((buf, need));
+        } else if need > rbuf.capacity() {
+            rbuf.reserve(need - rbuf.len());
+        } else if rbuf.capacity() - rbuf.len() < 4096 {
+            rbuf.reserve(READ_CHUNK);
+        }
+    }
+
+    /// After bytes came in: a large frame that is now whole is decoded from
+    /// its own buffer; then every whole frame in `rbuf` is handled. Keeps
+    /// `frame_started` on the first byte of a frame still partial.
+    fn after_read(
+        &mut self,
+        rbuf: &mut BytesMut,
+        large: &mut Option<(Vec<u8>, usize)>,
+        frame_started: &mut Option<tokio::time::Instant>,
+    ) -> Result<(), Close> {
+        match large.take() {
+            Some((buf, need)) if buf.len() == need => {
+                let whole = self.ctx.recv_pool.wrap(buf);
+                match self.decoder.decode_whole(whole) {
+                    // Handled as if just decoded (QoS included).
+                    Ok(f) => self.held = Some(f),
+                    Err(e) => return Err(Close::Fatal(e.request_id(), Box::new(frame_error(e)))),
+                }
+            }
+            partial => *large = partial,
+        }
+        if large.is_some() {
+            frame_started.get_or_insert_with(tokio::time::Instant::now);
+            return Ok(());
+        }
+        let decoded = self.process(rbuf)?;
+        if rbuf.is_empty() {
+            *frame_started = None;
+        } else if decoded > 0 || frame_started.is_none() {
+            *frame_started = Some(tokio::time::Instant::now());
+        }
+        Ok(())
+    }
+
+    /// A deferred request's reply, or the request to run again.
+    fn deliver(&mut self, rid: u64, rep: Reply) {
+        match rep {
+            Reply::Object(r) => reply_object(&mut self.out, rid, r),
+            Reply::Put(Ok(p)) => Response::put_ok(&mut self.out, rid, &p),
+            Reply::Resp(Ok(r)) => r.encode(&mut self.out, rid),
+            Reply::Put(Err(e)) | Reply::Resp(Err(e)) => Response::error(&mut self.out, rid, &e),
+            Reply::Retry(req, no_reply) => {
+                self.retried_after_catch_up = true;
+                self.execute(rid, no_reply, *req);
+                self.retried_after_catch_up = false;
+            }
+            Reply::Run(req, no_reply) => self.execute(rid, no_reply, *req),
         }
     }
 

@@ -19,6 +19,7 @@ pub mod fsck;
 mod metrics;
 pub mod otel;
 pub mod policy;
+mod recv_pool;
 mod server;
 mod stats;
 mod watch;

@@ -293,6 +293,8 @@ impl Server {
             spawn_policy_follower(c, Arc::downgrade(&policy));
         }
         let (shutdown_tx, shutdown_rx) = watch::channel(false);
+        // Free buffers of large frames kept for reuse (`recv_pool`).
+        const RECV_POOL_BYTES: usize = 64 << 20;
         let ctx = Arc::new(ConnCtx {
             conn_slots: Arc::new(Semaphore::new(cfg.limits.max_connections as usize)),
             cfg,
@@ -302,6 +304,7 @@ impl Server {
             engine,
             stats: ServerStats::default(),
             policy,
+            recv_pool: crate::recv_pool::RecvPool::new(RECV_POOL_BYTES),
             next_conn_id: AtomicU64::new(1),
             shutdown_tx,
             shutdown_rx,

@@ -93,9 +93,9 @@ impl FrameDecoder {
         Some(HEADER_LEN + meta + value)
     }
 
-    /// Takes one whole frame off the front of `buf`, or returns Ok(None)
-    /// when more bytes are needed. Never panics, whatever `buf` holds.
-    pub fn decode(&self, buf: &mut BytesMut) -> Result<Option<Frame>, FrameError> {
+    /// Checks the header at the front of `buf`: `Ok(None)` until the whole
+    /// header is in. Never panics, whatever `buf` holds.
+    fn header(&self, buf: &[u8]) -> Result<Option<Header>, FrameError> {
         if buf.len() < 2 {
             return Ok(None);
         }
@@ -128,21 +128,65 @@ impl FrameDecoder {
                 max_value: self.max_value.into(),
             });
         }
-        let total = HEADER_LEN + meta_len as usize + value_len as usize;
-        if buf.len() < total {
-            return Ok(None);
-        }
-        let mut frame = buf.split_to(total);
-        frame.advance(HEADER_LEN);
-        let mut body = frame.freeze();
-        let meta = body.split_to(meta_len as usize);
-        Ok(Some(Frame {
+        Ok(Some(Header {
             opcode,
             flags,
             request_id,
-            meta,
-            value: body,
+            meta_len: meta_len as usize,
+            total: HEADER_LEN + meta_len as usize + value_len as usize,
         }))
+    }
+
+    /// Takes one whole frame off the front of `buf`, or returns Ok(None)
+    /// when more bytes are needed. Never panics, whatever `buf` holds.
+    pub fn decode(&self, buf: &mut BytesMut) -> Result<Option<Frame>, FrameError> {
+        let Some(h) = self.header(buf)? else {
+            return Ok(None);
+        };
+        if buf.len() < h.total {
+            return Ok(None);
+        }
+        Ok(Some(h.split(buf.split_to(h.total).freeze())))
+    }
+
+    /// Decodes `frame`, which holds exactly one whole frame (read into a
+    /// buffer of its own, e.g. a recycled one): the metadata and value are
+    /// slices of it.
+    pub fn decode_whole(&self, frame: Bytes) -> Result<Frame, FrameError> {
+        match self.header(&frame)? {
+            Some(h) if h.total == frame.len() => Ok(h.split(frame)),
+            _ => Err(FrameError::BadHeader {
+                request_id: 0,
+                reason: format!(
+                    "a buffer of {} bytes that is not one whole frame",
+                    frame.len()
+                ),
+            }),
+        }
+    }
+}
+
+/// A checked frame header.
+struct Header {
+    opcode: u8,
+    flags: u8,
+    request_id: u64,
+    meta_len: usize,
+    total: usize,
+}
+
+impl Header {
+    /// The frame in `whole` (exactly `total` bytes), without copying.
+    fn split(&self, mut whole: Bytes) -> Frame {
+        whole.advance(HEADER_LEN);
+        let meta = whole.split_to(self.meta_len);
+        Frame {
+            opcode: self.opcode,
+            flags: self.flags,
+            request_id: self.request_id,
+            meta,
+            value: whole,
+        }
     }
 }
 
