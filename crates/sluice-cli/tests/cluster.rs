@@ -1629,6 +1629,71 @@ async fn a_crashed_leader_is_replaced_without_waiting_for_the_timers() {
     );
 }
 
+/// Issue #20: large consensus messages travel on a peer connection of
+/// their own, so small ones (heartbeats, votes, other groups' appends)
+/// never wait on the wire behind a large value. With only small writes a
+/// leader has small connections to its followers; after 1 MB puts it has
+/// a bulk one to each as well, and both kinds of write are replicated.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn large_consensus_messages_use_a_bulk_connection_of_their_own() {
+    let _serial = SERIAL.lock().await;
+    let mut c = Cluster::start_nodes(
+        3,
+        "[[subgroups.volatile]]\nshards = [[1, 2, 3]]\n[[subgroups.trigger]]\nshards = [[1, 2, 3]]\n",
+    );
+    c.ready().await;
+    let client = c.client(1).await;
+    let lanes = |s: serde_json::Value, lane: &str| -> Vec<u64> {
+        let conns = s["peer_connections"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default();
+        conns
+            .iter()
+            .filter(|x| x["lane"] == lane)
+            .filter_map(|x| x["node"].as_u64())
+            .collect()
+    };
+    for i in 0..20 {
+        client
+            .put(&format!("/vol/lanes/small/{i}"), "x")
+            .await
+            .unwrap();
+    }
+    let leader = c.leader(1, "volatile/0/0").await.unwrap();
+    let followers: Vec<u64> = (1..=3).filter(|i| *i != leader).map(u64::from).collect();
+    let st = c.status(leader).await;
+    assert_eq!(lanes(st.clone(), "small"), followers, "{st}");
+    assert!(
+        lanes(st.clone(), "bulk").is_empty(),
+        "no large message yet: {st}"
+    );
+
+    let big = vec![b'b'; 1 << 20];
+    for i in 0..4 {
+        client
+            .put(&format!("/vol/lanes/big/{i}"), big.clone())
+            .await
+            .unwrap();
+    }
+    c.wait_for("bulk connections to both followers", || async {
+        lanes(c.status(leader).await, "bulk") == followers
+    })
+    .await;
+    // Every member holds both kinds of write.
+    for id in 1..=3u32 {
+        let target = c.applied_version(leader, "volatile/0/0").await.unwrap_or(0);
+        c.wait_for("every member to apply them", || async {
+            c.applied_version(id, "volatile/0/0").await.unwrap_or(0) >= target
+        })
+        .await;
+    }
+    let from_follower = c.client(followers[0] as u32).await;
+    let back = from_follower.get("/vol/lanes/big/3").await.unwrap();
+    assert_eq!(back.value.len(), 1 << 20);
+    c.kill(leader);
+}
+
 /// Issue #14: consensus messages and internal operations are refused on a
 /// client connection, and after a peer handshake with a wrong key; a
 /// connection that proves the cluster key may send them.

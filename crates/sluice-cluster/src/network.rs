@@ -36,12 +36,23 @@ pub mod kind {
 }
 
 /// The connections to the other nodes, shared by every group.
+/// A consensus message of this many bytes or more goes on a peer's bulk
+/// connection (see `Peers::conns`).
+pub const BULK_BYTES: usize = 64 * 1024;
+
+/// A connection to a peer: (peer, bulk).
+type Lane = (u32, bool);
+
 pub struct Peers {
     pub me: u32,
-    conns: Mutex<HashMap<u32, Arc<Conn>>>,
+    /// Per peer, one connection for small messages and one for large
+    /// consensus messages (`BULK_BYTES` and more), so a heartbeat, a vote
+    /// or another group's small append never waits on the wire behind a
+    /// large value.
+    conns: Mutex<HashMap<Lane, Arc<Conn>>>,
     /// One connect at a time per peer (a dead peer's connect timeout
     /// never holds up reconnecting to a live one).
-    connecting: Mutex<HashMap<u32, Arc<tokio::sync::Mutex<()>>>>,
+    connecting: Mutex<HashMap<Lane, Arc<tokio::sync::Mutex<()>>>>,
     /// Links cut by fault injection (both directions).
     blocked: RwLock<HashSet<u32>>,
     connect_timeout: Duration,
@@ -136,7 +147,8 @@ impl Peers {
         b.extend(peers.iter().copied());
         let mut c = self.conns.lock();
         for p in peers {
-            c.remove(p);
+            c.remove(&(*p, false));
+            c.remove(&(*p, true));
         }
     }
 
@@ -150,15 +162,29 @@ impl Peers {
         v
     }
 
-    async fn conn(&self, target: u32, addr: &str) -> Result<Arc<Conn>, SluiceError> {
-        if let Some(c) = self.conns.lock().get(&target) {
+    /// The open connections to peers: (peer, bulk), sorted.
+    pub fn connections(&self) -> Vec<(u32, bool)> {
+        let mut v: Vec<(u32, bool)> = self
+            .conns
+            .lock()
+            .iter()
+            .filter(|(_, c)| c.is_alive())
+            .map(|(k, _)| *k)
+            .collect();
+        v.sort_unstable();
+        v
+    }
+
+    async fn conn(&self, target: u32, addr: &str, bulk: bool) -> Result<Arc<Conn>, SluiceError> {
+        let key = (target, bulk);
+        if let Some(c) = self.conns.lock().get(&key) {
             if c.is_alive() {
                 return Ok(c.clone());
             }
         }
-        let gate = self.connecting.lock().entry(target).or_default().clone();
+        let gate = self.connecting.lock().entry(key).or_default().clone();
         let _g = gate.lock().await;
-        if let Some(c) = self.conns.lock().get(&target) {
+        if let Some(c) = self.conns.lock().get(&key) {
             if c.is_alive() {
                 return Ok(c.clone());
             }
@@ -187,7 +213,7 @@ impl Peers {
                 )))
             }
         }
-        self.conns.lock().insert(target, c.clone());
+        self.conns.lock().insert(key, c.clone());
         if let Some(f) = self.on_lost.get().cloned() {
             let closed = c.closed();
             tokio::spawn(async move {
@@ -213,7 +239,21 @@ impl Peers {
                 reason: format!("link to node {target} is cut (fault injection)"),
             });
         }
-        self.conn(target, addr).await?.call(req, timeout).await
+        // Large consensus messages (entries with values, snapshot and
+        // broadcast chunks) take the bulk connection. Each of their senders
+        // waits for a message's reply before it sends the next, so nothing
+        // is reordered. Forwarded client requests stay on one connection,
+        // in the order their client sent them.
+        let bulk = match req {
+            Request::Raft { body, more, .. } => {
+                body.len() + more.iter().map(Bytes::len).sum::<usize>() >= BULK_BYTES
+            }
+            _ => false,
+        };
+        self.conn(target, addr, bulk)
+            .await?
+            .call(req, timeout)
+            .await
     }
 
     /// Sends one consensus message (its encoding in chunks, sent back to

@@ -492,10 +492,17 @@ impl ClusterNode {
                 })
             })
             .collect();
+        let conns: Vec<serde_json::Value> = self
+            .peers
+            .connections()
+            .into_iter()
+            .map(|(node, bulk)| json!({"node": node, "lane": if bulk { "bulk" } else { "small" }}))
+            .collect();
         json!({
             "node": self.id,
             "epoch": self.epoch(),
             "cut": self.peers.blocked(),
+            "peer_connections": conns,
             "groups": list,
         })
     }
