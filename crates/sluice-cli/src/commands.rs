@@ -567,6 +567,24 @@ fn cluster_status(c: &BlockingClient) -> Result<Shown> {
                 }
             ));
         }
+        // Its connections to peers: "2 3 (bulk: 2 3)".
+        let peers = |lane: &str| -> Vec<String> {
+            let conns = s["peer_connections"]
+                .as_array()
+                .cloned()
+                .unwrap_or_default();
+            conns
+                .iter()
+                .filter(|c| c["lane"] == lane)
+                .map(|c| t(&c["node"]))
+                .collect()
+        };
+        text.push(format!(
+            "{:<6} connections to peers: {} (bulk: {})",
+            t(&s["node"]),
+            peers("small").join(" "),
+            peers("bulk").join(" ")
+        ));
     }
     Ok(Shown::new(
         json!({"epoch": info["epoch"], "nodes": all}),

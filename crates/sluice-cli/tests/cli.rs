@@ -883,6 +883,15 @@ fn dev_starts_a_three_node_cluster_and_ctrl_c_stops_it() {
                 .is_some_and(|lag| lag.contains(':'))),
         "{human}"
     );
+    // And each node's connections to its peers.
+    assert_eq!(
+        human
+            .lines()
+            .filter(|l| l.contains("connections to peers:"))
+            .count(),
+        3,
+        "{human}"
+    );
     // Membership changes answer in words, not JSON.
     let r = cli(
         a0.clone(),
