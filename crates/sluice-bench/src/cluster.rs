@@ -120,15 +120,19 @@ async fn faults_per_op(
     end.saturating_sub(start) as f64 / (rate * dur.as_secs_f64() * 2.0 / 3.0).max(1.0)
 }
 
-/// The volatile shard's entry in node `c`'s `cluster status`.
-async fn shard_status(c: &Client) -> Result<serde_json::Value> {
+/// Node `c`'s groups, from its `cluster status`.
+async fn groups(c: &Client) -> Result<Vec<serde_json::Value>> {
     let st = c
         .cluster_command(serde_json::json!({"op": "status"}), None)
         .await?;
-    Ok(st["groups"]
-        .as_array()
-        .and_then(|g| g.iter().find(|g| g["group"] == "volatile/0/0"))
-        .cloned()
+    Ok(st["groups"].as_array().cloned().unwrap_or_default())
+}
+
+/// The volatile shard's entry in node `c`'s `cluster status`.
+async fn shard_status(c: &Client) -> Result<serde_json::Value> {
+    let g = groups(c).await?;
+    Ok(g.into_iter()
+        .find(|g| g["group"] == "volatile/0/0")
         .unwrap_or_default())
 }
 
@@ -159,10 +163,7 @@ async fn terms(procs: &Procs) -> Result<std::collections::BTreeMap<(usize, Strin
     let mut out = std::collections::BTreeMap::new();
     for (i, addr) in procs.addrs.iter().enumerate() {
         let c = connect(addr, Duration::from_secs(10)).await?;
-        let st = c
-            .cluster_command(serde_json::json!({"op": "status"}), None)
-            .await?;
-        for g in st["groups"].as_array().into_iter().flatten() {
+        for g in groups(&c).await? {
             let name = g["group"].as_str().unwrap_or_default().to_string();
             out.insert((i, name), g["term"].as_u64().unwrap_or(0));
         }

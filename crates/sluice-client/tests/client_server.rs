@@ -334,15 +334,7 @@ async fn oversized_values_are_typed_errors_on_both_sides() {
     // A raw client that ignores the limit gets the error and loses only its connection.
     let mut raw = handshake(s.addr).await;
     let mut q = sluice_wire::OutQueue::new();
-    sluice_wire::Request::Put {
-        key: "/vol/big".into(),
-        shard: None,
-        expected: None,
-        value: Bytes::from(vec![0u8; 5000]),
-        trace: None,
-        req_id: None,
-    }
-    .encode(&mut q, 7, 0);
+    put_req("/vol/big", vec![0u8; 5000]).encode(&mut q, 7, 0);
     raw.write_all(&q.to_bytes()).await.unwrap();
     let (rid, resp) = read_response(&mut raw).await.unwrap();
     assert_eq!(rid, 7);
@@ -360,6 +352,18 @@ async fn oversized_values_are_typed_errors_on_both_sides() {
         "others unaffected"
     );
     s.stop().await;
+}
+
+/// A plain put of `value` to `key`, as a raw client sends it.
+fn put_req(key: &str, value: impl Into<Bytes>) -> sluice_wire::Request {
+    sluice_wire::Request::Put {
+        key: key.into(),
+        shard: None,
+        expected: None,
+        value: value.into(),
+        trace: None,
+        req_id: None,
+    }
 }
 
 async fn handshake(addr: SocketAddr) -> Raw {
@@ -1089,14 +1093,7 @@ async fn a_small_request_is_not_stuck_behind_a_large_value_sent_in_parts() {
             .await
             .unwrap();
         c.set_value_part_bytes(parts);
-        let put = sluice_wire::Request::Put {
-            key: "/vol/big".into(),
-            shard: None,
-            expected: None,
-            value: Bytes::from(vec![7u8; 32 << 20]),
-            trace: None,
-            req_id: None,
-        };
+        let put = put_req("/vol/big", vec![7u8; 32 << 20]);
         let get = sluice_wire::Request::get_latest("/vol/small");
         // Polled in this order every time (a biased select): the put
         // takes the writer first and fills the socket; the get queues for
@@ -1145,14 +1142,7 @@ async fn values_in_parts_are_bounded() {
             &Bytes::from(vec![1u8; 600]),
         );
     }
-    let put = |v: &'static [u8]| sluice_wire::Request::Put {
-        key: "/vol/p".into(),
-        shard: None,
-        expected: None,
-        value: Bytes::from_static(v),
-        trace: None,
-        req_id: None,
-    };
+    let put = |v: &'static [u8]| put_req("/vol/p", v);
     put(b"end").encode(&mut q, 5, 0);
     // Parts that fit, then the request: one value.
     sluice_wire::encode_part(&mut q, sluice_wire::op::PUT, 6, &Bytes::from_static(b"ab"));
@@ -1218,20 +1208,12 @@ async fn values_in_parts_are_bounded() {
 async fn large_frames_in_their_own_buffers_keep_their_neighbours_intact() {
     let s = start(|c| c.timeouts.frame_ms = 300).await;
     let mut sock = handshake(s.addr).await;
-    let put = |key: &str, value: Vec<u8>| sluice_wire::Request::Put {
-        key: key.into(),
-        shard: None,
-        expected: None,
-        value: Bytes::from(value),
-        trace: None,
-        req_id: None,
-    };
     let big_a: Vec<u8> = (0..(1 << 20) + 13).map(|i| (i % 251) as u8).collect();
     let big_b: Vec<u8> = (0..300_000).map(|i| (i % 241) as u8).collect();
     let mut q = sluice_wire::OutQueue::new();
-    put("/vol/big/a", big_a.clone()).encode(&mut q, 2, 0);
-    put("/vol/small", b"between".to_vec()).encode(&mut q, 3, 0);
-    put("/vol/big/b", big_b.clone()).encode(&mut q, 4, 0);
+    put_req("/vol/big/a", big_a.clone()).encode(&mut q, 2, 0);
+    put_req("/vol/small", b"between".to_vec()).encode(&mut q, 3, 0);
+    put_req("/vol/big/b", big_b.clone()).encode(&mut q, 4, 0);
     sluice_wire::Request::get_latest("/vol/small").encode(&mut q, 5, 0);
     sock.write_all(&q.to_bytes()).await.unwrap();
     for id in 2..=5u64 {
@@ -1256,7 +1238,7 @@ async fn large_frames_in_their_own_buffers_keep_their_neighbours_intact() {
     // Half a large frame, then nothing: closed after frame_ms.
     let mut stall = handshake(s.addr).await;
     let mut q = sluice_wire::OutQueue::new();
-    put("/vol/big/c", vec![1u8; 1 << 20]).encode(&mut q, 9, 0);
+    put_req("/vol/big/c", vec![1u8; 1 << 20]).encode(&mut q, 9, 0);
     let bytes = q.to_bytes();
     stall.write_all(&bytes[..bytes.len() / 2]).await.unwrap();
     let (_, r) = read_response(&mut stall).await.unwrap();

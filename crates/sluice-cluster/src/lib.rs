@@ -1,7 +1,8 @@
 //! Replication for Sluice: every volatile and persistent shard is an
 //! [openraft](https://docs.rs/openraft) group of its member nodes, and a
 //! metadata group of all nodes holds the pool table and shard membership.
-//! All groups of a node share one connection per peer.
+//! All groups of a node share two connections per peer: one for small
+//! messages, one for large ones (`network::BULK_BYTES`).
 //!
 //! - [`types`]: the consensus configuration, commands, group ids;
 //! - [`log`]: each group's log (memory + an append-only file);

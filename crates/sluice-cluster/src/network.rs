@@ -1,7 +1,8 @@
-//! Node-to-node transport for every group: one pipelined Sluice
-//! connection per peer carries the consensus messages of all groups
-//! (`Request::Raft { group, kind, body }`), with fault injection (links
-//! cut on demand) for tests.
+//! Node-to-node transport for every group: per peer, one pipelined Sluice
+//! connection carries the small consensus messages of all groups
+//! (`Request::Raft { group, kind, body }`) and a second one those of
+//! `BULK_BYTES` and more, with fault injection (links cut on demand) for
+//! tests.
 
 use crate::chunks::{large_values, ChunkWriter};
 use crate::types::TypeConfig;
@@ -35,7 +36,6 @@ pub mod kind {
     pub const SNAPSHOT: u8 = 3;
 }
 
-/// The connections to the other nodes, shared by every group.
 /// A consensus message of this many bytes or more goes on a peer's bulk
 /// connection (see `Peers::conns`).
 pub const BULK_BYTES: usize = 64 * 1024;
@@ -43,6 +43,7 @@ pub const BULK_BYTES: usize = 64 * 1024;
 /// A connection to a peer: (peer, bulk).
 type Lane = (u32, bool);
 
+/// The connections to the other nodes, shared by every group.
 pub struct Peers {
     pub me: u32,
     /// Per peer, one connection for small messages and one for large

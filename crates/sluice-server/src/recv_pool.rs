@@ -22,15 +22,22 @@ const ROUND: usize = 64 * 1024;
 
 /// Free buffers, bounded in total bytes.
 pub struct RecvPool {
-    free: Mutex<Vec<Vec<u8>>>,
+    free: Mutex<Free>,
     max_free_bytes: usize,
+}
+
+/// The free buffers and their capacities' sum.
+#[derive(Default)]
+struct Free {
+    bufs: Vec<Vec<u8>>,
+    bytes: usize,
 }
 
 impl RecvPool {
     /// A pool that keeps at most `max_free_bytes` of free buffers.
     pub fn new(max_free_bytes: usize) -> Arc<RecvPool> {
         Arc::new(RecvPool {
-            free: Mutex::new(Vec::new()),
+            free: Mutex::default(),
             max_free_bytes,
         })
     }
@@ -40,10 +47,15 @@ impl RecvPool {
     pub fn take(&self, need: usize) -> Vec<u8> {
         let mut free = self.free.lock();
         let fit = free
+            .bufs
             .iter()
             .position(|b| b.capacity() >= need && b.capacity() <= need.saturating_mul(2));
         match fit {
-            Some(i) => free.swap_remove(i),
+            Some(i) => {
+                let b = free.bufs.swap_remove(i);
+                free.bytes -= b.capacity();
+                b
+            }
             None => Vec::with_capacity(need.div_ceil(ROUND) * ROUND),
         }
     }
@@ -60,16 +72,16 @@ impl RecvPool {
     fn give_back(&self, mut buf: Vec<u8>) {
         buf.clear();
         let mut free = self.free.lock();
-        let held: usize = free.iter().map(Vec::capacity).sum();
-        if held + buf.capacity() <= self.max_free_bytes {
-            free.push(buf);
+        if free.bytes + buf.capacity() <= self.max_free_bytes {
+            free.bytes += buf.capacity();
+            free.bufs.push(buf);
         }
     }
 
     /// Free buffers held.
     #[cfg(test)]
     fn free_buffers(&self) -> usize {
-        self.free.lock().len()
+        self.free.lock().bufs.len()
     }
 }
 
@@ -126,6 +138,13 @@ mod tests {
             drop(pool.wrap(b));
         }
         // 448 KiB each: two fit in 1 MiB, the others are freed.
+        assert_eq!(pool.free_buffers(), 2);
+        // Taking one out makes room for exactly one again.
+        let out = pool.take(400_000);
+        assert_eq!(pool.free_buffers(), 1);
+        drop(pool.wrap(out));
+        drop(pool.wrap(pool.take(400_000)));
+        drop(pool.wrap(Vec::with_capacity(448 << 10)));
         assert_eq!(pool.free_buffers(), 2);
     }
 }

@@ -464,6 +464,43 @@ fn value_bytes_are_not_copied_by_the_decoder() {
     assert_eq!(v, value);
 }
 
+#[test]
+fn a_whole_frame_in_its_own_buffer_decodes_in_place_and_anything_else_is_an_error() {
+    let mut q = OutQueue::new();
+    let value = Bytes::from(vec![6u8; 300_000]);
+    Request::Put {
+        key: "/vol/big".into(),
+        shard: None,
+        expected: None,
+        value: value.clone(),
+        trace: None,
+        req_id: None,
+    }
+    .encode(&mut q, 7, 0);
+    let wire = q.to_bytes();
+    let f = DEC.decode_whole(wire.clone()).unwrap();
+    assert_eq!(f.request_id, 7);
+    let at = f.value.as_ptr() as usize;
+    let base = wire.as_ptr() as usize;
+    assert!(
+        at > base && at < base + wire.len(),
+        "the value is a slice of the buffer"
+    );
+    let Request::Put { value: v, .. } = Request::decode(f).unwrap() else {
+        panic!()
+    };
+    assert_eq!(v, value);
+    // Short of the frame, past it, a bad header: typed errors, no panic.
+    for bad in [
+        wire.slice(..wire.len() - 1),
+        Bytes::from([&wire[..], b"x"].concat()),
+        wire.slice(..HEADER_LEN - 1),
+        Bytes::from_static(b"not a frame at all"),
+    ] {
+        assert!(DEC.decode_whole(bad).is_err());
+    }
+}
+
 fn corpus_dir() -> std::path::PathBuf {
     std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("fuzz-corpus")
 }

@@ -5,9 +5,9 @@
 //! election timeout have run out: 0.5 to 0.8 s with the default settings.
 //! A leader that *crashed* says so sooner: its connections to this node
 //! close, and nothing listens at its address any more (a connection to it
-//! is refused, or reset before a byte was sent). This module acts on that evidence with openraft's own
-//! election trigger (`Raft::trigger().elect()`), so the protocol stays
-//! openraft's and only the timing changes:
+//! is refused, or reset before a byte was sent). This module acts on that
+//! evidence with openraft's own election trigger (`Raft::trigger().elect()`),
+//! so the protocol stays openraft's and only the timing changes:
 //!
 //! 1. every surviving voter that saw the connection close and the refusal
 //!    stands for election once, which gives up its vote for the dead leader
@@ -96,15 +96,14 @@ impl ClusterNode {
         }
         let node = self.clone();
         self.runtime.spawn(async move {
-            let gone = process_gone(addr).await;
-            if !gone {
+            if !process_gone(addr).await {
                 node.taking_over.lock().remove(&peer);
                 return;
             }
             tracing::info!(
                 peer,
                 groups = led.len(),
-                "the leader's process is gone (connection refused): electing a new leader now"
+                "the leader's process is gone (nothing listens at its address): electing a new leader now"
             );
             let tasks: Vec<_> = led
                 .into_iter()
