@@ -165,7 +165,9 @@ pub fn large_values<'e>(entries: impl IntoIterator<Item = &'e crate::types::Entr
 mod tests {
     use super::*;
     use crate::types::{Command, Entry};
-    use openraft::{CommittedLeaderId, EntryPayload, LogId};
+    use crate::types::{CommittedLeaderId, LogId};
+    use openraft::vote::RaftLeaderId;
+    use openraft::EntryPayload;
 
     fn put(i: u64, size: usize) -> Entry {
         Entry {

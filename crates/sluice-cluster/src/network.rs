@@ -7,15 +7,15 @@
 use crate::chunks::{large_values, ChunkWriter};
 use crate::types::TypeConfig;
 use bytes::Bytes;
-use openraft::error::{
-    InstallSnapshotError, NetworkError, RPCError, RaftError, RemoteError, Unreachable,
-};
-use openraft::network::{RPCOption, RaftNetwork, RaftNetworkFactory};
-use openraft::raft::{
-    AppendEntriesRequest, AppendEntriesResponse, InstallSnapshotRequest, InstallSnapshotResponse,
-    VoteRequest, VoteResponse,
-};
+use openraft::error::{NetworkError, RPCError, RaftError, RemoteError, Unreachable};
+use openraft::network::{RPCOption, RaftNetworkFactory};
+use openraft::raft::{AppendEntriesRequest, AppendEntriesResponse, VoteRequest, VoteResponse};
 use openraft::BasicNode;
+use openraft_legacy::network_v1::{
+    Adapter, ChunkedSnapshotReceiver, InstallSnapshotError, InstallSnapshotRequest,
+    InstallSnapshotResponse, RaftNetwork,
+};
+use std::io::Cursor;
 use parking_lot::{Mutex, RwLock};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
@@ -299,19 +299,22 @@ pub struct NetClient {
 }
 
 impl RaftNetworkFactory<TypeConfig> for NetFactory {
-    type Network = NetClient;
+    /// Snapshots go in chunks (openraft-legacy's v1 protocol), so a large
+    /// one never has to be one message.
+    type Network = Adapter<TypeConfig, NetClient, Cursor<Vec<u8>>>;
 
-    async fn new_client(&mut self, target: u64, node: &BasicNode) -> NetClient {
+    async fn new_client(&mut self, target: u64, node: &BasicNode) -> Self::Network {
         NetClient {
             peers: self.peers.clone(),
             group: self.group,
             target,
             addr: node.addr.clone(),
         }
+        .into_v2()
     }
 }
 
-type RpcErr<E> = RPCError<u64, BasicNode, RaftError<u64, E>>;
+type RpcErr<E = openraft::error::Infallible> = RPCError<TypeConfig, RaftError<TypeConfig, E>>;
 
 /// Encodes `msg` with bincode; the `values` it contains (by reference)
 /// become chunks of their own, sent without being copied.
@@ -353,7 +356,7 @@ impl NetClient {
                 }
                 other => RPCError::Unreachable(Unreachable::new(&Msg(other.to_string()))),
             })?;
-        let res: Result<Resp, RaftError<u64, E>> =
+        let res: Result<Resp, RaftError<TypeConfig, E>> =
             decode_peer(&reply).map_err(|e| RPCError::Network(NetworkError::new(&e)))?;
         res.map_err(|e| RPCError::RemoteError(RemoteError::new(self.target, e)))
     }
@@ -364,9 +367,9 @@ impl RaftNetwork<TypeConfig> for NetClient {
         &mut self,
         rpc: AppendEntriesRequest<TypeConfig>,
         option: RPCOption,
-    ) -> Result<AppendEntriesResponse<u64>, RpcErr<openraft::error::Infallible>> {
+    ) -> Result<AppendEntriesResponse<TypeConfig>, RpcErr> {
         let values = large_values(&rpc.entries);
-        let r: AppendEntriesResponse<u64> = self.rpc(kind::APPEND, &rpc, &values, &option).await?;
+        let r: AppendEntriesResponse<TypeConfig> = self.rpc(kind::APPEND, &rpc, &values, &option).await?;
         if !matches!(r, AppendEntriesResponse::HigherVote(_)) {
             self.peers.acks.record(self.group, self.target);
         }
@@ -377,16 +380,16 @@ impl RaftNetwork<TypeConfig> for NetClient {
         &mut self,
         rpc: InstallSnapshotRequest<TypeConfig>,
         option: RPCOption,
-    ) -> Result<InstallSnapshotResponse<u64>, RpcErr<InstallSnapshotError>> {
+    ) -> Result<InstallSnapshotResponse<TypeConfig>, RpcErr<InstallSnapshotError>> {
         self.rpc(kind::SNAPSHOT, &rpc, &[], &option).await
     }
 
     async fn vote(
         &mut self,
-        rpc: VoteRequest<u64>,
+        rpc: VoteRequest<TypeConfig>,
         option: RPCOption,
-    ) -> Result<VoteResponse<u64>, RpcErr<openraft::error::Infallible>> {
-        let r: VoteResponse<u64> = self.rpc(kind::VOTE, &rpc, &[], &option).await?;
+    ) -> Result<VoteResponse<TypeConfig>, RpcErr> {
+        let r: VoteResponse<TypeConfig> = self.rpc(kind::VOTE, &rpc, &[], &option).await?;
         if r.vote_granted {
             self.peers.acks.record(self.group, self.target);
         }
@@ -405,7 +408,7 @@ impl RaftNetwork<TypeConfig> for NetClient {
 mod borrowed {
     use crate::types::{Command, Entry, LogId, Vote};
     use bytes::Bytes;
-    use openraft::{BasicNode, EntryPayload, Membership};
+    use openraft::EntryPayload;
     use serde::Deserialize;
     use sluice_types::{ReqId, Trace};
 
@@ -429,7 +432,7 @@ mod borrowed {
     enum PayloadRef<'a> {
         Blank,
         Normal(#[serde(borrow)] CommandRef<'a>),
-        Membership(Membership<u64, BasicNode>),
+        Membership(crate::types::Membership),
     }
 
     #[derive(Deserialize)]
@@ -517,7 +520,7 @@ pub fn decode_peer<'a, T: serde::Deserialize<'a>>(b: &'a [u8]) -> bincode::Resul
 /// A consensus message as a peer sent it.
 pub enum PeerMessage {
     Append(AppendEntriesRequest<TypeConfig>),
-    Vote(VoteRequest<u64>),
+    Vote(VoteRequest<TypeConfig>),
     Snapshot(InstallSnapshotRequest<TypeConfig>),
 }
 
@@ -567,8 +570,9 @@ pub async fn dispatch(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::types::{Command, Entry};
-    use openraft::{CommittedLeaderId, EntryPayload, LogId, Membership, Vote};
+    use crate::types::{Command, CommittedLeaderId, Entry, LogId, Membership, Vote};
+    use openraft::vote::RaftLeaderId;
+    use openraft::EntryPayload;
     use std::collections::BTreeSet;
 
     #[test]
@@ -585,10 +589,9 @@ mod tests {
                 },
                 Entry {
                     log_id: lid(6),
-                    payload: EntryPayload::Membership(Membership::new(
-                        vec![BTreeSet::from([1, 2, 3])],
-                        None,
-                    )),
+                    payload: EntryPayload::Membership(
+                        Membership::new_with_defaults(vec![BTreeSet::from([1, 2, 3])], [1, 2, 3]),
+                    ),
                 },
                 Entry {
                     log_id: lid(7),

@@ -9,8 +9,12 @@ use crate::types::{
     StorageError, StoredMembership, TypeConfig,
 };
 use bytes::Bytes;
-use openraft::storage::{RaftStateMachine, Snapshot};
-use openraft::{EntryPayload, RaftSnapshotBuilder, StorageIOError};
+use openraft::storage::{EntryResponder, RaftStateMachine};
+use openraft::{EntryPayload, RaftSnapshotBuilder};
+use openraft_legacy::network_v1::SnapshotReceiverFactory;
+
+/// A snapshot as openraft hands it around: its meta and its bytes.
+pub type Snapshot = openraft::alias::SnapshotOf<TypeConfig, Cursor<Vec<u8>>>;
 use parking_lot::{Mutex, RwLock};
 use serde::{Deserialize, Serialize};
 use sluice_store::{ShardId, Store};
@@ -267,7 +271,7 @@ fn whole(d: Vec<u8>) -> (Vec<u8>, Vec<crate::chunks::Part>) {
 }
 
 fn sm_err(e: impl std::fmt::Display) -> StorageError {
-    StorageIOError::write_state_machine(openraft::AnyError::error(e.to_string())).into()
+    std::io::Error::other(format!("applying to the state machine: {e}"))
 }
 
 impl Sm {
@@ -585,7 +589,7 @@ impl Sm {
         Applied::Meta(res)
     }
 
-    fn build(&self) -> Result<Snapshot<TypeConfig>, StorageError> {
+    fn build(&self) -> Result<Snapshot, StorageError> {
         // Under the lock only what is cheap: the state at `last_applied`
         // (object snapshots are immutable `Arc`s). Encoding happens after,
         // so applying new entries is not held up by a large snapshot.
@@ -628,12 +632,6 @@ impl Sm {
             let meta = SnapshotMeta {
                 last_log_id: st.last_applied,
                 last_membership: st.membership.clone(),
-                snapshot_id: format!(
-                    "{}-{}-{}",
-                    self.group,
-                    st.last_applied.map_or(0, |l| l.index),
-                    st.snapshots_built
-                ),
             };
             (taken, meta)
         };
@@ -709,7 +707,7 @@ impl Sm {
         // (followers are sent `get_current_snapshot`): no second copy here.
         Ok(Snapshot {
             meta,
-            snapshot: Box::new(Cursor::new(Vec::new())),
+            snapshot: Cursor::new(Vec::new()),
         })
     }
 
@@ -741,7 +739,9 @@ impl Sm {
 }
 
 impl RaftSnapshotBuilder<TypeConfig> for Sm {
-    async fn build_snapshot(&mut self) -> Result<Snapshot<TypeConfig>, StorageError> {
+    type SnapshotData = Cursor<Vec<u8>>;
+
+    async fn build_snapshot(&mut self) -> Result<Snapshot, StorageError> {
         // Encoding and writing a large shard is long, blocking work: off
         // the runtime's workers, so replication and clients keep going.
         let this = self.clone();
@@ -752,6 +752,7 @@ impl RaftSnapshotBuilder<TypeConfig> for Sm {
 }
 
 impl RaftStateMachine<TypeConfig> for Sm {
+    type SnapshotData = Cursor<Vec<u8>>;
     type SnapshotBuilder = Sm;
 
     async fn applied_state(&mut self) -> Result<(Option<LogId>, StoredMembership), StorageError> {
@@ -759,11 +760,63 @@ impl RaftStateMachine<TypeConfig> for Sm {
         Ok((st.last_applied, st.membership.clone()))
     }
 
-    async fn apply<I>(&mut self, entries: I) -> Result<Vec<Applied>, StorageError>
+    async fn apply<S>(&mut self, entries: S) -> Result<(), StorageError>
     where
-        I: IntoIterator<Item = Entry> + Send,
-        I::IntoIter: Send,
+        S: futures_util::Stream<Item = Result<EntryResponder<TypeConfig>, StorageError>>
+            + Unpin
+            + Send,
     {
+        use futures_util::StreamExt;
+        let entries: Vec<EntryResponder<TypeConfig>> = entries
+            .collect::<Vec<_>>()
+            .await
+            .into_iter()
+            .collect::<Result<_, _>>()?;
+        let mut responders = Vec::with_capacity(entries.len());
+        let results = self.apply_entries(entries.into_iter().map(|(e, r)| {
+            responders.push(r);
+            e
+        }))?;
+        // Answered once the whole batch is applied (and the lock let go).
+        for (r, res) in responders.into_iter().zip(results) {
+            if let Some(r) = r {
+                r.send(res);
+            }
+        }
+        Ok(())
+    }
+
+    async fn get_snapshot_builder(&mut self) -> Self::SnapshotBuilder {
+        self.clone()
+    }
+
+    async fn install_snapshot(
+        &mut self,
+        meta: &SnapshotMeta,
+        snapshot: Cursor<Vec<u8>>,
+    ) -> Result<(), StorageError> {
+        self.install(meta, snapshot.into_inner())
+    }
+
+    async fn get_current_snapshot(&mut self) -> Result<Option<Snapshot>, StorageError> {
+        self.current_snapshot()
+    }
+}
+
+impl SnapshotReceiverFactory<TypeConfig> for Sm {
+    type SnapshotReceiver = Cursor<Vec<u8>>;
+
+    async fn begin_receiving_snapshot(&mut self) -> Result<Cursor<Vec<u8>>, StorageError> {
+        Ok(Cursor::new(Vec::new()))
+    }
+}
+
+impl Sm {
+    /// Applies committed entries in order, one result each.
+    fn apply_entries(
+        &self,
+        entries: impl Iterator<Item = Entry>,
+    ) -> Result<Vec<Applied>, StorageError> {
         // Held across the whole batch: a snapshot sees exactly the state
         // at `last_applied`, never half a batch.
         let mut st = self.st.lock();
@@ -833,20 +886,8 @@ impl RaftStateMachine<TypeConfig> for Sm {
         Ok(out)
     }
 
-    async fn get_snapshot_builder(&mut self) -> Self::SnapshotBuilder {
-        self.clone()
-    }
-
-    async fn begin_receiving_snapshot(&mut self) -> Result<Box<Cursor<Vec<u8>>>, StorageError> {
-        Ok(Box::new(Cursor::new(Vec::new())))
-    }
-
-    async fn install_snapshot(
-        &mut self,
-        meta: &SnapshotMeta,
-        snapshot: Box<Cursor<Vec<u8>>>,
-    ) -> Result<(), StorageError> {
-        let mut data = snapshot.into_inner();
+    /// Installs a snapshot received from the leader.
+    fn install(&self, meta: &SnapshotMeta, mut data: Vec<u8>) -> Result<(), StorageError> {
         let _save = self.save_lock.lock();
         let mut st = self.st.lock();
         self.restore(&mut st, meta, &data)?;
@@ -856,11 +897,12 @@ impl RaftStateMachine<TypeConfig> for Sm {
         self.save(meta, &[std::io::IoSlice::new(&data)])?;
         st.current = Some((meta.clone(), self.held(data)));
         st.snapshots_installed += 1;
-        tracing::info!(group = %crate::types::group_name(self.group), snapshot = %meta.snapshot_id, "installed a snapshot from the leader");
+        tracing::info!(group = %crate::types::group_name(self.group), last_log_id = ?meta.last_log_id, "installed a snapshot from the leader");
         Ok(())
     }
 
-    async fn get_current_snapshot(&mut self) -> Result<Option<Snapshot<TypeConfig>>, StorageError> {
+    /// The snapshot to send a member that is too far behind.
+    fn current_snapshot(&self) -> Result<Option<Snapshot>, StorageError> {
         let current = self.st.lock().current.clone();
         let Some((meta, data)) = current else {
             return Ok(None);
@@ -895,7 +937,7 @@ impl RaftStateMachine<TypeConfig> for Sm {
         };
         Ok(Some(Snapshot {
             meta,
-            snapshot: Box::new(Cursor::new(data)),
+            snapshot: Cursor::new(data),
         }))
     }
 }
@@ -908,9 +950,11 @@ mod file_tests {
     fn the_snapshot_file_is_the_bincode_of_meta_and_data() {
         let d = tempfile::tempdir().unwrap();
         let meta = SnapshotMeta {
-            last_log_id: Some(LogId::new(openraft::CommittedLeaderId::new(2, 1), 42)),
+            last_log_id: Some(LogId::new(
+                <crate::types::CommittedLeaderId as openraft::vote::RaftLeaderId>::new(2, 1),
+                42,
+            )),
             last_membership: StoredMembership::default(),
-            snapshot_id: "g-42-1".into(),
         };
         let data: Vec<u8> = (0..100_000u32).map(|i| i as u8).collect();
         let path = d.path().join("snapshot");

@@ -4,7 +4,6 @@ use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 use sluice_store::ShardId;
 use sluice_types::{PoolType, PutResult, ReqId, SluiceError, Trace};
-use std::io::Cursor;
 
 /// One write to a replicated group's log.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -39,6 +38,23 @@ pub enum Command {
     /// under one of `except` (pools inside it), with all their versions
     /// (`Store::purge_shard`).
     Purge { prefix: String, except: Vec<String> },
+}
+
+/// A short description for openraft's logs (keys and sizes, never
+/// values).
+impl std::fmt::Display for Command {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Command::Write { key, value, .. } => match value {
+                Some(v) => write!(f, "put {key} ({} bytes)", v.len()),
+                None => write!(f, "remove {key}"),
+            },
+            Command::Meta(m) => write!(f, "meta {} bytes", m.len()),
+            Command::Tick { timestamp_us } => write!(f, "tick {timestamp_us}"),
+            Command::Batch(ws) => write!(f, "batch of {} writes", ws.len()),
+            Command::Purge { prefix, .. } => write!(f, "purge {prefix}"),
+        }
+    }
 }
 
 /// One write of a `Command::Batch`: the fields of `Command::Write`.
@@ -151,24 +167,27 @@ impl Applied {
 
 openraft::declare_raft_types!(
     /// Sluice's openraft configuration: u64 node ids (the layout's), the
-    /// node's address as its `BasicNode`, snapshots as in-memory buffers.
+    /// node's address as its `BasicNode`, the default (0.9-compatible)
+    /// leader id, vote and entry types.
     pub TypeConfig:
         D = Command,
         R = Applied,
         NodeId = u64,
         Node = openraft::BasicNode,
-        Entry = openraft::Entry<TypeConfig>,
-        SnapshotData = Cursor<Vec<u8>>,
         AsyncRuntime = openraft::TokioRuntime,
 );
 
-pub type Raft = openraft::Raft<TypeConfig>;
-pub type Entry = openraft::Entry<TypeConfig>;
-pub type LogId = openraft::LogId<u64>;
-pub type Vote = openraft::Vote<u64>;
-pub type StorageError = openraft::StorageError<u64>;
-pub type StoredMembership = openraft::StoredMembership<u64, openraft::BasicNode>;
-pub type SnapshotMeta = openraft::SnapshotMeta<u64, openraft::BasicNode>;
+pub type Raft = openraft::Raft<TypeConfig, crate::sm::Sm>;
+pub type Entry = openraft::alias::EntryOf<TypeConfig>;
+pub type LogId = openraft::alias::LogIdOf<TypeConfig>;
+pub type Vote = openraft::alias::VoteOf<TypeConfig>;
+pub type CommittedLeaderId = openraft::alias::CommittedLeaderIdOf<TypeConfig>;
+pub type LeaderId = openraft::alias::LeaderIdOf<TypeConfig>;
+/// What the storage traits report (openraft 0.10 takes `io::Error`).
+pub type StorageError = std::io::Error;
+pub type StoredMembership = openraft::alias::StoredMembershipOf<TypeConfig>;
+pub type SnapshotMeta = openraft::alias::SnapshotMetaOf<TypeConfig>;
+pub type Membership = openraft::Membership<u64, openraft::BasicNode>;
 
 /// The metadata group (pool table and shard membership): every node of
 /// the layout is a member.

@@ -7,16 +7,20 @@
 //! (CI: 3000); a long run reports its figures with `--nocapture`.
 
 use bytes::Bytes;
-use openraft::{CommittedLeaderId, EntryPayload, LogId, Membership, Vote};
+use openraft::vote::RaftLeaderId;
+use openraft::EntryPayload;
 use sluice_cluster::network::{decode_message, kind, PeerMessage};
-use sluice_cluster::types::{BatchedWrite, Command, Entry, TypeConfig};
+use sluice_cluster::types::{
+    BatchedWrite, Command, CommittedLeaderId, Entry, LogId, Membership, StoredMembership,
+    TypeConfig, Vote,
+};
 use std::collections::BTreeSet;
 
 fn corpus_dir() -> std::path::PathBuf {
     std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("fuzz-corpus")
 }
 
-fn lid(term: u64, i: u64) -> LogId<u64> {
+fn lid(term: u64, i: u64) -> LogId {
     LogId::new(CommittedLeaderId::new(term, 1), i)
 }
 
@@ -53,10 +57,7 @@ fn seeds() -> Vec<(String, u8, Vec<u8>)> {
             },
             Entry {
                 log_id: lid(3, 6),
-                payload: EntryPayload::Membership(Membership::new(
-                    vec![BTreeSet::from([1, 2, 3])],
-                    None,
-                )),
+                payload: EntryPayload::Membership(Membership::new_with_defaults(vec![BTreeSet::from([1, 2, 3])], [1, 2, 3])),
             },
             Entry {
                 log_id: lid(3, 7),
@@ -88,14 +89,14 @@ fn seeds() -> Vec<(String, u8, Vec<u8>)> {
         entries: vec![],
         leader_commit: Some(lid(3, 10)),
     };
-    let vote = openraft::raft::VoteRequest::<u64>::new(Vote::new(4, 2), Some(lid(3, 10)));
-    let snapshot = openraft::raft::InstallSnapshotRequest::<TypeConfig> {
+    let vote = openraft::raft::VoteRequest::<TypeConfig>::new(Vote::new(4, 2), Some(lid(3, 10)));
+    let snapshot = openraft_legacy::network_v1::InstallSnapshotRequest::<TypeConfig> {
         vote: Vote::new_committed(3, 1),
-        meta: openraft::SnapshotMeta {
+        meta: openraft_legacy::network_v1::SnapshotMeta {
             last_log_id: Some(lid(3, 10)),
-            last_membership: openraft::StoredMembership::new(
+            last_membership: StoredMembership::new(
                 Some(lid(3, 6)),
-                Membership::new(vec![BTreeSet::from([1, 2, 3])], None),
+                Membership::new_with_defaults(vec![BTreeSet::from([1, 2, 3])], [1, 2, 3]),
             ),
             snapshot_id: "3-10-1".into(),
         },

@@ -310,12 +310,11 @@ pub(super) fn read_entry(dir: &Path, loc: Loc) -> Result<Entry, StorageError> {
     use std::os::unix::fs::FileExt;
     let path = seg_path(dir, loc.seq);
     let read_err = |e: String| -> StorageError {
-        StorageIOError::read_logs(openraft::AnyError::error(format!(
-            "consensus log {} at offset {}: {e}",
+        std::io::Error::other(format!(
+            "reading the consensus log {} at offset {}: {e}",
             path.display(),
             loc.offset
-        )))
-        .into()
+        ))
     };
     let f = File::open(&path).map_err(|e| read_err(e.to_string()))?;
     let mut buf = vec![0u8; 8 + loc.len as usize];

@@ -61,8 +61,8 @@ use writer::{writer, Done, IoJob};
 use crate::chunks::{entry_values, io_slices, write_all_vectored, ChunkWriter, Part, BY_REFERENCE};
 use crate::types::{Entry, LogId, StorageError, TypeConfig, Vote};
 use bytes::Bytes;
-use openraft::storage::{LogFlushed, RaftLogStorage};
-use openraft::{LogState, RaftLogReader, StorageIOError};
+use openraft::storage::{IOFlushed, RaftLogStorage};
+use openraft::{LogState, RaftLogReader};
 use parking_lot::Mutex;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
@@ -144,7 +144,7 @@ pub struct LogStore {
 }
 
 fn io_err(e: impl std::fmt::Display) -> StorageError {
-    StorageIOError::write_logs(openraft::AnyError::error(e.to_string())).into()
+    std::io::Error::other(format!("writing the consensus log: {e}"))
 }
 
 impl Inner {

@@ -56,6 +56,10 @@ impl RaftLogReader<TypeConfig> for LogStore {
         }
         Ok(out)
     }
+
+    async fn read_vote(&mut self) -> Result<Option<Vote>, StorageError> {
+        Ok(self.inner.lock().vote)
+    }
 }
 
 impl RaftLogStorage<TypeConfig> for LogStore {
@@ -83,10 +87,6 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         self.inner.lock().record(Record::Vote(*vote))
     }
 
-    async fn read_vote(&mut self) -> Result<Option<Vote>, StorageError> {
-        Ok(self.inner.lock().vote)
-    }
-
     async fn save_committed(&mut self, committed: Option<LogId>) -> Result<(), StorageError> {
         let mut g = self.inner.lock();
         // Never fsync'd: a lost commit point is recomputed from the leader;
@@ -112,7 +112,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     async fn append<I>(
         &mut self,
         entries: I,
-        callback: LogFlushed<TypeConfig>,
+        callback: IOFlushed<TypeConfig>,
     ) -> Result<(), StorageError>
     where
         I: IntoIterator<Item = Entry> + Send,
@@ -138,27 +138,29 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         match res {
             Ok(()) => {
                 if let Some(cb) = callback {
-                    cb.log_io_completed(Ok(()));
+                    cb.io_completed(Ok(()));
                 }
                 Ok(())
             }
             Err(e) => {
                 if let Some(cb) = callback {
-                    cb.log_io_completed(Err(std::io::Error::other(e.to_string())));
+                    cb.io_completed(Err(std::io::Error::other(e.to_string())));
                 }
                 Err(e)
             }
         }
     }
 
-    async fn truncate(&mut self, log_id: LogId) -> Result<(), StorageError> {
+    async fn truncate_after(&mut self, last: Option<LogId>) -> Result<(), StorageError> {
+        // Keeps `last` and everything before it.
+        let from = last.map_or(0, |id| id.index + 1);
         let mut g = self.inner.lock();
-        g.record(Record::Truncate(log_id.index))?;
+        g.record(Record::Truncate(from))?;
         // Everything queued before is written by now (the truncation was
         // waited for): entries from here on are new and not written yet.
         if let Some((_, w)) = &g.writer {
             w.fetch_min(
-                log_id.index.saturating_sub(1),
+                from.saturating_sub(1),
                 std::sync::atomic::Ordering::AcqRel,
             );
         }

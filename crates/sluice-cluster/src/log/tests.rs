@@ -3,7 +3,9 @@
 use super::disk::MAP_BYTES;
 use super::*;
 use crate::types::Command;
-use openraft::{CommittedLeaderId, EntryPayload};
+use crate::types::CommittedLeaderId;
+use openraft::vote::RaftLeaderId;
+use openraft::EntryPayload;
 
 fn lid(term: u64, index: u64) -> LogId {
     LogId::new(CommittedLeaderId::new(term, 1), index)

@@ -27,7 +27,7 @@ pub(super) fn injected(
 /// What completes when a synced write is on disk.
 pub(super) enum Done {
     /// openraft's callback for an append.
-    Flushed(LogFlushed<TypeConfig>),
+    Flushed(IOFlushed<TypeConfig>),
     /// A caller blocked until its record is durable (vote, truncation,
     /// purge).
     Wait(std::sync::mpsc::SyncSender<Result<(), String>>),
@@ -36,7 +36,7 @@ pub(super) enum Done {
 impl Done {
     pub(super) fn complete(self, res: &Result<(), String>) {
         match self {
-            Done::Flushed(cb) => cb.log_io_completed(res.clone().map_err(std::io::Error::other)),
+            Done::Flushed(cb) => cb.io_completed(res.clone().map_err(std::io::Error::other)),
             Done::Wait(tx) => {
                 let _ = tx.send(res.clone());
             }

@@ -147,8 +147,8 @@ impl ClusterNode {
                 let g = self.local_group(META_GROUP)?;
                 self.check_leader(&g)?;
                 let t = Duration::from_millis(self.settings.write_timeout_ms);
-                match tokio::time::timeout(t, g.raft.ensure_linearizable()).await {
-                    Ok(Ok(id)) => Ok(json!({"index": id.map_or(0, |l| l.index)})),
+                match tokio::time::timeout(t, g.raft.ensure_linearizable(openraft::ReadPolicy::ReadIndex)).await {
+                    Ok(Ok(id)) => Ok(json!({"index": id.index()})),
                     Ok(Err(e)) => Err(unavailable(format!("metadata read index: {e}"))),
                     Err(_) => Err(unavailable("metadata read index timed out".into())),
                 }
@@ -193,7 +193,7 @@ impl ClusterNode {
 
     pub(super) fn voters(g: &Group) -> BTreeSet<u64> {
         g.metrics
-            .borrow()
+            .borrow_watched()
             .membership_config
             .membership()
             .voter_ids()
@@ -216,7 +216,7 @@ impl ClusterNode {
             )
         })?;
         let mut voters = Self::voters(&g);
-        let api = |e: RaftError<u64, ClientWriteError<u64, BasicNode>>| match e {
+        let api = |e: RaftError<TypeConfig, ClientWriteError<TypeConfig>>| match e {
             RaftError::APIError(ClientWriteError::ForwardToLeader(f)) => {
                 self.not_leader(g.id, f.leader_id)
             }

@@ -23,7 +23,8 @@
 //! listening socket, so the probe connects and nothing happens here: the
 //! timers handle it.
 
-use super::{ClusterNode, Group};
+use super::{ClusterNode, Group, TypeConfig};
+use openraft::async_runtime::WatchReceiver;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -78,7 +79,7 @@ impl ClusterNode {
             .read()
             .values()
             .filter(|g| {
-                let m = g.metrics.borrow();
+                let m = g.metrics.borrow_watched();
                 m.current_leader == Some(dead)
                     && m.membership_config
                         .membership()
@@ -121,24 +122,31 @@ impl ClusterNode {
 async fn take_over(g: Arc<Group>, dead: u64, me: u64) {
     let lowest = g
         .metrics
-        .borrow()
+        .borrow_watched()
         .membership_config
         .membership()
         .voter_ids()
         .filter(|v| *v != dead)
         .min();
     let mut metrics = g.metrics.clone();
-    let has_new_leader = |m: &openraft::RaftMetrics<u64, openraft::BasicNode>| {
+    let has_new_leader = |m: &openraft::RaftMetrics<TypeConfig>| {
         m.current_leader.is_some_and(|l| l != dead)
     };
     let tries = if lowest == Some(me) { TRIES } else { 1 };
     for _ in 0..tries {
-        if has_new_leader(&metrics.borrow()) {
+        if has_new_leader(&metrics.borrow_watched()) {
             return;
         }
-        if g.raft.trigger().elect().await.is_err() {
+        if g.raft.trigger().elect(false).await.is_err() {
             return; // shutting down
         }
-        let _ = tokio::time::timeout(RETRY_AFTER, metrics.wait_for(has_new_leader)).await;
+        let wait = async {
+            while !has_new_leader(&metrics.borrow_watched()) {
+                if metrics.changed().await.is_err() {
+                    return;
+                }
+            }
+        };
+        let _ = tokio::time::timeout(RETRY_AFTER, wait).await;
     }
 }

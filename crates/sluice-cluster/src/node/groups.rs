@@ -142,7 +142,7 @@ impl ClusterNode {
             let mut last: Option<(u64, Option<u64>)> = None;
             while m.changed().await.is_ok() {
                 let (term, leader) = {
-                    let x = m.borrow();
+                    let x = m.borrow_watched();
                     (x.current_term, x.current_leader)
                 };
                 if last != Some((term, leader)) {
@@ -161,7 +161,7 @@ impl ClusterNode {
                 }
             }
             // The core has stopped (its metrics sender is gone).
-            let why = m.borrow().running_state.clone();
+            let why = m.borrow_watched().running_state.clone();
             if let (Some(node), Some(old), Err(why)) =
                 (node.and_then(|n| n.upgrade()), this.upgrade(), why)
             {
@@ -183,13 +183,13 @@ impl ClusterNode {
     pub(super) fn on_group_stopped(
         self: Arc<Self>,
         old: Arc<Group>,
-        why: openraft::error::Fatal<u64>,
+        why: openraft::error::Fatal<TypeConfig>,
     ) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>> {
         // Boxed: starting a group spawns the task that calls this.
         Box::pin(async move { self.restart_stopped(old, why).await })
     }
 
-    pub(super) async fn restart_stopped(&self, old: Arc<Group>, why: openraft::error::Fatal<u64>) {
+    pub(super) async fn restart_stopped(&self, old: Arc<Group>, why: openraft::error::Fatal<TypeConfig>) {
         let g = old.id;
         let requested = self.restart_requested.lock().remove(&g);
         let openraft_bug = why.to_string().contains("replication channel closed");

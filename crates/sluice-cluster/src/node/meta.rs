@@ -125,7 +125,7 @@ impl ClusterNode {
     pub async fn meta_catch_up(&self) -> Result<(), SluiceError> {
         let g = self.local_group(META_GROUP)?;
         let t = Duration::from_millis(self.settings.write_timeout_ms);
-        let leader = g.metrics.borrow().current_leader.map(|l| l as u32);
+        let leader = g.metrics.borrow_watched().current_leader.map(|l| l as u32);
         let index = match leader {
             Some(l) if l == self.id => return Ok(()),
             Some(l) => {

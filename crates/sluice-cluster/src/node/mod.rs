@@ -29,10 +29,14 @@ use crate::network::{dispatch, NetFactory, Peers};
 use crate::sm::{MetaCell, MetaState, Sm};
 use crate::types::{
     group_name, group_of, parse_shard, shard_of_group, Applied, Command, MetaCommand, Raft,
-    META_GROUP,
+    TypeConfig, META_GROUP,
 };
-use openraft::error::{CheckIsLeaderError, ClientWriteError, RaftError};
+use openraft::async_runtime::WatchReceiver;
+use openraft::error::{ClientWriteError, LinearizableReadError, RaftError};
 use openraft::{BasicNode, RaftMetrics, ServerState};
+
+/// A group's metrics as openraft publishes them.
+type MetricsRx = openraft::alias::WatchReceiverOf<TypeConfig, RaftMetrics<TypeConfig>>;
 use parking_lot::RwLock;
 use serde::{Deserialize, Serialize};
 use serde_json::json;
@@ -43,7 +47,6 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
-use tokio::sync::watch;
 
 /// Cluster settings of one node (`[cluster]` in the node's config).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -122,7 +125,7 @@ impl Default for ClusterSettings {
 pub struct Group {
     pub id: u64,
     pub raft: Raft,
-    metrics: watch::Receiver<RaftMetrics<u64, BasicNode>>,
+    metrics: MetricsRx,
     sm: Sm,
     log: LogStore,
     /// When this node last asked for a snapshot because the log grew large.
@@ -340,7 +343,7 @@ impl ClusterNode {
         let group = self.groups.read().get(&g).cloned().ok_or_else(not_member)?;
         let in_config = group
             .metrics
-            .borrow()
+            .borrow_watched()
             .membership_config
             .membership()
             .get_node(&u64::from(self.id))
@@ -383,7 +386,7 @@ impl ClusterNode {
     /// `NotLeader` without a hint so clients move on to other members.
     fn leader_of(&self, g: &Group) -> Option<u64> {
         let me = u64::from(self.id);
-        let m = g.metrics.borrow();
+        let m = g.metrics.borrow_watched();
         // On every write: no allocation, one short lock.
         let confirmed = m.current_leader != Some(me)
             || self.peers.acks.quorum_within(
@@ -438,7 +441,7 @@ impl ClusterNode {
             .map(|g| {
                 let x = &groups[g];
                 let leader = self.leader_of(x);
-                let m = x.metrics.borrow();
+                let m = x.metrics.borrow_watched();
                 let last = m.last_log_index.unwrap_or(0);
                 let lag: BTreeMap<String, u64> = m
                     .replication

@@ -34,14 +34,14 @@ impl ClusterNode {
         let g = self.local(shard)?;
         self.check_leader(&g)?;
         let t = Duration::from_millis(self.settings.write_timeout_ms);
-        match tokio::time::timeout(t, g.raft.ensure_linearizable()).await {
+        match tokio::time::timeout(t, g.raft.ensure_linearizable(openraft::ReadPolicy::ReadIndex)).await {
             Err(_) => Err(unavailable(format!(
                 "shard {}: leadership not confirmed within {} ms (no quorum?)",
                 group_name(g.id),
                 t.as_millis()
             ))),
             Ok(Ok(_)) => Ok(()),
-            Ok(Err(RaftError::APIError(CheckIsLeaderError::ForwardToLeader(f)))) => {
+            Ok(Err(RaftError::APIError(LinearizableReadError::ForwardToLeader(f)))) => {
                 Err(self.not_leader(g.id, f.leader_id))
             }
             Ok(Err(e)) => Err(unavailable(format!("shard {}: {e}", group_name(g.id)))),
@@ -64,7 +64,7 @@ impl ClusterNode {
             return Ok(());
         }
         let t = Duration::from_millis(self.settings.write_timeout_ms);
-        let leader = g.metrics.borrow().current_leader.map(|l| l as u32);
+        let leader = g.metrics.borrow_watched().current_leader.map(|l| l as u32);
         let index = match leader {
             Some(l) if l == self.id => self.tick(&g, timestamp_us).await?,
             Some(l) => {
@@ -143,7 +143,7 @@ impl ClusterNode {
             .groups
             .read()
             .get(&group)
-            .and_then(|x| x.metrics.borrow().current_leader)
+            .and_then(|x| x.metrics.borrow_watched().current_leader)
             .map(|l| l as u32);
         if let Some(l) = leader {
             members.sort_by_key(|m| *m != l);

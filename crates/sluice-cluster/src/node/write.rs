@@ -278,7 +278,7 @@ impl ClusterNode {
                 .groups
                 .read()
                 .get(&group)
-                .and_then(|x| x.metrics.borrow().current_leader)
+                .and_then(|x| x.metrics.borrow_watched().current_leader)
                 .map(|l| l as u32);
             let members = self.members_of(group);
             let target = hint
