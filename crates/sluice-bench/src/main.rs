@@ -210,6 +210,10 @@ pub struct PersistentArgs {
     /// Tokio worker threads per cluster node (0: one per core).
     #[arg(long, default_value_t = 0)]
     pub node_threads: usize,
+    /// TOML lines added to every cluster node's `[cluster]` section (e.g.
+    /// "replicate_on_submit = false"), to measure a setting.
+    #[arg(long, default_value = "")]
+    pub cluster_config: String,
 }
 
 #[derive(clap::Args, Clone)]

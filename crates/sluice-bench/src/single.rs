@@ -635,7 +635,13 @@ pub fn persistent_bench(a: PersistentArgs, json: bool) -> Result<()> {
             "shard of 3: starting 3 node processes (persistent shard, sync = {})",
             a.cluster_sync
         );
-        let procs = crate::procs::Procs::start_with(3, a.node_threads, Some(&a.cluster_sync))?;
+        let procs = crate::procs::Procs::start_custom(
+            3,
+            a.node_threads,
+            Some(&a.cluster_sync),
+            &[0, 1, 2],
+            &a.cluster_config,
+        )?;
         let addr = procs.addrs[0].clone();
         rt.block_on(async {
             let c = crate::procs::connect(&addr, Duration::from_secs(10)).await?;

@@ -15,7 +15,6 @@ use openraft_legacy::network_v1::{
     Adapter, ChunkedSnapshotReceiver, InstallSnapshotError, InstallSnapshotRequest,
     InstallSnapshotResponse, RaftNetwork,
 };
-use std::io::Cursor;
 use parking_lot::{Mutex, RwLock};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
@@ -23,6 +22,7 @@ use sluice_client::Conn;
 use sluice_types::SluiceError;
 use sluice_wire::{Request, Response};
 use std::collections::{HashMap, HashSet};
+use std::io::Cursor;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
@@ -369,7 +369,8 @@ impl RaftNetwork<TypeConfig> for NetClient {
         option: RPCOption,
     ) -> Result<AppendEntriesResponse<TypeConfig>, RpcErr> {
         let values = large_values(&rpc.entries);
-        let r: AppendEntriesResponse<TypeConfig> = self.rpc(kind::APPEND, &rpc, &values, &option).await?;
+        let r: AppendEntriesResponse<TypeConfig> =
+            self.rpc(kind::APPEND, &rpc, &values, &option).await?;
         if !matches!(r, AppendEntriesResponse::HigherVote(_)) {
             self.peers.acks.record(self.group, self.target);
         }
@@ -589,9 +590,10 @@ mod tests {
                 },
                 Entry {
                     log_id: lid(6),
-                    payload: EntryPayload::Membership(
-                        Membership::new_with_defaults(vec![BTreeSet::from([1, 2, 3])], [1, 2, 3]),
-                    ),
+                    payload: EntryPayload::Membership(Membership::new_with_defaults(
+                        vec![BTreeSet::from([1, 2, 3])],
+                        [1, 2, 3],
+                    )),
                 },
                 Entry {
                     log_id: lid(7),

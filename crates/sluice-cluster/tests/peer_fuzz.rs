@@ -57,7 +57,10 @@ fn seeds() -> Vec<(String, u8, Vec<u8>)> {
             },
             Entry {
                 log_id: lid(3, 6),
-                payload: EntryPayload::Membership(Membership::new_with_defaults(vec![BTreeSet::from([1, 2, 3])], [1, 2, 3])),
+                payload: EntryPayload::Membership(Membership::new_with_defaults(
+                    vec![BTreeSet::from([1, 2, 3])],
+                    [1, 2, 3],
+                )),
             },
             Entry {
                 log_id: lid(3, 7),

@@ -159,10 +159,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         // Everything queued before is written by now (the truncation was
         // waited for): entries from here on are new and not written yet.
         if let Some((_, w)) = &g.writer {
-            w.fetch_min(
-                from.saturating_sub(1),
-                std::sync::atomic::Ordering::AcqRel,
-            );
+            w.fetch_min(from.saturating_sub(1), std::sync::atomic::Ordering::AcqRel);
         }
         Ok(())
     }

@@ -129,9 +129,8 @@ async fn take_over(g: Arc<Group>, dead: u64, me: u64) {
         .filter(|v| *v != dead)
         .min();
     let mut metrics = g.metrics.clone();
-    let has_new_leader = |m: &openraft::RaftMetrics<TypeConfig>| {
-        m.current_leader.is_some_and(|l| l != dead)
-    };
+    let has_new_leader =
+        |m: &openraft::RaftMetrics<TypeConfig>| m.current_leader.is_some_and(|l| l != dead);
     let tries = if lowest == Some(me) { TRIES } else { 1 };
     for _ in 0..tries {
         if has_new_leader(&metrics.borrow_watched()) {

@@ -133,8 +133,11 @@ impl ClusterNode {
         });
         // Operators see leadership changes in the node's log (openraft's
         // own logging is off by default: it reports every failed RPC to a
-        // dead peer).
-        let mut m = group.raft.metrics();
+        // dead peer). Watched through the server metrics, which change
+        // only with the vote, role, leader or membership (the full metrics
+        // change with every write: a wakeup per write for nothing).
+        let mut m = group.raft.server_metrics();
+        let group_metrics = group.metrics.clone();
         let me = u64::from(self.id);
         let node = self.me.get().cloned();
         let this = Arc::downgrade(&group);
@@ -143,7 +146,7 @@ impl ClusterNode {
             while m.changed().await.is_ok() {
                 let (term, leader) = {
                     let x = m.borrow_watched();
-                    (x.current_term, x.current_leader)
+                    (x.vote.leader_id.term, x.current_leader)
                 };
                 if last != Some((term, leader)) {
                     match leader {
@@ -161,7 +164,7 @@ impl ClusterNode {
                 }
             }
             // The core has stopped (its metrics sender is gone).
-            let why = m.borrow_watched().running_state.clone();
+            let why = group_metrics.borrow_watched().running_state.clone();
             if let (Some(node), Some(old), Err(why)) =
                 (node.and_then(|n| n.upgrade()), this.upgrade(), why)
             {
@@ -189,7 +192,11 @@ impl ClusterNode {
         Box::pin(async move { self.restart_stopped(old, why).await })
     }
 
-    pub(super) async fn restart_stopped(&self, old: Arc<Group>, why: openraft::error::Fatal<TypeConfig>) {
+    pub(super) async fn restart_stopped(
+        &self,
+        old: Arc<Group>,
+        why: openraft::error::Fatal<TypeConfig>,
+    ) {
         let g = old.id;
         let requested = self.restart_requested.lock().remove(&g);
         let openraft_bug = why.to_string().contains("replication channel closed");

@@ -66,6 +66,11 @@ pub struct ClusterSettings {
     /// once instead of waiting for the timers above (`node/failover.rs`).
     /// A leader that is alive but unreachable is left to the timers.
     pub fast_failover: bool,
+    /// A leader hands a new entry to replication as soon as its log has
+    /// taken it (openraft's `broadcast_submitted_on_append`), rather than
+    /// at the end of its consensus loop's turn. Either way the entry goes
+    /// out before the leader's own write is durable.
+    pub replicate_on_submit: bool,
     /// How long a write may wait to be committed before the client gets
     /// `Unavailable` (e.g. the shard lost its majority).
     pub write_timeout_ms: u64,
@@ -108,6 +113,7 @@ impl Default for ClusterSettings {
             election_min_ms: 200,
             election_max_ms: 400,
             fast_failover: true,
+            replicate_on_submit: false,
             write_timeout_ms: 3000,
             snapshot_every: 10_000,
             snapshot_bytes: 256 << 20,
@@ -207,6 +213,7 @@ impl ClusterNode {
             // Keep some log behind a snapshot for followers slightly
             // behind; a newcomer further back gets the snapshot.
             max_in_snapshot_log_to_keep: (settings.snapshot_every / 2).min(256),
+            broadcast_submitted_on_append: Some(settings.replicate_on_submit),
             ..Default::default()
         }
         .validate()

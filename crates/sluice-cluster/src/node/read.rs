@@ -34,7 +34,12 @@ impl ClusterNode {
         let g = self.local(shard)?;
         self.check_leader(&g)?;
         let t = Duration::from_millis(self.settings.write_timeout_ms);
-        match tokio::time::timeout(t, g.raft.ensure_linearizable(openraft::ReadPolicy::ReadIndex)).await {
+        match tokio::time::timeout(
+            t,
+            g.raft.ensure_linearizable(openraft::ReadPolicy::ReadIndex),
+        )
+        .await
+        {
             Err(_) => Err(unavailable(format!(
                 "shard {}: leadership not confirmed within {} ms (no quorum?)",
                 group_name(g.id),
