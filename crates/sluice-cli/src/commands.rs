@@ -1018,13 +1018,22 @@ fn dfg(c: &BlockingClient, cmd: DfgCmd) -> Result<Shown> {
                 .flatten()
                 .filter_map(|v| v.as_str())
                 .collect();
+            let pending: Vec<String> = r["pending_nodes"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .map(|n| n.to_string())
+                .collect();
             let mut text = vec![format!(
                 "applied {}{}",
                 ids.join(", "),
-                if r["cluster"] == true {
-                    " (on every node of the cluster)"
-                } else {
-                    ""
+                match (r["cluster"] == true, pending.is_empty()) {
+                    (false, _) => String::new(),
+                    (true, true) => " (running on every node of the cluster)".to_string(),
+                    (true, false) => format!(
+                        " (not yet running on node(s) {}: each runs it once it catches up; see `sluice dfg ls`)",
+                        pending.join(", ")
+                    ),
                 }
             )];
             for n in r["notes"].as_array().into_iter().flatten() {

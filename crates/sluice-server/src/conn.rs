@@ -1079,11 +1079,15 @@ impl Conn {
                 })
             }
             Request::DfgRemove { id } => self.defer(rid, no_reply, async move {
-                Reply::Resp(
-                    cl.meta_write(sluice_cluster::MetaCommand::DfgRemove { id })
-                        .await
-                        .map(|_| Response::Ok),
-                )
+                let r = cl
+                    .meta_write_at(sluice_cluster::MetaCommand::DfgRemove { id })
+                    .await;
+                if let Ok((index, _)) = &r {
+                    // As for `dfg apply`: back once every node has let
+                    // the graph go (or the wait is over).
+                    cl.wait_dfgs_everywhere(*index, DFG_SETTLE).await;
+                }
+                Reply::Resp(r.map(|_| Response::Ok))
             }),
             Request::PoolRemove { path } => self.defer(rid, no_reply, async move {
                 Reply::Resp(
@@ -1636,19 +1640,30 @@ async fn dfg_apply_clustered(
             reason: e.reason,
         })?;
     let ids: Vec<String> = prepared.graphs.iter().map(|(id, _)| id.clone()).collect();
-    if let Err(e) = cl
-        .meta_write(sluice_cluster::MetaCommand::DfgSet {
+    let index = match cl
+        .meta_write_at(sluice_cluster::MetaCommand::DfgSet {
             graphs: prepared.graphs,
         })
         .await
     {
-        engine.unstage(&ids);
-        return Err(e);
-    }
+        Ok((index, _)) => index,
+        Err(e) => {
+            engine.unstage(&ids);
+            return Err(e);
+        }
+    };
+    // Committed; back once every node runs the graphs, so a put that
+    // follows reaches them wherever it is applied. A node that does not
+    // confirm in time (down, cut off) runs them when it catches up.
+    let pending = cl.wait_dfgs_everywhere(index, DFG_SETTLE).await;
     Ok(Response::Json(
-        serde_json::json!({"applied": ids, "notes": prepared.notes, "cluster": true}).to_string(),
+        serde_json::json!({"applied": ids, "notes": prepared.notes, "cluster": true, "pending_nodes": pending}).to_string(),
     ))
 }
+
+/// How long `dfg apply` / `dfg rm` on a cluster wait for every node to
+/// run the change before they answer (naming the nodes still behind).
+const DFG_SETTLE: std::time::Duration = std::time::Duration::from_secs(3);
 
 fn pool_reply(json: &str) -> Result<Response, SluiceError> {
     serde_json::from_str(json)

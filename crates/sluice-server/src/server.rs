@@ -464,7 +464,11 @@ fn spawn_dfg_reconciler(
     tokio::spawn(async move {
         let mut seen: Option<std::collections::BTreeMap<String, String>> = None;
         loop {
-            let Some(desired) = cluster.upgrade().map(|c| c.dfgs()) else {
+            // The index first: the graphs read after it are at least as new.
+            let Some((index, desired)) = cluster
+                .upgrade()
+                .map(|c| (c.meta_applied_index(), c.dfgs()))
+            else {
                 return;
             };
             if seen.as_ref() != Some(&desired) {
@@ -478,6 +482,10 @@ fn spawn_dfg_reconciler(
                     tracing::error!("the graph reconciler panicked; graphs stay as they were");
                 }
                 seen = Some(desired);
+            }
+            // `dfg apply` waits for this on every node.
+            if let Some(c) = cluster.upgrade() {
+                c.set_dfgs_reconciled(index);
             }
             if changes.changed().await.is_err() {
                 return;

@@ -53,6 +53,8 @@ pub(super) enum Admin {
     /// Internal: the metadata leader's read index (after confirming its
     /// leadership), so a lagging node can catch up before answering.
     MetaReadIndex,
+    /// The metadata log index whose data flow graphs this node runs.
+    DfgsReconciled,
     /// Internal: commit a time frontier after `timestamp_us` in `group`
     /// (sent to its leader); answers the frontier's log index.
     TimeBarrier {
@@ -94,6 +96,10 @@ impl ClusterNode {
         }
         match cmd {
             Admin::Status => Ok(self.status()),
+            Admin::DfgsReconciled => Ok(json!({
+                "node": self.id,
+                "index": self.dfgs_reconciled.load(std::sync::atomic::Ordering::Acquire),
+            })),
             Admin::Info => Ok(self.info()),
             Admin::Broadcast {
                 key,

@@ -7,15 +7,76 @@ use super::*;
 impl ClusterNode {
     /// A replicated pool table change (through the metadata group).
     pub async fn meta_write(&self, cmd: MetaCommand) -> Result<String, SluiceError> {
+        self.meta_write_at(cmd).await.map(|(_, r)| r)
+    }
+
+    /// `meta_write`, also returning the change's index in the metadata log.
+    pub async fn meta_write_at(&self, cmd: MetaCommand) -> Result<(u64, String), SluiceError> {
         let g = self.local_group(META_GROUP)?;
         let json = serde_json::to_string(&cmd).map_err(|e| SluiceError::Internal {
             reason: e.to_string(),
         })?;
-        match self.propose(&g, Command::Meta(json)).await? {
-            Applied::Meta(r) => r.map_err(|e| Applied::decode_err(&e)),
-            other => Err(SluiceError::Internal {
+        match self.propose_at(&g, Command::Meta(json)).await? {
+            (index, Applied::Meta(r)) => r.map(|r| (index, r)).map_err(|e| Applied::decode_err(&e)),
+            (_, other) => Err(SluiceError::Internal {
                 reason: format!("unexpected apply result {other:?}"),
             }),
+        }
+    }
+
+    /// The metadata log index this node has applied.
+    pub fn meta_applied_index(&self) -> u64 {
+        self.local_group(META_GROUP)
+            .map_or(0, |g| g.sm.applied_index())
+    }
+
+    /// Called by the node's graph reconciler once its engine runs the
+    /// graphs of the metadata log up to `index`.
+    pub fn set_dfgs_reconciled(&self, index: u64) {
+        self.dfgs_reconciled
+            .fetch_max(index, std::sync::atomic::Ordering::AcqRel);
+    }
+
+    /// Waits until every node of the layout runs the data flow graphs of
+    /// metadata index `index` (a graph change committed there), for at
+    /// most `timeout`. Returns the nodes that did not confirm it (down,
+    /// cut off, or slow): they run the change once they apply it.
+    pub async fn wait_dfgs_everywhere(&self, index: u64, timeout: Duration) -> Vec<u32> {
+        let deadline = tokio::time::Instant::now() + timeout;
+        let cmd = sluice_wire::Request::Cluster {
+            command: json!({"op": "dfgs_reconciled"}).to_string(),
+        };
+        let mut pending: Vec<u32> = self.layout.nodes.iter().map(|n| n.id).collect();
+        loop {
+            let mut left = Vec::new();
+            for n in pending {
+                let at = if n == self.id {
+                    self.dfgs_reconciled
+                        .load(std::sync::atomic::Ordering::Acquire)
+                } else {
+                    let Some(addr) = self.layout.address_of(n) else {
+                        continue;
+                    };
+                    let t = deadline.saturating_duration_since(tokio::time::Instant::now());
+                    match self.peers.request(n, &addr.to_string(), &cmd, t).await {
+                        Ok(sluice_wire::Response::Json(j)) => {
+                            serde_json::from_str::<serde_json::Value>(&j)
+                                .ok()
+                                .and_then(|v| v["index"].as_u64())
+                                .unwrap_or(0)
+                        }
+                        _ => 0,
+                    }
+                };
+                if at < index {
+                    left.push(n);
+                }
+            }
+            pending = left;
+            if pending.is_empty() || tokio::time::Instant::now() >= deadline {
+                return pending;
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
         }
     }
 

@@ -176,6 +176,9 @@ pub struct ClusterNode {
     bcast: broadcast::Broadcasts,
     /// Peers whose death this node is acting on (`failover`).
     taking_over: parking_lot::Mutex<std::collections::HashSet<u32>>,
+    /// The metadata log index whose data flow graphs this node's engine
+    /// runs (set by the server's graph reconciler; `dfgs_reconciled`).
+    dfgs_reconciled: std::sync::atomic::AtomicU64,
 }
 
 /// How often a group stopped by openraft is started again, at most.
@@ -260,6 +263,7 @@ impl ClusterNode {
             writer_seq: std::sync::atomic::AtomicU64::new(1),
             me: std::sync::OnceLock::new(),
             taking_over: Default::default(),
+            dfgs_reconciled: Default::default(),
             restarts: Default::default(),
             restart_requested: Default::default(),
             bcast: Default::default(),
