@@ -39,6 +39,13 @@ pub struct ClusterBenchArgs {
     /// counting the elections they cause (there should be none).
     #[arg(long, default_value_t = 0)]
     saturated_s: u64,
+    /// Seconds per phase of the head-of-line measurement (0: skipped): a
+    /// cluster of three nodes with two volatile shards; one client's 10 KB
+    /// puts to one shard, alone and while two clients put 1 MB values to
+    /// the other. Compare `--cluster-config "peer_bulk_bytes = 0"` (one
+    /// connection per peer for everything).
+    #[arg(long, default_value_t = 0)]
+    interference_s: u64,
     /// Nodes run with `fast_failover = false`: a dead leader is replaced
     /// by the election timers only (the comparison for failover times).
     #[arg(long)]
@@ -389,6 +396,9 @@ pub fn run(a: ClusterBenchArgs, json: bool) -> Result<()> {
             }
             drop(c0);
         }
+        if a.interference_s > 0 {
+            interference(&a, &mut rows).await?;
+        }
         if !a.no_redis {
             let redis = start_redis()?;
             for &size in &a.sizes {
@@ -437,6 +447,20 @@ pub fn run(a: ClusterBenchArgs, json: bool) -> Result<()> {
         rows.iter()
             .find(|r| r.target == t && r.op == op && r.size == size && r.clients == c)
     };
+    if let (Some(alone), Some(beside)) = (
+        find("sluice-2shard", "put_alone", 10_240, 1),
+        find("sluice-2shard", "put_beside_1MB", 10_240, 1),
+    ) {
+        println!(
+            "head-of-line: 10KB put to one shard beside 1 MB puts to another, p50 {:.1} / p99 {:.1} µs against {:.1} / {:.1} µs alone = {:.2}x / {:.2}x",
+            beside.p50_us,
+            beside.p99_us,
+            alone.p50_us,
+            alone.p99_us,
+            beside.p50_us / alone.p50_us,
+            beside.p99_us / alone.p99_us
+        );
+    }
     for &size in &a.sizes {
         if let (Some(s), Some(r)) = (
             find("sluice-r3", "put", size, 1),
@@ -472,5 +496,110 @@ pub fn run(a: ClusterBenchArgs, json: bool) -> Result<()> {
             );
         }
     }
+    Ok(())
+}
+
+/// Puts to a fixed set of keys (all of one shard).
+struct KeyedPut {
+    client: Client,
+    keys: std::sync::Arc<Vec<String>>,
+    value: Bytes,
+}
+
+impl Op for KeyedPut {
+    async fn call(&mut self, i: u64) -> Result<()> {
+        let key = &self.keys[i as usize % self.keys.len()];
+        self.client.put(key, self.value.clone()).await?;
+        Ok(())
+    }
+}
+
+/// `n` keys under `prefix` that land on shard `shard` of a pool of
+/// `shards` shards (no affinity regex).
+fn keys_on_shard(prefix: &str, shard: u64, shards: u64, n: usize) -> Vec<String> {
+    (0..)
+        .map(|i| format!("{prefix}{i}"))
+        .filter(|k| sluice_client::fnv1a64(k.as_bytes()) % shards == shard)
+        .take(n)
+        .collect()
+}
+
+/// Head-of-line blocking between shards on shared peer connections: one
+/// client's 10 KB puts to shard 0 of three nodes, alone and while two
+/// clients put 1 MB values to shard 1 on the same nodes (rows
+/// `sluice-2shard`).
+async fn interference(a: &ClusterBenchArgs, rows: &mut Vec<Row>) -> Result<()> {
+    let dur = Duration::from_secs(a.interference_s);
+    eprintln!("two shards on three nodes: 10 KB puts to one, beside 1 MB puts to the other");
+    let procs = Procs::start_layout(3, a.node_threads, None, &[0, 1, 2], 2, &a.cluster_config)?;
+    let c = connect(&procs.addrs[0], Duration::from_secs(10)).await?;
+    let small = std::sync::Arc::new(keys_on_shard("/vol/hol/small/", 0, 2, 64));
+    let big = std::sync::Arc::new(keys_on_shard("/vol/hol/big/", 1, 2, 64));
+    // Both shards have a leader and take writes.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    for key in [&small[0], &big[0]] {
+        while c.put(key, "x").await.is_err() {
+            if Instant::now() > deadline {
+                bail!("shard of {key} took no write within 30 s");
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+    let put = |client: Client, keys: &std::sync::Arc<Vec<String>>, size: usize| KeyedPut {
+        client,
+        keys: keys.clone(),
+        value: Bytes::from(vec![b'h'; size]),
+    };
+    let r = closed_loop(
+        vec![put(c.clone(), &small, 10_240)],
+        dur,
+        "10KB puts to shard 0, alone".into(),
+    )
+    .await;
+    rows.push(row(
+        "sluice-2shard",
+        "put_alone",
+        10_240,
+        "closed",
+        1,
+        (&r.0, r.1, r.2),
+    ));
+    let mut bg = Vec::new();
+    for _ in 0..2 {
+        bg.push(put(
+            connect(&procs.addrs[0], Duration::from_secs(10)).await?,
+            &big,
+            1 << 20,
+        ));
+    }
+    // The background runs a little longer, so it covers the whole phase.
+    let bg = tokio::spawn(closed_loop(
+        bg,
+        dur + Duration::from_millis(300),
+        "1MB puts to shard 1".into(),
+    ));
+    let r = closed_loop(
+        vec![put(c.clone(), &small, 10_240)],
+        dur,
+        "10KB puts to shard 0, beside 1MB puts to shard 1".into(),
+    )
+    .await;
+    rows.push(row(
+        "sluice-2shard",
+        "put_beside_1MB",
+        10_240,
+        "closed",
+        1,
+        (&r.0, r.1, r.2),
+    ));
+    let b = bg.await?;
+    rows.push(row(
+        "sluice-2shard",
+        "put_1MB_beside",
+        1 << 20,
+        "closed",
+        2,
+        (&b.0, b.1, b.2),
+    ));
     Ok(())
 }

@@ -43,6 +43,19 @@ impl Procs {
         volatile: &[u32],
         cluster: &str,
     ) -> Result<Procs> {
+        Procs::start_layout(n, threads, persistent_sync, volatile, 1, cluster)
+    }
+
+    /// `start_custom` with `vol_shards` volatile shards, each on every
+    /// node of `volatile`.
+    pub fn start_layout(
+        n: u32,
+        threads: usize,
+        persistent_sync: Option<&str>,
+        volatile: &[u32],
+        vol_shards: usize,
+        cluster: &str,
+    ) -> Result<Procs> {
         let dir =
             std::env::temp_dir().join(format!("sluice-bench-cluster-{}-{n}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
@@ -57,8 +70,8 @@ impl Procs {
         let members: Vec<String> = (0..n).map(|i| i.to_string()).collect();
         let vol: Vec<String> = volatile.iter().map(|i| i.to_string()).collect();
         text.push_str(&format!(
-            "[[subgroups.volatile]]\nshards = [[{v}]]\n[[subgroups.trigger]]\nshards = [[{m}]]\n",
-            v = vol.join(", "),
+            "[[subgroups.volatile]]\nshards = [{v}]\n[[subgroups.trigger]]\nshards = [[{m}]]\n",
+            v = vec![format!("[{}]", vol.join(", ")); vol_shards.max(1)].join(", "),
             m = members.join(", ")
         ));
         if persistent_sync.is_some() {

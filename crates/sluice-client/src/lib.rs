@@ -21,6 +21,9 @@ pub use client::{Client, ClientConfig, Notification, Watch};
 /// One pipelined connection to one node (what `Client` pools; nodes use it
 /// to talk to each other).
 pub use conn::Conn;
+/// The hash that places a key on a shard of its pool (of its affinity key,
+/// where the pool has an affinity regex): shard = hash % shards.
+pub use sluice_types::fnv1a64;
 pub use sluice_types::pool::Retention;
 pub use sluice_types::wall_us;
 pub use sluice_types::{

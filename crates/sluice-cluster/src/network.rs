@@ -66,6 +66,9 @@ pub struct Peers {
     /// Called with a peer's id when a connection to it ends (set once by
     /// the node: `ClusterNode::peer_connection_lost`).
     on_lost: std::sync::OnceLock<Arc<dyn Fn(u32) + Send + Sync>>,
+    /// Consensus messages of this many bytes or more take the bulk
+    /// connection (`BULK_BYTES` unless set; 0: none does).
+    bulk_bytes: std::sync::atomic::AtomicUsize,
 }
 
 /// When each peer last acknowledged this node as a group's leader: an
@@ -113,6 +116,13 @@ impl Acks {
 struct Msg(String);
 
 impl Peers {
+    /// Sets the size from which consensus messages take the bulk
+    /// connection (0: every message goes on the small one).
+    pub fn set_bulk_bytes(&self, bytes: usize) {
+        self.bulk_bytes
+            .store(bytes, std::sync::atomic::Ordering::Relaxed);
+    }
+
     pub fn new(
         me: u32,
         connect_timeout: Duration,
@@ -122,6 +132,7 @@ impl Peers {
         Peers {
             key,
             tls,
+            bulk_bytes: std::sync::atomic::AtomicUsize::new(BULK_BYTES),
             me,
             conns: Mutex::default(),
             connecting: Mutex::default(),
@@ -245,16 +256,23 @@ impl Peers {
         // waits for a message's reply before it sends the next, so nothing
         // is reordered. Forwarded client requests stay on one connection,
         // in the order their client sent them.
-        let bulk = match req {
-            Request::Raft { body, more, .. } => {
-                body.len() + more.iter().map(Bytes::len).sum::<usize>() >= BULK_BYTES
-            }
-            _ => false,
-        };
+        let bulk = self.takes_bulk(req);
         self.conn(target, addr, bulk)
             .await?
             .call(req, timeout)
             .await
+    }
+
+    /// Whether `req` goes on the bulk connection: a consensus message of
+    /// `bulk_bytes` or more.
+    fn takes_bulk(&self, req: &Request) -> bool {
+        match req {
+            Request::Raft { body, more, .. } => {
+                let at = self.bulk_bytes.load(std::sync::atomic::Ordering::Relaxed);
+                at > 0 && body.len() + more.iter().map(Bytes::len).sum::<usize>() >= at
+            }
+            _ => false,
+        }
     }
 
     /// Sends one consensus message (its encoding in chunks, sent back to
@@ -575,6 +593,33 @@ mod tests {
     use openraft::vote::RaftLeaderId;
     use openraft::EntryPayload;
     use std::collections::BTreeSet;
+
+    #[test]
+    fn large_consensus_messages_take_the_bulk_connection_unless_it_is_off() {
+        let peers = Peers::new(1, Duration::from_millis(100), "k".into(), None);
+        let raft = |head: usize, chunk: usize| Request::Raft {
+            from: 1,
+            group: 0,
+            kind: kind::APPEND,
+            body: Bytes::from(vec![0u8; head]),
+            more: vec![Bytes::from(vec![0u8; chunk])],
+        };
+        assert!(!peers.takes_bulk(&raft(100, 0)));
+        assert!(!peers.takes_bulk(&raft(100, BULK_BYTES - 101)));
+        // The message's whole size counts, its chunks included.
+        assert!(peers.takes_bulk(&raft(100, BULK_BYTES - 100)));
+        let forwarded = Request::Cluster {
+            command: "x".repeat(BULK_BYTES),
+        };
+        assert!(
+            !peers.takes_bulk(&forwarded),
+            "client requests stay in order"
+        );
+        peers.set_bulk_bytes(0);
+        assert!(!peers.takes_bulk(&raft(100, 1 << 20)));
+        peers.set_bulk_bytes(1000);
+        assert!(peers.takes_bulk(&raft(500, 500)));
+    }
 
     #[test]
     fn borrowed_append_decoding_matches_the_owned_layout_and_shares_the_frame() {

@@ -71,6 +71,11 @@ pub struct ClusterSettings {
     /// at the end of its consensus loop's turn. Either way the entry goes
     /// out before the leader's own write is durable.
     pub replicate_on_submit: bool,
+    /// Consensus messages of this many bytes or more (entries with large
+    /// values, snapshot and broadcast chunks) go to a peer on a second
+    /// connection, so small ones never queue behind them on the wire.
+    /// 0: one connection per peer for everything.
+    pub peer_bulk_bytes: usize,
     /// How long a write may wait to be committed before the client gets
     /// `Unavailable` (e.g. the shard lost its majority).
     pub write_timeout_ms: u64,
@@ -114,6 +119,7 @@ impl Default for ClusterSettings {
             election_max_ms: 400,
             fast_failover: true,
             replicate_on_submit: false,
+            peer_bulk_bytes: crate::network::BULK_BYTES,
             write_timeout_ms: 3000,
             snapshot_every: 10_000,
             snapshot_bytes: 256 << 20,
@@ -269,6 +275,7 @@ impl ClusterNode {
             bcast: Default::default(),
         });
         let _ = node.me.set(Arc::downgrade(&node));
+        node.peers.set_bulk_bytes(node.settings.peer_bulk_bytes);
         let weak = Arc::downgrade(&node);
         node.peers.on_connection_lost(move |peer| {
             if let Some(n) = weak.upgrade() {
