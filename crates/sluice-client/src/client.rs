@@ -1361,6 +1361,9 @@ impl Client {
         self.cluster_command(cmd, None).await
     }
 
+    /// Applies data flow graphs (a `dfgs.json` document). In a cluster
+    /// the answer comes once every node runs them, or after 3 s with the
+    /// nodes still behind listed in `pending_nodes`.
     pub async fn dfg_apply(&self, text: &str) -> Result<serde_json::Value> {
         let req = Request::DfgApply {
             text: text.to_string(),

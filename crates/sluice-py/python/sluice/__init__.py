@@ -396,7 +396,8 @@ class Client:
 
     def dfg_apply(self, text: str) -> dict:
         """Applies data flow graphs (a ``dfgs.json`` document, as text).
-        In a cluster, on every node."""
+        In a cluster, on every node: it returns once every node runs them,
+        or after 3 s with the nodes still behind in ``pending_nodes``."""
         return self._c.dfg_apply(text)
 
     def dfg_list(self) -> List[dict]:
