@@ -401,7 +401,10 @@ async fn routing_affinity_and_metadata_refresh() {
                 }
                 match r {
                     Ok(Response::Object(o)) => assert_eq!(o.value, key.as_bytes()),
-                    other => panic!("{key} on member {id} of shard {expected}: {other:?}"),
+                    other => panic!(
+                        "{key} on member {id} of shard {expected}: {other:?}\n{}",
+                        c.logs()
+                    ),
                 }
             } else {
                 assert!(

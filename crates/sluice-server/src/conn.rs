@@ -776,7 +776,7 @@ impl Conn {
         };
         self.defer(rid, no_reply, async move {
             if let Err(e) = cl.meta_catch_up().await {
-                tracing::debug!(error = %e, "metadata catch-up failed; answering from what is known");
+                tracing::info!(error = %e, "metadata catch-up failed; answering from what is known");
             }
             Reply::Retry(Box::new(req), no_reply)
         });

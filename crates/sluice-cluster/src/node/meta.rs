@@ -184,8 +184,25 @@ impl ClusterNode {
     /// telling a client that a key has no pool: a client may have learned
     /// of a new pool from a node further ahead.
     pub async fn meta_catch_up(&self) -> Result<(), SluiceError> {
-        let g = self.local_group(META_GROUP)?;
+        // A leader being elected, or a request to it lost, is retried
+        // until `write_timeout_ms`: answering from a stale pool table
+        // would tell a client that an existing pool does not exist.
         let t = Duration::from_millis(self.settings.write_timeout_ms);
+        let deadline = tokio::time::Instant::now() + t;
+        loop {
+            match self.meta_catch_up_once(t).await {
+                Ok(()) => return Ok(()),
+                Err(e) if tokio::time::Instant::now() >= deadline => return Err(e),
+                Err(e) => {
+                    tracing::debug!(error = %e, "metadata catch-up failed; trying again");
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+            }
+        }
+    }
+
+    async fn meta_catch_up_once(&self, t: Duration) -> Result<(), SluiceError> {
+        let g = self.local_group(META_GROUP)?;
         let leader = g.metrics.borrow_watched().current_leader.map(|l| l as u32);
         let index = match leader {
             Some(l) if l == self.id => return Ok(()),
