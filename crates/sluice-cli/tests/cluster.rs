@@ -2285,13 +2285,18 @@ async fn policies_change_live_on_every_node() {
     for id in 1..=3 {
         policed(&c, id, None, &get_req("/vol/a")).await.unwrap();
     }
-    let admin = Client::connect_with(ClientConfig {
+    // Node 3 accepts the token once it has applied its creation (a
+    // metadata write made through node 2; the README says so).
+    let admin_cfg = ClientConfig {
         addr: c.addr(3),
         token: Some(admin_tok.clone()),
         ..Default::default()
+    };
+    c.wait_for("node 3 to know the new token", || async {
+        Client::connect_with(admin_cfg.clone()).await.is_ok()
     })
-    .await
-    .unwrap();
+    .await;
+    let admin = Client::connect_with(admin_cfg).await.unwrap();
     let set = |name: &str, rule: serde_json::Value| serde_json::json!({"op": "set", "name": name, "rule": rule});
     admin
         .policy(set("admins", serde_json::json!({"kind": "access", "who": {"role": "admin"}, "pool": "/", "allow": ["read", "write", "trigger", "watch", "admin"]})))
