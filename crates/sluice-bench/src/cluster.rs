@@ -550,20 +550,15 @@ async fn interference(a: &ClusterBenchArgs, rows: &mut Vec<Row>) -> Result<()> {
         keys: keys.clone(),
         value: Bytes::from(vec![b'h'; size]),
     };
-    let r = closed_loop(
-        vec![put(c.clone(), &small, 10_240)],
-        dur,
-        "10KB puts to shard 0, alone".into(),
-    )
-    .await;
-    rows.push(row(
-        "sluice-2shard",
-        "put_alone",
-        10_240,
-        "closed",
-        1,
-        (&r.0, r.1, r.2),
-    ));
+    // One client's 10 KB puts to shard 0, as row `op`.
+    let small_phase = |op: &'static str, label: &'static str| {
+        let w = put(c.clone(), &small, 10_240);
+        async move {
+            let r = closed_loop(vec![w], dur, label.into()).await;
+            row("sluice-2shard", op, 10_240, "closed", 1, (&r.0, r.1, r.2))
+        }
+    };
+    rows.push(small_phase("put_alone", "10KB puts to shard 0, alone").await);
     let mut bg = Vec::new();
     for _ in 0..2 {
         bg.push(put(
@@ -578,20 +573,13 @@ async fn interference(a: &ClusterBenchArgs, rows: &mut Vec<Row>) -> Result<()> {
         dur + Duration::from_millis(300),
         "1MB puts to shard 1".into(),
     ));
-    let r = closed_loop(
-        vec![put(c.clone(), &small, 10_240)],
-        dur,
-        "10KB puts to shard 0, beside 1MB puts to shard 1".into(),
-    )
-    .await;
-    rows.push(row(
-        "sluice-2shard",
-        "put_beside_1MB",
-        10_240,
-        "closed",
-        1,
-        (&r.0, r.1, r.2),
-    ));
+    rows.push(
+        small_phase(
+            "put_beside_1MB",
+            "10KB puts to shard 0, beside 1MB puts to shard 1",
+        )
+        .await,
+    );
     let b = bg.await?;
     rows.push(row(
         "sluice-2shard",

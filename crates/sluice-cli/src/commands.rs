@@ -569,12 +569,10 @@ fn cluster_status(c: &BlockingClient) -> Result<Shown> {
         }
         // Its connections to peers: "2 3 (bulk: 2 3)".
         let peers = |lane: &str| -> Vec<String> {
-            let conns = s["peer_connections"]
+            s["peer_connections"]
                 .as_array()
-                .cloned()
-                .unwrap_or_default();
-            conns
-                .iter()
+                .into_iter()
+                .flatten()
                 .filter(|c| c["lane"] == lane)
                 .map(|c| t(&c["node"]))
                 .collect()

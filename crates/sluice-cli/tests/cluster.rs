@@ -878,6 +878,14 @@ async fn lambdas_on_replicated_shards_run_once_and_emit_through_the_leader() {
             }
         }
     }
+    // A node that cannot confirm a change does not hold `dfg apply` up
+    // for longer than its bound: it is named in the answer.
+    let mut c = c;
+    c.kill(5);
+    let t0 = Instant::now();
+    let r = c.client(3).await.dfg_apply(&dfg).await.unwrap();
+    assert_eq!(r["pending_nodes"], serde_json::json!([5]), "{r}");
+    assert!(t0.elapsed() < Duration::from_secs(10), "{:?}", t0.elapsed());
 }
 
 /// A stable time read sent straight to one node.

@@ -1,7 +1,7 @@
 //! Node-to-node transport for every group: per peer, one pipelined Sluice
 //! connection carries the small consensus messages of all groups
 //! (`Request::Raft { group, kind, body }`) and a second one those of
-//! `BULK_BYTES` and more, with fault injection (links cut on demand) for
+//! `[cluster] peer_bulk_bytes` (default `BULK_BYTES`) and more, with fault injection (links cut on demand) for
 //! tests.
 
 use crate::chunks::{large_values, ChunkWriter};

@@ -766,12 +766,8 @@ impl RaftStateMachine<TypeConfig> for Sm {
             + Unpin
             + Send,
     {
-        use futures_util::StreamExt;
-        let entries: Vec<EntryResponder<TypeConfig>> = entries
-            .collect::<Vec<_>>()
-            .await
-            .into_iter()
-            .collect::<Result<_, _>>()?;
+        use futures_util::TryStreamExt;
+        let entries: Vec<EntryResponder<TypeConfig>> = entries.try_collect().await?;
         let mut responders = Vec::with_capacity(entries.len());
         let results = self.apply_entries(entries.into_iter().map(|(e, r)| {
             responders.push(r);

@@ -136,7 +136,7 @@ pub struct LogStore {
     inner: Arc<Mutex<Inner>>,
     /// One past the last log index the state machine's saved snapshot
     /// covers (0: no snapshot saved; `u64::MAX` while no state machine
-    /// has said: nothing is kept on disk). A purge never goes past it: openraft 0.9 purges the log
+    /// has said: nothing is kept on disk). A purge never goes past it: openraft purges the log
     /// right after it hands a leader's snapshot to the state machine,
     /// before that snapshot is saved, and a crash in between left a log
     /// purged past the snapshot on disk (the restart then panicked).

@@ -1,12 +1,12 @@
 //! Fast failover after a leader's process died.
 //!
-//! openraft 0.9 replaces a leader that stops sending heartbeats only after
+//! openraft replaces a leader that stops sending heartbeats only after
 //! its followers' leader lease (`election_max_ms`) and then a random
 //! election timeout have run out: 0.5 to 0.8 s with the default settings.
 //! A leader that *crashed* says so sooner: its connections to this node
 //! close, and nothing listens at its address any more (a connection to it
 //! is refused, or reset before a byte was sent). This module acts on that
-//! evidence with openraft's own election trigger (`Raft::trigger().elect()`),
+//! evidence with openraft's own election trigger (`Raft::trigger().elect(false)`),
 //! so the protocol stays openraft's and only the timing changes:
 //!
 //! 1. every surviving voter that saw the connection close and the refusal

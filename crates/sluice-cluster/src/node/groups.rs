@@ -174,7 +174,7 @@ impl ClusterNode {
         Ok(group)
     }
 
-    /// A group's consensus core stopped. openraft 0.9 stops a core with
+    /// A group's consensus core stopped. openraft (seen with 0.9) stops a core with
     /// "replication channel closed" when, after a higher vote ended a
     /// replication stream, it hands that stream a snapshot to send: a bug
     /// of its own, nothing wrong with this node's disk. Such a group is
