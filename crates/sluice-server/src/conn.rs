@@ -88,6 +88,8 @@ struct Conn {
     parts_bytes: usize,
     /// Set while re-running a request after a metadata catch-up (no second catch-up).
     retried_after_catch_up: bool,
+    /// A HELLO waits for a metadata catch-up (`hello`).
+    hello_deferred: bool,
     /// The request being executed, when metrics are exported: its name,
     /// its key's pool and when it was decoded. A deferred request takes
     /// it along and records it when its reply is ready.
@@ -152,6 +154,7 @@ pub async fn serve_conn<S: Stream>(
         parts: Default::default(),
         parts_bytes: 0,
         retried_after_catch_up: false,
+        hello_deferred: false,
         timing: None,
         ctx: ctx.clone(),
     };
@@ -302,7 +305,9 @@ impl Conn {
                     }
                     Some(Err(e)) => return Close::Io(e),
                 },
-                Some((rid, rep)) = deferred_rx.recv() => self.deliver(rid, rep),
+                Some((rid, rep)) = deferred_rx.recv() => if let Err(c) = self.deliver(rid, rep) {
+                    return c;
+                },
                 Some(n) = notify_rx.recv() => {
                     self.encode_notice(n);
                     while let Ok(n) = notify_rx.try_recv() {
@@ -373,7 +378,7 @@ impl Conn {
     }
 
     /// A deferred request's reply, or the request to run again.
-    fn deliver(&mut self, rid: u64, rep: Reply) {
+    fn deliver(&mut self, rid: u64, rep: Reply) -> Result<(), Close> {
         match rep {
             Reply::Object(r) => reply_object(&mut self.out, rid, r),
             Reply::Put(Ok(p)) => Response::put_ok(&mut self.out, rid, &p),
@@ -381,11 +386,18 @@ impl Conn {
             Reply::Put(Err(e)) | Reply::Resp(Err(e)) => Response::error(&mut self.out, rid, &e),
             Reply::Retry(req, no_reply) => {
                 self.retried_after_catch_up = true;
-                self.execute(rid, no_reply, *req);
+                let r = if matches!(*req, Request::Hello { .. }) {
+                    self.hello(rid, *req)
+                } else {
+                    self.execute(rid, no_reply, *req);
+                    Ok(())
+                };
                 self.retried_after_catch_up = false;
+                return r;
             }
             Reply::Run(req, no_reply) => self.execute(rid, no_reply, *req),
         }
+        Ok(())
     }
 
     /// Writes what is queued; the small requests it answers are done.
@@ -658,50 +670,12 @@ impl Conn {
         };
         if !self.handshaken {
             return match req {
-                Request::Hello {
-                    protocol_version,
-                    client_name,
-                    token,
-                } => {
-                    if protocol_version != PROTOCOL_VERSION {
-                        return Err(Close::Fatal(
-                            rid, Box::new(SluiceError::protocol(format!(
-                                "client speaks protocol version {protocol_version}, this server speaks {PROTOCOL_VERSION}; upgrade the older side"
-                            )),)));
-                    }
-                    let policy = &self.ctx.policy;
-                    self.principal =
-                        match policy.authenticate(token.as_deref(), self.cert_name.as_deref()) {
-                            Ok(p) => p,
-                            Err(e) => {
-                                policy.audit.refused(
-                                    self.cert_name
-                                        .as_deref()
-                                        .unwrap_or(crate::policy::ANONYMOUS),
-                                    "hello",
-                                    self.addr,
-                                    &e,
-                                );
-                                return Err(Close::Fatal(rid, Box::new(e)));
-                            }
-                        };
-                    self.view = policy.view(&self.principal);
-                    tracing::debug!(client = %client_name, principal = %self.principal.name, "handshake");
-                    self.handshaken = true;
-                    let info = ServerInfo {
-                        protocol_version: PROTOCOL_VERSION,
-                        node_id: self.ctx.cfg.node_id,
-                        limits: self.ctx.cfg.limits.clone(),
-                        layout_version: self.ctx.store.layout().version,
-                        pool_table_version: self.ctx.store.pool_table_version(),
-                    };
-                    Response::HelloOk(info).encode(&mut self.out, rid);
-                    Ok(())
-                }
+                // Nothing but the HELLO may come before its answer.
+                Request::Hello { .. } if !self.hello_deferred => self.hello(rid, req),
                 _ => Err(Close::Fatal(
                     rid,
                     Box::new(SluiceError::protocol(
-                        "the first request on a connection must be HELLO",
+                        "the first request on a connection must be HELLO, and nothing may follow it before its answer",
                     )),
                 )),
             };
@@ -726,6 +700,72 @@ impl Conn {
         if let Some((op, pool, t0)) = self.timing.take() {
             crate::metrics::request(op, pool, t0.elapsed());
         }
+        Ok(())
+    }
+
+    /// The handshake: checks the protocol version and who the client is.
+    /// A token this node does not know may be one the cluster created an
+    /// instant ago through another node: the node then catches up with the
+    /// metadata leader and checks it once more before refusing it.
+    fn hello(&mut self, rid: u64, req: Request) -> Result<(), Close> {
+        let Request::Hello {
+            protocol_version,
+            client_name,
+            token,
+        } = &req
+        else {
+            unreachable!("hello() is called with HELLO only")
+        };
+        if *protocol_version != PROTOCOL_VERSION {
+            return Err(Close::Fatal(
+                rid, Box::new(SluiceError::protocol(format!(
+                    "client speaks protocol version {protocol_version}, this server speaks {PROTOCOL_VERSION}; upgrade the older side"
+                )),)));
+        }
+        let policy = self.ctx.policy.clone();
+        self.principal = match policy.authenticate(token.as_deref(), self.cert_name.as_deref()) {
+            Ok(p) => p,
+            Err(SluiceError::Unauthenticated { .. })
+                if token.is_some()
+                    && !self.retried_after_catch_up
+                    && self.ctx.cluster.is_some() =>
+            {
+                let cl = self.ctx.cluster.clone().expect("checked above");
+                self.hello_deferred = true;
+                self.defer(rid, false, async move {
+                    match cl.meta_catch_up().await {
+                        // In force here now, not when the follower task runs.
+                        Ok(()) => policy.install(cl.policies()),
+                        Err(e) => tracing::info!(error = %e, "metadata catch-up for an unknown token failed"),
+                    }
+                    Reply::Retry(Box::new(req), false)
+                });
+                return Ok(());
+            }
+            Err(e) => {
+                policy.audit.refused(
+                    self.cert_name
+                        .as_deref()
+                        .unwrap_or(crate::policy::ANONYMOUS),
+                    "hello",
+                    self.addr,
+                    &e,
+                );
+                return Err(Close::Fatal(rid, Box::new(e)));
+            }
+        };
+        self.hello_deferred = false;
+        self.view = policy.view(&self.principal);
+        tracing::debug!(client = %client_name, principal = %self.principal.name, "handshake");
+        self.handshaken = true;
+        let info = ServerInfo {
+            protocol_version: PROTOCOL_VERSION,
+            node_id: self.ctx.cfg.node_id,
+            limits: self.ctx.cfg.limits.clone(),
+            layout_version: self.ctx.store.layout().version,
+            pool_table_version: self.ctx.store.pool_table_version(),
+        };
+        Response::HelloOk(info).encode(&mut self.out, rid);
         Ok(())
     }
 
