@@ -20,7 +20,7 @@ use serde::{Deserialize, Serialize};
 use sluice_store::{ShardId, Store};
 use sluice_types::cluster::ClusterLayout;
 use sluice_types::{Object, ObjectMeta, PoolTable, PutResult, ReqId, SluiceError};
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::io::Cursor;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -111,10 +111,65 @@ impl MetaState {
     }
 }
 
-#[derive(Default, Serialize, Deserialize)]
+/// A client's last results, oldest first. `seqs` counts the sequence
+/// numbers in `results`, so a write that is not a retry (nearly all) is
+/// told so without a walk over the window; it is derived, not stored
+/// (snapshots keep the two fields they always had).
+#[derive(Default, Clone, Serialize, Deserialize)]
+#[serde(from = "StoredWindow")]
 struct ClientWindow {
     last_index: u64,
     results: VecDeque<(u64, Applied)>,
+    #[serde(skip_serializing)]
+    seqs: HashMap<u64, u32>,
+}
+
+/// `ClientWindow` as snapshots hold it.
+#[derive(Deserialize)]
+struct StoredWindow {
+    last_index: u64,
+    results: VecDeque<(u64, Applied)>,
+}
+
+impl From<StoredWindow> for ClientWindow {
+    fn from(w: StoredWindow) -> Self {
+        let mut seqs = HashMap::with_capacity(w.results.len());
+        for (s, _) in &w.results {
+            *seqs.entry(*s).or_default() += 1;
+        }
+        ClientWindow {
+            last_index: w.last_index,
+            results: w.results,
+            seqs,
+        }
+    }
+}
+
+impl ClientWindow {
+    /// The result remembered for `seq`, the oldest if there are several.
+    fn get(&self, seq: u64) -> Option<&Applied> {
+        if !self.seqs.contains_key(&seq) {
+            return None;
+        }
+        self.results.iter().find(|(s, _)| *s == seq).map(|(_, r)| r)
+    }
+
+    /// Remembers `seq`'s result, forgetting the oldest beyond `max`.
+    fn push(&mut self, seq: u64, r: Applied, max: usize) {
+        self.results.push_back((seq, r));
+        *self.seqs.entry(seq).or_default() += 1;
+        while self.results.len() > max {
+            let Some((old, _)) = self.results.pop_front() else {
+                break;
+            };
+            if let std::collections::hash_map::Entry::Occupied(mut e) = self.seqs.entry(old) {
+                *e.get_mut() -= 1;
+                if *e.get() == 0 {
+                    e.remove();
+                }
+            }
+        }
+    }
 }
 
 #[derive(Serialize, Deserialize)]
@@ -352,18 +407,7 @@ impl Sm {
     }
 
     fn dedup_copy(st: &State) -> Vec<(u64, ClientWindow)> {
-        st.dedup
-            .iter()
-            .map(|(c, w)| {
-                (
-                    *c,
-                    ClientWindow {
-                        last_index: w.last_index,
-                        results: w.results.clone(),
-                    },
-                )
-            })
-            .collect()
+        st.dedup.iter().map(|(c, w)| (*c, w.clone())).collect()
     }
 
     /// Restores a persistent shard: from the snapshot file (the history
@@ -502,10 +546,8 @@ impl Sm {
             _ => None,
         };
         if let Some(ReqId { client, seq }) = req_id {
-            if let Some(w) = st.dedup.get(&client) {
-                if let Some((_, r)) = w.results.iter().find(|(s, _)| *s == seq) {
-                    return Ok(r.clone());
-                }
+            if let Some(r) = st.dedup.get(&client).and_then(|w| w.get(seq)) {
+                return Ok(r.clone());
             }
         }
         // Strictly increasing in log order, identical on every replica.
@@ -529,10 +571,7 @@ impl Sm {
         if let Some(ReqId { client, seq }) = req_id {
             let w = st.dedup.entry(client).or_default();
             w.last_index = index;
-            w.results.push_back((seq, applied.clone()));
-            if w.results.len() > DEDUP_PER_CLIENT {
-                w.results.pop_front();
-            }
+            w.push(seq, applied.clone(), DEDUP_PER_CLIENT);
             if st.dedup.len() > DEDUP_CLIENTS {
                 if let Some(oldest) = st
                     .dedup
@@ -977,5 +1016,63 @@ mod file_tests {
         std::fs::write(&path, [0xffu8; 64]).unwrap();
         let e = read_snapshot_file(&path).unwrap_err().to_string();
         assert!(e.contains("snapshot file"), "{e}");
+    }
+}
+
+#[cfg(test)]
+mod window_tests {
+    use super::*;
+
+    fn put(v: u64) -> Applied {
+        Applied::Put(Ok(sluice_types::PutResult {
+            version: v,
+            timestamp_us: v,
+        }))
+    }
+
+    /// The window answers retries with the oldest result of a sequence
+    /// number, forgets beyond its size in arrival order, and is stored as
+    /// the two fields snapshots always held (its index rebuilt on load).
+    #[test]
+    fn a_client_window_finds_retries_and_forgets_the_oldest() {
+        let mut w = ClientWindow::default();
+        // Out of order, as concurrent requests of one client apply.
+        for s in [2u64, 1, 4, 3] {
+            w.push(s, put(s * 10), 5);
+        }
+        assert_eq!(w.get(1), Some(&put(10)));
+        assert_eq!(w.get(3), Some(&put(30)));
+        assert_eq!(w.get(9), None);
+        // A sequence number seen twice: the first result stands until it
+        // goes, then the second answers.
+        w.push(1, put(11), 5);
+        assert_eq!(w.get(1), Some(&put(10)));
+        w.push(5, put(50), 5);
+        assert_eq!(w.get(2), None, "the oldest went");
+        assert_eq!(w.get(1), Some(&put(10)));
+        w.push(6, put(60), 5);
+        assert_eq!(w.get(1), Some(&put(11)));
+        for s in 7..=9 {
+            w.push(s, put(s * 10), 5);
+        }
+        assert_eq!(w.get(1), None);
+        assert_eq!(w.seqs.len(), 5);
+
+        #[derive(Serialize)]
+        struct Old {
+            last_index: u64,
+            results: VecDeque<(u64, Applied)>,
+        }
+        let stored = bincode::serialize(&w).unwrap();
+        let old = bincode::serialize(&Old {
+            last_index: w.last_index,
+            results: w.results.clone(),
+        })
+        .unwrap();
+        assert_eq!(stored, old, "the stored form did not change");
+        let back: ClientWindow = bincode::deserialize(&stored).unwrap();
+        assert_eq!(back.get(6), Some(&put(60)));
+        assert_eq!(back.get(4), None);
+        assert_eq!(back.seqs, w.seqs);
     }
 }
