@@ -2319,6 +2319,19 @@ async fn a_new_token_works_at_once_on_a_node_that_has_not_applied_it() {
         Err(SluiceError::Unauthenticated { .. }) => {}
         other => panic!("a token nobody created: {other:?}"),
     }
+    // Given several seeds, a client says the token was refused, not that
+    // no node could be reached.
+    let seeds = format!("127.0.0.1:1,{}", c.addr(3));
+    match Client::connect_with(ClientConfig {
+        addr: seeds,
+        token: Some("slt_0000".into()),
+        ..Default::default()
+    })
+    .await
+    {
+        Err(SluiceError::Unauthenticated { .. }) => {}
+        other => panic!("a token nobody created, two seeds: {:?}", other.err()),
+    }
 }
 
 /// Policies live in the metadata group: a change made through one node

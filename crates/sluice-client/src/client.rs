@@ -239,7 +239,12 @@ async fn connect_seed(cfg: &ClientConfig) -> Result<(std::net::SocketAddr, Arc<C
         .await
         {
             Ok(c) => return Ok((addr, c)),
-            Err(e) if seeds.len() == 1 => return Err(e),
+            // A node that answered and refused who we are speaks for the
+            // cluster (a node that does not know a token checks with the
+            // metadata leader before it refuses one).
+            Err(e) if seeds.len() == 1 || matches!(e, SluiceError::Unauthenticated { .. }) => {
+                return Err(e)
+            }
             Err(e) => failures.push(format!("{seed}: {e}")),
         }
     }
