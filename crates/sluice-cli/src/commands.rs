@@ -567,21 +567,27 @@ fn cluster_status(c: &BlockingClient) -> Result<Shown> {
                 }
             ));
         }
-        // Its connections to peers: "2 3 (bulk: 2 3)".
-        let peers = |lane: &str| -> Vec<String> {
-            s["peer_connections"]
+        // Its connections to peers: "2 3 (bulk: 2 3)"; a node that has
+        // sent nothing to a peer (a follower everywhere) has "none".
+        let peers = |lane: &str| -> String {
+            let ids: Vec<String> = s["peer_connections"]
                 .as_array()
                 .into_iter()
                 .flatten()
                 .filter(|c| c["lane"] == lane)
                 .map(|c| t(&c["node"]))
-                .collect()
+                .collect();
+            if ids.is_empty() {
+                "none".into()
+            } else {
+                ids.join(" ")
+            }
         };
         text.push(format!(
             "{:<6} connections to peers: {} (bulk: {})",
             t(&s["node"]),
-            peers("small").join(" "),
-            peers("bulk").join(" ")
+            peers("small"),
+            peers("bulk")
         ));
     }
     Ok(Shown::new(

@@ -892,6 +892,14 @@ fn dev_starts_a_three_node_cluster_and_ctrl_c_stops_it() {
         3,
         "{human}"
     );
+    // Never an empty list: a node that has opened none says "none".
+    assert!(
+        human
+            .lines()
+            .filter(|l| l.contains("connections to peers:"))
+            .all(|l| !l.contains(":  ") && !l.contains("(bulk: )")),
+        "{human}"
+    );
     // Membership changes answer in words, not JSON.
     let r = cli(
         a0.clone(),
