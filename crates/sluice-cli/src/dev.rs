@@ -1,5 +1,6 @@
 //! `sluice dev --nodes N`: a local cluster of real node processes with a
-//! default layout, torn down on Ctrl-C.
+//! default layout, torn down on Ctrl-C or SIGTERM; its nodes end with it
+//! however it ends (`PR_SET_PDEATHSIG`).
 
 use anyhow::{bail, Context, Result};
 use sluice_client::BlockingClient;
@@ -159,14 +160,29 @@ fn spawn_node(
     );
     text.push_str(config);
     std::fs::write(&cfg, text)?;
-    Command::new(exe)
-        .args(node_args(dir, layout, id))
+    let mut cmd = Command::new(exe);
+    cmd.args(node_args(dir, layout, id))
         .args(extra)
         .stdin(Stdio::null())
         .stdout(log.try_clone()?)
-        .stderr(log)
-        .spawn()
-        .with_context(|| format!("starting node {id}"))
+        .stderr(log);
+    // The nodes end with this command however it ends (even SIGKILL):
+    // the kernel sends each one SIGTERM when its parent dies.
+    #[cfg(target_os = "linux")]
+    {
+        use std::os::unix::process::CommandExt;
+        // SAFETY: prctl is async-signal-safe; nothing else runs between
+        // fork and exec.
+        unsafe {
+            cmd.pre_exec(|| {
+                if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+    }
+    cmd.spawn().with_context(|| format!("starting node {id}"))
 }
 
 /// Waits until every node process this command started is up (it wrote
@@ -371,6 +387,19 @@ pub fn run(a: DevArgs) -> Result<()> {
     let endpoints: Vec<String> = parsed.nodes.iter().map(|n| n.address.to_string()).collect();
     std::fs::write(a.dir.join("endpoints"), endpoints.join("\n") + "\n")
         .with_context(|| format!("writing {}/endpoints", a.dir.display()))?;
+    // Listening for SIGINT and SIGTERM before saying the nodes are up, so
+    // a signal sent as soon as that line is read stops them in order.
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    let (mut sigint, mut sigterm) = {
+        use tokio::signal::unix::{signal, SignalKind};
+        let _rt = rt.enter();
+        (
+            signal(SignalKind::interrupt()).context("listening for SIGINT")?,
+            signal(SignalKind::terminate()).context("listening for SIGTERM")?,
+        )
+    };
     println!(
         "sluice dev: {} nodes up (layout {})",
         parsed.nodes.len(),
@@ -386,17 +415,15 @@ pub fn run(a: DevArgs) -> Result<()> {
     }
     print_extras(&a, &parsed, pki.as_ref())?;
     let last = endpoints.last().cloned().unwrap_or_default();
-    println!("try (from this directory, client commands find the nodes in {}/endpoints):\n  sluice put /vol/a hello\n  sluice --addr {last} get /vol/a\n  sluice cluster status\nCtrl-C stops every node.", a.dir.display());
+    println!("try (from this directory, client commands find the nodes in {}/endpoints):\n  sluice put /vol/a hello\n  sluice --addr {last} get /vol/a\n  sluice cluster status\nCtrl-C (or SIGTERM) stops every node.", a.dir.display());
     let _ = std::io::stdout().flush();
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()?;
     let mut reported = vec![false; children.len()];
     rt.block_on(async {
         let mut tick = tokio::time::interval(Duration::from_millis(500));
         loop {
             tokio::select! {
-                _ = tokio::signal::ctrl_c() => break,
+                _ = sigint.recv() => break,
+                _ = sigterm.recv() => break,
                 _ = tick.tick() => {
                     for (k, (i, c)) in children.iter_mut().enumerate() {
                         if reported[k] {

@@ -753,12 +753,19 @@ fn retention_compacts_persistent_pools_in_the_background() {
     assert_eq!(n.ok(&["size", "/r/k"]), "500\n");
 }
 
-/// `sluice dev --nodes 3`: real node processes, the default pools work
-/// unchanged against any node, `cluster status` shows one leader per
-/// group, and Ctrl-C (SIGINT) stops every node.
-#[test]
-fn dev_starts_a_three_node_cluster_and_ctrl_c_stops_it() {
-    let dir = temp_dir("dev");
+/// A `sluice dev --nodes 3` of a test: the process, the rest of its
+/// output, its nodes' pids, its first client and metrics ports.
+struct Dev {
+    child: std::process::Child,
+    out: BufReader<std::process::ChildStdout>,
+    pids: Vec<String>,
+    base: u16,
+    metrics_base: u16,
+}
+
+/// Starts `sluice dev --nodes 3` in `dir` and reads its lines up to the
+/// nodes' pids.
+fn spawn_dev(dir: &Path) -> Dev {
     // Three consecutive free ports.
     let base = loop {
         let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
@@ -769,7 +776,7 @@ fn dev_starts_a_three_node_cluster_and_ctrl_c_stops_it() {
         }
     };
     let metrics_base = free_base(3);
-    let mut dev = Command::new(BIN)
+    let mut child = Command::new(BIN)
         .args([
             "dev",
             "--nodes",
@@ -785,7 +792,7 @@ fn dev_starts_a_three_node_cluster_and_ctrl_c_stops_it() {
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    let mut out = BufReader::new(dev.stdout.take().unwrap());
+    let mut out = BufReader::new(child.stdout.take().unwrap());
     let mut first = String::new();
     out.read_line(&mut first).unwrap();
     assert!(first.contains("3 nodes up"), "{first:?}");
@@ -800,6 +807,68 @@ fn dev_starts_a_three_node_cluster_and_ctrl_c_stops_it() {
             .unwrap();
         pids.push(pid.to_string());
     }
+    Dev {
+        child,
+        out,
+        pids,
+        base,
+        metrics_base,
+    }
+}
+
+/// Waits (bounded) until none of `pids` runs any more (gone, or a zombie).
+fn wait_gone(pids: &[String], what: &str) {
+    let running = |pid: &String| {
+        std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| !s.contains(") Z "))
+    };
+    let deadline = std::time::Instant::now() + Duration::from_secs(15);
+    let mut waited = Duration::from_millis(1);
+    while pids.iter().any(running) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "nodes {:?} still running after {what}",
+            pids.iter().filter(|p| running(p)).collect::<Vec<_>>()
+        );
+        // Nothing to wait on but /proc: back off.
+        std::thread::park_timeout(waited);
+        waited = (waited * 2).min(Duration::from_millis(50));
+    }
+}
+
+/// `sluice dev` stopped with SIGTERM stops its nodes as Ctrl-C does; and
+/// killed outright (SIGKILL, no chance to clean up), its nodes still end
+/// with it instead of holding their ports.
+#[test]
+fn dev_nodes_end_with_dev_on_sigterm_and_on_sigkill() {
+    for (sig, name) in [(libc::SIGTERM, "SIGTERM"), (libc::SIGKILL, "SIGKILL")] {
+        let dir = temp_dir("dev-signal");
+        let mut dev = spawn_dev(&dir);
+        // SAFETY: signalling the child we spawned and have not reaped.
+        unsafe {
+            libc::kill(dev.child.id() as libc::pid_t, sig);
+        }
+        let st = dev.child.wait().unwrap();
+        if sig == libc::SIGTERM {
+            assert!(st.success(), "sluice dev after SIGTERM: {st}");
+        }
+        wait_gone(&dev.pids, &format!("{name} to sluice dev"));
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}
+
+/// `sluice dev --nodes 3`: real node processes, the default pools work
+/// unchanged against any node, `cluster status` shows one leader per
+/// group, and Ctrl-C (SIGINT) stops every node.
+#[test]
+fn dev_starts_a_three_node_cluster_and_ctrl_c_stops_it() {
+    let dir = temp_dir("dev");
+    let Dev {
+        child: mut dev,
+        mut out,
+        pids,
+        base,
+        metrics_base,
+    } = spawn_dev(&dir);
     let mut metrics_line = String::new();
     out.read_line(&mut metrics_line).unwrap();
     let metrics = metrics_line
@@ -1005,14 +1074,7 @@ fn dev_starts_a_three_node_cluster_and_ctrl_c_stops_it() {
         libc::kill(dev.id() as libc::pid_t, libc::SIGINT);
     }
     assert!(dev.wait().unwrap().success());
-    for pid in pids {
-        assert!(
-            !Path::new(&format!("/proc/{pid}")).exists()
-                || std::fs::read_to_string(format!("/proc/{pid}/stat"))
-                    .is_ok_and(|s| s.contains(") Z ")),
-            "node {pid} still running after Ctrl-C"
-        );
-    }
+    wait_gone(&pids, "Ctrl-C");
     let _ = std::fs::remove_dir_all(&dir);
 }
 
