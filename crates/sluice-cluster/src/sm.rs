@@ -115,7 +115,7 @@ impl MetaState {
 /// numbers in `results`, so a write that is not a retry (nearly all) is
 /// told so without a walk over the window; it is derived, not stored
 /// (snapshots keep the two fields they always had).
-#[derive(Default, Clone, Serialize, Deserialize)]
+#[derive(Default, Serialize, Deserialize)]
 #[serde(from = "StoredWindow")]
 struct ClientWindow {
     last_index: u64,
@@ -406,8 +406,21 @@ impl Sm {
         }
     }
 
+    /// The windows to encode in a snapshot (taken under the state's
+    /// lock: without the derived index, which is not stored and is
+    /// rebuilt when a snapshot is read).
     fn dedup_copy(st: &State) -> Vec<(u64, ClientWindow)> {
-        st.dedup.iter().map(|(c, w)| (*c, w.clone())).collect()
+        st.dedup
+            .iter()
+            .map(|(c, w)| {
+                let copy = ClientWindow {
+                    last_index: w.last_index,
+                    results: w.results.clone(),
+                    seqs: HashMap::new(),
+                };
+                (*c, copy)
+            })
+            .collect()
     }
 
     /// Restores a persistent shard: from the snapshot file (the history
