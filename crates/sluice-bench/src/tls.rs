@@ -1,8 +1,10 @@
 //! `sluice bench tls`: the cost of TLS, next to plaintext in the same run.
 //! Two node processes (one with `[tls]` from a development CA, one
-//! without), measured in turns, round after round, so the machine's drift
-//! hits both: put and get of one size, one client closed loop (p50, p99)
-//! and N clients (throughput).
+//! without); every phase runs on the plaintext node and right after on
+//! the TLS node, round after round, and the summary is the median of the
+//! pairs' ratios, so the machine's drift hits both sides of each ratio:
+//! put and get of one size, one client closed loop (p50, p99) and N
+//! clients (throughput).
 
 use crate::harness::{closed_loop, fmt_size, report, row, ChildNode, Row};
 use crate::peers::{sluice_ops, SluiceOp};
@@ -21,8 +23,8 @@ pub struct TlsArgs {
     /// Length of each measurement phase.
     #[arg(long, default_value_t = 1500)]
     pub duration_ms: u64,
-    /// Rounds (each measures both nodes, in turns).
-    #[arg(long, default_value_t = 3)]
+    /// Rounds (each measures every phase on both nodes, back to back).
+    #[arg(long, default_value_t = 5)]
     pub rounds: usize,
 }
 
@@ -42,40 +44,46 @@ async fn clients(
     sluice_ops(&cfg, op, size, n).await
 }
 
-/// One node, one round: p50 with one client and throughput with many,
-/// for put and get.
-fn measure(
+/// One phase on one node: `n` clients (one connection each) closed loop.
+fn phase(
     target: &str,
     addr: &str,
     tls: Option<&sluice_tls::ClientTls>,
+    op: &'static str,
+    n: usize,
     a: &TlsArgs,
-) -> Result<Vec<Row>> {
-    let dur = Duration::from_millis(a.duration_ms);
-    let mut rows = Vec::new();
-    for op in ["put", "get"] {
-        let rt1 = tokio::runtime::Builder::new_current_thread()
+) -> Result<Row> {
+    let rt = if n == 1 {
+        tokio::runtime::Builder::new_current_thread()
             .enable_all()
-            .build()?;
-        let w = rt1.block_on(clients(addr, tls, op, a.size, 1))?;
-        let label = format!("{target} {op} {} c=1", fmt_size(a.size));
-        let r = rt1.block_on(closed_loop(w, dur, label));
-        rows.push(row(target, op, a.size, "closed", 1, (&r.0, r.1, r.2)));
-        drop(rt1);
-        let rtn = tokio::runtime::Builder::new_multi_thread()
+            .build()?
+    } else {
+        tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
             .enable_all()
-            .build()?;
-        let w = rtn.block_on(clients(addr, tls, op, a.size, a.clients))?;
-        let label = format!("{target} {op} {} c={}", fmt_size(a.size), a.clients);
-        let r = rtn.block_on(closed_loop(w, dur, label));
-        rows.push(row(
-            target,
-            op,
-            a.size,
-            "closed",
-            a.clients,
-            (&r.0, r.1, r.2),
-        ));
+            .build()?
+    };
+    let w = rt.block_on(clients(addr, tls, op, a.size, n))?;
+    let label = format!("{target} {op} {} c={n}", fmt_size(a.size));
+    let r = rt.block_on(closed_loop(w, Duration::from_millis(a.duration_ms), label));
+    Ok(row(target, op, a.size, "closed", n, (&r.0, r.1, r.2)))
+}
+
+/// One round: each phase (put and get; one client, then many) on the
+/// plaintext node and right after on the TLS node, so the two figures
+/// of a pair see the same machine.
+fn round(
+    plain: &str,
+    secure: &str,
+    tls: &sluice_tls::ClientTls,
+    a: &TlsArgs,
+) -> Result<Vec<Row>> {
+    let mut rows = Vec::new();
+    for op in ["put", "get"] {
+        for n in [1, a.clients] {
+            rows.push(phase("plaintext", plain, None, op, n, a)?);
+            rows.push(phase("tls", secure, Some(tls), op, n, a)?);
+        }
     }
     Ok(rows)
 }
@@ -103,8 +111,7 @@ pub fn run(a: TlsArgs, json: bool) -> Result<()> {
     );
     let mut rows = Vec::new();
     for _ in 0..a.rounds.max(1) {
-        rows.extend(measure("plaintext", &plain.addr, None, &a)?);
-        rows.extend(measure("tls", &secure.addr, Some(&tls), &a)?);
+        rows.extend(round(&plain.addr, &secure.addr, &tls, &a)?);
     }
     report(&rows, json, None)?;
     if !json {
@@ -170,28 +177,37 @@ fn crypto_bound(rows: &[Row], size: usize, clients: usize) -> Result<()> {
     Ok(())
 }
 
-/// Medians over the rounds, and TLS against plaintext.
+/// Medians over the rounds, and TLS against plaintext: the median of
+/// each round's ratio (a pair measured back to back), which drift
+/// between rounds does not move as it moves the ratio of two medians.
 fn summary(rows: &[Row], clients: usize) {
-    let median = |target: &str, op: &str, c: usize, f: fn(&Row) -> f64| {
-        let mut v: Vec<f64> = rows
-            .iter()
+    let pick = |target: &str, op: &str, c: usize, f: fn(&Row) -> f64| -> Vec<f64> {
+        rows.iter()
             .filter(|r| r.target == target && r.op == op && r.clients == c)
             .map(f)
-            .collect();
+            .collect()
+    };
+    let median = |mut v: Vec<f64>| {
         v.sort_by(f64::total_cmp);
         v.get(v.len() / 2).copied().unwrap_or(f64::NAN)
     };
+    let ratios = |op: &str, c: usize, f: fn(&Row) -> f64| -> Vec<f64> {
+        let (t, p) = (pick("tls", op, c, f), pick("plaintext", op, c, f));
+        t.iter().zip(&p).map(|(t, p)| t / p).collect()
+    };
     for op in ["put", "get"] {
-        let p50 = |t| median(t, op, 1, |r| r.p50_us);
-        let tput = |t| median(t, op, clients, |r| r.ops_per_s);
+        let p50 = |t| median(pick(t, op, 1, |r| r.p50_us));
+        let tput = |t| median(pick(t, op, clients, |r| r.ops_per_s));
+        let each = ratios(op, clients, |r| r.ops_per_s);
         println!(
-            "{op}: p50 TLS {:.1} µs / plaintext {:.1} µs = {:.2}x (target <= 1.2x); {clients} clients TLS {:.0} / plaintext {:.0} ops/s = {:.2}x (target >= 0.8x)",
+            "{op}: p50 TLS {:.1} µs / plaintext {:.1} µs, median of the rounds' ratios {:.2}x (target <= 1.2x); {clients} clients TLS {:.0} / plaintext {:.0} ops/s, median of the rounds' ratios {:.2}x (target >= 0.8x; rounds: {})",
             p50("tls"),
             p50("plaintext"),
-            p50("tls") / p50("plaintext"),
+            median(ratios(op, 1, |r| r.p50_us)),
             tput("tls"),
             tput("plaintext"),
-            tput("tls") / tput("plaintext"),
+            median(each.clone()),
+            each.iter().map(|r| format!("{r:.2}")).collect::<Vec<_>>().join(" "),
         );
     }
 }
