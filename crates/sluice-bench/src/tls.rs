@@ -72,12 +72,7 @@ fn phase(
 /// One round: each phase (put and get; one client, then many) on the
 /// plaintext node and right after on the TLS node, so the two figures
 /// of a pair see the same machine.
-fn round(
-    plain: &str,
-    secure: &str,
-    tls: &sluice_tls::ClientTls,
-    a: &TlsArgs,
-) -> Result<Vec<Row>> {
+fn round(plain: &str, secure: &str, tls: &sluice_tls::ClientTls, a: &TlsArgs) -> Result<Vec<Row>> {
     let mut rows = Vec::new();
     for op in ["put", "get"] {
         for n in [1, a.clients] {

@@ -2319,6 +2319,39 @@ async fn a_new_token_works_at_once_on_a_node_that_has_not_applied_it() {
         Err(SluiceError::Unauthenticated { .. }) => {}
         other => panic!("a token nobody created: {other:?}"),
     }
+    // While the handshake checks with the leader, nothing else may come:
+    // a request sent after the HELLO, before its answer, ends the
+    // connection with a protocol error (and runs nothing).
+    {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let mut sock = tokio::net::TcpStream::connect(c.addrs[&3]).await.unwrap();
+        let mut q = sluice_wire::OutQueue::new();
+        Request::Hello {
+            protocol_version: sluice_wire::PROTOCOL_VERSION,
+            client_name: "eager".into(),
+            token: Some("slt_0001".into()),
+        }
+        .encode(&mut q, 1, 0);
+        Request::Ping.encode(&mut q, 2, 0);
+        sock.write_all(&q.to_bytes()).await.unwrap();
+        let dec = sluice_wire::FrameDecoder::new(u32::MAX, u32::MAX);
+        let mut buf = bytes::BytesMut::new();
+        let (rid, r) = loop {
+            if let Some(f) = dec.decode(&mut buf).unwrap() {
+                break (f.request_id, Response::decode(f).unwrap());
+            }
+            let n = tokio::time::timeout(Duration::from_secs(10), sock.read_buf(&mut buf))
+                .await
+                .expect("node 3 answers")
+                .unwrap();
+            assert!(n > 0, "closed without an answer");
+        };
+        assert_eq!(rid, 2, "{r:?}");
+        assert!(
+            matches!(&r, Response::Error(SluiceError::Protocol { reason }) if reason.contains("before its answer")),
+            "{r:?}"
+        );
+    }
     // Given several seeds, a client says the token was refused, not that
     // no node could be reached.
     let seeds = format!("127.0.0.1:1,{}", c.addr(3));

@@ -669,16 +669,15 @@ impl Conn {
             }
         };
         if !self.handshaken {
-            return match req {
-                // Nothing but the HELLO may come before its answer.
-                Request::Hello { .. } if !self.hello_deferred => self.hello(rid, req),
-                _ => Err(Close::Fatal(
+            if self.hello_deferred {
+                return Err(Close::Fatal(
                     rid,
                     Box::new(SluiceError::protocol(
-                        "the first request on a connection must be HELLO, and nothing may follow it before its answer",
+                        "nothing may follow HELLO before its answer",
                     )),
-                )),
-            };
+                ));
+            }
+            return self.hello(rid, req);
         }
         // Nodes (peers that proved the cluster key) are not policed.
         let req = if self.peer.is_none() {
@@ -714,7 +713,12 @@ impl Conn {
             token,
         } = &req
         else {
-            unreachable!("hello() is called with HELLO only")
+            return Err(Close::Fatal(
+                rid,
+                Box::new(SluiceError::protocol(
+                    "the first request on a connection must be HELLO",
+                )),
+            ));
         };
         if *protocol_version != PROTOCOL_VERSION {
             return Err(Close::Fatal(
@@ -723,37 +727,38 @@ impl Conn {
                 )),)));
         }
         let policy = self.ctx.policy.clone();
-        self.principal = match policy.authenticate(token.as_deref(), self.cert_name.as_deref()) {
-            Ok(p) => p,
-            Err(SluiceError::Unauthenticated { .. })
-                if token.is_some()
-                    && !self.retried_after_catch_up
-                    && self.ctx.cluster.is_some() =>
-            {
-                let cl = self.ctx.cluster.clone().expect("checked above");
-                self.hello_deferred = true;
-                self.defer(rid, false, async move {
-                    match cl.meta_catch_up().await {
-                        // In force here now, not when the follower task runs.
-                        Ok(()) => policy.install(cl.policies()),
-                        Err(e) => tracing::info!(error = %e, "metadata catch-up for an unknown token failed"),
-                    }
-                    Reply::Retry(Box::new(req), false)
-                });
-                return Ok(());
+        let refused = match policy.authenticate(token.as_deref(), self.cert_name.as_deref()) {
+            Ok(p) => {
+                self.principal = p;
+                None
             }
-            Err(e) => {
-                policy.audit.refused(
-                    self.cert_name
-                        .as_deref()
-                        .unwrap_or(crate::policy::ANONYMOUS),
-                    "hello",
-                    self.addr,
-                    &e,
-                );
-                return Err(Close::Fatal(rid, Box::new(e)));
-            }
+            Err(e) => Some(e),
         };
+        if let Some(e) = refused {
+            let unknown_token = matches!(e, SluiceError::Unauthenticated { .. }) && token.is_some();
+            match self.ctx.cluster.clone() {
+                Some(cl) if unknown_token && !self.retried_after_catch_up => {
+                    self.hello_deferred = true;
+                    self.defer(rid, false, async move {
+                        match cl.meta_catch_up().await {
+                            // In force here now, not when the follower task runs.
+                            Ok(()) => policy.install(cl.policies()),
+                            Err(e) => tracing::info!(error = %e, "metadata catch-up for an unknown token failed"),
+                        }
+                        Reply::Retry(Box::new(req), false)
+                    });
+                    return Ok(());
+                }
+                _ => {
+                    let who = self
+                        .cert_name
+                        .as_deref()
+                        .unwrap_or(crate::policy::ANONYMOUS);
+                    policy.audit.refused(who, "hello", self.addr, &e);
+                    return Err(Close::Fatal(rid, Box::new(e)));
+                }
+            }
+        }
         self.hello_deferred = false;
         self.view = policy.view(&self.principal);
         tracing::debug!(client = %client_name, principal = %self.principal.name, "handshake");
