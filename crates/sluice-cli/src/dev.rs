@@ -392,13 +392,9 @@ pub fn run(a: DevArgs) -> Result<()> {
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
-    let (mut sigint, mut sigterm) = {
-        use tokio::signal::unix::{signal, SignalKind};
+    let mut stop = {
         let _rt = rt.enter();
-        (
-            signal(SignalKind::interrupt()).context("listening for SIGINT")?,
-            signal(SignalKind::terminate()).context("listening for SIGTERM")?,
-        )
+        crate::serve::StopSignals::listen()?
     };
     println!(
         "sluice dev: {} nodes up (layout {})",
@@ -422,8 +418,7 @@ pub fn run(a: DevArgs) -> Result<()> {
         let mut tick = tokio::time::interval(Duration::from_millis(500));
         loop {
             tokio::select! {
-                _ = sigint.recv() => break,
-                _ = sigterm.recv() => break,
+                _ = stop.recv() => break,
                 _ = tick.tick() => {
                     for (k, (i, c)) in children.iter_mut().enumerate() {
                         if reported[k] {

@@ -150,6 +150,9 @@ pub fn run(a: ServeArgs) -> Result<()> {
                 tracing::info!(graphs = ?r.ids, notes = ?r.notes, "graphs from --dfgs applied");
             }
         }
+        // Listening before the line that scripts wait for, so a signal
+        // sent as soon as they read it still stops the node in order.
+        let mut stop = StopSignals::listen()?;
         // Scripts and tests read this line to learn the port.
         println!(
             "sluice: node {node_id} listening on {} (data dir {})",
@@ -157,7 +160,12 @@ pub fn run(a: ServeArgs) -> Result<()> {
             data_dir.display()
         );
         let _ = std::io::stdout().flush();
-        server.run(shutdown_signal()).await;
+        server
+            .run(async move {
+                let which = stop.recv().await;
+                tracing::info!("{which} received");
+            })
+            .await;
         tracing::info!("stopped");
         Ok(())
     })
@@ -197,19 +205,27 @@ async fn apply_at_start(addr: SocketAddr, text: String, tls: Option<sluice_tls::
     }
 }
 
-/// Completes on SIGINT or SIGTERM.
-async fn shutdown_signal() {
-    use tokio::signal::unix::{signal, SignalKind};
-    let mut term = match signal(SignalKind::terminate()) {
-        Ok(s) => s,
-        Err(e) => {
-            tracing::warn!(error = %e, "cannot listen for SIGTERM; only Ctrl-C stops the node");
-            let _ = tokio::signal::ctrl_c().await;
-            return;
+/// SIGINT and SIGTERM, listened for from the moment this is made (inside
+/// a runtime), so one that comes before anything awaits `recv` is kept.
+pub(crate) struct StopSignals {
+    int: tokio::signal::unix::Signal,
+    term: tokio::signal::unix::Signal,
+}
+
+impl StopSignals {
+    pub(crate) fn listen() -> Result<StopSignals> {
+        use tokio::signal::unix::{signal, SignalKind};
+        Ok(StopSignals {
+            int: signal(SignalKind::interrupt()).context("listening for SIGINT")?,
+            term: signal(SignalKind::terminate()).context("listening for SIGTERM")?,
+        })
+    }
+
+    /// Completes on the first SIGINT or SIGTERM; says which.
+    pub(crate) async fn recv(&mut self) -> &'static str {
+        tokio::select! {
+            _ = self.int.recv() => "SIGINT",
+            _ = self.term.recv() => "SIGTERM",
         }
-    };
-    tokio::select! {
-        _ = tokio::signal::ctrl_c() => tracing::info!("SIGINT received"),
-        _ = term.recv() => tracing::info!("SIGTERM received"),
     }
 }

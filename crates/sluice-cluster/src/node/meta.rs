@@ -46,33 +46,40 @@ impl ClusterNode {
         let cmd = sluice_wire::Request::Cluster {
             command: json!({"op": "dfgs_reconciled"}).to_string(),
         };
-        let mut pending: Vec<u32> = self.layout.nodes.iter().map(|n| n.id).collect();
-        loop {
-            let mut left = Vec::new();
-            for n in pending {
-                let at = if n == self.id {
-                    self.dfgs_reconciled
-                        .load(std::sync::atomic::Ordering::Acquire)
-                } else {
-                    let Some(addr) = self.layout.address_of(n) else {
-                        continue;
-                    };
-                    let t = deadline.saturating_duration_since(tokio::time::Instant::now());
-                    match self.peers.request(n, &addr.to_string(), &cmd, t).await {
-                        Ok(sluice_wire::Response::Json(j)) => {
-                            serde_json::from_str::<serde_json::Value>(&j)
-                                .ok()
-                                .and_then(|v| v["index"].as_u64())
-                                .unwrap_or(0)
-                        }
-                        _ => 0,
-                    }
+        // Where node `n` is: asked of every node at once, so one that is
+        // cut off does not use up the others' time.
+        let reconciled = |n: u32| {
+            let cmd = &cmd;
+            async move {
+                if n == self.id {
+                    return self
+                        .dfgs_reconciled
+                        .load(std::sync::atomic::Ordering::Acquire);
+                }
+                let Some(addr) = self.layout.address_of(n) else {
+                    return u64::MAX; // not a node of the layout any more
                 };
-                if at < index {
-                    left.push(n);
+                let t = deadline.saturating_duration_since(tokio::time::Instant::now());
+                match self.peers.request(n, &addr.to_string(), cmd, t).await {
+                    Ok(sluice_wire::Response::Json(j)) => {
+                        serde_json::from_str::<serde_json::Value>(&j)
+                            .ok()
+                            .and_then(|v| v["index"].as_u64())
+                            .unwrap_or(0)
+                    }
+                    _ => 0,
                 }
             }
-            pending = left;
+        };
+        let mut pending: Vec<u32> = self.layout.nodes.iter().map(|n| n.id).collect();
+        loop {
+            let at = futures_util::future::join_all(pending.iter().map(|n| reconciled(*n))).await;
+            pending = pending
+                .into_iter()
+                .zip(at)
+                .filter(|(_, at)| *at < index)
+                .map(|(n, _)| n)
+                .collect();
             if pending.is_empty() || tokio::time::Instant::now() >= deadline {
                 return pending;
             }
