@@ -102,6 +102,23 @@ impl Nodes {
         c.wait().unwrap();
     }
 
+    /// For a failure message: the nodes that exited, and each node's
+    /// last log lines.
+    fn diagnose(&mut self) -> String {
+        let mut out = String::new();
+        for (id, c) in self.procs.iter_mut() {
+            if let Ok(Some(status)) = c.try_wait() {
+                out += &format!("node {id} exited: {status}\n");
+            }
+            let log = std::fs::read_to_string(self.dir.path().join(format!("node-{id}.log")))
+                .unwrap_or_default();
+            let lines: Vec<&str> = log.lines().collect();
+            let tail = lines[lines.len().saturating_sub(15)..].join("\n");
+            out += &format!("--- node {id}'s log, last lines:\n{tail}\n");
+        }
+        out
+    }
+
     fn seeds(&self) -> String {
         let v: Vec<String> = self.addrs.values().map(|a| a.to_string()).collect();
         v.join(",")
@@ -294,9 +311,15 @@ fn cascade_layout_and_every_dfgs_shape_run_on_a_cluster() {
         });
     }
 
+    // Every node up (the pools needed only a majority): `dfg apply`
+    // waits for all of them.
+    wait_for("every node answering", || {
+        (nodes.states(&c).len() == nodes.addrs.len()).then_some(())
+    });
+
     // unit_tests: older field name, two UDLs, put and trigger_put edges.
     let out = apply(&nodes, "unit_tests.dfgs.json", 1);
-    assert!(out.contains("on every node"), "{out}");
+    assert!(out.contains("on every node"), "{out}\n{}", nodes.diagnose());
     assert!(out.contains("data_path_logic_list"), "{out}");
     nodes.wait_graphs(&c, &["26639e22-9b3c-11eb-a237-0242ac110002"]);
     c.put("/pool0/k", "v0").unwrap();

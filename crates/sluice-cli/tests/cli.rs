@@ -766,15 +766,7 @@ struct Dev {
 /// Starts `sluice dev --nodes 3` in `dir` and reads its lines up to the
 /// nodes' pids.
 fn spawn_dev(dir: &Path) -> Dev {
-    // Three consecutive free ports.
-    let base = loop {
-        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        let p = l.local_addr().unwrap().port();
-        drop(l);
-        if p < 65000 && (1..3).all(|i| std::net::TcpListener::bind(("127.0.0.1", p + i)).is_ok()) {
-            break p;
-        }
-    };
+    let base = free_base(3);
     let metrics_base = free_base(3);
     let mut child = Command::new(BIN)
         .args([

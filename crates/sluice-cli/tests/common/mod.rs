@@ -14,7 +14,11 @@ pub const BIN: &str = env!("CARGO_BIN_EXE_sluice");
 /// A base port with `n` free consecutive ports after it on 127.0.0.1
 /// (bound then released; the nodes bind them next). Each call draws
 /// another candidate, so tests running together do not pick the same.
+/// The ports lie below the kernel's ephemeral range: between the check
+/// and the node's bind, any outgoing connection on the machine may be
+/// given a port from that range (which once took a node's port in CI).
 pub fn free_base(n: u16) -> u16 {
+    let below = ephemeral_low().saturating_sub(n).max(10_001);
     static CALLS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
     let call = CALLS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     let mut seed = (std::process::id() as u64 ^ 0x9e37_79b9_7f4a_7c15)
@@ -23,12 +27,21 @@ pub fn free_base(n: u16) -> u16 {
         seed = seed
             .wrapping_mul(6364136223846793005)
             .wrapping_add(1442695040888963407);
-        let base = 20_000 + (seed >> 33) as u16 % 30_000;
+        let base = 10_000 + (seed >> 33) as u16 % (below - 10_000);
         if (0..n).all(|i| TcpListener::bind(SocketAddr::from(([127, 0, 0, 1], base + i))).is_ok()) {
             return base;
         }
     }
     panic!("no {n} free consecutive ports");
+}
+
+/// The first port of the kernel's ephemeral range (Linux's default where
+/// it cannot be read).
+fn ephemeral_low() -> u16 {
+    std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|s| s.split_whitespace().next()?.parse().ok())
+        .unwrap_or(32_768)
 }
 
 /// A `sluice serve` process; killed (and its directory removed) when
