@@ -242,7 +242,7 @@ fn start_redis() -> Result<Redis> {
     let dir = std::env::temp_dir().join(format!("sluice-bench-redis-{}", std::process::id()));
     std::fs::create_dir_all(&dir)?;
     let start = |port: u16, replica_of: Option<u16>| -> Result<Child> {
-        let mut cmd = Command::new("redis-server");
+        let mut cmd = crate::children::command("redis-server");
         cmd.current_dir(&dir);
         cmd.args([
             "--port",

@@ -48,7 +48,7 @@ pub fn start_etcd(dir: PathBuf) -> Result<Etcd> {
     let mut children = Vec::new();
     for i in 0..3 {
         let log = std::fs::File::create(dir.join(format!("e{i}.log")))?;
-        let child = Command::new("etcd")
+        let child = crate::children::command("etcd")
             .args([
                 "--name",
                 &format!("e{i}"),

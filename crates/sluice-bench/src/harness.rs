@@ -5,7 +5,7 @@ use anyhow::{Context, Result};
 use hdrhistogram::Histogram;
 use serde::Serialize;
 use std::io::{BufRead, BufReader, IsTerminal};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -36,7 +36,7 @@ impl ChildNode {
     /// A node on `dir`, which it leaves in place (restarts reuse it).
     pub fn start_in(dir: std::path::PathBuf, extra: &[&str]) -> Result<ChildNode> {
         let exe = crate::harness::sluice_exe()?;
-        let mut child = Command::new(exe)
+        let mut child = crate::children::command(exe)
             .args(["serve", "--listen", "127.0.0.1:0", "--data-dir"])
             .arg(&dir)
             .args(extra)

@@ -10,6 +10,7 @@
 //! list.
 
 mod broadcast;
+mod children;
 mod cluster;
 mod etcd;
 mod harness;
@@ -124,7 +125,7 @@ fn python_of(given: Option<String>) -> String {
 
 /// Runs `python -m module args...` (with `--json` when asked).
 fn run_python_bench(python: &str, module: &str, args: &[String], json: bool) -> Result<()> {
-    let mut cmd = std::process::Command::new(python);
+    let mut cmd = children::command(python);
     cmd.args(["-m", module]).args(args);
     if json {
         cmd.arg("--json");
@@ -304,6 +305,7 @@ pub fn run(a: BenchArgs, json: bool) -> Result<()> {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    children::sweep_stale();
     match run(cli.bench, cli.json) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {

@@ -4,7 +4,7 @@ use anyhow::{bail, Context, Result};
 use sluice_client::{Client, ClientConfig};
 use std::net::TcpListener;
 use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
 
 /// A local cluster of `sluice serve` processes, killed on drop.
@@ -113,7 +113,7 @@ impl Procs {
 
     fn spawn(&self, i: u32) -> Result<Child> {
         let exe = crate::harness::sluice_exe()?;
-        Command::new(exe)
+        crate::children::command(exe)
             .arg("serve")
             .arg("--config")
             .arg(self.dir.join(format!("node-{i}.toml")))

@@ -17,6 +17,8 @@ pub fn run(args: &[String], json: bool) -> Result<()> {
     };
     let mut cmd = Command::new(&bench);
     cmd.args(args).env("SLUICE_BIN", &me);
+    // Stopping `sluice bench` stops the benchmark (and so its nodes).
+    crate::dev::ends_with_parent(&mut cmd);
     if json {
         cmd.arg("--json");
     }

@@ -166,22 +166,8 @@ fn spawn_node(
         .stdin(Stdio::null())
         .stdout(log.try_clone()?)
         .stderr(log);
-    // The nodes end with this command however it ends (even SIGKILL):
-    // the kernel sends each one SIGTERM when its parent dies.
-    #[cfg(target_os = "linux")]
-    {
-        use std::os::unix::process::CommandExt;
-        // SAFETY: prctl is async-signal-safe; nothing else runs between
-        // fork and exec.
-        unsafe {
-            cmd.pre_exec(|| {
-                if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM) != 0 {
-                    return Err(std::io::Error::last_os_error());
-                }
-                Ok(())
-            });
-        }
-    }
+    // The nodes end with this command however it ends (even SIGKILL).
+    ends_with_parent(&mut cmd);
     cmd.spawn().with_context(|| format!("starting node {id}"))
 }
 
@@ -453,4 +439,24 @@ pub fn run(a: DevArgs) -> Result<()> {
     }
     let _ = std::fs::remove_file(a.dir.join("endpoints"));
     Ok(())
+}
+
+/// Makes the kernel send the child of `cmd` SIGTERM when the thread that
+/// starts it ends (Linux's `PR_SET_PDEATHSIG`): start it from the main
+/// thread, so it ends with this command however that ends.
+pub(crate) fn ends_with_parent(cmd: &mut Command) {
+    #[cfg(target_os = "linux")]
+    {
+        use std::os::unix::process::CommandExt;
+        // SAFETY: prctl is async-signal-safe; nothing else runs between
+        // fork and exec.
+        unsafe {
+            cmd.pre_exec(|| {
+                if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+    }
 }
