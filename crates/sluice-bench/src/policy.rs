@@ -4,7 +4,8 @@
 //!   triggered, against an open node (two node processes in turns);
 //! - `qos`: mRPC's Table 3.4: a latency-sensitive client (32 B gets, one
 //!   in flight) next to a bandwidth-sensitive one (32 KB puts, 64 in
-//!   flight) on one node, without and with the QoS policy;
+//!   flight) on one node, without and with the QoS policy, and the
+//!   machine's floor: the small client next to a raw loopback stream;
 //! - `live`: a rate limit added and then removed under load on a 3-node
 //!   cluster, as ops/s over time (mRPC's Fig. 3.7).
 
@@ -196,7 +197,9 @@ struct QosPhase {
 }
 
 /// mRPC Table 3.4 on one node: phases small alone, bulk alone, both
-/// without QoS, both with QoS.
+/// without QoS, both with QoS; then the small client next to a raw
+/// loopback stream carrying 0.9x the bulk client's bytes, the floor the
+/// machine sets.
 fn qos(a: &PolicyArgs, json: bool) -> Result<()> {
     let dir = tempfile::Builder::new()
         .prefix("sluice-bench-qos-")
@@ -206,7 +209,7 @@ fn qos(a: &PolicyArgs, json: bool) -> Result<()> {
     let node = ChildNode::start(&["--config", cfg.to_str().unwrap_or_default()])?;
     let addr = node.addr.clone();
     eprintln!(
-        "sluice bench policy qos: node {addr}, {} rounds of 4 phases",
+        "sluice bench policy qos: node {addr}, {} rounds of 5 phases",
         a.rounds
     );
     let dur = Duration::from_millis(a.duration_ms);
@@ -226,11 +229,22 @@ fn qos(a: &PolicyArgs, json: bool) -> Result<()> {
         r.block_on(policy(&addr, None, json!({"op": "rm", "name": "qos"})))?;
         let base_p99 = alone.small.as_ref().map_or(f64::NAN, |r| r.p99_us);
         let base_bulk = bulk_alone.bulk_ops_per_s.unwrap_or(f64::NAN);
+        // The machine's floor: the bytes the target asks the bulk client
+        // to keep moving (0.9x its rate alone), moved by a raw loopback
+        // stream that asks nothing of the node, next to the small client.
+        let floor = qos_phase_with(
+            &addr,
+            dur,
+            true,
+            false,
+            Some(0.9 * base_bulk * (32 << 10) as f64),
+        )?;
         for (label, ph) in [
             ("alone", &alone),
             ("bulk alone", &bulk_alone),
             ("no QoS", &mixed),
             ("QoS", &with_qos),
+            ("raw stream", &floor),
         ] {
             if let Some(s) = &ph.small {
                 let mut s = s.clone();
@@ -243,7 +257,7 @@ fn qos(a: &PolicyArgs, json: bool) -> Result<()> {
                 rows.push(r);
             }
         }
-        for (label, ph) in [("no QoS", &mixed), ("QoS", &with_qos)] {
+        for (label, ph) in [("no QoS", &mixed), ("QoS", &with_qos), ("floor", &floor)] {
             summary.push((
                 label,
                 ph.small.as_ref().map_or(f64::NAN, |r| r.p99_us) / base_p99,
@@ -259,6 +273,9 @@ fn qos(a: &PolicyArgs, json: bool) -> Result<()> {
             let t = median(summary.iter().filter(|s| s.0 == label).map(|s| s.2));
             println!("  {label:>6}: small p99 {p:.2}x (target with QoS <= 1.5x), bulk throughput {t:.2}x (target with QoS >= 0.9x)");
         }
+        let p = median(summary.iter().filter(|s| s.0 == "floor").map(|s| s.1));
+        let t = median(summary.iter().filter(|s| s.0 == "floor").map(|s| s.2));
+        println!("   floor: small p99 {p:.2}x next to a raw loopback stream (no node work) moving {t:.2}x the bulk client's bytes alone: no QoS in the node can do better than this");
     }
     Ok(())
 }
@@ -267,9 +284,26 @@ fn qos(a: &PolicyArgs, json: bool) -> Result<()> {
 /// and runtime) and/or the bulk client (32 KB puts, 64 in flight on one
 /// connection, another thread and runtime), for `dur`.
 fn qos_phase(addr: &str, dur: Duration, small: bool, bulk: bool) -> Result<QosPhase> {
+    qos_phase_with(addr, dur, small, bulk, None)
+}
+
+/// `qos_phase`; with `raw_bytes_per_s`, the bulk load is a raw loopback
+/// TCP stream of 32 KB writes at that rate between two threads of this
+/// process (no node involved) instead of the bulk client.
+fn qos_phase_with(
+    addr: &str,
+    dur: Duration,
+    small: bool,
+    bulk: bool,
+    raw_bytes_per_s: Option<f64>,
+) -> Result<QosPhase> {
     let cfg = ClientConfig {
         addr: addr.into(),
         ..Default::default()
+    };
+    let raw = match raw_bytes_per_s {
+        Some(rate) => Some(raw_stream(rate, dur)?),
+        None => None,
     };
     let bulk_thread = bulk.then(|| {
         let cfg = cfg.clone();
@@ -325,17 +359,55 @@ fn qos_phase(addr: &str, dur: Duration, small: bool, bulk: bool) -> Result<QosPh
     } else {
         None
     };
-    let bulk_ops_per_s = match bulk_thread {
-        Some(t) => Some(
+    let bulk_ops_per_s = match (bulk_thread, raw) {
+        (Some(t), _) => Some(
             t.join()
                 .map_err(|_| anyhow::anyhow!("the bulk client panicked"))??,
         ),
-        None => None,
+        // The stream's rate in bulk puts' worth of bytes.
+        (None, Some(t)) => Some(
+            t.join()
+                .map_err(|_| anyhow::anyhow!("the raw stream panicked"))??
+                / (32 << 10) as f64,
+        ),
+        (None, None) => None,
     };
     Ok(QosPhase {
         small: small_row,
         bulk_ops_per_s,
     })
+}
+
+/// A raw loopback TCP stream for `dur`: a thread writes 32 KB at a time,
+/// paced to `rate` bytes/s, and another reads and drops them. Returns the
+/// sender's thread, which answers the rate reached.
+fn raw_stream(rate: f64, dur: Duration) -> Result<std::thread::JoinHandle<Result<f64>>> {
+    use std::io::{Read, Write};
+    let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
+    let to = listener.local_addr()?;
+    std::thread::spawn(move || -> Result<()> {
+        let (mut s, _) = listener.accept()?;
+        let mut buf = vec![0u8; 64 << 10];
+        while s.read(&mut buf)? > 0 {}
+        Ok(())
+    });
+    let mut out = std::net::TcpStream::connect(to)?;
+    out.set_nodelay(true)?;
+    Ok(std::thread::spawn(move || -> Result<f64> {
+        let chunk = vec![b'r'; 32 << 10];
+        let t0 = Instant::now();
+        let mut sent = 0f64;
+        while t0.elapsed() < dur {
+            // Ahead of the pace: wait for it (the stream's own pacing).
+            let due = Duration::from_secs_f64(sent / rate);
+            if let Some(ahead) = due.checked_sub(t0.elapsed()) {
+                std::thread::sleep(ahead);
+            }
+            out.write_all(&chunk)?;
+            sent += chunk.len() as f64;
+        }
+        Ok(sent / t0.elapsed().as_secs_f64())
+    }))
 }
 
 /// Small gets (one in flight) on the connection that also carries 1 MB

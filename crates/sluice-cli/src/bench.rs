@@ -6,7 +6,8 @@ use anyhow::{bail, Context, Result};
 use std::process::Command;
 
 /// Runs `sluice-bench` (next to this binary, else on the PATH) with
-/// `args`, telling it to start nodes with this very `sluice`.
+/// `args`, telling it to start nodes with this very `sluice`; returns
+/// only if it could not be started.
 pub fn run(args: &[String], json: bool) -> Result<()> {
     let me = std::env::current_exe().context("finding the sluice binary")?;
     let sibling = me.with_file_name("sluice-bench");
@@ -17,22 +18,26 @@ pub fn run(args: &[String], json: bool) -> Result<()> {
     };
     let mut cmd = Command::new(&bench);
     cmd.args(args).env("SLUICE_BIN", &me);
-    // Stopping `sluice bench` stops the benchmark (and so its nodes).
-    crate::dev::ends_with_parent(&mut cmd);
     if json {
         cmd.arg("--json");
     }
-    let status = match cmd.status() {
-        Ok(s) => s,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => bail!(
+    // This process becomes the benchmark (Unix): a signal meant for
+    // `sluice bench` reaches it, and its exit status is this command's.
+    #[cfg(unix)]
+    let err = {
+        use std::os::unix::process::CommandExt;
+        cmd.exec()
+    };
+    #[cfg(not(unix))]
+    let err = match cmd.status() {
+        Ok(status) => std::process::exit(status.code().unwrap_or(1)),
+        Err(e) => e,
+    };
+    if err.kind() == std::io::ErrorKind::NotFound {
+        bail!(
             "the benchmarks are their own binary, `sluice-bench`, and it is not installed next to {} or on the PATH: build it with `cargo build --release -p sluice-bench` (or `cargo install --path crates/sluice-bench`)",
             me.display()
-        ),
-        Err(e) => return Err(e).with_context(|| format!("running {}", bench.display())),
-    };
-    if !status.success() {
-        // It said why on stderr already: exit as it did.
-        std::process::exit(status.code().unwrap_or(1));
+        );
     }
-    Ok(())
+    Err(err).with_context(|| format!("running {}", bench.display()))
 }

@@ -444,7 +444,7 @@ pub fn run(a: DevArgs) -> Result<()> {
 /// Makes the kernel send the child of `cmd` SIGTERM when the thread that
 /// starts it ends (Linux's `PR_SET_PDEATHSIG`): start it from the main
 /// thread, so it ends with this command however that ends.
-pub(crate) fn ends_with_parent(cmd: &mut Command) {
+fn ends_with_parent(cmd: &mut Command) {
     #[cfg(target_os = "linux")]
     {
         use std::os::unix::process::CommandExt;

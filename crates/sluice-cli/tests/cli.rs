@@ -1848,3 +1848,24 @@ fn a_node_beyond_loopback_without_tls_warns() {
         "{line}"
     );
 }
+
+#[test]
+fn bench_without_its_binary_says_how_to_build_it() {
+    // A `sluice` with no `sluice-bench` beside it or on the PATH.
+    let dir = temp_dir("bench-alone");
+    let alone = dir.join("sluice");
+    std::fs::copy(BIN, &alone).unwrap();
+    let out = Command::new(&alone)
+        .args(["bench", "cluster"])
+        .env("PATH", dir.join("nothing-here"))
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        err.contains("not installed next to")
+            && err.contains("cargo build --release -p sluice-bench"),
+        "{err}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
