@@ -57,7 +57,8 @@ fn owner_pid(name: &str) -> Option<u32> {
 
 /// Removes what benchmarks whose process is gone left in `dirs`: entries
 /// named as `owner_pid` reads, whose process no longer exists. Returns
-/// how many it removed.
+/// how many it removed. (`alive` sees this PID namespace: benchmarks in
+/// other containers must not share the temporary directory.)
 pub fn sweep_in(dirs: &[&Path], alive: impl Fn(u32) -> bool) -> usize {
     let mut removed = 0;
     for dir in dirs {
