@@ -42,8 +42,8 @@ pub(super) fn copy_into(map: &mut [u8], mut at: usize, slices: &[std::io::IoSlic
 pub(super) type Spares = Arc<Mutex<Vec<(PathBuf, Option<memmap2::MmapMut>)>>>;
 
 /// Makes `path` a segment file of `MAP_BYTES` whose pages all exist
-/// (`allocate`) and are mapped (`MAP_POPULATE`): what a fresh file's first appends would
-/// otherwise fault in one page at a time, on the put's path.
+/// (`allocate`) and are mapped (`populate`): what a fresh file's first
+/// appends would otherwise fault in one page at a time, on the put's path.
 pub(super) fn prepare_spare(path: &Path) -> std::io::Result<memmap2::MmapMut> {
     let f = OpenOptions::new()
         .create(true)
@@ -56,12 +56,49 @@ pub(super) fn prepare_spare(path: &Path) -> std::io::Result<memmap2::MmapMut> {
     // log uses, and is never shrunk while mapped: as a segment it ends at
     // a seal record (only a log being opened cuts its newest segment, and
     // that one has no mapping).
-    unsafe {
+    let mut map = unsafe {
         memmap2::MmapOptions::new()
             .len(MAP_BYTES as usize)
-            .populate()
-            .map_mut(&f)
+            .map_mut(&f)?
+    };
+    populate(&mut map)?;
+    Ok(map)
+}
+
+/// How much of a mapping `populate` maps per call.
+const POPULATE_CHUNK: usize = 256 << 10;
+
+/// Maps every page of `map` writable, `POPULATE_CHUNK` at a time. One
+/// `MAP_POPULATE` of a whole segment holds the process's memory-map lock
+/// until the last page is in (up to 230 ms on a busy 2-core machine), and
+/// every thread that needs that lock meanwhile (malloc growing a heap or
+/// mapping a large buffer, as a 1 MB put does) waits behind it: puts
+/// stalled for as long. In chunks, such a thread waits for one chunk at
+/// most. Kernels without `MADV_POPULATE_WRITE` (before Linux 5.14) take a
+/// write to each page instead, a fault at a time.
+pub(super) fn populate(map: &mut memmap2::MmapMut) -> std::io::Result<()> {
+    let len = map.len();
+    let mut at = 0;
+    while at < len {
+        let n = POPULATE_CHUNK.min(len - at);
+        #[cfg(target_os = "linux")]
+        match map.advise_range(memmap2::Advice::PopulateWrite, at, n) {
+            Ok(()) => {
+                at += n;
+                continue;
+            }
+            Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {}
+            Err(e) => return Err(e),
+        }
+        for page in (at..at + n).step_by(4096) {
+            let p: *mut u8 = &mut map[page];
+            // SAFETY: `p` points into the mapping, which nothing else uses
+            // yet; the byte is written back unchanged.
+            unsafe { std::ptr::write_volatile(p, std::ptr::read_volatile(p)) };
+        }
+        at += n;
     }
+    Ok(())
 }
 
 pub(super) struct Disk {

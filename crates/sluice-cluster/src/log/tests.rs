@@ -749,3 +749,46 @@ fn replication_batches_stop_at_the_byte_budget_but_never_send_nothing() {
         10
     );
 }
+
+/// A spare segment's pages are all mapped after `populate`, in chunks,
+/// and what a recycled file held is left as it was.
+#[cfg(target_os = "linux")]
+#[test]
+fn populate_maps_every_page_and_keeps_the_contents() {
+    use std::io::Write;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("spare.log");
+    let len = 3 * (256 << 10) + 3 * 4096; // not a whole number of chunks
+    let mut f = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(true)
+        .read(true)
+        .write(true)
+        .open(&path)
+        .unwrap();
+    let pattern: Vec<u8> = (0..len).map(|i| (i % 251) as u8).collect();
+    f.write_all(&pattern).unwrap();
+    // SAFETY: a file of this test's own, not resized while mapped.
+    let mut map = unsafe { memmap2::MmapOptions::new().len(len).map_mut(&f).unwrap() };
+    let rss = |map: &memmap2::MmapMut| -> usize {
+        // This mapping's resident set in this process's page tables, in
+        // bytes (/proc/self/smaps).
+        let start = format!("{:x}-", map.as_ptr() as usize);
+        let smaps = std::fs::read_to_string("/proc/self/smaps").unwrap();
+        let block = smaps.split_once(&start).expect("the mapping in smaps").1;
+        let kb: usize = block
+            .lines()
+            .find_map(|l| l.strip_prefix("Rss:"))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+            .unwrap();
+        kb * 1024
+    };
+    assert_eq!(rss(&map), 0, "mapped before populate");
+    super::disk::populate(&mut map).unwrap();
+    assert!(
+        rss(&map) >= len,
+        "not every page was mapped: {} of {len}",
+        rss(&map)
+    );
+    assert!(map[..] == pattern[..], "populate changed the contents");
+}
