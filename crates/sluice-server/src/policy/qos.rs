@@ -125,17 +125,26 @@ mod tests {
         };
         // Sends checked, and those whose request ran only a turn later.
         let (mut checked, mut late) = (0, Vec::new());
+        let deadline = std::time::Instant::now() + Duration::from_secs(60);
+        let in_time = || {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the test took over 60 s"
+            )
+        };
         while checked < 10 {
             // Send right after a turn starts; retry if a turn ended while
             // sending (then it is not known which turn the send fell in).
             let before = turns.load(Ordering::Acquire);
             while turns.load(Ordering::Acquire) == before {
+                in_time();
                 std::hint::spin_loop();
             }
             let at = turns.load(Ordering::Acquire);
             std::io::Write::write_all(&mut to_small, &[1]).unwrap();
             let mut seen = None;
             while seen.is_none() && arrived.peek(&mut [0u8; 1]).is_err() {
+                in_time();
                 seen = small_seen_rx.try_recv().ok();
             }
             let sent_during = turns.load(Ordering::Acquire) == at;
