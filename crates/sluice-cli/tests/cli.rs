@@ -1851,10 +1851,18 @@ fn a_node_beyond_loopback_without_tls_warns() {
 
 #[test]
 fn bench_without_its_binary_says_how_to_build_it() {
-    // A `sluice` with no `sluice-bench` beside it or on the PATH.
-    let dir = temp_dir("bench-alone");
+    // A `sluice` with no `sluice-bench` beside it or on the PATH: a hard
+    // link in a directory of its own next to the binary (a copy would be
+    // open for writing while other tests fork, and exec would fail with
+    // "Text file busy").
+    let dir = Path::new(BIN)
+        .parent()
+        .unwrap()
+        .join(format!("bench-alone-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
     let alone = dir.join("sluice");
-    std::fs::copy(BIN, &alone).unwrap();
+    let _ = std::fs::remove_file(&alone);
+    std::fs::hard_link(BIN, &alone).unwrap();
     let out = Command::new(&alone)
         .args(["bench", "cluster"])
         .env("PATH", dir.join("nothing-here"))
