@@ -376,21 +376,39 @@ fn live_graph_replacement_under_load_loses_and_duplicates_nothing() {
         )
     };
     e.apply(&g("/out/a")).unwrap();
-    let n = 3000;
+    // The writer puts until 500 puts after it saw the new graph applied,
+    // so the replacement always happens in the middle of its traffic
+    // (a fixed count could all be put before the apply on a fast run).
+    let applied = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let writer = {
-        let s = s.clone();
+        let (s, applied) = (s.clone(), applied.clone());
         std::thread::spawn(move || {
-            for i in 0..n {
+            let mut after = None;
+            let mut i = 0;
+            while after.is_none_or(|a| i < a + 500) {
                 s.trigger_put(&format!("/in/{i}"), Bytes::from(i.to_string()), None)
                     .unwrap();
+                i += 1;
+                if after.is_none() && i >= 20_000 {
+                    // Far ahead of the upcalls: let the apply come first
+                    // (within the engine's queue bound).
+                    while !applied.load(std::sync::atomic::Ordering::Acquire) {
+                        std::thread::yield_now();
+                    }
+                }
+                if after.is_none() && applied.load(std::sync::atomic::Ordering::Acquire) {
+                    after = Some(i);
+                }
             }
+            i
         })
     };
     wait_for("some traffic under the first graph", || {
         count(&s, "/out") > 100
     });
     e.apply(&g("/out/b")).unwrap();
-    writer.join().unwrap();
+    applied.store(true, std::sync::atomic::Ordering::Release);
+    let n = writer.join().unwrap();
     let total = || {
         s.list_keys("/out", Some("/out/a"), None).unwrap().len()
             + s.list_keys("/out", Some("/out/b"), None).unwrap().len()
