@@ -216,28 +216,27 @@ fn qos(a: &PolicyArgs, json: bool) -> Result<()> {
     let mut rows = Vec::new();
     let mut summary: Vec<(&str, f64, f64)> = Vec::new();
     for _ in 0..a.rounds.max(1) {
-        let alone = qos_phase(&addr, dur, true, false)?;
-        let bulk_alone = qos_phase(&addr, dur, false, true)?;
-        let mixed = qos_phase(&addr, dur, true, true)?;
+        let alone = qos_phase(&addr, dur, true, Load::None)?;
+        let bulk_alone = qos_phase(&addr, dur, false, Load::Bulk)?;
+        let mixed = qos_phase(&addr, dur, true, Load::Bulk)?;
         let r = rt(1)?;
         r.block_on(policy(
             &addr,
             None,
             set("qos", json!({"kind": "qos", "small_bytes": 4096})),
         ))?;
-        let with_qos = qos_phase(&addr, dur, true, true)?;
+        let with_qos = qos_phase(&addr, dur, true, Load::Bulk)?;
         r.block_on(policy(&addr, None, json!({"op": "rm", "name": "qos"})))?;
         let base_p99 = alone.small.as_ref().map_or(f64::NAN, |r| r.p99_us);
         let base_bulk = bulk_alone.bulk_ops_per_s.unwrap_or(f64::NAN);
         // The machine's floor: the bytes the target asks the bulk client
         // to keep moving (0.9x its rate alone), moved by a raw loopback
         // stream that asks nothing of the node, next to the small client.
-        let floor = qos_phase_with(
+        let floor = qos_phase(
             &addr,
             dur,
             true,
-            false,
-            Some(0.9 * base_bulk * (32 << 10) as f64),
+            Load::Raw(0.9 * base_bulk * (32 << 10) as f64),
         )?;
         for (label, ph) in [
             ("alone", &alone),
@@ -280,32 +279,30 @@ fn qos(a: &PolicyArgs, json: bool) -> Result<()> {
     Ok(())
 }
 
-/// One phase: the small client (32 B gets, one in flight, its own thread
-/// and runtime) and/or the bulk client (32 KB puts, 64 in flight on one
-/// connection, another thread and runtime), for `dur`.
-fn qos_phase(addr: &str, dur: Duration, small: bool, bulk: bool) -> Result<QosPhase> {
-    qos_phase_with(addr, dur, small, bulk, None)
+/// The load next to the small client in a QoS phase.
+enum Load {
+    None,
+    /// The bulk client: 32 KB puts, 64 in flight on one connection, in
+    /// another thread and runtime.
+    Bulk,
+    /// A raw loopback TCP stream of 32 KB writes at this many bytes/s
+    /// between two threads of this process (no node involved).
+    Raw(f64),
 }
 
-/// `qos_phase`; with `raw_bytes_per_s`, the bulk load is a raw loopback
-/// TCP stream of 32 KB writes at that rate between two threads of this
-/// process (no node involved) instead of the bulk client.
-fn qos_phase_with(
-    addr: &str,
-    dur: Duration,
-    small: bool,
-    bulk: bool,
-    raw_bytes_per_s: Option<f64>,
-) -> Result<QosPhase> {
+/// One phase: the small client (32 B gets, one in flight, its own thread
+/// and runtime) if `small`, next to `load`, for `dur`. The load's rate is
+/// in 32 KB puts (or their worth of bytes) per second.
+fn qos_phase(addr: &str, dur: Duration, small: bool, load: Load) -> Result<QosPhase> {
     let cfg = ClientConfig {
         addr: addr.into(),
         ..Default::default()
     };
-    let raw = match raw_bytes_per_s {
-        Some(rate) => Some(raw_stream(rate, dur)?),
-        None => None,
+    let raw = match load {
+        Load::Raw(rate) => Some(raw_stream(rate, dur)?),
+        _ => None,
     };
-    let bulk_thread = bulk.then(|| {
+    let bulk_thread = matches!(load, Load::Bulk).then(|| {
         let cfg = cfg.clone();
         std::thread::spawn(move || -> Result<f64> {
             let r = rt(1)?;

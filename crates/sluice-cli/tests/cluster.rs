@@ -72,6 +72,11 @@ fn free_addr(ip: [u8; 4]) -> SocketAddr {
     l.local_addr().unwrap()
 }
 
+/// Subgroups of a 3-node cluster: one volatile and one trigger shard, each
+/// on all three nodes.
+const ALL_THREE: &str =
+    "[[subgroups.volatile]]\nshards = [[1, 2, 3]]\n[[subgroups.trigger]]\nshards = [[1, 2, 3]]\n";
+
 impl Cluster {
     fn start() -> Cluster {
         Cluster::start_with("")
@@ -1583,7 +1588,7 @@ async fn a_crashed_leader_is_replaced_without_waiting_for_the_timers() {
     let _serial = SERIAL.lock().await;
     let mut c = Cluster::start_nodes_with(
         3,
-        "[[subgroups.volatile]]\nshards = [[1, 2, 3]]\n[[subgroups.trigger]]\nshards = [[1, 2, 3]]\n",
+        ALL_THREE,
         "election_min_ms = 4000\nelection_max_ms = 8000\n",
     );
     c.ready().await;
@@ -1661,10 +1666,7 @@ async fn a_crashed_leader_is_replaced_without_waiting_for_the_timers() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn large_consensus_messages_use_a_bulk_connection_of_their_own() {
     let _serial = SERIAL.lock().await;
-    let mut c = Cluster::start_nodes(
-        3,
-        "[[subgroups.volatile]]\nshards = [[1, 2, 3]]\n[[subgroups.trigger]]\nshards = [[1, 2, 3]]\n",
-    );
+    let mut c = Cluster::start_nodes(3, ALL_THREE);
     c.ready().await;
     let client = c.client(1).await;
     let lanes = |s: serde_json::Value, lane: &str| -> Vec<u64> {
@@ -2275,10 +2277,7 @@ fn get_req(key: &str) -> Request {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_new_token_works_at_once_on_a_node_that_has_not_applied_it() {
     let _serial = SERIAL.lock().await;
-    let mut c = Cluster::start_nodes(
-        3,
-        "[[subgroups.volatile]]\nshards = [[1, 2, 3]]\n[[subgroups.trigger]]\nshards = [[1, 2, 3]]\n",
-    );
+    let mut c = Cluster::start_nodes(3, ALL_THREE);
     c.ready().await;
     c.kill(3);
     let tok = c
@@ -2374,10 +2373,7 @@ async fn a_new_token_works_at_once_on_a_node_that_has_not_applied_it() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn policies_change_live_on_every_node() {
     let _serial = SERIAL.lock().await;
-    let c = Cluster::start_nodes(
-        3,
-        "[[subgroups.volatile]]\nshards = [[1, 2, 3]]\n[[subgroups.trigger]]\nshards = [[1, 2, 3]]\n",
-    );
+    let c = Cluster::start_nodes(3, ALL_THREE);
     c.ready().await;
     let anon = c.client(2).await;
     let token = |r: serde_json::Value| r["token"].as_str().unwrap().to_string();

@@ -727,37 +727,34 @@ impl Conn {
                 )),)));
         }
         let policy = self.ctx.policy.clone();
-        let refused = match policy.authenticate(token.as_deref(), self.cert_name.as_deref()) {
-            Ok(p) => {
-                self.principal = p;
-                None
-            }
-            Err(e) => Some(e),
-        };
-        if let Some(e) = refused {
+        if let Err(e) = policy
+            .authenticate(token.as_deref(), self.cert_name.as_deref())
+            .map(|p| self.principal = p)
+        {
             let unknown_token = matches!(e, SluiceError::Unauthenticated { .. }) && token.is_some();
-            match self.ctx.cluster.clone() {
-                Some(cl) if unknown_token && !self.retried_after_catch_up => {
-                    self.hello_deferred = true;
-                    self.defer(rid, false, async move {
-                        match cl.meta_catch_up().await {
-                            // In force here now, not when the follower task runs.
-                            Ok(()) => policy.install(cl.policies()),
-                            Err(e) => tracing::info!(error = %e, "metadata catch-up for an unknown token failed"),
-                        }
-                        Reply::Retry(Box::new(req), false)
-                    });
-                    return Ok(());
-                }
-                _ => {
-                    let who = self
-                        .cert_name
-                        .as_deref()
-                        .unwrap_or(crate::policy::ANONYMOUS);
-                    policy.audit.refused(who, "hello", self.addr, &e);
-                    return Err(Close::Fatal(rid, Box::new(e)));
-                }
+            if let Some(cl) = self
+                .ctx
+                .cluster
+                .clone()
+                .filter(|_| unknown_token && !self.retried_after_catch_up)
+            {
+                self.hello_deferred = true;
+                self.defer(rid, false, async move {
+                    match cl.meta_catch_up().await {
+                        // In force here now, not when the follower task runs.
+                        Ok(()) => policy.install(cl.policies()),
+                        Err(e) => tracing::info!(error = %e, "metadata catch-up for an unknown token failed"),
+                    }
+                    Reply::Retry(Box::new(req), false)
+                });
+                return Ok(());
             }
+            let who = self
+                .cert_name
+                .as_deref()
+                .unwrap_or(crate::policy::ANONYMOUS);
+            policy.audit.refused(who, "hello", self.addr, &e);
+            return Err(Close::Fatal(rid, Box::new(e)));
         }
         self.hello_deferred = false;
         self.view = policy.view(&self.principal);

@@ -90,15 +90,21 @@ pub(super) fn populate(map: &mut memmap2::MmapMut) -> std::io::Result<()> {
             Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {}
             Err(e) => return Err(e),
         }
-        for page in (at..at + n).step_by(4096) {
-            let p: *mut u8 = &mut map[page];
-            // SAFETY: `p` points into the mapping, which nothing else uses
-            // yet; the byte is written back unchanged.
-            unsafe { std::ptr::write_volatile(p, std::ptr::read_volatile(p)) };
-        }
+        touch(&mut map[at..at + n]);
         at += n;
     }
     Ok(())
+}
+
+/// Maps each page of `bytes` writable by writing one byte of it back
+/// unchanged (`populate` where the kernel has no `MADV_POPULATE_WRITE`).
+pub(super) fn touch(bytes: &mut [u8]) {
+    for page in (0..bytes.len()).step_by(4096) {
+        let p: *mut u8 = &mut bytes[page];
+        // SAFETY: `p` points into `bytes`, borrowed mutably here; the byte
+        // is written back unchanged.
+        unsafe { std::ptr::write_volatile(p, std::ptr::read_volatile(p)) };
+    }
 }
 
 pub(super) struct Disk {
