@@ -77,6 +77,11 @@ pub enum BenchWhat {
     /// worker scaling, and optionally a Ray actor call: runs `python -m
     /// sluice.bench_udl` against a node whose lambdas use that Python.
     PythonUdl(PythonUdlBenchArgs),
+    /// Python lambdas on a GPU: a 1 MB object from a trigger put to a
+    /// CUDA tensor next to pinned and pageable cudaMemcpy, and batch-1
+    /// ResNet-18 in a lambda next to the model called directly: runs
+    /// `python -m sluice.bench_gpu` (needs PyTorch and a CUDA device).
+    PythonGpu(PythonGpuBenchArgs),
     /// TLS next to plaintext: put/get p50 with one client and throughput
     /// with many, two node processes measured in turns.
     Tls(tls::TlsArgs),
@@ -97,6 +102,20 @@ pub struct PythonUdlBenchArgs {
     /// Also measure a Ray actor call carrying 10 KB.
     #[arg(long)]
     pub ray: bool,
+}
+
+#[derive(clap::Args)]
+pub struct PythonGpuBenchArgs {
+    /// The Python with the `sluice` package, PyTorch and torchvision.
+    #[arg(long)]
+    pub python: Option<String>,
+    /// Calls per variant.
+    #[arg(long, default_value_t = 1000)]
+    pub n: usize,
+    /// The torch device (default: cuda; `cpu` tries the benchmark
+    /// without a GPU, its figures mean nothing).
+    #[arg(long)]
+    pub device: Option<String>,
 }
 
 #[derive(clap::Args)]
@@ -166,20 +185,37 @@ fn python_bench(a: PythonBenchArgs, json: bool) -> Result<()> {
 /// `sluice bench python-udl`: a node running lambdas in `python`, then
 /// the Python side's benchmark.
 fn python_udl_bench(a: PythonUdlBenchArgs, json: bool) -> Result<()> {
-    let python = python_of(a.python);
-    // The node's lambdas run in the same Python (SLUICE_PYTHON).
-    std::env::set_var("SLUICE_PYTHON", &python);
-    let node = harness::ChildNode::start(&[])?;
-    let mut args = vec![
-        "--addr".to_string(),
-        node.addr.clone(),
-        "--n".into(),
-        a.n.to_string(),
-    ];
+    let mut args = vec!["--n".to_string(), a.n.to_string()];
     if a.ray {
         args.push("--ray".into());
     }
-    run_python_bench(&python, "sluice.bench_udl", &args, json)
+    python_lambda_bench(a.python, "sluice.bench_udl", args, json)
+}
+
+/// `sluice bench python-gpu`: as `python-udl`, with the GPU benchmark.
+fn python_gpu_bench(a: PythonGpuBenchArgs, json: bool) -> Result<()> {
+    let mut args = vec!["--n".to_string(), a.n.to_string()];
+    if let Some(d) = a.device {
+        args.extend(["--device".to_string(), d]);
+    }
+    python_lambda_bench(a.python, "sluice.bench_gpu", args, json)
+}
+
+/// A node whose lambdas run in `python`, then `python -m module --addr
+/// <node> args...`.
+fn python_lambda_bench(
+    python: Option<String>,
+    module: &str,
+    args: Vec<String>,
+    json: bool,
+) -> Result<()> {
+    let python = python_of(python);
+    // The node's lambdas run in the same Python (SLUICE_PYTHON).
+    std::env::set_var("SLUICE_PYTHON", &python);
+    let node = harness::ChildNode::start(&[])?;
+    let mut all = vec!["--addr".to_string(), node.addr.clone()];
+    all.extend(args);
+    run_python_bench(&python, module, &all, json)
 }
 
 #[derive(clap::Args, Clone)]
@@ -297,6 +333,7 @@ pub fn run(a: BenchArgs, json: bool) -> Result<()> {
         Some(BenchWhat::Core(c)) => single::core(c, json),
         Some(BenchWhat::Python(p)) => python_bench(p, json),
         Some(BenchWhat::PythonUdl(p)) => python_udl_bench(p, json),
+        Some(BenchWhat::PythonGpu(p)) => python_gpu_bench(p, json),
         Some(BenchWhat::Tls(t)) => tls::run(t, json),
         Some(BenchWhat::Policy(p)) => policy::run(p, json),
         None => single::core(a.core, json),
