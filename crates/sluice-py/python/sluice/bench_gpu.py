@@ -18,13 +18,13 @@ PyTorch, and a CUDA device unless ``--device cpu``):
 import argparse
 import json
 import os
-import shutil
 import sys
 import tempfile
 import time
 import uuid
 
 import sluice
+from sluice.bench_udl import clean_up, one_vertex_graph, pct, stage_calls
 
 # The lambdas. `dev` comes from the vertex's configuration.
 GPU_SRC = '''
@@ -38,24 +38,64 @@ import torch
 warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
 
 
-def sync(dev):
-    if dev.type == "cuda":
-        torch.cuda.synchronize(dev)
+_events = []
+
+
+def timed_to(dev, host):
+    """`host.to(dev)`, as a lambda would write it; returns the tensor, the
+    wall time until it is ready and the copy's own time on the GPU (CUDA
+    events; None on the CPU), in ns."""
+    if dev.type != "cuda":
+        t0 = time.perf_counter_ns()
+        t = host.clone()
+        return t, time.perf_counter_ns() - t0, None
+    if not _events:
+        _events.extend(torch.cuda.Event(enable_timing=True) for _ in range(2))
+    e0, e1 = _events
+    t0 = time.perf_counter_ns()
+    e0.record()
+    t = host.to(dev, non_blocking=True)
+    e1.record()
+    e1.synchronize()
+    t1 = time.perf_counter_ns()
+    return t, t1 - t0, int(e0.elapsed_time(e1) * 1e6)
 
 
 class ToDevice:
-    """Copies the object to a tensor on the device, as a user's lambda
-    would; emits when the tensor was ready and how long the copy took."""
+    """Copies the object to a tensor on the device; emits when the tensor
+    was ready and how long the copy took."""
 
     def __init__(self, conf):
         self.dev = torch.device(json.loads(conf)["device"])
 
     def ocdpo_handler(self, key_suffix, blob, emit, cuda_pinned, **kw):
+        t, wall, dma = timed_to(self.dev, torch.from_numpy(blob))
+        r = {"ready_ns": time.perf_counter_ns(), "copy_ns": wall, "dma_ns": dma, "pinned": cuda_pinned, "n": t.numel()}
+        emit(key_suffix, json.dumps(r))
+
+
+class ToDeviceMemcpy:
+    """As ToDevice, with a plain cudaMemcpy (CuPy's runtime binding) from
+    the object's bytes into a tensor allocated once: the copy without
+    torch's per-call work, as the cudaMemcpy baseline does it."""
+
+    def __init__(self, conf):
+        import cupy
+
+        self.rt = cupy.cuda.runtime
+        self.dev = torch.device(json.loads(conf)["device"])
+        self.dst = None
+
+    def ocdpo_handler(self, key_suffix, blob, emit, cuda_pinned, **kw):
+        n = len(blob)
+        if self.dst is None or self.dst.numel() != n:
+            self.dst = torch.empty(n, dtype=torch.uint8, device=self.dev)
+            torch.cuda.synchronize(self.dev)
         t0 = time.perf_counter_ns()
-        t = torch.from_numpy(blob).to(self.dev, non_blocking=True)
-        sync(self.dev)
+        self.rt.memcpy(self.dst.data_ptr(), blob.ctypes.data, n, self.rt.memcpyHostToDevice)
         t1 = time.perf_counter_ns()
-        emit(key_suffix, json.dumps({"ready_ns": t1, "copy_ns": t1 - t0, "pinned": cuda_pinned, "n": t.numel()}))
+        r = {"ready_ns": t1, "copy_ns": t1 - t0, "dma_ns": None, "pinned": cuda_pinned, "n": self.dst.numel()}
+        emit(key_suffix, json.dumps(r))
 
 
 def resnet18(dev):
@@ -80,92 +120,58 @@ class Classify:
 '''
 
 
-def pct(xs, p):
-    xs = sorted(xs)
-    return xs[min(len(xs) - 1, int(p / 100 * len(xs)))]
-
-
 def summary(us):
     return {p: pct(us, p) for p in (50, 99, 99.9)}
 
 
 def deploy(c, code_dir, gid, src, dst, cls, config):
     conf = {"python_path": [code_dir], "module": "bench_gpu_udls", "entry_class": cls, **config}
-    c.dfg_apply(
-        json.dumps(
-            {
-                "graphs": [
-                    {
-                        "id": gid,
-                        "graph": [
-                            {
-                                "pathname": src,
-                                "user_defined_logic_list": ["python"],
-                                "user_defined_logic_config_list": [conf],
-                                "destinations": [{dst: "trigger_put"}],
-                            }
-                        ],
-                    }
-                ]
-            }
-        )
-    )
+    c.dfg_apply(one_vertex_graph(gid, src, dst, "python", conf))
 
 
-def memcpy_baselines(torch, dev, size, n):
-    """µs of a plain host-to-device cudaMemcpy of `size` bytes from pinned
-    and from pageable memory (CuPy's binding of cudaMemcpy where CuPy is
-    there, else torch's copy_ and a synchronize), taking turns."""
+def memcpy_baselines(torch, dev, size, n, gap_s):
+    """µs of host-to-device copies of `size` bytes, taking turns call by
+    call, back to back and then `gap_s` apart (as the lambda's copies
+    are): a plain cudaMemcpy from pinned and from pageable memory (CuPy's
+    binding, where CuPy is there), and torch's `.to(device)` from a tensor
+    torch pinned and from a pageable one (wall time and, on a GPU, the
+    copy's own time from CUDA events)."""
     import numpy as np
 
+    import bench_gpu_udls
+
     pageable = np.frombuffer(os.urandom(size), dtype=np.uint8).copy()
-    if dev.type != "cuda":
-        # Only for trying the benchmark without a GPU: a host copy.
-        dst = np.empty(size, dtype=np.uint8)
-
-        def pinned_copy():
-            dst[:] = pageable
-
-        pageable_copy = pinned_copy
-        how = "host memcpy (no GPU)"
-    else:
+    host = torch.from_numpy(pageable)
+    copies = {}
+    how = "host memcpy (no GPU)"
+    if dev.type == "cuda":
         try:
-            pinned_copy, pageable_copy = cupy_memcpy(pageable)
+            copies["memcpy_pinned"], copies["memcpy_pageable"] = cupy_memcpy(pageable)
             how = "cudaMemcpy (CuPy's runtime binding)"
         except Exception as e:  # noqa: BLE001 (no CuPy, or one that does not match the driver)
-            pinned = torch.from_numpy(pageable).pin_memory()
-            src = torch.from_numpy(pageable)
-            dst = torch.empty(size, dtype=torch.uint8, device=dev)
-
-            def pinned_copy():
-                dst.copy_(pinned, non_blocking=True)
-                torch.cuda.synchronize(dev)
-
-            def pageable_copy():
-                dst.copy_(src)
-                torch.cuda.synchronize(dev)
-
-            how = f"torch copy_ + synchronize (CuPy: {type(e).__name__}: {e})"
-    # What a lambda's `.to(...)` does, from a tensor torch itself pinned.
-    torch_pinned = torch.from_numpy(pageable)
-    if dev.type == "cuda":
-        torch_pinned = torch_pinned.pin_memory()
-
-    def torch_to():
-        torch_pinned.to(dev, non_blocking=True)
-        if dev.type == "cuda":
-            torch.cuda.synchronize(dev)
-
-    copies = (("pinned", pinned_copy), ("pageable", pageable_copy), ("torch_pinned", torch_to))
-    for _, f in copies:
-        for _ in range(20):
-            f()
-    out = {name: [] for name, _ in copies}
-    for _ in range(n):
-        for name, f in copies:
-            t0 = time.perf_counter_ns()
-            f()
-            out[name].append((time.perf_counter_ns() - t0) / 1000)
+            how = f"no plain cudaMemcpy (CuPy: {type(e).__name__}: {e})"
+        pinned = host.pin_memory()
+    else:
+        pinned = host
+    copies["torch_pinned"] = lambda: bench_gpu_udls.timed_to(dev, pinned)[1:]
+    copies["torch_pageable"] = lambda: bench_gpu_udls.timed_to(dev, host)[1:]
+    out = {}
+    for pace, gap in (("back_to_back", 0.0), ("paced", gap_s)):
+        for f in copies.values():
+            for _ in range(20):
+                f()
+        walls = {name: [] for name in copies}
+        dmas = {name: [] for name in copies}
+        for _ in range(n):
+            for name, f in copies.items():
+                if gap:
+                    time.sleep(gap)
+                t0 = time.perf_counter_ns()
+                dma = f()
+                walls[name].append((time.perf_counter_ns() - t0) / 1000)
+                if dma is not None and dma[1] is not None:
+                    dmas[name].append(dma[1] / 1000)
+        out[pace] = {name: {"wall": summary(walls[name]), "gpu": summary(dmas[name]) if dmas[name] else None} for name in copies}
     return how, out
 
 
@@ -199,30 +205,25 @@ def cupy_memcpy(pageable):
 
 def to_device_latencies(c, stages, size, n):
     """For each (src, dst) stage running ToDevice, taking turns call by
-    call: the copy inside the lambda and put -> tensor ready, µs."""
-    value = os.urandom(size)
+    call: the copy inside the lambda (wall, and on the GPU by CUDA
+    events) and put -> tensor ready, µs."""
     copy = [[] for _ in stages]
+    dma = [[] for _ in stages]
     ready = [[] for _ in stages]
     pinned = [None for _ in stages]
-    watches = [c.watch(dst) for _, dst in stages]
-    try:
-        for _ in range(n):
-            for i, (src, _) in enumerate(stages):
-                t0 = time.perf_counter_ns()
-                c.trigger_put(f"{src}/k", value)
-                note = watches[i].next(timeout=30)
-                if note is None:
-                    raise RuntimeError(f"no output from the stage at {src} in 30 s")
-                r = json.loads(bytes(note.value))
-                if r["n"] != size:
-                    raise RuntimeError(f"the tensor has {r['n']} elements, not {size}")
-                copy[i].append(r["copy_ns"] / 1000)
-                ready[i].append((r["ready_ns"] - t0) / 1000)
-                pinned[i] = r["pinned"]
-    finally:
-        for w in watches:
-            w.close()
-    return copy, ready, pinned
+
+    def each(i, t0, note):
+        r = json.loads(bytes(note.value))
+        if r["n"] != size:
+            raise RuntimeError(f"the tensor has {r['n']} elements, not {size}")
+        copy[i].append(r["copy_ns"] / 1000)
+        if r["dma_ns"] is not None:
+            dma[i].append(r["dma_ns"] / 1000)
+        ready[i].append((r["ready_ns"] - t0) / 1000)
+        pinned[i] = r["pinned"]
+
+    stage_calls(c, stages, size, n, each, timeout=30)
+    return copy, dma, ready, pinned
 
 
 def inference_latencies(c, torch, dev, stage, n):
@@ -231,7 +232,6 @@ def inference_latencies(c, torch, dev, stage, n):
     taking turns call by call; and whether both gave the same class."""
     import numpy as np
 
-    sys.path.insert(0, _code_dir)
     import bench_gpu_udls
 
     model = bench_gpu_udls.resnet18(dev)
@@ -285,68 +285,113 @@ def main():
         print("sluice bench python-gpu: no CUDA device here: nothing measured (--device cpu tries it on the CPU)", file=sys.stderr)
         sys.exit(2)
     dev = torch.device(a.device or "cuda")
-    c = sluice.Client(a.addr)
+    # Loading torch, a model and CUDA in a new worker can take longer
+    # than the default 10 s on a cold machine (dfg apply waits for it).
+    c = sluice.Client(a.addr, timeout=120)
     _code_dir = tempfile.mkdtemp(prefix="sluice-bench-gpu-")
     with open(os.path.join(_code_dir, "bench_gpu_udls.py"), "w") as f:
         f.write(GPU_SRC)
+    sys.path.insert(0, _code_dir)
     tag = uuid.uuid4().hex[:6]
     pools = {}
-    for v in ("pin", "page", "inf"):
+    for v in ("pin", "page", "inf", "memcpy"):
         pools[v] = (f"/bg-{v}-in-{tag}", f"/bg-{v}-out-{tag}")
         for p in pools[v]:
             c.create_object_pool(p, "trigger")
     deploy(c, _code_dir, f"bg-pin-{tag}", *pools["pin"], "ToDevice", {"device": str(dev), "pin_cuda": True})
     deploy(c, _code_dir, f"bg-page-{tag}", *pools["page"], "ToDevice", {"device": str(dev)})
     deploy(c, _code_dir, f"bg-inf-{tag}", *pools["inf"], "Classify", {"device": str(dev), "pin_cuda": True})
-    result = {"device": torch.cuda.get_device_name(dev) if dev.type == "cuda" else str(dev), "size": a.size}
+    regions = ["pinned_region", "pageable_region"]
     stages = [pools["pin"], pools["page"]]
+    try:
+        deploy(c, _code_dir, f"bg-memcpy-{tag}", *pools["memcpy"], "ToDeviceMemcpy", {"device": str(dev), "pin_cuda": True})
+        regions.append("pinned_region_cudamemcpy")
+        stages.append(pools["memcpy"])
+    except sluice.InvalidDfg as e:
+        print(f"(no plain cudaMemcpy in a lambda: {str(e).splitlines()[0]})", file=sys.stderr)
+    result = {"device": torch.cuda.get_device_name(dev) if dev.type == "cuda" else str(dev), "size": a.size}
     to_device_latencies(c, stages, a.size, 50)  # warm up
-    copy, ready, pinned = to_device_latencies(c, stages, a.size, a.n)
-    how, base = memcpy_baselines(torch, dev, a.size, a.n)
-    result["baseline"] = how
-    result["memcpy_us"] = {k: summary(v) for k, v in base.items()}
-    result["lambda_copy_us"] = {"pinned_region": summary(copy[0]), "pageable_region": summary(copy[1])}
-    result["put_to_tensor_us"] = {"pinned_region": summary(ready[0]), "pageable_region": summary(ready[1])}
+    copy, dma, ready, pinned = to_device_latencies(c, stages, a.size, a.n)
+    result["lambda_copy_us"] = {
+        region: {"wall": summary(copy[i]), "gpu": summary(dma[i]) if dma[i] else None}
+        for i, region in enumerate(regions)
+    }
+    result["put_to_tensor_us"] = {region: summary(ready[i]) for i, region in enumerate(regions)}
     result["region_pinned"] = {"pin_cuda": pinned[0], "default": pinned[1]}
-    result["lambda_copy_over_pinned_memcpy_p50"] = result["lambda_copy_us"]["pinned_region"][50] / result["memcpy_us"]["pinned"][50]
+    # The lambda's copies come one round trip apart; so do the paced ones.
+    gap_s = result["put_to_tensor_us"]["pinned_region"][50] / 1e6
+    result["baseline"], result["baselines_us"] = memcpy_baselines(torch, dev, a.size, a.n, gap_s)
+    result["paced_gap_us"] = gap_s * 1e6
+    result["ratios_p50"] = ratios(result)
     inf, agree = inference_latencies(c, torch, dev, pools["inf"], max(50, a.n // 4))
     result["inference_us"] = {k: summary(v) for k, v in inf.items()}
     result["inference_same_class"] = agree
     result["inference_lambda_over_direct_p50"] = result["inference_us"]["lambda"][50] / result["inference_us"]["direct"][50]
-    for g in list(c.dfg_list()):
-        if g["id"].endswith(tag):
-            c.dfg_remove(g["id"])
-    shutil.rmtree(_code_dir, ignore_errors=True)
+    clean_up(c, tag, _code_dir)
     if a.json:
         print(json.dumps(result, indent=2))
         return
     report(result)
 
 
+def ratios(r):
+    """The lambda's copy of the object over the baselines, at p50."""
+    out = {}
+    for region, lam in r["lambda_copy_us"].items():
+        for pace, base in r["baselines_us"].items():
+            for name, b in base.items():
+                out[f"{region}_over_{name}_{pace}"] = lam["wall"][50] / b["wall"][50]
+                if lam["gpu"] and b["gpu"]:
+                    out[f"{region}_gpu_over_{name}_gpu_{pace}"] = lam["gpu"][50] / b["gpu"][50]
+    return out
+
+
 def report(r):
     size = f"{r['size'] / (1 << 20):g} MB" if r["size"] >= (1 << 20) else f"{r['size']} B"
     print(f"device: {r['device']}; baseline: {r['baseline']}")
-    print(f"{size} host -> device, µs:")
-    print(f"  {'':44} {'p50':>8} {'p99':>8} {'p999':>8}")
-    rows = (
-        ("cudaMemcpy from pinned memory", r["memcpy_us"]["pinned"]),
-        ("cudaMemcpy from pageable memory", r["memcpy_us"]["pageable"]),
-        ("torch .to(device) from a pinned tensor", r["memcpy_us"]["torch_pinned"]),
-        ("in a lambda, region pinned (pin_cuda)", r["lambda_copy_us"]["pinned_region"]),
-        ("in a lambda, region not pinned", r["lambda_copy_us"]["pageable_region"]),
-        ("trigger put -> tensor ready, pinned", r["put_to_tensor_us"]["pinned_region"]),
-        ("trigger put -> tensor ready, not pinned", r["put_to_tensor_us"]["pageable_region"]),
-    )
-    for name, s in rows:
-        print(f"  {name:44} {s[50]:8.1f} {s[99]:8.1f} {s[99.9]:8.1f}")
+    print(f"{size} host -> device, µs (wall: until the tensor is ready; gpu: the copy itself, CUDA events):")
+    print(f"  {'':58} {'p50':>8} {'p99':>8} {'p999':>8} {'gpu p50':>8}")
+
+    def row(name, s):
+        gpu = f"{s['gpu'][50]:8.1f}" if s["gpu"] else f"{'':>8}"
+        w = s["wall"]
+        print(f"  {name:58} {w[50]:8.1f} {w[99]:8.1f} {w[99.9]:8.1f} {gpu}")
+
+    labels = {
+        "memcpy_pinned": "cudaMemcpy from pinned memory",
+        "memcpy_pageable": "cudaMemcpy from pageable memory",
+        "torch_pinned": "torch .to(device) from a pinned tensor",
+        "torch_pageable": "torch .to(device) from a pageable tensor",
+    }
+    for pace, base in r["baselines_us"].items():
+        when = "back to back" if pace == "back_to_back" else f"{r['paced_gap_us']:.0f} µs apart"
+        for name, s in base.items():
+            row(f"{labels[name]}, {when}", s)
+    row("in a lambda, region pinned (pin_cuda)", r["lambda_copy_us"]["pinned_region"])
+    row("in a lambda, region not pinned", r["lambda_copy_us"]["pageable_region"])
+    if "pinned_region_cudamemcpy" in r["lambda_copy_us"]:
+        row("in a lambda, region pinned, cudaMemcpy (CuPy)", r["lambda_copy_us"]["pinned_region_cudamemcpy"])
+    names = {"pinned_region": "pinned", "pageable_region": "not pinned", "pinned_region_cudamemcpy": "pinned, cudaMemcpy"}
+    for region, s in r["put_to_tensor_us"].items():
+        name = f"trigger put -> tensor ready, {names[region]}"
+        print(f"  {name:58} {s[50]:8.1f} {s[99]:8.1f} {s[99.9]:8.1f}")
     pin = r["region_pinned"]
     print(f"  (region registered with CUDA: pin_cuda {pin['pin_cuda']}, default {pin['default']})")
-    print(f"  object -> tensor in a lambda: {r['lambda_copy_over_pinned_memcpy_p50']:.2f}x a pinned cudaMemcpy at p50 (target <= 1.2)")
+    q = r["ratios_p50"]
+    for key, label in (
+        ("pinned_region_over_torch_pinned_paced", "torch .to in a lambda / torch .to from a pinned tensor as far apart"),
+        ("pinned_region_gpu_over_torch_pinned_gpu_paced", "the same on the GPU (events)"),
+        ("pinned_region_over_memcpy_pinned_paced", "torch .to in a lambda / a pinned cudaMemcpy as far apart"),
+        ("pinned_region_cudamemcpy_over_memcpy_pinned_paced", "cudaMemcpy in a lambda / a pinned cudaMemcpy as far apart (target <= 1.2)"),
+        ("pinned_region_cudamemcpy_over_memcpy_pinned_back_to_back", "cudaMemcpy in a lambda / a pinned cudaMemcpy back to back"),
+    ):
+        if key in q:
+            print(f"  object -> tensor, p50: {label}: {q[key]:.2f}x")
     inf = r["inference_us"]
     print("batch-1 ResNet-18 (float32 1x3x224x224), µs:")
     for name, label in (("lambda", "in a lambda (put -> class at the client)"), ("direct", "called directly in Python")):
         s = inf[name]
-        print(f"  {label:44} {s[50]:8.1f} {s[99]:8.1f} {s[99.9]:8.1f}")
+        print(f"  {label:58} {s[50]:8.1f} {s[99]:8.1f} {s[99.9]:8.1f}")
     print(
         f"  the lambda stage costs {r['inference_lambda_over_direct_p50']:.2f}x the direct call at p50"
         f" (+{inf['lambda'][50] - inf['direct'][50]:.1f} µs); same class every call: {r['inference_same_class']}"

@@ -51,51 +51,62 @@ def pct(xs, p):
 SPIN_US = None
 
 
+def one_vertex_graph(gid, src, dst, udl, conf):
+    """A DFG of one vertex at `src` running `udl` (with `conf`) that
+    trigger-puts its output to `dst`, as `dfg apply` takes it."""
+    vertex = {
+        "pathname": src,
+        "user_defined_logic_list": [udl],
+        "user_defined_logic_config_list": [conf],
+        "destinations": [{dst: "trigger_put"}],
+    }
+    return json.dumps({"graphs": [{"id": gid, "graph": [vertex]}]})
+
+
 def deploy(c, code_dir, gid, src, dst, udl, cls=None, workers=1):
     conf = {}
     if udl == "python":
         conf = {"python_path": [code_dir], "module": "bench_udls", "entry_class": cls, "workers": workers}
         if SPIN_US is not None:
             conf["spin_us"] = SPIN_US
-    c.dfg_apply(
-        json.dumps(
-            {
-                "graphs": [
-                    {
-                        "id": gid,
-                        "graph": [
-                            {
-                                "pathname": src,
-                                "user_defined_logic_list": [udl],
-                                "user_defined_logic_config_list": [conf],
-                                "destinations": [{dst: "trigger_put"}],
-                            }
-                        ],
-                    }
-                ]
-            }
-        )
-    )
+    c.dfg_apply(one_vertex_graph(gid, src, dst, udl, conf))
 
 
-def stage_latencies(c, stages, size, n):
-    """µs from trigger_put to the next stage's notification, one object at
-    a time, for each of `stages` ((src, dst) pairs), taking turns call by
-    call so that the machine's drift hits every stage alike."""
+def clean_up(c, tag, code_dir):
+    """Removes a benchmark's graphs (their ids end in `tag`) and its code."""
+    for g in list(c.dfg_list()):
+        if g["id"].endswith(tag):
+            c.dfg_remove(g["id"])
+    shutil.rmtree(code_dir, ignore_errors=True)
+
+
+def stage_calls(c, stages, size, n, each, timeout=10.0):
+    """`n` rounds of one trigger put of `size` bytes to each of `stages`
+    ((src, dst) pairs) in turn, each waiting for the stage's output:
+    `each(i, t0_ns, notification)` for stage i, t0 taken before the put.
+    Taking turns call by call lets the machine's drift hit every stage
+    alike."""
     value = os.urandom(size)
-    out = [[] for _ in stages]
     watches = [c.watch(dst) for _, dst in stages]
     try:
         for _ in range(n):
             for i, (src, _) in enumerate(stages):
                 t0 = time.perf_counter_ns()
                 c.trigger_put(f"{src}/k", value)
-                if watches[i].next(timeout=10) is None:
-                    raise RuntimeError(f"no output from the stage at {src} in 10 s")
-                out[i].append((time.perf_counter_ns() - t0) / 1000)
+                note = watches[i].next(timeout=timeout)
+                if note is None:
+                    raise RuntimeError(f"no output from the stage at {src} in {timeout:g} s")
+                each(i, t0, note)
     finally:
         for w in watches:
             w.close()
+
+
+def stage_latencies(c, stages, size, n):
+    """µs from trigger_put to the next stage's notification, one object at
+    a time, for each of `stages` ((src, dst) pairs), taking turns."""
+    out = [[] for _ in stages]
+    stage_calls(c, stages, size, n, lambda i, t0, _: out[i].append((time.perf_counter_ns() - t0) / 1000))
     return out
 
 
@@ -256,10 +267,7 @@ def main():
         }
         ps = result["per_stage_p50_us"]
         result["ray_over_python_per_stage_p50"] = ps["ray_actor"] / max(ps["sluice_python"], 1e-9)
-    for g in list(c.dfg_list()):
-        if g["id"].endswith(tag):
-            c.dfg_remove(g["id"])
-    shutil.rmtree(code_dir, ignore_errors=True)
+    clean_up(c, tag, code_dir)
     if a.json:
         print(json.dumps(result, indent=2))
         return

@@ -1,0 +1,96 @@
+"""`sluice bench python-gpu`'s Python side (sluice.bench_gpu): its ratios
+and report from a known result, its clear refusal without PyTorch, and,
+where PyTorch and torchvision are installed, a whole run on the CPU
+against a node (CI has no torch: that test skips there)."""
+
+import importlib.util
+import json
+import subprocess
+import sys
+
+import pytest
+
+from sluice import bench_gpu
+
+
+def stats(p50):
+    return {50: p50, 99: 2 * p50, 99.9: 3 * p50}
+
+
+def known_result():
+    return {
+        "device": "a GPU",
+        "size": 1 << 20,
+        "baseline": "cudaMemcpy",
+        "paced_gap_us": 600.0,
+        "baselines_us": {
+            "back_to_back": {
+                "memcpy_pinned": {"wall": stats(30.0), "gpu": None},
+                "torch_pinned": {"wall": stats(50.0), "gpu": stats(25.0)},
+            },
+            "paced": {
+                "memcpy_pinned": {"wall": stats(60.0), "gpu": None},
+                "torch_pinned": {"wall": stats(120.0), "gpu": stats(60.0)},
+            },
+        },
+        "lambda_copy_us": {
+            "pinned_region": {"wall": stats(120.0), "gpu": stats(75.0)},
+            "pageable_region": {"wall": stats(200.0), "gpu": stats(150.0)},
+            "pinned_region_cudamemcpy": {"wall": stats(69.0), "gpu": None},
+        },
+        "put_to_tensor_us": {"pinned_region": stats(600.0), "pageable_region": stats(700.0)},
+        "region_pinned": {"pin_cuda": True, "default": False},
+        "inference_us": {"lambda": stats(3000.0), "direct": stats(2500.0)},
+        "inference_same_class": True,
+        "inference_lambda_over_direct_p50": 1.2,
+    }
+
+
+def test_ratios_compare_each_lambda_copy_with_each_baseline_at_the_same_pace():
+    q = bench_gpu.ratios(known_result())
+    assert q["pinned_region_cudamemcpy_over_memcpy_pinned_paced"] == pytest.approx(69 / 60)
+    assert q["pinned_region_cudamemcpy_over_memcpy_pinned_back_to_back"] == pytest.approx(69 / 30)
+    assert q["pinned_region_over_torch_pinned_paced"] == pytest.approx(1.0)
+    assert q["pinned_region_gpu_over_torch_pinned_gpu_paced"] == pytest.approx(75 / 60)
+    # No GPU-side figure where either side has none.
+    assert "pinned_region_cudamemcpy_gpu_over_memcpy_pinned_gpu_paced" not in q
+    assert "pinned_region_gpu_over_memcpy_pinned_gpu_paced" not in q
+
+
+def test_the_report_names_the_target_and_every_row(capsys):
+    r = known_result()
+    r["ratios_p50"] = bench_gpu.ratios(r)
+    bench_gpu.report(r)
+    out = capsys.readouterr().out
+    assert "cudaMemcpy in a lambda / a pinned cudaMemcpy as far apart (target <= 1.2): 1.15x" in out
+    assert "cudaMemcpy from pinned memory, 600 µs apart" in out
+    assert "in a lambda, region not pinned" in out
+    assert "same class every call: True" in out
+
+
+def run_bench(args):
+    return subprocess.run(
+        [sys.executable, "-m", "sluice.bench_gpu", *args], capture_output=True, text=True, timeout=600
+    )
+
+
+@pytest.mark.skipif(importlib.util.find_spec("torch") is not None, reason="torch is installed here")
+def test_without_torch_it_says_so_and_measures_nothing():
+    p = run_bench(["--addr", "127.0.0.1:1"])
+    assert p.returncode == 2
+    assert "PyTorch is not installed" in p.stderr
+    assert p.stdout == ""
+
+
+def test_a_whole_run_on_the_cpu(node):
+    pytest.importorskip("torch")
+    pytest.importorskip("torchvision")
+    p = run_bench(["--addr", node.addr, "--device", "cpu", "--n", "20", "--json"])
+    assert p.returncode == 0, p.stderr
+    r = json.loads(p.stdout)
+    assert r["device"] == "cpu"
+    assert set(r["lambda_copy_us"]) >= {"pinned_region", "pageable_region"}
+    assert r["lambda_copy_us"]["pinned_region"]["wall"]["50"] > 0
+    # Without a GPU nothing can be pinned; the worker says so and runs on.
+    assert r["region_pinned"] == {"pin_cuda": False, "default": False}
+    assert r["inference_same_class"] is True
