@@ -1227,10 +1227,15 @@ fn dfg_lines(r: &Value, indent: bool, text: &mut Vec<String>) {
         ));
         for st in g["status"].as_array().into_iter().flatten() {
             text.push(format!(
-                "{pad}  {:<28} {:<8} calls {} emitted {} failures {} panics {} dropped {}{}",
+                "{pad}  {:<28} {:<8} calls {}{} emitted {} failures {} panics {} dropped {}{}",
                 st["vertex"].as_str().unwrap_or("?"),
                 st["udl"].as_str().unwrap_or("?"),
                 st["calls"],
+                // Large trigger puts announced before their value was in.
+                match st["expected"].as_u64() {
+                    Some(n) if n > 0 => format!(" (expected early {n})"),
+                    _ => String::new(),
+                },
                 st["emitted"],
                 st["failures"],
                 st["panics"],

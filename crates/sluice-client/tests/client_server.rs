@@ -1253,3 +1253,68 @@ async fn large_frames_in_their_own_buffers_keep_their_neighbours_intact() {
     assert!(c.get("/vol/big/c").await.is_err(), "nothing stored");
     s.stop().await;
 }
+
+/// The lambdas a large trigger put will fire hear of it as soon as its
+/// key is in, before its value is (a Python worker wakes meanwhile); the
+/// put then runs as usual.
+#[tokio::test]
+async fn a_large_trigger_put_is_announced_before_its_value_is_in() {
+    let s = start(|_| {}).await;
+    let c = s.client().await;
+    for (p, t) in [("/tin", PoolType::Trigger), ("/tout", PoolType::Volatile)] {
+        c.create_pool(PoolSpec {
+            pathname: p.into(),
+            pool_type: Some(t),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    }
+    c.dfg_apply(
+        r#"[{"id": "early", "graph": [{"pathname": "/tin", "user_defined_logic_list": ["relay"], "destinations": [{"/tout": "put"}]}]}]"#,
+    )
+    .await
+    .unwrap();
+    let expected = || async {
+        c.dfg_list().await.unwrap()[0]["status"][0]["expected"]
+            .as_u64()
+            .unwrap()
+    };
+    assert_eq!(expected().await, 0);
+    let mut q = sluice_wire::OutQueue::new();
+    sluice_wire::Request::TriggerPut {
+        key: "/tin/frame".into(),
+        shard: None,
+        value: Bytes::from(vec![5u8; 1 << 20]),
+        trace: None,
+        origin: None,
+    }
+    .encode(&mut q, 2, 0);
+    let frame = q.to_bytes();
+    let mut r = handshake(s.addr).await;
+    r.write_all(&frame[..64 * 1024]).await.unwrap();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while expected().await == 0 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "no announcement while the value was in transit"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    assert!(c.get("/tout/frame").await.is_err(), "nothing ran yet");
+    r.write_all(&frame[64 * 1024..]).await.unwrap();
+    let (rid, resp) = read_response(&mut r).await.unwrap();
+    assert_eq!(rid, 2);
+    assert!(matches!(resp, sluice_wire::Response::PutOk(_)), "{resp:?}");
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    let out = loop {
+        if let Ok(o) = c.get("/tout/frame").await {
+            break o;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "the relay ran");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    };
+    assert_eq!(out.value.len(), 1 << 20);
+    assert_eq!(expected().await, 1);
+    s.stop().await;
+}

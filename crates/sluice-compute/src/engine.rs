@@ -57,6 +57,8 @@ impl Default for EngineConfig {
 #[derive(Default)]
 struct EntryStats {
     calls: AtomicU64,
+    /// Trigger puts announced before their value was in (`Engine::expect`).
+    expected: AtomicU64,
     failures: AtomicU64,
     panics: AtomicU64,
     dropped: AtomicU64,
@@ -530,6 +532,7 @@ impl Engine {
                             "vertex": e.vertex,
                             "udl": e.name,
                             "calls": s.calls.load(Ordering::Relaxed),
+                            "expected": s.expected.load(Ordering::Relaxed),
                             "emitted": s.emitted.load(Ordering::Relaxed),
                             "failures": s.failures.load(Ordering::Relaxed),
                             "panics": s.panics.load(Ordering::Relaxed),
@@ -597,6 +600,25 @@ impl Engine {
                 "p999": us(0.999),
             },
         })
+    }
+
+    /// A trigger put of `key` is arriving (its value still in transit):
+    /// the lambdas of the vertices it will fire get `Udl::expect`, so a
+    /// worker that sleeps can wake while the value comes in. Cheap and
+    /// non-blocking (the connection's thread calls it).
+    pub fn expect(&self, key: &str) {
+        let table = self.table.load();
+        if table.trie.is_empty() {
+            return;
+        }
+        let mut matches = Vec::new();
+        table.trie.matches(key, &mut matches);
+        for entry in matches {
+            if matches!(entry.hook, Hook::Both | Hook::Trigger) {
+                entry.stats.expected.fetch_add(1, Ordering::Relaxed);
+                entry.udl.expect();
+            }
+        }
     }
 
     /// Clears the dispatch-overhead histograms (benchmarks call this

@@ -56,6 +56,13 @@ pub trait Udl: Send + Sync {
         emit: &mut Emitter<'_>,
         ctx: &Context,
     ) -> Result<(), UdlError>;
+
+    /// A trigger put for this lambda's vertex is arriving: its key is in,
+    /// its (large) value still on the way. A lambda that runs elsewhere
+    /// may wake its worker now, so that the call finds it ready. Called on
+    /// the connection's thread: it must not block. A hint only: the put
+    /// may still fail, or reach another member.
+    fn expect(&self) {}
 }
 
 /// Builds a UDL instance from its vertex config.

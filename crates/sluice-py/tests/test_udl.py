@@ -174,6 +174,26 @@ def test_live_upgrade_replaces_workers_and_calls_in_flight_finish(client, vertex
     assert status(client, gid)["failures"] == 0
 
 
+def test_large_values_wake_the_worker_early_and_arrive_whole(client, vertex):
+    src, dst, gid = vertex
+    client.dfg_apply(graph(gid, src, "Noop", dst))
+    values = [bytes([i]) * (1 << 20) for i in range(1, 6)]
+    for i, v in enumerate(values):
+        client.trigger_put(f"{src}/big{i}", v)
+        o = wait_for(f"output {i}", lambda: get_or_none(client, f"{dst}/big{i}"))
+        assert o.value.tobytes() == v
+    # Each announced to the vertex as its key arrived, before its value.
+    (g,) = [g for g in client.dfg_list() if g["id"] == gid]
+    assert g["status"][0]["expected"] == len(values)
+    assert g["status"][0]["calls"] == len(values)
+    # Small values are not announced, and a worker woken with nothing to do
+    # goes back to waiting: the next small call still runs.
+    client.trigger_put(f"{src}/small", b"s")
+    assert wait_for("the small output", lambda: get_or_none(client, f"{dst}/small")).value.tobytes() == b"s"
+    (g,) = [g for g in client.dfg_list() if g["id"] == gid]
+    assert g["status"][0]["expected"] == len(values)
+
+
 def test_a_class_that_does_not_load_fails_the_apply(client, vertex):
     src, dst, gid = vertex
     with pytest.raises(sluice.SluiceError) as e:

@@ -333,6 +333,11 @@ impl Conn {
     fn make_room(&self, rbuf: &mut BytesMut, large: &mut Option<(Vec<u8>, usize)>) {
         let need = self.decoder.needed(rbuf).unwrap_or(0);
         if large.is_none() && need >= crate::recv_pool::LARGE_FRAME && rbuf.len() < need {
+            // A large trigger put: its lambdas' workers can wake while the
+            // value comes in (a Python worker's wake-up then costs nothing).
+            if let Some(key) = sluice_wire::trigger_put_key(rbuf) {
+                self.ctx.engine.expect(key);
+            }
             let mut buf = self.ctx.recv_pool.take(need);
             buf.extend_from_slice(rbuf);
             rbuf.clear();

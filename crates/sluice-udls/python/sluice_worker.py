@@ -51,6 +51,10 @@ except ImportError:  # the memoryview will do
     np = None
 
 SPIN_S = float(os.environ.get("SLUICE_WORKER_SPIN_US", "300")) / 1e6
+# After a wake that found no request (a large value still arriving at the
+# node, which woke this worker early): how long to poll for it, yielding
+# the CPU to whatever receives the value.
+PREWAKE_S = float(os.environ.get("SLUICE_WORKER_PREWAKE_US", "2000")) / 1e6
 
 
 class StoreError(Exception):
@@ -126,12 +130,20 @@ class Worker:
         # (when they are further apart, spinning only burns a core).
         spin = SPIN_S if self.gap_ewma < SPIN_S else 0.0
         spin_until = t0 + spin
+        yielding = False
         while r.u64(H_REQ_HEAD) == tail:
+            if yielding:
+                os.sched_yield()  # a value in transit: leave the CPU to its receiver
             if time.perf_counter() > spin_until:
                 # Block until the node signals; every second, check that
                 # the node still lives (a worker never outlives it).
                 if select.select([self.to_worker], [], [], 1.0)[0]:
                     os.eventfd_read(self.to_worker)
+                    # Signalled: the request is in, or (a large value still
+                    # arriving at the node) about to be: poll for it.
+                    spin_until = time.perf_counter() + PREWAKE_S
+                    yielding = True
+                    continue
                 elif os.getppid() != self.parent:
                     sys.exit(0)
                 spin_until = time.perf_counter() + spin

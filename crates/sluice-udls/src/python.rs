@@ -762,6 +762,18 @@ impl Udl for PythonUdl {
         }
         r
     }
+
+    /// Wakes the idle workers (one not in a call: its slot is free), so
+    /// that they poll their ring, for a while, when the upcall comes.
+    fn expect(&self) {
+        for slot in &self.procs {
+            if let Some(g) = slot.try_lock() {
+                if let Some(p) = g.as_ref() {
+                    signal(&p.to_worker);
+                }
+            }
+        }
+    }
 }
 
 impl Drop for PythonUdl {

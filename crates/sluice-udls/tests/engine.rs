@@ -251,6 +251,71 @@ fn hooks_select_trigger_or_ordered_puts() {
     );
 }
 
+/// Counts the trigger puts announced to it.
+#[derive(Default)]
+struct Expecting {
+    expected: std::sync::atomic::AtomicUsize,
+}
+
+impl Udl for Expecting {
+    fn handle(&self, _: &Upcall<'_>, _: &mut Emitter<'_>, _: &Context) -> Result<(), UdlError> {
+        Ok(())
+    }
+    fn expect(&self) {
+        self.expected
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
+#[test]
+fn an_arriving_trigger_put_is_announced_to_the_lambdas_it_will_fire() {
+    let s = store();
+    let mut reg = sluice_udls::registry();
+    let mut made = Vec::new();
+    for name in ["t", "o", "b"] {
+        let udl = Arc::new(Expecting::default());
+        made.push(udl.clone());
+        reg.register(&format!("expect-{name}"), move |_: &Value, _: &Context| {
+            Ok(udl.clone() as Arc<dyn Udl>)
+        });
+    }
+    let e = engine_with(&s, reg, 1, 64, None);
+    e.apply(&graph("expect", json!([
+        { "pathname": "/out/t", "user_defined_logic_list": ["expect-t"], "user_defined_logic_hook_list": ["trigger"] },
+        { "pathname": "/out/o", "user_defined_logic_list": ["expect-o"], "user_defined_logic_hook_list": ["ordered"] },
+        { "pathname": "/out/b", "user_defined_logic_list": ["expect-b"], "user_defined_logic_hook_list": ["both"] }
+    ])))
+    .unwrap();
+    e.expect("/out/t/frame");
+    e.expect("/out/o/frame");
+    e.expect("/out/b/frame");
+    e.expect("/elsewhere/frame");
+    let counts: Vec<usize> = made
+        .iter()
+        .map(|u| u.expected.load(std::sync::atomic::Ordering::Relaxed))
+        .collect();
+    assert_eq!(
+        counts,
+        vec![1, 0, 1],
+        "trigger and both hooks, not ordered ones"
+    );
+    let listed: Vec<(String, u64)> = e.list()[0]["status"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| {
+            (
+                v["vertex"].as_str().unwrap().to_string(),
+                v["expected"].as_u64().unwrap(),
+            )
+        })
+        .collect();
+    assert!(listed.contains(&("/out/t".into(), 1)), "{listed:?}");
+    assert!(listed.contains(&("/out/o".into(), 0)), "{listed:?}");
+    // Nothing ran: an announcement is not a call.
+    assert_eq!(e.stats()["upcalls"], 0);
+}
+
 struct SecondOfTwo;
 impl Membership for SecondOfTwo {
     fn position(&self, _: ShardId) -> (usize, usize) {

@@ -74,6 +74,30 @@ pub struct FrameDecoder {
     pub max_value: u32,
 }
 
+/// The key of the trigger put whose frame begins `buf`, as soon as the
+/// header and the key are in (the value may still be on its way); None
+/// for any other frame, for a value sent in parts (its key comes last), or
+/// for bytes that are not a frame. Lets a node ready the lambdas that the
+/// put will reach while a large value arrives. Never panics, whatever
+/// `buf` holds.
+pub fn trigger_put_key(buf: &[u8]) -> Option<&str> {
+    let header = buf.get(..HEADER_LEN)?;
+    if u16::from_le_bytes([header[0], header[1]]) != MAGIC
+        || header[2] != crate::op::TRIGGER_PUT
+        || header[3] & FLAG_PART != 0
+    {
+        return None;
+    }
+    let meta_len = u32::from_le_bytes([header[4], header[5], header[6], header[7]]) as usize;
+    let len = buf.get(HEADER_LEN..HEADER_LEN + 4)?;
+    let key_len = u32::from_le_bytes([len[0], len[1], len[2], len[3]]) as usize;
+    if key_len > meta_len.saturating_sub(4) {
+        return None;
+    }
+    let key = buf.get(HEADER_LEN + 4..HEADER_LEN + 4 + key_len)?;
+    std::str::from_utf8(key).ok()
+}
+
 impl FrameDecoder {
     pub fn new(max_meta: u32, max_value: u32) -> Self {
         FrameDecoder {

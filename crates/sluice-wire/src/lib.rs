@@ -26,7 +26,8 @@ mod out;
 
 pub use codec::{MetaReader, MetaWriter};
 pub use frame::{
-    encode_part, Frame, FrameDecoder, FrameError, FLAG_NO_REPLY, FLAG_PART, HEADER_LEN, MAGIC,
+    encode_part, trigger_put_key, Frame, FrameDecoder, FrameError, FLAG_NO_REPLY, FLAG_PART,
+    HEADER_LEN, MAGIC,
 };
 pub use message::{
     encode_object, encode_objects, op, DeliveryKindWire, MultiGetItem, ObjRef, Request, Response,

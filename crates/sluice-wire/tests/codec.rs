@@ -8,8 +8,8 @@ use bytes::{Bytes, BytesMut};
 use proptest::prelude::*;
 use sluice_types::{Hop, ObjectMeta, PoolSpec, PoolType, PutResult, ReqId, SluiceError, Trace};
 use sluice_wire::{
-    DeliveryKindWire, FrameDecoder, FrameError, OutQueue, Request, Response, WatchFrom, WireObject,
-    HEADER_LEN,
+    trigger_put_key, DeliveryKindWire, FrameDecoder, FrameError, OutQueue, Request, Response,
+    WatchFrom, WireObject, FLAG_PART, HEADER_LEN,
 };
 
 const DEC: FrameDecoder = FrameDecoder {
@@ -335,10 +335,77 @@ fn arb_response() -> impl Strategy<Value = Response> {
     ]
 }
 
+fn encoded(r: &Request) -> Vec<u8> {
+    let mut q = OutQueue::new();
+    r.encode(&mut q, 7, 0);
+    q.to_bytes().to_vec()
+}
+
+/// A trigger put's key is known from the frame's first bytes, before its
+/// value is in; no other frame gives one.
+#[test]
+fn a_trigger_puts_key_is_read_from_its_first_bytes() {
+    let put = Request::TriggerPut {
+        key: "/in/frame-7".into(),
+        shard: None,
+        value: Bytes::from(vec![9u8; 300_000]),
+        trace: None,
+        origin: None,
+    };
+    let frame = encoded(&put);
+    let key_end = HEADER_LEN + 4 + "/in/frame-7".len();
+    for cut in [key_end, key_end + 1, 4096, frame.len()] {
+        assert_eq!(
+            trigger_put_key(&frame[..cut]),
+            Some("/in/frame-7"),
+            "cut at {cut}"
+        );
+    }
+    for cut in [0, 2, HEADER_LEN, HEADER_LEN + 4, key_end - 1] {
+        assert_eq!(trigger_put_key(&frame[..cut]), None, "cut at {cut}");
+    }
+    let plain = Request::Put {
+        key: "/in/frame-7".into(),
+        shard: None,
+        expected: None,
+        value: Bytes::from_static(b"v"),
+        trace: None,
+        req_id: None,
+    };
+    assert_eq!(trigger_put_key(&encoded(&plain)), None);
+    // A value sent in parts: the part frames carry no key.
+    let mut part = frame.clone();
+    part[3] |= FLAG_PART;
+    assert_eq!(trigger_put_key(&part), None);
+    // A key length past the metadata: not a key.
+    let mut lying = frame.clone();
+    lying[HEADER_LEN..HEADER_LEN + 4].copy_from_slice(&u32::MAX.to_le_bytes());
+    assert_eq!(trigger_put_key(&lying), None);
+}
+
 proptest! {
     #[test]
     fn requests_roundtrip(r in arb_request(), id in any::<u64>()) {
         prop_assert_eq!(roundtrip_req(&r, id), r);
+    }
+
+    /// Whatever the bytes, reading a trigger put's key never panics, and
+    /// a key it gives is the one the whole frame decodes to.
+    #[test]
+    fn the_early_key_never_panics_and_matches_the_frame(
+        r in arb_request(),
+        cut in any::<prop::sample::Index>(),
+        junk in proptest::collection::vec(any::<u8>(), 0..64),
+    ) {
+        let frame = encoded(&r);
+        let early = trigger_put_key(&frame[..cut.index(frame.len() + 1)]);
+        if let Some(k) = early {
+            match &r {
+                Request::TriggerPut { key, .. } => prop_assert_eq!(k, key.as_str()),
+                other => prop_assert!(false, "a key from {other:?}"),
+            }
+        }
+        let _ = trigger_put_key(&junk);
     }
 
     #[test]
