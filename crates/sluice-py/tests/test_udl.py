@@ -194,6 +194,34 @@ def test_large_values_wake_the_worker_early_and_arrive_whole(client, vertex):
     assert g["status"][0]["expected"] == len(values)
 
 
+def test_a_refused_emit_fails_its_call_and_the_next_calls_stay_in_step(client, vertex):
+    src, dst, gid = vertex
+    client.dfg_apply(graph(gid, src, "EmitsBadKey", dst))
+    client.trigger_put(f"{src}/first", b"bad")
+    st = wait_for("the failure to be counted", lambda: (s := status(client, gid))["failures"] >= 1 and s)
+    assert "must not end with" in st["last_error"], st
+    # Nothing the refused call emitted after the refusal was stored.
+    assert get_or_none(client, f"{dst}/first") is None
+    for i in range(20):
+        client.trigger_put(f"{src}/k{i}", f"v{i}".encode())
+        o = wait_for(f"output {i}", lambda: get_or_none(client, f"{dst}/k{i}"))
+        assert o.value == f"V{i}".encode()
+    st = status(client, gid)
+    assert st["failures"] == 1 and st["calls"] == 21, st
+
+
+def test_a_store_reply_too_large_for_the_arena_is_an_error_the_lambda_sees(client, vertex):
+    src, dst, gid = vertex
+    client.put(f"{dst}/huge", b"h" * (2 << 20))
+    client.dfg_apply(graph(gid, src, "EmitsBadKey", dst, arena_mb=1))
+    client.trigger_put(f"{src}/read", f"big:{dst}/huge".encode())
+    o = wait_for("what the lambda saw", lambda: get_or_none(client, f"{dst}/read"))
+    assert o.value.tobytes().startswith(b"StoreError:") and b"arena_mb" in o.value.tobytes(), o.value.tobytes()
+    # The worker is still in step.
+    client.trigger_put(f"{src}/after", b"fine")
+    assert wait_for("the next output", lambda: get_or_none(client, f"{dst}/after")).value == b"FINE"
+
+
 def test_a_class_that_does_not_load_fails_the_apply(client, vertex):
     src, dst, gid = vertex
     with pytest.raises(sluice.SluiceError) as e:

@@ -509,6 +509,13 @@ impl Proc {
         Ok((out, at))
     }
 
+    /// Stops a worker that is dead, silent or broken, so that its slot
+    /// starts another for the next upcall.
+    fn abandon(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
     fn stop(&mut self) {
         if matches!(self.child.try_wait(), Ok(None)) {
             self.push(Desc {
@@ -599,7 +606,7 @@ impl PythonUdl {
         p.call_id += 1;
         let o = call.object;
         // b: the pool's pathname and the vertex's, NUL-separated.
-        let (r, mut input_end) = p
+        let (r, input_end) = p
             .put_input(
                 0,
                 &[
@@ -627,62 +634,137 @@ impl PythonUdl {
             sender: call.sender,
             ..Desc::default()
         });
+        // The first error of this call. The worker is drained to its
+        // done or failed whatever happens here: the next upcall must not
+        // read this one's answers (a refused emit used to end the call
+        // early, and the next call then took this one's completion).
+        let mut failed: Option<UdlError> = None;
+        let mut at = InFlight {
+            input,
+            input_end,
+            value: &o.value,
+        };
         loop {
-            let d = p
-                .next_response(CALL_LIMIT, Some(call.key))
-                .map_err(UdlError::Failed)?;
-            let res = match d.kind {
-                P_EMIT => {
-                    let suffix =
-                        String::from_utf8_lossy(p.out(d.a).map_err(UdlError::Failed)?).into_owned();
-                    let value = if d.flags & F_INPUT_VALUE != 0 && d.b == input {
-                        o.value.clone()
-                    } else {
-                        Bytes::copy_from_slice(p.out(d.b).map_err(UdlError::Failed)?)
-                    };
-                    p.index(H_OUT_FREE).store(d.version, Ordering::Release);
-                    emit.emit(&suffix, value)
+            let d = match p.next_response(CALL_LIMIT, Some(call.key)) {
+                Ok(d) => d,
+                Err(e) => {
+                    p.abandon(); // dead, or silent past the limit
+                    return Err(UdlError::Failed(e));
                 }
-                P_CTX_CALL => {
-                    let args: Value = serde_json::from_slice(p.out(d.a).map_err(UdlError::Failed)?)
-                        .unwrap_or(Value::Null);
-                    let value = Bytes::copy_from_slice(p.out(d.b).map_err(UdlError::Failed)?);
-                    p.index(H_OUT_FREE).store(d.version, Ordering::Release);
-                    let (status, meta, data) = store_call(ctx, &args, value);
-                    let meta = meta.to_string();
-                    // After the upcall's bytes and the earlier replies: what
-                    // the lambda got from them stays valid until it returns.
-                    let (r, end) = p
-                        .put_input(input_end, &[(meta.as_bytes(), false), (&data, true)])
-                        .map_err(UdlError::Failed)?;
-                    input_end = end;
-                    p.push(Desc {
-                        kind: R_CTX_REPLY,
-                        call_id: p.call_id,
-                        status,
-                        a: r[0],
-                        b: r[1],
-                        ..Desc::default()
-                    });
-                    Ok(())
-                }
-                P_DONE => {
-                    p.index(H_OUT_FREE).store(d.version, Ordering::Release);
-                    return Ok(());
-                }
-                P_FAIL => {
-                    let msg =
-                        String::from_utf8_lossy(p.out(d.a).map_err(UdlError::Failed)?).into_owned();
-                    p.index(H_OUT_FREE).store(d.version, Ordering::Release);
-                    return Err(UdlError::Failed(format!("python: {msg}")));
-                }
-                other => Err(UdlError::Failed(format!(
-                    "python worker: unknown message kind {other}"
-                ))),
             };
-            res?;
+            if d.call_id != p.call_id {
+                continue; // an answer to an earlier call: never ours
+            }
+            if failed.is_some() && d.kind == P_EMIT {
+                // After a refusal the call has failed: what it emits
+                // later is dropped (what it emitted before stands).
+                p.index(H_OUT_FREE).store(d.version, Ordering::Release);
+                continue;
+            }
+            match self.answer(p, &d, &mut at, emit, ctx) {
+                Ok(Some(end)) => return failed.map_or(end, Err),
+                Ok(None) => {}
+                Err(Answer::Refused(e)) => {
+                    failed.get_or_insert(e);
+                }
+                Err(Answer::Broken(e)) => {
+                    // What it sent cannot be read: it cannot be trusted.
+                    p.abandon();
+                    return Err(UdlError::Failed(e));
+                }
+            }
         }
     }
+
+    /// One answer of the worker during an upcall: `Some` with the call's
+    /// outcome once it is done or failed.
+    fn answer(
+        &self,
+        p: &mut Proc,
+        d: &Desc,
+        at: &mut InFlight<'_>,
+        emit: &mut Emitter<'_>,
+        ctx: &Context,
+    ) -> Result<Option<Result<(), UdlError>>, Answer> {
+        match d.kind {
+            P_EMIT => {
+                let suffix =
+                    String::from_utf8_lossy(p.out(d.a).map_err(Answer::Broken)?).into_owned();
+                let value = if d.flags & F_INPUT_VALUE != 0 && d.b == at.input {
+                    at.value.clone()
+                } else {
+                    Bytes::copy_from_slice(p.out(d.b).map_err(Answer::Broken)?)
+                };
+                p.index(H_OUT_FREE).store(d.version, Ordering::Release);
+                emit.emit(&suffix, value).map_err(Answer::Refused)?;
+                Ok(None)
+            }
+            P_CTX_CALL => {
+                let args: Value = serde_json::from_slice(p.out(d.a).map_err(Answer::Broken)?)
+                    .unwrap_or(Value::Null);
+                let value = Bytes::copy_from_slice(p.out(d.b).map_err(Answer::Broken)?);
+                p.index(H_OUT_FREE).store(d.version, Ordering::Release);
+                let (status, meta, data) = store_call(ctx, &args, value);
+                // After the upcall's bytes and the earlier replies: what
+                // the lambda got from them stays valid until it returns.
+                let reply = match p.put_input(
+                    at.input_end,
+                    &[(meta.to_string().as_bytes(), false), (&data, true)],
+                ) {
+                    Ok(r) => (status, r),
+                    // The reply does not fit: the lambda's call raises why.
+                    Err(why) => {
+                        let meta = json!({ "message": why }).to_string();
+                        let r = p
+                            .put_input(at.input_end, &[(meta.as_bytes(), false), (&[], true)])
+                            .map_err(Answer::Broken)?;
+                        (1, r)
+                    }
+                };
+                let (status, (r, end)) = reply;
+                at.input_end = end;
+                p.push(Desc {
+                    kind: R_CTX_REPLY,
+                    call_id: p.call_id,
+                    status,
+                    a: r[0],
+                    b: r[1],
+                    ..Desc::default()
+                });
+                Ok(None)
+            }
+            P_DONE => {
+                p.index(H_OUT_FREE).store(d.version, Ordering::Release);
+                Ok(Some(Ok(())))
+            }
+            P_FAIL => {
+                let msg = String::from_utf8_lossy(p.out(d.a).map_err(Answer::Broken)?).into_owned();
+                p.index(H_OUT_FREE).store(d.version, Ordering::Release);
+                Ok(Some(Err(UdlError::Failed(format!("python: {msg}")))))
+            }
+            other => Err(Answer::Broken(format!(
+                "python worker: unknown message kind {other}"
+            ))),
+        }
+    }
+}
+
+/// Where an upcall's bytes are in the input arena: its value (which an
+/// emit can hand back by reference), and the end of what the call has
+/// been given so far (its value, then its store calls' replies).
+struct InFlight<'a> {
+    input: (u64, u64),
+    input_end: usize,
+    value: &'a Bytes,
+}
+
+/// Why an answer of the worker was not taken.
+enum Answer {
+    /// The store refused what the lambda asked (an emit): the call fails,
+    /// the worker goes on.
+    Refused(UdlError),
+    /// The worker broke the protocol: it is stopped and replaced.
+    Broken(String),
 }
 
 /// A lambda's store call (get, put, trigger_put, list_keys): status (0:

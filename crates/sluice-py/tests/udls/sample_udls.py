@@ -122,3 +122,28 @@ class TwoGets:
         a, _ = context.get(self.side + "/a")
         b, _ = context.get(self.side + "/b")
         emit(key_suffix, bytes(a) + b"+" + bytes(b))
+
+
+class EmitsBadKey:
+    """For values with `bad` in them, first emits under a key the store
+    refuses (it ends with '/'), then as Upper does; for values with `big`,
+    first reads a key whose value will not fit the arena (reports what
+    the store call raised). The call after a refused emit must still be
+    this call's, not the last one's."""
+
+    def __init__(self, conf):
+        pass
+
+    def ocdpo_handler(self, key, pathname, blob, emit, context, **kw):
+        suffix = key[len(pathname):]
+        value = bytes(blob)
+        if b"bad" in value:
+            emit("/refused/", b"x")
+        if b"big" in value:
+            try:
+                context.get(value.decode().split(":", 1)[1])
+                emit(suffix, b"read it")
+            except Exception as e:  # noqa: BLE001 (what the lambda saw)
+                emit(suffix, f"{type(e).__name__}: {e}")
+            return
+        emit(suffix, value.upper())
