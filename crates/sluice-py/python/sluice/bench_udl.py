@@ -13,8 +13,6 @@ import argparse
 import json
 import os
 import shutil
-import statistics
-import sys
 import tempfile
 import threading
 import time
