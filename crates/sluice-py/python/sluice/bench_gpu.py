@@ -24,7 +24,7 @@ import time
 import uuid
 
 import sluice
-from sluice.bench_udl import clean_up, one_vertex_graph, pct, stage_calls
+from sluice.bench_udl import clean_up, failures, one_vertex_graph, pct, stage_calls, warn_failures
 
 # The lambdas. `dev` comes from the vertex's configuration.
 GPU_SRC = '''
@@ -327,7 +327,9 @@ def main():
     result["inference_us"] = {k: summary(v) for k, v in inf.items()}
     result["inference_same_class"] = agree
     result["inference_lambda_over_direct_p50"] = result["inference_us"]["lambda"][50] / result["inference_us"]["direct"][50]
+    result["failed_calls"], result["last_error"] = failures(c, tag)
     clean_up(c, tag, _code_dir)
+    warn_failures(result)
     if a.json:
         print(json.dumps(result, indent=2))
         return

@@ -13,6 +13,7 @@ import argparse
 import json
 import os
 import shutil
+import sys
 import tempfile
 import threading
 import time
@@ -68,6 +69,29 @@ def deploy(c, code_dir, gid, src, dst, udl, cls=None, workers=1):
         if SPIN_US is not None:
             conf["spin_us"] = SPIN_US
     c.dfg_apply(one_vertex_graph(gid, src, dst, udl, conf))
+
+
+def failures(c, tag):
+    """Calls of the benchmark's graphs (ids ending in `tag`) that failed,
+    panicked or were dropped so far, and the last error: a run with any
+    measured something else than it says."""
+    n, last = 0, None
+    for g in c.dfg_list():
+        if g["id"].endswith(tag):
+            for st in g.get("status") or []:
+                n += st.get("failures", 0) + st.get("panics", 0) + st.get("dropped", 0)
+                last = st.get("last_error") or last
+    return n, last
+
+
+def warn_failures(result):
+    """Says on stderr when the run's lambdas failed calls (see `failures`)."""
+    if result.get("failed_calls"):
+        print(
+            f"WARNING: {result['failed_calls']} lambda calls failed or were dropped during this run"
+            f" (last error: {result['last_error']}): the figures include them",
+            file=sys.stderr,
+        )
 
 
 def clean_up(c, tag, code_dir):
@@ -229,10 +253,14 @@ def main():
     growth = large["added_p50_us"] - small["added_p50_us"]
     result["growth_1mb_over_relay_us"] = growth
     result["growth_in_copies"] = growth / result["copy_1mb_us"][50]
+    failed, last = 0, None
     for workers in () if a.skip_throughput else (1, 2):
         deploy(c, code_dir, f"bu-burn-{tag}", *pools["burn"], "python", "Burn", workers=workers)
         throughput(c, *pools["burn"], 0.5)  # warm up
         result["throughput"][workers] = throughput(c, *pools["burn"], a.seconds)
+        # Counted now: the next deployment starts the graph's counters anew.
+        n, last = failures(c, f"bu-burn-{tag}")
+        failed += n
     if result["throughput"]:
         result["scaling_1_to_2"] = result["throughput"][2] / result["throughput"][1]
     if a.ray:
@@ -265,7 +293,11 @@ def main():
         }
         ps = result["per_stage_p50_us"]
         result["ray_over_python_per_stage_p50"] = ps["ray_actor"] / max(ps["sluice_python"], 1e-9)
+    n, last_here = failures(c, tag)
+    n -= failures(c, f"bu-burn-{tag}")[0]  # counted above
+    result["failed_calls"], result["last_error"] = failed + n, last_here or last
     clean_up(c, tag, code_dir)
+    warn_failures(result)
     if a.json:
         print(json.dumps(result, indent=2))
         return

@@ -1,7 +1,9 @@
-"""`sluice bench python-gpu`'s Python side (sluice.bench_gpu): its ratios
-and report from a known result, its clear refusal without PyTorch, and,
-where PyTorch and torchvision are installed, a whole run on the CPU
-against a node (CI has no torch: that test skips there)."""
+"""The benchmarks' Python sides. `sluice bench python-gpu`'s
+(sluice.bench_gpu): its ratios and report from a known result, its clear
+refusal without PyTorch, and, where PyTorch and torchvision are
+installed, a whole run on the CPU against a node (CI has no torch: that
+test skips there). And every Python benchmark's check that its lambdas
+failed no call."""
 
 import importlib.util
 import json
@@ -94,3 +96,29 @@ def test_a_whole_run_on_the_cpu(node):
     # Without a GPU nothing can be pinned; the worker says so and runs on.
     assert r["region_pinned"] == {"pin_cuda": False, "default": False}
     assert r["inference_same_class"] is True
+
+
+class FakeClient:
+    def __init__(self, graphs):
+        self.graphs = graphs
+
+    def dfg_list(self):
+        return self.graphs
+
+
+def test_a_run_whose_lambdas_failed_says_so(capsys):
+    from sluice import bench_udl
+
+    c = FakeClient(
+        [
+            {"id": "bu-py-t1", "status": [{"failures": 1, "panics": 0, "dropped": 2, "last_error": "/k: refused"}]},
+            {"id": "bu-rs-t1", "status": [{"failures": 0, "panics": 1, "dropped": 0, "last_error": None}]},
+            {"id": "other-t2", "status": [{"failures": 5, "panics": 0, "dropped": 0, "last_error": "not ours"}]},
+            {"id": "bu-failed-t1", "state": "failed", "error": "did not load"},
+        ]
+    )
+    assert bench_udl.failures(c, "t1") == (4, "/k: refused")
+    bench_udl.warn_failures({"failed_calls": 4, "last_error": "/k: refused"})
+    assert "WARNING: 4 lambda calls failed" in capsys.readouterr().err
+    bench_udl.warn_failures({"failed_calls": 0, "last_error": None})
+    assert capsys.readouterr().err == ""
