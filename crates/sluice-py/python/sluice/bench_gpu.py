@@ -5,7 +5,8 @@ PyTorch, and a CUDA device unless ``--device cpu``):
 - a 1 MB object from a trigger put to a CUDA tensor inside a lambda
   (``torch.from_numpy(blob).to("cuda", non_blocking=True)``), with the
   worker's shared region registered with CUDA (``"pin_cuda": true``) and
-  without; next to a plain ``cudaMemcpy`` of 1 MB from pinned and from
+  without, and (region pinned) copied into a tensor allocated once, by
+  torch's ``copy_`` and, where CuPy is there, by a plain ``cudaMemcpy``; next to a plain ``cudaMemcpy`` of 1 MB from pinned and from
   pageable host memory, measured in the same process and run. Reported:
   the copy inside the lambda, and put -> tensor ready end to end (the
   client's clock and the worker's are the same CLOCK_MONOTONIC);
@@ -41,20 +42,21 @@ warnings.filterwarnings("ignore", message="The given NumPy array is not writable
 _events = []
 
 
-def timed_to(dev, host):
-    """`host.to(dev)`, as a lambda would write it; returns the tensor, the
-    wall time until it is ready and the copy's own time on the GPU (CUDA
-    events; None on the CPU), in ns."""
+def timed_to(dev, host, into=None):
+    """`host.to(dev)`, as a lambda would write it (or, given `into`, a
+    tensor allocated once on `dev`: `into.copy_(host)`); returns the
+    tensor, the wall time until it is ready and the copy's own time on the
+    GPU (CUDA events; None on the CPU), in ns."""
     if dev.type != "cuda":
         t0 = time.perf_counter_ns()
-        t = host.clone()
+        t = host.clone() if into is None else into.copy_(host)
         return t, time.perf_counter_ns() - t0, None
     if not _events:
         _events.extend(torch.cuda.Event(enable_timing=True) for _ in range(2))
     e0, e1 = _events
     t0 = time.perf_counter_ns()
     e0.record()
-    t = host.to(dev, non_blocking=True)
+    t = host.to(dev, non_blocking=True) if into is None else into.copy_(host, non_blocking=True)
     e1.record()
     e1.synchronize()
     t1 = time.perf_counter_ns()
@@ -66,10 +68,15 @@ class ToDevice:
     was ready and how long the copy took."""
 
     def __init__(self, conf):
-        self.dev = torch.device(json.loads(conf)["device"])
+        c = json.loads(conf)
+        self.dev = torch.device(c["device"])
+        self.into = c.get("into", False)  # copy into a tensor allocated once
+        self.dst = None
 
     def ocdpo_handler(self, key_suffix, blob, emit, cuda_pinned, **kw):
-        t, wall, dma = timed_to(self.dev, torch.from_numpy(blob))
+        if self.into and (self.dst is None or self.dst.numel() != len(blob)):
+            self.dst = torch.empty(len(blob), dtype=torch.uint8, device=self.dev)
+        t, wall, dma = timed_to(self.dev, torch.from_numpy(blob), self.dst if self.into else None)
         r = {"ready_ns": time.perf_counter_ns(), "copy_ns": wall, "dma_ns": dma, "pinned": cuda_pinned, "n": t.numel()}
         emit(key_suffix, json.dumps(r))
 
@@ -154,6 +161,8 @@ def memcpy_baselines(torch, dev, size, n, gap_s):
     else:
         pinned = host
     copies["torch_pinned"] = lambda: bench_gpu_udls.timed_to(dev, pinned)[1:]
+    into = torch.empty(size, dtype=torch.uint8, device=dev)
+    copies["torch_pinned_into"] = lambda: bench_gpu_udls.timed_to(dev, pinned, into)[1:]
     copies["torch_pageable"] = lambda: bench_gpu_udls.timed_to(dev, host)[1:]
     out = {}
     for pace, gap in (("back_to_back", 0.0), ("paced", gap_s)):
@@ -294,15 +303,16 @@ def main():
     sys.path.insert(0, _code_dir)
     tag = uuid.uuid4().hex[:6]
     pools = {}
-    for v in ("pin", "page", "inf", "memcpy"):
+    for v in ("pin", "page", "inf", "memcpy", "into"):
         pools[v] = (f"/bg-{v}-in-{tag}", f"/bg-{v}-out-{tag}")
         for p in pools[v]:
             c.create_object_pool(p, "trigger")
     deploy(c, _code_dir, f"bg-pin-{tag}", *pools["pin"], "ToDevice", {"device": str(dev), "pin_cuda": True})
     deploy(c, _code_dir, f"bg-page-{tag}", *pools["page"], "ToDevice", {"device": str(dev)})
     deploy(c, _code_dir, f"bg-inf-{tag}", *pools["inf"], "Classify", {"device": str(dev), "pin_cuda": True})
-    regions = ["pinned_region", "pageable_region"]
-    stages = [pools["pin"], pools["page"]]
+    deploy(c, _code_dir, f"bg-into-{tag}", *pools["into"], "ToDevice", {"device": str(dev), "pin_cuda": True, "into": True})
+    regions = ["pinned_region", "pageable_region", "pinned_region_into"]
+    stages = [pools["pin"], pools["page"], pools["into"]]
     try:
         deploy(c, _code_dir, f"bg-memcpy-{tag}", *pools["memcpy"], "ToDeviceMemcpy", {"device": str(dev), "pin_cuda": True})
         regions.append("pinned_region_cudamemcpy")
@@ -352,17 +362,18 @@ def report(r):
     size = f"{r['size'] / (1 << 20):g} MB" if r["size"] >= (1 << 20) else f"{r['size']} B"
     print(f"device: {r['device']}; baseline: {r['baseline']}")
     print(f"{size} host -> device, µs (wall: until the tensor is ready; gpu: the copy itself, CUDA events):")
-    print(f"  {'':58} {'p50':>8} {'p99':>8} {'p999':>8} {'gpu p50':>8}")
+    print(f"  {'':64} {'p50':>8} {'p99':>8} {'p999':>8} {'gpu p50':>8}")
 
     def row(name, s):
         gpu = f"{s['gpu'][50]:8.1f}" if s["gpu"] else f"{'':>8}"
         w = s["wall"]
-        print(f"  {name:58} {w[50]:8.1f} {w[99]:8.1f} {w[99.9]:8.1f} {gpu}")
+        print(f"  {name:64} {w[50]:8.1f} {w[99]:8.1f} {w[99.9]:8.1f} {gpu}")
 
     labels = {
         "memcpy_pinned": "cudaMemcpy from pinned memory",
         "memcpy_pageable": "cudaMemcpy from pageable memory",
         "torch_pinned": "torch .to(device) from a pinned tensor",
+        "torch_pinned_into": "torch copy_ from a pinned tensor, allocated once",
         "torch_pageable": "torch .to(device) from a pageable tensor",
     }
     for pace, base in r["baselines_us"].items():
@@ -371,12 +382,19 @@ def report(r):
             row(f"{labels[name]}, {when}", s)
     row("in a lambda, region pinned (pin_cuda)", r["lambda_copy_us"]["pinned_region"])
     row("in a lambda, region not pinned", r["lambda_copy_us"]["pageable_region"])
+    if "pinned_region_into" in r["lambda_copy_us"]:
+        row("in a lambda, region pinned, copy_ allocated once", r["lambda_copy_us"]["pinned_region_into"])
     if "pinned_region_cudamemcpy" in r["lambda_copy_us"]:
         row("in a lambda, region pinned, cudaMemcpy (CuPy)", r["lambda_copy_us"]["pinned_region_cudamemcpy"])
-    names = {"pinned_region": "pinned", "pageable_region": "not pinned", "pinned_region_cudamemcpy": "pinned, cudaMemcpy"}
+    names = {
+        "pinned_region": "pinned",
+        "pageable_region": "not pinned",
+        "pinned_region_into": "pinned, copy_",
+        "pinned_region_cudamemcpy": "pinned, cudaMemcpy",
+    }
     for region, s in r["put_to_tensor_us"].items():
         name = f"trigger put -> tensor ready, {names[region]}"
-        print(f"  {name:58} {s[50]:8.1f} {s[99]:8.1f} {s[99.9]:8.1f}")
+        print(f"  {name:64} {s[50]:8.1f} {s[99]:8.1f} {s[99.9]:8.1f}")
     pin = r["region_pinned"]
     print(f"  (region registered with CUDA: pin_cuda {pin['pin_cuda']}, default {pin['default']})")
     q = r["ratios_p50"]
@@ -384,6 +402,8 @@ def report(r):
         ("pinned_region_over_torch_pinned_paced", "torch .to in a lambda / torch .to from a pinned tensor as far apart"),
         ("pinned_region_gpu_over_torch_pinned_gpu_paced", "the same on the GPU (events)"),
         ("pinned_region_over_memcpy_pinned_paced", "torch .to in a lambda / a pinned cudaMemcpy as far apart"),
+        ("pinned_region_into_over_torch_pinned_into_paced", "torch copy_ in a lambda / the same from a pinned tensor as far apart"),
+        ("pinned_region_into_over_memcpy_pinned_paced", "torch copy_ in a lambda / a pinned cudaMemcpy as far apart"),
         ("pinned_region_cudamemcpy_over_memcpy_pinned_paced", "cudaMemcpy in a lambda / a pinned cudaMemcpy as far apart (target <= 1.2)"),
         ("pinned_region_cudamemcpy_over_memcpy_pinned_back_to_back", "cudaMemcpy in a lambda / a pinned cudaMemcpy back to back"),
     ):
@@ -393,7 +413,7 @@ def report(r):
     print("batch-1 ResNet-18 (float32 1x3x224x224), µs:")
     for name, label in (("lambda", "in a lambda (put -> class at the client)"), ("direct", "called directly in Python")):
         s = inf[name]
-        print(f"  {label:58} {s[50]:8.1f} {s[99]:8.1f} {s[99.9]:8.1f}")
+        print(f"  {label:64} {s[50]:8.1f} {s[99]:8.1f} {s[99.9]:8.1f}")
     print(
         f"  the lambda stage costs {r['inference_lambda_over_direct_p50']:.2f}x the direct call at p50"
         f" (+{inf['lambda'][50] - inf['direct'][50]:.1f} µs); same class every call: {r['inference_same_class']}"
