@@ -1291,6 +1291,12 @@ async fn a_large_trigger_put_is_announced_before_its_value_is_in() {
     }
     .encode(&mut q, 2, 0);
     let frame = q.to_bytes();
+    // Before its handshake a connection announces nothing (it is refused).
+    let mut stranger = raw(s.addr).await;
+    let _ = stranger.write_all(&frame).await;
+    let (_, r) = read_response(&mut stranger).await.unwrap();
+    assert!(matches!(r, sluice_wire::Response::Error(_)), "{r:?}");
+    assert_eq!(expected().await, 0);
     let mut r = handshake(s.addr).await;
     r.write_all(&frame[..64 * 1024]).await.unwrap();
     let deadline = tokio::time::Instant::now() + Duration::from_secs(10);

@@ -210,6 +210,20 @@ def test_a_refused_emit_fails_its_call_and_the_next_calls_stay_in_step(client, v
     assert st["failures"] == 1 and st["calls"] == 21, st
 
 
+def test_a_worker_that_breaks_the_protocol_is_replaced(client, vertex):
+    src, dst, gid = vertex
+    client.dfg_apply(graph(gid, src, "BreaksProtocol", dst))
+    client.trigger_put(f"{src}/before", b"ok")
+    before = wait_for("the first output", lambda: get_or_none(client, f"{dst}/before")).value.tobytes()
+    client.trigger_put(f"{src}/broken", b"break")
+    st = wait_for("the failure to be counted", lambda: (s := status(client, gid))["failures"] >= 1 and s)
+    assert "outside its arena" in st["last_error"], st
+    client.trigger_put(f"{src}/after", b"ok")
+    after = wait_for("the next output", lambda: get_or_none(client, f"{dst}/after")).value.tobytes()
+    assert after.startswith(b"OK:") and before.startswith(b"OK:")
+    assert after != before, "the broken worker was replaced by another process"
+
+
 def test_a_store_reply_too_large_for_the_arena_is_an_error_the_lambda_sees(client, vertex):
     src, dst, gid = vertex
     client.put(f"{dst}/huge", b"h" * (2 << 20))

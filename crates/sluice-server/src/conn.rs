@@ -335,7 +335,8 @@ impl Conn {
         if large.is_none() && need >= crate::recv_pool::LARGE_FRAME && rbuf.len() < need {
             // A large trigger put: its lambdas' workers can wake while the
             // value comes in (a Python worker's wake-up then costs nothing).
-            if let Some(key) = sluice_wire::trigger_put_key(rbuf) {
+            // Only once the connection said who it is.
+            if let Some(key) = sluice_wire::trigger_put_key(rbuf).filter(|_| self.handshaken) {
                 self.ctx.engine.expect(key);
             }
             let mut buf = self.ctx.recv_pool.take(need);

@@ -661,7 +661,7 @@ impl PythonUdl {
                 p.index(H_OUT_FREE).store(d.version, Ordering::Release);
                 continue;
             }
-            match self.answer(p, &d, &mut at, emit, ctx) {
+            match answer(p, &d, &mut at, emit, ctx) {
                 Ok(Some(end)) => return failed.map_or(end, Err),
                 Ok(None) => {}
                 Err(Answer::Refused(e)) => {
@@ -675,77 +675,74 @@ impl PythonUdl {
             }
         }
     }
+}
 
-    /// One answer of the worker during an upcall: `Some` with the call's
-    /// outcome once it is done or failed.
-    fn answer(
-        &self,
-        p: &mut Proc,
-        d: &Desc,
-        at: &mut InFlight<'_>,
-        emit: &mut Emitter<'_>,
-        ctx: &Context,
-    ) -> Result<Option<Result<(), UdlError>>, Answer> {
-        match d.kind {
-            P_EMIT => {
-                let suffix =
-                    String::from_utf8_lossy(p.out(d.a).map_err(Answer::Broken)?).into_owned();
-                let value = if d.flags & F_INPUT_VALUE != 0 && d.b == at.input {
-                    at.value.clone()
-                } else {
-                    Bytes::copy_from_slice(p.out(d.b).map_err(Answer::Broken)?)
-                };
-                p.index(H_OUT_FREE).store(d.version, Ordering::Release);
-                emit.emit(&suffix, value).map_err(Answer::Refused)?;
-                Ok(None)
-            }
-            P_CTX_CALL => {
-                let args: Value = serde_json::from_slice(p.out(d.a).map_err(Answer::Broken)?)
-                    .unwrap_or(Value::Null);
-                let value = Bytes::copy_from_slice(p.out(d.b).map_err(Answer::Broken)?);
-                p.index(H_OUT_FREE).store(d.version, Ordering::Release);
-                let (status, meta, data) = store_call(ctx, &args, value);
-                // After the upcall's bytes and the earlier replies: what
-                // the lambda got from them stays valid until it returns.
-                let reply = match p.put_input(
-                    at.input_end,
-                    &[(meta.to_string().as_bytes(), false), (&data, true)],
-                ) {
-                    Ok(r) => (status, r),
-                    // The reply does not fit: the lambda's call raises why.
-                    Err(why) => {
-                        let meta = json!({ "message": why }).to_string();
-                        let r = p
-                            .put_input(at.input_end, &[(meta.as_bytes(), false), (&[], true)])
-                            .map_err(Answer::Broken)?;
-                        (1, r)
-                    }
-                };
-                let (status, (r, end)) = reply;
-                at.input_end = end;
-                p.push(Desc {
-                    kind: R_CTX_REPLY,
-                    call_id: p.call_id,
-                    status,
-                    a: r[0],
-                    b: r[1],
-                    ..Desc::default()
-                });
-                Ok(None)
-            }
-            P_DONE => {
-                p.index(H_OUT_FREE).store(d.version, Ordering::Release);
-                Ok(Some(Ok(())))
-            }
-            P_FAIL => {
-                let msg = String::from_utf8_lossy(p.out(d.a).map_err(Answer::Broken)?).into_owned();
-                p.index(H_OUT_FREE).store(d.version, Ordering::Release);
-                Ok(Some(Err(UdlError::Failed(format!("python: {msg}")))))
-            }
-            other => Err(Answer::Broken(format!(
-                "python worker: unknown message kind {other}"
-            ))),
+/// One answer of the worker during an upcall: `Some` with the call's
+/// outcome once it is done or failed.
+fn answer(
+    p: &mut Proc,
+    d: &Desc,
+    at: &mut InFlight<'_>,
+    emit: &mut Emitter<'_>,
+    ctx: &Context,
+) -> Result<Option<Result<(), UdlError>>, Answer> {
+    match d.kind {
+        P_EMIT => {
+            let suffix = String::from_utf8_lossy(p.out(d.a).map_err(Answer::Broken)?).into_owned();
+            let value = if d.flags & F_INPUT_VALUE != 0 && d.b == at.input {
+                at.value.clone()
+            } else {
+                Bytes::copy_from_slice(p.out(d.b).map_err(Answer::Broken)?)
+            };
+            p.index(H_OUT_FREE).store(d.version, Ordering::Release);
+            emit.emit(&suffix, value).map_err(Answer::Refused)?;
+            Ok(None)
         }
+        P_CTX_CALL => {
+            let args: Value =
+                serde_json::from_slice(p.out(d.a).map_err(Answer::Broken)?).unwrap_or(Value::Null);
+            let value = Bytes::copy_from_slice(p.out(d.b).map_err(Answer::Broken)?);
+            p.index(H_OUT_FREE).store(d.version, Ordering::Release);
+            let (status, meta, data) = store_call(ctx, &args, value);
+            // After the upcall's bytes and the earlier replies: what
+            // the lambda got from them stays valid until it returns.
+            let (status, (r, end)) = match p.put_input(
+                at.input_end,
+                &[(meta.to_string().as_bytes(), false), (&data, true)],
+            ) {
+                Ok(r) => (status, r),
+                // The reply does not fit: the lambda's call raises why.
+                Err(why) => {
+                    let meta = json!({ "message": why }).to_string();
+                    let r = p
+                        .put_input(at.input_end, &[(meta.as_bytes(), false), (&[], true)])
+                        .map_err(Answer::Broken)?;
+                    (1, r)
+                }
+            };
+            at.input_end = end;
+            p.push(Desc {
+                kind: R_CTX_REPLY,
+                call_id: p.call_id,
+                status,
+                a: r[0],
+                b: r[1],
+                ..Desc::default()
+            });
+            Ok(None)
+        }
+        P_DONE => {
+            p.index(H_OUT_FREE).store(d.version, Ordering::Release);
+            Ok(Some(Ok(())))
+        }
+        P_FAIL => {
+            let msg = String::from_utf8_lossy(p.out(d.a).map_err(Answer::Broken)?).into_owned();
+            p.index(H_OUT_FREE).store(d.version, Ordering::Release);
+            Ok(Some(Err(UdlError::Failed(format!("python: {msg}")))))
+        }
+        other => Err(Answer::Broken(format!(
+            "python worker: unknown message kind {other}"
+        ))),
     }
 }
 

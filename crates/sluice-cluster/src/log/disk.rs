@@ -77,22 +77,19 @@ const POPULATE_CHUNK: usize = 256 << 10;
 /// most. Kernels without `MADV_POPULATE_WRITE` (before Linux 5.14) take a
 /// write to each page instead, a fault at a time.
 pub(super) fn populate(map: &mut memmap2::MmapMut) -> std::io::Result<()> {
-    let len = map.len();
+    #[allow(unused_mut)] // advanced on Linux only
     let mut at = 0;
-    while at < len {
-        let n = POPULATE_CHUNK.min(len - at);
-        #[cfg(target_os = "linux")]
+    #[cfg(target_os = "linux")]
+    while at < map.len() {
+        let n = POPULATE_CHUNK.min(map.len() - at);
         match map.advise_range(memmap2::Advice::PopulateWrite, at, n) {
-            Ok(()) => {
-                at += n;
-                continue;
-            }
-            Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {}
+            Ok(()) => at += n,
+            // No MADV_POPULATE_WRITE here: the rest a page at a time.
+            Err(e) if e.raw_os_error() == Some(libc::EINVAL) => break,
             Err(e) => return Err(e),
         }
-        touch(&mut map[at..at + n]);
-        at += n;
     }
+    touch(&mut map[at..]);
     Ok(())
 }
 

@@ -147,3 +147,19 @@ class EmitsBadKey:
                 emit(suffix, f"{type(e).__name__}: {e}")
             return
         emit(suffix, value.upper())
+
+
+class BreaksProtocol:
+    """For the value `break`, answers the node with an emit whose key lies
+    outside the shared region (as a corrupted worker would); otherwise
+    emits the value upper-cased, with this process's id."""
+
+    def __init__(self, conf):
+        pass
+
+    def ocdpo_handler(self, key_suffix, blob, emit, **kw):
+        if bytes(blob) == b"break":
+            worker = emit.__self__  # the worker's own protocol object
+            worker.respond(1, a=(1 << 40, 4))  # P_EMIT, key far outside
+            return
+        emit(key_suffix, bytes(blob).upper() + b":" + str(__import__("os").getpid()).encode())
