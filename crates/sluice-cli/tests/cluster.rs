@@ -395,11 +395,15 @@ async fn routing_affinity_and_metadata_refresh() {
             let raw = c.raw(id).await;
             let r = raw.get_raw(key, expected, Some(put.version)).await;
             if members.contains(&id) {
-                // A member may lag an instant behind the leader's ack.
+                // A member may lag an instant behind the leader's ack, or
+                // (just started) not have received the group's membership
+                // yet, when it says it is not a member.
                 let mut r = r;
                 let deadline = Instant::now() + WAIT;
-                while matches!(r, Err(SluiceError::ReplicaBehind { .. }))
-                    && Instant::now() < deadline
+                while matches!(
+                    r,
+                    Err(SluiceError::ReplicaBehind { .. } | SluiceError::NotMember { .. })
+                ) && Instant::now() < deadline
                 {
                     tokio::time::sleep(Duration::from_millis(20)).await;
                     r = raw.get_raw(key, expected, Some(put.version)).await;

@@ -534,8 +534,8 @@ impl Engine {
                             "calls": s.calls.load(Ordering::Relaxed),
                             "expected": s.expected.load(Ordering::Relaxed),
                             "emitted": s.emitted.load(Ordering::Relaxed),
-                            "failures": s.failures.load(Ordering::Relaxed),
-                            "panics": s.panics.load(Ordering::Relaxed),
+                            "failures": s.failures.load(Ordering::Acquire),
+                            "panics": s.panics.load(Ordering::Acquire),
                             "dropped": s.dropped.load(Ordering::Relaxed),
                             "last_error": *s.last_error.lock(),
                         })
@@ -771,10 +771,11 @@ fn worker_loop(
         match result {
             Ok(Ok(())) => {}
             Ok(Err(err)) => {
-                stats.failures.fetch_add(1, Ordering::Relaxed);
-                e.stats.failures.fetch_add(1, Ordering::Relaxed);
-                tracing::warn!(key = %job.object.key, vertex = %e.vertex, udl = %e.name, graph = %e.graph, error = %err, "UDL failed");
+                // The error first: whoever sees the count sees its error.
                 *e.stats.last_error.lock() = Some(format!("{}: {err}", job.object.key));
+                stats.failures.fetch_add(1, Ordering::Relaxed);
+                e.stats.failures.fetch_add(1, Ordering::Release);
+                tracing::warn!(key = %job.object.key, vertex = %e.vertex, udl = %e.name, graph = %e.graph, error = %err, "UDL failed");
             }
             Err(panic) => {
                 let msg = panic
@@ -782,10 +783,10 @@ fn worker_loop(
                     .map(|s| s.to_string())
                     .or_else(|| panic.downcast_ref::<String>().cloned())
                     .unwrap_or_else(|| "non-string panic".into());
-                stats.panics.fetch_add(1, Ordering::Relaxed);
-                e.stats.panics.fetch_add(1, Ordering::Relaxed);
-                tracing::error!(key = %job.object.key, vertex = %e.vertex, udl = %e.name, panic = %msg, "UDL panicked; worker continues");
                 *e.stats.last_error.lock() = Some(format!("{}: panic: {msg}", job.object.key));
+                stats.panics.fetch_add(1, Ordering::Relaxed);
+                e.stats.panics.fetch_add(1, Ordering::Release);
+                tracing::error!(key = %job.object.key, vertex = %e.vertex, udl = %e.name, panic = %msg, "UDL panicked; worker continues");
             }
         }
     }
