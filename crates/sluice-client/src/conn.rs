@@ -106,9 +106,7 @@ impl Conn {
             Some(t) => {
                 let server = sluice_tls::ClientTls::server_name(&addr.ip().to_string())
                     .map_err(|e| conn_err(e.to_string()))?;
-                let connector = sluice_tls::tokio_rustls::TlsConnector::from(t.config.clone());
-                let sock = tokio::io::BufReader::with_capacity(sluice_tls::READ_BUFFER_BYTES, sock);
-                let handshake = connector.connect(server, sock);
+                let handshake = sluice_tls::connect(t.config.clone(), server, sock);
                 let s = within(connect_timeout, || format!("TLS handshake with {addr}"), handshake)
                     .await?
                     .map_err(|e| {

@@ -53,7 +53,7 @@ pub struct Server {
     listener: TcpListener,
     /// Set when `[tls]` names a certificate: every connection starts with
     /// a TLS handshake (within `timeouts.handshake_ms`).
-    tls: Option<tokio_rustls::TlsAcceptor>,
+    tls: Option<Arc<sluice_tls::rustls::ServerConfig>>,
     ctx: Arc<ConnCtx>,
     /// The data directory's lock (nodes started by `bind`), held until
     /// `run` returns.
@@ -227,8 +227,7 @@ impl Server {
         let tls = cfg
             .tls
             .server_config()
-            .map_err(|e| ServerError::Config(e.to_string()))?
-            .map(tokio_rustls::TlsAcceptor::from);
+            .map_err(|e| ServerError::Config(e.to_string()))?;
         // Before the engine builds graphs: their UDLs' series register
         // against the recorder installed here.
         if let Some(addr) = cfg.metrics.listen {
@@ -368,17 +367,11 @@ impl Server {
                                 ctx.stats.connections_open.fetch_add(1, Ordering::Relaxed);
                                 match tls {
                                     None => serve_conn(ctx.clone(), sock, peer, None).await,
-                                    Some(acceptor) => {
+                                    Some(config) => {
                                         let limit = Duration::from_millis(ctx.cfg.timeouts.handshake_ms);
-                                        let sock = tokio::io::BufReader::with_capacity(
-                                            sluice_tls::READ_BUFFER_BYTES,
-                                            sock,
-                                        );
-                                        match tokio::time::timeout(limit, acceptor.accept(sock)).await {
+                                        match tokio::time::timeout(limit, sluice_tls::accept(config, sock)).await {
                                             Ok(Ok(tls)) => {
                                                 let cert_name = tls
-                                                    .get_ref()
-                                                    .1
                                                     .peer_certificates()
                                                     .and_then(|c| c.first())
                                                     .and_then(sluice_tls::principal_of);

@@ -2,17 +2,19 @@
 //! listener, its connections to peers, clients), and a local certificate
 //! authority for `sluice dev --tls` and tests.
 //!
-//! Invariants: no I/O beyond reading the named files and writing the
-//! development CA's; no sockets (callers wrap their own streams with
-//! `tokio_rustls`); one crypto provider (`ring`), chosen here, so no
+//! Invariants: no I/O beyond reading the named files, writing the
+//! development CA's, and the streams callers hand to `accept`/`connect`
+//! (this crate opens no sockets); the TLS protocol is all rustls' (its
+//! unbuffered API, driven by `stream`); one crypto provider (`ring`), chosen here, so no
 //! process-wide default has to be installed; every error names the file or
 //! setting at fault and says what to do.
 
 mod pki;
+mod stream;
 
 pub use pki::{make_dev_pki, DevPki, Validity, DEV_CLIENT_NAME};
 pub use rustls;
-pub use tokio_rustls;
+pub use stream::{accept, connect, ClientStream, ServerStream, Side, TlsStream};
 
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
 use rustls::server::WebPkiClientVerifier;
@@ -73,11 +75,6 @@ pub fn new_token() -> Result<String, TlsError> {
         b.iter().map(|b| format!("{b:02x}")).collect::<String>()
     ))
 }
-
-/// The read buffer to put under a TLS stream: rustls reads the socket
-/// 4 KB at a time (its `READ_SIZE`), so without one a 10 KB message takes
-/// three `recv` calls (BENCHMARKS.md: TLS next to plaintext).
-pub const READ_BUFFER_BYTES: usize = 64 * 1024;
 
 /// ring's provider with AES-128-GCM first: what the cipher costs per
 /// message is most of what TLS adds here (BENCHMARKS.md: TLS next to

@@ -15,7 +15,7 @@ fn node(pki: &DevPki, require_client_cert: bool) -> NodeTls {
 async fn exchange(server: Arc<ServerConfig>, client: ClientTls) -> Result<(), String> {
     let (a, b) = tokio::io::duplex(64 * 1024);
     let srv = tokio::spawn(async move {
-        let mut s = tokio_rustls::TlsAcceptor::from(server).accept(a).await?;
+        let mut s = accept(server, a).await?;
         let mut buf = [0u8; 5];
         s.read_exact(&mut buf).await?;
         s.write_all(&buf).await?;
@@ -24,9 +24,7 @@ async fn exchange(server: Arc<ServerConfig>, client: ClientTls) -> Result<(), St
     });
     let name = ClientTls::server_name("127.0.0.1").unwrap();
     let r = async {
-        let mut c = tokio_rustls::TlsConnector::from(client.config)
-            .connect(name, b)
-            .await?;
+        let mut c = connect(client.config, name, b).await?;
         c.write_all(b"hello").await?;
         c.flush().await?;
         let mut buf = [0u8; 5];
@@ -229,4 +227,196 @@ fn aes_128_gcm_is_preferred() {
         p.cipher_suites.len(),
         rustls::crypto::ring::default_provider().cipher_suites.len()
     );
+}
+
+
+/// A node and a client over an in-memory pipe of `cap` bytes, past the
+/// handshake.
+async fn pair(
+    cap: usize,
+) -> (
+    ServerStream<tokio::io::DuplexStream>,
+    ClientStream<tokio::io::DuplexStream>,
+    tempfile::TempDir,
+) {
+    let dir = tempfile::tempdir().unwrap();
+    let pki = make_dev_pki(dir.path(), 1, Validity::default()).unwrap();
+    let server = node(&pki, false).server_config().unwrap().unwrap();
+    let client = ClientTls::new(&pki.ca, None).unwrap();
+    let (a, b) = tokio::io::duplex(cap);
+    let srv = tokio::spawn(accept(server, a));
+    let name = ClientTls::server_name("127.0.0.1").unwrap();
+    let c = connect(client.config, name, b).await.unwrap();
+    (srv.await.unwrap().unwrap(), c, dir)
+}
+
+/// Deterministic sizes for the stream tests (xorshift).
+fn sizes(seed: u64, n: usize, max: usize) -> Vec<usize> {
+    let mut x = seed;
+    (0..n)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            (x % max as u64) as usize + 1
+        })
+        .collect()
+}
+
+#[test]
+fn messages_of_every_size_cross_whole_both_ways() {
+    // Vectored writes of a small header and a value (the shape of every
+    // Sluice frame), values around the 16 KB record limit and far past
+    // it, read back in small pieces so decrypted records are kept over.
+    // The pipe holds 4 KB: writes and reads meet `Pending` all the time.
+    rt().block_on(async {
+        let (mut s, mut c, _dir) = pair(4096).await;
+        let mut lens = vec![0, 1, 16383, 16384, 16385, 1 << 20];
+        lens.extend(sizes(7, 40, 70_000));
+        let msgs: Vec<Vec<u8>> = lens
+            .iter()
+            .enumerate()
+            .map(|(i, &n)| (0..n).map(|j| (i * 31 + j) as u8).collect())
+            .collect();
+        let expect: Vec<u8> = msgs
+            .iter()
+            .flat_map(|m| {
+                let mut v = (m.len() as u32).to_le_bytes().to_vec();
+                v.extend_from_slice(m);
+                v
+            })
+            .collect();
+        let total = expect.len();
+        let send = msgs.clone();
+        let writer = tokio::spawn(async move {
+            for m in &send {
+                let head = (m.len() as u32).to_le_bytes();
+                let mut slices = [std::io::IoSlice::new(&head), std::io::IoSlice::new(m)];
+                let mut rest: &mut [std::io::IoSlice<'_>] = &mut slices;
+                while !rest.is_empty() {
+                    let n = c.write_vectored(rest).await?;
+                    std::io::IoSlice::advance_slices(&mut rest, n);
+                }
+            }
+            c.flush().await?;
+            // And the node's echo comes back whole.
+            let mut back = vec![0u8; total];
+            c.read_exact(&mut back).await?;
+            Ok::<_, std::io::Error>(back)
+        });
+        let mut got = Vec::with_capacity(total);
+        let mut piece = vec![0u8; 3000];
+        for (i, &n) in sizes(11, 1 << 16, 3000).iter().enumerate() {
+            if got.len() == total {
+                break;
+            }
+            let r = s.read(&mut piece[..n]).await.unwrap();
+            assert!(r > 0, "end of stream after {} of {total} bytes (read {i})", got.len());
+            got.extend_from_slice(&piece[..r]);
+        }
+        assert_eq!(got.len(), total);
+        assert!(got == expect, "the node read other bytes than were sent");
+        s.write_all(&got).await.unwrap();
+        s.flush().await.unwrap();
+        let back = writer.await.unwrap().unwrap();
+        assert!(back == expect, "the echo came back changed");
+    });
+}
+
+#[test]
+fn a_shutdown_ends_the_peers_reads_and_a_cut_connection_is_an_error() {
+    rt().block_on(async {
+        let (mut s, mut c, _dir) = pair(64 * 1024).await;
+        c.write_all(b"last words").await.unwrap();
+        c.shutdown().await.unwrap();
+        let mut got = Vec::new();
+        s.read_to_end(&mut got).await.unwrap();
+        assert_eq!(got, b"last words");
+        // Nothing can be written after one's own shutdown.
+        assert_eq!(
+            c.write_all(b"more").await.unwrap_err().kind(),
+            std::io::ErrorKind::BrokenPipe
+        );
+
+        // Dropped without close_notify: the reader learns it was cut.
+        let (mut s, c, _dir) = pair(64 * 1024).await;
+        drop(c);
+        let e = s.read(&mut [0u8; 16]).await.unwrap_err();
+        assert_eq!(e.kind(), std::io::ErrorKind::UnexpectedEof, "{e}");
+    });
+}
+
+#[test]
+fn a_plaintext_peer_gets_an_alert_and_a_clear_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let pki = make_dev_pki(dir.path(), 1, Validity::default()).unwrap();
+    let server = node(&pki, false).server_config().unwrap().unwrap();
+    rt().block_on(async move {
+        let (a, mut b) = tokio::io::duplex(64 * 1024);
+        let srv = tokio::spawn(async move { accept(server, a).await.map(|_| ()) });
+        // A Sluice frame where a ClientHello belongs.
+        b.write_all(b"SLCE\x01\x00\x00\x00\x10\x00\x00\x00hello in plain text")
+            .await
+            .unwrap();
+        let mut back = Vec::new();
+        b.read_to_end(&mut back).await.unwrap();
+        let e = srv.await.unwrap().unwrap_err();
+        assert_eq!(e.kind(), std::io::ErrorKind::InvalidData, "{e}");
+        // One fatal alert record (type 21), in the clear.
+        assert_eq!(back.first(), Some(&21), "{back:?}");
+        assert_eq!(back.get(5), Some(&2), "not a fatal alert: {back:?}");
+    });
+}
+
+#[test]
+fn a_record_changed_on_the_way_fails_every_read_after_it() {
+    rt().block_on(async {
+        let dir = tempfile::tempdir().unwrap();
+        let pki = make_dev_pki(dir.path(), 1, Validity::default()).unwrap();
+        let server = node(&pki, false).server_config().unwrap().unwrap();
+        let client = ClientTls::new(&pki.ca, None).unwrap();
+        // client <-> relay <-> node; the relay flips one bit of what the
+        // client sends once `tamper` is set.
+        let (ca, mut cr) = tokio::io::duplex(64 * 1024);
+        let (sa, mut sr) = tokio::io::duplex(64 * 1024);
+        let tamper = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let t = tamper.clone();
+        tokio::spawn(async move {
+            let (mut cr_r, mut cr_w) = tokio::io::split(&mut cr);
+            let (mut sr_r, mut sr_w) = tokio::io::split(&mut sr);
+            let up = async {
+                let mut b = vec![0u8; 64 * 1024];
+                loop {
+                    let n = cr_r.read(&mut b).await?;
+                    if n == 0 {
+                        return Ok::<_, std::io::Error>(());
+                    }
+                    if t.load(std::sync::atomic::Ordering::SeqCst) {
+                        b[n - 1] ^= 1;
+                    }
+                    sr_w.write_all(&b[..n]).await?;
+                }
+            };
+            let down = tokio::io::copy(&mut sr_r, &mut cr_w);
+            let _ = tokio::join!(up, down);
+        });
+        let srv = tokio::spawn(accept(server, sa));
+        let name = ClientTls::server_name("127.0.0.1").unwrap();
+        let mut c = connect(client.config, name, ca).await.unwrap();
+        let mut s = srv.await.unwrap().unwrap();
+        c.write_all(b"intact").await.unwrap();
+        c.flush().await.unwrap();
+        let mut b = [0u8; 6];
+        s.read_exact(&mut b).await.unwrap();
+        assert_eq!(&b, b"intact");
+        tamper.store(true, std::sync::atomic::Ordering::SeqCst);
+        c.write_all(b"changed").await.unwrap();
+        c.flush().await.unwrap();
+        for _ in 0..3 {
+            let e = s.read(&mut b).await.unwrap_err();
+            assert_eq!(e.kind(), std::io::ErrorKind::InvalidData, "{e}");
+            assert!(e.to_string().contains("decrypt"), "{e}");
+        }
+        assert!(s.write_all(b"x").await.is_err());
+    });
 }
