@@ -42,8 +42,9 @@ const MAX_RECORD_PLAIN: usize = 16 * 1024;
 /// neighbours into one record first.
 const SEAL_ALONE: usize = MAX_RECORD_PLAIN;
 
-/// Sealed bytes a writer may leave unsent before it waits for the socket.
-const TX_HIGH: usize = 256 * 1024;
+/// Sealed bytes a writer may leave unsent before it waits for the socket
+/// (the send buffer grows to about this much and a record more).
+const TX_HIGH: usize = 128 * 1024;
 
 /// One side of an unbuffered rustls connection.
 pub trait Side: Send + Unpin + 'static {
@@ -497,7 +498,10 @@ impl<IO: AsyncRead + AsyncWrite + Unpin, C: Side> TlsStream<IO, C> {
         if len == 0 {
             return Poll::Ready(Ok(0));
         }
-        match self.pump(None, Write::Data(data, len.min(TX_HIGH)))? {
+        // Bounded so the send buffer stays near `TX_HIGH` however much
+        // one call hands over.
+        let budget = len.min(TX_HIGH - self.bufs.unsent());
+        match self.pump(None, Write::Data(data, budget))? {
             (Next::Writable, n) => Poll::Ready(Ok(n)),
             (Next::Closed, _) => Poll::Ready(Err(io::Error::new(
                 io::ErrorKind::BrokenPipe,
@@ -517,6 +521,9 @@ impl<IO: AsyncRead + AsyncWrite + Unpin, C: Side> AsyncRead for TlsStream<IO, C>
         out: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
         let this = self.get_mut();
+        if out.remaining() == 0 {
+            return Poll::Ready(Ok(()));
+        }
         loop {
             if this.bufs.take_plain(out) || this.peer_closed {
                 return Poll::Ready(Ok(()));
