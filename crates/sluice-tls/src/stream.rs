@@ -507,9 +507,7 @@ impl<IO: AsyncRead + AsyncWrite + Unpin, C: Side> TlsStream<IO, C> {
                 io::ErrorKind::BrokenPipe,
                 "the TLS connection is closed",
             ))),
-            (Next::NeedData, _) => Poll::Ready(Err(io::Error::other(
-                "TLS handshake not complete",
-            ))),
+            (Next::NeedData, _) => Poll::Ready(Err(io::Error::other("TLS handshake not complete"))),
         }
     }
 }

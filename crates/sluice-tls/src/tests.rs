@@ -229,7 +229,6 @@ fn aes_128_gcm_is_preferred() {
     );
 }
 
-
 /// A node and a client over an in-memory pipe of `cap` bytes, past the
 /// handshake.
 async fn pair(
@@ -311,7 +310,11 @@ fn messages_of_every_size_cross_whole_both_ways() {
                 break;
             }
             let r = s.read(&mut piece[..n]).await.unwrap();
-            assert!(r > 0, "end of stream after {} of {total} bytes (read {i})", got.len());
+            assert!(
+                r > 0,
+                "end of stream after {} of {total} bytes (read {i})",
+                got.len()
+            );
             got.extend_from_slice(&piece[..r]);
         }
         assert_eq!(got.len(), total);
