@@ -324,6 +324,12 @@ impl<IO: AsyncRead + AsyncWrite + Unpin, C: Side> TlsStream<IO, C> {
         &self.io
     }
 
+    /// The underlying stream, for tests that write past TLS.
+    #[cfg(test)]
+    pub(crate) fn into_io(self) -> IO {
+        self.io
+    }
+
     /// After a failed handshake: sends the alert rustls queued, if any,
     /// so the peer learns why (e.g. `CertificateRequired`).
     async fn send_alert(&mut self) {

@@ -423,3 +423,75 @@ fn a_record_changed_on_the_way_fails_every_read_after_it() {
         assert!(s.write_all(b"x").await.is_err());
     });
 }
+
+proptest::proptest! {
+    #![proptest_config(proptest::prelude::ProptestConfig::with_cases(64))]
+
+    /// Whatever a stranger sends where a handshake belongs, in whatever
+    /// pieces, the node's side ends with an error (or waits for more
+    /// bytes) and never panics.
+    #[test]
+    fn any_bytes_before_a_handshake_fail_cleanly(
+        chunks in proptest::collection::vec(proptest::collection::vec(proptest::prelude::any::<u8>(), 0..600), 1..6),
+        as_tls in proptest::prelude::any::<bool>(),
+    ) {
+        let dir = tempfile::tempdir().unwrap();
+        let pki = make_dev_pki(dir.path(), 1, Validity::default()).unwrap();
+        let server = node(&pki, false).server_config().unwrap().unwrap();
+        rt().block_on(async move {
+            let (a, mut b) = tokio::io::duplex(64 * 1024);
+            let srv = tokio::spawn(async move { accept(server, a).await.map(|_| ()) });
+            for (i, mut c) in chunks.into_iter().enumerate() {
+                // Half the cases look like TLS records (handshake type,
+                // TLS 1.2 version, a length), so rustls goes past its
+                // first check.
+                if as_tls && i == 0 && c.len() >= 5 {
+                    let n = (c.len() - 5) as u16;
+                    c[..5].copy_from_slice(&[22, 3, 3, (n >> 8) as u8, n as u8]);
+                }
+                if b.write_all(&c).await.is_err() {
+                    break;
+                }
+            }
+            drop(b);
+            let r = srv.await.expect("the node's side panicked");
+            proptest::prop_assert!(r.is_err());
+            Ok(())
+        })?;
+    }
+
+    /// Bytes injected into an established connection: the reader gets an
+    /// error, every later call too, and nothing panics.
+    #[test]
+    fn any_bytes_after_a_handshake_fail_cleanly(
+        junk in proptest::collection::vec(proptest::prelude::any::<u8>(), 1..2000),
+        as_record in proptest::prelude::any::<bool>(),
+    ) {
+        rt().block_on(async move {
+            // The node reads what the client's raw side sends.
+            let dir = tempfile::tempdir().unwrap();
+            let pki = make_dev_pki(dir.path(), 1, Validity::default()).unwrap();
+            let server = node(&pki, false).server_config().unwrap().unwrap();
+            let client = ClientTls::new(&pki.ca, None).unwrap();
+            let (a, b) = tokio::io::duplex(64 * 1024);
+            let srv = tokio::spawn(accept(server, a));
+            let name = ClientTls::server_name("127.0.0.1").unwrap();
+            let c = connect(client.config, name, b).await.unwrap();
+            let mut s = srv.await.unwrap().unwrap();
+            let mut raw = c.into_io();
+            let mut junk = junk;
+            if as_record && junk.len() >= 5 {
+                // An application-data record header in front of the junk.
+                let n = (junk.len() - 5) as u16;
+                junk[..5].copy_from_slice(&[23, 3, 3, (n >> 8) as u8, n as u8]);
+            }
+            raw.write_all(&junk).await.unwrap();
+            drop(raw);
+            let mut buf = [0u8; 64];
+            let first = s.read(&mut buf).await;
+            proptest::prop_assert!(first.is_err(), "{first:?}");
+            proptest::prop_assert!(s.read(&mut buf).await.is_err());
+            Ok(())
+        })?;
+    }
+}
