@@ -508,7 +508,14 @@ impl<IO: AsyncRead + AsyncWrite + Unpin, C: Side> TlsStream<IO, C> {
         // one call hands over.
         let budget = len.min(TX_HIGH - self.bufs.unsent());
         match self.pump(None, Write::Data(data, budget))? {
-            (Next::Writable, n) => Poll::Ready(Ok(n)),
+            (Next::Writable, n) => {
+                // On its way now, as on a TCP stream (a caller that
+                // flushes next finds nothing left). What the socket does
+                // not take yet waits for the next write or flush; an
+                // error there comes back from them.
+                let _ = self.poll_send(cx);
+                Poll::Ready(Ok(n))
+            }
             (Next::Closed, _) => Poll::Ready(Err(io::Error::new(
                 io::ErrorKind::BrokenPipe,
                 "the TLS connection is closed",

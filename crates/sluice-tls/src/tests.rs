@@ -495,3 +495,19 @@ proptest::proptest! {
         })?;
     }
 }
+
+#[test]
+fn written_bytes_leave_without_a_flush() {
+    // Like a TCP stream: what `write` accepted is on its way; `flush` is
+    // not needed for the peer to get it.
+    rt().block_on(async {
+        let (mut s, mut c, _dir) = pair(64 * 1024).await;
+        c.write_all(b"no flush").await.unwrap();
+        let mut b = [0u8; 8];
+        tokio::time::timeout(std::time::Duration::from_secs(5), s.read_exact(&mut b))
+            .await
+            .expect("the bytes stayed in the writer's buffer")
+            .unwrap();
+        assert_eq!(&b, b"no flush");
+    });
+}
