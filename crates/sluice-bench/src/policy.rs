@@ -4,8 +4,10 @@
 //!   triggered, against an open node (two node processes in turns);
 //! - `qos`: mRPC's Table 3.4: a latency-sensitive client (32 B gets, one
 //!   in flight) next to a bandwidth-sensitive one (32 KB puts, 64 in
-//!   flight) on one node, without and with the QoS policy, and the
-//!   machine's floor: the small client next to a raw loopback stream;
+//!   flight) on one node, without and with the QoS policy, the
+//!   machine's floor: the small client next to a raw loopback stream,
+//!   and the node's CPU per phase (what the small client's requests
+//!   leave the bulk one);
 //! - `live`: a rate limit added and then removed under load on a 3-node
 //!   cluster, as ops/s over time (mRPC's Fig. 3.7).
 
@@ -194,6 +196,29 @@ fn median(v: impl Iterator<Item = f64>) -> f64 {
 struct QosPhase {
     small: Option<Row>,
     bulk_ops_per_s: Option<f64>,
+    /// The node's CPU over the phase, in cores (CPU seconds per second).
+    node_cores: f64,
+    /// The node's CPU seconds over the phase.
+    node_cpu_s: f64,
+}
+
+/// About how much of its throughput alone the bulk client can keep when
+/// the small client's requests take their share of the node first: the
+/// node's CPU per small request (from the small client alone, where the
+/// node does nothing else) times the small client's rate next to the
+/// bulk one, out of what the node used for the bulk client alone. An
+/// estimate, not a bound: a request to an idle node also pays the
+/// node's wake-up, which a busy one does not. `None` where a phase is
+/// missing.
+fn bulk_estimate(alone: &QosPhase, bulk_alone: &QosPhase, with: &QosPhase) -> Option<f64> {
+    let small = alone.small.as_ref()?;
+    let ops = small.count as f64;
+    if ops == 0.0 || bulk_alone.node_cores <= 0.0 {
+        return None;
+    }
+    let per_small_s = alone.node_cpu_s / ops;
+    let small_cores = with.small.as_ref()?.ops_per_s * per_small_s;
+    Some((1.0 - small_cores / bulk_alone.node_cores).max(0.0))
 }
 
 /// mRPC Table 3.4 on one node: phases small alone, bulk alone, both
@@ -216,16 +241,17 @@ fn qos(a: &PolicyArgs, json: bool) -> Result<()> {
     let mut rows = Vec::new();
     let mut summary: Vec<(&str, f64, f64)> = Vec::new();
     for _ in 0..a.rounds.max(1) {
-        let alone = qos_phase(&addr, dur, true, Load::None)?;
-        let bulk_alone = qos_phase(&addr, dur, false, Load::Bulk)?;
-        let mixed = qos_phase(&addr, dur, true, Load::Bulk)?;
+        let pid = node.pid();
+        let alone = qos_phase(&addr, pid, dur, true, Load::None)?;
+        let bulk_alone = qos_phase(&addr, pid, dur, false, Load::Bulk)?;
+        let mixed = qos_phase(&addr, pid, dur, true, Load::Bulk)?;
         let r = rt(1)?;
         r.block_on(policy(
             &addr,
             None,
             set("qos", json!({"kind": "qos", "small_bytes": 4096})),
         ))?;
-        let with_qos = qos_phase(&addr, dur, true, Load::Bulk)?;
+        let with_qos = qos_phase(&addr, pid, dur, true, Load::Bulk)?;
         r.block_on(policy(&addr, None, json!({"op": "rm", "name": "qos"})))?;
         let base_p99 = alone.small.as_ref().map_or(f64::NAN, |r| r.p99_us);
         let base_bulk = bulk_alone.bulk_ops_per_s.unwrap_or(f64::NAN);
@@ -234,6 +260,7 @@ fn qos(a: &PolicyArgs, json: bool) -> Result<()> {
         // stream that asks nothing of the node, next to the small client.
         let floor = qos_phase(
             &addr,
+            pid,
             dur,
             true,
             Load::Raw(0.9 * base_bulk * (32 << 10) as f64),
@@ -256,6 +283,12 @@ fn qos(a: &PolicyArgs, json: bool) -> Result<()> {
                 rows.push(r);
             }
         }
+        let estimate = bulk_estimate(&alone, &bulk_alone, &with_qos).unwrap_or(f64::NAN);
+        summary.push(("estimate", f64::NAN, estimate));
+        let gets = alone.small.as_ref().map_or(0, |r| r.count) as f64;
+        summary.push(("get cpu", f64::NAN, alone.node_cpu_s / gets * 1e6));
+        summary.push(("bulk cores", f64::NAN, bulk_alone.node_cores));
+        summary.push(("QoS cores", f64::NAN, with_qos.node_cores));
         for (label, ph) in [("no QoS", &mixed), ("QoS", &with_qos), ("floor", &floor)] {
             summary.push((
                 label,
@@ -275,6 +308,14 @@ fn qos(a: &PolicyArgs, json: bool) -> Result<()> {
         let p = median(summary.iter().filter(|s| s.0 == "floor").map(|s| s.1));
         let t = median(summary.iter().filter(|s| s.0 == "floor").map(|s| s.2));
         println!("   floor: small p99 {p:.2}x next to a raw loopback stream (no node work) moving {t:.2}x the bulk client's bytes alone: no QoS in the node can do better than this");
+        let of = |l: &str| median(summary.iter().filter(|s| s.0 == l).map(|s| s.2));
+        println!(
+            "   node CPU: {:.2} cores for the bulk client alone, {:.2} with QoS; a small get takes {:.1} µs of it (small client alone, wake-ups included), so at their rate with QoS the gets leave the bulk client about {:.2}x (where the node is what limits the bulk client alone: ~1 core per worker thread)",
+            of("bulk cores"),
+            of("QoS cores"),
+            of("get cpu"),
+            of("estimate")
+        );
     }
     Ok(())
 }
@@ -293,7 +334,14 @@ enum Load {
 /// One phase: the small client (32 B gets, one in flight, its own thread
 /// and runtime) if `small`, next to `load`, for `dur`. The load's rate is
 /// in 32 KB puts (or their worth of bytes) per second.
-fn qos_phase(addr: &str, dur: Duration, small: bool, load: Load) -> Result<QosPhase> {
+fn qos_phase(
+    addr: &str,
+    node_pid: u32,
+    dur: Duration,
+    small: bool,
+    load: Load,
+) -> Result<QosPhase> {
+    let (cpu0, t0) = (cpu_time(node_pid)?, Instant::now());
     let cfg = ClientConfig {
         addr: addr.into(),
         ..Default::default()
@@ -369,9 +417,12 @@ fn qos_phase(addr: &str, dur: Duration, small: bool, load: Load) -> Result<QosPh
         ),
         (None, None) => None,
     };
+    let node_cpu_s = cpu_time(node_pid)?.saturating_sub(cpu0).as_secs_f64();
     Ok(QosPhase {
         small: small_row,
         bulk_ops_per_s,
+        node_cores: node_cpu_s / t0.elapsed().as_secs_f64(),
+        node_cpu_s,
     })
 }
 
@@ -608,4 +659,45 @@ async fn conns_to(addr: &str, n: usize) -> Result<Vec<Arc<sluice_client::Conn>>>
         v.push(sluice_client::Conn::connect(sa, "bench-live", Duration::from_secs(3)).await?);
     }
     Ok(v)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn small(ops_per_s: f64, count: u64) -> Row {
+        let mut r = row_of_rate("small", 32, ops_per_s);
+        r.count = count;
+        r
+    }
+
+    fn phase(small: Option<Row>, node_cores: f64, node_cpu_s: f64) -> QosPhase {
+        QosPhase {
+            small,
+            bulk_ops_per_s: None,
+            node_cores,
+            node_cpu_s,
+        }
+    }
+
+    #[test]
+    fn the_bulk_estimate_takes_the_small_gets_share_out_of_the_node() {
+        // 10,000 gets took 0.2 s of node CPU: 20 µs each. At 5,000 gets/s
+        // next to the bulk client they take 0.1 of a core, out of the one
+        // core the node spent on the bulk client alone.
+        let alone = phase(Some(small(20_000.0, 10_000)), 0.13, 0.2);
+        let bulk_alone = phase(None, 1.0, 1.5);
+        let with = phase(Some(small(5_000.0, 7_500)), 1.0, 1.5);
+        let e = bulk_estimate(&alone, &bulk_alone, &with).unwrap();
+        assert!((e - 0.9).abs() < 1e-9, "{e}");
+        // Gets that would take more than the node had: nothing left.
+        let busy = phase(Some(small(60_000.0, 90_000)), 1.0, 1.5);
+        assert_eq!(bulk_estimate(&alone, &bulk_alone, &busy), Some(0.0));
+        // Without the small client's phases, or a node that did nothing,
+        // there is no estimate.
+        assert_eq!(bulk_estimate(&bulk_alone, &bulk_alone, &with), None);
+        assert_eq!(bulk_estimate(&alone, &phase(None, 0.0, 0.0), &with), None);
+        let none = phase(Some(small(0.0, 0)), 0.0, 0.0);
+        assert_eq!(bulk_estimate(&none, &bulk_alone, &with), None);
+    }
 }
