@@ -103,6 +103,8 @@ enum Write<'a, 'b> {
     /// Up to this many bytes of these slices.
     Data(&'a [IoSlice<'b>], usize),
     CloseNotify,
+    /// A TLS 1.3 key update (ours, asking the peer for theirs too).
+    KeyUpdate,
 }
 
 /// Where `pump` stopped.
@@ -319,6 +321,14 @@ impl<IO: AsyncRead + AsyncWrite + Unpin, C: Side> TlsStream<IO, C> {
         self.conn.state().peer_certificates()
     }
 
+    /// Sends a TLS 1.3 key update now (the peer answers with its own):
+    /// later records on both sides use new keys. rustls also does this on
+    /// its own before a key has sealed too many records.
+    pub async fn update_keys(&mut self) -> io::Result<()> {
+        self.pump(None, Write::KeyUpdate)?;
+        poll_fn(|cx| self.poll_send(cx)).await
+    }
+
     /// The underlying stream.
     pub fn get_ref(&self) -> &IO {
         &self.io
@@ -400,9 +410,10 @@ impl<IO: AsyncRead + AsyncWrite + Unpin, C: Side> TlsStream<IO, C> {
                 ConnectionState::BlockedHandshake => Some(Next::NeedData),
                 ConnectionState::WriteTraffic(mut w) => {
                     match std::mem::replace(&mut write, Write::Nothing) {
-                        Write::Nothing => {}
+                        Write::Nothing => Some(Next::Writable),
                         Write::Data(data, budget) => {
-                            taken = self.bufs.seal_slices(&mut w, data, budget)?
+                            taken = self.bufs.seal_slices(&mut w, data, budget)?;
+                            Some(Next::Writable)
                         }
                         Write::CloseNotify => {
                             self.bufs.reserve(64);
@@ -411,9 +422,14 @@ impl<IO: AsyncRead + AsyncWrite + Unpin, C: Side> TlsStream<IO, C> {
                                 .queue_close_notify(&mut b.tx[b.tx_end..])
                                 .map_err(|e| io::Error::other(e.to_string()))?;
                             b.tx_end += n;
+                            Some(Next::Writable)
+                        }
+                        Write::KeyUpdate => {
+                            w.refresh_traffic_keys().map_err(invalid)?;
+                            // Its record comes out of the next step.
+                            None
                         }
                     }
-                    Some(Next::Writable)
                 }
                 ConnectionState::PeerClosed => {
                     self.peer_closed = true;

@@ -511,3 +511,30 @@ fn written_bytes_leave_without_a_flush() {
         assert_eq!(&b, b"no flush");
     });
 }
+
+#[test]
+fn key_updates_from_either_side_keep_the_stream_whole() {
+    // After a key update the first record with new keys must follow the
+    // key update message, on both sides (the answering side's update is
+    // made while it seals its next write).
+    rt().block_on(async {
+        let (mut s, mut c, _dir) = pair(64 * 1024).await;
+        for round in 0..3u8 {
+            if round % 2 == 0 {
+                c.update_keys().await.unwrap();
+            } else {
+                s.update_keys().await.unwrap();
+            }
+            let msg = vec![round; 20_000];
+            c.write_all(&msg).await.unwrap();
+            c.flush().await.unwrap();
+            let mut got = vec![0u8; msg.len()];
+            s.read_exact(&mut got).await.unwrap();
+            assert!(got == msg, "round {round}: the node read other bytes");
+            s.write_all(&msg).await.unwrap();
+            s.flush().await.unwrap();
+            c.read_exact(&mut got).await.unwrap();
+            assert!(got == msg, "round {round}: the client read other bytes");
+        }
+    });
+}
