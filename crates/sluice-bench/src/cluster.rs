@@ -74,7 +74,7 @@ async fn leader(c: &Client) -> Result<Option<u32>> {
         .map(|l| l as u32))
 }
 
-async fn wait_leader(c: &Client) -> Result<u32> {
+pub(crate) async fn wait_leader(c: &Client) -> Result<u32> {
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
         if let Some(l) = leader(c).await? {
@@ -531,7 +531,15 @@ fn keys_on_shard(prefix: &str, shard: u64, shards: u64, n: usize) -> Vec<String>
 async fn interference(a: &ClusterBenchArgs, rows: &mut Vec<Row>) -> Result<()> {
     let dur = Duration::from_secs(a.interference_s);
     eprintln!("two shards on three nodes: 10 KB puts to one, beside 1 MB puts to the other");
-    let procs = Procs::start_layout(3, a.node_threads, None, &[0, 1, 2], 2, &a.cluster_config)?;
+    let procs = Procs::start_layout(
+        3,
+        a.node_threads,
+        None,
+        &[0, 1, 2],
+        2,
+        &a.cluster_config,
+        None,
+    )?;
     let c = connect(&procs.addrs[0], Duration::from_secs(10)).await?;
     let small = std::sync::Arc::new(keys_on_shard("/vol/hol/small/", 0, 2, 64));
     let big = std::sync::Arc::new(keys_on_shard("/vol/hol/big/", 1, 2, 64));

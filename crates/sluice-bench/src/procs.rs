@@ -43,11 +43,19 @@ impl Procs {
         volatile: &[u32],
         cluster: &str,
     ) -> Result<Procs> {
-        Procs::start_layout(n, threads, persistent_sync, volatile, 1, cluster)
+        Procs::start_layout(n, threads, persistent_sync, volatile, 1, cluster, None)
+    }
+
+    /// `n` nodes with one volatile shard on all of them, over mutual TLS
+    /// (each node's certificate from `pki`; clients need the CA and
+    /// `pki`'s client certificate).
+    pub fn start_tls(n: u32, threads: usize, pki: &sluice_tls::DevPki) -> Result<Procs> {
+        let all: Vec<u32> = (0..n).collect();
+        Procs::start_layout(n, threads, None, &all, 1, "", Some(pki))
     }
 
     /// `start_custom` with `vol_shards` volatile shards, each on every
-    /// node of `volatile`.
+    /// node of `volatile`, and with `tls`, each node's `[tls]` from it.
     pub fn start_layout(
         n: u32,
         threads: usize,
@@ -55,9 +63,13 @@ impl Procs {
         volatile: &[u32],
         vol_shards: usize,
         cluster: &str,
+        tls: Option<&sluice_tls::DevPki>,
     ) -> Result<Procs> {
+        // One name per cluster this process starts (two may run at once).
+        static STARTED: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+        let k = STARTED.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let dir =
-            std::env::temp_dir().join(format!("sluice-bench-cluster-{}-{n}", std::process::id()));
+            std::env::temp_dir().join(format!("sluice-bench-cluster-{}-{k}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir)?;
         let mut addrs = Vec::new();
@@ -83,15 +95,30 @@ impl Procs {
         let layout = dir.join("layout.toml");
         std::fs::write(&layout, text)?;
         let shm = if std::path::Path::new("/dev/shm").is_dir() {
-            PathBuf::from(format!("/dev/shm/sluice-bench-{}-{n}", std::process::id()))
+            PathBuf::from(format!("/dev/shm/sluice-bench-{}-{k}", std::process::id()))
         } else {
             dir.join("volatile")
         };
         for i in 0..n {
+            let tls = match tls {
+                Some(pki) => {
+                    let (cert, key) = pki
+                        .nodes
+                        .get(i as usize)
+                        .context("the development CA has fewer node certificates than nodes")?;
+                    format!(
+                        "[tls]\ncert = \"{}\"\nkey = \"{}\"\nca = \"{}\"\nrequire_client_cert = true\n",
+                        cert.display(),
+                        key.display(),
+                        pki.ca.display()
+                    )
+                }
+                None => String::new(),
+            };
             std::fs::write(
                 dir.join(format!("node-{i}.toml")),
                 format!(
-                    "worker_threads = {threads}\n[persistent]\nsync = \"{}\"\n[cluster]\nvolatile_dir = \"{}\"\n{cluster}\n",
+                    "worker_threads = {threads}\n[persistent]\nsync = \"{}\"\n[cluster]\nvolatile_dir = \"{}\"\n{cluster}\n{tls}",
                     persistent_sync.unwrap_or("always"),
                     shm.join(format!("node-{i}")).display()
                 ),
@@ -173,11 +200,21 @@ impl Drop for Procs {
 }
 
 pub async fn connect(addr: &str, timeout: Duration) -> Result<Client> {
+    connect_with(addr, timeout, None).await
+}
+
+/// `connect`, over TLS with `tls`.
+pub async fn connect_with(
+    addr: &str,
+    timeout: Duration,
+    tls: Option<&sluice_tls::ClientTls>,
+) -> Result<Client> {
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
         match Client::connect_with(ClientConfig {
             addr: addr.to_string(),
             request_timeout: timeout,
+            tls: tls.cloned(),
             ..Default::default()
         })
         .await

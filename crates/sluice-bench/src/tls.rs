@@ -4,10 +4,14 @@
 //! the TLS node, round after round, and the summary is the median of the
 //! pairs' ratios, so the machine's drift hits both sides of each ratio:
 //! put and get of one size, one client closed loop (p50, p99) and N
-//! clients (throughput).
+//! clients (throughput). `--replicated`: two 3-node clusters instead,
+//! the TLS one with mutual TLS among its nodes (the consensus traffic)
+//! and for its clients.
 
+use crate::cluster::wait_leader;
 use crate::harness::{closed_loop, fmt_size, report, row, ChildNode, Row};
 use crate::peers::{sluice_ops, SluiceOp};
+use crate::procs::{connect_with, Procs};
 use anyhow::Result;
 use sluice_client::ClientConfig;
 use std::time::Duration;
@@ -26,6 +30,15 @@ pub struct TlsArgs {
     /// Rounds (each measures every phase on both nodes, back to back).
     #[arg(long, default_value_t = 5)]
     pub rounds: usize,
+    /// Two 3-node clusters instead of two nodes: one plaintext, one with
+    /// mutual TLS among its nodes and for its clients; a put then crosses
+    /// three TLS links (client to leader, leader to each follower).
+    #[arg(long)]
+    pub replicated: bool,
+    /// Tokio worker threads per node of the `--replicated` clusters (six
+    /// processes share this machine's cores).
+    #[arg(long, default_value_t = 1)]
+    pub node_threads: usize,
 }
 
 async fn clients(
@@ -87,31 +100,69 @@ pub fn run(a: TlsArgs, json: bool) -> Result<()> {
     let dir = tempfile::Builder::new()
         .prefix("sluice-bench-tls-")
         .tempdir()?;
-    let pki = sluice_tls::make_dev_pki(dir.path(), 1, sluice_tls::Validity::default())?;
-    let cfg = dir.path().join("tls.toml");
-    std::fs::write(
-        &cfg,
-        format!(
-            "[tls]\ncert = \"{}\"\nkey = \"{}\"\n",
-            pki.nodes[0].0.display(),
-            pki.nodes[0].1.display()
-        ),
-    )?;
-    let secure = ChildNode::start(&["--config", cfg.to_str().unwrap_or_default()])?;
-    let plain = ChildNode::start(&[])?;
-    let tls = sluice_tls::ClientTls::new(&pki.ca, None)?;
+    // The nodes (kept until the end) and what clients connect with.
+    let (_nodes, plain, secure, tls): (Box<dyn std::any::Any>, String, String, _) = if a.replicated
+    {
+        let pki = sluice_tls::make_dev_pki(dir.path(), 3, sluice_tls::Validity::default())?;
+        let plain = Procs::start_custom(3, a.node_threads, None, &[0, 1, 2], "")?;
+        let secure = Procs::start_tls(3, a.node_threads, &pki)?;
+        let tls = sluice_tls::ClientTls::new(&pki.ca, Some((&pki.client_cert, &pki.client_key)))?;
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()?;
+        rt.block_on(async {
+            for (addr, t) in [(&plain.addrs[0], None), (&secure.addrs[0], Some(&tls))] {
+                let c = connect_with(addr, Duration::from_secs(10), t).await?;
+                wait_leader(&c).await?;
+            }
+            anyhow::Ok(())
+        })?;
+        let (p, s) = (plain.addrs[0].clone(), secure.addrs[0].clone());
+        (Box::new((plain, secure)), p, s, tls)
+    } else {
+        let pki = sluice_tls::make_dev_pki(dir.path(), 1, sluice_tls::Validity::default())?;
+        let cfg = dir.path().join("tls.toml");
+        std::fs::write(
+            &cfg,
+            format!(
+                "[tls]\ncert = \"{}\"\nkey = \"{}\"\n",
+                pki.nodes[0].0.display(),
+                pki.nodes[0].1.display()
+            ),
+        )?;
+        let secure = ChildNode::start(&["--config", cfg.to_str().unwrap_or_default()])?;
+        let plain = ChildNode::start(&[])?;
+        let tls = sluice_tls::ClientTls::new(&pki.ca, None)?;
+        let (p, s) = (plain.addr.clone(), secure.addr.clone());
+        (Box::new((plain, secure)), p, s, tls)
+    };
     eprintln!(
-        "sluice bench tls: TLS node {}, plaintext node {}, {} rounds of {} ms phases",
-        secure.addr, plain.addr, a.rounds, a.duration_ms
+        "sluice bench tls: {} {secure}, plaintext {plain}, {} rounds of {} ms phases",
+        if a.replicated {
+            "3-node clusters (a volatile shard on all three): mutual TLS"
+        } else {
+            "TLS node"
+        },
+        a.rounds,
+        a.duration_ms
     );
     let mut rows = Vec::new();
     for _ in 0..a.rounds.max(1) {
-        rows.extend(round(&plain.addr, &secure.addr, &tls, &a)?);
+        rows.extend(round(&plain, &secure, &tls, &a)?);
     }
     report(&rows, json, None)?;
     if !json {
         summary(&rows, a.clients);
-        crypto_bound(&rows, a.size, a.clients)?;
+        // A replicated put's value crosses three links, each sealing and
+        // opening it once; a get is served by the node asked.
+        let links = |op: &str| {
+            if a.replicated && op == "put" {
+                3.0
+            } else {
+                1.0
+            }
+        };
+        crypto_bound(&rows, a.size, a.clients, links)?;
     }
     Ok(())
 }
@@ -142,7 +193,12 @@ fn aes_gcm_bytes_per_s(size: usize) -> Result<f64> {
 /// this machine's cores: each op's value is encrypted once and decrypted
 /// once (open costs what seal does), on top of the CPU a plaintext op
 /// takes (all cores over plaintext ops/s, the cores being saturated).
-fn crypto_bound(rows: &[Row], size: usize, clients: usize) -> Result<()> {
+fn crypto_bound(
+    rows: &[Row],
+    size: usize,
+    clients: usize,
+    links: impl Fn(&str) -> f64,
+) -> Result<()> {
     let rate = aes_gcm_bytes_per_s(size)?;
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get()) as f64;
     let crypto_s = 2.0 * size as f64 / rate;
@@ -163,10 +219,12 @@ fn crypto_bound(rows: &[Row], size: usize, clients: usize) -> Result<()> {
             continue;
         };
         let cpu_per_op = cores / plain;
+        let crypto = crypto_s * links(op);
         println!(
-            "{op}: with {cores} cores saturated by plaintext at {plain:.0} ops/s ({:.1} µs of CPU per op), TLS can reach at most {:.2}x of it here",
+            "{op}: with {cores} cores saturated by plaintext at {plain:.0} ops/s ({:.1} µs of CPU per op), TLS ({} link(s) per op) can reach at most {:.2}x of it here",
             cpu_per_op * 1e6,
-            cpu_per_op / (cpu_per_op + crypto_s)
+            links(op),
+            cpu_per_op / (cpu_per_op + crypto)
         );
     }
     Ok(())
