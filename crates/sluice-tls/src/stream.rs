@@ -53,25 +53,27 @@ pub trait Side: Send + Unpin + 'static {
     fn state(&self) -> &CommonState;
 }
 
-impl Side for UnbufferedClientConnection {
-    type Data = ClientConnectionData;
-    fn process<'c, 'i>(&'c mut self, rx: &'i mut [u8]) -> UnbufferedStatus<'c, 'i, Self::Data> {
-        self.process_tls_records(rx)
-    }
-    fn state(&self) -> &CommonState {
-        self
-    }
+/// `Side` for a client's or a server's connection: the same two calls,
+/// which rustls defines on each type separately.
+macro_rules! side {
+    ($conn:ty, $data:ty) => {
+        impl Side for $conn {
+            type Data = $data;
+            fn process<'c, 'i>(
+                &'c mut self,
+                rx: &'i mut [u8],
+            ) -> UnbufferedStatus<'c, 'i, Self::Data> {
+                self.process_tls_records(rx)
+            }
+            fn state(&self) -> &CommonState {
+                self
+            }
+        }
+    };
 }
 
-impl Side for UnbufferedServerConnection {
-    type Data = ServerConnectionData;
-    fn process<'c, 'i>(&'c mut self, rx: &'i mut [u8]) -> UnbufferedStatus<'c, 'i, Self::Data> {
-        self.process_tls_records(rx)
-    }
-    fn state(&self) -> &CommonState {
-        self
-    }
-}
+side!(UnbufferedClientConnection, ClientConnectionData);
+side!(UnbufferedServerConnection, ServerConnectionData);
 
 /// A client's TLS stream.
 pub type ClientStream<IO> = TlsStream<IO, UnbufferedClientConnection>;

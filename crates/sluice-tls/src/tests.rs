@@ -349,14 +349,26 @@ fn a_shutdown_ends_the_peers_reads_and_a_cut_connection_is_an_error() {
     });
 }
 
-#[test]
-fn a_plaintext_peer_gets_an_alert_and_a_clear_error() {
+/// A node's side of a handshake running over a pipe: the other end, for
+/// a test to write anything into, and the handshake's outcome. Call
+/// inside a runtime.
+fn node_side() -> (
+    tokio::io::DuplexStream,
+    tokio::task::JoinHandle<std::io::Result<()>>,
+    tempfile::TempDir,
+) {
     let dir = tempfile::tempdir().unwrap();
     let pki = make_dev_pki(dir.path(), 1, Validity::default()).unwrap();
     let server = node(&pki, false).server_config().unwrap().unwrap();
+    let (a, b) = tokio::io::duplex(64 * 1024);
+    let srv = tokio::spawn(async move { accept(server, a).await.map(|_| ()) });
+    (b, srv, dir)
+}
+
+#[test]
+fn a_plaintext_peer_gets_an_alert_and_a_clear_error() {
     rt().block_on(async move {
-        let (a, mut b) = tokio::io::duplex(64 * 1024);
-        let srv = tokio::spawn(async move { accept(server, a).await.map(|_| ()) });
+        let (mut b, srv, _dir) = node_side();
         // A Sluice frame where a ClientHello belongs.
         b.write_all(b"SLCE\x01\x00\x00\x00\x10\x00\x00\x00hello in plain text")
             .await
@@ -435,12 +447,8 @@ proptest::proptest! {
         chunks in proptest::collection::vec(proptest::collection::vec(proptest::prelude::any::<u8>(), 0..600), 1..6),
         as_tls in proptest::prelude::any::<bool>(),
     ) {
-        let dir = tempfile::tempdir().unwrap();
-        let pki = make_dev_pki(dir.path(), 1, Validity::default()).unwrap();
-        let server = node(&pki, false).server_config().unwrap().unwrap();
         rt().block_on(async move {
-            let (a, mut b) = tokio::io::duplex(64 * 1024);
-            let srv = tokio::spawn(async move { accept(server, a).await.map(|_| ()) });
+            let (mut b, srv, _dir) = node_side();
             for (i, mut c) in chunks.into_iter().enumerate() {
                 // Half the cases look like TLS records (handshake type,
                 // TLS 1.2 version, a length), so rustls goes past its
