@@ -209,14 +209,49 @@ impl From<sluice_types::PutResult> for PutResult {
     }
 }
 
+/// A `bytes` object this large is sent from its own buffer, not copied
+/// (the size from which the wire sends a value as a chunk of its own).
+const SHARE_BYTES_FROM: usize = 4096;
+
+/// A Python `bytes` object as the storage of a `Bytes`: immutable, so
+/// its buffer may be read from any thread for as long as the object
+/// lives, which the reference held here ensures. Dropped on a thread
+/// that is not attached to Python, pyo3 defers the decref to the next
+/// call into the extension.
+struct HeldBytes {
+    _obj: Py<PyBytes>,
+    ptr: *const u8,
+    len: usize,
+}
+
+// SAFETY: the pointer is into the immutable buffer of `_obj`, kept alive
+// by it; `Py<T>` itself may move between threads.
+unsafe impl Send for HeldBytes {}
+
+impl AsRef<[u8]> for HeldBytes {
+    fn as_ref(&self) -> &[u8] {
+        // SAFETY: see `HeldBytes`: valid and unchanging while `_obj` lives.
+        unsafe { std::slice::from_raw_parts(self.ptr, self.len) }
+    }
+}
+
 /// The bytes of any buffer (bytes, bytearray, memoryview, a NumPy
-/// array) or str (UTF-8), copied once into a frame-ready buffer.
+/// array) or str (UTF-8), copied once into a frame-ready buffer; a
+/// `bytes` object of 4 KB or more is shared instead (it cannot change).
 pub fn bytes_of(v: &Bound<'_, PyAny>) -> PyResult<Bytes> {
     if let Ok(s) = v.cast::<pyo3::types::PyString>() {
         return Ok(Bytes::copy_from_slice(s.to_str()?.as_bytes()));
     }
     if let Ok(b) = v.cast::<PyBytes>() {
-        return Ok(Bytes::copy_from_slice(b.as_bytes()));
+        let data = b.as_bytes();
+        if data.len() < SHARE_BYTES_FROM {
+            return Ok(Bytes::copy_from_slice(data));
+        }
+        return Ok(Bytes::from_owner(HeldBytes {
+            ptr: data.as_ptr(),
+            len: data.len(),
+            _obj: b.clone().unbind(),
+        }));
     }
     if let Ok(val) = v.cast::<Value>() {
         return Ok(val.get().bytes.clone());

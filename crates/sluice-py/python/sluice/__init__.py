@@ -12,7 +12,9 @@ client does (it is the Rust client underneath). Values come back as
 ``Value`` objects that export their bytes through the buffer protocol
 without a copy (``memoryview(v)``, ``numpy.frombuffer(v, dtype=...)``);
 puts accept any bytes-like object (bytes, bytearray, memoryview, a NumPy
-array) or a str. Errors are ``SluiceError`` subclasses (``NotFound``,
+array) or a str: a ``bytes`` of 4 KB or more is sent from its own buffer
+(it cannot change; the client holds a reference while the put is in
+flight), anything else is copied once. Errors are ``SluiceError`` subclasses (``NotFound``,
 ``VersionConflict``, ``NoPool``, ...) with the message the CLI prints,
 ``e.kind`` and ``e.details``.
 
