@@ -271,8 +271,8 @@ pub struct TlsStream<IO, C: Side> {
     peer_closed: bool,
     /// We queued our close_notify: no more writes.
     close_sent: bool,
-    /// What rustls failed with: every later call fails the same way.
-    failed: Option<rustls::Error>,
+    /// What the stream failed with: every later call fails the same way.
+    failed: Option<(io::ErrorKind, String)>,
 }
 
 impl<IO: AsyncRead + AsyncWrite + Unpin, C: Side> TlsStream<IO, C> {
@@ -367,16 +367,28 @@ impl<IO: AsyncRead + AsyncWrite + Unpin, C: Side> TlsStream<IO, C> {
     /// Runs rustls over the received bytes until it needs more of them or
     /// lets us write: decrypted data goes to `out` (what does not fit is
     /// kept), handshake and alert records to the send buffer, and once
-    /// writing is allowed up to `budget` bytes of `data` are sealed.
-    /// Returns where it stopped and how many bytes of `data` it took.
+    /// writing is allowed `write` is done (up to `budget` bytes of data
+    /// sealed). Returns where it stopped and how many bytes of data it
+    /// took. After an error every call fails the same way, without
+    /// asking rustls again (the same bytes would fail the same way).
     fn pump(
+        &mut self,
+        out: Option<&mut ReadBuf<'_>>,
+        write: Write<'_, '_>,
+    ) -> io::Result<(Next, usize)> {
+        if let Some((kind, why)) = &self.failed {
+            return Err(io::Error::new(*kind, why.clone()));
+        }
+        self.pump_once(out, write).inspect_err(|e| {
+            self.failed = Some((e.kind(), e.to_string()));
+        })
+    }
+
+    fn pump_once(
         &mut self,
         mut out: Option<&mut ReadBuf<'_>>,
         mut write: Write<'_, '_>,
     ) -> io::Result<(Next, usize)> {
-        if let Some(e) = &self.failed {
-            return Err(invalid(e.clone()));
-        }
         let mut taken = 0;
         loop {
             let UnbufferedStatus { discard, state } =
@@ -384,9 +396,6 @@ impl<IO: AsyncRead + AsyncWrite + Unpin, C: Side> TlsStream<IO, C> {
             let state = match state {
                 Ok(s) => s,
                 Err(e) => {
-                    // rustls is not asked again: the same bytes would fail
-                    // the same way.
-                    self.failed = Some(e.clone());
                     self.discard(discard);
                     return Err(invalid(e));
                 }
