@@ -4,7 +4,6 @@ without copies, every error as its class, watch."""
 import re
 import sys
 import threading
-import time
 import uuid
 from pathlib import Path
 
