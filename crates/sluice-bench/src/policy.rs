@@ -202,6 +202,15 @@ struct QosPhase {
     node_cpu_s: f64,
 }
 
+impl QosPhase {
+    /// The node's CPU seconds per request of the small client, where it
+    /// was the only load (`None` without its requests).
+    fn node_cpu_per_small_s(&self) -> Option<f64> {
+        let ops = self.small.as_ref()?.count;
+        (ops > 0).then(|| self.node_cpu_s / ops as f64)
+    }
+}
+
 /// About how much of its throughput alone the bulk client can keep when
 /// the small client's requests take their share of the node first: the
 /// node's CPU per small request (from the small client alone, where the
@@ -211,12 +220,10 @@ struct QosPhase {
 /// node's wake-up, which a busy one does not. `None` where a phase is
 /// missing.
 fn bulk_estimate(alone: &QosPhase, bulk_alone: &QosPhase, with: &QosPhase) -> Option<f64> {
-    let small = alone.small.as_ref()?;
-    let ops = small.count as f64;
-    if ops == 0.0 || bulk_alone.node_cores <= 0.0 {
+    let per_small_s = alone.node_cpu_per_small_s()?;
+    if bulk_alone.node_cores <= 0.0 {
         return None;
     }
-    let per_small_s = alone.node_cpu_s / ops;
     let small_cores = with.small.as_ref()?.ops_per_s * per_small_s;
     Some((1.0 - small_cores / bulk_alone.node_cores).max(0.0))
 }
@@ -240,8 +247,8 @@ fn qos(a: &PolicyArgs, json: bool) -> Result<()> {
     let dur = Duration::from_millis(a.duration_ms);
     let mut rows = Vec::new();
     let mut summary: Vec<(&str, f64, f64)> = Vec::new();
+    let pid = node.pid();
     for _ in 0..a.rounds.max(1) {
-        let pid = node.pid();
         let alone = qos_phase(&addr, pid, dur, true, Load::None)?;
         let bulk_alone = qos_phase(&addr, pid, dur, false, Load::Bulk)?;
         let mixed = qos_phase(&addr, pid, dur, true, Load::Bulk)?;
@@ -285,8 +292,8 @@ fn qos(a: &PolicyArgs, json: bool) -> Result<()> {
         }
         let estimate = bulk_estimate(&alone, &bulk_alone, &with_qos).unwrap_or(f64::NAN);
         summary.push(("estimate", f64::NAN, estimate));
-        let gets = alone.small.as_ref().map_or(0, |r| r.count) as f64;
-        summary.push(("get cpu", f64::NAN, alone.node_cpu_s / gets * 1e6));
+        let get_cpu_us = alone.node_cpu_per_small_s().map_or(f64::NAN, |s| s * 1e6);
+        summary.push(("get cpu", f64::NAN, get_cpu_us));
         summary.push(("bulk cores", f64::NAN, bulk_alone.node_cores));
         summary.push(("QoS cores", f64::NAN, with_qos.node_cores));
         for (label, ph) in [("no QoS", &mixed), ("QoS", &with_qos), ("floor", &floor)] {

@@ -101,18 +101,9 @@ impl Procs {
         };
         for i in 0..n {
             let tls = match tls {
-                Some(pki) => {
-                    let (cert, key) = pki
-                        .nodes
-                        .get(i as usize)
-                        .context("the development CA has fewer node certificates than nodes")?;
-                    format!(
-                        "[tls]\ncert = \"{}\"\nkey = \"{}\"\nca = \"{}\"\nrequire_client_cert = true\n",
-                        cert.display(),
-                        key.display(),
-                        pki.ca.display()
-                    )
-                }
+                Some(pki) => pki
+                    .node_section(i)
+                    .context("the development CA has fewer node certificates than nodes")?,
                 None => String::new(),
             };
             std::fs::write(

@@ -47,20 +47,6 @@ pub struct DevArgs {
     tls: bool,
 }
 
-/// Node `id`'s `[tls]` under `sluice dev --tls`.
-fn tls_section(pki: &sluice_tls::DevPki, id: u32) -> Result<String> {
-    let (cert, key) = pki
-        .nodes
-        .get(id as usize)
-        .ok_or_else(|| anyhow::anyhow!("no certificate for node {id}"))?;
-    Ok(format!(
-        "\n[tls]\ncert = \"{}\"\nkey = \"{}\"\nca = \"{}\"\nrequire_client_cert = true\n",
-        cert.display(),
-        key.display(),
-        pki.ca.display()
-    ))
-}
-
 /// The development CA and certificates in `dir` (made when missing).
 fn dev_pki(dir: &Path, nodes: u32) -> Result<sluice_tls::DevPki> {
     let files = sluice_tls::DevPki::at(dir, nodes);
@@ -296,7 +282,10 @@ fn node_config(a: &DevArgs, pki: Option<&sluice_tls::DevPki>, id: u32) -> Result
         ));
     }
     if let Some(p) = pki {
-        config.push_str(&tls_section(p, id)?);
+        let tls = p
+            .node_section(id)
+            .ok_or_else(|| anyhow::anyhow!("no certificate for node {id}"))?;
+        config.push_str(&tls);
     }
     Ok(config)
 }

@@ -209,10 +209,6 @@ impl From<sluice_types::PutResult> for PutResult {
     }
 }
 
-/// A `bytes` object this large is sent from its own buffer, not copied
-/// (the size from which the wire sends a value as a chunk of its own).
-const SHARE_BYTES_FROM: usize = 4096;
-
 /// A Python `bytes` object as the storage of a `Bytes`: immutable, so
 /// its buffer may be read from any thread for as long as the object
 /// lives, which the reference held here ensures. Dropped on a thread
@@ -244,7 +240,9 @@ pub fn bytes_of(v: &Bound<'_, PyAny>) -> PyResult<Bytes> {
     }
     if let Ok(b) = v.cast::<PyBytes>() {
         let data = b.as_bytes();
-        if data.len() < SHARE_BYTES_FROM {
+        // Smaller values are copied next to their header on the way out
+        // anyway (the wire's zero-copy threshold).
+        if data.len() < sluice_wire::ZERO_COPY_THRESHOLD {
             return Ok(Bytes::copy_from_slice(data));
         }
         return Ok(Bytes::from_owner(HeldBytes {

@@ -118,6 +118,8 @@ def test_a_run_whose_lambdas_failed_says_so(capsys):
         ]
     )
     assert bench_udl.failures(c, "t1") == (4, "/k: refused")
+    # Leaving out a graph counted elsewhere.
+    assert bench_udl.failures(c, "t1", skip="bu-py-") == (1, None)
     bench_udl.warn_failures({"failed_calls": 4, "last_error": "/k: refused"})
     assert "WARNING: 4 lambda calls failed" in capsys.readouterr().err
     bench_udl.warn_failures({"failed_calls": 0, "last_error": None})

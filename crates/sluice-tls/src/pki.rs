@@ -60,6 +60,20 @@ impl DevPki {
         }
     }
 
+    /// Node `id`'s `[tls]` section for its config file: its certificate
+    /// and key, the CA, and mutual TLS (clients and peers alike present a
+    /// certificate from the CA). `None` for a node it has no certificate
+    /// for.
+    pub fn node_section(&self, id: u32) -> Option<String> {
+        let (cert, key) = self.nodes.get(id as usize)?;
+        Some(format!(
+            "\n[tls]\ncert = \"{}\"\nkey = \"{}\"\nca = \"{}\"\nrequire_client_cert = true\n",
+            cert.display(),
+            key.display(),
+            self.ca.display()
+        ))
+    }
+
     /// Whether every file is there (a CA made earlier can be used again).
     pub fn complete(&self) -> bool {
         std::iter::once(&self.ca)

@@ -32,19 +32,21 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 const RX_BYTES: usize = 64 * 1024;
 
 /// The most the receive buffer grows to while rustls joins a handshake
-/// message.
-const MAX_RX_BYTES: usize = 1024 * 1024;
+/// message: rustls takes those up to 64 KB, which with their records'
+/// headers fit in twice the buffer (a guard: rustls refuses a longer one
+/// first).
+const MAX_RX_BYTES: usize = 2 * RX_BYTES;
 
 /// Plaintext bytes of one record (TLS's limit).
 const MAX_RECORD_PLAIN: usize = 16 * 1024;
 
-/// A slice this long is sealed on its own, not gathered with its
-/// neighbours into one record first.
-const SEAL_ALONE: usize = MAX_RECORD_PLAIN;
-
 /// Sealed bytes a writer may leave unsent before it waits for the socket
 /// (the send buffer grows to about this much and a record more).
 const TX_HIGH: usize = 128 * 1024;
+
+/// What the send buffer grows to by doubling: `TX_HIGH` and the records
+/// one write may seal past it.
+const TX_CAP: usize = TX_HIGH + 2 * MAX_RECORD_PLAIN;
 
 /// One side of an unbuffered rustls connection.
 pub trait Side: Send + Unpin + 'static {
@@ -152,7 +154,10 @@ impl Bufs {
                 self.tx_end -= self.tx_pos;
                 self.tx_pos = 0;
             }
-            let want = (self.tx_end + n).max(self.tx.len() * 2).max(4096);
+            // Doubling, but not past what `TX_HIGH` lets one write leave.
+            let want = (self.tx_end + n)
+                .max((self.tx.len() * 2).min(TX_CAP))
+                .max(4096);
             self.tx.resize(want, 0);
         }
     }
@@ -202,9 +207,10 @@ impl Bufs {
         }
     }
 
-    /// Seals up to `budget` bytes of `data`, gathering small slices so a
-    /// header and the value after it travel in one record; how many
-    /// bytes it took.
+    /// Seals up to `budget` bytes of `data`; how many bytes it took.
+    /// Slices that fit one record together (a frame's header and its
+    /// value) are gathered first, so they travel as one record; a slice
+    /// with nothing to gather it with is sealed from where it is.
     fn seal_slices<D>(
         &mut self,
         w: &mut WriteTraffic<'_, D>,
@@ -214,24 +220,29 @@ impl Bufs {
         let mut taken = 0;
         let mut stage = std::mem::take(&mut self.stage);
         stage.clear();
-        for s in data {
-            if taken == budget {
-                break;
-            }
-            let s = &s[..s.len().min(budget - taken)];
+        let mut parts = data
+            .iter()
+            .scan(budget, |left, s| {
+                let k = s.len().min(*left);
+                *left -= k;
+                Some(&s[..k])
+            })
+            .filter(|s| !s.is_empty())
+            .peekable();
+        while let Some(s) = parts.next() {
             taken += s.len();
-            if stage.len() + s.len() <= MAX_RECORD_PLAIN {
-                stage.extend_from_slice(s);
-                continue;
-            }
-            if !stage.is_empty() {
+            if !stage.is_empty() && stage.len() + s.len() > MAX_RECORD_PLAIN {
                 self.seal(w, &stage)?;
                 stage.clear();
             }
-            if s.len() >= SEAL_ALONE {
-                self.seal(w, s)?;
-            } else {
+            let gather = !stage.is_empty()
+                || parts
+                    .peek()
+                    .is_some_and(|n| s.len() + n.len() <= MAX_RECORD_PLAIN);
+            if gather {
                 stage.extend_from_slice(s);
+            } else {
+                self.seal(w, s)?;
             }
         }
         if !stage.is_empty() {

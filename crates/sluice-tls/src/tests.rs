@@ -546,3 +546,50 @@ fn key_updates_from_either_side_keep_the_stream_whole() {
         }
     });
 }
+
+#[test]
+fn a_handshake_message_of_the_largest_size_is_read_whole_then_judged() {
+    // A ClientHello of 64 KB (TLS's handshake length field allows 16 MB;
+    // rustls takes up to 64 KB) arriving in full records: more than the
+    // 64 KB receive buffer once joined with its record headers, so the
+    // buffer grows to hold it; its bytes are junk, so the node's side
+    // then fails cleanly.
+    rt().block_on(async move {
+        let (mut b, srv, _dir) = node_side();
+        let body = 0xffff;
+        let mut msg = vec![1u8, 0x00, 0xff, 0xff];
+        msg.extend((0..body).map(|i| (i % 251) as u8));
+        for chunk in msg.chunks(16 * 1024) {
+            let n = chunk.len() as u16;
+            let mut rec = vec![22u8, 3, 3, (n >> 8) as u8, n as u8];
+            rec.extend_from_slice(chunk);
+            if b.write_all(&rec).await.is_err() {
+                break;
+            }
+        }
+        let e = tokio::time::timeout(std::time::Duration::from_secs(5), srv)
+            .await
+            .expect("the node's side waited for more")
+            .unwrap()
+            .unwrap_err();
+        assert_eq!(e.kind(), std::io::ErrorKind::InvalidData, "{e}");
+        // rustls judged the message: it was read whole.
+        assert!(!e.to_string().contains("longer than"), "{e}");
+    });
+}
+
+#[test]
+fn a_nodes_tls_section_names_its_own_files_and_asks_for_mutual_tls() {
+    let pki = DevPki::at(std::path::Path::new("/ca-dir"), 2);
+    let s = pki.node_section(1).unwrap();
+    let cfg: toml::Value = toml::from_str(&s).unwrap();
+    let t = &cfg["tls"];
+    assert_eq!(t["cert"].as_str(), Some("/ca-dir/node-1.pem"));
+    assert_eq!(t["key"].as_str(), Some("/ca-dir/node-1-key.pem"));
+    assert_eq!(t["ca"].as_str(), Some("/ca-dir/ca.pem"));
+    assert_eq!(t["require_client_cert"].as_bool(), Some(true));
+    // As the node config reads it.
+    let n: NodeTls = toml::from_str(&toml::to_string(t).unwrap()).unwrap();
+    assert!(n.require_client_cert && n.enabled());
+    assert_eq!(pki.node_section(2), None);
+}

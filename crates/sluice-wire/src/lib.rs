@@ -33,7 +33,7 @@ pub use message::{
     encode_object, encode_objects, op, DeliveryKindWire, MultiGetItem, ObjRef, Request, Response,
     ServerInfo, WatchFrom, WireObject,
 };
-pub use out::OutQueue;
+pub use out::{OutQueue, ZERO_COPY_THRESHOLD};
 
 /// Protocol version spoken by this build; the handshake rejects others.
 pub const PROTOCOL_VERSION: u16 = 2;

@@ -14,9 +14,9 @@ without a copy (``memoryview(v)``, ``numpy.frombuffer(v, dtype=...)``);
 puts accept any bytes-like object (bytes, bytearray, memoryview, a NumPy
 array) or a str: a ``bytes`` of 4 KB or more is sent from its own buffer
 (it cannot change; the client holds a reference while the put is in
-flight), anything else is copied once. Errors are ``SluiceError`` subclasses (``NotFound``,
-``VersionConflict``, ``NoPool``, ...) with the message the CLI prints,
-``e.kind`` and ``e.details``.
+flight), anything else is copied once. Errors are ``SluiceError``
+subclasses (``NotFound``, ``VersionConflict``, ``NoPool``, ...) with the
+message the CLI prints, ``e.kind`` and ``e.details``.
 
 The method names follow Cascade's ``ServiceClientAPI``: ``put``,
 ``put_and_forget``, ``trigger_put``, ``remove``, ``get`` (``version=``,

@@ -6,8 +6,9 @@ PyTorch, and a CUDA device unless ``--device cpu``):
   (``torch.from_numpy(blob).to("cuda", non_blocking=True)``), with the
   worker's shared region registered with CUDA (``"pin_cuda": true``) and
   without, and (region pinned) copied into a tensor allocated once, by
-  torch's ``copy_`` and, where CuPy is there, by a plain ``cudaMemcpy``; next to a plain ``cudaMemcpy`` of 1 MB from pinned and from
-  pageable host memory, measured in the same process and run. Reported:
+  torch's ``copy_`` and, where CuPy is there, by a plain ``cudaMemcpy``;
+  next to a plain ``cudaMemcpy`` of 1 MB from pinned and from pageable
+  host memory, measured in the same process and run. Reported:
   the copy inside the lambda, and put -> tensor ready end to end (the
   client's clock and the worker's are the same CLOCK_MONOTONIC);
 - batch-1 inference of a torchvision ResNet-18 (random weights: nothing

@@ -71,13 +71,14 @@ def deploy(c, code_dir, gid, src, dst, udl, cls=None, workers=1):
     c.dfg_apply(one_vertex_graph(gid, src, dst, udl, conf))
 
 
-def failures(c, tag):
-    """Calls of the benchmark's graphs (ids ending in `tag`) that failed,
-    panicked or were dropped so far, and the last error: a run with any
-    measured something else than it says."""
+def failures(c, tag, skip=None):
+    """Calls of the benchmark's graphs (ids ending in `tag`, but not
+    starting with `skip`) that failed, panicked or were dropped so far,
+    and the last error: a run with any measured something else than it
+    says."""
     n, last = 0, None
     for g in c.dfg_list():
-        if g["id"].endswith(tag):
+        if g["id"].endswith(tag) and not (skip and g["id"].startswith(skip)):
             for st in g.get("status") or []:
                 n += st.get("failures", 0) + st.get("panics", 0) + st.get("dropped", 0)
                 last = st.get("last_error") or last
@@ -293,8 +294,7 @@ def main():
         }
         ps = result["per_stage_p50_us"]
         result["ray_over_python_per_stage_p50"] = ps["ray_actor"] / max(ps["sluice_python"], 1e-9)
-    n, last_here = failures(c, tag)
-    n -= failures(c, f"bu-burn-{tag}")[0]  # counted above
+    n, last_here = failures(c, tag, skip="bu-burn-")  # the burn graph's counted above
     result["failed_calls"], result["last_error"] = failed + n, last_here or last
     clean_up(c, tag, code_dir)
     warn_failures(result)
