@@ -10,12 +10,18 @@
 //! so the protocol stays openraft's and only the timing changes:
 //!
 //! 1. every surviving voter that saw the connection close and the refusal
-//!    stands for election once, which gives up its vote for the dead leader
-//!    (a vote for itself is not a leader's lease, so it no longer refuses
-//!    other candidates);
-//! 2. the lowest numbered survivor stands again, at a higher term each
-//!    time, until a leader other than the dead one is known (or a few tries
-//!    passed: then the ordinary timers decide, as before).
+//!    stands for election at once, which gives up its vote for the dead
+//!    leader (a vote for itself is not a leader's lease, so it no longer
+//!    refuses other candidates);
+//! 2. each stands again, at a higher term each time, until a leader other
+//!    than the dead one is known (or `TAKE_OVER_FOR` passed: then the
+//!    ordinary timers decide, as before). The pauses between candidacies
+//!    grow and are staggered by rank with a jitter, so the survivors do not
+//!    keep splitting the vote, and a survivor lets an election it granted
+//!    its vote in finish first. Every survivor keeps trying because only
+//!    one whose log is the most up to date can win: with only the lowest
+//!    numbered one retrying (the first design), a lowest survivor that
+//!    was behind kept the others from winning until the timers ran out.
 //!
 //! Safety does not depend on any of this: a vote is still granted only to
 //! a candidate whose log is at least as up to date, once per term. A leader
@@ -25,41 +31,62 @@
 
 use super::{ClusterNode, Group, TypeConfig};
 use openraft::async_runtime::WatchReceiver;
+use openraft::vote::RaftLeaderId;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-/// How long the lowest numbered survivor waits for a leader after each
-/// candidacy before it stands again (a few loopback or LAN round trips).
+/// How long a survivor first waits for a leader after a candidacy before
+/// it stands again (a few loopback or LAN round trips); the wait doubles
+/// with each candidacy, up to `MAX_PERIOD`, and grows with the survivor's
+/// rank (see `take_over`).
 const RETRY_AFTER: Duration = Duration::from_millis(10);
-/// Candidacies of the lowest numbered survivor before the timers take over.
-const TRIES: usize = 10;
+const MAX_PERIOD: Duration = Duration::from_millis(100);
+/// How long survivors keep standing before the timers decide alone.
+const TAKE_OVER_FOR: Duration = Duration::from_secs(2);
 /// A connection attempt, or a wait for a probe connection to be reset,
 /// that takes longer than this proves nothing (the peer may be alive
 /// behind a slow link).
 const PROBE_TIMEOUT: Duration = Duration::from_millis(200);
 
+/// What a connection attempt to a peer's address shows: that nothing
+/// listens there any more, or (with what happened) that the peer may be
+/// alive.
+#[derive(Debug, PartialEq)]
+enum Probe {
+    Gone,
+    MaybeAlive(String),
+}
+
 /// Whether nothing listens at `addr` any more. A refused connection says
-/// so; so does one that opens and is then reset or closed before we sent
-/// a byte: the process died with our connection still in its listening
-/// socket's queue (a node that lives waits for the client's handshake).
-/// A connection that stays open, or an attempt that times out, says the
-/// peer may be alive.
-async fn process_gone(addr: std::net::SocketAddr) -> bool {
+/// so; so does one that is reset or closed before we sent a byte, during
+/// the handshake or after it: the process died with our connection in its
+/// listening socket's queue (a node that lives waits for the client's
+/// handshake). A connection that stays open, or an attempt that times
+/// out, says the peer may be alive.
+async fn probe(addr: std::net::SocketAddr) -> Probe {
+    use std::io::ErrorKind::{ConnectionAborted, ConnectionRefused, ConnectionReset};
     use tokio::io::AsyncReadExt;
     let mut sock =
         match tokio::time::timeout(PROBE_TIMEOUT, tokio::net::TcpStream::connect(addr)).await {
             Ok(Ok(sock)) => sock,
-            Ok(Err(e)) => return e.kind() == std::io::ErrorKind::ConnectionRefused,
-            Err(_) => return false,
+            Ok(Err(e))
+                if matches!(
+                    e.kind(),
+                    ConnectionRefused | ConnectionReset | ConnectionAborted
+                ) =>
+            {
+                return Probe::Gone
+            }
+            Ok(Err(e)) => return Probe::MaybeAlive(format!("connecting failed: {e}")),
+            Err(_) => return Probe::MaybeAlive("connecting timed out".into()),
         };
     let mut byte = [0u8; 1];
     match tokio::time::timeout(PROBE_TIMEOUT, sock.read(&mut byte)).await {
-        Ok(Ok(0)) => true,
-        Ok(Err(e)) => matches!(
-            e.kind(),
-            std::io::ErrorKind::ConnectionReset | std::io::ErrorKind::ConnectionAborted
-        ),
-        _ => false,
+        Ok(Ok(0)) => Probe::Gone,
+        Ok(Err(e)) if matches!(e.kind(), ConnectionReset | ConnectionAborted) => Probe::Gone,
+        Ok(Err(e)) => Probe::MaybeAlive(format!("reading failed: {e}")),
+        Ok(Ok(_)) => Probe::MaybeAlive("it sent a byte".into()),
+        Err(_) => Probe::MaybeAlive("the connection stayed open".into()),
     }
 }
 
@@ -97,7 +124,12 @@ impl ClusterNode {
         }
         let node = self.clone();
         self.runtime.spawn(async move {
-            if !process_gone(addr).await {
+            if let Probe::MaybeAlive(why) = probe(addr).await {
+                tracing::info!(
+                    peer,
+                    probe = %why,
+                    "a connection with the leader closed, but its process may be alive: the election timers decide"
+                );
                 node.taking_over.lock().remove(&peer);
                 return;
             }
@@ -118,34 +150,198 @@ impl ClusterNode {
     }
 }
 
-/// Step 1 for every survivor, step 2 for the lowest numbered one.
+/// Whether a leader other than the dead one's old leadership is known:
+/// another node, or the dead node itself at a later term (it restarted and
+/// won an election).
+fn has_new_leader(m: &openraft::RaftMetrics<TypeConfig>, dead: u64, term: u64) -> bool {
+    m.current_leader
+        .is_some_and(|l| l != dead || m.current_term > term)
+}
+
+/// A pseudo-random fraction of `d` (up to all of it), different on every
+/// node and every call: candidacies of survivors that time out together
+/// spread apart.
+fn jitter(d: Duration, me: u64) -> Duration {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u64(me);
+    h.write_u128(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap_or_default()
+            .as_nanos(),
+    );
+    d.mul_f64((h.finish() % 1024) as f64 / 1024.0)
+}
+
+/// Every survivor stands at once (which gives up its vote for the dead
+/// leader), then again until a new leader is known or `TAKE_OVER_FOR`
+/// passed. Between candidacies a survivor waits a period that doubles each
+/// time (up to `MAX_PERIOD`), times its rank among the survivors, plus a
+/// jitter: the lowest numbered one usually stands first, and two never keep
+/// standing in step. A survivor does not stand while a vote it granted to
+/// another live candidate is new (that election is under way); it stands
+/// if the same vote is still all it knows a period later. Any survivor may
+/// have the most up-to-date log, and only that one can win, so every one
+/// must keep trying, not just one.
 async fn take_over(g: Arc<Group>, dead: u64, me: u64) {
-    let lowest = g
-        .metrics
-        .borrow_watched()
-        .membership_config
-        .membership()
-        .voter_ids()
-        .filter(|v| *v != dead)
-        .min();
+    let (rank, term) = {
+        let m = g.metrics.borrow_watched();
+        let rank = m
+            .membership_config
+            .membership()
+            .voter_ids()
+            .filter(|v| *v != dead && *v < me)
+            .count() as u32;
+        (rank, m.current_term)
+    };
     let mut metrics = g.metrics.clone();
-    let has_new_leader =
-        |m: &openraft::RaftMetrics<TypeConfig>| m.current_leader.is_some_and(|l| l != dead);
-    let tries = if lowest == Some(me) { TRIES } else { 1 };
-    for _ in 0..tries {
-        if has_new_leader(&metrics.borrow_watched()) {
-            return;
+    let until = Instant::now() + TAKE_OVER_FOR;
+    let mut period = RETRY_AFTER;
+    let mut seen_vote = None;
+    let mut stood = 0;
+    loop {
+        let vote = {
+            let m = metrics.borrow_watched();
+            if has_new_leader(&m, dead, term) {
+                return;
+            }
+            let id = m.vote.leader_id();
+            (id.term(), *id.node_id(), m.vote.is_committed())
+        };
+        let other_candidate = vote.1 != me && vote.1 != dead && !vote.2;
+        if !other_candidate || seen_vote == Some(vote) {
+            if g.raft.trigger().elect(false).await.is_err() {
+                return; // shutting down
+            }
+            stood += 1;
         }
-        if g.raft.trigger().elect(false).await.is_err() {
-            return; // shutting down
-        }
+        seen_vote = Some(vote);
         let wait = async {
-            while !has_new_leader(&metrics.borrow_watched()) {
+            while !has_new_leader(&metrics.borrow_watched(), dead, term) {
                 if metrics.changed().await.is_err() {
                     return;
                 }
             }
         };
-        let _ = tokio::time::timeout(RETRY_AFTER, wait).await;
+        let pause = period * (1 + rank) + jitter(period, me);
+        if tokio::time::timeout(pause, wait).await.is_ok() {
+            return;
+        }
+        if Instant::now() >= until {
+            tracing::info!(
+                group = %crate::types::group_name(g.id),
+                candidacies = stood,
+                "no leader after the old one's process died; the election timers decide from here"
+            );
+            return;
+        }
+        period = (period * 2).min(MAX_PERIOD);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::io::AsyncWriteExt;
+
+    /// An address nothing listens at: a port bound, then let go.
+    fn vacant() -> std::net::SocketAddr {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap()
+    }
+
+    #[tokio::test]
+    async fn a_refused_connection_means_the_process_is_gone() {
+        assert_eq!(probe(vacant()).await, Probe::Gone);
+    }
+
+    /// The probe connects, then its connection is closed before a byte
+    /// was sent: with a FIN (`reset == false`) or an RST.
+    async fn closed_under_the_probe(reset: bool) -> Probe {
+        use std::os::fd::AsRawFd;
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = l.local_addr().unwrap();
+        l.set_nonblocking(true).unwrap();
+        let p = tokio::spawn(probe(addr));
+        let deadline = Instant::now() + Duration::from_secs(5);
+        let accepted = loop {
+            match l.accept() {
+                Ok((s, _)) => break s,
+                Err(_) if Instant::now() < deadline => tokio::task::yield_now().await,
+                Err(e) => panic!("the probe never connected: {e}"),
+            }
+        };
+        if reset {
+            // A zero linger turns the close into an RST, as when a process
+            // dies with unread data on the socket.
+            let linger = libc::linger {
+                l_onoff: 1,
+                l_linger: 0,
+            };
+            // SAFETY: a valid socket and a `linger` of the size passed.
+            let rc = unsafe {
+                libc::setsockopt(
+                    accepted.as_raw_fd(),
+                    libc::SOL_SOCKET,
+                    libc::SO_LINGER,
+                    (&linger as *const libc::linger).cast(),
+                    std::mem::size_of::<libc::linger>() as libc::socklen_t,
+                )
+            };
+            assert_eq!(rc, 0);
+        }
+        drop(accepted);
+        drop(l);
+        p.await.unwrap()
+    }
+
+    #[tokio::test]
+    async fn a_connection_closed_or_reset_before_a_byte_means_the_process_is_gone() {
+        assert_eq!(closed_under_the_probe(false).await, Probe::Gone);
+        assert_eq!(closed_under_the_probe(true).await, Probe::Gone);
+    }
+
+    /// A live node accepts and waits for the client's handshake: the probe
+    /// must not take that for a dead one.
+    #[tokio::test]
+    async fn a_connection_that_stays_open_means_the_peer_may_be_alive() {
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = l.local_addr().unwrap();
+        let hold = tokio::spawn(async move { l.accept().await.unwrap() });
+        let r = probe(addr).await;
+        assert!(
+            matches!(r, Probe::MaybeAlive(ref why) if why.contains("stayed open")),
+            "{r:?}"
+        );
+        drop(hold);
+    }
+
+    #[tokio::test]
+    async fn a_peer_that_answers_may_be_alive() {
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = l.local_addr().unwrap();
+        let talk = tokio::spawn(async move {
+            let (mut s, _) = l.accept().await.unwrap();
+            s.write_all(b"x").await.unwrap();
+            s
+        });
+        let r = probe(addr).await;
+        assert!(
+            matches!(r, Probe::MaybeAlive(ref why) if why.contains("byte")),
+            "{r:?}"
+        );
+        drop(talk.await.unwrap());
+    }
+
+    #[test]
+    fn jitter_stays_within_its_period() {
+        let d = Duration::from_millis(10);
+        for me in 0..200 {
+            assert!(jitter(d, me) <= d);
+        }
+        // Not a constant: 200 draws take more than one value.
+        let draws: std::collections::HashSet<Duration> = (0..200).map(|me| jitter(d, me)).collect();
+        assert!(draws.len() > 1);
     }
 }
