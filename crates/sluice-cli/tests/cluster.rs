@@ -787,15 +787,36 @@ async fn membership_change_adds_replaces_and_removes_members() {
         )
         .await
         .unwrap();
-    assert_eq!(
-        client.get(&key1).await.unwrap().value,
-        Bytes::from_static(b"on shard 1")
-    );
     c.wait_for("node 4 to refuse shard 1", || async {
         let r = c.raw(4).await.get_raw(&key1, 1, None).await;
         matches!(r, Err(SluiceError::NotMember { .. }))
     })
     .await;
+    // The client last learned shard 1's members before the changes: the
+    // member it asks says it is not one any more, so the client learns
+    // the new membership and reads from node 5 at once. (It used to try
+    // the members it knew until its request timeout, 10 s, and fail.)
+    let t0 = Instant::now();
+    let got = client.get(&key1).await.unwrap_or_else(|e| {
+        let keep = std::env::temp_dir().join(format!("sluice-keep-{}", std::process::id()));
+        let _ = Command::new("cp")
+            .arg("-a")
+            .arg(c.dir.path())
+            .arg(&keep)
+            .status();
+        panic!(
+            "{e} after {:?} (logs kept in {})\n{}",
+            t0.elapsed(),
+            keep.display(),
+            c.logs()
+        )
+    });
+    assert_eq!(got.value, Bytes::from_static(b"on shard 1"));
+    assert!(
+        t0.elapsed() < Duration::from_secs(5),
+        "a stale view cost {:?}",
+        t0.elapsed()
+    );
     // Its status says so (it used to show "follower", issue #15).
     c.wait_for("node 4 to report itself removed from shard 1", || async {
         let st = c.status(4).await;

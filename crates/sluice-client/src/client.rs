@@ -567,6 +567,13 @@ impl Client {
                         view.leaders.lock().remove(name);
                         true
                     }
+                    // The member names other members than we know: our
+                    // view is stale, so the caller learns the membership
+                    // and tries again (asking the members we know until
+                    // the timeout would never reach the new ones).
+                    Err(SluiceError::NotMember {
+                        members: theirs, ..
+                    }) if !theirs.is_empty() && !same_members(theirs, members) => false,
                     Err(SluiceError::ReplicaBehind { .. }) | Err(SluiceError::NotMember { .. }) => {
                         tries.skip(target);
                         true
@@ -1466,8 +1473,27 @@ fn json_of(r: Response) -> Result<serde_json::Value> {
     }
 }
 
+/// Whether two member lists name the same nodes, in any order.
+fn same_members(a: &[u32], b: &[u32]) -> bool {
+    let mut a = a.to_vec();
+    let mut b = b.to_vec();
+    a.sort_unstable();
+    a.dedup();
+    b.sort_unstable();
+    b.dedup();
+    a == b
+}
+
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn member_lists_compare_as_sets() {
+        assert!(super::same_members(&[4, 5], &[5, 4]));
+        assert!(super::same_members(&[5], &[5, 5]));
+        assert!(!super::same_members(&[4], &[4, 5]));
+        assert!(!super::same_members(&[4, 5], &[5]));
+    }
+
     /// Client ids come from the OS's random source: distinct per client
     /// (deduplication of retried writes is keyed by them).
     #[test]
