@@ -291,7 +291,14 @@ impl Cluster {
         for id in self.addrs.keys() {
             let p: PathBuf = self.dir.path().join(format!("node-{id}.log"));
             let text = std::fs::read_to_string(&p).unwrap_or_default();
-            let tail: Vec<&str> = text.lines().rev().take(15).collect();
+            // openraft warns of every heartbeat a dead peer misses (20 a
+            // second per group): they would push out what matters.
+            let tail: Vec<&str> = text
+                .lines()
+                .rev()
+                .filter(|l| !l.contains("failed to send a heartbeat"))
+                .take(25)
+                .collect();
             out.push_str(&format!("--- node {id} ---\n"));
             for l in tail.into_iter().rev() {
                 out.push_str(l);
