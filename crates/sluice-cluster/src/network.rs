@@ -386,6 +386,13 @@ impl RaftNetwork<TypeConfig> for NetClient {
         rpc: AppendEntriesRequest<TypeConfig>,
         option: RPCOption,
     ) -> Result<AppendEntriesResponse<TypeConfig>, RpcErr> {
+        if rpc.entries.is_empty() {
+            // A new commit index (or a heartbeat): the commit that woke
+            // this also woke the tasks that apply it and answer clients;
+            // let them run first, so a client's reply is not sent after
+            // every follower's commit message.
+            tokio::task::yield_now().await;
+        }
         let values = large_values(&rpc.entries);
         let r: AppendEntriesResponse<TypeConfig> =
             self.rpc(kind::APPEND, &rpc, &values, &option).await?;
