@@ -240,16 +240,9 @@ impl Cluster {
         let deadline = Instant::now() + WAIT;
         while !cond().await {
             if Instant::now() >= deadline {
-                // Keep the nodes' whole logs for a post-mortem.
-                let keep = std::env::temp_dir().join(format!("sluice-keep-{}", std::process::id()));
-                let _ = std::process::Command::new("cp")
-                    .arg("-a")
-                    .arg(self.dir.path())
-                    .arg(&keep)
-                    .status();
                 panic!(
                     "timed out waiting for {what} (logs kept in {})\n{}",
-                    keep.display(),
+                    self.keep_logs().display(),
                     self.logs()
                 );
             }
@@ -284,6 +277,18 @@ impl Cluster {
             .iter()
             .find(|g| g["group"] == group)?["applied_version"]
             .as_u64()
+    }
+
+    /// Copies the nodes' whole directories (logs included) for a
+    /// post-mortem; returns where.
+    fn keep_logs(&self) -> PathBuf {
+        let keep = std::env::temp_dir().join(format!("sluice-keep-{}", std::process::id()));
+        let _ = Command::new("cp")
+            .arg("-a")
+            .arg(self.dir.path())
+            .arg(&keep)
+            .status();
+        keep
     }
 
     fn logs(&self) -> String {
@@ -805,16 +810,10 @@ async fn membership_change_adds_replaces_and_removes_members() {
     // the members it knew until its request timeout, 10 s, and fail.)
     let t0 = Instant::now();
     let got = client.get(&key1).await.unwrap_or_else(|e| {
-        let keep = std::env::temp_dir().join(format!("sluice-keep-{}", std::process::id()));
-        let _ = Command::new("cp")
-            .arg("-a")
-            .arg(c.dir.path())
-            .arg(&keep)
-            .status();
         panic!(
             "{e} after {:?} (logs kept in {})\n{}",
             t0.elapsed(),
-            keep.display(),
+            c.keep_logs().display(),
             c.logs()
         )
     });

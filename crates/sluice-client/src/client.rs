@@ -1475,13 +1475,8 @@ fn json_of(r: Response) -> Result<serde_json::Value> {
 
 /// Whether two member lists name the same nodes, in any order.
 fn same_members(a: &[u32], b: &[u32]) -> bool {
-    let mut a = a.to_vec();
-    let mut b = b.to_vec();
-    a.sort_unstable();
-    a.dedup();
-    b.sort_unstable();
-    b.dedup();
-    a == b
+    use std::collections::BTreeSet;
+    a.iter().collect::<BTreeSet<_>>() == b.iter().collect::<BTreeSet<_>>()
 }
 
 #[cfg(test)]

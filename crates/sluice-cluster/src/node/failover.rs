@@ -16,9 +16,9 @@
 //! 2. each stands again, at a higher term each time, until a leader other
 //!    than the dead one is known (or `TAKE_OVER_FOR` passed: then the
 //!    ordinary timers decide, as before). The pauses between candidacies
-//!    grow and are staggered by rank with a jitter, so the survivors do not
-//!    keep splitting the vote, and a survivor lets an election it granted
-//!    its vote in finish first. Every survivor keeps trying because only
+//!    are the project's jittered backoff, staggered by rank, so the
+//!    survivors do not keep splitting the vote, and a survivor lets an
+//!    election it granted its vote in finish first. Every survivor keeps trying because only
 //!    one whose log is the most up to date can win: with only the lowest
 //!    numbered one retrying (the first design), a lowest survivor that
 //!    was behind kept the others from winning until the timers ran out.
@@ -32,13 +32,13 @@
 use super::{ClusterNode, Group, TypeConfig};
 use openraft::async_runtime::WatchReceiver;
 use openraft::vote::RaftLeaderId;
+use sluice_types::retry::Backoff;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-/// How long a survivor first waits for a leader after a candidacy before
-/// it stands again (a few loopback or LAN round trips); the wait doubles
-/// with each candidacy, up to `MAX_PERIOD`, and grows with the survivor's
-/// rank (see `take_over`).
+/// The first step of a survivor's backoff between candidacies (a few
+/// loopback or LAN round trips), and its largest; both are scaled by the
+/// survivor's rank (see `take_over`).
 const RETRY_AFTER: Duration = Duration::from_millis(10);
 const MAX_PERIOD: Duration = Duration::from_millis(100);
 /// How long survivors keep standing before the timers decide alone.
@@ -158,30 +158,14 @@ fn has_new_leader(m: &openraft::RaftMetrics<TypeConfig>, dead: u64, term: u64) -
         .is_some_and(|l| l != dead || m.current_term > term)
 }
 
-/// A pseudo-random fraction of `d` (up to all of it), different on every
-/// node and every call: candidacies of survivors that time out together
-/// spread apart.
-fn jitter(d: Duration, me: u64) -> Duration {
-    use std::hash::{BuildHasher, Hasher};
-    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
-    h.write_u64(me);
-    h.write_u128(
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap_or_default()
-            .as_nanos(),
-    );
-    d.mul_f64((h.finish() % 1024) as f64 / 1024.0)
-}
-
 /// Every survivor stands at once (which gives up its vote for the dead
 /// leader), then again until a new leader is known or `TAKE_OVER_FOR`
-/// passed. Between candidacies a survivor waits a period that doubles each
-/// time (up to `MAX_PERIOD`), times its rank among the survivors, plus a
-/// jitter: the lowest numbered one usually stands first, and two never keep
-/// standing in step. A survivor does not stand while a vote it granted to
+/// passed. Between candidacies a survivor waits the project's jittered
+/// backoff (`retry::Backoff`), its steps scaled by one plus its rank among
+/// the survivors: the lowest numbered one usually stands first, and two
+/// never keep standing in step. A survivor does not stand while a vote it granted to
 /// another live candidate is new (that election is under way); it stands
-/// if the same vote is still all it knows a period later. Any survivor may
+/// if the same vote is still all it knows a pause later. Any survivor may
 /// have the most up-to-date log, and only that one can win, so every one
 /// must keep trying, not just one.
 async fn take_over(g: Arc<Group>, dead: u64, me: u64) {
@@ -196,8 +180,11 @@ async fn take_over(g: Arc<Group>, dead: u64, me: u64) {
         (rank, m.current_term)
     };
     let mut metrics = g.metrics.clone();
-    let until = Instant::now() + TAKE_OVER_FOR;
-    let mut period = RETRY_AFTER;
+    let mut backoff = Backoff::new(
+        RETRY_AFTER * (1 + rank),
+        MAX_PERIOD * (1 + rank),
+        Instant::now() + TAKE_OVER_FOR,
+    );
     let mut seen_vote = None;
     let mut stood = 0;
     loop {
@@ -224,19 +211,17 @@ async fn take_over(g: Arc<Group>, dead: u64, me: u64) {
                 }
             }
         };
-        let pause = period * (1 + rank) + jitter(period, me);
-        if tokio::time::timeout(pause, wait).await.is_ok() {
-            return;
-        }
-        if Instant::now() >= until {
+        let Some(pause) = backoff.next_pause() else {
             tracing::info!(
                 group = %crate::types::group_name(g.id),
                 candidacies = stood,
                 "no leader after the old one's process died; the election timers decide from here"
             );
             return;
+        };
+        if tokio::time::timeout(pause, wait).await.is_ok() {
+            return;
         }
-        period = (period * 2).min(MAX_PERIOD);
     }
 }
 
@@ -332,16 +317,5 @@ mod tests {
             "{r:?}"
         );
         drop(talk.await.unwrap());
-    }
-
-    #[test]
-    fn jitter_stays_within_its_period() {
-        let d = Duration::from_millis(10);
-        for me in 0..200 {
-            assert!(jitter(d, me) <= d);
-        }
-        // Not a constant: 200 draws take more than one value.
-        let draws: std::collections::HashSet<Duration> = (0..200).map(|me| jitter(d, me)).collect();
-        assert!(draws.len() > 1);
     }
 }
