@@ -3,6 +3,7 @@ memory, emit and store access, errors counted, crashes survived, FIFO per
 key, live upgrades."""
 
 import json
+import os
 import threading
 import time
 import uuid
@@ -260,6 +261,25 @@ def test_code_shipped_as_an_object_and_upgraded_by_a_put_and_apply(client, verte
     assert wait_for("v2 output", lambda: get_or_none(client, f"{dst}/b")).value == b"v2:y"
     with pytest.raises(sluice.InvalidDfg, match="code_key"):
         client.dfg_apply(cfg().replace(code_key, "/vol/no-such-code"))
+
+
+@pytest.mark.parametrize("how", [{"stream_copy": False}, {"stream_copy": True}, {"pin_cuda": True}])
+def test_values_arrive_whole_and_aligned_however_the_node_writes_them(client, vertex, how):
+    import hashlib
+
+    src, dst, gid = vertex
+    # Streaming stores (pin_cuda's default) from 64 KB on, plain below.
+    client.dfg_apply(graph(gid, src, "Where", dst, **how))
+    # Lengths that leave heads and tails around the 16-byte streaming stores.
+    for i, n in enumerate([(64 << 10) + 5, (1 << 20) + 13, 1000]):
+        v = os.urandom(n)
+        client.trigger_put(f"{src}/v{i}-with-an-odd-key-length", v)
+        o = wait_for(f"value {i}", lambda: get_or_none(client, f"{dst}/v{i}-with-an-odd-key-length"))
+        offset, digest = o.value.tobytes().decode().split(":")
+        assert digest == hashlib.sha256(v).hexdigest(), f"{n} bytes arrived changed"
+        assert int(offset) % 64 == 0, (n, offset)
+    with pytest.raises(sluice.InvalidDfg, match="stream_copy"):
+        client.dfg_apply(graph(gid, src, "Where", dst, stream_copy="yes"))
 
 
 def test_objects_reach_the_gpu_from_a_pinned_region(client, vertex):

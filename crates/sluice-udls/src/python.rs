@@ -175,6 +175,9 @@ pub struct PythonSpec {
     pub arena_bytes: usize,
     /// How long each side polls its ring before blocking on its eventfd.
     pub spin: Duration,
+    /// Values of `STREAM_MIN` bytes or more go into the region with
+    /// non-temporal stores (`stream_copy`; see `copy_streaming`).
+    pub stream_copy: bool,
     /// Everything in the config, handed to the class's constructor.
     pub config: Value,
 }
@@ -221,6 +224,12 @@ impl PythonSpec {
                 .filter(|n| *n <= 100_000)
                 .ok_or("spin_us: microseconds from 0 to 100000")?,
         };
+        // On by default for a region registered with CUDA: its values are
+        // read by DMA (BENCHMARKS.md, "GPU": a quarter off the copy).
+        let stream_copy = match c.get("stream_copy") {
+            None => c.get("pin_cuda").and_then(Value::as_bool).unwrap_or(false),
+            Some(v) => v.as_bool().ok_or("stream_copy: true or false")?,
+        };
         let python = s("python")
             .or_else(|| std::env::var("SLUICE_PYTHON").ok())
             .unwrap_or_else(|| "python3".into());
@@ -232,6 +241,7 @@ impl PythonSpec {
             workers,
             arena_bytes: (arena_mb as usize) << 20,
             spin: Duration::from_micros(spin_us),
+            stream_copy,
             config: c.clone(),
         })
     }
@@ -271,6 +281,42 @@ fn wait(fd: &OwnedFd, timeout: Duration) -> bool {
     false
 }
 
+/// `stream_copy` applies from this size on: below it the bytes are better
+/// left in the cache for the worker to read.
+const STREAM_MIN: usize = 64 << 10;
+
+/// `dst.copy_from_slice(src)` with non-temporal stores on x86_64: the
+/// bytes go to memory rather than into this core's cache, so a device
+/// that reads them by DMA (a GPU copying an object from a pinned region)
+/// finds them there instead of snooping another core's dirty lines.
+/// Elsewhere, a plain copy.
+fn copy_streaming(dst: &mut [u8], src: &[u8]) {
+    assert_eq!(dst.len(), src.len(), "copy_streaming: lengths differ");
+    #[cfg(target_arch = "x86_64")]
+    {
+        use std::arch::x86_64::{__m128i, _mm_loadu_si128, _mm_sfence, _mm_stream_si128};
+        let head = dst.as_ptr().align_offset(16).min(dst.len());
+        let body = (dst.len() - head) / 16;
+        dst[..head].copy_from_slice(&src[..head]);
+        // SAFETY: `head + 16 * body <= len` for both slices (same length);
+        // the stores are to 16-aligned addresses of `dst` (`align_offset`),
+        // the loads unaligned; SSE2 is part of x86_64. The fence orders
+        // the streaming stores before the descriptor that publishes them.
+        unsafe {
+            let d = dst.as_mut_ptr().add(head).cast::<__m128i>();
+            let s = src.as_ptr().add(head).cast::<__m128i>();
+            for i in 0..body {
+                _mm_stream_si128(d.add(i), _mm_loadu_si128(s.add(i)));
+            }
+            _mm_sfence();
+        }
+        let tail = head + 16 * body;
+        dst[tail..].copy_from_slice(&src[tail..]);
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    dst.copy_from_slice(src);
+}
+
 /// One worker process and its region.
 struct Proc {
     child: Child,
@@ -281,6 +327,7 @@ struct Proc {
     path: PathBuf,
     call_id: u64,
     spin: Duration,
+    stream_copy: bool,
     /// Recent wait for a response (µs, moving average): spinning pays
     /// only when answers come sooner than the spin budget.
     wait_ewma_us: f64,
@@ -382,6 +429,7 @@ impl Proc {
             path,
             call_id: 0,
             spin: spec.spin,
+            stream_copy: spec.stream_copy,
             wait_ewma_us: 0.0,
         };
         // The worker says it is ready (its class loaded) with a DONE.
@@ -481,8 +529,11 @@ impl Proc {
 
     /// Copies `parts` into the input arena from `from` on (an offset
     /// into the region), one after the other, each aligned to 64 bytes
-    /// when its flag says so (values, for NumPy and the GPU); their
-    /// (offset, len), and where the last one ends.
+    /// when its flag says so (values, for NumPy and the GPU; a page
+    /// instead bought a GPU's copy nothing, BENCHMARKS.md "GPU"), values
+    /// of `STREAM_MIN` bytes or more with streaming stores where the
+    /// vertex asks (`stream_copy`); their (offset, len), and where the
+    /// last one ends.
     fn put_input(
         &mut self,
         from: usize,
@@ -493,7 +544,7 @@ impl Proc {
         let mut out = Vec::with_capacity(parts.len());
         for (p, aligned) in parts {
             if *aligned {
-                at = at.div_ceil(64) * 64;
+                at = at.next_multiple_of(64);
             }
             if at + p.len() > end {
                 return Err(format!(
@@ -502,7 +553,12 @@ impl Proc {
                     self.layout.input_len
                 ));
             }
-            self.map[at..at + p.len()].copy_from_slice(p);
+            let dst = &mut self.map[at..at + p.len()];
+            if self.stream_copy && p.len() >= STREAM_MIN {
+                copy_streaming(dst, p);
+            } else {
+                dst.copy_from_slice(p);
+            }
             out.push((at as u64, p.len() as u64));
             at += p.len();
         }
@@ -861,5 +917,39 @@ impl Drop for PythonUdl {
             p.lock().take();
         }
         let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn streaming_copy_matches_a_plain_copy_at_any_alignment_and_length() {
+        let src: Vec<u8> = (0..70_000u32).map(|i| (i * 31 % 251) as u8).collect();
+        for (off, len) in [
+            (0, 0),
+            (1, 15),
+            (3, 16),
+            (0, 17),
+            (5, 4096),
+            (7, 65_536 + 13),
+        ] {
+            let mut buf = vec![0xAAu8; len + 64];
+            copy_streaming(&mut buf[off..off + len], &src[..len]);
+            assert_eq!(
+                &buf[off..off + len],
+                &src[..len],
+                "offset {off}, length {len}"
+            );
+            assert!(
+                buf[..off].iter().all(|&b| b == 0xAA),
+                "wrote before the range"
+            );
+            assert!(
+                buf[off + len..].iter().all(|&b| b == 0xAA),
+                "wrote past the range"
+            );
+        }
     }
 }

@@ -6,9 +6,13 @@ PyTorch, and a CUDA device unless ``--device cpu``):
   (``torch.from_numpy(blob).to("cuda", non_blocking=True)``), with the
   worker's shared region registered with CUDA (``"pin_cuda": true``) and
   without, and (region pinned) copied into a tensor allocated once, by
-  torch's ``copy_`` and, where CuPy is there, by a plain ``cudaMemcpy``;
-  next to a plain ``cudaMemcpy`` of 1 MB from pinned and from pageable
-  host memory, measured in the same process and run. Reported:
+  torch's ``copy_`` and, where CuPy is there, by a plain ``cudaMemcpy``
+  (the node writing the value with plain stores, and with the streaming
+  stores ``pin_cuda`` has by default); next to a plain ``cudaMemcpy`` of
+  1 MB from pinned and from pageable host memory, from pinned memory
+  rewritten just before each copy, and from a ``/dev/shm`` mapping
+  registered with CUDA as a worker's region is, measured in the same
+  process and run. Reported:
   the copy inside the lambda, and put -> tensor ready end to end (the
   client's clock and the worker's are the same CLOCK_MONOTONIC);
 - batch-1 inference of a torchvision ResNet-18 (random weights: nothing
@@ -154,7 +158,7 @@ def memcpy_baselines(torch, dev, size, n, gap_s):
     how = "host memcpy (no GPU)"
     if dev.type == "cuda":
         try:
-            copies["memcpy_pinned"], copies["memcpy_pageable"] = cupy_memcpy(pageable)
+            copies.update(cupy_memcpy(pageable))
             how = "cudaMemcpy (CuPy's runtime binding)"
         except Exception as e:  # noqa: BLE001 (no CuPy, or one that does not match the driver)
             how = f"no plain cudaMemcpy (CuPy: {type(e).__name__}: {e})"
@@ -176,6 +180,9 @@ def memcpy_baselines(torch, dev, size, n, gap_s):
             for name, f in copies.items():
                 if gap:
                     time.sleep(gap)
+                prepare = getattr(f, "prepare", None)
+                if prepare is not None:
+                    prepare()
                 t0 = time.perf_counter_ns()
                 dma = f()
                 walls[name].append((time.perf_counter_ns() - t0) / 1000)
@@ -186,31 +193,124 @@ def memcpy_baselines(torch, dev, size, n, gap_s):
 
 
 def cupy_memcpy(pageable):
-    """Two calls of a plain cudaMemcpy to the device of `pageable`'s size:
-    from pinned memory (a copy of it) and from `pageable` itself."""
+    """Plain cudaMemcpy calls to the device of `pageable`'s size, by where
+    the bytes are: memory CUDA allocated pinned (``cudaHostAlloc``), that
+    memory rewritten just before each copy (as an object arriving is),
+    `pageable` itself, and memory registered with CUDA as a lambda's
+    region is (``cudaHostRegister``): a ``/dev/shm`` file's mapping with
+    the bytes at a page and 64 bytes past one, rewritten before each copy,
+    and anonymous memory on transparent huge pages where the kernel gives
+    them. Returns {name: copy}; a copy's ``prepare``, where it has one,
+    runs before it, untimed."""
     import cupy
     import numpy as np
 
     rt = cupy.cuda.runtime
     size = len(pageable)
-    pinned_mem = cupy.cuda.alloc_pinned_memory(size)
-    pinned = np.frombuffer(pinned_mem, dtype=np.uint8, count=size)
-    pinned[:] = pageable
     dst = cupy.empty(size, dtype=cupy.uint8)
     kind = rt.memcpyHostToDevice
 
-    def pinned_copy():
-        rt.memcpy(dst.data.ptr, pinned.ctypes.data, size, kind)
+    def copy_from(host, keep):
+        def f():
+            rt.memcpy(dst.data.ptr, host.ctypes.data, size, kind)
 
-    def pageable_copy():
-        rt.memcpy(dst.data.ptr, pageable.ctypes.data, size, kind)
+        host[:] = pageable
+        f()
+        if not (dst.get() == pageable).all():
+            raise RuntimeError("a copy to the device arrived wrong")
+        f.keep = keep  # the memory lives as long as the copy
+        return f
 
-    pinned_copy()
-    if not (dst.get() == pageable).all():
-        raise RuntimeError("the pinned copy arrived wrong")
-    # Keeps the pinned allocation alive as long as the closures.
-    pinned_copy.keep = pinned_mem
-    return pinned_copy, pageable_copy
+    def fresh(f, host):
+        other = np.frombuffer(os.urandom(size), dtype=np.uint8)
+        f.prepare = lambda: np.copyto(host, other)
+        return f
+
+    pinned_mem = cupy.cuda.alloc_pinned_memory(size)
+    pinned = np.frombuffer(pinned_mem, dtype=np.uint8, count=size)
+    copies = {"memcpy_pinned": copy_from(pinned, pinned_mem)}
+    pinned2_mem = cupy.cuda.alloc_pinned_memory(size)
+    pinned2 = np.frombuffer(pinned2_mem, dtype=np.uint8, count=size)
+    copies["memcpy_pinned_fresh"] = fresh(copy_from(pinned2, pinned2_mem), pinned2)
+    copies["memcpy_pageable"] = copy_from(pageable, None)
+    for name, offset, rewrite in (("memcpy_shm", 4096, False), ("memcpy_shm_off64", 4096 + 64, False), ("memcpy_shm_fresh", 4096, True)):
+        try:
+            region = registered_shm(size + 8192)
+        except Exception as e:  # noqa: BLE001 (this baseline is left out, saying why)
+            print(f"(no {name}: {type(e).__name__}: {e})", file=sys.stderr)
+            continue
+        if region is None:
+            continue
+        host = np.frombuffer(region[1], dtype=np.uint8, count=size, offset=offset)
+        f = copy_from(host, region)
+        copies[name] = fresh(f, host) if rewrite else f
+    try:
+        thp = registered_thp(size)
+    except Exception as e:  # noqa: BLE001
+        print(f"(no memcpy_thp: {type(e).__name__}: {e})", file=sys.stderr)
+        thp = None
+    if thp is not None:
+        host = np.frombuffer(thp[1], dtype=np.uint8, count=size, offset=thp[2])
+        copies["memcpy_thp"] = copy_from(host, thp)
+    return copies
+
+
+def host_register(buf):
+    """Registers `buf` (a writable buffer) with CUDA as the lambdas'
+    worker does its region; the ctypes array that keeps it exported, or
+    None where CUDA refuses."""
+    import ctypes
+
+    import torch
+
+    arr = (ctypes.c_char * len(buf)).from_buffer(buf)
+    err = torch.cuda.cudart().cudaHostRegister(ctypes.addressof(arr), len(buf), 0)
+    return arr if getattr(err, "value", err) == 0 else None
+
+
+def registered_shm(size):
+    """A ``/dev/shm`` file's shared mapping, registered with CUDA (as a
+    lambda's region is): (file, mapping, registration) or None."""
+    import mmap
+
+    if not os.path.isdir("/dev/shm"):
+        return None
+    fd, path = tempfile.mkstemp(dir="/dev/shm", prefix="sluice-bench-gpu-")
+    try:
+        os.ftruncate(fd, size)
+        m = mmap.mmap(fd, size)
+    finally:
+        os.close(fd)
+        os.unlink(path)
+    reg = host_register(m)
+    return None if reg is None else (path, m, reg)
+
+
+def registered_thp(size):
+    """Anonymous memory advised onto transparent huge pages, registered
+    with CUDA: (mapping, mapping, offset of a 2 MB boundary, registration),
+    or None where the kernel has no huge pages for it."""
+    import mmap
+
+    huge = 2 << 20
+    if not hasattr(mmap, "MADV_HUGEPAGE"):
+        return None
+    m = mmap.mmap(-1, size + 2 * huge)
+    m.madvise(mmap.MADV_HUGEPAGE)
+    m.write(b"\0" * len(m))  # fault it in
+    try:
+        with open("/proc/self/smaps_rollup") as f:
+            huge_kb = next((int(line.split()[1]) for line in f if line.startswith("AnonHugePages:")), 0)
+    except OSError:
+        huge_kb = 0
+    if huge_kb * 1024 < size:
+        return None
+    import ctypes
+
+    base = ctypes.addressof((ctypes.c_char * len(m)).from_buffer(m))
+    offset = (-base) % huge
+    reg = host_register(m)
+    return None if reg is None else (m, m, offset, reg)
 
 
 def to_device_latencies(c, stages, size, n):
@@ -304,7 +404,7 @@ def main():
     sys.path.insert(0, _code_dir)
     tag = uuid.uuid4().hex[:6]
     pools = {}
-    for v in ("pin", "page", "inf", "memcpy", "into"):
+    for v in ("pin", "page", "inf", "memcpy", "memcpynt", "into"):
         pools[v] = (f"/bg-{v}-in-{tag}", f"/bg-{v}-out-{tag}")
         for p in pools[v]:
             c.create_object_pool(p, "trigger")
@@ -315,9 +415,14 @@ def main():
     regions = ["pinned_region", "pageable_region", "pinned_region_into"]
     stages = [pools["pin"], pools["page"], pools["into"]]
     try:
-        deploy(c, _code_dir, f"bg-memcpy-{tag}", *pools["memcpy"], "ToDeviceMemcpy", {"device": str(dev), "pin_cuda": True})
+        deploy(c, _code_dir, f"bg-memcpy-{tag}", *pools["memcpy"], "ToDeviceMemcpy", {"device": str(dev), "pin_cuda": True, "stream_copy": False})
         regions.append("pinned_region_cudamemcpy")
         stages.append(pools["memcpy"])
+        # As pin_cuda has it by default: the node writes the value with
+        # non-temporal stores (stream_copy).
+        deploy(c, _code_dir, f"bg-memcpynt-{tag}", *pools["memcpynt"], "ToDeviceMemcpy", {"device": str(dev), "pin_cuda": True})
+        regions.append("pinned_region_cudamemcpy_stream")
+        stages.append(pools["memcpynt"])
     except sluice.InvalidDfg as e:
         print(f"(no plain cudaMemcpy in a lambda: {str(e).splitlines()[0]})", file=sys.stderr)
     result = {"device": torch.cuda.get_device_name(dev) if dev.type == "cuda" else str(dev), "size": a.size}
@@ -372,7 +477,12 @@ def report(r):
 
     labels = {
         "memcpy_pinned": "cudaMemcpy from pinned memory",
+        "memcpy_pinned_fresh": "cudaMemcpy from pinned memory rewritten before",
         "memcpy_pageable": "cudaMemcpy from pageable memory",
+        "memcpy_shm": "cudaMemcpy from a registered /dev/shm mapping",
+        "memcpy_shm_off64": "the same, 64 bytes past a page",
+        "memcpy_shm_fresh": "the same, page-aligned, rewritten before",
+        "memcpy_thp": "cudaMemcpy from registered huge pages",
         "torch_pinned": "torch .to(device) from a pinned tensor",
         "torch_pinned_into": "torch copy_ from a pinned tensor, allocated once",
         "torch_pageable": "torch .to(device) from a pageable tensor",
@@ -386,12 +496,15 @@ def report(r):
     if "pinned_region_into" in r["lambda_copy_us"]:
         row("in a lambda, region pinned, copy_ allocated once", r["lambda_copy_us"]["pinned_region_into"])
     if "pinned_region_cudamemcpy" in r["lambda_copy_us"]:
-        row("in a lambda, region pinned, cudaMemcpy (CuPy)", r["lambda_copy_us"]["pinned_region_cudamemcpy"])
+        row("in a lambda, region pinned, cudaMemcpy (CuPy), plain stores", r["lambda_copy_us"]["pinned_region_cudamemcpy"])
+    if "pinned_region_cudamemcpy_stream" in r["lambda_copy_us"]:
+        row("the same, value written with streaming stores (pin_cuda's default)", r["lambda_copy_us"]["pinned_region_cudamemcpy_stream"])
     names = {
         "pinned_region": "pinned",
         "pageable_region": "not pinned",
         "pinned_region_into": "pinned, copy_",
-        "pinned_region_cudamemcpy": "pinned, cudaMemcpy",
+        "pinned_region_cudamemcpy": "pinned, cudaMemcpy, plain stores",
+        "pinned_region_cudamemcpy_stream": "pinned, cudaMemcpy, streaming stores",
     }
     for region, s in r["put_to_tensor_us"].items():
         name = f"trigger put -> tensor ready, {names[region]}"
@@ -405,8 +518,11 @@ def report(r):
         ("pinned_region_over_memcpy_pinned_paced", "torch .to in a lambda / a pinned cudaMemcpy as far apart"),
         ("pinned_region_into_over_torch_pinned_into_paced", "torch copy_ in a lambda / the same from a pinned tensor as far apart"),
         ("pinned_region_into_over_memcpy_pinned_paced", "torch copy_ in a lambda / a pinned cudaMemcpy as far apart"),
-        ("pinned_region_cudamemcpy_over_memcpy_pinned_paced", "cudaMemcpy in a lambda / a pinned cudaMemcpy as far apart (target <= 1.2)"),
-        ("pinned_region_cudamemcpy_over_memcpy_pinned_back_to_back", "cudaMemcpy in a lambda / a pinned cudaMemcpy back to back"),
+        ("pinned_region_cudamemcpy_over_memcpy_pinned_paced", "cudaMemcpy in a lambda, plain stores / a pinned cudaMemcpy as far apart"),
+        ("pinned_region_cudamemcpy_over_memcpy_pinned_back_to_back", "cudaMemcpy in a lambda, plain stores / a pinned cudaMemcpy back to back"),
+        ("pinned_region_cudamemcpy_over_memcpy_pinned_fresh_paced", "cudaMemcpy in a lambda, plain stores / a pinned cudaMemcpy of bytes just written"),
+        ("pinned_region_cudamemcpy_stream_over_memcpy_pinned_paced", "cudaMemcpy in a lambda (pin_cuda's streaming stores) / a pinned cudaMemcpy as far apart (target <= 1.2)"),
+        ("pinned_region_cudamemcpy_stream_over_memcpy_pinned_fresh_paced", "the same / a pinned cudaMemcpy of bytes just written"),
     ):
         if key in q:
             print(f"  object -> tensor, p50: {label}: {q[key]:.2f}x")

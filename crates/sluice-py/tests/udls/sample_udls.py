@@ -163,3 +163,16 @@ class BreaksProtocol:
             worker.respond(1, a=(1 << 40, 4))  # P_EMIT, key far outside
             return
         emit(key_suffix, bytes(blob).upper() + b":" + str(__import__("os").getpid()).encode())
+
+
+class Where:
+    """Emits where the value lies in the worker's region (its address
+    modulo a page) and a digest of its bytes, as read there."""
+
+    def __init__(self, conf):
+        pass
+
+    def ocdpo_handler(self, key, pathname, blob, emit, **kw):
+        import hashlib
+
+        emit(key[len(pathname):], f"{blob.ctypes.data % 4096}:{hashlib.sha256(blob).hexdigest()}")
