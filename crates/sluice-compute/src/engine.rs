@@ -59,6 +59,8 @@ struct EntryStats {
     calls: AtomicU64,
     /// Trigger puts announced before their value was in (`Engine::expect`).
     expected: AtomicU64,
+    /// Of those, the frames read into memory the lambda lent (`landing`).
+    landed: AtomicU64,
     failures: AtomicU64,
     panics: AtomicU64,
     dropped: AtomicU64,
@@ -533,6 +535,7 @@ impl Engine {
                             "udl": e.name,
                             "calls": s.calls.load(Ordering::Relaxed),
                             "expected": s.expected.load(Ordering::Relaxed),
+                            "landed": s.landed.load(Ordering::Relaxed),
                             "emitted": s.emitted.load(Ordering::Relaxed),
                             "failures": s.failures.load(Ordering::Acquire),
                             "panics": s.panics.load(Ordering::Acquire),
@@ -604,21 +607,38 @@ impl Engine {
 
     /// A trigger put of `key` is arriving (its value still in transit):
     /// the lambdas of the vertices it will fire get `Udl::expect`, so a
-    /// worker that sleeps can wake while the value comes in. Cheap and
-    /// non-blocking (the connection's thread calls it).
-    pub fn expect(&self, key: &str) {
+    /// worker that sleeps can wake while the value comes in. Where `land`
+    /// (the sender may trigger `key`), the first of them that lends memory
+    /// for the frame (`Udl::landing`: `frame_len` bytes, the value from
+    /// `value_at` on) gets it read there. Cheap and non-blocking (the
+    /// connection's thread calls it).
+    pub fn expect(
+        &self,
+        key: &str,
+        frame_len: usize,
+        value_at: usize,
+        land: bool,
+    ) -> Option<crate::landing::Landing> {
         let table = self.table.load();
         if table.trie.is_empty() {
-            return;
+            return None;
         }
         let mut matches = Vec::new();
         table.trie.matches(key, &mut matches);
+        let mut landing = None;
         for entry in matches {
             if matches!(entry.hook, Hook::Both | Hook::Trigger) {
                 entry.stats.expected.fetch_add(1, Ordering::Relaxed);
                 entry.udl.expect();
+                if land && landing.is_none() {
+                    landing = entry.udl.landing(frame_len, value_at);
+                    if landing.is_some() {
+                        entry.stats.landed.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
             }
         }
+        landing
     }
 
     /// Clears the dispatch-overhead histograms (benchmarks call this

@@ -22,6 +22,7 @@
 
 pub mod dfg;
 pub mod engine;
+pub mod landing;
 pub mod trie;
 pub mod udl;
 

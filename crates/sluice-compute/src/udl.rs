@@ -63,6 +63,17 @@ pub trait Udl: Send + Sync {
     /// the connection's thread: it must not block. A hint only: the put
     /// may still fail, or reach another member.
     fn expect(&self) {}
+
+    /// The same trigger put, `frame_len` bytes in all with its value
+    /// `value_at` bytes in: memory this lambda lends for the frame to be
+    /// read into (`crate::landing`), so that its value needs no copy to
+    /// reach the lambda; `None` (the default) to have it read into the
+    /// node's own buffers. Called on the connection's thread, after
+    /// `expect`, only where the connection may trigger the key: it must
+    /// not block.
+    fn landing(&self, _frame_len: usize, _value_at: usize) -> Option<crate::landing::Landing> {
+        None
+    }
 }
 
 /// Builds a UDL instance from its vertex config.

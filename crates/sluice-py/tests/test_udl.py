@@ -263,23 +263,37 @@ def test_code_shipped_as_an_object_and_upgraded_by_a_put_and_apply(client, verte
         client.dfg_apply(cfg().replace(code_key, "/vol/no-such-code"))
 
 
-@pytest.mark.parametrize("how", [{"stream_copy": False}, {"stream_copy": True}, {"pin_cuda": True}])
-def test_values_arrive_whole_and_aligned_however_the_node_writes_them(client, vertex, how):
+@pytest.mark.parametrize(
+    "how, lands",
+    [({}, True), ({"stream_copy": True}, False), ({"pin_cuda": True}, False), ({"landing_mb": 0}, False)],
+)
+def test_values_arrive_whole_and_aligned_however_the_node_writes_them(client, vertex, how, lands):
     import hashlib
 
     src, dst, gid = vertex
-    # Streaming stores (pin_cuda's default) from 64 KB on, plain below.
+    # By default a trigger put of 256 KB or more is read from the socket
+    # into the vertex's landing area (no copy); else the node copies the
+    # value into the worker's arena, with streaming stores from 64 KB on
+    # where asked (pin_cuda's default).
     client.dfg_apply(graph(gid, src, "Where", dst, **how))
-    # Lengths that leave heads and tails around the 16-byte streaming stores.
-    for i, n in enumerate([(64 << 10) + 5, (1 << 20) + 13, 1000]):
+    sizes = [(64 << 10) + 5, (1 << 20) + 13, 1000, (300 << 10) + 1]
+    for i, n in enumerate(sizes):
         v = os.urandom(n)
         client.trigger_put(f"{src}/v{i}-with-an-odd-key-length", v)
         o = wait_for(f"value {i}", lambda: get_or_none(client, f"{dst}/v{i}-with-an-odd-key-length"))
-        offset, digest = o.value.tobytes().decode().split(":")
+        offset, digest, writable = o.value.tobytes().decode().split(":")
         assert digest == hashlib.sha256(v).hexdigest(), f"{n} bytes arrived changed"
         assert int(offset) % 64 == 0, (n, offset)
+        if lands and n >= 256 << 10:
+            # The landing area is the vertex's, shared by its workers.
+            assert writable == "False", "a lambda must not write a landed value"
+    (g,) = [g for g in client.dfg_list() if g["id"] == gid]
+    large = sum(n >= 256 << 10 for n in sizes)
+    assert g["status"][0]["landed"] == (large if lands else 0), g["status"]
     with pytest.raises(sluice.InvalidDfg, match="stream_copy"):
         client.dfg_apply(graph(gid, src, "Where", dst, stream_copy="yes"))
+    with pytest.raises(sluice.InvalidDfg, match="landing_mb"):
+        client.dfg_apply(graph(gid, src, "Where", dst, landing_mb=-1))
 
 
 def test_objects_reach_the_gpu_from_a_pinned_region(client, vertex):
@@ -306,11 +320,17 @@ def test_store_replies_stay_valid_until_the_lambda_returns(client, vertex):
 
 def test_arena_and_worker_limits_are_errors(client, vertex):
     src, dst, gid = vertex
-    # A value larger than the shared arena fails its upcall, saying so.
-    client.dfg_apply(graph(gid, src, "Upper", dst, arena_mb=1))
+    # A value larger than the shared arena fails its upcall, saying so
+    # (without a landing area: a landed value needs no room there).
+    client.dfg_apply(graph(gid, src, "Upper", dst, arena_mb=1, landing_mb=0))
     client.trigger_put(f"{src}/big", b"x" * (2 << 20))
     st = wait_for("the failure to be counted", lambda: (s := status(client, gid))["failures"] >= 1 and s)
     assert "do not fit" in st["last_error"] and "arena_mb" in st["last_error"], st
+    # Landed, it reaches the lambda; what it emits must fit the output arena.
+    client.dfg_apply(graph(gid, src, "Upper", dst, arena_mb=1))
+    client.trigger_put(f"{src}/big2", b"x" * (2 << 20))
+    st = wait_for("the failure to be counted", lambda: (s := status(client, gid))["failures"] >= 1 and s)
+    assert "exceeds the worker's output arena" in st["last_error"], st
     client.trigger_put(f"{src}/small", b"ok")
     assert wait_for("a small value", lambda: get_or_none(client, f"{dst}/small")).value == b"OK"
     for bad, field in [({"workers": 0}, "workers"), ({"arena_mb": 0}, "arena_mb"), ({"spin_us": -1}, "spin_us")]:

@@ -1,4 +1,5 @@
 use crate::config::ServerConfig;
+use crate::recv_pool::LargeBuf;
 use crate::stats::ServerStats;
 use crate::watch::{Notice, WatchHub, WATCH_QUEUE_LEN};
 use bytes::BytesMut;
@@ -236,7 +237,7 @@ impl Conn {
         // however slowly it trickles in.
         let mut frame_started: Option<tokio::time::Instant> = None;
         // A large frame being read into a buffer of its own, and its size.
-        let mut large: Option<(Vec<u8>, usize)> = None;
+        let mut large: Option<(LargeBuf, usize)> = None;
         loop {
             if self.held.is_some() {
                 // QoS: a bulk request waits (bounded) for the node's small
@@ -268,7 +269,11 @@ impl Conn {
                 let io = async {
                     match large.as_mut() {
                         // Never past the frame: the next one starts in `rbuf`.
-                        Some((buf, need)) => {
+                        Some((LargeBuf::Pooled(buf), need)) => {
+                            let room = *need - buf.len();
+                            sock.read_buf(&mut bytes::BufMut::limit(buf, room)).await
+                        }
+                        Some((LargeBuf::Landing(buf), need)) => {
                             let room = *need - buf.len();
                             sock.read_buf(&mut bytes::BufMut::limit(buf, room)).await
                         }
@@ -327,20 +332,28 @@ impl Conn {
     }
 
     /// Makes room for the next read: a large frame whose header is in gets
-    /// a recycled buffer of its own (`recv_pool`), which takes over the
-    /// part already read; a smaller one an exact reservation; else another
-    /// chunk.
-    fn make_room(&self, rbuf: &mut BytesMut, large: &mut Option<(Vec<u8>, usize)>) {
+    /// a buffer of its own, which takes over the part already read: one a
+    /// lambda it triggers lent (`Udl::landing`, a Python worker's shared
+    /// memory), else a recycled one (`recv_pool`); a smaller frame an
+    /// exact reservation; else another chunk.
+    fn make_room(&self, rbuf: &mut BytesMut, large: &mut Option<(LargeBuf, usize)>) {
         let need = self.decoder.needed(rbuf).unwrap_or(0);
         if large.is_none() && need >= crate::recv_pool::LARGE_FRAME && rbuf.len() < need {
             // A large trigger put: its lambdas' workers can wake while the
             // value comes in (a Python worker's wake-up then costs nothing).
-            // Only once the connection said who it is.
+            // Only once the connection said who it is, and only a sender
+            // that may trigger the key gets its bytes into a lambda's memory.
+            let mut landing = None;
             if let Some(key) = sluice_wire::trigger_put_key(rbuf).filter(|_| self.handshaken) {
-                self.ctx.engine.expect(key);
+                let land = self.view.may(sluice_types::policy::Perm::Trigger, key);
+                let value_at = self.decoder.value_at(rbuf).unwrap_or(need);
+                landing = self.ctx.engine.expect(key, need, value_at, land);
             }
-            let mut buf = self.ctx.recv_pool.take(need);
-            buf.extend_from_slice(rbuf);
+            let mut buf = match landing {
+                Some(l) if l.capacity() >= need => LargeBuf::Landing(l),
+                _ => LargeBuf::Pooled(self.ctx.recv_pool.take(need)),
+            };
+            buf.put_slice(rbuf);
             rbuf.clear();
             *large = Some((buf, need));
         } else if need > rbuf.capacity() {
@@ -356,12 +369,15 @@ impl Conn {
     fn after_read(
         &mut self,
         rbuf: &mut BytesMut,
-        large: &mut Option<(Vec<u8>, usize)>,
+        large: &mut Option<(LargeBuf, usize)>,
         frame_started: &mut Option<tokio::time::Instant>,
     ) -> Result<(), Close> {
         match large.take() {
             Some((buf, need)) if buf.len() == need => {
-                let whole = self.ctx.recv_pool.wrap(buf);
+                let whole = match buf {
+                    LargeBuf::Pooled(b) => self.ctx.recv_pool.wrap(b),
+                    LargeBuf::Landing(l) => l.into_bytes(),
+                };
                 match self.decoder.decode_whole(whole) {
                     // Handled as if just decoded (QoS included).
                     Ok(f) => self.held = Some(f),

@@ -14,6 +14,31 @@ use bytes::Bytes;
 use parking_lot::Mutex;
 use std::sync::Arc;
 
+/// A large frame's own buffer while it is read: a recycled one of the
+/// node's, or memory a lambda the frame triggers lent for it (its value
+/// then reaches the lambda without a copy; see `sluice_compute::landing`).
+pub enum LargeBuf {
+    Pooled(Vec<u8>),
+    Landing(sluice_compute::landing::Landing),
+}
+
+impl LargeBuf {
+    pub fn len(&self) -> usize {
+        match self {
+            LargeBuf::Pooled(b) => b.len(),
+            LargeBuf::Landing(l) => l.len(),
+        }
+    }
+
+    /// Appends `bytes` (the frame's start, read before the buffer was).
+    pub fn put_slice(&mut self, bytes: &[u8]) {
+        match self {
+            LargeBuf::Pooled(b) => b.extend_from_slice(bytes),
+            LargeBuf::Landing(l) => bytes::BufMut::put_slice(l, bytes),
+        }
+    }
+}
+
 /// Frames at least this large are read into a pooled buffer.
 pub const LARGE_FRAME: usize = 256 * 1024;
 /// Buffer sizes are rounded up to this, so frames of nearly the same size

@@ -8,6 +8,9 @@ created and maps too) and two eventfds. The region holds a request ring
 (worker -> node: emits, store calls, completions) and two arenas for the
 bytes they refer to. An upcall's value is written once by the node and
 read here in place (a memoryview of the mapping): no socket, no pickling.
+A large trigger put's value is not even copied: the node reads its frame
+from the socket into the vertex's landing area, which every worker of the
+vertex maps read-only, and the upcall says where.
 Emitted values are written once into the output arena; emitting the
 input value itself (`emit(suffix, value)` with the very object received)
 sends a reference to the bytes the node already holds.
@@ -38,6 +41,10 @@ R_UPCALL, R_CTX_REPLY, R_STOP = 1, 2, 3
 P_EMIT, P_DONE, P_FAIL, P_CTX_CALL = 1, 2, 3, 4
 # Emit flags.
 F_INPUT_VALUE = 1
+# Upcall flags: the value lies in the vertex's landing area (the file the
+# node names as this worker's fourth argument), where the node read it
+# from the socket; else in the input arena.
+F_LANDED = 2
 
 U64 = struct.Struct("<Q")
 # kind, flags, call_id, version, timestamp_us, worker_id, status,
@@ -109,8 +116,20 @@ class Region:
         return self.out_off + start % self.out_len
 
 
+def map_landing(path):
+    """The vertex's landing area, read-only: a lambda reads landed values
+    in place and can write none (the area holds the vertex's incoming
+    values, and the node lends its ranges)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        return memoryview(mmap.mmap(fd, os.fstat(fd).st_size, prot=mmap.PROT_READ))
+    finally:
+        os.close(fd)
+
+
 class Worker:
-    def __init__(self, region, to_worker, to_node, udl):
+    def __init__(self, region, to_worker, to_node, udl, landing=None):
+        self.landing = landing  # memoryview of the landing area, or None
         self.r = region
         self.to_worker = to_worker
         self.to_node = to_node
@@ -216,11 +235,12 @@ class Worker:
                 return
             if kind != R_UPCALL:
                 continue
-            (_, _, call_id, version, ts, worker_id, _, k_off, k_len, p_off, p_len, v_off, v_len, prev, prev_key, sender) = d
+            (_, flags, call_id, version, ts, worker_id, _, k_off, k_len, p_off, p_len, v_off, v_len, prev, prev_key, sender) = d
             self.call_id = call_id
             key = bytes(r.mv[k_off : k_off + k_len]).decode()
             pool, _, vertex = bytes(r.mv[p_off : p_off + p_len]).decode().partition("\0")
-            value = r.mv[v_off : v_off + v_len]
+            where = self.landing if flags & F_LANDED else r.mv
+            value = where[v_off : v_off + v_len]
             # Cascade hands a NumPy uint8 array over the bytes; so do we when
             # NumPy is there (a view: no copy), else the memoryview.
             blob = value if np is None else np.frombuffer(value, dtype=np.uint8)
@@ -318,7 +338,8 @@ def main():
     region_path, to_worker, to_node = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
     spec = json.loads(os.environ["SLUICE_UDL_SPEC"])
     region = Region(region_path)
-    w = Worker(region, to_worker, to_node, None)
+    landing = map_landing(sys.argv[4]) if len(sys.argv) > 4 else None
+    w = Worker(region, to_worker, to_node, None, landing)
     try:
         udl = load(spec)
     except BaseException as e:  # noqa: BLE001 (the node reports it: dfg apply fails)

@@ -20,7 +20,12 @@
 //! ```
 //!
 //! An upcall's value is copied once, into the input arena, and read there
-//! by Python as a memoryview (no socket, no pickling). Emitted values are
+//! by Python as a memoryview (no socket, no pickling). A trigger put of
+//! 256 KB or more is not even copied: the vertex lends the connection that
+//! receives it room in its landing area (`LandingArea`, `landing_mb`; a
+//! file every worker of the vertex maps read-only), the frame is read from
+//! the socket straight into it, and the upcall passes the value's offset
+//! there (`F_LANDED`). Emitted values are
 //! written once by Python and copied out once here; emitting the input
 //! value itself is a reference to the object the node already holds (no
 //! copy). After writing a descriptor each side bumps its ring's head and
@@ -37,12 +42,15 @@
 
 use bytes::Bytes;
 use serde_json::{json, Value};
+use sluice_compute::landing::Landing;
 use sluice_compute::{Context, Emitter, Udl, UdlError, Upcall};
 use std::io::Write as _;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command};
+use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// The worker script, shipped inside the node binary.
@@ -72,6 +80,13 @@ const START_LIMIT: Duration = Duration::from_secs(60);
 const CALL_LIMIT: Duration = Duration::from_secs(3600);
 /// Default spin before blocking (see BENCHMARKS.md: Python lambdas).
 const DEFAULT_SPIN_US: u64 = 300;
+/// Default landing area per vertex, MiB (pages are used as values land).
+const DEFAULT_LANDING_MB: u64 = 64;
+/// Upcall flag: the value lies in the vertex's landing area, not the
+/// worker's input arena.
+const F_LANDED: u32 = 2;
+/// The landing area's file in the vertex's directory.
+const LANDING_FILE: &str = "landing.shm";
 
 /// A descriptor (both rings; `DESC_FMT` in the worker): kind, flags, call
 /// id, version (responses: the worker's output arena head), timestamp,
@@ -178,6 +193,9 @@ pub struct PythonSpec {
     /// Values of `STREAM_MIN` bytes or more go into the region with
     /// non-temporal stores (`stream_copy`; see `copy_streaming`).
     pub stream_copy: bool,
+    /// Bytes of shared memory the vertex lends for large trigger puts to
+    /// be read into (`landing_mb`; 0: none).
+    pub landing_bytes: usize,
     /// Everything in the config, handed to the class's constructor.
     pub config: Value,
 }
@@ -202,28 +220,35 @@ impl PythonSpec {
                 .collect::<Result<_, _>>()?,
             Some(_) => return Err("python_path: a string or a list of strings".into()),
         };
-        let workers = match c.get("workers") {
-            None => 1,
-            Some(v) => {
-                v.as_u64()
-                    .filter(|n| (1..=64).contains(n))
-                    .ok_or("workers: a number of processes from 1 to 64")? as usize
-            }
-        };
-        let arena_mb = match c.get("arena_mb") {
-            None => 64,
+        // A whole number in `ok`, `default` when absent; else `why`.
+        let number = |key: &str, default: u64, ok: std::ops::RangeInclusive<u64>, why: &str| match c
+            .get(key)
+        {
+            None => Ok(default),
             Some(v) => v
                 .as_u64()
-                .filter(|n| (1..=4096).contains(n))
-                .ok_or("arena_mb: from 1 to 4096 (MiB per worker and direction)")?,
+                .filter(|n| ok.contains(n))
+                .ok_or(format!("{key}: {why}")),
         };
-        let spin_us = match c.get("spin_us") {
-            None => DEFAULT_SPIN_US,
-            Some(v) => v
-                .as_u64()
-                .filter(|n| *n <= 100_000)
-                .ok_or("spin_us: microseconds from 0 to 100000")?,
-        };
+        let workers = number("workers", 1, 1..=64, "a number of processes from 1 to 64")? as usize;
+        let arena_mb = number(
+            "arena_mb",
+            64,
+            1..=4096,
+            "from 1 to 4096 (MiB per worker and direction)",
+        )?;
+        let spin_us = number(
+            "spin_us",
+            DEFAULT_SPIN_US,
+            0..=100_000,
+            "microseconds from 0 to 100000",
+        )?;
+        let landing_mb = number(
+            "landing_mb",
+            DEFAULT_LANDING_MB,
+            0..=4096,
+            "from 0 (none) to 4096 (MiB per vertex)",
+        )?;
         // On by default for a region registered with CUDA: its values are
         // read by DMA (BENCHMARKS.md, "GPU": a quarter off the copy).
         let stream_copy = match c.get("stream_copy") {
@@ -242,8 +267,20 @@ impl PythonSpec {
             arena_bytes: (arena_mb as usize) << 20,
             spin: Duration::from_micros(spin_us),
             stream_copy,
+            landing_bytes: (landing_mb as usize) << 20,
             config: c.clone(),
         })
+    }
+}
+
+impl PythonSpec {
+    /// Whether large trigger puts are read into the vertex's landing area.
+    /// Not where values are copied for a GPU (`pin_cuda`, `stream_copy`):
+    /// the copy with streaming stores into the registered region is what
+    /// reaches the device fastest (BENCHMARKS.md, "GPU").
+    fn lands(&self) -> bool {
+        let pin_cuda = self.config.get("pin_cuda").and_then(Value::as_bool) == Some(true);
+        self.landing_bytes > 0 && !self.stream_copy && !pin_cuda
     }
 }
 
@@ -315,6 +352,99 @@ fn copy_streaming(dst: &mut [u8], src: &[u8]) {
     }
     #[cfg(not(target_arch = "x86_64"))]
     dst.copy_from_slice(src);
+}
+
+/// The memory a vertex lends for large trigger puts (`Udl::landing`): a
+/// file in the vertex's directory under `/dev/shm`, mapped here to be
+/// written by the connections that read frames into it, and read-only by
+/// each worker, which reads a landed value in place (`F_LANDED`). A range
+/// is lent to one frame at a time and comes back when its last `Bytes`
+/// slice is dropped (the upcalls done); the mapping lives as long as any
+/// range is out.
+struct LandingArea {
+    map: memmap2::MmapRaw,
+    /// Free ranges (start, len): sorted, disjoint, never adjacent.
+    free: parking_lot::Mutex<Vec<(usize, usize)>>,
+}
+
+impl LandingArea {
+    fn create(path: &Path, size: usize) -> Result<Arc<LandingArea>, String> {
+        let f = std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(true)
+            .read(true)
+            .write(true)
+            .open(path)
+            .map_err(|e| format!("creating {}: {e}", path.display()))?;
+        f.set_len(size as u64)
+            .map_err(|e| format!("sizing {}: {e}", path.display()))?;
+        let map = memmap2::MmapRaw::map_raw(&f)
+            .map_err(|e| format!("mapping {}: {e}", path.display()))?;
+        Ok(Arc::new(LandingArea {
+            map,
+            free: parking_lot::Mutex::new(vec![(0, size)]),
+        }))
+    }
+
+    /// `frame_len` bytes placed so that `value_at` bytes in is a multiple
+    /// of 64 from the area's start (page-aligned), first fit.
+    fn lend(self: &Arc<Self>, frame_len: usize, value_at: usize) -> Option<Landing> {
+        let start = {
+            let mut free = self.free.lock();
+            let (i, start) = free.iter().enumerate().find_map(|(i, &(s, l))| {
+                let skip = (64 - (s + value_at) % 64) % 64;
+                (skip + frame_len <= l).then_some((i, s + skip))
+            })?;
+            let (s, l) = free[i];
+            let mut rest = Vec::with_capacity(2);
+            if start > s {
+                rest.push((s, start - s));
+            }
+            if s + l > start + frame_len {
+                rest.push((start + frame_len, s + l - start - frame_len));
+            }
+            free.splice(i..=i, rest);
+            start
+        };
+        let area = self.clone();
+        // SAFETY: `start + frame_len` is inside the mapping (a free range
+        // of it), that range is lent once until `give_back`, and the
+        // closure's `Arc` keeps the mapping alive until then.
+        unsafe {
+            let ptr = NonNull::new(self.map.as_mut_ptr().add(start))?;
+            Some(Landing::new(ptr, frame_len, move || {
+                area.give_back(start, frame_len)
+            }))
+        }
+    }
+
+    fn give_back(&self, start: usize, len: usize) {
+        let mut free = self.free.lock();
+        let i = free.partition_point(|&(s, _)| s < start);
+        free.insert(i, (start, len));
+        // Merge with the next range, then with the previous one.
+        if i + 1 < free.len() && free[i].0 + free[i].1 == free[i + 1].0 {
+            free[i].1 += free[i + 1].1;
+            free.remove(i + 1);
+        }
+        if i > 0 && free[i - 1].0 + free[i - 1].1 == free[i].0 {
+            free[i - 1].1 += free[i].1;
+            free.remove(i);
+        }
+    }
+
+    /// Where `value` lies in the area, if it is there.
+    fn offset_of(&self, value: &[u8]) -> Option<usize> {
+        let base = self.map.as_ptr() as usize;
+        let at = value.as_ptr() as usize;
+        (at >= base && at + value.len() <= base + self.map.len() && !value.is_empty())
+            .then(|| at - base)
+    }
+
+    #[cfg(test)]
+    fn free_ranges(&self) -> Vec<(usize, usize)> {
+        self.free.lock().clone()
+    }
 }
 
 /// One worker process and its region.
@@ -400,8 +530,11 @@ impl Proc {
         cmd.arg(&script)
             .arg(&path)
             .arg(tw.to_string())
-            .arg(tn.to_string())
-            .env("SLUICE_UDL_SPEC", spec_json)
+            .arg(tn.to_string());
+        if spec.lands() {
+            cmd.arg(dir.join(LANDING_FILE));
+        }
+        cmd.env("SLUICE_UDL_SPEC", spec_json)
             .env("SLUICE_WORKER_SPIN_US", spec.spin.as_micros().to_string())
             .env("PYTHONUNBUFFERED", "1");
         // SAFETY: between fork and exec only async-signal-safe fcntl calls:
@@ -602,6 +735,7 @@ impl Drop for Proc {
 pub struct PythonUdl {
     spec: PythonSpec,
     dir: PathBuf,
+    landing: Option<Arc<LandingArea>>,
     procs: Vec<parking_lot::Mutex<Option<Proc>>>,
 }
 
@@ -641,13 +775,27 @@ impl PythonUdl {
                 .map_err(|e| format!("writing {}: {e}", file.display()))?;
             spec.python_path.insert(0, code.display().to_string());
         }
+        // Before the workers, which map it.
+        let landing = if spec.lands() {
+            Some(LandingArea::create(
+                &dir.join(LANDING_FILE),
+                spec.landing_bytes,
+            )?)
+        } else {
+            None
+        };
         let mut procs = Vec::new();
         for n in 0..spec.workers {
             // Start them now: a class that fails to load fails `dfg apply`.
             procs.push(parking_lot::Mutex::new(Some(Proc::start(&spec, &dir, n)?)));
         }
         tracing::info!(module = %spec.module, class = %spec.entry_class, workers = spec.workers, "python UDL started");
-        Ok(PythonUdl { spec, dir, procs })
+        Ok(PythonUdl {
+            spec,
+            dir,
+            landing,
+            procs,
+        })
     }
 
     /// Runs one upcall on `p`: the value in, emits and store calls out,
@@ -661,6 +809,9 @@ impl PythonUdl {
     ) -> Result<(), UdlError> {
         p.call_id += 1;
         let o = call.object;
+        // A value read into the landing area is passed by its offset there.
+        let landed = self.landing.as_ref().and_then(|a| a.offset_of(&o.value));
+        let value: &[u8] = if landed.is_some() { &[] } else { &o.value };
         // b: the pool's pathname and the vertex's, NUL-separated.
         let (r, input_end) = p
             .put_input(
@@ -670,14 +821,15 @@ impl PythonUdl {
                     (call.pool.as_bytes(), false),
                     (b"\0", false),
                     (call.vertex.as_bytes(), false),
-                    (&o.value, true),
+                    (value, true),
                 ],
             )
             .map_err(UdlError::Failed)?;
-        let input = r[4];
+        let input = landed.map_or(r[4], |off| (off as u64, o.value.len() as u64));
         let where_ = (r[1].0, r[1].1 + 1 + r[3].1);
         p.push(Desc {
             kind: R_UPCALL,
+            flags: if landed.is_some() { F_LANDED } else { 0 },
             call_id: p.call_id,
             version: o.meta.version,
             timestamp_us: o.meta.timestamp_us,
@@ -898,6 +1050,14 @@ impl Udl for PythonUdl {
         r
     }
 
+    /// Lends room in the vertex's landing area for the frame, placed so
+    /// that its value starts on 64 bytes; none when the area is full (the
+    /// node then reads the frame into its own buffer, and the value is
+    /// copied into a worker's arena as usual).
+    fn landing(&self, frame_len: usize, value_at: usize) -> Option<Landing> {
+        self.landing.as_ref()?.lend(frame_len, value_at)
+    }
+
     /// Wakes the idle workers (one not in a call: its slot is free), so
     /// that they poll their ring, for a while, when the upcall comes.
     fn expect(&self) {
@@ -923,6 +1083,67 @@ impl Drop for PythonUdl {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use bytes::BufMut;
+
+    fn area(size: usize) -> (tempfile::TempDir, Arc<LandingArea>) {
+        let dir = tempfile::tempdir().unwrap();
+        let a = LandingArea::create(&dir.path().join(LANDING_FILE), size).unwrap();
+        (dir, a)
+    }
+
+    #[test]
+    fn a_landed_value_starts_on_64_bytes_and_its_range_comes_back_with_its_last_slice() {
+        let (_d, a) = area(1 << 20);
+        let mut l = a.lend(300_000, 37).unwrap();
+        l.put_slice(&[9u8; 300_000]);
+        let frame = l.into_bytes();
+        let value = frame.slice(37..);
+        drop(frame);
+        let off = a.offset_of(&value).unwrap();
+        assert_eq!(off % 64, 0, "the value is aligned");
+        assert!(value.iter().all(|&b| b == 9));
+        assert!(a.offset_of(b"elsewhere").is_none());
+        assert_ne!(
+            a.free_ranges(),
+            vec![(0, 1 << 20)],
+            "lent while the value lives"
+        );
+        drop(value);
+        assert_eq!(a.free_ranges(), vec![(0, 1 << 20)], "whole again");
+    }
+
+    #[test]
+    fn a_full_area_lends_nothing_and_freed_ranges_merge_whatever_the_order() {
+        let (_d, a) = area(1 << 20);
+        let lent: Vec<Landing> = (0..3).map(|_| a.lend(300_000, 0).unwrap()).collect();
+        assert!(a.lend(300_000, 0).is_none(), "no room for a fourth");
+        assert!(a.lend(100_000, 0).is_some(), "room for a smaller one");
+        let mut lent: Vec<Option<Landing>> = lent.into_iter().map(Some).collect();
+        for i in [1, 0, 2] {
+            lent[i] = None; // dropped unfilled: a connection that died
+        }
+        assert_eq!(a.free_ranges(), vec![(0, 1 << 20)]);
+        assert!(a.lend(1 << 20, 0).is_some(), "one frame may take it all");
+    }
+
+    #[test]
+    fn landing_is_off_where_values_are_copied_for_a_gpu() {
+        let spec = |c: Value| PythonSpec::from_config(&c).unwrap();
+        let base = json!({"module": "m", "entry_class": "C"});
+        assert!(spec(base.clone()).lands());
+        let with = |k: &str, v: Value| {
+            let mut c = base.clone();
+            c[k] = v;
+            spec(c)
+        };
+        assert!(!with("pin_cuda", json!(true)).lands());
+        assert!(!with("stream_copy", json!(true)).lands());
+        assert!(!with("landing_mb", json!(0)).lands());
+        assert!(PythonSpec::from_config(
+            &json!({"module": "m", "entry_class": "C", "landing_mb": 5000})
+        )
+        .is_err());
+    }
 
     #[test]
     fn streaming_copy_matches_a_plain_copy_at_any_alignment_and_length() {

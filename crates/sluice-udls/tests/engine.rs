@@ -265,6 +265,23 @@ impl Udl for Expecting {
         self.expected
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     }
+    /// Lends a buffer of its own (given back by freeing it).
+    fn landing(
+        &self,
+        frame_len: usize,
+        _value_at: usize,
+    ) -> Option<sluice_compute::landing::Landing> {
+        let mut mem = std::mem::ManuallyDrop::new(vec![0u8; frame_len]);
+        let ptr = std::ptr::NonNull::new(mem.as_mut_ptr()).unwrap();
+        let (addr, cap) = (ptr.as_ptr() as usize, mem.capacity());
+        // SAFETY: the vector's memory is this landing's alone, and freed
+        // only by its release (rebuilt from its parts).
+        Some(unsafe {
+            sluice_compute::landing::Landing::new(ptr, frame_len, move || {
+                drop(Vec::from_raw_parts(addr as *mut u8, frame_len, cap))
+            })
+        })
+    }
 }
 
 #[test]
@@ -286,10 +303,16 @@ fn an_arriving_trigger_put_is_announced_to_the_lambdas_it_will_fire() {
         { "pathname": "/out/b", "user_defined_logic_list": ["expect-b"], "user_defined_logic_hook_list": ["both"] }
     ])))
     .unwrap();
-    e.expect("/out/t/frame");
-    e.expect("/out/o/frame");
-    e.expect("/out/b/frame");
-    e.expect("/elsewhere/frame");
+    // The first lambda to fire lends memory for the frame, where the
+    // sender may trigger the key; an ordered-only vertex is not fired.
+    let lent = e.expect("/out/t/frame", 100, 10, true).expect("lent");
+    assert_eq!(lent.capacity(), 100);
+    assert!(e.expect("/out/o/frame", 100, 10, true).is_none());
+    assert!(
+        e.expect("/out/b/frame", 100, 10, false).is_none(),
+        "the sender may not trigger it"
+    );
+    assert!(e.expect("/elsewhere/frame", 100, 10, true).is_none());
     let counts: Vec<usize> = made
         .iter()
         .map(|u| u.expected.load(std::sync::atomic::Ordering::Relaxed))
@@ -312,6 +335,13 @@ fn an_arriving_trigger_put_is_announced_to_the_lambdas_it_will_fire() {
         .collect();
     assert!(listed.contains(&("/out/t".into(), 1)), "{listed:?}");
     assert!(listed.contains(&("/out/o".into(), 0)), "{listed:?}");
+    let landed: Vec<u64> = e.list()[0]["status"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v["landed"].as_u64().unwrap())
+        .collect();
+    assert_eq!(landed, vec![1, 0, 0], "only the frame that was lent memory");
     // Nothing ran: an announcement is not a call.
     assert_eq!(e.stats()["upcalls"], 0);
 }

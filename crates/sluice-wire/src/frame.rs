@@ -117,6 +117,16 @@ impl FrameDecoder {
         Some(HEADER_LEN + meta + value)
     }
 
+    /// Where the value of the frame at the head of `buf` starts, once its
+    /// header is in (the header and the metadata come first).
+    pub fn value_at(&self, buf: &[u8]) -> Option<usize> {
+        if buf.len() < HEADER_LEN {
+            return None;
+        }
+        let meta = u32::from_le_bytes([buf[4], buf[5], buf[6], buf[7]]) as usize;
+        Some(HEADER_LEN + meta)
+    }
+
     /// Checks the header at the front of `buf`: `Ok(None)` until the whole
     /// header is in. Never panics, whatever `buf` holds.
     fn header(&self, buf: &[u8]) -> Result<Option<Header>, FrameError> {

@@ -62,10 +62,10 @@ def one_vertex_graph(gid, src, dst, udl, conf):
     return json.dumps({"graphs": [{"id": gid, "graph": [vertex]}]})
 
 
-def deploy(c, code_dir, gid, src, dst, udl, cls=None, workers=1):
+def deploy(c, code_dir, gid, src, dst, udl, cls=None, workers=1, **more):
     conf = {}
     if udl == "python":
-        conf = {"python_path": [code_dir], "module": "bench_udls", "entry_class": cls, "workers": workers}
+        conf = {"python_path": [code_dir], "module": "bench_udls", "entry_class": cls, "workers": workers, **more}
         if SPIN_US is not None:
             conf["spin_us"] = SPIN_US
     c.dfg_apply(one_vertex_graph(gid, src, dst, udl, conf))
@@ -231,7 +231,7 @@ def main():
         f.write(NOOP_SRC)
     tag = uuid.uuid4().hex[:6]
     pools = {}
-    for v in ("py", "rs", "burn"):
+    for v in ("py", "rs", "burn", "pycopy"):
         pools[v] = (f"/bu-{v}-in-{tag}", f"/bu-{v}-out-{tag}")
         for p in pools[v]:
             c.create_object_pool(p, "trigger")
@@ -246,6 +246,17 @@ def main():
             "relay": {p: pct(rs, p) for p in (50, 99, 99.9)},
             "added_p50_us": pct(py, 50) - pct(rs, 50),
         }
+    # The same 1 MB stage with its values copied into the worker's arena
+    # (no landing area), next to relay in a phase of its own: what reading
+    # the value from the socket straight into shared memory buys.
+    deploy(c, code_dir, f"bu-pycopy-{tag}", *pools["pycopy"], "python", "Noop", landing_mb=0)
+    stage_latencies(c, [pools["pycopy"], pools["rs"]], 1 << 20, 50)  # warm up
+    py, rs = stage_latencies(c, [pools["pycopy"], pools["rs"]], 1 << 20, a.n)
+    result["copied_1mb_us"] = {
+        "python": {p: pct(py, p) for p in (50, 99, 99.9)},
+        "relay": {p: pct(rs, p) for p in (50, 99, 99.9)},
+        "added_p50_us": pct(py, 50) - pct(rs, 50),
+    }
     small, large = result["stage_us"][10 * 1024], result["stage_us"][1 << 20]
     copy = copy_latency(1 << 20, max(200, a.n // 10))
     result["copy_1mb_us"] = {p: pct(copy, p) for p in (50, 99)}
@@ -309,6 +320,11 @@ def main():
             s = r[name]
             print(f"  {name:14} {s[50]:8.1f} {s[99]:8.1f} {s[99.9]:8.1f}")
         print(f"  python adds {r['added_p50_us']:.1f} µs at p50 over Rust's relay")
+    cp = result["copied_1mb_us"]
+    print(
+        f"1 MB, the value copied into the worker's arena instead of landing (landing_mb 0), its own phase:"
+        f" python {cp['python'][50]:.1f}, relay {cp['relay'][50]:.1f} µs p50: adds {cp['added_p50_us']:.1f} µs"
+    )
     print(
         f"from 10 KB to 1 MB the python stage grows {result['growth_1mb_over_relay_us']:.1f} µs more than relay;"
         f" one 1 MB copy takes {result['copy_1mb_us'][50]:.1f} µs (p50): {result['growth_in_copies']:.2f} copies (target <= 1)"

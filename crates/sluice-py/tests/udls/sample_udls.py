@@ -166,8 +166,9 @@ class BreaksProtocol:
 
 
 class Where:
-    """Emits where the value lies in the worker's region (its address
-    modulo a page) and a digest of its bytes, as read there."""
+    """Emits where the value lies in the worker's memory (its address
+    modulo a page), a digest of its bytes as read there, and whether the
+    lambda could write them."""
 
     def __init__(self, conf):
         pass
@@ -175,4 +176,4 @@ class Where:
     def ocdpo_handler(self, key, pathname, blob, emit, **kw):
         import hashlib
 
-        emit(key[len(pathname):], f"{blob.ctypes.data % 4096}:{hashlib.sha256(blob).hexdigest()}")
+        emit(key[len(pathname):], f"{blob.ctypes.data % 4096}:{hashlib.sha256(blob).hexdigest()}:{blob.flags.writeable}")

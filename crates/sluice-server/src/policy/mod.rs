@@ -360,6 +360,23 @@ impl View {
         }
     }
 
+    /// Whether the principal has `perm` on `path` (access control only:
+    /// no rate is taken). A hint for work done before a request is
+    /// admitted, such as where to read a value; `admit` still decides.
+    pub fn may(&self, perm: Perm, path: &str) -> bool {
+        if self.open {
+            return true;
+        }
+        if self.revoked.is_some() {
+            return false;
+        }
+        self.access.as_ref().is_none_or(|access| {
+            access
+                .iter()
+                .any(|(scope, bits)| bits & perm.bit() != 0 && path_covers(scope, path))
+        })
+    }
+
     pub fn stale(&self, state: &PolicyState) -> bool {
         self.generation != state.generation()
     }

@@ -480,3 +480,36 @@ fn standalone_changes_are_kept_across_restarts() {
         .unwrap();
     assert!(e.contains("policies.json"), "{e}");
 }
+
+#[test]
+fn may_answers_as_admit_does_for_access() {
+    // `View::may` decides whether a large trigger put's bytes may go into
+    // a lambda's memory before the request is admitted: it must never say
+    // yes where `admit` would refuse.
+    let st = state();
+    let p = bob();
+    let trigger = |k: &str| Request::TriggerPut {
+        key: k.into(),
+        shard: None,
+        value: Bytes::new(),
+        trace: None,
+        origin: None,
+    };
+    let agree = |v: &View, k: &str| {
+        let admitted = matches!(v.admit(&p, &trigger(k), 0, |_| None), Admit::Run);
+        assert_eq!(v.may(Perm::Trigger, k), admitted, "{k}");
+        admitted
+    };
+    assert!(agree(&st.view(&p), "/anything/k"), "open: no policies");
+    st.install(doc(&[("t", access("bob", "/trig", &[Perm::Trigger]))]));
+    let v = st.view(&p);
+    assert!(agree(&v, "/trig/a"));
+    assert!(!agree(&v, "/trigx/a"));
+    assert!(!agree(&v, "/other/a"));
+    assert!(!v.may(Perm::Read, "/trig/a"), "only the permission granted");
+    st.install(doc(&[(
+        "w",
+        access("bob", "/", &[Perm::Write, Perm::Read]),
+    )]));
+    assert!(!agree(&st.view(&p), "/trig/a"), "write is not trigger");
+}
