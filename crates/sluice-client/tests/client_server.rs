@@ -26,6 +26,14 @@ fn temp_dir() -> TempDir {
 }
 
 async fn start(tweak: impl FnOnce(&mut ServerConfig)) -> TestServer {
+    start_with(tweak, sluice_udls::registry()).await
+}
+
+/// `start` with these UDLs.
+async fn start_with(
+    tweak: impl FnOnce(&mut ServerConfig),
+    registry: sluice_compute::Registry,
+) -> TestServer {
     let dir = temp_dir();
     let mut cfg = ServerConfig {
         listen: "127.0.0.1:0".parse().unwrap(),
@@ -39,7 +47,7 @@ async fn start(tweak: impl FnOnce(&mut ServerConfig)) -> TestServer {
         persistent: vec![],
     };
     tweak(&mut cfg);
-    let server = Server::bind(cfg).await.unwrap();
+    let server = Server::bind_with_registry(cfg, registry).await.unwrap();
     let addr = server.local_addr();
     let (tx, rx) = oneshot::channel();
     let done = tokio::spawn(server.run(async {
@@ -352,6 +360,20 @@ async fn oversized_values_are_typed_errors_on_both_sides() {
         "others unaffected"
     );
     s.stop().await;
+}
+
+/// A trigger put's whole frame, as a raw client sends it.
+fn trigger_put_frame(key: &str, value: Vec<u8>, request_id: u64) -> Bytes {
+    let mut q = sluice_wire::OutQueue::new();
+    sluice_wire::Request::TriggerPut {
+        key: key.into(),
+        shard: None,
+        value: value.into(),
+        trace: None,
+        origin: None,
+    }
+    .encode(&mut q, request_id, 0);
+    q.to_bytes()
 }
 
 /// A plain put of `value` to `key`, as a raw client sends it.
@@ -1281,16 +1303,7 @@ async fn a_large_trigger_put_is_announced_before_its_value_is_in() {
             .unwrap()
     };
     assert_eq!(expected().await, 0);
-    let mut q = sluice_wire::OutQueue::new();
-    sluice_wire::Request::TriggerPut {
-        key: "/tin/frame".into(),
-        shard: None,
-        value: Bytes::from(vec![5u8; 1 << 20]),
-        trace: None,
-        origin: None,
-    }
-    .encode(&mut q, 2, 0);
-    let frame = q.to_bytes();
+    let frame = trigger_put_frame("/tin/frame", vec![5u8; 1 << 20], 2);
     // Before its handshake a connection announces nothing (it is refused).
     let mut stranger = raw(s.addr).await;
     let _ = stranger.write_all(&frame).await;
@@ -1322,5 +1335,129 @@ async fn a_large_trigger_put_is_announced_before_its_value_is_in() {
     };
     assert_eq!(out.value.len(), 1 << 20);
     assert_eq!(expected().await, 1);
+    s.stop().await;
+}
+
+/// Lends memory of its own for large trigger puts (`Udl::landing`) and
+/// counts what is out, and the calls whose value lay in lent memory.
+#[derive(Default)]
+struct Lender {
+    /// (address, len) of each range lent and not given back.
+    lent: std::sync::Arc<parking_lot::Mutex<Vec<(usize, usize)>>>,
+    calls: std::sync::atomic::AtomicUsize,
+    landed_calls: std::sync::atomic::AtomicUsize,
+}
+
+impl sluice_compute::Udl for Lender {
+    fn handle(
+        &self,
+        call: &sluice_compute::Upcall<'_>,
+        _: &mut sluice_compute::Emitter<'_>,
+        _: &sluice_compute::Context,
+    ) -> Result<(), sluice_compute::UdlError> {
+        let at = call.object.value.as_ptr() as usize;
+        let inside = self
+            .lent
+            .lock()
+            .iter()
+            .any(|&(a, n)| at >= a && at + call.object.value.len() <= a + n);
+        if inside {
+            self.landed_calls
+                .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        }
+        self.calls.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        Ok(())
+    }
+
+    fn landing(&self, frame_len: usize, _: usize) -> Option<sluice_compute::landing::Landing> {
+        let mut mem = std::mem::ManuallyDrop::new(vec![0u8; frame_len]);
+        let ptr = std::ptr::NonNull::new(mem.as_mut_ptr()).unwrap();
+        let (addr, cap) = (ptr.as_ptr() as usize, mem.capacity());
+        self.lent.lock().push((addr, frame_len));
+        let lent = self.lent.clone();
+        // SAFETY: the vector's memory is this landing's alone until the
+        // release frees it (rebuilt from its parts).
+        Some(unsafe {
+            sluice_compute::landing::Landing::new(ptr, frame_len, move || {
+                lent.lock().retain(|&(a, _)| a != addr);
+                drop(Vec::from_raw_parts(addr as *mut u8, frame_len, cap));
+            })
+        })
+    }
+}
+
+/// Waits (at most 10 s) until `cond` holds.
+async fn until(what: &str, cond: impl Fn() -> bool) {
+    let t0 = std::time::Instant::now();
+    while !cond() {
+        assert!(
+            t0.elapsed() < Duration::from_secs(10),
+            "waited 10 s for {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+}
+
+/// A large trigger put is read into the memory its lambda lends, and the
+/// lambda is handed the value there; the memory comes back when the call
+/// is done, and when a sender dies mid-frame. Small values are read as
+/// before. (Whether a sender may land its bytes at all is the access
+/// rules' `View::may`, tested with the policies.)
+#[tokio::test]
+async fn a_large_trigger_put_lands_in_memory_its_lambda_lends_and_gives_it_back() {
+    use std::sync::atomic::Ordering::SeqCst;
+    let lender = std::sync::Arc::new(Lender::default());
+    let mut reg = sluice_udls::registry();
+    let l = lender.clone();
+    reg.register(
+        "lender",
+        move |_: &serde_json::Value, _: &sluice_compute::Context| {
+            Ok(l.clone() as std::sync::Arc<dyn sluice_compute::Udl>)
+        },
+    );
+    let s = start_with(|_| {}, reg).await;
+    let c = s.client().await;
+    c.dfg_apply(r#"[{"id": "land", "graph": [{"pathname": "/trig/in", "user_defined_logic_list": ["lender"]}]}]"#)
+        .await
+        .unwrap();
+    c.trigger_put("/trig/in/big", Bytes::from(vec![5u8; 512 << 10]))
+        .await
+        .unwrap();
+    until("the call", || lender.calls.load(SeqCst) == 1).await;
+    assert_eq!(
+        lender.landed_calls.load(SeqCst),
+        1,
+        "the value was read into lent memory"
+    );
+    until("the memory back", || lender.lent.lock().is_empty()).await;
+    // Below the large-frame size: the node's own buffers.
+    c.trigger_put("/trig/in/small", Bytes::from(vec![5u8; 100 << 10]))
+        .await
+        .unwrap();
+    until("the second call", || lender.calls.load(SeqCst) == 2).await;
+    assert_eq!(lender.landed_calls.load(SeqCst), 1);
+    // A sender that dies mid-frame: the memory comes back, the node serves on.
+    let mut raw = handshake(s.addr).await;
+    let frame = trigger_put_frame("/trig/in/cut", vec![7u8; 1 << 20], 5);
+    raw.write_all(&frame[..frame.len() / 2]).await.unwrap();
+    until("memory lent to the half-sent frame", || {
+        lender.lent.lock().len() == 1
+    })
+    .await;
+    drop(raw);
+    until("the memory back after the sender died", || {
+        lender.lent.lock().is_empty()
+    })
+    .await;
+    assert_eq!(
+        lender.calls.load(SeqCst),
+        2,
+        "no call for a frame never finished"
+    );
+    c.trigger_put("/trig/in/after", Bytes::from(vec![5u8; 512 << 10]))
+        .await
+        .unwrap();
+    until("the call after", || lender.calls.load(SeqCst) == 3).await;
+    assert_eq!(lender.landed_calls.load(SeqCst), 2);
     s.stop().await;
 }
