@@ -1231,9 +1231,13 @@ fn dfg_lines(r: &Value, indent: bool, text: &mut Vec<String>) {
                 st["vertex"].as_str().unwrap_or("?"),
                 st["udl"].as_str().unwrap_or("?"),
                 st["calls"],
-                // Large trigger puts announced before their value was in.
-                match st["expected"].as_u64() {
-                    Some(n) if n > 0 => format!(" (expected early {n})"),
+                // Large trigger puts announced before their value was in,
+                // and of those, the ones read into the lambda's memory.
+                match (st["expected"].as_u64(), st["landed"].as_u64()) {
+                    (Some(n), Some(l)) if n > 0 && l > 0 => {
+                        format!(" (expected early {n}, landed {l})")
+                    }
+                    (Some(n), _) if n > 0 => format!(" (expected early {n})"),
                     _ => String::new(),
                 },
                 st["emitted"],
@@ -1364,8 +1368,25 @@ fn pools(c: &BlockingClient, cmd: PoolsCmd) -> Result<Shown> {
 
 #[cfg(test)]
 mod tests {
-    use super::{escaped, Out, Shown};
+    use super::{dfg_lines, escaped, Out, Shown};
     use serde_json::json;
+
+    #[test]
+    fn a_vertex_line_says_how_many_large_puts_came_early_and_landed() {
+        let list = |expected: u64, landed: u64| {
+            let r = json!([{"id": "g", "desc": "", "status": [{
+                "vertex": "/in", "udl": "python", "calls": 3, "expected": expected,
+                "landed": landed, "emitted": 3, "failures": 0, "panics": 0, "dropped": 0,
+                "last_error": null
+            }]}]);
+            let mut text = Vec::new();
+            dfg_lines(&r, false, &mut text);
+            text[1].clone()
+        };
+        assert!(list(2, 2).contains("calls 3 (expected early 2, landed 2) emitted 3"));
+        assert!(list(2, 0).contains("calls 3 (expected early 2) emitted 3"));
+        assert!(list(0, 0).contains("calls 3 emitted 3"));
+    }
 
     fn render(s: Shown, json: bool) -> String {
         let mut buf = Vec::new();
