@@ -296,6 +296,24 @@ def test_values_arrive_whole_and_aligned_however_the_node_writes_them(client, ve
         client.dfg_apply(graph(gid, src, "Where", dst, landing_mb=-1))
 
 
+def test_landed_values_survive_crashes_and_the_area_is_reused(client, vertex):
+    src, dst, gid = vertex
+    # A landing area of 3 MiB holds two 1 MB frames at a time: had the two
+    # calls that crash their workers kept their ranges, no later value
+    # could land.
+    client.dfg_apply(graph(gid, src, "Faulty", dst, landing_mb=3))
+    big = os.urandom(1 << 20)
+    for i in range(2):
+        client.trigger_put(f"{src}/crash-{i}", big)
+        wait_for(f"crash {i} counted", lambda: status(client, gid)["failures"] >= i + 1)
+    for i in range(5):
+        client.trigger_put(f"{src}/after-{i}", big)
+        o = wait_for(f"after-{i}", lambda: get_or_none(client, f"{dst}/after-{i}"))
+        assert o.value.tobytes() == b"ok:" + big
+    st = status(client, gid)
+    assert (st["landed"], st["failures"]) == (7, 2), st
+
+
 def test_objects_reach_the_gpu_from_a_pinned_region(client, vertex):
     torch = pytest.importorskip("torch")
     if not torch.cuda.is_available():
