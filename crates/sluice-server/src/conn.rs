@@ -345,7 +345,10 @@ impl Conn {
             // that may trigger the key gets its bytes into a lambda's memory.
             let mut landing = None;
             if let Some(key) = sluice_wire::trigger_put_key(rbuf).filter(|_| self.handshaken) {
-                let land = self.view.may(sluice_types::policy::Perm::Trigger, key);
+                // A view older than the policies (a rule or token changed
+                // since this connection's last request) lands nothing.
+                let land = !self.view.stale(&self.ctx.policy)
+                    && self.view.may(sluice_types::policy::Perm::Trigger, key);
                 let value_at = self.decoder.value_at(rbuf).unwrap_or(need);
                 landing = self.ctx.engine.expect(key, need, value_at, land);
             }
