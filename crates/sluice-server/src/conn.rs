@@ -450,7 +450,7 @@ impl Conn {
         }
         if self.bulk_turn_bytes > 0
             && (self.bulk_turn_bytes >= crate::policy::qos::BULK_TURN_BYTES
-                || gate.others(self.small_pending) > 0)
+                || gate.waiting(self.small_pending))
         {
             return true;
         }

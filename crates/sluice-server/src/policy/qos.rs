@@ -1,13 +1,19 @@
 //! Global QoS (mRPC's small-first policy): while latency-critical requests
-//! are being served anywhere on the node, connections carrying bulk
-//! requests hold their next bulk request back (bounded), and a bulk
-//! connection gives up its worker thread after each turn's worth of bytes,
-//! so small requests never queue behind megabytes of someone else's
-//! values. Requests are classified by their value size against the
-//! policy's `small_bytes`, or by their principal (`priority`).
+//! are waiting anywhere on the node, connections carrying bulk requests
+//! hold their next bulk request back (bounded), and a bulk connection
+//! gives up its worker thread after each turn's worth of bytes, so small
+//! requests never queue behind megabytes of someone else's values.
+//! Requests are classified by their value size against the policy's
+//! `small_bytes`, or by their principal (`priority`).
+//!
+//! "Waiting" means in progress with none finished for `STUCK`: a small
+//! request that is being served at once (a node with cores to spare)
+//! holds no bulk request back, which would only cost the bulk client
+//! (BENCHMARKS.md, "QoS on 16 cores").
 
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::time::Duration;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
 
 /// Bulk value bytes a connection executes per turn before it yields.
 pub const BULK_TURN_BYTES: usize = 128 * 1024;
@@ -16,23 +22,42 @@ pub const BULK_TURN_BYTES: usize = 128 * 1024;
 /// slows down under QoS but never stops.
 pub const BULK_HOLD_MAX: Duration = Duration::from_micros(500);
 
+/// Small requests in progress with none finished for this long are
+/// waiting for the node (a small get takes 10-20 µs of a free core).
+pub const STUCK: Duration = Duration::from_micros(50);
+
 /// The node's count of latency-critical requests in progress.
 #[derive(Default)]
 pub struct Gate {
     small_in_progress: AtomicUsize,
+    /// When small requests last made progress: one finished, or the
+    /// first began while none was in progress (ns since `since_start`'s
+    /// origin).
+    progress_ns: AtomicU64,
     clear: tokio::sync::Notify,
+}
+
+/// Nanoseconds since a fixed instant of this process.
+fn since_start() -> u64 {
+    static ORIGIN: OnceLock<Instant> = OnceLock::new();
+    ORIGIN.get_or_init(Instant::now).elapsed().as_nanos() as u64
 }
 
 impl Gate {
     /// A small request decoded (call `done` once its reply is written).
     pub fn begin(&self) {
-        self.small_in_progress.fetch_add(1, Ordering::AcqRel);
+        if self.small_in_progress.fetch_add(1, Ordering::AcqRel) == 0 {
+            self.progress_ns.store(since_start(), Ordering::Release);
+        }
     }
 
     /// `n` small requests answered.
     pub fn done(&self, n: usize) {
-        if n > 0 && self.small_in_progress.fetch_sub(n, Ordering::AcqRel) == n {
-            self.clear.notify_waiters();
+        if n > 0 {
+            self.progress_ns.store(since_start(), Ordering::Release);
+            if self.small_in_progress.fetch_sub(n, Ordering::AcqRel) == n {
+                self.clear.notify_waiters();
+            }
         }
     }
 
@@ -43,10 +68,23 @@ impl Gate {
             .saturating_sub(own)
     }
 
-    /// Waits (at most `BULK_HOLD_MAX`) until no small request is in
-    /// progress, then yields the worker once.
+    /// Whether small requests beyond `own` are waiting: in progress, and
+    /// none has finished for `STUCK`.
+    pub fn waiting(&self, own: usize) -> bool {
+        self.waiting_at(own, since_start())
+    }
+
+    /// `waiting` at `now` (ns on `since_start`'s clock).
+    fn waiting_at(&self, own: usize, now: u64) -> bool {
+        self.others(own) > 0
+            && now.saturating_sub(self.progress_ns.load(Ordering::Acquire))
+                >= STUCK.as_nanos() as u64
+    }
+
+    /// Waits (at most `BULK_HOLD_MAX`) while small requests are waiting,
+    /// until none is in progress, then yields the worker.
     pub async fn hold_bulk(&self) {
-        if self.others(0) > 0 {
+        if self.waiting(0) {
             let clear = self.clear.notified();
             if self.others(0) > 0 {
                 let _ = tokio::time::timeout(BULK_HOLD_MAX, clear).await;
@@ -174,12 +212,46 @@ mod tests {
         });
     }
 
+    #[test]
+    fn small_requests_wait_only_when_none_has_finished_for_a_while() {
+        let g = Gate::default();
+        let stuck = STUCK.as_nanos() as u64;
+        g.begin();
+        let began = g.progress_ns.load(Ordering::Acquire);
+        assert_eq!(g.others(0), 1);
+        assert!(
+            !g.waiting_at(0, began + stuck / 2),
+            "just began: served at once"
+        );
+        assert!(g.waiting_at(0, began + stuck), "none finished for STUCK");
+        assert!(
+            !g.waiting_at(1, began + stuck),
+            "a connection's own do not count"
+        );
+        // Another one begins and one finishes: progress, the clock restarts.
+        g.begin();
+        assert_eq!(
+            g.progress_ns.load(Ordering::Acquire),
+            began,
+            "a second begin is no progress"
+        );
+        g.done(1);
+        let finished = g.progress_ns.load(Ordering::Acquire);
+        assert!(finished >= began);
+        assert!(!g.waiting_at(0, finished + stuck / 2));
+        assert!(g.waiting_at(0, finished + stuck));
+        g.done(1);
+        assert!(!g.waiting_at(0, finished + 10 * stuck), "none in progress");
+    }
+
     #[tokio::test]
     async fn bulk_waits_for_small_requests_but_not_for_ever() {
         let g = std::sync::Arc::new(Gate::default());
         g.begin();
         assert_eq!(g.others(0), 1);
         assert_eq!(g.others(1), 0);
+        tokio::time::sleep(STUCK).await;
+        assert!(g.waiting(0));
         // Released when the small request is done...
         let g2 = g.clone();
         let waiter = tokio::spawn(async move {
@@ -193,6 +265,7 @@ mod tests {
         assert!(waited < Duration::from_secs(1), "{waited:?}");
         // ...and after the bound when it never is.
         g.begin();
+        tokio::time::sleep(STUCK).await;
         let t = std::time::Instant::now();
         g.hold_bulk().await;
         assert!(t.elapsed() >= BULK_HOLD_MAX);
