@@ -268,14 +268,9 @@ impl Conn {
             let read = async {
                 let io = async {
                     match large.as_mut() {
-                        // Never past the frame: the next one starts in `rbuf`.
-                        Some((LargeBuf::Pooled(buf), need)) => {
+                        Some((buf, need)) => {
                             let room = *need - buf.len();
-                            sock.read_buf(&mut bytes::BufMut::limit(buf, room)).await
-                        }
-                        Some((LargeBuf::Landing(buf), need)) => {
-                            let room = *need - buf.len();
-                            sock.read_buf(&mut bytes::BufMut::limit(buf, room)).await
+                            buf.read_from(sock, room).await
                         }
                         None => sock.read_buf(&mut rbuf).await,
                     }

@@ -8,7 +8,9 @@
 //! `LARGE_FRAME` bytes or more is read into a buffer of its own from this
 //! pool instead, wrapped so that when the last slice of it is dropped
 //! (the key overwritten, the log entry purged) the buffer comes back here
-//! with its pages still mapped, for the next large frame.
+//! with its pages still mapped, for the next large frame. (A large
+//! trigger put whose lambda lends memory for it is read there instead:
+//! `LargeBuf::Landing`.)
 
 use bytes::Bytes;
 use parking_lot::Mutex;
@@ -35,6 +37,20 @@ impl LargeBuf {
         match self {
             LargeBuf::Pooled(b) => b.extend_from_slice(bytes),
             LargeBuf::Landing(l) => bytes::BufMut::put_slice(l, bytes),
+        }
+    }
+
+    /// Reads from `sock`, never more than `room` bytes (the frame's rest:
+    /// the next frame starts in the connection's own buffer).
+    pub async fn read_from<S>(&mut self, sock: &mut S, room: usize) -> std::io::Result<usize>
+    where
+        S: tokio::io::AsyncRead + Unpin,
+    {
+        use bytes::BufMut;
+        use tokio::io::AsyncReadExt;
+        match self {
+            LargeBuf::Pooled(b) => sock.read_buf(&mut b.limit(room)).await,
+            LargeBuf::Landing(l) => sock.read_buf(&mut l.limit(room)).await,
         }
     }
 }

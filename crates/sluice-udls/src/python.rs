@@ -80,6 +80,9 @@ const START_LIMIT: Duration = Duration::from_secs(60);
 const CALL_LIMIT: Duration = Duration::from_secs(3600);
 /// Default spin before blocking (see BENCHMARKS.md: Python lambdas).
 const DEFAULT_SPIN_US: u64 = 300;
+/// `stream_copy` applies from this size on: below it the bytes are better
+/// left in the cache for the worker to read.
+const STREAM_MIN: usize = 64 << 10;
 /// Default landing area per vertex, MiB (pages are used as values land).
 const DEFAULT_LANDING_MB: u64 = 64;
 /// Upcall flag: the value lies in the vertex's landing area, not the
@@ -193,6 +196,8 @@ pub struct PythonSpec {
     /// Values of `STREAM_MIN` bytes or more go into the region with
     /// non-temporal stores (`stream_copy`; see `copy_streaming`).
     pub stream_copy: bool,
+    /// The worker registers its region with CUDA (`pin_cuda`).
+    pub pin_cuda: bool,
     /// Bytes of shared memory the vertex lends for large trigger puts to
     /// be read into (`landing_mb`; 0: none).
     pub landing_bytes: usize,
@@ -249,10 +254,11 @@ impl PythonSpec {
             0..=4096,
             "from 0 (none) to 4096 (MiB per vertex)",
         )?;
+        let pin_cuda = c.get("pin_cuda").and_then(Value::as_bool) == Some(true);
         // On by default for a region registered with CUDA: its values are
         // read by DMA (BENCHMARKS.md, "GPU": a quarter off the copy).
         let stream_copy = match c.get("stream_copy") {
-            None => c.get("pin_cuda").and_then(Value::as_bool).unwrap_or(false),
+            None => pin_cuda,
             Some(v) => v.as_bool().ok_or("stream_copy: true or false")?,
         };
         let python = s("python")
@@ -267,20 +273,18 @@ impl PythonSpec {
             arena_bytes: (arena_mb as usize) << 20,
             spin: Duration::from_micros(spin_us),
             stream_copy,
+            pin_cuda,
             landing_bytes: (landing_mb as usize) << 20,
             config: c.clone(),
         })
     }
-}
 
-impl PythonSpec {
     /// Whether large trigger puts are read into the vertex's landing area.
     /// Not where values are copied for a GPU (`pin_cuda`, `stream_copy`):
     /// the copy with streaming stores into the registered region is what
     /// reaches the device fastest (BENCHMARKS.md, "GPU").
     fn lands(&self) -> bool {
-        let pin_cuda = self.config.get("pin_cuda").and_then(Value::as_bool) == Some(true);
-        self.landing_bytes > 0 && !self.stream_copy && !pin_cuda
+        self.landing_bytes > 0 && !self.stream_copy && !self.pin_cuda
     }
 }
 
@@ -318,9 +322,20 @@ fn wait(fd: &OwnedFd, timeout: Duration) -> bool {
     false
 }
 
-/// `stream_copy` applies from this size on: below it the bytes are better
-/// left in the cache for the worker to read.
-const STREAM_MIN: usize = 64 << 10;
+/// A new file of `size` bytes (sparse) for memory the node shares with
+/// its workers: a worker's region, a vertex's landing area.
+fn shared_file(path: &Path, size: usize) -> Result<std::fs::File, String> {
+    let f = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(true)
+        .read(true)
+        .write(true)
+        .open(path)
+        .map_err(|e| format!("creating {}: {e}", path.display()))?;
+    f.set_len(size as u64)
+        .map_err(|e| format!("sizing {}: {e}", path.display()))?;
+    Ok(f)
+}
 
 /// `dst.copy_from_slice(src)` with non-temporal stores on x86_64: the
 /// bytes go to memory rather than into this core's cache, so a device
@@ -369,15 +384,7 @@ struct LandingArea {
 
 impl LandingArea {
     fn create(path: &Path, size: usize) -> Result<Arc<LandingArea>, String> {
-        let f = std::fs::OpenOptions::new()
-            .create(true)
-            .truncate(true)
-            .read(true)
-            .write(true)
-            .open(path)
-            .map_err(|e| format!("creating {}: {e}", path.display()))?;
-        f.set_len(size as u64)
-            .map_err(|e| format!("sizing {}: {e}", path.display()))?;
+        let f = shared_file(path, size)?;
         let map = memmap2::MmapRaw::map_raw(&f)
             .map_err(|e| format!("mapping {}: {e}", path.display()))?;
         Ok(Arc::new(LandingArea {
@@ -389,6 +396,7 @@ impl LandingArea {
     /// `frame_len` bytes placed so that `value_at` bytes in is a multiple
     /// of 64 from the area's start (page-aligned), first fit.
     fn lend(self: &Arc<Self>, frame_len: usize, value_at: usize) -> Option<Landing> {
+        let base = NonNull::new(self.map.as_mut_ptr())?;
         let start = {
             let mut free = self.free.lock();
             let (i, start) = free.iter().enumerate().find_map(|(i, &(s, l))| {
@@ -411,8 +419,7 @@ impl LandingArea {
         // of it), that range is lent once until `give_back`, and the
         // closure's `Arc` keeps the mapping alive until then.
         unsafe {
-            let ptr = NonNull::new(self.map.as_mut_ptr().add(start))?;
-            Some(Landing::new(ptr, frame_len, move || {
+            Some(Landing::new(base.add(start), frame_len, move || {
                 area.give_back(start, frame_len)
             }))
         }
@@ -483,15 +490,7 @@ impl Proc {
     fn start(spec: &PythonSpec, dir: &Path, n: usize) -> Result<Proc, String> {
         let layout = Layout::new(spec.arena_bytes);
         let path = dir.join(format!("worker-{n}.shm"));
-        let f = std::fs::OpenOptions::new()
-            .create(true)
-            .truncate(true)
-            .read(true)
-            .write(true)
-            .open(&path)
-            .map_err(|e| format!("creating {}: {e}", path.display()))?;
-        f.set_len(layout.size as u64)
-            .map_err(|e| format!("sizing {}: {e}", path.display()))?;
+        let f = shared_file(&path, layout.size)?;
         // SAFETY: a file this node created for this worker alone, never
         // truncated while mapped.
         let mut map = unsafe { memmap2::MmapMut::map_mut(&f) }

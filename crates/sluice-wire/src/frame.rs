@@ -109,12 +109,9 @@ impl FrameDecoder {
     /// Bytes the frame at the head of `buf` needs in total, once its header
     /// is in; lets the reader reserve exactly once for a large frame.
     pub fn needed(&self, buf: &[u8]) -> Option<usize> {
-        if buf.len() < HEADER_LEN {
-            return None;
-        }
-        let meta = u32::from_le_bytes([buf[4], buf[5], buf[6], buf[7]]) as usize;
+        let value_at = self.value_at(buf)?;
         let value = u32::from_le_bytes([buf[8], buf[9], buf[10], buf[11]]) as usize;
-        Some(HEADER_LEN + meta + value)
+        Some(value_at + value)
     }
 
     /// Where the value of the frame at the head of `buf` starts, once its
