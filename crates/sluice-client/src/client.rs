@@ -673,7 +673,10 @@ impl Client {
                 Err(e) if attempt == 1 => return Err(e),
                 Err(_) => {
                     drop(cache);
-                    self.refresh_pools().await?;
+                    // Boxed, as every rare path on the way of a request:
+                    // the request's future then stays small (see
+                    // `NodePool::conn`).
+                    Box::pin(self.refresh_pools()).await?;
                 }
             }
         }
@@ -697,9 +700,12 @@ impl Client {
         let place = self.route_full(key).await?;
         match self.placed_call(place, key, class, &make(place.2)).await {
             Err(e) if e.is_stale_routing() => {
-                self.refresh_pools().await?;
-                let place = self.route_full(key).await?;
-                self.placed_call(place, key, class, &make(place.2)).await
+                Box::pin(async {
+                    self.refresh_pools().await?;
+                    let place = self.route_full(key).await?;
+                    self.placed_call(place, key, class, &make(place.2)).await
+                })
+                .await
             }
             other => other,
         }
@@ -720,10 +726,14 @@ impl Client {
                 let r = self.cluster_call(&view, place, key, class, req).await;
                 if let Err(SluiceError::NotMember { .. }) = &r {
                     // Membership changed since we looked: learn it and retry once.
-                    self.refresh_cluster().await?;
-                    if let Some(view) = self.inner.cluster.load_full() {
-                        return self.cluster_call(&view, place, key, class, req).await;
-                    }
+                    return Box::pin(async {
+                        self.refresh_cluster().await?;
+                        match self.inner.cluster.load_full() {
+                            Some(view) => self.cluster_call(&view, place, key, class, req).await,
+                            None => r,
+                        }
+                    })
+                    .await;
                 }
                 r
             }

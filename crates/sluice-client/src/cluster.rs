@@ -61,6 +61,13 @@ impl NodePool {
                 return Ok(c);
             }
         }
+        // Boxed: a connect (handshake, TLS) is a future of kilobytes, and
+        // every call's future would otherwise carry its space, to be moved
+        // and copied with it on each request.
+        Box::pin(self.reconnect(i)).await
+    }
+
+    async fn reconnect(&self, i: usize) -> Result<Arc<Conn>> {
         let _g = self.reconnect.lock().await;
         if let Some(c) = self.slots[i].load_full() {
             if c.is_alive() {

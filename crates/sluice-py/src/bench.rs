@@ -2,7 +2,18 @@
 //! node as the Python client (`python -m sluice.bench`, run by `sluice
 //! bench python`), so the two are compared in one run.
 
-use crate::runtime::rt;
+/// The Rust client's own runtime, as a Rust program would have it (a
+/// worker per core, tokio's default), apart from the Python client's.
+fn rt() -> &'static tokio::runtime::Runtime {
+    static RT: std::sync::OnceLock<tokio::runtime::Runtime> = std::sync::OnceLock::new();
+    RT.get_or_init(|| {
+        tokio::runtime::Builder::new_multi_thread()
+            .thread_name("rust-bench")
+            .enable_all()
+            .build()
+            .expect("the benchmark's runtime starts")
+    })
+}
 use pyo3::prelude::*;
 use std::time::{Duration, Instant};
 

@@ -4,7 +4,8 @@
 - ``get`` of a 10 KB value, closed loop, one caller: p50/p99/p999 of the
   Python client (blocking) and of the Rust client;
 - puts of 10 KB values for a few seconds from 16 asyncio tasks (Python)
-  and 16 tokio tasks (Rust): ops/s.
+  and 16 tokio tasks (Rust, on a runtime of its own with a worker per
+  core, as a Rust program has): ops/s.
 """
 
 import argparse
