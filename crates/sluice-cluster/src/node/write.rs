@@ -116,7 +116,11 @@ impl ClusterNode {
             b.proposers += usize::from(free);
             free
         };
-        if propose && self.propose_batch(g).await {
+        // Boxed: proposing (openraft's client write) is a future of
+        // kilobytes, and only the writer that takes a free proposer slot
+        // runs it; every write's task would otherwise be spawned and moved
+        // with its space (`Conn::defer`).
+        if propose && Box::pin(self.propose_batch(g)).await {
             let more = {
                 let mut b = g.batch.lock();
                 let more = !b.queue.is_empty();
@@ -130,7 +134,7 @@ impl ClusterNode {
                         tokio::spawn(async move { while node.propose_batch(&g).await {} });
                     }
                     // Shutting down: this proposer drains what is left.
-                    None => while self.propose_batch(g).await {},
+                    None => while Box::pin(self.propose_batch(g)).await {},
                 }
             }
         }
