@@ -2,6 +2,9 @@
 //! node as the Python client (`python -m sluice.bench`, run by `sluice
 //! bench python`), so the two are compared in one run.
 
+use pyo3::prelude::*;
+use std::time::{Duration, Instant};
+
 /// The Rust client's own runtime, as a Rust program would have it (a
 /// worker per core, tokio's default), apart from the Python client's.
 fn rt() -> &'static tokio::runtime::Runtime {
@@ -14,8 +17,6 @@ fn rt() -> &'static tokio::runtime::Runtime {
             .expect("the benchmark's runtime starts")
     })
 }
-use pyo3::prelude::*;
-use std::time::{Duration, Instant};
 
 /// Latencies (ns) of `n` sequential gets of `key` by the Rust client.
 #[pyfunction]

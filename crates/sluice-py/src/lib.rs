@@ -8,7 +8,7 @@
 //! `value` (`Value`: zero-copy buffers; `Object`, `PutResult`), `client`
 //! (`Client`), `watch` (`Watch`, `Notification`), `streams` (stream producers,
 //! subscribers, the rate consumer, shared queues, operators), `bench` (the Rust client measured
-//! beside the Python one).
+//! beside the Python one, on a runtime of its own).
 
 use pyo3::prelude::*;
 
