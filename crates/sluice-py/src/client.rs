@@ -3,20 +3,19 @@
 //! asyncio `future` (what `sluice.AsyncClient` passes), returns at once
 //! and completes the future on its loop.
 
-use crate::runtime::{json_to_py, run, Completions, Mode};
+use crate::runtime::{json_to_py, run, Exec};
 use crate::value::{bytes_of, Object, PutResult};
 use crate::watch::Watch;
 use pyo3::prelude::*;
 use pyo3::types::PyList;
 use sluice_client::{ClientConfig, PoolSpec, PoolType, Retention, SluiceError};
-use std::sync::Arc;
 use std::time::Duration;
 
 /// A connection to a Sluice node or cluster (see `sluice.Client`).
 #[pyclass(module = "sluice._sluice", frozen)]
 pub struct Client {
     inner: sluice_client::Client,
-    completions: Arc<Completions>,
+    exec: Exec,
 }
 
 impl Client {
@@ -81,19 +80,14 @@ impl Client {
         Fut: std::future::Future<Output = sluice_types::Result<T>> + Send + 'static,
         T: Send + 'static,
     {
-        run(
-            py,
-            Mode::of(&self.completions, future),
-            f(self.inner.clone()),
-            convert,
-        )
+        run(py, &self.exec, future, f(self.inner.clone()), convert)
     }
 }
 
 #[pymethods]
 impl Client {
     #[new]
-    #[pyo3(signature = (addr, *, timeout_s = 10.0, connect_timeout_s = 3.0, connections = 1, name = "sluice-python".to_string(), tls_ca = None, tls_cert = None, tls_key = None, token = None, value_part_bytes = None))]
+    #[pyo3(signature = (addr, *, timeout_s = 10.0, connect_timeout_s = 3.0, connections = 1, name = "sluice-python".to_string(), tls_ca = None, tls_cert = None, tls_key = None, token = None, value_part_bytes = None, driven = false))]
     #[allow(clippy::too_many_arguments)] // Python's keyword arguments
     fn new(
         py: Python<'_>,
@@ -107,6 +101,7 @@ impl Client {
         tls_key: Option<std::path::PathBuf>,
         token: Option<String>,
         value_part_bytes: Option<usize>,
+        driven: bool,
     ) -> PyResult<Client> {
         let tls = sluice_tls::ClientTls::from_files(
             tls_ca.as_deref(),
@@ -126,13 +121,13 @@ impl Client {
             client_name: name,
             ..ClientConfig::default()
         };
-        let inner = py
-            .detach(|| crate::runtime::rt().block_on(sluice_client::Client::connect_with(cfg)))
-            .map_err(crate::errors::to_py)?;
-        let completions = Arc::new(Completions::new().map_err(|e| {
+        let exec = Exec::new(driven).map_err(|e| {
             pyo3::exceptions::PyOSError::new_err(format!("creating the client's eventfd: {e}"))
-        })?);
-        Ok(Client { inner, completions })
+        })?;
+        let inner = py
+            .detach(|| exec.block_on(sluice_client::Client::connect_with(cfg)))
+            .map_err(crate::errors::to_py)?;
+        Ok(Client { inner, exec })
     }
 
     #[pyo3(signature = (key, value, *, previous_version = None, future = None))]
@@ -447,29 +442,30 @@ impl Client {
 
     /// A subscription to notifications for keys under `prefix` (from a
     /// stored version or time onwards when given).
-    #[pyo3(signature = (prefix, *, from_version = None, from_time_us = None))]
+    #[pyo3(signature = (prefix, *, from_version = None, from_time_us = None, future = None))]
     fn watch(
         &self,
         py: Python<'_>,
         prefix: String,
         from_version: Option<u64>,
         from_time_us: Option<u64>,
-    ) -> PyResult<Watch> {
+        future: Option<Py<PyAny>>,
+    ) -> PyResult<Py<PyAny>> {
         let c = self.inner.clone();
+        let exec = self.exec.clone();
         let from = from_version
             .map(sluice_client::WatchFrom::Version)
             .or(from_time_us.map(sluice_client::WatchFrom::Time));
-        let w = py
-            .detach(|| {
-                crate::runtime::rt().block_on(async move {
-                    match from {
-                        Some(f) => c.watch_from(&prefix, f).await,
-                        None => c.watch(&prefix).await,
-                    }
-                })
-            })
-            .map_err(crate::errors::to_py)?;
-        Ok(Watch::new(w, self.completions.clone()))
+        let work = async move {
+            let w = match from {
+                Some(f) => c.watch_from(&prefix, f).await?,
+                None => c.watch(&prefix).await?,
+            };
+            Ok((w, exec))
+        };
+        run(py, &self.exec, future, work, |py, (w, exec)| {
+            Ok(Py::new(py, Watch::new(w, exec))?.into_any())
+        })
     }
 
     /// The round trip to the home node, in seconds.
@@ -565,13 +561,19 @@ impl Client {
 
     /// The eventfd that is readable when asynchronous calls finished (the
     /// event loop watches it and then calls `_drain`).
-    fn _completion_fd(&self) -> i32 {
-        self.completions.fd()
+    fn _completion_fd(&self) -> (i32, bool) {
+        self.exec.fd()
     }
 
     /// The asynchronous calls finished so far: `(future, ok, value)`.
-    fn _drain(&self, py: Python<'_>) -> PyResult<Vec<crate::runtime::Finished>> {
-        self.completions.drain(py)
+    fn _drain(&self, py: Python<'_>) -> Vec<crate::runtime::Finished> {
+        self.exec.drain(py)
+    }
+
+    /// Turns a driven client's runtime (see `runtime::Exec::turn`): what
+    /// finished, and how many calls are still running.
+    fn _turn(&self, py: Python<'_>) -> (Vec<crate::runtime::Finished>, usize) {
+        self.exec.turn(py)
     }
 
     /// The home node's id, and the cluster's metadata epoch (`None`:

@@ -1,13 +1,29 @@
-//! The extension's tokio runtime, and the one place a Rust future meets
-//! Python: awaited with the GIL released (blocking calls), or spawned and
-//! its result queued for the asyncio event loop (`Completions`).
+//! The extension's tokio runtimes, and the one place a Rust future meets
+//! Python: awaited with the GIL released (blocking calls), or started and
+//! its result handed to the asyncio event loop (`Exec`).
+//!
+//! Two ways to run a client's calls:
+//! - **Shared**: on the extension's multi-threaded runtime (`rt()`). A
+//!   blocking `sluice.Client` uses it (any thread may call, the GIL is
+//!   released while waiting).
+//! - **Driven by the event loop** (`sluice.AsyncClient.connect`): the
+//!   client gets a single-threaded runtime of its own that only the
+//!   event loop's thread turns (`Exec::turn`): the loop watches the
+//!   runtime's epoll descriptor (`loop.add_reader`) and turns it when a
+//!   socket is ready or after it started calls. A call then never leaves
+//!   the loop's thread: no thread is woken to start it or to hand back its
+//!   result. On a machine with few cores each of those wake-ups costs more
+//!   CPU than the call itself (BENCHMARKS: "An asyncio client's calls on
+//!   the event loop's thread").
 
 use crate::errors;
 use parking_lot::Mutex;
 use pyo3::prelude::*;
 use std::future::Future;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
+use std::task::{Poll, Waker};
 
 static RUNTIME: OnceLock<tokio::runtime::Runtime> = OnceLock::new();
 
@@ -29,19 +45,22 @@ pub type Convert<T> = fn(Python<'_>, T) -> PyResult<Py<PyAny>>;
 /// its asyncio future, and how to make its result (on the loop's thread).
 type Done = Box<dyn FnOnce(Python<'_>) -> PyResult<Py<PyAny>> + Send>;
 
-/// Finished asynchronous calls of one client. The runtime's threads never
-/// take the GIL: they queue what finished and, when the queue was empty,
-/// signal an eventfd that the event loop watches (`loop.add_reader`); the
-/// loop then takes everything queued at once (`Client._drain`), so a
-/// burst of completions costs one wakeup, and the only thread that
-/// touches Python objects is the loop's.
+/// Finished asynchronous calls of one client. No runtime thread takes the
+/// GIL: what finished is queued, and the only thread that touches Python
+/// objects is the event loop's, which takes everything queued at once
+/// (`Client._drain`, or with `Client._turn`). On the shared runtime the
+/// first call queued signals an eventfd that the loop watches, so a
+/// burst of completions costs one wake-up; a driven client's calls finish
+/// on the loop's thread itself and signal nothing.
 pub struct Completions {
     queue: Mutex<Vec<(Py<PyAny>, Done)>>,
     fd: OwnedFd,
+    signal: bool,
+    in_flight: AtomicUsize,
 }
 
 impl Completions {
-    pub fn new() -> std::io::Result<Completions> {
+    fn new(signal: bool) -> std::io::Result<Completions> {
         // SAFETY: eventfd returns a new descriptor or -1.
         let fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
         if fd < 0 {
@@ -51,11 +70,9 @@ impl Completions {
             queue: Mutex::new(Vec::new()),
             // SAFETY: a fresh descriptor owned here.
             fd: unsafe { OwnedFd::from_raw_fd(fd) },
+            signal,
+            in_flight: AtomicUsize::new(0),
         })
-    }
-
-    pub fn fd(&self) -> i32 {
-        self.fd.as_raw_fd()
     }
 
     fn push(&self, future: Py<PyAny>, done: Done) {
@@ -64,7 +81,8 @@ impl Completions {
             q.push((future, done));
             q.len() == 1
         };
-        if was_empty {
+        self.in_flight.fetch_sub(1, Ordering::Relaxed);
+        if was_empty && self.signal {
             let one: u64 = 1;
             // SAFETY: 8 bytes from a valid u64 to an eventfd.
             unsafe { libc::write(self.fd.as_raw_fd(), (&one as *const u64).cast(), 8) };
@@ -73,18 +91,20 @@ impl Completions {
 
     /// Everything finished so far: `(future, ok, value)` for each (the
     /// value is the exception when not ok). Resets the eventfd.
-    pub fn drain(&self, py: Python<'_>) -> PyResult<Vec<Finished>> {
-        let mut v: u64 = 0;
-        // SAFETY: reading 8 bytes into a u64 from a non-blocking eventfd.
-        unsafe { libc::read(self.fd.as_raw_fd(), (&mut v as *mut u64).cast(), 8) };
+    fn drain(&self, py: Python<'_>) -> Vec<Finished> {
+        if self.signal {
+            let mut v: u64 = 0;
+            // SAFETY: reading 8 bytes into a u64 from a non-blocking eventfd.
+            unsafe { libc::read(self.fd.as_raw_fd(), (&mut v as *mut u64).cast(), 8) };
+        }
         let items = std::mem::take(&mut *self.queue.lock());
-        Ok(items
+        items
             .into_iter()
             .map(|(fut, done)| match done(py) {
                 Ok(v) => (fut, true, v),
                 Err(e) => (fut, false, e.into_value(py).into_any()),
             })
-            .collect())
+            .collect()
     }
 }
 
@@ -92,28 +112,219 @@ impl Completions {
 /// succeeded, and its value (or exception).
 pub type Finished = (Py<PyAny>, bool, Py<PyAny>);
 
-/// How a call returns: blocking, or into an asyncio future.
-pub enum Mode<'a> {
-    Blocking,
-    Async(&'a Arc<Completions>, Py<PyAny>),
+/// A client's own single-threaded runtime, turned by the event loop.
+struct Driven {
+    rt: tokio::runtime::Runtime,
+    /// The runtime's epoll descriptor: readable when one of its sockets is.
+    epfd: RawFd,
+    idle: Arc<Idle>,
+    /// Calls started since the last turn, spawned by the next one (from
+    /// inside the runtime: a spawn from outside would signal the runtime
+    /// through its eventfd, one more system call per call).
+    started: Mutex<Vec<Call>>,
 }
 
-impl<'a> Mode<'a> {
-    pub fn of(completions: &'a Arc<Completions>, future: Option<Py<PyAny>>) -> Mode<'a> {
-        match future {
-            Some(f) => Mode::Async(completions, f),
-            None => Mode::Blocking,
+/// An asynchronous call, until a turn spawns it.
+type Call = std::pin::Pin<Box<dyn Future<Output = ()> + Send>>;
+
+/// How a turn knows the runtime has nothing left to do: tokio calls its
+/// park hook when no task is ready, just before it looks for I/O; if the
+/// epoll descriptor has nothing either, the turn ends (otherwise the
+/// events it finds would wake tasks that no turn runs until the next one).
+struct Idle {
+    turning: AtomicBool,
+    idle: AtomicBool,
+    waker: Mutex<Option<Waker>>,
+    epfd: AtomicUsize,
+}
+
+impl Idle {
+    fn on_park(&self) {
+        if !self.turning.load(Ordering::Acquire) {
+            return;
+        }
+        let epfd = self.epfd.load(Ordering::Relaxed) as RawFd;
+        self.idle.store(!readable(epfd), Ordering::Release);
+        if let Some(w) = self.waker.lock().take() {
+            w.wake();
         }
     }
 }
 
-/// Runs `work`: blocking, to completion with the GIL released (other
-/// Python threads run meanwhile), returning its value; asynchronously, on
-/// the runtime, returning `None` at once, its result queued for the
-/// event loop (see `Completions`).
+/// Whether `fd` is readable now (without waiting).
+fn readable(fd: RawFd) -> bool {
+    let mut p = libc::pollfd {
+        fd,
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    // SAFETY: one valid pollfd, no wait.
+    unsafe { libc::poll(&mut p, 1, 0) == 1 }
+}
+
+/// Whether epoll descriptor `epfd` watches descriptor `fd`.
+fn watches(epfd: RawFd, fd: RawFd) -> bool {
+    std::fs::read_to_string(format!("/proc/self/fdinfo/{epfd}")).is_ok_and(|info| {
+        info.lines().any(|l| {
+            let mut w = l.split_whitespace();
+            w.next() == Some("tfd:") && w.next() == Some(&fd.to_string())
+        })
+    })
+}
+
+/// The epoll descriptors this process has open (from `/proc/self/fd`).
+fn epoll_fds() -> std::io::Result<Vec<RawFd>> {
+    let mut v = Vec::new();
+    for e in std::fs::read_dir("/proc/self/fd")? {
+        let e = e?;
+        let is_epoll = std::fs::read_link(e.path())
+            .map(|l| l.as_os_str() == "anon_inode:[eventpoll]")
+            .unwrap_or(false);
+        if let (true, Ok(fd)) = (is_epoll, e.file_name().to_string_lossy().parse()) {
+            v.push(fd);
+        }
+    }
+    Ok(v)
+}
+
+impl Driven {
+    /// A runtime for one client, or `None` where its epoll descriptor
+    /// cannot be found (not Linux, no `/proc`): the client then runs on
+    /// the shared runtime.
+    fn new() -> Option<Driven> {
+        let idle = Arc::new(Idle {
+            turning: AtomicBool::new(false),
+            idle: AtomicBool::new(false),
+            waker: Mutex::new(None),
+            epfd: AtomicUsize::new(0),
+        });
+        let hook = idle.clone();
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .on_thread_park(move || hook.on_park())
+            .build()
+            .ok()?;
+        // Which epoll descriptor is the runtime's: the one a socket
+        // registered with the runtime shows up in (`/proc/self/fdinfo`
+        // lists an epoll descriptor's targets).
+        let (probe, _peer) = std::os::unix::net::UnixStream::pair().ok()?;
+        probe.set_nonblocking(true).ok()?;
+        let probe_fd = probe.as_raw_fd();
+        let registered = rt
+            .block_on(async move { tokio::net::UnixStream::from_std(probe) })
+            .ok()?;
+        let epfd = epoll_fds()
+            .ok()?
+            .into_iter()
+            .find(|fd| watches(*fd, probe_fd))?;
+        rt.block_on(async move { drop(registered) });
+        idle.epfd.store(epfd as usize, Ordering::Relaxed);
+        Some(Driven {
+            rt,
+            epfd,
+            idle,
+            started: Mutex::new(Vec::new()),
+        })
+    }
+
+    /// Queues a call for the next turn; `true` when it is the first since
+    /// the last turn (the loop must schedule one).
+    fn start(&self, call: Call) -> bool {
+        let mut q = self.started.lock();
+        q.push(call);
+        q.len() == 1
+    }
+
+    /// Starts the calls queued, then runs every task that can go on,
+    /// reading what the sockets have, until nothing is left to do.
+    fn turn(&self) {
+        let idle = self.idle.clone();
+        let started = std::mem::take(&mut *self.started.lock());
+        idle.turning.store(true, Ordering::Release);
+        let mut started = Some(started);
+        self.rt.block_on(std::future::poll_fn(|cx| {
+            for call in started.take().into_iter().flatten() {
+                tokio::spawn(call);
+            }
+            if idle.idle.swap(false, Ordering::AcqRel) {
+                return Poll::Ready(());
+            }
+            *idle.waker.lock() = Some(cx.waker().clone());
+            Poll::Pending
+        }));
+        idle.turning.store(false, Ordering::Release);
+    }
+}
+
+/// Where a client's calls run, and where their results go (see the
+/// module's comment). Cloned into the client's watches.
+#[derive(Clone)]
+pub struct Exec {
+    completions: Arc<Completions>,
+    driven: Option<Arc<Driven>>,
+}
+
+impl Exec {
+    /// On the shared runtime, or (`driven`) on a runtime of its own that
+    /// the event loop turns, where one can be had.
+    pub fn new(driven: bool) -> std::io::Result<Exec> {
+        let driven = if driven {
+            Driven::new().map(Arc::new)
+        } else {
+            None
+        };
+        Ok(Exec {
+            completions: Arc::new(Completions::new(driven.is_none())?),
+            driven,
+        })
+    }
+
+    /// Runs `f` to completion on this client's runtime, blocking.
+    pub fn block_on<F: Future>(&self, f: F) -> F::Output {
+        match &self.driven {
+            Some(d) => d.rt.block_on(f),
+            None => rt().block_on(f),
+        }
+    }
+
+    /// The descriptor the event loop watches: the driven runtime's epoll
+    /// descriptor (readable: turn it), else the completions' eventfd
+    /// (readable: drain them). And whether the client is driven.
+    pub fn fd(&self) -> (RawFd, bool) {
+        match &self.driven {
+            Some(d) => (d.epfd, true),
+            None => (self.completions.fd.as_raw_fd(), false),
+        }
+    }
+
+    /// The asynchronous calls finished so far (see `Completions::drain`).
+    pub fn drain(&self, py: Python<'_>) -> Vec<Finished> {
+        self.completions.drain(py)
+    }
+
+    /// Turns a driven runtime (with the GIL released), then takes what
+    /// finished; also how many calls are still running, so that the loop
+    /// turns the runtime again for their timers while any are.
+    pub fn turn(&self, py: Python<'_>) -> (Vec<Finished>, usize) {
+        if let Some(d) = &self.driven {
+            py.detach(|| d.turn());
+        }
+        (
+            self.completions.drain(py),
+            self.completions.in_flight.load(Ordering::Relaxed),
+        )
+    }
+}
+
+/// Runs `work`: without `future`, to completion with the GIL released
+/// (other Python threads run meanwhile), returning its value; with an
+/// asyncio `future`, started on the client's runtime, its result queued
+/// for the event loop (`Completions`), returning at once: `True` when the
+/// loop must turn the client's runtime soon (`Client._turn`), else `None`.
 pub fn run<T, F>(
     py: Python<'_>,
-    mode: Mode<'_>,
+    exec: &Exec,
+    future: Option<Py<PyAny>>,
     work: F,
     convert: Convert<T>,
 ) -> PyResult<Py<PyAny>>
@@ -121,21 +332,36 @@ where
     F: Future<Output = sluice_types::Result<T>> + Send + 'static,
     T: Send + 'static,
 {
-    match mode {
-        Mode::Blocking => match py.detach(|| rt().block_on(work)) {
+    let Some(fut) = future else {
+        return match py.detach(|| exec.block_on(work)) {
             Ok(v) => convert(py, v),
             Err(e) => Err(errors::to_py(e)),
-        },
-        Mode::Async(completions, fut) => {
-            let completions = completions.clone();
-            rt().spawn(async move {
-                let r = work.await;
-                completions.push(
-                    fut,
-                    Box::new(move |py| r.map_err(errors::to_py).and_then(|v| convert(py, v))),
-                );
-            });
+        };
+    };
+    let completions = exec.completions.clone();
+    completions.in_flight.fetch_add(1, Ordering::Relaxed);
+    let task = async move {
+        let r = work.await;
+        completions.push(
+            fut,
+            Box::new(move |py| r.map_err(errors::to_py).and_then(|v| convert(py, v))),
+        );
+    };
+    match &exec.driven {
+        None => {
+            rt().spawn(task);
             Ok(py.None())
+        }
+        Some(d) => {
+            let first = d.start(Box::pin(task));
+            Ok(if first {
+                pyo3::types::PyBool::new(py, true)
+                    .to_owned()
+                    .into_any()
+                    .unbind()
+            } else {
+                py.None()
+            })
         }
     }
 }

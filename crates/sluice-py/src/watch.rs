@@ -1,7 +1,7 @@
 //! Watches: a subscription's notifications, one at a time (blocking with
 //! the GIL released, waking for Ctrl-C), or into an asyncio future.
 
-use crate::runtime::{json_to_py, rt, run, Completions, Mode};
+use crate::runtime::{json_to_py, run, Exec};
 use crate::value::Object;
 use pyo3::prelude::*;
 use sluice_client::NotificationKind;
@@ -82,14 +82,14 @@ fn notification(py: Python<'_>, n: Option<sluice_client::Notification>) -> PyRes
 #[pyclass(module = "sluice._sluice", frozen)]
 pub struct Watch {
     inner: Arc<tokio::sync::Mutex<Option<sluice_client::Watch>>>,
-    completions: Arc<Completions>,
+    exec: Exec,
 }
 
 impl Watch {
-    pub fn new(w: sluice_client::Watch, completions: Arc<Completions>) -> Watch {
+    pub fn new(w: sluice_client::Watch, exec: Exec) -> Watch {
         Watch {
             inner: Arc::new(tokio::sync::Mutex::new(Some(w))),
-            completions,
+            exec,
         }
     }
 }
@@ -123,7 +123,8 @@ impl Watch {
         if future.is_some() {
             return run(
                 py,
-                Mode::of(&self.completions, future),
+                &self.exec,
+                future,
                 next(self.inner.clone(), wait),
                 notification,
             );
@@ -139,7 +140,7 @@ impl Watch {
             };
             let inner = self.inner.clone();
             let got = py.detach(|| {
-                rt().block_on(async move {
+                self.exec.block_on(async move {
                     let mut g = inner.lock().await;
                     let Some(w) = g.as_mut() else {
                         return Some(None);
@@ -155,18 +156,18 @@ impl Watch {
         }
     }
 
-    /// Ends the subscription on the node.
-    fn close(&self, py: Python<'_>) -> PyResult<()> {
+    /// Ends the subscription on the node (blocking, or into an asyncio
+    /// future).
+    #[pyo3(signature = (*, future = None))]
+    fn close(&self, py: Python<'_>, future: Option<Py<PyAny>>) -> PyResult<Py<PyAny>> {
         let inner = self.inner.clone();
-        py.detach(|| {
-            rt().block_on(async move {
-                let w = inner.lock().await.take();
-                match w {
-                    Some(w) => w.cancel().await,
-                    None => Ok(()),
-                }
-            })
-        })
-        .map_err(crate::errors::to_py)
+        let work = async move {
+            let w = inner.lock().await.take();
+            match w {
+                Some(w) => w.cancel().await,
+                None => Ok(()),
+            }
+        };
+        run(py, &self.exec, future, work, |py, ()| Ok(py.None()))
     }
 }

@@ -2,7 +2,14 @@
 tasks pipelined, errors raised in the awaiting task."""
 
 import asyncio
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
 import uuid
+from pathlib import Path
 
 import pytest
 
@@ -13,9 +20,15 @@ def run(coro):
     return asyncio.run(coro)
 
 
-def test_async_put_get_and_errors(node):
+# Every test of the API runs with the client's work on the I/O threads
+# and on the event loop's thread.
+IO = pytest.mark.parametrize("io", ["threads", "loop"])
+
+
+@IO
+def test_async_put_get_and_errors(node, io):
     async def main():
-        async with await sluice.AsyncClient.connect(node.addr) as c:
+        async with await sluice.AsyncClient.connect(node.addr, io=io) as c:
             k = f"/vol/aio/{uuid.uuid4().hex}"
             r = await c.put(k, b"v")
             o = await c.get(k)
@@ -34,9 +47,10 @@ def test_async_put_get_and_errors(node):
     run(main())
 
 
-def test_async_watch(node):
+@IO
+def test_async_watch(node, io):
     async def main():
-        async with await sluice.AsyncClient.connect(node.addr) as c:
+        async with await sluice.AsyncClient.connect(node.addr, io=io) as c:
             prefix = f"/vol/aiow/{uuid.uuid4().hex}"
             w = await c.watch(prefix)
             await c.put(prefix + "/a", b"1")
@@ -49,9 +63,10 @@ def test_async_watch(node):
     run(main())
 
 
-def test_cancelled_await_does_not_break_the_client(node):
+@IO
+def test_cancelled_await_does_not_break_the_client(node, io):
     async def main():
-        async with await sluice.AsyncClient.connect(node.addr) as c:
+        async with await sluice.AsyncClient.connect(node.addr, io=io) as c:
             t = asyncio.ensure_future(c.get("/vol/x-" + uuid.uuid4().hex))
             t.cancel()
             with pytest.raises(asyncio.CancelledError):
@@ -61,16 +76,17 @@ def test_cancelled_await_does_not_break_the_client(node):
     run(main())
 
 
-def test_a_bytes_value_is_sent_from_its_own_buffer(node):
+@IO
+def test_a_bytes_value_is_sent_from_its_own_buffer(node, io):
     import sys
 
     async def main():
-        async with await sluice.AsyncClient.connect(node.addr) as c:
+        async with await sluice.AsyncClient.connect(node.addr, io=io) as c:
             k = f"/vol/aio-share/{uuid.uuid4().hex}"
             big = bytes(range(256)) * 4096  # 1 MB
             before = sys.getrefcount(big)
             fut = asyncio.get_running_loop().create_future()
-            c._c.put(k, big, future=fut)
+            c._started(c._c.put(k, big, future=fut))
             # In flight, the client holds the object itself, not a copy.
             assert sys.getrefcount(big) == before + 1
             await fut
@@ -82,10 +98,94 @@ def test_a_bytes_value_is_sent_from_its_own_buffer(node):
             arr = bytearray(big)
             before = sys.getrefcount(arr)
             fut = asyncio.get_running_loop().create_future()
-            c._c.put(k, arr, future=fut)
+            c._started(c._c.put(k, arr, future=fut))
             assert sys.getrefcount(arr) == before
             arr[0] ^= 1
             await fut
             assert (await c.get(k)).value == big
 
     run(main())
+
+
+def test_async_calls_stay_on_the_loops_thread(node):
+    # A client with io="loop" runs its calls on a runtime that
+    # the loop's own thread turns: no runtime thread is started for them
+    # (the shared runtime's threads are named sluice-io), and the loop's
+    # thread does not sleep on any thread but its own selector. In a fresh
+    # interpreter, so that no other test started the shared runtime.
+    script = f"""
+import asyncio, os, sluice
+async def main():
+    async with await sluice.AsyncClient.connect({node.addr!r}, io="loop") as c:
+        assert c._driven
+        async def writer(i):
+            for j in range(40):
+                await c.put(f"/vol/aio-thread/{{i}}/{{j}}", b"x" * 1000)
+                assert (await c.get(f"/vol/aio-thread/{{i}}/{{j}}")).value == b"x" * 1000
+        await asyncio.gather(*(writer(i) for i in range(8)))
+        w = await c.watch("/vol/aio-thread")
+        await c.put("/vol/aio-thread/w", b"1")
+        assert (await w.next(timeout=5)).key == "/vol/aio-thread/w"
+        await w.close()
+asyncio.run(main())
+names = [open(f"/proc/self/task/{{t}}/comm").read().strip() for t in os.listdir("/proc/self/task")]
+print(names)
+assert "sluice-io" not in names, names
+"""
+    r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stdout + r.stderr
+
+
+def test_an_async_client_on_threads_runs_on_the_shared_runtime(node):
+    async def main():
+        with pytest.raises(ValueError, match="io must be"):
+            await sluice.AsyncClient.connect(node.addr, io="fibers")
+        c = await sluice.AsyncClient.connect(node.addr)
+        try:
+            assert not c._driven
+            k = f"/vol/aio-shared/{uuid.uuid4().hex}"
+            rs = await asyncio.gather(*(c.put(f"{k}/{i}", b"v") for i in range(32)))
+            assert all(r.version > 0 for r in rs)
+            assert (await c.get(f"{k}/7")).value == b"v"
+        finally:
+            c.close()
+
+    run(main())
+
+
+def test_a_driven_call_times_out_while_no_socket_is_ready():
+    # The node stops answering (SIGSTOP): no socket of the client becomes
+    # ready, yet the request's timeout fires (the loop turns the client's
+    # runtime on a short tick while calls run), and once the node goes on
+    # the client works again.
+    from conftest import Node
+
+    d = Path(tempfile.mkdtemp(prefix="sluice-py-stop-"))
+    n = Node(d)
+    try:
+
+        async def main():
+            async with await sluice.AsyncClient.connect(n.addr, io="loop", timeout=0.3) as c:
+                await c.put("/vol/stop/a", b"1")
+                os.kill(n.proc.pid, signal.SIGSTOP)
+                try:
+                    # Stopping is asynchronous: wait until every thread is.
+                    deadline = time.monotonic() + 10
+                    while not all(
+                        open(f"/proc/{n.proc.pid}/task/{t}/stat").read().rsplit(")", 1)[1].split()[0] == "T"
+                        for t in os.listdir(f"/proc/{n.proc.pid}/task")
+                    ):
+                        assert time.monotonic() < deadline, "the node did not stop"
+                        time.sleep(0.001)
+                    t0 = time.monotonic()
+                    with pytest.raises(sluice.Timeout):
+                        await asyncio.wait_for(c.put("/vol/stop/b", b"2"), 10)
+                    waited = time.monotonic() - t0
+                    assert 0.25 <= waited < 2.0, waited
+                finally:
+                    os.kill(n.proc.pid, signal.SIGCONT)
+                assert (await c.put("/vol/stop/c", b"3")).version > 0
+
+        run(main())
+    finally:
+        n.stop()

@@ -35,6 +35,10 @@ import threading
 from typing import Any, AsyncIterator, Callable, Iterator, List, Optional, Sequence
 
 from . import _sluice
+
+# While a driven AsyncClient has calls running, how often its runtime is
+# turned even when no socket is ready (for their timeouts and retries).
+_TICK_S = 0.002
 from ._sluice import (  # noqa: F401  (re-exported)
     NO_VERSION,
     Notification,
@@ -123,8 +127,9 @@ class Watch:
 class AsyncWatch:
     """``Watch`` for asyncio: ``async for n in await client.watch(prefix)``."""
 
-    def __init__(self, inner: "_sluice.Watch") -> None:
+    def __init__(self, inner: "_sluice.Watch", client: "AsyncClient") -> None:
         self._w = inner
+        self._client = client
 
     def __aiter__(self) -> AsyncIterator[Notification]:
         return self
@@ -136,12 +141,14 @@ class AsyncWatch:
         return n
 
     async def next(self, timeout: Optional[float] = None) -> Optional[Notification]:
-        fut = asyncio.get_running_loop().create_future()
-        self._w.next(timeout, future=fut)
+        fut = self._client._loop.create_future()
+        self._client._started(self._w.next(timeout, future=fut))
         return await fut
 
     async def close(self) -> None:
-        await asyncio.get_running_loop().run_in_executor(None, self._w.close)
+        fut = self._client._loop.create_future()
+        self._client._started(self._w.close(future=fut))
+        await fut
 
     async def __aenter__(self) -> "AsyncWatch":
         return self
@@ -178,6 +185,7 @@ class Client:
         tls_key: Optional[str] = None,
         token: Optional[str] = None,
         value_part_bytes: Optional[int] = None,
+        _driven: bool = False,
     ) -> None:
         self._c = _sluice.Client(
             addr or default_address(),
@@ -190,6 +198,7 @@ class Client:
             tls_key=tls_key,
             token=token,
             value_part_bytes=value_part_bytes,
+            driven=_driven,
         )
 
     # -- context manager ------------------------------------------------
@@ -412,7 +421,7 @@ class Client:
 def _async_method(name: str, doc: Optional[str]) -> Callable[..., Any]:
     async def method(self: "AsyncClient", *args: Any, **kwargs: Any) -> Any:
         fut = self._loop.create_future()
-        getattr(self._c, name)(*args, future=fut, **kwargs)
+        self._started(getattr(self._c, name)(*args, future=fut, **kwargs))
         return await fut
 
     method.__name__ = name
@@ -432,15 +441,20 @@ class AsyncClient:
     def __init__(self, blocking: Client, loop: asyncio.AbstractEventLoop) -> None:
         self._blocking = blocking
         self._c = blocking._c
-        # Finished calls are queued by the native side; the loop is woken
-        # through an eventfd and takes them all at once (no thread but the
-        # loop's touches a future).
         self._loop = loop
-        self._fd = self._c._completion_fd()
-        loop.add_reader(self._fd, self._drain)
+        self._tick: Optional[asyncio.TimerHandle] = None
+        # A client made with ``io="loop"`` has a runtime of its own that
+        # only this loop's thread turns: the loop watches the runtime's
+        # epoll descriptor, and turns it when a socket is ready or after
+        # calls were started (a call never leaves the loop's thread). Any
+        # other client runs on the extension's shared threads, which queue
+        # what finished and signal an eventfd; the loop then takes it all
+        # at once. Either way no thread but the loop's touches a future.
+        self._fd, self._driven = self._c._completion_fd()
+        loop.add_reader(self._fd, self._turn if self._driven else self._drain)
 
-    def _drain(self) -> None:
-        for fut, ok, value in self._c._drain():
+    def _resolve(self, finished: List[Any]) -> None:
+        for fut, ok, value in finished:
             if fut.cancelled():
                 continue
             if ok:
@@ -448,12 +462,53 @@ class AsyncClient:
             else:
                 fut.set_exception(value)
 
+    def _drain(self) -> None:
+        self._resolve(self._c._drain())
+
+    def _started(self, due: Optional[bool]) -> None:
+        """After a call was started: turn the client's runtime soon, once
+        for all the calls started in this pass of the loop."""
+        if due:
+            self._loop.call_soon(self._turn)
+
+    def _turn(self) -> None:
+        if self._c is None:
+            return
+        finished, running = self._c._turn()
+        self._resolve(finished)
+        # Calls still running: turn again in a while even if no socket
+        # becomes ready, for their timeouts and retries.
+        if running and self._tick is None:
+            self._tick = self._loop.call_later(_TICK_S, self._on_tick)
+
+    def _on_tick(self) -> None:
+        self._tick = None
+        self._turn()
+
     @classmethod
-    async def connect(cls, addr: Optional[str] = None, **kwargs: Any) -> "AsyncClient":
+    async def connect(
+        cls, addr: Optional[str] = None, *, io: str = "threads", **kwargs: Any
+    ) -> "AsyncClient":
         """Connects without blocking the event loop. The client belongs to
-        the running loop (use it from coroutines on that loop)."""
+        the running loop (use it from coroutines on that loop); ``kwargs``
+        are ``Client``'s.
+
+        ``io`` says where the client's network work runs. ``"threads"``
+        (the default): on the extension's I/O threads, in parallel with
+        the loop, which they wake when calls finish. ``"loop"``: on the
+        event loop's own thread, turned between the loop's callbacks: no
+        thread is woken for a call, and a call costs about a third less
+        CPU, but one loop thread then bounds the client's throughput. Pick
+        ``"loop"`` on small machines (two cores, edge nodes) or where many
+        processes share the cores; ``"threads"`` where one client must
+        carry the most requests (BENCHMARKS.md: "An asyncio client's calls
+        on the event loop's thread")."""
+        if io not in ("threads", "loop"):
+            raise ValueError(f'io must be "threads" or "loop", not {io!r}')
         loop = asyncio.get_running_loop()
-        c = await loop.run_in_executor(None, lambda: Client(addr, **kwargs))
+        c = await loop.run_in_executor(
+            None, lambda: Client(addr, _driven=io == "loop", **kwargs)
+        )
         return cls(c, loop)
 
     async def __aenter__(self) -> "AsyncClient":
@@ -466,6 +521,9 @@ class AsyncClient:
         if self._c is not None:
             if not self._loop.is_closed():
                 self._loop.remove_reader(self._fd)
+            if self._tick is not None:
+                self._tick.cancel()
+                self._tick = None
             self._blocking.close()
             self._c = None
 
@@ -476,7 +534,8 @@ class AsyncClient:
     async def put(self, key: str, value: Any, *, previous_version: Optional[int] = None) -> PutResult:
         # The hot path, spelled out (no generic wrapper).
         fut = self._loop.create_future()
-        self._c.put(key, value, previous_version=previous_version, future=fut)
+        if self._c.put(key, value, previous_version=previous_version, future=fut):
+            self._loop.call_soon(self._turn)  # _started, inlined
         return await fut
 
     async def get(
@@ -490,7 +549,7 @@ class AsyncClient:
         linearizable: bool = False,
     ) -> Object:
         fut = self._loop.create_future()
-        self._c.get(
+        due = self._c.get(
             key,
             version=version,
             timestamp_us=_timestamp_us(timestamp, timestamp_us),
@@ -498,18 +557,19 @@ class AsyncClient:
             linearizable=linearizable,
             future=fut,
         )
+        self._started(due)
         return await fut
 
     async def multi_get(self, keys: Sequence[str]) -> List[Optional[Object]]:
-        fut = asyncio.get_running_loop().create_future()
-        self._c.multi_get(list(keys), future=fut)
+        fut = self._loop.create_future()
+        self._started(self._c.multi_get(list(keys), future=fut))
         return await fut
 
     async def list_keys_in_object_pool(
         self, pool: str, *, prefix: Optional[str] = None
     ) -> List[str]:
-        fut = asyncio.get_running_loop().create_future()
-        self._c.list_keys(pool, prefix=prefix, future=fut)
+        fut = self._loop.create_future()
+        self._started(self._c.list_keys(pool, prefix=prefix, future=fut))
         return await fut
 
     list_keys = list_keys_in_object_pool
@@ -521,12 +581,13 @@ class AsyncClient:
         from_version: Optional[int] = None,
         from_time_us: Optional[int] = None,
     ) -> AsyncWatch:
-        loop = asyncio.get_running_loop()
-        w = await loop.run_in_executor(
-            None,
-            lambda: self._c.watch(prefix, from_version=from_version, from_time_us=from_time_us),
+        fut = self._loop.create_future()
+        self._started(
+            self._c.watch(
+                prefix, from_version=from_version, from_time_us=from_time_us, future=fut
+            )
         )
-        return AsyncWatch(w)
+        return AsyncWatch(await fut, self)
 
 
 AsyncClient.put.__doc__ = Client.put.__doc__

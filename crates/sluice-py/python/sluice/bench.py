@@ -3,15 +3,18 @@
 
 - ``get`` of a 10 KB value, closed loop, one caller: p50/p99/p999 of the
   Python client (blocking) and of the Rust client;
-- puts of 10 KB values for a few seconds from 16 asyncio tasks (Python)
-  and 16 tokio tasks (Rust, on a runtime of its own with a worker per
-  core, as a Rust program has): ops/s.
+- puts of 10 KB values for a few seconds from 16 asyncio tasks (Python,
+  with the client's work on its I/O threads, the default, and on the
+  event loop's thread, ``io="loop"``) and 16 tokio tasks (Rust, on a
+  runtime of its own with a worker per core, as a Rust program has):
+  ops/s, and this process's CPU time per put (all its threads).
 """
 
 import argparse
 import asyncio
 import json
 import os
+import resource
 import time
 
 import sluice
@@ -27,8 +30,22 @@ def summary(ns):
     return {p: pct(ns, p) / 1000 for p in (50, 99, 99.9)}
 
 
-async def async_puts(addr, prefix, size, tasks, seconds):
-    c = await sluice.AsyncClient.connect(addr)
+def cpu_s():
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
+
+
+def measured(f):
+    """(ops/s, CPU µs per op) of ``f()``, which returns its ops/s and
+    runs for ``seconds``."""
+    c0, t0 = cpu_s(), time.monotonic()
+    rate = f()
+    ops = rate * (time.monotonic() - t0)
+    return rate, (cpu_s() - c0) / max(ops, 1) * 1e6
+
+
+async def async_puts(addr, prefix, size, tasks, seconds, io):
+    c = await sluice.AsyncClient.connect(addr, io=io)
     value = os.urandom(size)
     until = time.monotonic() + seconds
     counts = [0] * tasks
@@ -70,12 +87,26 @@ def main():
             c.get(key)
             py_ns.append(time.perf_counter_ns() - t0)
         rust_ns += _sluice._rust_get_latencies(a.addr, key, half)
-    py_put = asyncio.run(async_puts(a.addr, "/vol/bench-py/p", a.size, a.tasks, a.seconds))
-    rust_put = _sluice._rust_put_throughput(a.addr, "/vol/bench-py/r", a.size, a.tasks, a.seconds)
+    py_put, py_cpu = measured(
+        lambda: asyncio.run(async_puts(a.addr, "/vol/bench-py/p", a.size, a.tasks, a.seconds, "threads"))
+    )
+    loop_put, loop_cpu = measured(
+        lambda: asyncio.run(async_puts(a.addr, "/vol/bench-py/l", a.size, a.tasks, a.seconds, "loop"))
+    )
+    rust_put, rust_cpu = measured(
+        lambda: _sluice._rust_put_throughput(a.addr, "/vol/bench-py/r", a.size, a.tasks, a.seconds)
+    )
     py_get, rust_get = summary(py_ns), summary(rust_ns)
     result = {
         "get_us": {"python": py_get, "rust": rust_get, "ratio_p50": py_get[50] / rust_get[50]},
-        "put_ops_per_s": {"python": py_put, "rust": rust_put, "ratio": py_put / rust_put},
+        "put_ops_per_s": {
+            "python": py_put,
+            "python_loop": loop_put,
+            "rust": rust_put,
+            "ratio": py_put / rust_put,
+            "ratio_loop": loop_put / rust_put,
+        },
+        "put_cpu_us": {"python": py_cpu, "python_loop": loop_cpu, "rust": rust_cpu},
         "size": a.size,
         "tasks": a.tasks,
     }
@@ -88,9 +119,15 @@ def main():
         print(f"  {name:8} {s[50]:8.1f} {s[99]:8.1f} {s[99.9]:8.1f}")
     print(f"  python / rust at p50: {result['get_us']['ratio_p50']:.2f}x  (target <= 1.3x)")
     print(f"put {a.size // 1024} KB, {a.tasks} concurrent tasks, {a.seconds:.0f} s:")
-    print(f"  python (asyncio) {py_put:10.0f} ops/s")
-    print(f"  rust (tokio)     {rust_put:10.0f} ops/s")
-    print(f"  python / rust: {result['put_ops_per_s']['ratio']:.2f}x  (target >= 0.7x)")
+    print(f"  {'':28} {'ops/s':>8} {'CPU µs/put':>11}")
+    for name, rate, cpu in (
+        ("python (asyncio)", py_put, py_cpu),
+        ('python (asyncio, io="loop")', loop_put, loop_cpu),
+        ("rust (tokio)", rust_put, rust_cpu),
+    ):
+        print(f"  {name:28} {rate:8.0f} {cpu:11.1f}")
+    r = result["put_ops_per_s"]
+    print(f"  python / rust: {r['ratio']:.2f}x  (target >= 0.7x); io=\"loop\": {r['ratio_loop']:.2f}x")
 
 
 if __name__ == "__main__":
