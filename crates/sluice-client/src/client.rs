@@ -49,6 +49,10 @@ pub struct ClientConfig {
     /// queueing behind the whole value (QoS; README: Security). Costs the
     /// node one copy of such values. `None` (the default): whole.
     pub value_part_bytes: Option<usize>,
+    /// Requests started together go out in one write per connection
+    /// (`Conn::set_coalesce_writes`): for a client whose requests start in
+    /// bursts on a single-threaded runtime. Off by default.
+    pub coalesce_writes: bool,
 }
 
 impl Default for ClientConfig {
@@ -64,6 +68,7 @@ impl Default for ClientConfig {
             tls: None,
             token: None,
             value_part_bytes: None,
+            coalesce_writes: false,
         }
     }
 }

@@ -27,6 +27,7 @@ pub(crate) struct NodePool {
     tls: Option<sluice_tls::ClientTls>,
     token: Option<String>,
     part_bytes: usize,
+    coalesce: bool,
 }
 
 impl NodePool {
@@ -41,11 +42,18 @@ impl NodePool {
             tls: cfg.tls.clone(),
             token: cfg.token.clone(),
             part_bytes: cfg.value_part_bytes.unwrap_or(0),
+            coalesce: cfg.coalesce_writes,
         }
     }
 
-    pub(crate) fn fill(&self, i: usize, c: Arc<Conn>) {
+    /// Sets up a new connection as the client's config says.
+    fn tune(&self, c: &Conn) {
         c.set_value_part_bytes(self.part_bytes);
+        c.set_coalesce_writes(self.coalesce);
+    }
+
+    pub(crate) fn fill(&self, i: usize, c: Arc<Conn>) {
+        self.tune(&c);
         self.slots[i].store(Some(c));
     }
 
@@ -82,7 +90,7 @@ impl NodePool {
             self.token.as_deref(),
         )
         .await?;
-        c.set_value_part_bytes(self.part_bytes);
+        self.tune(&c);
         self.slots[i].store(Some(c.clone()));
         Ok(c)
     }

@@ -42,6 +42,17 @@ pub struct Conn {
     fd: std::os::fd::RawFd,
     /// Set once the reader saw the connection end (`Conn::closed`).
     closed: tokio::sync::watch::Sender<bool>,
+    /// Requests are queued and written together by one task spawned
+    /// after them (`set_coalesce_writes`).
+    coalesce: AtomicBool,
+    /// Requests sent but not yet written (coalescing only); any writer
+    /// writes them out before its own frames.
+    queued: Mutex<OutQueue>,
+    /// A flush task is spawned and has not yet taken `queued`.
+    flush_due: AtomicBool,
+    /// Writes to the socket so far (`Conn::writes`).
+    writes: AtomicU64,
+    me: std::sync::Weak<Conn>,
     pub info: ServerInfo,
 }
 
@@ -164,7 +175,7 @@ impl Conn {
             }
         })
         .await??;
-        let conn = Arc::new(Conn {
+        let conn = Arc::new_cyclic(|me| Conn {
             writer: tokio::sync::Mutex::new(wr),
             pending: Mutex::new(HashMap::new()),
             next_id: AtomicU64::new(1),
@@ -174,6 +185,11 @@ impl Conn {
             part_bytes: Default::default(),
             fd,
             closed: tokio::sync::watch::Sender::new(false),
+            coalesce: AtomicBool::new(false),
+            queued: Mutex::new(OutQueue::new()),
+            flush_due: AtomicBool::new(false),
+            writes: AtomicU64::new(0),
+            me: me.clone(),
             info,
         });
         let decoder = FrameDecoder::new(
@@ -198,6 +214,18 @@ impl Conn {
     pub fn closed(&self) -> impl std::future::Future<Output = bool> + Send + 'static {
         let mut rx = self.closed.subscribe();
         async move { rx.wait_for(|c| *c).await.is_ok() }
+    }
+
+    /// The connection is dead: every waiter fails now rather than at its
+    /// timeout.
+    fn fail_waiters(&self) {
+        self.alive.store(false, Ordering::Release);
+        let err = self.dead_error();
+        for (_, p) in self.pending.lock().drain() {
+            if let Pending::Once(tx) = p {
+                let _ = tx.send(Err(err.clone()));
+            }
+        }
     }
 
     fn dead_error(&self) -> SluiceError {
@@ -232,9 +260,36 @@ impl Conn {
         }
     }
 
+    /// Writes the requests of one task turn together: instead of a
+    /// system call (and, on loopback, the receiver's TCP work) per
+    /// request, a request is queued and a task spawned after it writes
+    /// everything queued by then in one go. Worth it where requests are
+    /// started in bursts on one thread and that task runs right after
+    /// them (the Python client's event-loop runtime); on a multi-threaded
+    /// runtime another worker may run the task at once, so off by default.
+    /// A write that fails then fails every waiting request.
+    pub fn set_coalesce_writes(&self, on: bool) {
+        self.coalesce.store(on, Ordering::Relaxed);
+    }
+
+    /// How many writes to the socket this connection has made (requests
+    /// per write: how well they were coalesced).
+    pub fn writes(&self) -> u64 {
+        self.writes.load(Ordering::Relaxed)
+    }
+
     async fn send(&self, req: &Request, id: u64, flags: u8) -> Result<()> {
         let part = self.part_bytes.load(Ordering::Relaxed);
         let Some(value) = req.value().filter(|v| part > 0 && v.len() > part) else {
+            if self.coalesce.load(Ordering::Relaxed) {
+                req.encode(&mut self.queued.lock(), id, flags);
+                if !self.flush_due.swap(true, Ordering::AcqRel) {
+                    if let Some(me) = self.me.upgrade() {
+                        tokio::spawn(async move { me.flush().await });
+                    }
+                }
+                return Ok(());
+            }
             let mut q = OutQueue::new();
             req.encode(&mut q, id, flags);
             return self.write_queue(q).await;
@@ -252,11 +307,39 @@ impl Conn {
         self.write_queue(q).await
     }
 
-    async fn write_queue(&self, mut q: OutQueue) -> Result<()> {
+    /// Writes what coalescing queued (see `set_coalesce_writes`).
+    async fn flush(&self) {
         let mut w = self.writer.lock().await;
+        // Cleared before taking the queue: a request queued after the take
+        // spawns the next flush.
+        self.flush_due.store(false, Ordering::Release);
+        let q = std::mem::take(&mut *self.queued.lock());
+        if self.write_out(&mut w, q).await.is_err() {
+            drop(w);
+            self.fail_waiters();
+        }
+    }
+
+    async fn write_queue(&self, q: OutQueue) -> Result<()> {
+        let mut w = self.writer.lock().await;
+        // Requests queued for a flush were sent before this one.
+        let earlier = std::mem::take(&mut *self.queued.lock());
+        if let Err(e) = self.write_out(&mut w, earlier).await {
+            drop(w);
+            self.fail_waiters();
+            return Err(e);
+        }
+        self.write_out(&mut w, q).await
+    }
+
+    async fn write_out(&self, w: &mut WriteHalf, mut q: OutQueue) -> Result<()> {
+        if q.is_empty() {
+            return Ok(());
+        }
         while !q.is_empty() {
             let mut slots = [IoSlice::new(&[]); 16];
             let n = q.io_slices(&mut slots);
+            self.writes.fetch_add(1, Ordering::Relaxed);
             match w.write_vectored(&slots[..n]).await {
                 Ok(0) | Err(_) => {
                     self.alive.store(false, Ordering::Release);
@@ -406,13 +489,6 @@ async fn read_loop(
         }
     }
     let Some(conn) = weak.upgrade() else { return };
-    conn.alive.store(false, Ordering::Release);
     conn.closed.send_replace(true);
-    // Fail every waiter now rather than at its timeout.
-    let err = conn.dead_error();
-    for (_, p) in conn.pending.lock().drain() {
-        if let Pending::Once(tx) = p {
-            let _ = tx.send(Err(err.clone()));
-        }
-    }
+    conn.fail_waiters();
 }

@@ -1117,6 +1117,40 @@ async fn traces_are_exported_as_opentelemetry_spans() {
     s.stop().await;
 }
 
+/// Requests started together on one thread go out in one write when the
+/// connection coalesces them (one write each when it does not), and every
+/// one is answered.
+#[tokio::test]
+async fn requests_started_together_go_out_in_one_write_when_coalesced() {
+    let s = start(|_| {}).await;
+    let t = Duration::from_secs(10);
+    for coalesce in [false, true] {
+        let c = sluice_client::Conn::connect(s.addr, "coalesce", t)
+            .await
+            .unwrap();
+        c.set_coalesce_writes(coalesce);
+        let before = c.writes();
+        let mut calls = tokio::task::JoinSet::new();
+        for i in 0..16u8 {
+            let c = c.clone();
+            let req = put_req(&format!("/vol/coalesce/{coalesce}/{i}"), vec![i; 1000]);
+            calls.spawn(async move { c.call(&req, t).await });
+        }
+        while let Some(r) = calls.join_next().await {
+            let r = r.unwrap();
+            assert!(matches!(r, Ok(sluice_wire::Response::PutOk(_))), "{r:?}");
+        }
+        let writes = c.writes() - before;
+        assert_eq!(writes, if coalesce { 1 } else { 16 }, "coalesce {coalesce}");
+    }
+    let c = s.client().await;
+    for i in 0..16u8 {
+        let o = c.get(&format!("/vol/coalesce/true/{i}")).await.unwrap();
+        assert_eq!(o.value, vec![i; 1000]);
+    }
+    s.stop().await;
+}
+
 /// A small request on the connection a large put is being written to:
 /// with the value sent in parts it goes out between two parts and is
 /// answered first; sent whole, it waits for the whole value (the order

@@ -110,6 +110,9 @@ impl Client {
             ["tls_ca", "tls_cert", "tls_key"],
         )
         .map_err(|e| pyo3::exceptions::PyValueError::new_err(e.to_string()))?;
+        let exec = Exec::new(driven).map_err(|e| {
+            pyo3::exceptions::PyOSError::new_err(format!("creating the client's eventfd: {e}"))
+        })?;
         let cfg = ClientConfig {
             tls,
             token,
@@ -119,11 +122,10 @@ impl Client {
             connect_timeout: Duration::from_micros(micros(connect_timeout_s)?),
             request_timeout: Duration::from_micros(micros(timeout_s)?),
             client_name: name,
+            // The event loop's runtime starts a pass's calls together.
+            coalesce_writes: exec.fd().1,
             ..ClientConfig::default()
         };
-        let exec = Exec::new(driven).map_err(|e| {
-            pyo3::exceptions::PyOSError::new_err(format!("creating the client's eventfd: {e}"))
-        })?;
         let inner = py
             .detach(|| exec.block_on(sluice_client::Client::connect_with(cfg)))
             .map_err(crate::errors::to_py)?;

@@ -140,7 +140,7 @@ def test_an_async_client_on_threads_runs_on_the_shared_runtime(node):
     async def main():
         with pytest.raises(ValueError, match="io must be"):
             await sluice.AsyncClient.connect(node.addr, io="fibers")
-        c = await sluice.AsyncClient.connect(node.addr)
+        c = await sluice.AsyncClient.connect(node.addr, io="threads")
         try:
             assert not c._driven
             k = f"/vol/aio-shared/{uuid.uuid4().hex}"
@@ -189,3 +189,15 @@ def test_a_driven_call_times_out_while_no_socket_is_ready():
         run(main())
     finally:
         n.stop()
+
+
+def test_the_default_io_follows_the_cores_this_process_may_use(node, monkeypatch):
+    async def driven():
+        async with await sluice.AsyncClient.connect(node.addr) as c:
+            await c.put("/vol/aio-auto", b"1")
+            return c._driven
+
+    for cores, io in ((1, "loop"), (2, "loop"), (3, "threads"), (16, "threads")):
+        monkeypatch.setattr(os, "sched_getaffinity", lambda _pid, n=cores: set(range(n)))
+        assert sluice.default_io() == io
+        assert run(driven()) == (io == "loop")

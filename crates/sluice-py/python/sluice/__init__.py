@@ -53,6 +53,7 @@ SluiceError = _sluice.SluiceError
 __all__ = [
     "Client",
     "AsyncClient",
+    "default_io",
     "Watch",
     "AsyncWatch",
     "Object",
@@ -418,6 +419,18 @@ class Client:
         self._c.dfg_remove(id)
 
 
+def default_io() -> str:
+    """Where ``AsyncClient.connect(io="auto")`` runs a client's network
+    work: ``"loop"`` where this process may run on at most two cores (a
+    thread hand-off costs more there than the parallelism gives back),
+    else ``"threads"``."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        cores = os.cpu_count() or 1
+    return "loop" if cores <= 2 else "threads"
+
+
 def _async_method(name: str, doc: Optional[str]) -> Callable[..., Any]:
     async def method(self: "AsyncClient", *args: Any, **kwargs: Any) -> Any:
         fut = self._loop.create_future()
@@ -487,24 +500,27 @@ class AsyncClient:
 
     @classmethod
     async def connect(
-        cls, addr: Optional[str] = None, *, io: str = "threads", **kwargs: Any
+        cls, addr: Optional[str] = None, *, io: str = "auto", **kwargs: Any
     ) -> "AsyncClient":
         """Connects without blocking the event loop. The client belongs to
         the running loop (use it from coroutines on that loop); ``kwargs``
         are ``Client``'s.
 
-        ``io`` says where the client's network work runs. ``"threads"``
-        (the default): on the extension's I/O threads, in parallel with
-        the loop, which they wake when calls finish. ``"loop"``: on the
-        event loop's own thread, turned between the loop's callbacks: no
-        thread is woken for a call, and a call costs about a third less
-        CPU, but one loop thread then bounds the client's throughput. Pick
-        ``"loop"`` on small machines (two cores, edge nodes) or where many
-        processes share the cores; ``"threads"`` where one client must
-        carry the most requests (BENCHMARKS.md: "An asyncio client's calls
-        on the event loop's thread")."""
+        ``io`` says where the client's network work runs. ``"loop"``: on
+        the event loop's own thread, turned between the loop's callbacks:
+        no thread is woken for a call, the requests a pass of the loop
+        starts go out in one write, and a put costs about half the CPU it
+        does on threads; one loop thread then bounds the client's
+        throughput. ``"threads"``: on the extension's I/O threads, in
+        parallel with the loop, which they wake when calls finish: more
+        CPU per call, more throughput where cores are spare. ``"auto"``
+        (the default): ``"loop"`` where this process may run on at most
+        two cores, else ``"threads"`` (``default_io()``; BENCHMARKS.md:
+        "An asyncio client's calls on the event loop's thread")."""
+        if io == "auto":
+            io = default_io()
         if io not in ("threads", "loop"):
-            raise ValueError(f'io must be "threads" or "loop", not {io!r}')
+            raise ValueError(f'io must be "auto", "threads" or "loop", not {io!r}')
         loop = asyncio.get_running_loop()
         c = await loop.run_in_executor(
             None, lambda: Client(addr, _driven=io == "loop", **kwargs)
