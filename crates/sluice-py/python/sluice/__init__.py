@@ -32,6 +32,7 @@ import json
 import asyncio
 import os
 import threading
+import warnings
 from typing import Any, AsyncIterator, Callable, Iterator, List, Optional, Sequence
 
 from . import _sluice
@@ -525,7 +526,15 @@ class AsyncClient:
         c = await loop.run_in_executor(
             None, lambda: Client(addr, _driven=io == "loop", **kwargs)
         )
-        return cls(c, loop)
+        self = cls(c, loop)
+        if io == "loop" and not self._driven:
+            warnings.warn(
+                'io="loop" needs Linux\'s /proc to find the runtime\'s epoll '
+                'descriptor; this client runs on the I/O threads (io="threads")',
+                RuntimeWarning,
+                stacklevel=2,
+            )
+        return self
 
     async def __aenter__(self) -> "AsyncClient":
         return self
