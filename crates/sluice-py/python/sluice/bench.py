@@ -7,8 +7,9 @@
   with the client's work on its I/O threads, ``io="threads"``, and on the
   event loop's thread, ``io="loop"``; which one ``io="auto"``, the
   default, picks here is reported) and 16 tokio tasks (Rust, on a
-  runtime of its own with a worker per core, as a Rust program has):
-  ops/s, and this process's CPU time per put (all its threads).
+  runtime of its own with a worker per core, as a Rust program has),
+  taking turns over a few rounds: ops/s, and this process's CPU time per
+  put (all its threads).
 """
 
 import argparse
@@ -36,13 +37,29 @@ def cpu_s():
     return r.ru_utime + r.ru_stime
 
 
-def measured(f):
-    """(ops/s, CPU µs per op) of ``f()``, which returns its ops/s and
-    runs for ``seconds``."""
-    c0, t0 = cpu_s(), time.monotonic()
-    rate = f()
-    ops = rate * (time.monotonic() - t0)
-    return rate, (cpu_s() - c0) / max(ops, 1) * 1e6
+class Phase:
+    """One client's put phases, summed over the rounds: ops/s, and CPU µs
+    per put (all of this process's threads, ``getrusage``)."""
+
+    def __init__(self):
+        self.ops = self.seconds = self.cpu = 0.0
+
+    def run(self, f):
+        """Runs ``f()``, which returns its ops/s."""
+        c0, t0 = cpu_s(), time.monotonic()
+        rate = f()
+        elapsed = time.monotonic() - t0
+        self.ops += rate * elapsed
+        self.seconds += elapsed
+        self.cpu += cpu_s() - c0
+
+    @property
+    def rate(self):
+        return self.ops / max(self.seconds, 1e-9)
+
+    @property
+    def cpu_us(self):
+        return self.cpu / max(self.ops, 1) * 1e6
 
 
 async def async_puts(addr, prefix, size, tasks, seconds, io):
@@ -69,9 +86,12 @@ def main():
     ap.add_argument("--gets", type=int, default=20000)
     ap.add_argument("--size", type=int, default=10 * 1024)
     ap.add_argument("--tasks", type=int, default=16)
-    ap.add_argument("--seconds", type=float, default=3.0)
+    ap.add_argument("--seconds", type=float, default=3.0, help="each client's put time, in all")
+    ap.add_argument("--rounds", type=int, default=3, help="turns the put phases take")
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args()
+    if a.rounds < 1 or a.seconds <= 0:
+        ap.error("--rounds must be at least 1 and --seconds positive")
 
     c = sluice.Client(a.addr)
     key = "/vol/bench-py/get"
@@ -88,19 +108,23 @@ def main():
             c.get(key)
             py_ns.append(time.perf_counter_ns() - t0)
         rust_ns += _sluice._rust_get_latencies(a.addr, key, half)
-    py_put, py_cpu = measured(
-        lambda: asyncio.run(
-            async_puts(a.addr, "/vol/bench-py/p", a.size, a.tasks, a.seconds, "threads")
+    # The three clients take turns, in rounds, so that this machine's
+    # drift hits all of them alike.
+    threads, on_loop, rust = Phase(), Phase(), Phase()
+    each = a.seconds / a.rounds
+    for _ in range(a.rounds):
+        for phase, io, prefix in ((threads, "threads", "p"), (on_loop, "loop", "l")):
+            phase.run(
+                lambda: asyncio.run(
+                    async_puts(a.addr, f"/vol/bench-py/{prefix}", a.size, a.tasks, each, io)
+                )
+            )
+        rust.run(
+            lambda: _sluice._rust_put_throughput(a.addr, "/vol/bench-py/r", a.size, a.tasks, each)
         )
-    )
-    loop_put, loop_cpu = measured(
-        lambda: asyncio.run(
-            async_puts(a.addr, "/vol/bench-py/l", a.size, a.tasks, a.seconds, "loop")
-        )
-    )
-    rust_put, rust_cpu = measured(
-        lambda: _sluice._rust_put_throughput(a.addr, "/vol/bench-py/r", a.size, a.tasks, a.seconds)
-    )
+    py_put, py_cpu = threads.rate, threads.cpu_us
+    loop_put, loop_cpu = on_loop.rate, on_loop.cpu_us
+    rust_put, rust_cpu = rust.rate, rust.cpu_us
     py_get, rust_get = summary(py_ns), summary(rust_ns)
     result = {
         "get_us": {"python": py_get, "rust": rust_get, "ratio_p50": py_get[50] / rust_get[50]},
@@ -116,6 +140,7 @@ def main():
         "put_cpu_us": {"python": py_cpu, "python_loop": loop_cpu, "rust": rust_cpu},
         "size": a.size,
         "tasks": a.tasks,
+        "rounds": a.rounds,
     }
     if a.json:
         print(json.dumps(result, indent=2))
@@ -125,7 +150,7 @@ def main():
     for name, s in (("python", py_get), ("rust", rust_get)):
         print(f"  {name:8} {s[50]:8.1f} {s[99]:8.1f} {s[99.9]:8.1f}")
     print(f"  python / rust at p50: {result['get_us']['ratio_p50']:.2f}x  (target <= 1.3x)")
-    print(f"put {a.size // 1024} KB, {a.tasks} concurrent tasks, {a.seconds:.0f} s:")
+    print(f"put {a.size // 1024} KB, {a.tasks} concurrent tasks, {a.seconds:.0f} s each in {a.rounds} rounds:")
     print(f"  {'':31} {'ops/s':>8} {'CPU µs/put':>11}")
     for name, rate, cpu in (
         ('python (asyncio, io="threads")', py_put, py_cpu),
