@@ -12,6 +12,7 @@ import sys
 
 import pytest
 
+import sluice
 from sluice import bench_gpu
 
 
@@ -133,3 +134,27 @@ def test_a_run_whose_lambdas_failed_says_so(capsys):
     assert "WARNING: 4 lambda calls failed" in capsys.readouterr().err
     bench_udl.warn_failures({"failed_calls": 0, "last_error": None})
     assert capsys.readouterr().err == ""
+
+
+def test_the_client_benchmark_measures_both_asyncio_modes_and_the_rust_client(node):
+    # `sluice bench python`'s Python side, briefly: every client puts, in
+    # rounds, and the ratio reported is that of the mode io="auto" picks.
+    p = subprocess.run(
+        [sys.executable, "-m", "sluice.bench", "--addr", node.addr, "--gets", "200",
+         "--seconds", "0.6", "--rounds", "2", "--json"],
+        capture_output=True, text=True, timeout=300,
+    )
+    assert p.returncode == 0, p.stderr
+    r = json.loads(p.stdout)
+    puts, cpu = r["put_ops_per_s"], r["put_cpu_us"]
+    for k in ("python", "python_loop", "rust"):
+        assert puts[k] > 0 and cpu[k] > 0, (k, puts, cpu)
+    assert puts["default_io"] == sluice.default_io()
+    chosen = puts["python_loop"] if puts["default_io"] == "loop" else puts["python"]
+    assert puts["ratio_default"] == pytest.approx(chosen / puts["rust"])
+    assert r["rounds"] == 2
+    bad = subprocess.run(
+        [sys.executable, "-m", "sluice.bench", "--addr", node.addr, "--rounds", "0"],
+        capture_output=True, text=True, timeout=60,
+    )
+    assert bad.returncode == 2 and "--rounds must be at least 1" in bad.stderr
