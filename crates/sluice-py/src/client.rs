@@ -573,8 +573,9 @@ impl Client {
     }
 
     /// Turns a driven client's runtime (see `runtime::Exec::turn`): what
-    /// finished, and how many calls are still running.
-    fn _turn(&self, py: Python<'_>) -> (Vec<crate::runtime::Finished>, usize) {
+    /// finished, how many calls are still running, and whether to turn
+    /// again at once.
+    fn _turn(&self, py: Python<'_>) -> (Vec<crate::runtime::Finished>, usize, bool) {
         self.exec.turn(py)
     }
 

@@ -159,7 +159,7 @@ fn readable(fd: RawFd) -> bool {
         revents: 0,
     };
     // SAFETY: one valid pollfd, no wait.
-    unsafe { libc::poll(&mut p, 1, 0) == 1 }
+    unsafe { libc::poll(&mut p, 1, 0) == 1 && p.revents & libc::POLLIN != 0 }
 }
 
 /// Whether epoll descriptor `epfd` watches descriptor `fd`.
@@ -236,23 +236,33 @@ impl Driven {
     }
 
     /// Starts the calls queued, then runs every task that can go on,
-    /// reading what the sockets have, until nothing is left to do.
-    fn turn(&self) {
+    /// reading what the sockets have, until nothing is left to do, or for
+    /// at most `MAX_ROUNDS` looks at the sockets: then `true`, and the
+    /// loop must turn the runtime again soon (data that keeps arriving,
+    /// a busy watch, must not hold the event loop).
+    fn turn(&self) -> bool {
+        const MAX_ROUNDS: u32 = 16;
         let idle = self.idle.clone();
         let started = std::mem::take(&mut *self.started.lock());
         idle.turning.store(true, Ordering::Release);
         let mut started = Some(started);
-        self.rt.block_on(std::future::poll_fn(|cx| {
+        let mut rounds = 0;
+        let more = self.rt.block_on(std::future::poll_fn(|cx| {
             for call in started.take().into_iter().flatten() {
                 tokio::spawn(call);
             }
             if idle.idle.swap(false, Ordering::AcqRel) {
-                return Poll::Ready(());
+                return Poll::Ready(false);
             }
+            if rounds == MAX_ROUNDS {
+                return Poll::Ready(true);
+            }
+            rounds += 1;
             *idle.waker.lock() = Some(cx.waker().clone());
             Poll::Pending
         }));
         idle.turning.store(false, Ordering::Release);
+        more
     }
 }
 
@@ -304,14 +314,17 @@ impl Exec {
 
     /// Turns a driven runtime (with the GIL released), then takes what
     /// finished; also how many calls are still running, so that the loop
-    /// turns the runtime again for their timers while any are.
-    pub fn turn(&self, py: Python<'_>) -> (Vec<Finished>, usize) {
-        if let Some(d) = &self.driven {
-            py.detach(|| d.turn());
-        }
+    /// turns the runtime again for their timers while any are, and whether
+    /// the turn stopped with work left (turn again at once).
+    pub fn turn(&self, py: Python<'_>) -> (Vec<Finished>, usize, bool) {
+        let more = match &self.driven {
+            Some(d) => py.detach(|| d.turn()),
+            None => false,
+        };
         (
             self.completions.drain(py),
             self.completions.in_flight.load(Ordering::Relaxed),
+            more,
         )
     }
 }

@@ -201,3 +201,33 @@ def test_the_default_io_follows_the_cores_this_process_may_use(node, monkeypatch
         monkeypatch.setattr(os, "sched_getaffinity", lambda _pid, n=cores: set(range(n)))
         assert sluice.default_io() == io
         assert run(driven()) == (io == "loop")
+
+
+@IO
+def test_a_large_value_in_flight_does_not_hold_the_event_loop(node, io):
+    # While 16 MB arrive, the loop's other tasks keep running: with
+    # io="loop" a turn stops once the sockets have nothing, and after at
+    # most a bounded number of looks at them when data keeps coming.
+    async def main():
+        async with await sluice.AsyncClient.connect(node.addr, io=io) as c:
+            k = f"/vol/aio-big/{uuid.uuid4().hex}"
+            big = os.urandom(16 << 20)
+            await c.put(k, big)
+            ticks = 0
+
+            async def ticker():
+                nonlocal ticks
+                while True:
+                    await asyncio.sleep(0)
+                    ticks += 1
+
+            t = asyncio.ensure_future(ticker())
+            await asyncio.sleep(0)
+            try:
+                before = ticks
+                assert (await c.get(k)).value == big
+                assert ticks - before >= 2, ticks - before
+            finally:
+                t.cancel()
+
+    run(main())

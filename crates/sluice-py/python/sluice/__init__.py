@@ -488,11 +488,15 @@ class AsyncClient:
     def _turn(self) -> None:
         if self._c is None:
             return
-        finished, running = self._c._turn()
+        finished, running, more = self._c._turn()
         self._resolve(finished)
+        if more:
+            # The turn stopped with work left (data keeps arriving): go on
+            # after the loop's other callbacks.
+            self._loop.call_soon(self._turn)
         # Calls still running: turn again in a while even if no socket
         # becomes ready, for their timeouts and retries.
-        if running and self._tick is None:
+        elif running and self._tick is None:
             self._tick = self._loop.call_later(_TICK_S, self._on_tick)
 
     def _on_tick(self) -> None:
