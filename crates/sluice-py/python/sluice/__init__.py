@@ -36,10 +36,6 @@ import warnings
 from typing import Any, AsyncIterator, Callable, Iterator, List, Optional, Sequence
 
 from . import _sluice
-
-# While a driven AsyncClient has calls running, how often its runtime is
-# turned even when no socket is ready (for their timeouts and retries).
-_TICK_S = 0.002
 from ._sluice import (  # noqa: F401  (re-exported)
     NO_VERSION,
     Notification,
@@ -50,6 +46,11 @@ from ._sluice import (  # noqa: F401  (re-exported)
 from ._sluice import *  # noqa: F401,F403  (the exception classes)
 
 SluiceError = _sluice.SluiceError
+
+# While an AsyncClient with io="loop" has calls running, how often its
+# runtime is turned even when no socket is ready (for their timeouts and
+# retries).
+_TICK_S = 0.002
 
 __all__ = [
     "Client",
