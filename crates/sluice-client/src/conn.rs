@@ -70,6 +70,10 @@ async fn within<T>(
         })
 }
 
+/// Bytes of coalesced requests a connection queues before a sender has to
+/// write (and wait) itself (`Conn::queue_for_flush`).
+pub const MAX_QUEUED_BYTES: usize = 1 << 20;
+
 fn conn_err(reason: impl Into<String>) -> SluiceError {
     SluiceError::Connection {
         reason: reason.into(),
@@ -281,13 +285,7 @@ impl Conn {
     async fn send(&self, req: &Request, id: u64, flags: u8) -> Result<()> {
         let part = self.part_bytes.load(Ordering::Relaxed);
         let Some(value) = req.value().filter(|v| part > 0 && v.len() > part) else {
-            if self.coalesce.load(Ordering::Relaxed) {
-                req.encode(&mut self.queued.lock(), id, flags);
-                if !self.flush_due.swap(true, Ordering::AcqRel) {
-                    if let Some(me) = self.me.upgrade() {
-                        tokio::spawn(async move { me.flush().await });
-                    }
-                }
+            if self.coalesce.load(Ordering::Relaxed) && self.queue_for_flush(req, id, flags) {
                 return Ok(());
             }
             let mut q = OutQueue::new();
@@ -307,6 +305,27 @@ impl Conn {
         self.write_queue(q).await
     }
 
+    /// Queues a request for the flush task (spawning it when none is
+    /// due); `false`, queueing nothing, once `MAX_QUEUED_BYTES` wait
+    /// already: the caller then writes itself, and so waits for the
+    /// socket (requests that expect no reply hold no in-flight permit, so
+    /// nothing else would bound the queue).
+    fn queue_for_flush(&self, req: &Request, id: u64, flags: u8) -> bool {
+        {
+            let mut q = self.queued.lock();
+            if q.len() >= MAX_QUEUED_BYTES {
+                return false;
+            }
+            req.encode(&mut q, id, flags);
+        }
+        if !self.flush_due.swap(true, Ordering::AcqRel) {
+            if let Some(me) = self.me.upgrade() {
+                tokio::spawn(async move { me.flush().await });
+            }
+        }
+        true
+    }
+
     /// Writes what coalescing queued (see `set_coalesce_writes`).
     async fn flush(&self) {
         let mut w = self.writer.lock().await;
@@ -322,18 +341,21 @@ impl Conn {
 
     async fn write_queue(&self, q: OutQueue) -> Result<()> {
         let mut w = self.writer.lock().await;
-        // Requests queued for a flush were sent before this one.
-        let earlier = std::mem::take(&mut *self.queued.lock());
-        if let Err(e) = self.write_out(&mut w, earlier).await {
-            drop(w);
-            self.fail_waiters();
-            return Err(e);
+        if self.coalesce.load(Ordering::Relaxed) {
+            // Requests queued for a flush were sent before this one.
+            let earlier = std::mem::take(&mut *self.queued.lock());
+            if let Err(e) = self.write_out(&mut w, earlier).await {
+                drop(w);
+                self.fail_waiters();
+                return Err(e);
+            }
         }
         self.write_out(&mut w, q).await
     }
 
     async fn write_out(&self, w: &mut WriteHalf, mut q: OutQueue) -> Result<()> {
         if q.is_empty() {
+            // Nothing to write (an empty flush): no TLS flush either.
             return Ok(());
         }
         while !q.is_empty() {

@@ -20,7 +20,7 @@ pub use blocking::{BlockingClient, BlockingWatch};
 pub use client::{Client, ClientConfig, Notification, Watch};
 /// One pipelined connection to one node (what `Client` pools; nodes use it
 /// to talk to each other).
-pub use conn::Conn;
+pub use conn::{Conn, MAX_QUEUED_BYTES};
 /// The hash that places a key on a shard of its pool (of its affinity key,
 /// where the pool has an affinity regex): shard = hash % shards.
 pub use sluice_types::fnv1a64;

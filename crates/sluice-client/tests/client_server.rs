@@ -1151,6 +1151,38 @@ async fn requests_started_together_go_out_in_one_write_when_coalesced() {
     s.stop().await;
 }
 
+/// Coalesced requests queue up to `MAX_QUEUED_BYTES`; past that a sender
+/// writes itself instead of queueing more, so the queue stays bounded even
+/// before the flush task has run, and every request is still answered.
+#[tokio::test]
+async fn coalesced_requests_queue_only_up_to_a_bound() {
+    use std::future::Future;
+    let s = start(|_| {}).await;
+    let t = Duration::from_secs(10);
+    let c = sluice_client::Conn::connect(s.addr, "bound", t)
+        .await
+        .unwrap();
+    c.set_coalesce_writes(true);
+    let size = sluice_client::MAX_QUEUED_BYTES / 2;
+    let reqs: Vec<_> = (0..6u8)
+        .map(|i| put_req(&format!("/vol/bound/{i}"), vec![i; size]))
+        .collect();
+    let before = c.writes();
+    let mut calls: Vec<_> = reqs.iter().map(|r| Box::pin(c.call(r, t))).collect();
+    // One poll each, with nothing else run in between (the flush task
+    // cannot have run yet): past the bound the callers wrote themselves.
+    let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+    for call in &mut calls {
+        assert!(call.as_mut().poll(&mut cx).is_pending());
+    }
+    assert!(c.writes() > before, "3 MB queued and nothing written");
+    for call in calls {
+        let r = call.await;
+        assert!(matches!(r, Ok(sluice_wire::Response::PutOk(_))), "{r:?}");
+    }
+    s.stop().await;
+}
+
 /// A small request on the connection a large put is being written to:
 /// with the value sent in parts it goes out between two parts and is
 /// answered first; sent whole, it waits for the whole value (the order

@@ -561,8 +561,10 @@ impl Client {
         self.call(py, future, move |c| async move { c.stats().await }, json)
     }
 
-    /// The eventfd that is readable when asynchronous calls finished (the
-    /// event loop watches it and then calls `_drain`).
+    /// The descriptor the event loop watches, and whether the client is
+    /// driven: its runtime's epoll descriptor (readable: call `_turn`), or
+    /// the eventfd readable when asynchronous calls finished (call
+    /// `_drain`).
     fn _completion_fd(&self) -> (i32, bool) {
         self.exec.fd()
     }

@@ -115,8 +115,6 @@ pub type Finished = (Py<PyAny>, bool, Py<PyAny>);
 /// A client's own single-threaded runtime, turned by the event loop.
 struct Driven {
     rt: tokio::runtime::Runtime,
-    /// The runtime's epoll descriptor: readable when one of its sockets is.
-    epfd: RawFd,
     idle: Arc<Idle>,
     /// Calls started since the last turn, spawned by the next one (from
     /// inside the runtime: a spawn from outside would signal the runtime
@@ -135,6 +133,8 @@ struct Idle {
     turning: AtomicBool,
     idle: AtomicBool,
     waker: Mutex<Option<Waker>>,
+    /// The runtime's epoll descriptor: readable when one of its sockets is
+    /// (known once the runtime is built, hence atomic).
     epfd: AtomicUsize,
 }
 
@@ -221,7 +221,6 @@ impl Driven {
         idle.epfd.store(epfd as usize, Ordering::Relaxed);
         Some(Driven {
             rt,
-            epfd,
             idle,
             started: Mutex::new(Vec::new()),
         })
@@ -302,7 +301,7 @@ impl Exec {
     /// (readable: drain them). And whether the client is driven.
     pub fn fd(&self) -> (RawFd, bool) {
         match &self.driven {
-            Some(d) => (d.epfd, true),
+            Some(d) => (d.idle.epfd.load(Ordering::Relaxed) as RawFd, true),
             None => (self.completions.fd.as_raw_fd(), false),
         }
     }
