@@ -155,6 +155,19 @@ impl Client {
         )
     }
 
+    /// `put` into an asyncio future, all arguments positional: the hot
+    /// path of `AsyncClient.put`, spared keyword parsing.
+    fn _put_async(
+        &self,
+        py: Python<'_>,
+        key: String,
+        value: &Bound<'_, PyAny>,
+        previous_version: Option<u64>,
+        future: Py<PyAny>,
+    ) -> PyResult<Py<PyAny>> {
+        self.put(py, key, value, previous_version, Some(future))
+    }
+
     #[pyo3(signature = (key, value, *, future = None))]
     fn put_and_forget(
         &self,
@@ -569,15 +582,15 @@ impl Client {
         self.exec.fd()
     }
 
-    /// The asynchronous calls finished so far: `(future, ok, value)`.
-    fn _drain(&self, py: Python<'_>) -> Vec<crate::runtime::Finished> {
+    /// Completes the asyncio futures of the calls finished so far.
+    fn _drain(&self, py: Python<'_>) -> PyResult<()> {
         self.exec.drain(py)
     }
 
-    /// Turns a driven client's runtime (see `runtime::Exec::turn`): what
-    /// finished, how many calls are still running, and whether to turn
-    /// again at once.
-    fn _turn(&self, py: Python<'_>) -> (Vec<crate::runtime::Finished>, usize, bool) {
+    /// Turns a driven client's runtime and completes the futures of what
+    /// finished (see `runtime::Exec::turn`): how many calls are still
+    /// running, and whether to turn again at once.
+    fn _turn(&self, py: Python<'_>) -> PyResult<(usize, bool)> {
         self.exec.turn(py)
     }
 

@@ -89,28 +89,38 @@ impl Completions {
         }
     }
 
-    /// Everything finished so far: `(future, ok, value)` for each (the
-    /// value is the exception when not ok). Resets the eventfd.
-    fn drain(&self, py: Python<'_>) -> Vec<Finished> {
+    /// Completes the asyncio future of everything finished so far (a
+    /// future cancelled meanwhile is left as it is) and resets the
+    /// eventfd. Done here rather than in Python: no tuple per call, no
+    /// loop in the interpreter.
+    fn resolve(&self, py: Python<'_>) -> PyResult<()> {
         if self.signal {
             let mut v: u64 = 0;
             // SAFETY: reading 8 bytes into a u64 from a non-blocking eventfd.
             unsafe { libc::read(self.fd.as_raw_fd(), (&mut v as *mut u64).cast(), 8) };
         }
         let items = std::mem::take(&mut *self.queue.lock());
-        items
-            .into_iter()
-            .map(|(fut, done)| match done(py) {
-                Ok(v) => (fut, true, v),
-                Err(e) => (fut, false, e.into_value(py).into_any()),
-            })
-            .collect()
+        let mut first_error = None;
+        for (fut, done) in items {
+            let fut = fut.bind(py);
+            let set = match done(py) {
+                Ok(v) => fut.call_method1(pyo3::intern!(py, "set_result"), (v,)),
+                Err(e) => fut.call_method1(pyo3::intern!(py, "set_exception"), (e.into_value(py),)),
+            };
+            // Only a cancelled future refuses its result (`InvalidStateError`).
+            if let Err(e) = set {
+                let cancelled = fut
+                    .call_method0(pyo3::intern!(py, "cancelled"))
+                    .and_then(|c| c.is_truthy())
+                    .unwrap_or(false);
+                if !cancelled && first_error.is_none() {
+                    first_error = Some(e);
+                }
+            }
+        }
+        first_error.map_or(Ok(()), Err)
     }
 }
-
-/// A finished call as the event loop takes it: the future, whether it
-/// succeeded, and its value (or exception).
-pub type Finished = (Py<PyAny>, bool, Py<PyAny>);
 
 /// A client's own single-threaded runtime, turned by the event loop.
 struct Driven {
@@ -187,6 +197,23 @@ fn epoll_fds() -> std::io::Result<Vec<RawFd>> {
     Ok(v)
 }
 
+/// How often the anchor's timer comes due (see `anchor`): sooner than
+/// any call's deadline (`ClientConfig::attempt_timeout` is 1 s).
+const ANCHOR_EVERY: std::time::Duration = std::time::Duration::from_millis(250);
+
+/// Keeps a timer in the runtime's timer wheel at all times. When tokio's
+/// time driver parks with no timer in its wheel, every timer armed before
+/// it parks again (each call arms one, for its timeout) signals the
+/// runtime's eventfd, in case the new deadline is sooner than the park's:
+/// a `write` per call. With this timer due within `ANCHOR_EVERY`, a call's
+/// later deadline signals nothing. A driven runtime runs only inside a
+/// turn, so the anchor costs nothing while the client is idle.
+async fn anchor() {
+    loop {
+        tokio::time::sleep(ANCHOR_EVERY).await;
+    }
+}
+
 impl Driven {
     /// A runtime for one client, or `None` where its epoll descriptor
     /// cannot be found (not Linux, no `/proc`): the client then runs on
@@ -219,6 +246,7 @@ impl Driven {
             .find(|fd| watches(*fd, probe_fd))?;
         rt.block_on(async move { drop(registered) });
         idle.epfd.store(epfd as usize, Ordering::Relaxed);
+        rt.spawn(anchor());
         Some(Driven {
             rt,
             idle,
@@ -306,25 +334,24 @@ impl Exec {
         }
     }
 
-    /// The asynchronous calls finished so far (see `Completions::drain`).
-    pub fn drain(&self, py: Python<'_>) -> Vec<Finished> {
-        self.completions.drain(py)
+    /// Completes the futures of the asynchronous calls finished so far
+    /// (see `Completions::resolve`).
+    pub fn drain(&self, py: Python<'_>) -> PyResult<()> {
+        self.completions.resolve(py)
     }
 
-    /// Turns a driven runtime (with the GIL released), then takes what
-    /// finished; also how many calls are still running, so that the loop
-    /// turns the runtime again for their timers while any are, and whether
-    /// the turn stopped with work left (turn again at once).
-    pub fn turn(&self, py: Python<'_>) -> (Vec<Finished>, usize, bool) {
+    /// Turns a driven runtime (with the GIL released), then completes the
+    /// futures of what finished; returns how many calls are still running,
+    /// so that the loop turns the runtime again for their timers while any
+    /// are, and whether the turn stopped with work left (turn again at
+    /// once).
+    pub fn turn(&self, py: Python<'_>) -> PyResult<(usize, bool)> {
         let more = match &self.driven {
             Some(d) => py.detach(|| d.turn()),
             None => false,
         };
-        (
-            self.completions.drain(py),
-            self.completions.in_flight.load(Ordering::Relaxed),
-            more,
-        )
+        self.completions.resolve(py)?;
+        Ok((self.completions.in_flight.load(Ordering::Relaxed), more))
     }
 }
 
@@ -352,6 +379,11 @@ where
     };
     let completions = exec.completions.clone();
     completions.in_flight.fetch_add(1, Ordering::Relaxed);
+    // The call's future is large (a put's is over 3 KB: routing, retries,
+    // the timeout), and an async block that awaits a future it captured
+    // holds it twice; boxed, it is copied once, and the task that moves
+    // through the queues is a few words.
+    let work = Box::pin(work);
     let task = async move {
         let r = work.await;
         completions.push(

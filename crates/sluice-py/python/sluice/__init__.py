@@ -468,17 +468,8 @@ class AsyncClient:
         self._fd, self._driven = self._c._completion_fd()
         loop.add_reader(self._fd, self._turn if self._driven else self._drain)
 
-    def _resolve(self, finished: List[Any]) -> None:
-        for fut, ok, value in finished:
-            if fut.cancelled():
-                continue
-            if ok:
-                fut.set_result(value)
-            else:
-                fut.set_exception(value)
-
     def _drain(self) -> None:
-        self._resolve(self._c._drain())
+        self._c._drain()  # completes the futures of the calls that finished
 
     def _started(self, due: Optional[bool]) -> None:
         """After a call was started: turn the client's runtime soon, once
@@ -489,8 +480,7 @@ class AsyncClient:
     def _turn(self) -> None:
         if self._c is None:
             return
-        finished, running, more = self._c._turn()
-        self._resolve(finished)
+        running, more = self._c._turn()  # completes what finished
         if more:
             # The turn stopped with work left (data keeps arriving): go on
             # after the loop's other callbacks.
@@ -564,7 +554,7 @@ class AsyncClient:
     async def put(self, key: str, value: Any, *, previous_version: Optional[int] = None) -> PutResult:
         # The hot path, spelled out (no generic wrapper).
         fut = self._loop.create_future()
-        if self._c.put(key, value, previous_version=previous_version, future=fut):
+        if self._c._put_async(key, value, previous_version, fut):
             self._loop.call_soon(self._turn)  # _started, inlined
         return await fut
 
