@@ -54,23 +54,28 @@ type Done = Box<dyn FnOnce(Python<'_>) -> PyResult<Py<PyAny>> + Send>;
 /// on the loop's thread itself and signal nothing.
 pub struct Completions {
     queue: Mutex<Vec<(Py<PyAny>, Done)>>,
-    fd: OwnedFd,
-    signal: bool,
+    /// The eventfd signalled when the queue stops being empty (clients on
+    /// the shared runtime; a driven client has none).
+    fd: Option<OwnedFd>,
     in_flight: AtomicUsize,
 }
 
 impl Completions {
     fn new(signal: bool) -> std::io::Result<Completions> {
-        // SAFETY: eventfd returns a new descriptor or -1.
-        let fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
-        if fd < 0 {
-            return Err(std::io::Error::last_os_error());
-        }
+        let fd = if signal {
+            // SAFETY: eventfd returns a new descriptor or -1.
+            let fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
+            if fd < 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            // SAFETY: a fresh descriptor owned here.
+            Some(unsafe { OwnedFd::from_raw_fd(fd) })
+        } else {
+            None
+        };
         Ok(Completions {
             queue: Mutex::new(Vec::new()),
-            // SAFETY: a fresh descriptor owned here.
-            fd: unsafe { OwnedFd::from_raw_fd(fd) },
-            signal,
+            fd,
             in_flight: AtomicUsize::new(0),
         })
     }
@@ -82,10 +87,10 @@ impl Completions {
             q.len() == 1
         };
         self.in_flight.fetch_sub(1, Ordering::Relaxed);
-        if was_empty && self.signal {
+        if let (true, Some(fd)) = (was_empty, &self.fd) {
             let one: u64 = 1;
             // SAFETY: 8 bytes from a valid u64 to an eventfd.
-            unsafe { libc::write(self.fd.as_raw_fd(), (&one as *const u64).cast(), 8) };
+            unsafe { libc::write(fd.as_raw_fd(), (&one as *const u64).cast(), 8) };
         }
     }
 
@@ -94,10 +99,10 @@ impl Completions {
     /// eventfd. Done here rather than in Python: no tuple per call, no
     /// loop in the interpreter.
     fn resolve(&self, py: Python<'_>) -> PyResult<()> {
-        if self.signal {
+        if let Some(fd) = &self.fd {
             let mut v: u64 = 0;
             // SAFETY: reading 8 bytes into a u64 from a non-blocking eventfd.
-            unsafe { libc::read(self.fd.as_raw_fd(), (&mut v as *mut u64).cast(), 8) };
+            unsafe { libc::read(fd.as_raw_fd(), (&mut v as *mut u64).cast(), 8) };
         }
         let items = std::mem::take(&mut *self.queue.lock());
         let mut first_error = None;
@@ -330,7 +335,11 @@ impl Exec {
     pub fn fd(&self) -> (RawFd, bool) {
         match &self.driven {
             Some(d) => (d.idle.epfd.load(Ordering::Relaxed) as RawFd, true),
-            None => (self.completions.fd.as_raw_fd(), false),
+            // Made with an eventfd whenever not driven (`Exec::new`).
+            None => (
+                self.completions.fd.as_ref().map_or(-1, |f| f.as_raw_fd()),
+                false,
+            ),
         }
     }
 
