@@ -583,14 +583,14 @@ impl Client {
     }
 
     /// Completes the asyncio futures of the calls finished so far.
-    fn _drain(&self, py: Python<'_>) -> PyResult<()> {
+    fn _drain(&self, py: Python<'_>) {
         self.exec.drain(py)
     }
 
     /// Turns a driven client's runtime and completes the futures of what
     /// finished (see `runtime::Exec::turn`): how many calls are still
     /// running, and whether to turn again at once.
-    fn _turn(&self, py: Python<'_>) -> PyResult<(usize, bool)> {
+    fn _turn(&self, py: Python<'_>) -> (usize, bool) {
         self.exec.turn(py)
     }
 

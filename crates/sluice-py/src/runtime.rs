@@ -98,32 +98,32 @@ impl Completions {
     /// future cancelled meanwhile is left as it is) and resets the
     /// eventfd. Done here rather than in Python: no tuple per call, no
     /// loop in the interpreter.
-    fn resolve(&self, py: Python<'_>) -> PyResult<()> {
+    fn resolve(&self, py: Python<'_>) {
         if let Some(fd) = &self.fd {
             let mut v: u64 = 0;
             // SAFETY: reading 8 bytes into a u64 from a non-blocking eventfd.
             unsafe { libc::read(fd.as_raw_fd(), (&mut v as *mut u64).cast(), 8) };
         }
         let items = std::mem::take(&mut *self.queue.lock());
-        let mut first_error = None;
         for (fut, done) in items {
             let fut = fut.bind(py);
             let set = match done(py) {
                 Ok(v) => fut.call_method1(pyo3::intern!(py, "set_result"), (v,)),
                 Err(e) => fut.call_method1(pyo3::intern!(py, "set_exception"), (e.into_value(py),)),
             };
-            // Only a cancelled future refuses its result (`InvalidStateError`).
+            // Only a cancelled future refuses its result (`InvalidStateError`);
+            // anything else is reported (`sys.unraisablehook`), and the
+            // other futures are still completed.
             if let Err(e) = set {
                 let cancelled = fut
                     .call_method0(pyo3::intern!(py, "cancelled"))
                     .and_then(|c| c.is_truthy())
                     .unwrap_or(false);
-                if !cancelled && first_error.is_none() {
-                    first_error = Some(e);
+                if !cancelled {
+                    e.write_unraisable(py, Some(fut));
                 }
             }
         }
-        first_error.map_or(Ok(()), Err)
     }
 }
 
@@ -345,7 +345,7 @@ impl Exec {
 
     /// Completes the futures of the asynchronous calls finished so far
     /// (see `Completions::resolve`).
-    pub fn drain(&self, py: Python<'_>) -> PyResult<()> {
+    pub fn drain(&self, py: Python<'_>) {
         self.completions.resolve(py)
     }
 
@@ -354,13 +354,13 @@ impl Exec {
     /// so that the loop turns the runtime again for their timers while any
     /// are, and whether the turn stopped with work left (turn again at
     /// once).
-    pub fn turn(&self, py: Python<'_>) -> PyResult<(usize, bool)> {
+    pub fn turn(&self, py: Python<'_>) -> (usize, bool) {
         let more = match &self.driven {
             Some(d) => py.detach(|| d.turn()),
             None => false,
         };
-        self.completions.resolve(py)?;
-        Ok((self.completions.in_flight.load(Ordering::Relaxed), more))
+        self.completions.resolve(py);
+        (self.completions.in_flight.load(Ordering::Relaxed), more)
     }
 }
 
