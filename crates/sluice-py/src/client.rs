@@ -132,7 +132,9 @@ impl Client {
         Ok(Client { inner, exec })
     }
 
-    #[pyo3(signature = (key, value, *, previous_version = None, future = None))]
+    // Positional as well as keyword arguments: `AsyncClient.put`, the hot
+    // path, passes them by position (no keyword parsing).
+    #[pyo3(signature = (key, value, previous_version = None, future = None))]
     fn put(
         &self,
         py: Python<'_>,
@@ -153,19 +155,6 @@ impl Client {
             },
             put_result,
         )
-    }
-
-    /// `put` into an asyncio future, all arguments positional: the hot
-    /// path of `AsyncClient.put`, spared keyword parsing.
-    fn _put_async(
-        &self,
-        py: Python<'_>,
-        key: String,
-        value: &Bound<'_, PyAny>,
-        previous_version: Option<u64>,
-        future: Py<PyAny>,
-    ) -> PyResult<Py<PyAny>> {
-        self.put(py, key, value, previous_version, Some(future))
     }
 
     #[pyo3(signature = (key, value, *, future = None))]

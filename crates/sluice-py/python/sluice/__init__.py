@@ -554,7 +554,7 @@ class AsyncClient:
     async def put(self, key: str, value: Any, *, previous_version: Optional[int] = None) -> PutResult:
         # The hot path, spelled out (no generic wrapper).
         fut = self._loop.create_future()
-        if self._c._put_async(key, value, previous_version, fut):
+        if self._c.put(key, value, previous_version, fut):  # by position: no keyword parsing
             self._loop.call_soon(self._turn)  # _started, inlined
         return await fut
 
