@@ -9,6 +9,7 @@ import importlib.util
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -158,3 +159,23 @@ def test_the_client_benchmark_measures_both_asyncio_modes_and_the_rust_client(no
         capture_output=True, text=True, timeout=60,
     )
     assert bad.returncode == 2 and "--rounds must be at least 1" in bad.stderr
+
+
+def test_the_cpu_per_put_benchmark_measures_the_package_it_runs(node):
+    # `sluice.bench_cpu`, which `scripts/pair-python-builds` runs over two
+    # builds at once: it puts, and counts CPU and switches per put.
+    r = subprocess.run(
+        [sys.executable, "-m", "sluice.bench_cpu", "--addr", node.addr, "--io", "loop",
+         "--seconds", "0.8", "--tasks", "4", "--size", "1024", "--node-pid", str(node.proc.pid), "--json"],
+        capture_output=True, text=True, timeout=60,
+    )
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert out["io"] == "loop" and out["puts"] > 0 and out["ops_per_s"] > 0
+    assert out["client_cpu_us"] > 0 and out["node_cpu_us"] is not None
+    assert out["package"] == str(Path(sluice.__file__).parent)
+    bad = subprocess.run(
+        [sys.executable, "-m", "sluice.bench_cpu", "--addr", node.addr, "--tasks", "0"],
+        capture_output=True, text=True, timeout=60,
+    )
+    assert bad.returncode == 2 and "--tasks must be at least 1" in bad.stderr
