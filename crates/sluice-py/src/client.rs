@@ -110,7 +110,9 @@ impl Client {
             ["tls_ca", "tls_cert", "tls_key"],
         )
         .map_err(|e| pyo3::exceptions::PyValueError::new_err(e.to_string()))?;
-        let exec = Exec::new(driven).map_err(|e| {
+        let request_timeout = Duration::from_micros(micros(timeout_s)?);
+        let shortest = request_timeout.min(ClientConfig::default().attempt_timeout);
+        let exec = Exec::new(driven, shortest).map_err(|e| {
             pyo3::exceptions::PyOSError::new_err(format!("creating the client's eventfd: {e}"))
         })?;
         let cfg = ClientConfig {
@@ -120,7 +122,7 @@ impl Client {
             addr,
             connections: connections.max(1),
             connect_timeout: Duration::from_micros(micros(connect_timeout_s)?),
-            request_timeout: Duration::from_micros(micros(timeout_s)?),
+            request_timeout,
             client_name: name,
             // The event loop's runtime starts a pass's calls together.
             coalesce_writes: exec.fd().1,

@@ -24,6 +24,7 @@ use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::task::{Poll, Waker};
+use std::time::Duration;
 
 static RUNTIME: OnceLock<tokio::runtime::Runtime> = OnceLock::new();
 
@@ -202,20 +203,27 @@ fn epoll_fds() -> std::io::Result<Vec<RawFd>> {
     Ok(v)
 }
 
-/// How often the anchor's timer comes due (see `anchor`): sooner than
-/// any call's deadline (`ClientConfig::attempt_timeout` is 1 s).
-const ANCHOR_EVERY: std::time::Duration = std::time::Duration::from_millis(250);
+/// How often the anchor's timer comes due at most (see `anchor`).
+const ANCHOR_EVERY: Duration = Duration::from_millis(250);
+
+/// The anchor's period for a client whose calls time out after
+/// `shortest` at the soonest: half that (a call's deadline then always
+/// comes after the anchor's), at most `ANCHOR_EVERY`, at least 1 ms.
+fn anchor_every(shortest: Duration) -> Duration {
+    (shortest / 2).clamp(Duration::from_millis(1), ANCHOR_EVERY)
+}
 
 /// Keeps a timer in the runtime's timer wheel at all times. When tokio's
 /// time driver parks with no timer in its wheel, every timer armed before
 /// it parks again (each call arms one, for its timeout) signals the
 /// runtime's eventfd, in case the new deadline is sooner than the park's:
-/// a `write` per call. With this timer due within `ANCHOR_EVERY`, a call's
-/// later deadline signals nothing. A driven runtime runs only inside a
-/// turn, so the anchor costs nothing while the client is idle.
-async fn anchor() {
+/// a `write` per call. With this timer due within `every`, sooner than
+/// any call's deadline, a call's timer signals nothing. A driven runtime
+/// runs only inside a turn, so the anchor costs nothing while the client
+/// is idle.
+async fn anchor(every: Duration) {
     loop {
-        tokio::time::sleep(ANCHOR_EVERY).await;
+        tokio::time::sleep(every).await;
     }
 }
 
@@ -223,7 +231,7 @@ impl Driven {
     /// A runtime for one client, or `None` where its epoll descriptor
     /// cannot be found (not Linux, no `/proc`): the client then runs on
     /// the shared runtime.
-    fn new() -> Option<Driven> {
+    fn new(anchor_every: Duration) -> Option<Driven> {
         let idle = Arc::new(Idle {
             turning: AtomicBool::new(false),
             idle: AtomicBool::new(false),
@@ -251,7 +259,7 @@ impl Driven {
             .find(|fd| watches(*fd, probe_fd))?;
         rt.block_on(async move { drop(registered) });
         idle.epfd.store(epfd as usize, Ordering::Relaxed);
-        rt.spawn(anchor());
+        rt.spawn(anchor(anchor_every));
         Some(Driven {
             rt,
             idle,
@@ -308,10 +316,11 @@ pub struct Exec {
 
 impl Exec {
     /// On the shared runtime, or (`driven`) on a runtime of its own that
-    /// the event loop turns, where one can be had.
-    pub fn new(driven: bool) -> std::io::Result<Exec> {
+    /// the event loop turns, where one can be had; `shortest` is the
+    /// soonest a call of the client times out.
+    pub fn new(driven: bool, shortest: Duration) -> std::io::Result<Exec> {
         let driven = if driven {
-            Driven::new().map(Arc::new)
+            Driven::new(anchor_every(shortest)).map(Arc::new)
         } else {
             None
         };
