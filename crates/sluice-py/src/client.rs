@@ -111,7 +111,12 @@ impl Client {
         )
         .map_err(|e| pyo3::exceptions::PyValueError::new_err(e.to_string()))?;
         let request_timeout = Duration::from_micros(micros(timeout_s)?);
-        let shortest = request_timeout.min(ClientConfig::default().attempt_timeout);
+        let connect_timeout = Duration::from_micros(micros(connect_timeout_s)?);
+        // The soonest any timer of a call comes due: a request, one
+        // attempt of it, or a reconnect.
+        let shortest = request_timeout
+            .min(connect_timeout)
+            .min(ClientConfig::default().attempt_timeout);
         let exec = Exec::new(driven, shortest).map_err(|e| {
             pyo3::exceptions::PyOSError::new_err(format!("creating the client's eventfd: {e}"))
         })?;
@@ -121,7 +126,7 @@ impl Client {
             value_part_bytes,
             addr,
             connections: connections.max(1),
-            connect_timeout: Duration::from_micros(micros(connect_timeout_s)?),
+            connect_timeout,
             request_timeout,
             client_name: name,
             // The event loop's runtime starts a pass's calls together.

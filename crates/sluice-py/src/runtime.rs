@@ -206,8 +206,8 @@ fn epoll_fds() -> std::io::Result<Vec<RawFd>> {
 /// How often the anchor's timer comes due at most (see `anchor`).
 const ANCHOR_EVERY: Duration = Duration::from_millis(250);
 
-/// The anchor's period for a client whose calls time out after
-/// `shortest` at the soonest: half that (a call's deadline then always
+/// The anchor's period for a client whose calls' timers (request,
+/// attempt, reconnect) come due after `shortest` at the soonest: half that (a call's deadline then always
 /// comes after the anchor's), at most `ANCHOR_EVERY`, at least 1 ms.
 fn anchor_every(shortest: Duration) -> Duration {
     (shortest / 2).clamp(Duration::from_millis(1), ANCHOR_EVERY)

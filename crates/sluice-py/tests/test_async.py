@@ -106,6 +106,49 @@ def test_a_call_cancelled_in_flight_completes_nothing_and_reports_nothing(node, 
     assert reported == []
 
 
+def test_a_future_that_refuses_its_result_is_reported_and_the_others_complete(node, monkeypatch):
+    # What completes the futures (in the extension) sets each one's result;
+    # a future that refuses it without being cancelled is reported through
+    # sys.unraisablehook, a cancelled one is left quietly, and neither
+    # keeps the other calls' futures from completing.
+    reported = []
+    monkeypatch.setattr(sys, "unraisablehook", reported.append)
+
+    class Refusing:
+        def __init__(self, cancelled):
+            self._cancelled = cancelled
+
+        def set_result(self, value):
+            raise RuntimeError("this future refuses results")
+
+        set_exception = set_result
+
+        def cancelled(self):
+            return self._cancelled
+
+    async def main():
+        async with await sluice.AsyncClient.connect(node.addr, io="loop") as c:
+            k = "/vol/refusing/" + uuid.uuid4().hex
+            refusing, cancelled = Refusing(False), Refusing(True)
+            ok = asyncio.get_running_loop().create_future()
+            # The extension's own put, as AsyncClient.put calls it; the
+            # runtime is turned here, without yielding to the loop.
+            for i, fut in enumerate((refusing, cancelled, ok)):
+                c._c.put(f"{k}/{i}", b"v", None, fut)
+            deadline = time.monotonic() + 10
+            running = 3
+            while running:
+                assert time.monotonic() < deadline, "the puts did not finish"
+                running, _ = c._c._turn()
+            assert (await ok).version > 0
+
+    run(main())
+    assert len(reported) == 1, reported
+    assert reported[0].object.__class__.__name__ == "Refusing"
+    assert reported[0].object._cancelled is False
+    assert "refuses results" in str(reported[0].exc_value)
+
+
 @IO
 def test_a_bytes_value_is_sent_from_its_own_buffer(node, io):
     import sys
