@@ -103,6 +103,24 @@ impl Op for LinOp {
     }
 }
 
+/// A put and then a stable get of the same key by the same client (read
+/// your writes): the get goes to the members in turn and must see the
+/// put, so a follower that has not applied it yet costs a second try.
+#[derive(Clone)]
+struct PutThenGet(SluiceOp);
+
+impl Op for PutThenGet {
+    async fn call(&mut self, i: u64) -> Result<()> {
+        let key = format!("{}/{}", self.0.prefix, i % 64);
+        self.0.client.put(&key, self.0.value.clone()).await?;
+        let o = self.0.client.get(&key).await?;
+        if o.value.len() != self.0.value.len() {
+            bail!("short read");
+        }
+        Ok(())
+    }
+}
+
 /// The members' page-fault count a third into a phase of length `dur`
 /// (the first third warms the log, the pools and the allocator up).
 fn steady_faults(procs: &Procs, dur: Duration) -> tokio::task::JoinHandle<u64> {
@@ -348,6 +366,8 @@ pub fn run(a: ClusterBenchArgs, json: bool) -> Result<()> {
                 rows.push(row(&target, "get_stable", size, "closed", 1, (&r.0, r.1, r.2)));
                 let r = closed_loop(vec![LinOp(op(c0.clone(), "get"))], dur, format!("{target} linearizable get {}", fmt_size(size))).await;
                 rows.push(row(&target, "get_linearizable", size, "closed", 1, (&r.0, r.1, r.2)));
+                let r = closed_loop(vec![PutThenGet(op(c0.clone(), "put"))], dur, format!("{target} put then get {}", fmt_size(size))).await;
+                rows.push(row(&target, "put_then_get", size, "closed", 1, (&r.0, r.1, r.2)));
             }
             if n >= 3 {
                 let mut times = Vec::new();

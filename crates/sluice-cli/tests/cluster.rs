@@ -1751,6 +1751,62 @@ async fn large_consensus_messages_use_a_bulk_connection_of_their_own() {
     c.kill(leader);
 }
 
+/// Issue #20: a follower hears of each commit with the next write's
+/// entries when they come within `commit_hold_us`, not in a message of
+/// its own per write; with the hold off, it gets one per write. Counted
+/// from the follower's `cluster status` (`appends_received`,
+/// `empty_appends_received`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_commit_rides_on_the_next_entries_within_the_hold() {
+    let _serial = SERIAL.lock().await;
+    const PUTS: u64 = 100;
+    // A hold far longer than a put's round trip, so that every next put
+    // comes within it even on a slow machine.
+    for hold_us in [20_000u64, 0] {
+        let c = Cluster::start_nodes_with(3, ALL_THREE, &format!("commit_hold_us = {hold_us}"));
+        c.ready().await;
+        let client = c.client(1).await;
+        client.put("/vol/hold/warm", "x").await.unwrap();
+        let leader = c.leader(1, "volatile/0/0").await.unwrap();
+        let follower = (1..=3).find(|i| *i != leader).unwrap();
+        let counts = |s: serde_json::Value| -> (u64, u64) {
+            let g = s["groups"]
+                .as_array()
+                .and_then(|gs| gs.iter().find(|g| g["group"] == "volatile/0/0").cloned())
+                .unwrap_or_default();
+            (
+                g["appends_received"].as_u64().unwrap_or(0),
+                g["empty_appends_received"].as_u64().unwrap_or(0),
+            )
+        };
+        let before = counts(c.status(follower).await);
+        let t = std::time::Instant::now();
+        for i in 0..PUTS {
+            client.put(&format!("/vol/hold/{i}"), "v").await.unwrap();
+        }
+        let elapsed_ms = t.elapsed().as_millis() as u64;
+        let after = counts(c.status(follower).await);
+        let (with, empty) = (after.0 - before.0, after.1 - before.1);
+        assert!(
+            with >= PUTS / 2,
+            "hold {hold_us}: {with} appends with entries"
+        );
+        if hold_us == 0 {
+            assert!(
+                empty >= PUTS / 2,
+                "without a hold each commit has a message of its own: {empty} for {PUTS} puts"
+            );
+        } else {
+            // Heartbeats (every 50 ms) are entry-less too.
+            let heartbeats = elapsed_ms / 50 + 2;
+            assert!(
+                empty <= heartbeats + PUTS / 10,
+                "{empty} entry-less appends for {PUTS} puts in {elapsed_ms} ms"
+            );
+        }
+    }
+}
+
 /// Issue #14: consensus messages and internal operations are refused on a
 /// client connection, and after a peer handshake with a wrong key; a
 /// connection that proves the cluster key may send them.

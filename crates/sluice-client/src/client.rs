@@ -496,6 +496,9 @@ impl Client {
                         .selector
                         .select(self.inner.cfg.member_selection, members, fnv(name), key)
                         .map_err(|reason| SluiceError::Connection { reason }),
+                    Class::Read if tries.read_at_leader() => {
+                        Ok(tries.leader_target(view.leader(name)))
+                    }
                     Class::Read => Ok(tries.next_member()),
                 };
                 tries.begin();
@@ -535,6 +538,11 @@ impl Client {
                 let retry = match &res {
                     Ok(Response::PutOk(p)) => {
                         view.saw(name, p.version);
+                        // Only the leader commits a write: remember it
+                        // (a read that finds a follower behind goes there).
+                        if class == Class::Write && view.leader(name) != Some(target) {
+                            view.set_leader(name, target);
+                        }
                         false
                     }
                     Ok(Response::Object(o)) => {
@@ -579,7 +587,11 @@ impl Client {
                     Err(SluiceError::NotMember {
                         members: theirs, ..
                     }) if !theirs.is_empty() && !same_members(theirs, members) => false,
-                    Err(SluiceError::ReplicaBehind { .. }) | Err(SluiceError::NotMember { .. }) => {
+                    Err(SluiceError::ReplicaBehind { .. }) => {
+                        tries.behind(target);
+                        true
+                    }
+                    Err(SluiceError::NotMember { .. }) => {
                         tries.skip(target);
                         true
                     }

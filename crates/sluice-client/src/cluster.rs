@@ -237,6 +237,10 @@ pub(crate) struct Attempts<'a> {
     avoid: Option<u32>,
     failed: Vec<(u32, std::time::Instant)>,
     settle: Duration,
+    /// A member answered that it has not applied what this client saw:
+    /// the shard's leader, which applied every write it acknowledged, is
+    /// the member most likely to have (see `behind`).
+    to_leader: bool,
 }
 
 /// What to do with a leader hint.
@@ -257,6 +261,7 @@ impl<'a> Attempts<'a> {
             avoid: None,
             failed: Vec::new(),
             settle,
+            to_leader: false,
         }
     }
 
@@ -323,6 +328,20 @@ impl<'a> Attempts<'a> {
     /// a member): try another one next.
     pub(crate) fn skip(&mut self, target: u32) {
         self.avoid = Some(target);
+    }
+
+    /// `target` has not applied the newest version this client saw of the
+    /// shard (`ReplicaBehind`): a read tries the leader next (followers
+    /// learn of a commit after the leader, by up to `[cluster]
+    /// commit_hold_us` when no new writes come), then the others.
+    pub(crate) fn behind(&mut self, target: u32) {
+        self.avoid = Some(target);
+        self.to_leader = true;
+    }
+
+    /// Whether the next try of a read goes to the leader (`behind`).
+    pub(crate) fn read_at_leader(&self) -> bool {
+        self.to_leader
     }
 
     /// `target` failed us (timeout, connection, unavailable).
@@ -406,5 +425,23 @@ mod tests {
         assert!(a.round_done());
         a.prepare();
         assert!(a.failed.is_empty());
+    }
+
+    /// A read that found member 2 behind goes to the leader (3) next, not
+    /// to the next member in turn (1, another follower that may be as far
+    /// behind); with no leader known, to the next member.
+    #[test]
+    fn a_read_that_found_a_member_behind_asks_the_leader_next() {
+        let members = [1, 2, 3];
+        let mut a = Attempts::new(&members, Duration::from_secs(1));
+        a.begin();
+        assert!(!a.read_at_leader());
+        a.behind(2);
+        assert!(a.read_at_leader());
+        assert_eq!(a.leader_target(Some(3)), 3);
+        assert_ne!(a.leader_target(None), 2, "not the member that was behind");
+        // A leader hint at the member that was behind is not followed
+        // back to it.
+        assert_eq!(a.leader_target(Some(2)), a.next_member());
     }
 }

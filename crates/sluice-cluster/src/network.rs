@@ -307,6 +307,9 @@ impl Peers {
 pub struct NetFactory {
     pub peers: Arc<Peers>,
     pub group: u64,
+    /// How long a replication stream holds a commit-only AppendEntries
+    /// for entries to carry it (`Net`; zero: never).
+    pub commit_hold: Duration,
 }
 
 pub struct NetClient {
@@ -317,18 +320,178 @@ pub struct NetClient {
 }
 
 impl RaftNetworkFactory<TypeConfig> for NetFactory {
-    /// Snapshots go in chunks (openraft-legacy's v1 protocol), so a large
-    /// one never has to be one message.
-    type Network = Adapter<TypeConfig, NetClient, Cursor<Vec<u8>>>;
+    type Network = Net;
 
     async fn new_client(&mut self, target: u64, node: &BasicNode) -> Self::Network {
-        NetClient {
-            peers: self.peers.clone(),
-            group: self.group,
-            target,
-            addr: node.addr.clone(),
+        Net {
+            inner: NetClient {
+                peers: self.peers.clone(),
+                group: self.group,
+                target,
+                addr: node.addr.clone(),
+            }
+            .into_v2(),
+            commit_hold: self.commit_hold,
         }
-        .into_v2()
+    }
+}
+
+type Req = AppendEntriesRequest<TypeConfig>;
+
+/// One group's messages to one peer. Every call is openraft-legacy's v1
+/// adapter over `NetClient` (snapshots go in chunks, so a large one never
+/// has to be one message), except replication streams: after a commit,
+/// openraft sends each follower an AppendEntries without entries that
+/// only carries the new commit index, and the follower wakes up twice per
+/// write (the entry, then its commit). Here a stream holds such a request
+/// up to `commit_hold`; when entries follow meanwhile, only they go (their
+/// `leader_commit` is at least the held one's), and their answer answers
+/// both (see `hold_commit_only`).
+pub struct Net {
+    inner: Adapter<TypeConfig, NetClient, Cursor<Vec<u8>>>,
+    commit_hold: Duration,
+}
+
+/// Whether `next` may go in place of the entry-less `held`: same leader,
+/// and a success for `next` proves the follower holds `held`'s
+/// `prev_log_id` (a follower that matches up to `next`'s last entry holds
+/// every entry before it, `next.prev_log_id` and so `held.prev_log_id`
+/// included), and it carries a commit index at least as new.
+fn supersedes(next: &Req, held: &Req) -> bool {
+    next.vote == held.vote
+        && next.prev_log_id >= held.prev_log_id
+        && next.leader_commit >= held.leader_commit
+}
+
+/// The request to send next, given the stream's next one `req`: an
+/// entry-less `req` is held for up to `hold` while `input` yields requests
+/// that supersede it, until one brings entries. Returns the request to
+/// send and one taken from `input` that must go after it.
+///
+/// openraft counts a follower's answer as acknowledging every request in
+/// flight up to the log id it matches (`InflightAppendQueue::drain_acked`),
+/// so the one answer covers the held request too; its heartbeat progress
+/// is dated from when the held request was made, earlier than the real
+/// send, so the leader's lease only comes out shorter. A stream that ends
+/// (a heartbeat is a stream of one request) or a hold that runs out sends
+/// the held request as it is.
+async fn hold_commit_only<S>(mut req: Req, input: &mut S, hold: Duration) -> (Req, Option<Req>)
+where
+    S: futures_util::Stream<Item = Req> + futures_util::stream::FusedStream + Unpin,
+{
+    use futures_util::StreamExt;
+    if hold.is_zero() || !req.entries.is_empty() {
+        return (req, None);
+    }
+    let deadline = tokio::time::Instant::now() + hold;
+    loop {
+        match tokio::time::timeout_at(deadline, input.next()).await {
+            Ok(Some(next)) if supersedes(&next, &req) => {
+                req = next;
+                if !req.entries.is_empty() {
+                    return (req, None);
+                }
+            }
+            Ok(Some(next)) => return (req, Some(next)),
+            Ok(None) | Err(_) => return (req, None),
+        }
+    }
+}
+
+impl openraft::network::v2::RaftNetworkV2<TypeConfig> for Net {
+    type SnapshotData = Cursor<Vec<u8>>;
+
+    async fn append_entries(
+        &mut self,
+        rpc: Req,
+        option: RPCOption,
+    ) -> Result<AppendEntriesResponse<TypeConfig>, RPCError<TypeConfig>> {
+        self.inner.append_entries(rpc, option).await
+    }
+
+    async fn vote(
+        &mut self,
+        rpc: VoteRequest<TypeConfig>,
+        option: RPCOption,
+    ) -> Result<VoteResponse<TypeConfig>, RPCError<TypeConfig>> {
+        self.inner.vote(rpc, option).await
+    }
+
+    async fn full_snapshot(
+        &mut self,
+        vote: openraft::alias::VoteOf<TypeConfig>,
+        snapshot: openraft::alias::SnapshotOf<TypeConfig, Self::SnapshotData>,
+        cancel: impl std::future::Future<Output = openraft::error::ReplicationClosed> + Send + 'static,
+        option: RPCOption,
+    ) -> Result<
+        openraft::raft::SnapshotResponse<TypeConfig>,
+        openraft::error::StreamingError<TypeConfig>,
+    > {
+        self.inner
+            .full_snapshot(vote, snapshot, cancel, option)
+            .await
+    }
+
+    async fn transfer_leader(
+        &mut self,
+        req: openraft::raft::TransferLeaderRequest<TypeConfig>,
+        option: RPCOption,
+    ) -> Result<openraft::raft::TransferLeaderResponse<TypeConfig>, RPCError<TypeConfig>> {
+        self.inner.transfer_leader(req, option).await
+    }
+
+    fn backoff(&self) -> Option<openraft::network::Backoff> {
+        self.inner.backoff()
+    }
+
+    /// openraft's sequential stream (one request in flight; the next is
+    /// taken from `input` once the answer is in), with `hold_commit_only`
+    /// in front of each send.
+    fn stream_append<'s, S>(
+        &'s mut self,
+        input: S,
+        option: RPCOption,
+    ) -> openraft::base::BoxFuture<
+        's,
+        Result<
+            openraft::base::BoxStream<
+                's,
+                Result<openraft::raft::StreamAppendResult<TypeConfig>, RPCError<TypeConfig>>,
+            >,
+            RPCError<TypeConfig>,
+        >,
+    >
+    where
+        S: futures_util::Stream<Item = Req> + Send + Unpin + 'static,
+    {
+        use futures_util::StreamExt;
+        let hold = self.commit_hold;
+        let net = &mut self.inner;
+        let state = Some((net, input.fuse(), None::<Req>));
+        let stream = futures_util::stream::unfold(state, move |state| {
+            let option = option.clone();
+            async move {
+                let (net, mut input, pending) = state?;
+                let first = match pending {
+                    Some(r) => r,
+                    None => input.next().await?,
+                };
+                let (req, pending) = hold_commit_only(first, &mut input, hold).await;
+                let prev = req.prev_log_id;
+                let last = req.entries.last().map(|e| e.log_id).or(prev);
+                match net.append_entries(req, option).await {
+                    Ok(resp) => {
+                        let res = resp.into_stream_result(prev, last);
+                        // A conflict, a higher vote or a partial success
+                        // ends the stream; openraft starts another.
+                        let go_on = res.as_ref().is_ok_and(|m| *m == last);
+                        Some((Ok(res), go_on.then_some((net, input, pending))))
+                    }
+                    Err(e) => Some((Err(e), None)),
+                }
+            }
+        });
+        Box::pin(async move { Ok(Box::pin(stream) as openraft::base::BoxStream<'s, _>) })
     }
 }
 
@@ -572,13 +735,9 @@ pub fn decode_message(kind: u8, body: &Bytes) -> Result<PeerMessage, SluiceError
     }
 }
 
-/// Decodes a consensus message addressed to `raft`, runs it, and encodes
-/// the reply (the receiving half of `NetClient::rpc`).
-pub async fn dispatch(
-    raft: &crate::types::Raft,
-    kind: u8,
-    body: &Bytes,
-) -> Result<Bytes, SluiceError> {
+/// Runs a consensus message (`decode_message`) addressed to `raft`, and
+/// encodes the reply (the receiving half of `NetClient::rpc`).
+pub async fn dispatch(raft: &crate::types::Raft, msg: PeerMessage) -> Result<Bytes, SluiceError> {
     fn enc<T: Serialize>(v: &T) -> Result<Bytes, SluiceError> {
         bincode::serialize(v)
             .map(Bytes::from)
@@ -586,7 +745,7 @@ pub async fn dispatch(
                 reason: e.to_string(),
             })
     }
-    match decode_message(kind, body)? {
+    match msg {
         PeerMessage::Append(req) => enc(&raft.append_entries(req).await),
         PeerMessage::Vote(req) => enc(&raft.vote(req).await),
         PeerMessage::Snapshot(req) => enc(&raft.install_snapshot(req).await),
@@ -600,6 +759,95 @@ mod tests {
     use openraft::vote::RaftLeaderId;
     use openraft::EntryPayload;
     use std::collections::BTreeSet;
+
+    /// Requests compared by their contents (openraft's type has no `==`).
+    fn d<T: std::fmt::Debug>(x: &T) -> String {
+        format!("{x:?}")
+    }
+
+    fn append(term: u64, prev: Option<u64>, entries: &[u64], commit: Option<u64>) -> Req {
+        let lid = |i| LogId::new(CommittedLeaderId::new(term, 1), i);
+        AppendEntriesRequest {
+            vote: Vote::new_committed(term, 1),
+            prev_log_id: prev.map(lid),
+            entries: entries
+                .iter()
+                .map(|i| Entry {
+                    log_id: lid(*i),
+                    payload: EntryPayload::Blank,
+                })
+                .collect(),
+            leader_commit: commit.map(lid),
+        }
+    }
+
+    /// The commit-only request (commit 5 after entry 5) is not sent: the
+    /// entries that follow (6) carry it, and a newer commit-only request
+    /// met on the way is folded in too.
+    #[tokio::test]
+    async fn entries_that_follow_a_commit_only_request_carry_its_commit() {
+        use futures_util::StreamExt;
+        let mut input = futures_util::stream::iter(vec![
+            append(2, Some(5), &[], Some(6)),
+            append(2, Some(5), &[6], Some(6)),
+        ])
+        .chain(futures_util::stream::pending())
+        .fuse();
+        let held = append(2, Some(5), &[], Some(5));
+        let (req, pending) = hold_commit_only(held, &mut input, Duration::from_secs(60)).await;
+        assert_eq!(
+            d(&(req, pending)),
+            d(&(append(2, Some(5), &[6], Some(6)), None::<Req>))
+        );
+    }
+
+    /// A request with entries goes at once; so does a commit-only one when
+    /// its stream ends (a heartbeat is a stream of one request).
+    #[tokio::test]
+    async fn entries_and_the_last_request_of_a_stream_are_not_held() {
+        use futures_util::StreamExt;
+        let mut never = futures_util::stream::pending().fuse();
+        let e = append(2, Some(5), &[6], Some(5));
+        let (req, pending) = hold_commit_only(e.clone(), &mut never, Duration::from_secs(60)).await;
+        assert_eq!(d(&(req, pending)), d(&(e, None::<Req>)));
+        let hb = append(2, Some(5), &[], Some(5));
+        let mut one = futures_util::stream::empty().fuse();
+        let (req, pending) = hold_commit_only(hb.clone(), &mut one, Duration::from_secs(60)).await;
+        assert_eq!(d(&(req, pending)), d(&(hb, None::<Req>)));
+    }
+
+    /// A request that cannot stand for the held one (another leader's, or
+    /// one that starts before it) is sent after it, not in its place.
+    #[tokio::test]
+    async fn a_request_that_proves_less_is_sent_after_the_held_one() {
+        use futures_util::StreamExt;
+        let held = append(2, Some(5), &[], Some(5));
+        for next in [
+            append(3, Some(5), &[6], Some(5)),
+            append(2, Some(4), &[5, 6], Some(5)),
+            append(2, Some(5), &[6], Some(4)),
+        ] {
+            let mut input = futures_util::stream::iter(vec![next.clone()]).fuse();
+            let (req, pending) =
+                hold_commit_only(held.clone(), &mut input, Duration::from_secs(60)).await;
+            assert_eq!(d(&(req, pending)), d(&(held.clone(), Some(next))));
+        }
+    }
+
+    /// With nothing to carry it, the held request goes once the hold ends.
+    #[tokio::test]
+    async fn a_commit_only_request_goes_alone_when_the_hold_ends() {
+        use futures_util::StreamExt;
+        let mut never = futures_util::stream::pending().fuse();
+        let held = append(2, Some(5), &[], Some(5));
+        let t = std::time::Instant::now();
+        let (req, pending) =
+            hold_commit_only(held.clone(), &mut never, Duration::from_millis(20)).await;
+        assert_eq!(d(&(req, pending)), d(&(held.clone(), None::<Req>)));
+        assert!(t.elapsed() >= Duration::from_millis(20));
+        let (req, _) = hold_commit_only(held.clone(), &mut never, Duration::ZERO).await;
+        assert_eq!(d(&req), d(&held), "zero: never held");
+    }
 
     #[test]
     fn large_consensus_messages_take_the_bulk_connection_unless_it_is_off() {

@@ -114,6 +114,7 @@ impl ClusterNode {
             NetFactory {
                 peers: self.peers.clone(),
                 group: g,
+                commit_hold: Duration::from_micros(self.settings.commit_hold_us),
             },
             log.clone(),
             sm.clone(),
@@ -130,6 +131,7 @@ impl ClusterNode {
             log,
             snapshot_asked: parking_lot::Mutex::new(None),
             batch: Default::default(),
+            appends_received: Default::default(),
         });
         // Operators see leadership changes in the node's log (openraft's
         // own logging is off by default: it reports every failed RPC to a
@@ -247,7 +249,11 @@ impl ClusterNode {
             return self.on_chunk(body).await;
         }
         let g = self.ensure_group(group).await?;
-        let r = dispatch(&g.raft, kind, body).await;
+        let msg = crate::network::decode_message(kind, body)?;
+        if let crate::network::PeerMessage::Append(a) = &msg {
+            g.appends_received.count(a.entries.is_empty());
+        }
+        let r = dispatch(&g.raft, msg).await;
         // Followers bound their logs by bytes too (openraft's own policy
         // counts entries only): else they snapshot rarely, and a rare
         // persistent snapshot syncs a large history at once.
