@@ -498,13 +498,32 @@ impl openraft::network::v2::RaftNetworkV2<TypeConfig> for Net {
 type RpcErr<E = openraft::error::Infallible> = RPCError<TypeConfig, RaftError<TypeConfig, E>>;
 
 /// Encodes `msg` with bincode; the `values` it contains (by reference)
-/// become chunks of their own, sent without being copied.
+/// become chunks of their own, sent without being copied. The copied part
+/// is sized first (bincode's `serialized_size` adds lengths, copying
+/// nothing), so a batch of small values is copied once, not again at
+/// every doubling of a growing buffer.
 fn encode_chunks<T: Serialize>(msg: &T, values: &[Bytes]) -> bincode::Result<Vec<Bytes>> {
-    let mut buf = Vec::new();
+    let (buf, parts) = encode_sized(msg, values)?;
+    Ok(crate::chunks::into_bytes(buf, parts))
+}
+
+/// `encode_chunks` before its parts become `Bytes`: the buffer of copied
+/// bytes, allocated once at its final size, and the parts.
+fn encode_sized<T: Serialize>(
+    msg: &T,
+    values: &[Bytes],
+) -> bincode::Result<(Vec<u8>, Vec<crate::chunks::Part>)> {
+    let referenced: usize = values
+        .iter()
+        .filter(|v| v.len() >= crate::chunks::BY_REFERENCE)
+        .map(Bytes::len)
+        .sum();
+    let size = bincode::serialized_size(msg)? as usize;
+    let mut buf = Vec::with_capacity(size.saturating_sub(referenced));
     let mut w = ChunkWriter::new(&mut buf, values);
     bincode::serialize_into(&mut w, msg)?;
     let parts = w.finish();
-    Ok(crate::chunks::into_bytes(buf, parts))
+    Ok((buf, parts))
 }
 
 impl NetClient {
@@ -847,6 +866,45 @@ mod tests {
         assert!(t.elapsed() >= Duration::from_millis(20));
         let (req, _) = hold_commit_only(held.clone(), &mut never, Duration::ZERO).await;
         assert_eq!(d(&req), d(&held), "zero: never held");
+    }
+
+    /// The chunks are bincode's bytes; the copied part is one buffer of
+    /// exactly its size, and a large value is referenced, not copied.
+    #[test]
+    fn an_encoded_append_is_bincode_in_one_buffer_sized_up_front() {
+        let lid = |i| LogId::new(CommittedLeaderId::new(2, 1), i);
+        let write = |i: u64, len: usize| Entry {
+            log_id: lid(i),
+            payload: EntryPayload::Normal(Command::Write {
+                key: format!("/vol/k{i}"),
+                value: Some(Bytes::from(vec![i as u8; len])),
+                expected: None,
+                timestamp_us: i,
+                req_id: None,
+                trace: None,
+            }),
+        };
+        let req: Req = AppendEntriesRequest {
+            vote: Vote::new_committed(2, 1),
+            prev_log_id: Some(lid(1)),
+            entries: (2..18)
+                .map(|i| write(i, 10_240))
+                .chain([write(18, 100_000)])
+                .collect(),
+            leader_commit: Some(lid(1)),
+        };
+        let values = large_values(&req.entries);
+        let chunks = encode_chunks(&req, &values).unwrap();
+        assert_eq!(chunks.concat(), bincode::serialize(&req).unwrap());
+        assert!(
+            chunks
+                .iter()
+                .any(|c| c.len() == 100_000 && c.as_ptr() == values[0].as_ptr()),
+            "the large value is referenced"
+        );
+        let (buf, _) = encode_sized(&req, &values).unwrap();
+        assert_eq!(buf.len(), bincode::serialize(&req).unwrap().len() - 100_000);
+        assert_eq!(buf.capacity(), buf.len(), "sized once, never grown");
     }
 
     #[test]
