@@ -1807,6 +1807,49 @@ async fn a_commit_rides_on_the_next_entries_within_the_hold() {
     }
 }
 
+/// A follower's time read on a quiet shard waits for a time frontier the
+/// leader commits; the leader tells the followers of that commit at once
+/// (a heartbeat), so the read does not wait out `commit_hold_us` (200 ms
+/// here, with 400 ms heartbeats) for entries to carry it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_followers_time_read_does_not_wait_out_the_commit_hold() {
+    let _serial = SERIAL.lock().await;
+    let c = Cluster::start_nodes_with(
+        3,
+        &format!("{ALL_THREE}[[subgroups.persistent]]\nshards = [[1, 2, 3]]\n"),
+        "heartbeat_ms = 400\nelection_min_ms = 1000\nelection_max_ms = 1400\ncommit_hold_us = 200000",
+    );
+    c.ready().await;
+    let client = c.client(1).await;
+    client
+        .create_pool(PoolSpec {
+            pathname: "/quiet".into(),
+            pool_type: Some(PoolType::Persistent),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let p = client.put("/quiet/k", "v1").await.unwrap();
+    let leader = c.leader(1, "persistent/0/0").await.unwrap();
+    let follower = (1..=3).find(|i| *i != leader).unwrap();
+    let raw = c.raw(follower).await;
+    for _ in 0..3 {
+        let ahead = sluice_client::wall_us() + 20_000;
+        let r = get_by_time_raw(&raw, "/quiet/k", ahead, 5000)
+            .await
+            .unwrap();
+        let waited_ms = sluice_client::wall_us().saturating_sub(ahead) / 1000;
+        let Response::Object(o) = r else {
+            panic!("{r:?}")
+        };
+        assert_eq!(o.meta.version, p.version);
+        assert!(
+            waited_ms < 150,
+            "answered {waited_ms} ms after the time had come (the hold is 200 ms)"
+        );
+    }
+}
+
 /// Issue #14: consensus messages and internal operations are refused on a
 /// client connection, and after a peer handshake with a wrong key; a
 /// connection that proves the cluster key may send them.

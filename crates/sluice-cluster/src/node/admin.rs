@@ -154,7 +154,12 @@ impl ClusterNode {
                 self.check_leader(&g)?;
                 let t = Duration::from_millis(self.settings.write_timeout_ms);
                 match tokio::time::timeout(t, g.raft.ensure_linearizable(openraft::ReadPolicy::ReadIndex)).await {
-                    Ok(Ok(id)) => Ok(json!({"index": id.index()})),
+                    Ok(Ok(id)) => {
+                        // The asker waits to apply up to this index (as
+                        // for a time barrier above).
+                        let _ = g.raft.trigger().heartbeat().await;
+                        Ok(json!({"index": id.index()}))
+                    }
                     Ok(Err(e)) => Err(unavailable(format!("metadata read index: {e}"))),
                     Err(_) => Err(unavailable("metadata read index timed out".into())),
                 }
@@ -165,6 +170,10 @@ impl ClusterNode {
             } => {
                 let g = self.local_group(group)?;
                 let index = self.tick(&g, timestamp_us).await?;
+                // The member that asked waits to apply the frontier: tell
+                // the followers it is committed now, not with the next
+                // entries or once `commit_hold_us` runs out.
+                let _ = g.raft.trigger().heartbeat().await;
                 Ok(json!({ "index": index }))
             }
             Admin::PurgeShard {
