@@ -84,9 +84,15 @@ impl Cluster {
 
     /// The layout above plus `extra` subgroups (TOML).
     fn start_with(extra: &str) -> Cluster {
-        Cluster::start_nodes(
+        Cluster::start_with_settings(extra, "")
+    }
+
+    /// `start_with`, and these `[cluster]` settings (TOML).
+    fn start_with_settings(extra: &str, cluster: &str) -> Cluster {
+        Cluster::start_nodes_with(
             5,
             &format!("[[subgroups.volatile]]\nshards = [[1, 2, 3], [4]]\n[[subgroups.trigger]]\nshards = [[1, 2, 3, 4, 5]]\n{extra}"),
+            cluster,
         )
     }
 
@@ -156,7 +162,15 @@ impl Cluster {
     /// A cluster with a persistent shard on nodes 1-3 and a persistent
     /// pool at `path`, ready; with a client whose home is node 4.
     async fn with_persistent_pool(path: &str) -> (Cluster, Client) {
-        let c = Cluster::start_with("[[subgroups.persistent]]\nshards = [[1, 2, 3]]\n");
+        Cluster::with_persistent_pool_and(path, "").await
+    }
+
+    /// `with_persistent_pool`, the nodes with these `[cluster]` settings.
+    async fn with_persistent_pool_and(path: &str, cluster: &str) -> (Cluster, Client) {
+        let c = Cluster::start_with_settings(
+            "[[subgroups.persistent]]\nshards = [[1, 2, 3]]\n",
+            cluster,
+        );
         c.ready().await;
         let client = c.client(4).await;
         client
@@ -1754,8 +1768,8 @@ async fn large_consensus_messages_use_a_bulk_connection_of_their_own() {
 /// Issue #20: a follower hears of each commit with the next write's
 /// entries when they come within `commit_hold_us`, not in a message of
 /// its own per write; with the hold off, it gets one per write. Counted
-/// from the follower's `cluster status` (`appends_received`,
-/// `empty_appends_received`).
+/// from the follower's `cluster status` (`appends_with_entries`,
+/// `appends_without_entries`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_commit_rides_on_the_next_entries_within_the_hold() {
     let _serial = SERIAL.lock().await;
@@ -1775,8 +1789,8 @@ async fn a_commit_rides_on_the_next_entries_within_the_hold() {
                 .and_then(|gs| gs.iter().find(|g| g["group"] == "volatile/0/0").cloned())
                 .unwrap_or_default();
             (
-                g["appends_received"].as_u64().unwrap_or(0),
-                g["empty_appends_received"].as_u64().unwrap_or(0),
+                g["appends_with_entries"].as_u64().unwrap_or(0),
+                g["appends_without_entries"].as_u64().unwrap_or(0),
             )
         };
         let before = counts(c.status(follower).await);
@@ -1814,21 +1828,11 @@ async fn a_commit_rides_on_the_next_entries_within_the_hold() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_followers_time_read_does_not_wait_out_the_commit_hold() {
     let _serial = SERIAL.lock().await;
-    let c = Cluster::start_nodes_with(
-        3,
-        &format!("{ALL_THREE}[[subgroups.persistent]]\nshards = [[1, 2, 3]]\n"),
+    let (c, client) = Cluster::with_persistent_pool_and(
+        "/quiet",
         "heartbeat_ms = 400\nelection_min_ms = 1000\nelection_max_ms = 1400\ncommit_hold_us = 200000",
-    );
-    c.ready().await;
-    let client = c.client(1).await;
-    client
-        .create_pool(PoolSpec {
-            pathname: "/quiet".into(),
-            pool_type: Some(PoolType::Persistent),
-            ..Default::default()
-        })
-        .await
-        .unwrap();
+    )
+    .await;
     let p = client.put("/quiet/k", "v1").await.unwrap();
     let leader = c.leader(1, "persistent/0/0").await.unwrap();
     let follower = (1..=3).find(|i| *i != leader).unwrap();

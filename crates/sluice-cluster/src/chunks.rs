@@ -162,14 +162,15 @@ pub fn large_values<'e>(entries: impl IntoIterator<Item = &'e crate::types::Entr
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::types::{Command, Entry};
     use crate::types::{CommittedLeaderId, LogId};
     use openraft::vote::RaftLeaderId;
     use openraft::EntryPayload;
 
-    fn put(i: u64, size: usize) -> Entry {
+    /// A put of a `size`-byte value at log index `i` (term 1, node 1).
+    pub(crate) fn put(i: u64, size: usize) -> Entry {
         Entry {
             log_id: LogId::new(CommittedLeaderId::new(1, 1), i),
             payload: EntryPayload::Normal(Command::Write {

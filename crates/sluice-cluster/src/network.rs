@@ -872,26 +872,15 @@ mod tests {
     /// exactly its size, and a large value is referenced, not copied.
     #[test]
     fn an_encoded_append_is_bincode_in_one_buffer_sized_up_front() {
-        let lid = |i| LogId::new(CommittedLeaderId::new(2, 1), i);
-        let write = |i: u64, len: usize| Entry {
-            log_id: lid(i),
-            payload: EntryPayload::Normal(Command::Write {
-                key: format!("/vol/k{i}"),
-                value: Some(Bytes::from(vec![i as u8; len])),
-                expected: None,
-                timestamp_us: i,
-                req_id: None,
-                trace: None,
-            }),
-        };
+        use crate::chunks::tests::put;
         let req: Req = AppendEntriesRequest {
-            vote: Vote::new_committed(2, 1),
-            prev_log_id: Some(lid(1)),
+            vote: Vote::new_committed(1, 1),
+            prev_log_id: Some(put(1, 0).log_id),
             entries: (2..18)
-                .map(|i| write(i, 10_240))
-                .chain([write(18, 100_000)])
+                .map(|i| put(i, 10_240))
+                .chain([put(18, 100_000)])
                 .collect(),
-            leader_commit: Some(lid(1)),
+            leader_commit: Some(put(1, 0).log_id),
         };
         let values = large_values(&req.entries);
         let chunks = encode_chunks(&req, &values).unwrap();

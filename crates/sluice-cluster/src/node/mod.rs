@@ -546,8 +546,8 @@ impl ClusterNode {
                     "applied_index": x.sm.applied_index(),
                     "applied_version": version,
                     "lag": lag,
-                    "appends_received": appends.0,
-                    "empty_appends_received": appends.1,
+                    "appends_with_entries": appends.0,
+                    "appends_without_entries": appends.1,
                 })
             })
             .collect();
