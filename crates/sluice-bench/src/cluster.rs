@@ -59,6 +59,10 @@ pub struct ClusterBenchArgs {
     /// compete for its cores.
     #[arg(long, default_value_t = 0)]
     node_threads: usize,
+    /// Also show where the one-client puts spent their time inside the
+    /// shard, step by step (the nodes record marks: `SLUICE_MARKS`).
+    #[arg(long)]
+    breakdown: bool,
     /// Write the results as JSON to this file.
     #[arg(long)]
     out: Option<PathBuf>,
@@ -312,6 +316,17 @@ fn start_redis() -> Result<Redis> {
 }
 
 pub fn run(a: ClusterBenchArgs, json: bool) -> Result<()> {
+    // The node processes this starts inherit the variable (set before any
+    // thread of this process starts).
+    let marks_dir = a
+        .breakdown
+        .then(|| std::env::temp_dir().join(format!("sluice-bench-marks-{}", std::process::id())));
+    if let Some(d) = &marks_dir {
+        let _ = std::fs::remove_dir_all(d);
+        std::fs::create_dir_all(d)?;
+        std::env::set_var(sluice_types::marks::ENV, d);
+    }
+    let mut breakdowns: Vec<String> = Vec::new();
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;
@@ -351,9 +366,18 @@ pub fn run(a: ClusterBenchArgs, json: bool) -> Result<()> {
                     prefix: format!("/vol/bench/{size}"),
                 };
                 let f = steady_faults(&procs, dur);
+                let from = sluice_types::wall_us() * 1000;
                 let r = closed_loop(vec![op(c0.clone(), "put")], dur, format!("{target} put {} c=1", fmt_size(size))).await;
+                let to = sluice_types::wall_us() * 1000;
                 faults.push((n, size, 1, faults_per_op(&procs, f, &r, dur).await));
                 rows.push(row(&target, "put", size, "closed", 1, (&r.0, r.1, r.2)));
+                if let Some(d) = &marks_dir {
+                    // The nodes write their marks out every 100 ms.
+                    tokio::time::sleep(Duration::from_millis(300)).await;
+                    let puts = crate::marks::steps(&crate::marks::read_dir(d)?, from, to);
+                    let p50 = r.0.value_at_quantile(0.5) as f64 / 1000.0;
+                    breakdowns.extend(crate::marks::report(&format!("{target} put {} c=1", fmt_size(size)), &puts, p50));
+                }
                 let mut ws = Vec::new();
                 for _ in 0..a.clients {
                     ws.push(op(connect(&procs.addrs[0], Duration::from_secs(10)).await?, "put"));
@@ -439,8 +463,14 @@ pub fn run(a: ClusterBenchArgs, json: bool) -> Result<()> {
         Ok::<(), anyhow::Error>(())
     })?;
     report(&rows, json, a.out.as_deref())?;
+    if let Some(d) = &marks_dir {
+        let _ = std::fs::remove_dir_all(d);
+    }
     if json {
         return Ok(());
+    }
+    for line in &breakdowns {
+        println!("{line}");
     }
     for (n, mut t, mut e) in failover_ms {
         let max = t.iter().copied().fold(0.0, f64::max);

@@ -14,6 +14,7 @@ mod children;
 mod cluster;
 mod etcd;
 mod harness;
+mod marks;
 mod peers;
 mod policy;
 mod procs;

@@ -64,6 +64,8 @@ struct Cluster {
     /// new client per poll left a connection behind each time, and long
     /// runs reached a node's connection limit.
     pollers: tokio::sync::Mutex<HashMap<u32, Client>>,
+    /// Where the nodes record their marks (`SLUICE_MARKS`), if they do.
+    marks: Option<std::path::PathBuf>,
 }
 
 /// A free port on `ip` (bound then released; the node binds it right after).
@@ -103,6 +105,12 @@ impl Cluster {
 
     /// Nodes 1..=n with these subgroups and `[cluster]` settings (TOML).
     fn start_nodes_with(n: u32, subgroups: &str, cluster: &str) -> Cluster {
+        Cluster::start_nodes_marked(n, subgroups, cluster, false)
+    }
+
+    /// `start_nodes_with`, the nodes recording marks in `<dir>/marks`
+    /// if `marked`.
+    fn start_nodes_marked(n: u32, subgroups: &str, cluster: &str, marked: bool) -> Cluster {
         let dir = tempfile::tempdir().unwrap();
         let addrs: BTreeMap<u32, SocketAddr> = (1..=n)
             .map(|i| (i, free_addr([127, 0, 0, i as u8])))
@@ -123,11 +131,13 @@ impl Cluster {
             );
             std::fs::write(dir.path().join(format!("node-{id}.toml")), cfg).unwrap();
         }
+        let marks = marked.then(|| dir.path().join("marks"));
         let mut c = Cluster {
             dir,
             addrs,
             procs: HashMap::new(),
             pollers: tokio::sync::Mutex::default(),
+            marks,
         };
         for id in 1..=n {
             c.spawn(id);
@@ -141,7 +151,11 @@ impl Cluster {
             .append(true)
             .open(self.dir.path().join(format!("node-{id}.log")))
             .unwrap();
-        let child = Command::new(BIN)
+        let mut cmd = Command::new(BIN);
+        if let Some(d) = &self.marks {
+            cmd.env(sluice_types::marks::ENV, d);
+        }
+        let child = cmd
             .args(["serve", "--config"])
             .arg(self.dir.path().join(format!("node-{id}.toml")))
             .env("SLUICE_LOG", "info,openraft=warn")
@@ -2666,4 +2680,91 @@ async fn policies_change_live_on_every_node() {
         .unwrap()
         .to_string();
     assert!(!ls.contains(&admin_tok) && !ls.contains("sha256"), "{ls}");
+}
+
+/// With `SLUICE_MARKS` set, every replicated put leaves a mark at each
+/// point of its way: on the leader its proposal, log append, an
+/// AppendEntries to each follower, an acknowledgement, the apply and the
+/// answer; on each follower the AppendEntries received, the log append
+/// and the answer (what `sluice bench cluster --breakdown` reads).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replicated_put_leaves_a_mark_at_every_point_of_its_way() {
+    use sluice_types::marks::{Mark, Point};
+    let _serial = SERIAL.lock().await;
+    const PUTS: usize = 20;
+    let c = Cluster::start_nodes_marked(3, ALL_THREE, "", true);
+    c.ready().await;
+    let client = c.client(1).await;
+    for i in 0..PUTS {
+        client.put(&format!("/vol/marks/{i}"), "v").await.unwrap();
+    }
+    let dir = c.marks.clone().unwrap();
+    let read = || -> Vec<Vec<Mark>> {
+        let Ok(rd) = std::fs::read_dir(&dir) else {
+            return Vec::new();
+        };
+        rd.filter_map(|e| std::fs::read_to_string(e.ok()?.path()).ok())
+            .map(|t| t.lines().filter_map(Mark::parse).collect())
+            .collect()
+    };
+    // The nodes write their marks out every 100 ms.
+    let deadline = Instant::now() + WAIT;
+    let files = loop {
+        let files = read();
+        let answered = files
+            .iter()
+            .flatten()
+            .filter(|m| m.point == Point::Done)
+            .count();
+        if answered >= PUTS {
+            break files;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{answered} writes answered in the marks"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert_eq!(files.len(), 3, "one file per node");
+    let leader = files
+        .iter()
+        .position(|f| f.iter().any(|m| m.point == Point::Propose))
+        .unwrap();
+    let has =
+        |f: usize, p: Point, index: u64| files[f].iter().any(|m| m.point == p && m.index == index);
+    let proposed: Vec<&Mark> = files[leader]
+        .iter()
+        .filter(|m| m.point == Point::Propose)
+        .collect();
+    assert!(proposed.len() >= PUTS, "{} proposals", proposed.len());
+    for p in proposed {
+        let ix = p.index;
+        for point in [Point::LogAppend, Point::Apply, Point::Done] {
+            assert!(
+                has(leader, point, ix),
+                "the leader has no {point:?} for entry {ix}"
+            );
+        }
+        for f in (0..3).filter(|f| *f != leader) {
+            let node = files[f]
+                .iter()
+                .find(|m| m.point == Point::Recv)
+                .unwrap()
+                .node;
+            let sent = files[leader]
+                .iter()
+                .any(|m| m.point == Point::Send && m.index == ix && m.node == node);
+            assert!(sent, "entry {ix} was not marked sent to node {node}");
+            for point in [Point::Recv, Point::LogAppend, Point::Reply] {
+                assert!(
+                    has(f, point, ix),
+                    "node {node} has no {point:?} for entry {ix}"
+                );
+            }
+        }
+        assert!(
+            has(leader, Point::Acked, ix),
+            "entry {ix} was never marked acknowledged"
+        );
+    }
 }

@@ -9,6 +9,7 @@
 //! - [`chunks`]: encodings that reference large values instead of copying them;
 //! - [`sm`]: applying commands to the store, deduplication, snapshots;
 //! - [`network`]: the peer transport, with fault injection;
+//! - [`marks`]: optional timestamps of a write's way through a shard (`sluice bench cluster --breakdown`);
 //! - [`node`]: [`ClusterNode`], the write and read paths and administration.
 
 // openraft's StorageError (its trait methods' error type) is large; our helpers
@@ -17,6 +18,7 @@
 
 pub mod chunks;
 pub mod log;
+pub mod marks;
 pub mod network;
 pub mod node;
 pub mod rt;

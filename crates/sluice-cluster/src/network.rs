@@ -5,6 +5,7 @@
 //! tests.
 
 use crate::chunks::{large_values, ChunkWriter};
+use crate::types::Entry;
 use crate::types::TypeConfig;
 use bytes::Bytes;
 use openraft::error::{NetworkError, RPCError, RaftError, RemoteError, Unreachable};
@@ -19,6 +20,7 @@ use parking_lot::{Mutex, RwLock};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 use sluice_client::Conn;
+use sluice_types::marks::Point;
 use sluice_types::SluiceError;
 use sluice_wire::{Request, Response};
 use std::collections::{HashMap, HashSet};
@@ -576,8 +578,15 @@ impl RaftNetwork<TypeConfig> for NetClient {
             tokio::task::yield_now().await;
         }
         let values = large_values(&rpc.entries);
+        let marked = crate::marks::on().then(|| entry_indexes(&rpc.entries));
+        if let Some(ix) = &marked {
+            crate::marks::mark_all(Point::Send, self.group, ix.iter().copied(), self.target);
+        }
         let r: AppendEntriesResponse<TypeConfig> =
             self.rpc(kind::APPEND, &rpc, &values, &option).await?;
+        if let Some(ix) = marked {
+            crate::marks::mark_all(Point::Acked, self.group, ix, self.target);
+        }
         if !matches!(r, AppendEntriesResponse::HigherVote(_)) {
             self.peers.acks.record(self.group, self.target);
         }
@@ -752,6 +761,11 @@ pub fn decode_message(kind: u8, body: &Bytes) -> Result<PeerMessage, SluiceError
             "unknown consensus message kind {k}"
         ))),
     }
+}
+
+/// The log indexes of `entries` (for `marks`).
+pub fn entry_indexes(entries: &[Entry]) -> Vec<u64> {
+    entries.iter().map(|e| e.log_id.index).collect()
 }
 
 /// Runs a consensus message (`decode_message`) addressed to `raft`, and

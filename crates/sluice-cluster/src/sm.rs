@@ -871,6 +871,11 @@ impl Sm {
         let mut out = Vec::new();
         for e in entries {
             st.last_applied = Some(e.log_id);
+            crate::marks::mark(
+                sluice_types::marks::Point::Apply,
+                self.group,
+                e.log_id.index,
+            );
             // A persistent shard's history points at the values in the log
             // (found only for the entry the log holds; else it copies them).
             let mut refs: std::collections::VecDeque<sluice_store::ValueRef> = self

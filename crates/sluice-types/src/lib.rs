@@ -9,6 +9,7 @@ pub mod cluster;
 pub mod error;
 pub mod key;
 pub mod limits;
+pub mod marks;
 pub mod object;
 pub mod policy;
 pub mod pool;

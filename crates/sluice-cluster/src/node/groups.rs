@@ -3,6 +3,7 @@
 //! openraft stopped, and incoming consensus messages.
 
 use super::*;
+use sluice_types::marks::Point;
 
 /// Log bytes after which a persistent shard takes a snapshot (at most
 /// `ClusterSettings::snapshot_bytes`).
@@ -250,10 +251,19 @@ impl ClusterNode {
         }
         let g = self.ensure_group(group).await?;
         let msg = crate::network::decode_message(kind, body)?;
+        let mut marked = None;
         if let crate::network::PeerMessage::Append(a) = &msg {
             g.appends_received.count(a.entries.is_empty());
+            if crate::marks::on() {
+                let ix = crate::network::entry_indexes(&a.entries);
+                crate::marks::mark_all(Point::Recv, group, ix.iter().copied(), self.id.into());
+                marked = Some(ix);
+            }
         }
         let r = dispatch(&g.raft, msg).await;
+        if let Some(ix) = marked {
+            crate::marks::mark_all(Point::Reply, group, ix, self.id.into());
+        }
         // Followers bound their logs by bytes too (openraft's own policy
         // counts entries only): else they snapshot rarely, and a rare
         // persistent snapshot syncs a large history at once.

@@ -72,7 +72,14 @@ impl ClusterNode {
     ) -> Result<(u64, Applied), SluiceError> {
         self.check_leader(g)?;
         let t = Duration::from_millis(self.settings.write_timeout_ms);
-        match tokio::time::timeout(t, g.raft.client_write(cmd)).await {
+        let asked = crate::marks::on().then(crate::marks::now_ns);
+        let res = tokio::time::timeout(t, g.raft.client_write(cmd)).await;
+        if let (Some(ns), Ok(Ok(r))) = (asked, &res) {
+            use sluice_types::marks::Point;
+            crate::marks::mark_at(ns, Point::Propose, g.id, r.log_id.index);
+            crate::marks::mark(Point::Done, g.id, r.log_id.index);
+        }
+        match res {
             Err(_) => Err(unavailable(format!(
                 "shard {}: the write was not committed within {} ms; the shard may have lost its majority (outcome unknown: retry with the same request id)",
                 group_name(g.id),
