@@ -399,8 +399,10 @@ impl Disk {
                 Ok(())
             }
             _ => {
-                if self.mapped {
-                    // The file's position is stale after copies into the map.
+                if self.map.is_some() {
+                    // The file's position is stale after copies into the
+                    // map. A segment without one was only ever written
+                    // through the file: its position is `bytes` already.
                     std::io::Seek::seek(&mut self.file, std::io::SeekFrom::Start(self.bytes))?;
                 }
                 write_all_vectored(&mut self.file, slices)
