@@ -37,7 +37,7 @@ pub fn command(program: impl AsRef<OsStr>) -> Command {
 /// `sluice-bench-streams-<pid>.toml`), or `None` for any other name.
 fn owner_pid(name: &str) -> Option<u32> {
     let rest = name.strip_prefix("sluice-bench-")?;
-    let rest = ["persistent-", "redis-", "cluster-", "streams-"]
+    let rest = ["persistent-", "redis-", "cluster-", "streams-", "marks-"]
         .iter()
         .find_map(|k| rest.strip_prefix(k))
         .unwrap_or(rest);
@@ -111,6 +111,7 @@ mod tests {
             ("sluice-bench-cluster-4242-3", Some(4242)),
             ("sluice-bench-persistent-4242", Some(4242)),
             ("sluice-bench-redis-4242", Some(4242)),
+            ("sluice-bench-marks-4242", Some(4242)),
             ("sluice-bench-streams-4242.toml", Some(4242)),
             // Anything else is somebody else's.
             ("sluice-bench-base", None),
