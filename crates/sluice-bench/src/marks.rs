@@ -57,8 +57,10 @@ pub fn steps(files: &[Vec<Mark>], from_ns: u64, to_ns: u64) -> Vec<[i64; STEPS.l
         .enumerate()
         .filter(|(i, _)| *i != leader)
         .filter_map(|(i, f)| {
+            // Only nodes of this cluster: the files of clusters started
+            // before (other shard sizes) reuse the node ids.
             f.iter()
-                .find(|m| m.point == Point::Recv)
+                .find(|m| m.point == Point::Recv && (from_ns..=to_ns).contains(&m.ns))
                 .map(|m| (m.node, i))
         })
         .collect();
@@ -204,6 +206,22 @@ mod tests {
         // 45, answered 55, acked 100, applied 130, returned 150.
         let us = [10, 10, 20, 5, 10, 45, 30, 20, 150].map(|x: i64| x * 1000);
         assert_eq!(puts[0], us);
+    }
+
+    #[test]
+    fn an_earlier_clusters_node_of_the_same_id_is_not_taken_for_a_follower() {
+        let mut files = one_put(1_000_000_000);
+        let g = 5;
+        // Node 2 of a cluster that ran before (its own entry 7, long ago).
+        // Last: without the window check, its Recv would name node 2.
+        files.push(vec![
+            m(1_000, Point::Recv, g, 7, 2),
+            m(2_000, Point::LogAppend, 0, 7, 0),
+            m(3_000, Point::Reply, g, 7, 2),
+        ]);
+        let puts = steps(&files, 999_000_000, u64::MAX);
+        assert_eq!(puts.len(), 1);
+        assert_eq!(puts[0][2], 20_000, "received by this cluster's node 2");
     }
 
     #[test]

@@ -12,7 +12,8 @@
 
 use sluice_types::marks::{Mark, Point, ENV};
 use std::io::Write;
-use std::sync::{Mutex, OnceLock};
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 /// How often the marks are written out.
@@ -22,18 +23,21 @@ pub const FLUSH: Duration = Duration::from_millis(100);
 /// of a one-client benchmark).
 const MAX_MARKS: u64 = 4_000_000;
 
-struct Recorder {
-    marks: Mutex<Vec<Mark>>,
+/// The marks not yet written out, shared with the thread that writes
+/// them.
+type Pending = Arc<Mutex<Vec<Mark>>>;
+
+static RECORDER: OnceLock<Option<Pending>> = OnceLock::new();
+
+fn recorder() -> Option<&'static Pending> {
+    RECORDER
+        .get_or_init(|| start_in(std::env::var_os(ENV)?.into()))
+        .as_ref()
 }
 
-static RECORDER: OnceLock<Option<Recorder>> = OnceLock::new();
-
-fn recorder() -> Option<&'static Recorder> {
-    RECORDER.get_or_init(start).as_ref()
-}
-
-fn start() -> Option<Recorder> {
-    let dir = std::path::PathBuf::from(std::env::var_os(ENV)?);
+/// Starts recording into `<dir>/marks-<pid>.txt`: the marks to push to,
+/// or None (with a warning) where the file or its thread cannot be had.
+fn start_in(dir: PathBuf) -> Option<Pending> {
     let path = dir.join(format!("marks-{}.txt", std::process::id()));
     let opened = std::fs::create_dir_all(&dir).and_then(|_| {
         std::fs::OpenOptions::new()
@@ -48,33 +52,26 @@ fn start() -> Option<Recorder> {
             return None;
         }
     };
+    let pending = Pending::default();
+    let theirs = pending.clone();
     let spawned = std::thread::Builder::new()
         .name("sluice-marks".into())
-        .spawn(move || flush_forever(file));
+        .spawn(move || flush_forever(&theirs, file));
     if let Err(e) = spawned {
         tracing::warn!(error = %e, "{ENV}: no thread to write the marks; recording none");
         return None;
     }
     tracing::info!(path = %path.display(), "recording where replicated writes spend their time");
-    Some(Recorder {
-        marks: Mutex::new(Vec::with_capacity(64 * 1024)),
-    })
+    Some(pending)
 }
 
-fn flush_forever(file: std::fs::File) {
+fn flush_forever(pending: &Mutex<Vec<Mark>>, file: std::fs::File) {
     let mut out = std::io::BufWriter::with_capacity(1 << 20, file);
     let mut taken = Vec::new();
     let mut written = 0u64;
     loop {
         std::thread::sleep(FLUSH);
-        // None until `start` has returned.
-        let Some(r) = RECORDER.get().and_then(Option::as_ref) else {
-            continue;
-        };
-        std::mem::swap(
-            &mut *r.marks.lock().unwrap_or_else(|p| p.into_inner()),
-            &mut taken,
-        );
+        std::mem::swap(&mut *lock(pending), &mut taken);
         for m in taken.drain(..) {
             if written < MAX_MARKS {
                 written += 1;
@@ -83,6 +80,10 @@ fn flush_forever(file: std::fs::File) {
         }
         let _ = out.flush();
     }
+}
+
+fn lock(pending: &Mutex<Vec<Mark>>) -> std::sync::MutexGuard<'_, Vec<Mark>> {
+    pending.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 /// Whether marks are being recorded.
@@ -101,8 +102,7 @@ pub fn now_ns() -> u64 {
 pub fn mark_all(point: Point, group: u64, indexes: impl IntoIterator<Item = u64>, node: u64) {
     if let Some(r) = recorder() {
         let ns = now_ns();
-        let mut marks = r.marks.lock().unwrap_or_else(|p| p.into_inner());
-        marks.extend(indexes.into_iter().map(|index| Mark {
+        lock(r).extend(indexes.into_iter().map(|index| Mark {
             ns,
             point,
             group,
@@ -112,26 +112,68 @@ pub fn mark_all(point: Point, group: u64, indexes: impl IntoIterator<Item = u64>
     }
 }
 
-/// Marks `point` for the entry `index` of `group`, dated `ns` (now, or a
-/// time taken before the index was known).
+/// Marks `point` for the entry `index` of `group`, dated `ns` (a time
+/// taken before the index was known).
 pub fn mark_at(ns: u64, point: Point, group: u64, index: u64) {
     if let Some(r) = recorder() {
-        r.marks
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .push(Mark {
-                ns,
-                point,
-                group,
-                index,
-                node: 0,
-            });
+        lock(r).push(Mark {
+            ns,
+            point,
+            group,
+            index,
+            node: 0,
+        });
     }
 }
 
 /// Marks `point` for the entry `index` of `group`, now.
 pub fn mark(point: Point, group: u64, index: u64) {
-    if on() {
-        mark_at(now_ns(), point, group, index);
+    mark_all(point, group, [index], 0);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn marks_pushed_reach_the_file_as_lines_that_read_back() {
+        let d = tempfile::tempdir().unwrap();
+        let pending = start_in(d.path().join("marks")).unwrap();
+        let sent: Vec<Mark> = (0..3)
+            .map(|i| Mark {
+                ns: 1_000 + i,
+                point: Point::ALL[i as usize],
+                group: 9,
+                index: i,
+                node: 2,
+            })
+            .collect();
+        lock(&pending).extend(sent.iter().copied());
+        let path = d
+            .path()
+            .join("marks")
+            .join(format!("marks-{}.txt", std::process::id()));
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        loop {
+            let read: Vec<Mark> = std::fs::read_to_string(&path)
+                .unwrap_or_default()
+                .lines()
+                .filter_map(Mark::parse)
+                .collect();
+            if read.len() >= sent.len() {
+                assert_eq!(read, sent);
+                break;
+            }
+            assert!(std::time::Instant::now() < deadline, "{read:?} written");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    #[test]
+    fn a_directory_that_cannot_be_made_records_nothing() {
+        let d = tempfile::tempdir().unwrap();
+        let file = d.path().join("a-file");
+        std::fs::write(&file, "").unwrap();
+        assert!(start_in(file.join("marks")).is_none());
     }
 }

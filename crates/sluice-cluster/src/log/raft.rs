@@ -119,10 +119,11 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         I::IntoIter: Send,
     {
         let recs: Vec<Record> = entries.into_iter().map(Record::Entry).collect();
-        let marked: Vec<u64> = match crate::marks::on() {
-            true => recs.iter().filter_map(Record::entry_index).collect(),
-            false => Vec::new(),
-        };
+        let marked = crate::marks::on().then(|| {
+            recs.iter()
+                .filter_map(Record::entry_index)
+                .collect::<Vec<_>>()
+        });
         let mut callback = Some(callback);
         let res = {
             let mut g = self.inner.lock();
@@ -141,7 +142,9 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         };
         match res {
             Ok(()) => {
-                crate::marks::mark_all(sluice_types::marks::Point::LogAppend, 0, marked, 0);
+                if let Some(ix) = marked {
+                    crate::marks::mark_all(sluice_types::marks::Point::LogAppend, 0, ix, 0);
+                }
                 if let Some(cb) = callback {
                     cb.io_completed(Ok(()));
                 }
