@@ -2689,7 +2689,7 @@ async fn policies_change_live_on_every_node() {
 /// and the answer (what `sluice bench cluster --breakdown` reads).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_replicated_put_leaves_a_mark_at_every_point_of_its_way() {
-    use sluice_types::marks::{Mark, Point};
+    use sluice_types::marks::Mark;
     let _serial = SERIAL.lock().await;
     const PUTS: usize = 20;
     let c = Cluster::start_nodes_marked(3, ALL_THREE, "", true);
@@ -2707,64 +2707,76 @@ async fn a_replicated_put_leaves_a_mark_at_every_point_of_its_way() {
             .map(|t| t.lines().filter_map(Mark::parse).collect())
             .collect()
     };
-    // The nodes write their marks out every 100 ms.
+    // The nodes write their marks out every 100 ms, and a put is answered
+    // once one follower has it: the other may mark it later. So wait until
+    // every mark is there, and say what is missing if it never comes.
     let deadline = Instant::now() + WAIT;
-    let files = loop {
-        let files = read();
-        let answered = files
-            .iter()
-            .flatten()
-            .filter(|m| m.point == Point::Done)
-            .count();
-        if answered >= PUTS {
-            break files;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "{answered} writes answered in the marks"
-        );
+    loop {
+        let missing = match missing_marks(&read(), PUTS) {
+            Ok(()) => break,
+            Err(m) => m,
+        };
+        assert!(Instant::now() < deadline, "{missing}");
         tokio::time::sleep(Duration::from_millis(50)).await;
-    };
-    assert_eq!(files.len(), 3, "one file per node");
+    }
+}
+
+/// What `a_replicated_put_leaves_a_mark_at_every_point_of_its_way` expects
+/// of three nodes' marks after `puts` answered puts, or the first thing missing.
+fn missing_marks(files: &[Vec<sluice_types::marks::Mark>], puts: usize) -> Result<(), String> {
+    use sluice_types::marks::Point;
+    let answered = files
+        .iter()
+        .flatten()
+        .filter(|m| m.point == Point::Done)
+        .count();
+    if answered < puts {
+        return Err(format!("{answered} writes answered in the marks"));
+    }
+    if files.len() != 3 {
+        return Err(format!("{} mark files, not one per node", files.len()));
+    }
     let leader = files
         .iter()
         .position(|f| f.iter().any(|m| m.point == Point::Propose))
-        .unwrap();
+        .ok_or("no node marked a proposal")?;
     let has =
         |f: usize, p: Point, index: u64| files[f].iter().any(|m| m.point == p && m.index == index);
-    let proposed: Vec<&Mark> = files[leader]
+    let proposed: Vec<u64> = files[leader]
         .iter()
         .filter(|m| m.point == Point::Propose)
+        .map(|m| m.index)
         .collect();
-    assert!(proposed.len() >= PUTS, "{} proposals", proposed.len());
-    for p in proposed {
-        let ix = p.index;
+    if proposed.len() < puts {
+        return Err(format!("{} proposals", proposed.len()));
+    }
+    for ix in proposed {
         for point in [Point::LogAppend, Point::Apply, Point::Done] {
-            assert!(
-                has(leader, point, ix),
-                "the leader has no {point:?} for entry {ix}"
-            );
+            if !has(leader, point, ix) {
+                return Err(format!("the leader has no {point:?} for entry {ix}"));
+            }
         }
         for f in (0..3).filter(|f| *f != leader) {
             let node = files[f]
                 .iter()
                 .find(|m| m.point == Point::Recv)
-                .unwrap()
+                .ok_or(format!("follower file {f} has no Recv at all"))?
                 .node;
             let sent = files[leader]
                 .iter()
                 .any(|m| m.point == Point::Send && m.index == ix && m.node == node);
-            assert!(sent, "entry {ix} was not marked sent to node {node}");
+            if !sent {
+                return Err(format!("entry {ix} was not marked sent to node {node}"));
+            }
             for point in [Point::Recv, Point::LogAppend, Point::Reply] {
-                assert!(
-                    has(f, point, ix),
-                    "node {node} has no {point:?} for entry {ix}"
-                );
+                if !has(f, point, ix) {
+                    return Err(format!("node {node} has no {point:?} for entry {ix}"));
+                }
             }
         }
-        assert!(
-            has(leader, Point::Acked, ix),
-            "entry {ix} was never marked acknowledged"
-        );
+        if !has(leader, Point::Acked, ix) {
+            return Err(format!("entry {ix} was never marked acknowledged"));
+        }
     }
+    Ok(())
 }
