@@ -149,6 +149,31 @@ async fn faults_per_op(
     end.saturating_sub(start) as f64 / (rate * dur.as_secs_f64() * 2.0 / 3.0).max(1.0)
 }
 
+/// CPU time each of `pids` has used so far (zero where unreadable).
+fn cpu_of(pids: &[u32]) -> Vec<Duration> {
+    pids.iter()
+        .map(|p| crate::harness::cpu_time(*p).unwrap_or_default())
+        .collect()
+}
+
+/// µs of CPU each process spent per operation of a phase: its CPU time
+/// from `before` to now over the phase's `ops`.
+fn cpu_per_op(pids: &[u32], before: &[Duration], ops: u64) -> Vec<f64> {
+    cpu_of(pids)
+        .iter()
+        .zip(before)
+        .map(|(a, b)| a.saturating_sub(*b).as_secs_f64() * 1e6 / ops.max(1) as f64)
+        .collect()
+}
+
+/// Per-process CPU per put of a many-client phase: the primary's (the
+/// shard's leader, redis's master) first, then each replica's.
+struct CpuPerPut {
+    who: String,
+    size: usize,
+    us: Vec<f64>,
+}
+
 /// Node `c`'s groups, from its `cluster status`.
 async fn groups(c: &Client) -> Result<Vec<serde_json::Value>> {
     let st = c
@@ -337,6 +362,7 @@ pub fn run(a: ClusterBenchArgs, json: bool) -> Result<()> {
     let mut spurious: Vec<(u32, Saturated)> = Vec::new();
     // (shard size, value size, clients, page faults per put on all members)
     let mut faults: Vec<(u32, usize, usize, f64)> = Vec::new();
+    let mut cpus: Vec<CpuPerPut> = Vec::new();
     let base = baseline_server()?;
     rt.block_on(async {
         for &size in &a.sizes {
@@ -356,7 +382,7 @@ pub fn run(a: ClusterBenchArgs, json: bool) -> Result<()> {
             }
             let mut procs = Procs::start_custom(n, a.node_threads, None, &all, &settings)?;
             let c0 = connect(&procs.addrs[0], Duration::from_secs(10)).await?;
-            wait_leader(&c0).await?;
+            let leader_ix = wait_leader(&c0).await? as usize;
             let target = format!("sluice-r{n}");
             for &size in &a.sizes {
                 let value = Bytes::from(vec![b'x'; size]);
@@ -381,8 +407,15 @@ pub fn run(a: ClusterBenchArgs, json: bool) -> Result<()> {
                 for _ in 0..a.clients {
                     ws.push(op(connect(&procs.addrs[0], Duration::from_secs(10)).await?, "put"));
                 }
+                // The leader's CPU first: the one-thread leader bounds
+                // this phase, as redis's master bounds redis's.
+                let mut pids = procs.pids();
+                let last = pids.len().saturating_sub(1);
+                pids.swap(0, leader_ix.min(last));
+                let cpu = cpu_of(&pids);
                 let f = steady_faults(&procs, dur);
                 let r = closed_loop(ws, dur, format!("{target} put {} c={}", fmt_size(size), a.clients)).await;
+                cpus.push(CpuPerPut { who: target.clone(), size, us: cpu_per_op(&pids, &cpu, r.0.len()) });
                 faults.push((n, size, a.clients, faults_per_op(&procs, f, &r, dur).await));
                 rows.push(row(&target, "put", size, "closed", a.clients, (&r.0, r.1, r.2)));
                 let r = closed_loop(vec![op(c0.clone(), "get")], dur, format!("{target} stable get {}", fmt_size(size))).await;
@@ -455,7 +488,10 @@ pub fn run(a: ClusterBenchArgs, json: bool) -> Result<()> {
                     w.wait_replicas = Some(2);
                     ws.push(w);
                 }
+                let pids: Vec<u32> = redis.children.iter().map(Child::id).collect();
+                let cpu = cpu_of(&pids);
                 let r = closed_loop(ws, dur, format!("redis WAIT 2 put {} c={}", fmt_size(size), a.clients)).await;
+                cpus.push(CpuPerPut { who: "redis-w2".into(), size, us: cpu_per_op(&pids, &cpu, r.0.len()) });
                 rows.push(row("redis-w2", "put", size, "closed", a.clients, (&r.0, r.1, r.2)));
             }
         }
@@ -502,6 +538,28 @@ pub fn run(a: ClusterBenchArgs, json: bool) -> Result<()> {
             "saturated, shard of {n}: {} elections in {} s of writes at {:.0} ops/s ({} failed requests; target 0 elections)",
             s.elections, a.saturated_s, s.ops_per_s, s.errors
         );
+    }
+    for c in &cpus {
+        let replicas: Vec<String> = c.us[1..].iter().map(|u| format!("{u:.1}")).collect();
+        println!(
+            "CPU per put, {} {} c={}: primary {:.1} µs, replicas {} µs",
+            c.who,
+            fmt_size(c.size),
+            a.clients,
+            c.us.first().copied().unwrap_or(f64::NAN),
+            replicas.join(" / ")
+        );
+    }
+    for &size in &a.sizes {
+        let of = |who: &str| cpus.iter().find(|c| c.who == who && c.size == size);
+        if let (Some(s), Some(r)) = (of("sluice-r3"), of("redis-w2")) {
+            println!(
+                "3-replica put {} c={}: leader CPU per put {:.2}x redis master's (what bounds one-thread nodes' throughput)",
+                fmt_size(size),
+                a.clients,
+                s.us[0] / r.us[0]
+            );
+        }
     }
     let find = |t: &str, op: &str, size: usize, c: usize| {
         rows.iter()
