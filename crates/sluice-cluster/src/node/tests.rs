@@ -40,61 +40,14 @@ fn put(key: &str, len: usize) -> Command {
     }
 }
 
-/// Queues `cmd` as a put's writer does; whether it starts a proposer.
-fn push(b: &mut Batcher, cmd: Command) -> bool {
-    let (tx, _rx) = tokio::sync::oneshot::channel();
-    b.push((cmd, tx))
-}
-
 fn queued(cmds: Vec<Command>) -> Batcher {
     let mut b = Batcher::default();
     for c in cmds {
-        push(&mut b, c);
+        let (tx, _rx) = tokio::sync::oneshot::channel();
+        b.queue.push_back((c, tx));
     }
     b.proposers = 1;
     b
-}
-
-/// Small puts that arrive while a batch is in flight wait for the running
-/// proposer and go together; a second proposer starts only once a whole
-/// batch waits (a batch's count of puts, or a large value's bytes), and
-/// never a third.
-#[test]
-fn small_puts_wait_for_the_running_proposer_and_a_whole_batch_gets_a_second() {
-    let mut b = Batcher::default();
-    assert!(push(&mut b, put("a", 10_240)), "a lone put goes at once");
-    assert_eq!(b.take().len(), 1);
-    for i in 0..BATCH_PUTS - 1 {
-        assert!(!push(&mut b, put(&format!("s{i}"), 64)), "put {i} waits");
-    }
-    assert!(push(&mut b, put("last", 64)), "a whole batch waits");
-    assert_eq!(b.proposers, 2);
-    assert!(!push(&mut b, put("more", 64)), "never a third proposer");
-    assert_eq!(b.take().len(), BATCH_PUTS);
-    assert_eq!(b.take().len(), 1);
-    assert!(b.take().is_empty() && b.take().is_empty());
-    assert_eq!(b.proposers, 0, "both proposers ended with the queue");
-
-    // Large values: each is a batch of its own, so two go at once.
-    assert!(push(&mut b, put("big1", BATCH_BYTES)));
-    assert!(
-        push(&mut b, put("big2", BATCH_BYTES)),
-        "a large value waiting gets the second proposer"
-    );
-    assert_eq!(b.take().len(), 1);
-    assert_eq!(b.take().len(), 1);
-    assert!(b.take().is_empty());
-    assert_eq!(b.proposers, 1);
-    assert!(
-        !push(&mut b, put("small", 8)),
-        "the large values taken no longer count: a small put waits for the proposer still running"
-    );
-    assert_eq!(b.take().len(), 1);
-    assert!(b.take().is_empty());
-    assert!(
-        push(&mut b, put("alone", 8)),
-        "with none running, one starts"
-    );
 }
 
 /// A batch stops at `BATCH_PUTS` puts or `BATCH_BYTES` of values, but

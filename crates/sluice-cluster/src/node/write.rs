@@ -13,19 +13,13 @@ pub(super) type Queued = (
 /// Proposals of one group's puts. openraft writes (and, for persistent
 /// shards, fsyncs) each proposal before it takes the next, so puts that
 /// arrive while earlier ones are in flight wait here and then go as one
-/// `Command::Batch`: one log entry, one fsync. One proposer runs while
-/// the puts waiting are fewer than a batch; a second starts once a whole
-/// batch waits (large values: each fills one), so small puts ride
-/// together in one entry instead of splitting across two (fewer entries,
-/// less CPU per put: BENCHMARKS.md, "One batch in flight for small
-/// puts"). A put that finds no proposer it may start is left in the
-/// queue for the running ones (they drain it before they stop).
+/// `Command::Batch`: one log entry, one fsync. At most
+/// `BATCHES_IN_FLIGHT` proposers run; a put that finds them all busy is
+/// left in the queue for them (they drain it before they stop).
 #[derive(Default)]
 pub(super) struct Batcher {
     pub(super) queue: std::collections::VecDeque<Queued>,
     pub(super) proposers: usize,
-    /// Bytes of keys and values in `queue`.
-    bytes: usize,
 }
 
 /// At most this many puts, or this many bytes of values, per batch (at
@@ -35,30 +29,10 @@ pub(super) struct Batcher {
 /// message).
 pub(super) const BATCH_PUTS: usize = 256;
 pub(super) const BATCH_BYTES: usize = 1 << 20;
-/// Proposers at once, when whole batches wait: one being appended while
-/// another is replicated.
+/// Proposers at once: one being appended while another is replicated.
 pub(super) const BATCHES_IN_FLIGHT: usize = 2;
 
-/// What a queued put counts for in `BATCH_BYTES`.
-fn batch_bytes(cmd: &Command) -> usize {
-    match cmd {
-        Command::Write { key, value, .. } => key.len() + value.as_ref().map_or(0, |v| v.len()),
-        _ => 0,
-    }
-}
-
 impl Batcher {
-    /// Queues a put; true when its writer is to start a proposer (and the
-    /// slot is taken): none runs, or one does and a whole batch waits.
-    pub(super) fn push(&mut self, q: Queued) -> bool {
-        self.bytes += batch_bytes(&q.0);
-        self.queue.push_back(q);
-        let whole = self.bytes >= BATCH_BYTES || self.queue.len() >= BATCH_PUTS;
-        let start = self.proposers == 0 || (self.proposers < BATCHES_IN_FLIGHT && whole);
-        self.proposers += usize::from(start);
-        start
-    }
-
     /// Takes the puts at the head of the queue that fit one batch; with
     /// none left, this proposer stops (under the same lock as the check a
     /// new put makes, so no put is left without a proposer).
@@ -66,14 +40,18 @@ impl Batcher {
         let mut bytes = 0;
         let mut out = Vec::new();
         while let Some((cmd, _)) = self.queue.front() {
-            let size = batch_bytes(cmd);
+            let size = match cmd {
+                Command::Write { key, value, .. } => {
+                    key.len() + value.as_ref().map_or(0, |v| v.len())
+                }
+                _ => 0,
+            };
             if !out.is_empty() && (out.len() >= BATCH_PUTS || bytes + size > BATCH_BYTES) {
                 break;
             }
             bytes += size;
             out.extend(self.queue.pop_front());
         }
-        self.bytes -= bytes;
         if out.is_empty() {
             self.proposers -= 1;
         }
@@ -128,17 +106,23 @@ impl ClusterNode {
     }
 
     /// Proposes a put with whatever other puts are waiting (see
-    /// `Batcher`). A put that may start a proposer proposes the queue's
-    /// head itself (a lone put goes at once, as it is); if puts queued up
-    /// meanwhile, a task takes the slot over and drains them. Any other
-    /// put waits for a running proposer to take it.
+    /// `Batcher`). A put that finds a free proposer slot proposes the
+    /// queue's head itself (a lone put goes at once, as it is); if puts
+    /// queued up meanwhile, a task takes the slot over and drains them.
+    /// A put that finds every slot busy waits for a proposer to take it.
     pub(super) async fn propose_write(
         &self,
         g: &Arc<Group>,
         cmd: Command,
     ) -> Result<Applied, SluiceError> {
         let (tx, rx) = tokio::sync::oneshot::channel();
-        let propose = g.batch.lock().push((cmd, tx));
+        let propose = {
+            let mut b = g.batch.lock();
+            b.queue.push_back((cmd, tx));
+            let free = b.proposers < BATCHES_IN_FLIGHT;
+            b.proposers += usize::from(free);
+            free
+        };
         // Boxed: proposing (openraft's client write) is a future of
         // kilobytes, and only the writer that takes a free proposer slot
         // runs it; every write's task would otherwise be spawned and moved
