@@ -540,24 +540,31 @@ pub fn run(a: ClusterBenchArgs, json: bool) -> Result<()> {
         );
     }
     for c in &cpus {
-        let replicas: Vec<String> = c.us[1..].iter().map(|u| format!("{u:.1}")).collect();
+        let replicas: Vec<String> = c.us.iter().skip(1).map(|u| format!("{u:.1}")).collect();
+        let replicas = match replicas.is_empty() {
+            true => "none".to_string(),
+            false => format!("{} µs", replicas.join(" / ")),
+        };
         println!(
-            "CPU per put, {} {} c={}: primary {:.1} µs, replicas {} µs",
+            "CPU per put, {} {} c={}: primary {:.1} µs, replicas {replicas}",
             c.who,
             fmt_size(c.size),
             a.clients,
             c.us.first().copied().unwrap_or(f64::NAN),
-            replicas.join(" / ")
         );
     }
     for &size in &a.sizes {
-        let of = |who: &str| cpus.iter().find(|c| c.who == who && c.size == size);
-        if let (Some(s), Some(r)) = (of("sluice-r3"), of("redis-w2")) {
+        let primary = |who: &str| {
+            cpus.iter()
+                .find(|c| c.who == who && c.size == size)
+                .and_then(|c| c.us.first().copied())
+        };
+        if let (Some(s), Some(r)) = (primary("sluice-r3"), primary("redis-w2")) {
             println!(
                 "3-replica put {} c={}: leader CPU per put {:.2}x redis master's (what bounds one-thread nodes' throughput)",
                 fmt_size(size),
                 a.clients,
-                s.us[0] / r.us[0]
+                s / r
             );
         }
     }
