@@ -382,7 +382,7 @@ pub fn run(a: ClusterBenchArgs, json: bool) -> Result<()> {
             }
             let mut procs = Procs::start_custom(n, a.node_threads, None, &all, &settings)?;
             let c0 = connect(&procs.addrs[0], Duration::from_secs(10)).await?;
-            let leader_ix = wait_leader(&c0).await? as usize;
+            wait_leader(&c0).await?;
             let target = format!("sluice-r{n}");
             for &size in &a.sizes {
                 let value = Bytes::from(vec![b'x'; size]);
@@ -408,7 +408,10 @@ pub fn run(a: ClusterBenchArgs, json: bool) -> Result<()> {
                     ws.push(op(connect(&procs.addrs[0], Duration::from_secs(10)).await?, "put"));
                 }
                 // The leader's CPU first: the one-thread leader bounds
-                // this phase, as redis's master bounds redis's.
+                // this phase, as redis's master bounds redis's. Asked now,
+                // not when the shard started: earlier phases may have
+                // moved it.
+                let leader_ix = wait_leader(&c0).await? as usize;
                 let mut pids = procs.pids();
                 let last = pids.len().saturating_sub(1);
                 pids.swap(0, leader_ix.min(last));
