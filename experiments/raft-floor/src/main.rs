@@ -1,0 +1,590 @@
+//! raft-floor: what a 3-replica put costs when the Raft core is TiKV's
+//! I/O-free `raft` crate driven by one event loop per node, next to
+//! Redis `SET` + `WAIT 2` and a loopback TCP round trip measured by the
+//! same client in the same run (issue #20; README.md).
+//!
+//! A node is one process with a current-thread tokio runtime: one task
+//! reads each inbound connection and hands what it decodes to the node's
+//! loop, which steps the Raft core, writes its messages and replies to
+//! the sockets itself, appends entries to an in-memory log
+//! (`MemStorage`, as Sluice's volatile shards keep theirs in memory) and
+//! applies committed entries to a map. A leader sends its entries before
+//! appending them to its own log (Raft thesis 10.2.1), which raft-rs
+//! allows by handing out a ready's messages before its entries.
+//!
+//!   raft-floor bench [--size BYTES] [--secs S] [--clients N] [--redis PATH]
+//!   raft-floor node ID PORT1 PORT2 PORT3        (started by bench)
+
+use anyhow::{anyhow, bail, Context, Result};
+use hdrhistogram::Histogram;
+use protobuf::Message as _;
+use raft::prelude::*;
+use raft::storage::MemStorage;
+use raft::StateRole;
+use std::collections::HashMap;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+use tokio::io::{AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::net::tcp::OwnedWriteHalf;
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::mpsc;
+
+fn main() -> Result<()> {
+    let args: Vec<String> = std::env::args().collect();
+    match args.get(1).map(String::as_str) {
+        Some("node") => {
+            let id: u64 = args.get(2).context("node ID")?.parse()?;
+            let ports = args[3..]
+                .iter()
+                .map(|p| p.parse::<u16>())
+                .collect::<Result<Vec<_>, _>>()?;
+            tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()?
+                .block_on(node(id, ports))
+        }
+        Some("bench") => bench(&args[2..]),
+        _ => bail!(
+            "usage: raft-floor bench [--size BYTES] [--secs S] [--clients N] [--redis PATH] | raft-floor node ID PORT..."
+        ),
+    }
+}
+
+// ------------------------------------------------------------------ node
+
+enum Ev {
+    Peer(Message),
+    Put { conn: u64, req: u64, value: Vec<u8> },
+    Client { conn: u64, w: OwnedWriteHalf },
+    Gone(u64),
+}
+
+/// A reply's flag for "not proposed here" (no leader yet): the client
+/// asks again.
+const REFUSED: u64 = 1 << 63;
+/// Entries kept in the in-memory log behind the applied one.
+const KEEP: u64 = 4096;
+
+async fn node(id: u64, ports: Vec<u16>) -> Result<()> {
+    let listener = TcpListener::bind(("127.0.0.1", ports[id as usize - 1])).await?;
+    let (tx, mut rx) = mpsc::unbounded_channel::<Ev>();
+    tokio::spawn(async move {
+        let mut next = 0u64;
+        while let Ok((s, _)) = listener.accept().await {
+            s.set_nodelay(true).ok();
+            next += 1;
+            tokio::spawn(inbound(s, next, tx.clone()));
+        }
+    });
+    let voters: Vec<u64> = (1..=ports.len() as u64).collect();
+    let storage = MemStorage::new_with_conf_state(ConfState::from((voters.clone(), vec![])));
+    let cfg = Config {
+        id,
+        election_tick: 20,
+        heartbeat_tick: 2,
+        max_inflight_msgs: 256,
+        max_size_per_msg: 1 << 20,
+        ..Default::default()
+    };
+    cfg.validate()?;
+    let logger = slog::Logger::root(slog::Discard, slog::o!());
+    let mut raw = RawNode::new(&cfg, storage, &logger)?;
+    let mut peers: HashMap<u64, OwnedWriteHalf> = HashMap::new();
+    for &p in voters.iter().filter(|&&p| p != id) {
+        peers.insert(p, connect_peer(ports[p as usize - 1], id).await?);
+    }
+    if id == 1 {
+        raw.campaign()?;
+    }
+    let mut st = State::default();
+    let mut tick = tokio::time::interval(Duration::from_millis(50));
+    loop {
+        tokio::select! {
+            ev = rx.recv() => {
+                let Some(ev) = ev else { return Ok(()) };
+                st.handle(&mut raw, ev)?;
+                while let Ok(ev) = rx.try_recv() {
+                    st.handle(&mut raw, ev)?;
+                }
+            }
+            _ = tick.tick() => { raw.tick(); }
+        }
+        st.on_ready(&mut raw, &mut peers).await?;
+    }
+}
+
+#[derive(Default)]
+struct State {
+    clients: HashMap<u64, OwnedWriteHalf>,
+    kv: HashMap<u64, Vec<u8>>,
+    applied: u64,
+    replies: HashMap<u64, Vec<u8>>,
+}
+
+impl State {
+    fn handle(&mut self, raw: &mut RawNode<MemStorage>, ev: Ev) -> Result<()> {
+        match ev {
+            Ev::Peer(m) => {
+                let _ = raw.step(m);
+            }
+            Ev::Put { conn, req, value } => {
+                let mut ctx = conn.to_le_bytes().to_vec();
+                ctx.extend_from_slice(&req.to_le_bytes());
+                if raw.raft.state != StateRole::Leader || raw.propose(ctx, value).is_err() {
+                    self.reply(conn, req | REFUSED);
+                }
+            }
+            Ev::Client { conn, w } => {
+                self.clients.insert(conn, w);
+            }
+            Ev::Gone(conn) => {
+                self.clients.remove(&conn);
+            }
+        }
+        Ok(())
+    }
+
+    fn reply(&mut self, conn: u64, word: u64) {
+        self.replies
+            .entry(conn)
+            .or_default()
+            .extend_from_slice(&word.to_le_bytes());
+    }
+
+    fn apply(&mut self, leader: bool, entries: Vec<Entry>) {
+        for e in entries {
+            self.applied = e.index;
+            if e.get_data().is_empty() {
+                continue;
+            }
+            self.kv.insert(e.index % 1024, e.get_data().to_vec());
+            let ctx = e.get_context();
+            if leader && ctx.len() == 16 {
+                let conn = u64::from_le_bytes(ctx[..8].try_into().unwrap());
+                let req = u64::from_le_bytes(ctx[8..].try_into().unwrap());
+                self.reply(conn, req);
+            }
+        }
+    }
+
+    async fn on_ready(
+        &mut self,
+        raw: &mut RawNode<MemStorage>,
+        peers: &mut HashMap<u64, OwnedWriteHalf>,
+    ) -> Result<()> {
+        if !raw.has_ready() {
+            return Ok(());
+        }
+        let leader = raw.raft.state == StateRole::Leader;
+        let mut rd = raw.ready();
+        send(peers, rd.take_messages()).await;
+        if !rd.snapshot().is_empty() {
+            raw.mut_store().wl().apply_snapshot(rd.snapshot().clone())?;
+        }
+        self.apply(leader, rd.take_committed_entries());
+        if !rd.entries().is_empty() {
+            raw.mut_store().wl().append(rd.entries())?;
+        }
+        if let Some(hs) = rd.hs() {
+            raw.mut_store().wl().set_hardstate(hs.clone());
+        }
+        send(peers, rd.take_persisted_messages()).await;
+        let mut light = raw.advance(rd);
+        if let Some(c) = light.commit_index() {
+            raw.mut_store().wl().mut_hard_state().set_commit(c);
+        }
+        send(peers, light.take_messages()).await;
+        self.apply(leader, light.take_committed_entries());
+        raw.advance_apply();
+        for (conn, buf) in self.replies.drain() {
+            if let Some(w) = self.clients.get_mut(&conn) {
+                let _ = w.write_all(&buf).await;
+            }
+        }
+        if self.applied > 2 * KEEP && self.applied.is_multiple_of(KEEP) {
+            raw.mut_store().wl().compact(self.applied - KEEP)?;
+        }
+        Ok(())
+    }
+}
+
+async fn send(peers: &mut HashMap<u64, OwnedWriteHalf>, msgs: Vec<Message>) {
+    if msgs.is_empty() {
+        return;
+    }
+    let mut bufs: HashMap<u64, Vec<u8>> = HashMap::new();
+    for m in msgs {
+        let Ok(b) = m.write_to_bytes() else { continue };
+        let out = bufs.entry(m.to).or_default();
+        out.extend_from_slice(&(b.len() as u32).to_le_bytes());
+        out.extend_from_slice(&b);
+    }
+    for (to, b) in bufs {
+        if let Some(w) = peers.get_mut(&to) {
+            let _ = w.write_all(&b).await;
+        }
+    }
+}
+
+async fn connect_peer(port: u16, me: u64) -> Result<OwnedWriteHalf> {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        match TcpStream::connect(("127.0.0.1", port)).await {
+            Ok(s) => {
+                s.set_nodelay(true)?;
+                let (_r, mut w) = s.into_split();
+                let mut hello = vec![b'P'];
+                hello.extend_from_slice(&me.to_le_bytes());
+                w.write_all(&hello).await?;
+                return Ok(w);
+            }
+            Err(e) if Instant::now() > deadline => return Err(e.into()),
+            Err(_) => tokio::time::sleep(Duration::from_millis(20)).await,
+        }
+    }
+}
+
+/// One inbound connection: a peer's messages, or a client's puts
+/// (`[u32 len][u64 request][value]`, answered by `[u64 request]`).
+async fn inbound(s: TcpStream, conn: u64, tx: mpsc::UnboundedSender<Ev>) -> Result<()> {
+    let (r, w) = s.into_split();
+    let mut r = BufReader::with_capacity(256 * 1024, r);
+    let kind = r.read_u8().await?;
+    if kind == b'P' {
+        let _from = r.read_u64_le().await?;
+        loop {
+            let n = r.read_u32_le().await? as usize;
+            let mut b = vec![0u8; n];
+            r.read_exact(&mut b).await?;
+            let m = Message::parse_from_bytes(&b).map_err(|e| anyhow!("{e}"))?;
+            if tx.send(Ev::Peer(m)).is_err() {
+                return Ok(());
+            }
+        }
+    }
+    tx.send(Ev::Client { conn, w }).ok();
+    let res: Result<()> = async {
+        loop {
+            let n = r.read_u32_le().await? as usize;
+            let req = r.read_u64_le().await?;
+            let mut value = vec![0u8; n];
+            r.read_exact(&mut value).await?;
+            if tx.send(Ev::Put { conn, req, value }).is_err() {
+                return Ok(());
+            }
+        }
+    }
+    .await;
+    tx.send(Ev::Gone(conn)).ok();
+    res
+}
+
+// ----------------------------------------------------------------- bench
+
+trait Put: Send {
+    fn put(&mut self, req: u64) -> impl std::future::Future<Output = Result<bool>> + Send;
+}
+
+/// A client of the Raft nodes' leader.
+struct RaftClient {
+    s: BufReader<TcpStream>,
+    value: Vec<u8>,
+}
+
+impl Put for RaftClient {
+    async fn put(&mut self, req: u64) -> Result<bool> {
+        let mut b = Vec::with_capacity(self.value.len() + 12);
+        b.extend_from_slice(&(self.value.len() as u32).to_le_bytes());
+        b.extend_from_slice(&req.to_le_bytes());
+        b.extend_from_slice(&self.value);
+        self.s.get_mut().write_all(&b).await?;
+        let got = self.s.read_u64_le().await?;
+        if got == req {
+            Ok(true)
+        } else if got == req | REFUSED {
+            Ok(false)
+        } else {
+            bail!("reply {got:#x} to request {req}")
+        }
+    }
+}
+
+/// `SET` + `WAIT 2 0` pipelined, as `sluice bench cluster` sends them.
+struct RedisClient {
+    s: BufReader<TcpStream>,
+    value: Vec<u8>,
+    line: Vec<u8>,
+}
+
+impl RedisClient {
+    async fn line(&mut self) -> Result<()> {
+        self.line.clear();
+        loop {
+            let c = self.s.read_u8().await?;
+            self.line.push(c);
+            if self.line.ends_with(b"\r\n") {
+                return Ok(());
+            }
+        }
+    }
+}
+
+impl Put for RedisClient {
+    async fn put(&mut self, req: u64) -> Result<bool> {
+        let key = format!("k{}", req % 1024);
+        let mut b = Vec::with_capacity(self.value.len() + 96);
+        b.extend_from_slice(
+            format!(
+                "*3\r\n$3\r\nSET\r\n${}\r\n{key}\r\n${}\r\n",
+                key.len(),
+                self.value.len()
+            )
+            .as_bytes(),
+        );
+        b.extend_from_slice(&self.value);
+        b.extend_from_slice(b"\r\n*3\r\n$4\r\nWAIT\r\n$1\r\n2\r\n$1\r\n0\r\n");
+        self.s.get_mut().write_all(&b).await?;
+        self.line().await?;
+        if self.line != b"+OK\r\n" {
+            bail!("redis SET: {}", String::from_utf8_lossy(&self.line));
+        }
+        self.line().await?;
+        Ok(self.line == b":2\r\n")
+    }
+}
+
+/// A 10 KB-shaped round trip to an echo of the same size's reply: the
+/// request's bytes to a server that answers 8 bytes.
+struct Loopback {
+    s: BufReader<TcpStream>,
+    value: Vec<u8>,
+}
+
+impl Put for Loopback {
+    async fn put(&mut self, req: u64) -> Result<bool> {
+        let mut b = Vec::with_capacity(self.value.len() + 12);
+        b.extend_from_slice(&(self.value.len() as u32).to_le_bytes());
+        b.extend_from_slice(&req.to_le_bytes());
+        b.extend_from_slice(&self.value);
+        self.s.get_mut().write_all(&b).await?;
+        Ok(self.s.read_u64_le().await? == req)
+    }
+}
+
+async fn echo_server(l: TcpListener) {
+    while let Ok((s, _)) = l.accept().await {
+        s.set_nodelay(true).ok();
+        tokio::spawn(async move {
+            let (r, mut w) = s.into_split();
+            let mut r = BufReader::with_capacity(256 * 1024, r);
+            let mut v = Vec::new();
+            loop {
+                let Ok(n) = r.read_u32_le().await else { return };
+                let Ok(req) = r.read_u64_le().await else {
+                    return;
+                };
+                v.resize(n as usize, 0);
+                if r.read_exact(&mut v).await.is_err()
+                    || w.write_all(&req.to_le_bytes()).await.is_err()
+                {
+                    return;
+                }
+            }
+        });
+    }
+}
+
+async fn connect(port: u16) -> Result<BufReader<TcpStream>> {
+    let s = TcpStream::connect(("127.0.0.1", port)).await?;
+    s.set_nodelay(true)?;
+    Ok(BufReader::with_capacity(64 * 1024, s))
+}
+
+/// Closed loop: each client one put in flight for `dur`; latencies (µs)
+/// and ops/s.
+async fn closed_loop<P: Put + 'static>(
+    clients: Vec<P>,
+    dur: Duration,
+) -> Result<(Histogram<u64>, f64)> {
+    let start = Instant::now();
+    let mut tasks = Vec::new();
+    for (i, mut c) in clients.into_iter().enumerate() {
+        tasks.push(tokio::spawn(async move {
+            let mut h = Histogram::<u64>::new(3)?;
+            let mut req = (i as u64) << 40;
+            while start.elapsed() < dur {
+                req += 1;
+                let t = Instant::now();
+                if !c.put(req).await? {
+                    bail!("a put was not replicated (request {req})");
+                }
+                h.record(t.elapsed().as_nanos() as u64 / 1000)?;
+            }
+            Ok::<_, anyhow::Error>(h)
+        }));
+    }
+    let mut all = Histogram::<u64>::new(3)?;
+    for t in tasks {
+        all.add(t.await??)?;
+    }
+    let n = all.len() as f64;
+    Ok((all, n / start.elapsed().as_secs_f64()))
+}
+
+struct Procs(Vec<Child>);
+impl Drop for Procs {
+    fn drop(&mut self) {
+        for c in &mut self.0 {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+fn free_port() -> Result<u16> {
+    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port())
+}
+
+fn bench(a: &[String]) -> Result<()> {
+    let opt = |k: &str, d: &str| -> String {
+        a.iter()
+            .position(|x| x == k)
+            .and_then(|i| a.get(i + 1).cloned())
+            .unwrap_or_else(|| d.to_string())
+    };
+    let size: usize = opt("--size", "10240").parse()?;
+    let secs: f64 = opt("--secs", "2").parse()?;
+    let many: usize = opt("--clients", "16").parse()?;
+    let redis = opt("--redis", "redis-server");
+    let rounds: usize = opt("--rounds", "3").parse()?;
+    let dur = Duration::from_secs_f64(secs);
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
+
+    // Three Raft nodes, node 1 standing for leader.
+    let ports: Vec<u16> = (0..3).map(|_| free_port()).collect::<Result<_>>()?;
+    let exe = std::env::current_exe()?;
+    let mut procs = Procs(Vec::new());
+    for id in 1..=3u64 {
+        let mut c = Command::new(&exe);
+        c.arg("node").arg(id.to_string());
+        c.args(ports.iter().map(|p| p.to_string()));
+        procs.0.push(c.stdout(Stdio::null()).spawn()?);
+    }
+    // Redis: a master and two replicas.
+    let rports: Vec<u16> = (0..3).map(|_| free_port()).collect::<Result<_>>()?;
+    let dir = std::env::temp_dir().join(format!("raft-floor-{}", std::process::id()));
+    std::fs::create_dir_all(&dir)?;
+    for (i, p) in rports.iter().enumerate() {
+        let mut c = Command::new(&redis);
+        c.args(["--port", &p.to_string(), "--save", "", "--appendonly", "no"]);
+        c.args([
+            "--dir",
+            dir.to_str().unwrap(),
+            "--dbfilename",
+            &format!("d{i}.rdb"),
+        ]);
+        if i > 0 {
+            c.args(["--replicaof", "127.0.0.1", &rports[0].to_string()]);
+        }
+        procs.0.push(
+            c.stdout(Stdio::null())
+                .spawn()
+                .with_context(|| format!("starting {redis}"))?,
+        );
+    }
+    let echo = std::net::TcpListener::bind("127.0.0.1:0")?;
+    let echo_port = echo.local_addr()?.port();
+    echo.set_nonblocking(true)?;
+
+    rt.block_on(async move {
+        tokio::spawn(echo_server(TcpListener::from_std(echo)?));
+        let value = vec![b'x'; size];
+        let (leader_port, master_port) = (ports[0], rports[0]);
+        let raft_client = |v: Vec<u8>| async move {
+            let mut s = connect(leader_port).await?;
+            s.get_mut().write_all(b"C").await?;
+            Ok::<_, anyhow::Error>(RaftClient { s, value: v })
+        };
+        let redis_client = |v: Vec<u8>| async move {
+            Ok::<_, anyhow::Error>(RedisClient { s: connect(master_port).await?, value: v, line: Vec::new() })
+        };
+        // Both ready: a put that goes through, within 10 s.
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let r: Result<bool> = tokio::time::timeout(Duration::from_secs(1), async { raft_client(value.clone()).await?.put(1).await })
+                .await
+                .unwrap_or_else(|_| Err(anyhow!("no answer within 1 s")));
+            if matches!(r, Ok(true)) {
+                break;
+            }
+            if Instant::now() > deadline {
+                bail!("the Raft nodes took no put within 10 s: {r:?}");
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        loop {
+            let r: Result<bool> = tokio::time::timeout(Duration::from_secs(1), async { redis_client(value.clone()).await?.put(1).await })
+                .await
+                .unwrap_or_else(|_| Err(anyhow!("no answer within 1 s")));
+            if matches!(r, Ok(true)) {
+                break;
+            }
+            if Instant::now() > deadline {
+                bail!("redis had no 2 replicas within 10 s: {r:?}");
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        println!("{size} B puts, {rounds} rounds of {secs} s phases taking turns; p50/p99 in µs");
+        println!("{:<34} {:>10} {:>8} {:>8}", "round / phase", "ops/s", "p50", "p99");
+        let mut ratios: Vec<(f64, f64, f64)> = Vec::new();
+        for round in 1..=rounds {
+            let mut p50 = [0f64; 3];
+            let mut tput = [0f64; 2];
+            for (k, name) in ["loopback", "raft-rs", "redis WAIT 2"].iter().enumerate() {
+                let (h, ops) = match k {
+                    0 => closed_loop(vec![Loopback { s: connect(echo_port).await?, value: value.clone() }], dur).await?,
+                    1 => closed_loop(vec![raft_client(value.clone()).await?], dur).await?,
+                    _ => closed_loop(vec![redis_client(value.clone()).await?], dur).await?,
+                };
+                p50[k] = h.value_at_quantile(0.5) as f64;
+                println!("{:<34} {:>10.0} {:>8} {:>8}", format!("{round} {name} c=1"), ops, h.value_at_quantile(0.5), h.value_at_quantile(0.99));
+            }
+            for (k, name) in ["raft-rs", "redis WAIT 2"].iter().enumerate() {
+                let (h, ops) = if k == 0 {
+                    let mut cs = Vec::new();
+                    for _ in 0..many {
+                        cs.push(raft_client(value.clone()).await?);
+                    }
+                    closed_loop(cs, dur).await?
+                } else {
+                    let mut cs = Vec::new();
+                    for _ in 0..many {
+                        cs.push(redis_client(value.clone()).await?);
+                    }
+                    closed_loop(cs, dur).await?
+                };
+                tput[k] = ops;
+                println!("{:<34} {:>10.0} {:>8} {:>8}", format!("{round} {name} c={many}"), ops, h.value_at_quantile(0.5), h.value_at_quantile(0.99));
+            }
+            ratios.push((p50[1] / p50[2], p50[1] / p50[0], tput[0] / tput[1]));
+        }
+        let med = |f: fn(&(f64, f64, f64)) -> f64| {
+            let mut v: Vec<f64> = ratios.iter().map(f).collect();
+            v.sort_by(|a, b| a.total_cmp(b));
+            v[v.len() / 2]
+        };
+        println!(
+            "raft-rs one-loop nodes: put p50 {:.2}x redis WAIT 2, {:.2}x the loopback round trip; c={many} throughput {:.2}x redis (medians of the rounds' ratios)",
+            med(|r| r.0),
+            med(|r| r.1),
+            med(|r| r.2)
+        );
+        Ok(())
+    })?;
+    let _ = std::fs::remove_dir_all(&dir);
+    Ok(())
+}
