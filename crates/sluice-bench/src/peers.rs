@@ -150,7 +150,10 @@ pub async fn raw_op(addr: SocketAddr, req_payload: usize, resp_len: usize) -> Re
 
 /// A minimal RESP client for SET/GET against redis-server.
 pub struct RedisOp {
-    sock: tokio::net::TcpStream,
+    /// Replies are read through a buffer: reading them a byte per system
+    /// call (as this client did until 2026-11-27) cost Redis's side of
+    /// every comparison nine `recv`s per `SET` + `WAIT`.
+    sock: tokio::io::BufReader<tokio::net::TcpStream>,
     op: &'static str,
     value: Vec<u8>,
     prefix: String,
@@ -230,7 +233,7 @@ pub async fn redis_op(addr: &str, op: &'static str, size: usize) -> Result<Redis
         .with_context(|| format!("connecting to redis at {addr}"))?;
     sock.set_nodelay(true)?;
     Ok(RedisOp {
-        sock,
+        sock: tokio::io::BufReader::with_capacity(64 * 1024, sock),
         op,
         value: vec![b'x'; size],
         prefix: format!("/bench/{size}"),

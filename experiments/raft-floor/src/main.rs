@@ -97,6 +97,10 @@ async fn node(id: u64, ports: Vec<u16>) -> Result<()> {
         raw.campaign()?;
     }
     let mut st = State::default();
+    if let Ok(dir) = std::env::var("RAFT_FLOOR_LOG_DIR") {
+        let path = std::path::Path::new(&dir).join(format!("node-{id}.log"));
+        st.log = Some(std::fs::File::create(&path).with_context(|| format!("{}", path.display()))?);
+    }
     let mut tick = tokio::time::interval(Duration::from_millis(50));
     loop {
         tokio::select! {
@@ -115,6 +119,10 @@ async fn node(id: u64, ports: Vec<u16>) -> Result<()> {
 
 #[derive(Default)]
 struct State {
+    /// With `RAFT_FLOOR_LOG_DIR`: the node's log file, appended and
+    /// fdatasync'd before a ready's entries count as persisted (its
+    /// messages to followers go out first, its persisted messages after).
+    log: Option<std::fs::File>,
     clients: HashMap<u64, OwnedWriteHalf>,
     kv: HashMap<u64, Vec<u8>>,
     applied: u64,
@@ -167,6 +175,14 @@ impl State {
         }
     }
 
+    async fn flush_replies(&mut self) {
+        for (conn, buf) in self.replies.drain() {
+            if let Some(w) = self.clients.get_mut(&conn) {
+                let _ = w.write_all(&buf).await;
+            }
+        }
+    }
+
     async fn on_ready(
         &mut self,
         raw: &mut RawNode<MemStorage>,
@@ -182,6 +198,39 @@ impl State {
             raw.mut_store().wl().apply_snapshot(rd.snapshot().clone())?;
         }
         self.apply(leader, rd.take_committed_entries());
+        // Answered before this ready's own log write: they are committed.
+        self.flush_replies().await;
+        // As etcd's `MustSync`: a write with entries, or a new term or
+        // vote, is synced; a commit index alone is written, not synced
+        // (a node learns it again from the leader).
+        let must_sync = !rd.entries().is_empty()
+            || rd.hs().is_some_and(|hs| {
+                let store = raw.store().rl();
+                let old = store.hard_state();
+                hs.term != old.term || hs.vote != old.vote
+            });
+        if let Some(log) = self
+            .log
+            .as_mut()
+            .filter(|_| !rd.entries().is_empty() || rd.hs().is_some())
+        {
+            use std::io::Write;
+            let mut b = Vec::new();
+            for e in rd.entries() {
+                let r = e.write_to_bytes()?;
+                b.extend_from_slice(&(r.len() as u32).to_le_bytes());
+                b.extend_from_slice(&r);
+            }
+            if let Some(hs) = rd.hs() {
+                let r = hs.write_to_bytes()?;
+                b.extend_from_slice(&(r.len() as u32 | 1 << 31).to_le_bytes());
+                b.extend_from_slice(&r);
+            }
+            log.write_all(&b)?;
+            if must_sync {
+                log.sync_data()?;
+            }
+        }
         if !rd.entries().is_empty() {
             raw.mut_store().wl().append(rd.entries())?;
         }
@@ -196,11 +245,7 @@ impl State {
         send(peers, light.take_messages()).await;
         self.apply(leader, light.take_committed_entries());
         raw.advance_apply();
-        for (conn, buf) in self.replies.drain() {
-            if let Some(w) = self.clients.get_mut(&conn) {
-                let _ = w.write_all(&buf).await;
-            }
-        }
+        self.flush_replies().await;
         if self.applied > 2 * KEEP && self.applied.is_multiple_of(KEEP) {
             raw.mut_store().wl().compact(self.applied - KEEP)?;
         }
@@ -431,6 +476,31 @@ async fn closed_loop<P: Put + 'static>(
     Ok((all, n / start.elapsed().as_secs_f64()))
 }
 
+/// A fresh directory under `base` for the nodes' logs.
+fn tempdir_in(base: &str) -> Result<std::path::PathBuf> {
+    let d = std::path::Path::new(base).join(format!("raft-floor-logs-{}", std::process::id()));
+    std::fs::create_dir_all(&d)?;
+    Ok(d)
+}
+
+/// p50 of one `size`-byte append and `fdatasync` in `dir` (µs): what one
+/// persisted step costs on this disk.
+fn fsync_floor(dir: &std::path::Path, size: usize) -> Result<f64> {
+    use std::io::Write;
+    let path = dir.join("floor");
+    let mut f = std::fs::File::create(&path)?;
+    let b = vec![7u8; size];
+    let mut h = Histogram::<u64>::new(3)?;
+    for _ in 0..300 {
+        let t = Instant::now();
+        f.write_all(&b)?;
+        f.sync_data()?;
+        h.record(t.elapsed().as_micros() as u64)?;
+    }
+    std::fs::remove_file(&path)?;
+    Ok(h.value_at_quantile(0.5) as f64)
+}
+
 struct Procs(Vec<Child>);
 impl Drop for Procs {
     fn drop(&mut self) {
@@ -458,6 +528,7 @@ fn bench(a: &[String]) -> Result<()> {
     let secs: f64 = opt("--secs", "2").parse()?;
     let many: usize = opt("--clients", "16").parse()?;
     let redis = opt("--redis", "redis-server");
+    let sync = a.iter().any(|x| x == "--sync");
     let rounds: usize = opt("--rounds", "3").parse()?;
     let dur = Duration::from_secs_f64(secs);
     let rt = tokio::runtime::Builder::new_multi_thread()
@@ -468,10 +539,14 @@ fn bench(a: &[String]) -> Result<()> {
     let ports: Vec<u16> = (0..3).map(|_| free_port()).collect::<Result<_>>()?;
     let exe = std::env::current_exe()?;
     let mut procs = Procs(Vec::new());
+    let logs = tempdir_in(&opt("--dir", &std::env::temp_dir().to_string_lossy()))?;
     for id in 1..=3u64 {
         let mut c = Command::new(&exe);
         c.arg("node").arg(id.to_string());
         c.args(ports.iter().map(|p| p.to_string()));
+        if sync {
+            c.env("RAFT_FLOOR_LOG_DIR", &logs);
+        }
         procs.0.push(c.stdout(Stdio::null()).spawn()?);
     }
     // Redis: a master and two replicas.
@@ -500,7 +575,9 @@ fn bench(a: &[String]) -> Result<()> {
     let echo_port = echo.local_addr()?.port();
     echo.set_nonblocking(true)?;
 
+    let logs2 = logs.clone();
     rt.block_on(async move {
+        let logs = logs2;
         tokio::spawn(echo_server(TcpListener::from_std(echo)?));
         let value = vec![b'x'; size];
         let (leader_port, master_port) = (ports[0], rports[0]);
@@ -541,7 +618,13 @@ fn bench(a: &[String]) -> Result<()> {
         println!("{size} B puts, {rounds} rounds of {secs} s phases taking turns; p50/p99 in µs");
         println!("{:<34} {:>10} {:>8} {:>8}", "round / phase", "ops/s", "p50", "p99");
         let mut ratios: Vec<(f64, f64, f64)> = Vec::new();
+        let mut floors: Vec<f64> = Vec::new();
         for round in 1..=rounds {
+            if sync {
+                let f = fsync_floor(&logs, size)?;
+                println!("{:<34} {:>10} {:>8.0}", format!("{round} fsync floor"), "", f);
+                floors.push(f);
+            }
             let mut p50 = [0f64; 3];
             let mut tput = [0f64; 2];
             for (k, name) in ["loopback", "raft-rs", "redis WAIT 2"].iter().enumerate() {
@@ -571,6 +654,9 @@ fn bench(a: &[String]) -> Result<()> {
                 println!("{:<34} {:>10.0} {:>8} {:>8}", format!("{round} {name} c={many}"), ops, h.value_at_quantile(0.5), h.value_at_quantile(0.99));
             }
             ratios.push((p50[1] / p50[2], p50[1] / p50[0], tput[0] / tput[1]));
+            if let Some(f) = floors.last() {
+                println!("{:<34} {:>10} {:>8.0}", format!("{round} raft-rs p50 - fsync floor"), "", p50[1] - f);
+            }
         }
         let med = |f: fn(&(f64, f64, f64)) -> f64| {
             let mut v: Vec<f64> = ratios.iter().map(f).collect();
@@ -586,5 +672,6 @@ fn bench(a: &[String]) -> Result<()> {
         Ok(())
     })?;
     let _ = std::fs::remove_dir_all(&dir);
+    let _ = std::fs::remove_dir_all(&logs);
     Ok(())
 }
