@@ -330,13 +330,14 @@ trait Put: Send {
     fn put(&mut self, req: u64) -> impl std::future::Future<Output = Result<bool>> + Send;
 }
 
-/// A client of the Raft nodes' leader.
-struct RaftClient {
+/// A client of the Raft nodes' leader, or of the echo task (the same
+/// frame: `[u32 len][u64 request][value]`, answered by the request).
+struct FrameClient {
     s: BufReader<TcpStream>,
     value: Vec<u8>,
 }
 
-impl Put for RaftClient {
+impl Put for FrameClient {
     async fn put(&mut self, req: u64) -> Result<bool> {
         let mut b = Vec::with_capacity(self.value.len() + 12);
         b.extend_from_slice(&(self.value.len() as u32).to_le_bytes());
@@ -395,24 +396,6 @@ impl Put for RedisClient {
         }
         self.line().await?;
         Ok(self.line == b":2\r\n")
-    }
-}
-
-/// A 10 KB-shaped round trip to an echo of the same size's reply: the
-/// request's bytes to a server that answers 8 bytes.
-struct Loopback {
-    s: BufReader<TcpStream>,
-    value: Vec<u8>,
-}
-
-impl Put for Loopback {
-    async fn put(&mut self, req: u64) -> Result<bool> {
-        let mut b = Vec::with_capacity(self.value.len() + 12);
-        b.extend_from_slice(&(self.value.len() as u32).to_le_bytes());
-        b.extend_from_slice(&req.to_le_bytes());
-        b.extend_from_slice(&self.value);
-        self.s.get_mut().write_all(&b).await?;
-        Ok(self.s.read_u64_le().await? == req)
     }
 }
 
@@ -584,7 +567,7 @@ fn bench(a: &[String]) -> Result<()> {
         let raft_client = |v: Vec<u8>| async move {
             let mut s = connect(leader_port).await?;
             s.get_mut().write_all(b"C").await?;
-            Ok::<_, anyhow::Error>(RaftClient { s, value: v })
+            Ok::<_, anyhow::Error>(FrameClient { s, value: v })
         };
         let redis_client = |v: Vec<u8>| async move {
             Ok::<_, anyhow::Error>(RedisClient { s: connect(master_port).await?, value: v, line: Vec::new() })
@@ -629,7 +612,7 @@ fn bench(a: &[String]) -> Result<()> {
             let mut tput = [0f64; 2];
             for (k, name) in ["loopback", "raft-rs", "redis WAIT 2"].iter().enumerate() {
                 let (h, ops) = match k {
-                    0 => closed_loop(vec![Loopback { s: connect(echo_port).await?, value: value.clone() }], dur).await?,
+                    0 => closed_loop(vec![FrameClient { s: connect(echo_port).await?, value: value.clone() }], dur).await?,
                     1 => closed_loop(vec![raft_client(value.clone()).await?], dur).await?,
                     _ => closed_loop(vec![redis_client(value.clone()).await?], dur).await?,
                 };
