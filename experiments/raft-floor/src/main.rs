@@ -440,13 +440,17 @@ async fn closed_loop<P: Put + 'static>(
         tasks.push(tokio::spawn(async move {
             let mut h = Histogram::<u64>::new(3)?;
             let mut req = (i as u64) << 40;
-            while start.elapsed() < dur {
+            // At least one put per client, however late the task starts.
+            loop {
                 req += 1;
                 let t = Instant::now();
                 if !c.put(req).await? {
                     bail!("a put was not replicated (request {req})");
                 }
                 h.record(t.elapsed().as_nanos() as u64 / 1000)?;
+                if start.elapsed() >= dur {
+                    break;
+                }
             }
             Ok::<_, anyhow::Error>(h)
         }));
