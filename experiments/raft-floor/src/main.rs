@@ -44,8 +44,18 @@ fn main() -> Result<()> {
                 .block_on(node(id, ports))
         }
         Some("bench") => bench(&args[2..]),
+        Some("echo") => {
+            let port: u16 = args.get(2).context("echo PORT")?.parse()?;
+            tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()?
+                .block_on(async move {
+                    echo_server(TcpListener::bind(("127.0.0.1", port)).await?).await;
+                    Ok(())
+                })
+        }
         _ => bail!(
-            "usage: raft-floor bench [--size BYTES] [--secs S] [--clients N] [--redis PATH] | raft-floor node ID PORT..."
+            "usage: raft-floor bench [--size BYTES] [--secs S] [--rounds N] [--clients N] [--redis PATH] [--sync [--dir DIR]] | raft-floor node ID PORT... | raft-floor echo PORT"
         ),
     }
 }
@@ -334,7 +344,7 @@ trait Put: Send {
     fn put(&mut self, req: u64) -> impl std::future::Future<Output = Result<bool>> + Send;
 }
 
-/// A client of the Raft nodes' leader, or of the echo task (the same
+/// A client of the Raft nodes' leader, or of the echo process (the same
 /// frame: `[u32 len][u64 request][value]`, answered by the request).
 struct FrameClient {
     s: BufReader<TcpStream>,
@@ -562,14 +572,20 @@ fn bench(a: &[String]) -> Result<()> {
                 .with_context(|| format!("starting {redis}"))?,
         );
     }
-    let echo = std::net::TcpListener::bind("127.0.0.1:0")?;
-    let echo_port = echo.local_addr()?.port();
-    echo.set_nonblocking(true)?;
+    // The loopback baseline's echo is a process of its own too, so the
+    // round trip crosses processes as the puts do.
+    let echo_port = free_port()?;
+    procs.0.push(
+        Command::new(&exe)
+            .arg("echo")
+            .arg(echo_port.to_string())
+            .stdout(Stdio::null())
+            .spawn()?,
+    );
 
     let logs2 = logs.clone();
     rt.block_on(async move {
         let logs = logs2;
-        tokio::spawn(echo_server(TcpListener::from_std(echo)?));
         let value = vec![b'x'; size];
         let (leader_port, master_port) = (ports[0], rports[0]);
         let raft_client = |v: Vec<u8>| async move {
@@ -605,6 +621,12 @@ fn bench(a: &[String]) -> Result<()> {
                 bail!("redis had no 2 replicas within 10 s: {r:?}");
             }
             tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        while connect(echo_port).await.is_err() {
+            if Instant::now() > deadline {
+                bail!("the echo process did not listen within 10 s");
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
         }
         println!("{size} B puts, {rounds} rounds of {secs} s phases taking turns; p50/p99 in µs");
         println!("{:<34} {:>10} {:>8} {:>8}", "round / phase", "ops/s", "p50", "p99");
