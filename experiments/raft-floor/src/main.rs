@@ -502,6 +502,19 @@ fn fsync_floor(dir: &std::path::Path, size: usize) -> Result<f64> {
     Ok(h.value_at_quantile(0.5) as f64)
 }
 
+/// CPU time a process has used, all its threads (ns, from
+/// `/proc/PID/task/*/schedstat`).
+fn cpu_ns(pid: u32) -> u64 {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return 0;
+    };
+    tasks
+        .flatten()
+        .filter_map(|t| std::fs::read_to_string(t.path().join("schedstat")).ok())
+        .filter_map(|s| s.split_whitespace().next()?.parse::<u64>().ok())
+        .sum()
+}
+
 struct Procs(Vec<Child>);
 impl Drop for Procs {
     fn drop(&mut self) {
@@ -583,6 +596,8 @@ fn bench(a: &[String]) -> Result<()> {
             .spawn()?,
     );
 
+    // Nodes 1-3, then Redis's master and replicas (`procs`' order).
+    let pids: Vec<u32> = procs.0[..6].iter().map(|c| c.id()).collect();
     let logs2 = logs.clone();
     rt.block_on(async move {
         let logs = logs2;
@@ -632,6 +647,7 @@ fn bench(a: &[String]) -> Result<()> {
         println!("{:<34} {:>10} {:>8} {:>8}", "round / phase", "ops/s", "p50", "p99");
         let mut ratios: Vec<(f64, f64, f64)> = Vec::new();
         let mut floors: Vec<f64> = Vec::new();
+        let mut cpu_ratios: Vec<f64> = Vec::new();
         for round in 1..=rounds {
             if sync {
                 let f = fsync_floor(&logs, size)?;
@@ -640,6 +656,7 @@ fn bench(a: &[String]) -> Result<()> {
             }
             let mut p50 = [0f64; 3];
             let mut tput = [0f64; 2];
+            let mut cpu = [0f64; 2];
             for (k, name) in ["loopback", "raft-rs", "redis WAIT 2"].iter().enumerate() {
                 let (h, ops) = match k {
                     0 => closed_loop(vec![FrameClient { s: connect(echo_port).await?, value: value.clone() }], dur).await?,
@@ -650,6 +667,10 @@ fn bench(a: &[String]) -> Result<()> {
                 println!("{:<34} {:>10.0} {:>8} {:>8}", format!("{round} {name} c=1"), ops, h.value_at_quantile(0.5), h.value_at_quantile(0.99));
             }
             for (k, name) in ["raft-rs", "redis WAIT 2"].iter().enumerate() {
+                // The three Raft nodes (node 1 leads), then Redis's master
+                // and replicas: their CPU over the phase.
+                let group = &pids[3 * k..3 * k + 3];
+                let before: Vec<u64> = group.iter().map(|&p| cpu_ns(p)).collect();
                 let (h, ops) = if k == 0 {
                     let mut cs = Vec::new();
                     for _ in 0..many {
@@ -665,7 +686,21 @@ fn bench(a: &[String]) -> Result<()> {
                 };
                 tput[k] = ops;
                 println!("{:<34} {:>10.0} {:>8} {:>8}", format!("{round} {name} c={many}"), ops, h.value_at_quantile(0.5), h.value_at_quantile(0.99));
+                let per_put: Vec<f64> = group
+                    .iter()
+                    .zip(&before)
+                    .map(|(&p, b)| cpu_ns(p).saturating_sub(*b) as f64 / 1e3 / h.len() as f64)
+                    .collect();
+                cpu[k] = per_put[0];
+                println!(
+                    "{:<34} leader / primary {:.1} µs, followers / replicas {:.1} / {:.1} µs",
+                    format!("{round} {name} CPU per put"),
+                    per_put[0],
+                    per_put[1],
+                    per_put[2]
+                );
             }
+            cpu_ratios.push(cpu[0] / cpu[1]);
             ratios.push((p50[1] / p50[2], p50[1] / p50[0], tput[0] / tput[1]));
             if let Some(f) = floors.last() {
                 println!("{:<34} {:>10} {:>8.0}", format!("{round} raft-rs p50 - fsync floor"), "", p50[1] - f);
@@ -681,6 +716,11 @@ fn bench(a: &[String]) -> Result<()> {
             med(|r| r.0),
             med(|r| r.1),
             med(|r| r.2)
+        );
+        cpu_ratios.sort_by(|a, b| a.total_cmp(b));
+        println!(
+            "raft-rs leader CPU per put at c={many}: {:.2}x redis master's (median of the rounds)",
+            cpu_ratios[cpu_ratios.len() / 2]
         );
         Ok(())
     })?;
