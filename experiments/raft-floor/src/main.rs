@@ -17,7 +17,6 @@
 
 use anyhow::{anyhow, bail, Context, Result};
 use hdrhistogram::Histogram;
-use protobuf::Message as _;
 use raft::prelude::*;
 use raft::storage::MemStorage;
 use raft::StateRole;
@@ -63,7 +62,7 @@ fn main() -> Result<()> {
 // ------------------------------------------------------------------ node
 
 enum Ev {
-    Peer(Message),
+    Peer(Box<Message>),
     Put { conn: u64, req: u64, value: Vec<u8> },
     Client { conn: u64, w: OwnedWriteHalf },
     Gone(u64),
@@ -146,7 +145,7 @@ impl State {
     fn handle(&mut self, raw: &mut RawNode<MemStorage>, ev: Ev) -> Result<()> {
         match ev {
             Ev::Peer(m) => {
-                let _ = raw.step(m);
+                let _ = raw.step(*m);
             }
             Ev::Put { conn, req, value } => {
                 let mut ctx = conn.to_le_bytes().to_vec();
@@ -230,12 +229,12 @@ impl State {
             use std::io::Write;
             let mut b = Vec::new();
             for e in rd.entries() {
-                let r = e.write_to_bytes()?;
+                let r = prost::Message::encode_to_vec(e);
                 b.extend_from_slice(&(r.len() as u32).to_le_bytes());
                 b.extend_from_slice(&r);
             }
             if let Some(hs) = rd.hs() {
-                let r = hs.write_to_bytes()?;
+                let r = prost::Message::encode_to_vec(hs);
                 b.extend_from_slice(&(r.len() as u32 | 1 << 31).to_le_bytes());
                 b.extend_from_slice(&r);
             }
@@ -273,7 +272,7 @@ async fn send(peers: &mut HashMap<u64, OwnedWriteHalf>, msgs: Vec<Message>) {
     }
     let mut bufs: HashMap<u64, Vec<u8>> = HashMap::new();
     for m in msgs {
-        let Ok(b) = m.write_to_bytes() else { continue };
+        let b = prost::Message::encode_to_vec(&m);
         let out = bufs.entry(m.to).or_default();
         out.extend_from_slice(&(b.len() as u32).to_le_bytes());
         out.extend_from_slice(&b);
@@ -315,8 +314,9 @@ async fn inbound(s: TcpStream, conn: u64, tx: mpsc::UnboundedSender<Ev>) -> Resu
             let n = r.read_u32_le().await? as usize;
             let mut b = vec![0u8; n];
             r.read_exact(&mut b).await?;
-            let m = Message::parse_from_bytes(&b).map_err(|e| anyhow!("{e}"))?;
-            if tx.send(Ev::Peer(m)).is_err() {
+            let m =
+                <Message as prost::Message>::decode(b.as_slice()).map_err(|e| anyhow!("{e}"))?;
+            if tx.send(Ev::Peer(Box::new(m))).is_err() {
                 return Ok(());
             }
         }
