@@ -544,9 +544,10 @@ pub fn run(a: ClusterBenchArgs, json: bool) -> Result<()> {
     }
     for c in &cpus {
         let replicas: Vec<String> = c.us.iter().skip(1).map(|u| format!("{u:.1}")).collect();
-        let replicas = match replicas.is_empty() {
-            true => "none".to_string(),
-            false => format!("{} µs", replicas.join(" / ")),
+        let replicas = if replicas.is_empty() {
+            "none".to_string()
+        } else {
+            format!("{} µs", replicas.join(" / "))
         };
         println!(
             "CPU per put, {} {} c={}: primary {:.1} µs, replicas {replicas}",

@@ -502,6 +502,41 @@ fn fsync_floor(dir: &std::path::Path, size: usize) -> Result<f64> {
     Ok(h.value_at_quantile(0.5) as f64)
 }
 
+/// Waits until a client from `make` gets a put through (each try
+/// bounded by 1 s), or fails at `deadline` with the last error.
+async fn until_a_put<P: Put, F, Fut>(what: &str, deadline: Instant, mut make: F) -> Result<()>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<P>>,
+{
+    loop {
+        let r: Result<bool> =
+            tokio::time::timeout(Duration::from_secs(1), async { make().await?.put(1).await })
+                .await
+                .unwrap_or_else(|_| Err(anyhow!("no answer within 1 s")));
+        if matches!(r, Ok(true)) {
+            return Ok(());
+        }
+        if Instant::now() > deadline {
+            bail!("{what} took no put within 10 s: {r:?}");
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// `n` clients from `make`, each with a connection of its own.
+async fn clients<P, F, Fut>(n: usize, mut make: F) -> Result<Vec<P>>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<P>>,
+{
+    let mut out = Vec::with_capacity(n);
+    for _ in 0..n {
+        out.push(make().await?);
+    }
+    Ok(out)
+}
+
 /// CPU time a process has used, all its threads (ns, from
 /// `/proc/PID/task/*/schedstat`).
 fn cpu_ns(pid: u32) -> u64 {
@@ -613,30 +648,8 @@ fn bench(a: &[String]) -> Result<()> {
         };
         // Both ready: a put that goes through, within 10 s.
         let deadline = Instant::now() + Duration::from_secs(10);
-        loop {
-            let r: Result<bool> = tokio::time::timeout(Duration::from_secs(1), async { raft_client(value.clone()).await?.put(1).await })
-                .await
-                .unwrap_or_else(|_| Err(anyhow!("no answer within 1 s")));
-            if matches!(r, Ok(true)) {
-                break;
-            }
-            if Instant::now() > deadline {
-                bail!("the Raft nodes took no put within 10 s: {r:?}");
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-        loop {
-            let r: Result<bool> = tokio::time::timeout(Duration::from_secs(1), async { redis_client(value.clone()).await?.put(1).await })
-                .await
-                .unwrap_or_else(|_| Err(anyhow!("no answer within 1 s")));
-            if matches!(r, Ok(true)) {
-                break;
-            }
-            if Instant::now() > deadline {
-                bail!("redis had no 2 replicas within 10 s: {r:?}");
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+        until_a_put("the Raft nodes", deadline, || raft_client(value.clone())).await?;
+        until_a_put("redis with 2 replicas", deadline, || redis_client(value.clone())).await?;
         while connect(echo_port).await.is_err() {
             if Instant::now() > deadline {
                 bail!("the echo process did not listen within 10 s");
@@ -672,17 +685,9 @@ fn bench(a: &[String]) -> Result<()> {
                 let group = &pids[3 * k..3 * k + 3];
                 let before: Vec<u64> = group.iter().map(|&p| cpu_ns(p)).collect();
                 let (h, ops) = if k == 0 {
-                    let mut cs = Vec::new();
-                    for _ in 0..many {
-                        cs.push(raft_client(value.clone()).await?);
-                    }
-                    closed_loop(cs, dur).await?
+                    closed_loop(clients(many, || raft_client(value.clone())).await?, dur).await?
                 } else {
-                    let mut cs = Vec::new();
-                    for _ in 0..many {
-                        cs.push(redis_client(value.clone()).await?);
-                    }
-                    closed_loop(cs, dur).await?
+                    closed_loop(clients(many, || redis_client(value.clone())).await?, dur).await?
                 };
                 tput[k] = ops;
                 println!("{:<34} {:>10.0} {:>8} {:>8}", format!("{round} {name} c={many}"), ops, h.value_at_quantile(0.5), h.value_at_quantile(0.99));
