@@ -10,7 +10,10 @@
 //! - [`sm`]: applying commands to the store, deduplication, snapshots;
 //! - [`network`]: the peer transport, with fault injection;
 //! - [`marks`]: optional timestamps of a write's way through a shard (`sluice bench cluster --breakdown`);
-//! - [`node`]: [`ClusterNode`], the write and read paths and administration.
+//! - [`node`]: [`ClusterNode`], the write and read paths and administration;
+//! - `raftrs` (feature `raft-rs`): the second consensus driver, on raft-rs
+//!   (issue #20; not yet used by the node: ARCHITECTURE.md, "Consensus
+//!   library").
 
 // openraft's StorageError (its trait methods' error type) is large; our helpers
 // return it too rather than boxing and unboxing at every trait boundary.
@@ -21,6 +24,8 @@ pub mod log;
 pub mod marks;
 pub mod network;
 pub mod node;
+#[cfg(feature = "raft-rs")]
+pub mod raftrs;
 pub mod rt;
 pub mod sm;
 pub mod types;

@@ -861,7 +861,7 @@ impl SnapshotReceiverFactory<TypeConfig> for Sm {
 
 impl Sm {
     /// Applies committed entries in order, one result each.
-    fn apply_entries(
+    pub(crate) fn apply_entries(
         &self,
         entries: impl Iterator<Item = Entry>,
     ) -> Result<Vec<Applied>, StorageError> {

@@ -455,3 +455,33 @@ impl Disk {
         }
     }
 }
+
+impl Inner {
+    /// Removes the entries at and after `from` (a truncation record).
+    pub(super) fn truncate_from(&mut self, from: u64) -> Result<(), StorageError> {
+        self.record(Record::Truncate(from))?;
+        // Everything queued before is written by now (the truncation was
+        // waited for): entries from here on are new and not written yet.
+        if let Some((_, w)) = &self.writer {
+            w.fetch_min(from.saturating_sub(1), std::sync::atomic::Ordering::AcqRel);
+        }
+        Ok(())
+    }
+
+    /// Records the commit point: written to an unsynced log's tail, kept
+    /// in memory by a synced one (written at the head of each segment: a
+    /// record per commit would cost its writer an fsync that entries then
+    /// queue behind).
+    pub(super) fn write_committed(&mut self, committed: Option<LogId>) -> Result<(), StorageError> {
+        let synced = self.writer.is_some();
+        if let (false, Some(d)) = (synced, &mut self.disk) {
+            let mut buf = Vec::new();
+            encode(&Record::Committed(committed), &mut buf, d.seq)?;
+            d.write_tail(&mut [std::io::IoSlice::new(&buf)])
+                .map_err(io_err)?;
+            d.bytes += buf.len() as u64;
+        }
+        self.committed = committed;
+        Ok(())
+    }
+}

@@ -40,9 +40,12 @@
 //! checking a segment, file names), `disk` (the segment files: appends,
 //! rolling over, sealing, purging, mapped spares), `writer` (a synced
 //! log's writer thread), `values` (where a persistent shard's values lie
-//! in the files), `raft` (openraft's storage traits); this file holds the
+//! in the files), `raft` (openraft's storage traits), `direct` (the same log for the
+//! raft-rs driver, `crate::raftrs`); this file holds the
 //! in-memory tail, the index of every entry, and opening a log.
 
+#[cfg(feature = "raft-rs")]
+mod direct;
 mod disk;
 mod format;
 mod raft;
@@ -216,6 +219,26 @@ impl Inner {
                 self.mem_bytes = self.mem_bytes.saturating_sub(approx_size(&e));
             }
         }
+    }
+
+    /// Entries `start..end`, stopping once their values pass `max_bytes`
+    /// (at least one entry goes).
+    fn entries_upto(
+        &self,
+        start: u64,
+        end: u64,
+        max_bytes: u64,
+    ) -> Result<Vec<Entry>, StorageError> {
+        let mut out = Vec::new();
+        let mut bytes = 0;
+        for (i, h) in self.index.range(start..end) {
+            bytes += h.size;
+            if !out.is_empty() && bytes > max_bytes {
+                break;
+            }
+            out.extend(self.entry(*i)?);
+        }
+        Ok(out)
     }
 
     /// Entry `i`, from memory or read back from disk.

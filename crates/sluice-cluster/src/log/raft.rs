@@ -44,17 +44,7 @@ impl RaftLogReader<TypeConfig> for LogStore {
         start: u64,
         end: u64,
     ) -> Result<Vec<Entry>, StorageError> {
-        let g = self.inner.lock();
-        let mut out = Vec::new();
-        let mut bytes = 0;
-        for (i, h) in g.index.range(start..end) {
-            bytes += h.size;
-            if !out.is_empty() && bytes > PAYLOAD_BYTES {
-                break;
-            }
-            out.extend(g.entry(*i)?);
-        }
-        Ok(out)
+        self.inner.lock().entries_upto(start, end, PAYLOAD_BYTES)
     }
 
     async fn read_vote(&mut self) -> Result<Option<Vote>, StorageError> {
@@ -88,21 +78,9 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     }
 
     async fn save_committed(&mut self, committed: Option<LogId>) -> Result<(), StorageError> {
-        let mut g = self.inner.lock();
         // Never fsync'd: a lost commit point is recomputed from the leader;
-        // it only speeds up a restart. A synced log keeps it in memory
-        // (written at the head of each new segment): a record per commit
-        // would cost its writer an fsync that entries then queue behind.
-        let synced = g.writer.is_some();
-        if let (false, Some(d)) = (synced, &mut g.disk) {
-            let mut buf = Vec::new();
-            encode(&Record::Committed(committed), &mut buf, d.seq)?;
-            d.write_tail(&mut [std::io::IoSlice::new(&buf)])
-                .map_err(io_err)?;
-            d.bytes += buf.len() as u64;
-        }
-        g.committed = committed;
-        Ok(())
+        // it only speeds up a restart.
+        self.inner.lock().write_committed(committed)
     }
 
     async fn read_committed(&mut self) -> Result<Option<LogId>, StorageError> {
@@ -162,14 +140,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     async fn truncate_after(&mut self, last: Option<LogId>) -> Result<(), StorageError> {
         // Keeps `last` and everything before it.
         let from = last.map_or(0, |id| id.index + 1);
-        let mut g = self.inner.lock();
-        g.record(Record::Truncate(from))?;
-        // Everything queued before is written by now (the truncation was
-        // waited for): entries from here on are new and not written yet.
-        if let Some((_, w)) = &g.writer {
-            w.fetch_min(from.saturating_sub(1), std::sync::atomic::Ordering::AcqRel);
-        }
-        Ok(())
+        self.inner.lock().truncate_from(from)
     }
 
     async fn purge(&mut self, log_id: LogId) -> Result<(), StorageError> {

@@ -1,0 +1,109 @@
+//! The log as the raft-rs driver (`crate::raftrs`) uses it: the same
+//! records and files as openraft's traits in `raft`, called directly from
+//! the group's task. Terms and indexes are raft-rs's; an entry's leader
+//! id carries its term (the node id in it is 0: raft-rs entries record
+//! only the term), and the vote record holds raft-rs's hard state
+//! (`Vote::new(term, voted_for)`, raft-rs ids, 0 for none).
+
+use super::*;
+
+/// What `LogStore::bounds` reports: raft-rs's first and last index (an
+/// empty log is `first = last + 1`), and the id of the last purged entry
+/// (what a snapshot covers).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Bounds {
+    pub(crate) first: u64,
+    pub(crate) last: u64,
+    pub(crate) purged: Option<LogId>,
+}
+
+impl LogStore {
+    /// The log's first and last index and its purge point.
+    pub(crate) fn bounds(&self) -> Bounds {
+        let g = self.inner.lock();
+        let purged_to = g.last_purged.map_or(0, |p| p.index);
+        let last = g.index.keys().next_back().copied().unwrap_or(purged_to);
+        Bounds {
+            first: purged_to + 1,
+            last,
+            purged: g.last_purged,
+        }
+    }
+
+    /// The id of entry `i`, if the log holds it (or purged exactly up to it).
+    pub(crate) fn log_id_at(&self, i: u64) -> Option<LogId> {
+        let g = self.inner.lock();
+        g.index
+            .get(&i)
+            .map(|h| h.log_id)
+            .or(g.last_purged.filter(|p| p.index == i))
+    }
+
+    /// Entries `lo..hi`, stopping once their values pass `max_bytes`
+    /// (at least one entry is always returned).
+    pub(crate) fn entries_in(
+        &self,
+        lo: u64,
+        hi: u64,
+        max_bytes: u64,
+    ) -> Result<Vec<Entry>, StorageError> {
+        self.inner.lock().entries_upto(lo, hi, max_bytes)
+    }
+
+    /// Appends `entries` (consecutive), first removing whatever the log
+    /// holds at and after the first of them (a suffix a new leader
+    /// overwrote). Durable when it returns, per the log's sync policy.
+    pub(crate) fn append_now(&self, entries: Vec<Entry>) -> Result<(), StorageError> {
+        let Some(first) = entries.first().map(|e| e.log_id.index) else {
+            return Ok(());
+        };
+        let mut g = self.inner.lock();
+        if g.index.range(first..).next().is_some() {
+            g.truncate_from(first)?;
+        }
+        let recs: Vec<Record> = entries.into_iter().map(Record::Entry).collect();
+        let locs = g.persist(&recs)?;
+        let mut locs = locs.into_iter();
+        for rec in recs {
+            let loc = locs.next();
+            g.apply(rec, loc);
+        }
+        Ok(())
+    }
+
+    /// Records raft-rs's term and vote (durable when it returns).
+    pub(crate) fn save_hard_state(&self, term: u64, vote: u64) -> Result<(), StorageError> {
+        let v = Vote::new(term, vote);
+        let mut g = self.inner.lock();
+        if g.vote != Some(v) {
+            g.record(Record::Vote(v))?;
+        }
+        Ok(())
+    }
+
+    /// The saved term and vote: (0, 0) for a new log.
+    pub(crate) fn hard_state(&self) -> (u64, u64) {
+        self.inner
+            .lock()
+            .vote
+            .map_or((0, 0), |v| (v.leader_id.term, v.leader_id.node_id))
+    }
+
+    /// Records the commit index (never fsync'd, as with openraft: a lost
+    /// commit point is learnt again from the leader).
+    pub(crate) fn save_commit(&self, index: u64) -> Result<(), StorageError> {
+        let Some(id) = self.log_id_at(index) else {
+            return Ok(());
+        };
+        let mut g = self.inner.lock();
+        if g.committed.is_some_and(|c| c.index >= index) {
+            return Ok(());
+        }
+        g.write_committed(Some(id))
+    }
+
+    /// The recorded commit index (0: none).
+    pub(crate) fn commit_index(&self) -> u64 {
+        self.inner.lock().committed.map_or(0, |c| c.index)
+    }
+}

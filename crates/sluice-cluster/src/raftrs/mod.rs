@@ -1,0 +1,559 @@
+//! The second consensus driver (issue #20): a group's Raft core is TiKV's
+//! I/O-free `raft` crate (raft-rs), driven by one task that owns it and
+//! takes everything through one channel: proposals, peers' messages,
+//! ticks. On each `Ready` the task sends the messages (a leader's before
+//! its own append, so the followers' writes overlap it), appends the new
+//! entries to the group's `LogStore`, saves the hard state, applies the
+//! committed entries with the state machine (`Sm`) and answers each
+//! proposal by its log index. No hand-off between tasks on a put's way:
+//! what `experiments/raft-floor` measured at Redis `WAIT`'s latency and
+//! throughput, where openraft's task structure costs about twice
+//! (ARCHITECTURE.md, "Consensus library").
+//!
+//! Commands never pass through raft-rs: its entries carry a one-byte
+//! marker (`DATA_COMMAND`), the command stays in our log (values by
+//! reference, as openraft's entries), and a message's commands travel
+//! beside it (`Outgoing::commands`, one per marked entry, in order). A
+//! command between its arrival and its append waits in `pending`.
+//!
+//! This is step 1 of the rewrite ARCHITECTURE.md plans: elections,
+//! replication, commit, apply, restarts from the log, a leader's
+//! proposals failed when it steps down. Still to come: the peer transport
+//! (step 2; tests connect groups in process), snapshots and purging the
+//! log, membership changes, read index and leadership transfer (step 3),
+//! and the node's groups on it (step 4).
+
+mod logger;
+mod storage;
+#[cfg(test)]
+mod tests;
+
+use crate::log::LogStore;
+use crate::sm::Sm;
+use crate::types::{Applied, Command, Entry, LogId};
+use openraft::vote::RaftLeaderId;
+use openraft::EntryPayload;
+use raft::eraftpb::{self, MessageType};
+use raft::{RawNode, StateRole};
+use std::collections::{BTreeMap, HashMap};
+use std::time::Duration;
+use storage::RaftLog;
+use tokio::sync::{mpsc, oneshot, watch};
+
+pub use raft::eraftpb::Message as RaftMessage;
+
+/// An entry's data in raft-rs's log: our log holds its command.
+const DATA_COMMAND: u8 = 1;
+
+/// raft-rs's id of a member (raft-rs reserves 0; Sluice's node ids start
+/// at 0).
+pub fn raft_id(node: u64) -> u64 {
+    node + 1
+}
+
+/// The member of a raft-rs id (`None` for 0: nobody).
+fn node_of(id: u64) -> Option<u64> {
+    id.checked_sub(1)
+}
+
+/// A message for a peer: raft-rs's message and the commands of its
+/// entries (one per entry whose data is `DATA_COMMAND`, in order).
+#[derive(Clone, Debug)]
+pub struct Outgoing {
+    pub group: u64,
+    /// The member it goes to.
+    pub to: u64,
+    pub msg: RaftMessage,
+    pub commands: Vec<Command>,
+}
+
+/// Where a group's messages go (the peer transport; tests route them in
+/// process). Never blocks: a message that cannot go is dropped, and
+/// raft-rs sends again.
+pub trait Transport: Send + Sync + 'static {
+    fn send(&self, out: Outgoing);
+}
+
+/// Timing and limits of a group.
+#[derive(Clone, Debug)]
+pub struct DriverSettings {
+    /// One tick of raft-rs's clock: the leader's heartbeat interval.
+    pub tick: Duration,
+    /// A follower that hears nothing for a random number of ticks in
+    /// `election_ticks` starts an election.
+    pub election_ticks: (usize, usize),
+    /// Most bytes of values one append message carries (one entry always
+    /// goes).
+    pub max_bytes_per_msg: u64,
+}
+
+impl Default for DriverSettings {
+    /// The openraft groups' timing (`ClusterSettings`: heartbeat 50 ms,
+    /// elections after 200-400 ms).
+    fn default() -> Self {
+        DriverSettings {
+            tick: Duration::from_millis(50),
+            election_ticks: (4, 8),
+            max_bytes_per_msg: 1 << 20,
+        }
+    }
+}
+
+/// Why a proposal was not applied.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum DriverError {
+    #[error("not the leader of group {group} (leader: {})", leader.map_or("unknown".into(), |l| format!("node {l}")))]
+    NotLeader { group: u64, leader: Option<u64> },
+    #[error("group {group}: the leader changed before the write was applied here (outcome unknown: retry with the same request id)")]
+    LeaderChanged { group: u64, leader: Option<u64> },
+    #[error("group {group} stopped: {reason}")]
+    Stopped { group: u64, reason: String },
+}
+
+/// What a group's members and callers can see of it.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct GroupStatus {
+    pub leader: Option<u64>,
+    pub term: u64,
+    pub is_leader: bool,
+    /// The commit index and the index applied to the state machine.
+    pub commit: u64,
+    pub applied: u64,
+    /// Set once the group has stopped (a storage or apply error), with why.
+    pub stopped: Option<String>,
+}
+
+/// A proposal's answer: its log index and what applying it produced.
+type Reply = oneshot::Sender<Result<(u64, Applied), DriverError>>;
+
+enum Input {
+    Propose(Command, Reply),
+    Peer(Box<RaftMessage>, Vec<Command>),
+    Campaign,
+}
+
+/// A running group: how to reach its task.
+#[derive(Clone)]
+pub struct GroupHandle {
+    group: u64,
+    tx: mpsc::UnboundedSender<Input>,
+    status: watch::Receiver<GroupStatus>,
+}
+
+impl GroupHandle {
+    /// Proposes a command; answers once this member has applied it, with
+    /// its log index (or why not).
+    pub async fn propose(&self, cmd: Command) -> Result<(u64, Applied), DriverError> {
+        let (tx, rx) = oneshot::channel();
+        let stopped = || DriverError::Stopped {
+            group: self.group,
+            reason: self
+                .status
+                .borrow()
+                .stopped
+                .clone()
+                .unwrap_or_else(|| "its task ended".into()),
+        };
+        self.tx
+            .send(Input::Propose(cmd, tx))
+            .map_err(|_| stopped())?;
+        rx.await.map_err(|_| stopped())?
+    }
+
+    /// Hands the group a peer's message (from the transport).
+    pub fn deliver(&self, msg: RaftMessage, commands: Vec<Command>) {
+        let _ = self.tx.send(Input::Peer(Box::new(msg), commands));
+    }
+
+    /// Starts an election now (a leader known to be gone).
+    pub fn campaign(&self) {
+        let _ = self.tx.send(Input::Campaign);
+    }
+
+    /// The group's status, updated as it changes.
+    pub fn status(&self) -> watch::Receiver<GroupStatus> {
+        self.status.clone()
+    }
+}
+
+/// Starts group `group` on member `me` of `voters` (Sluice node ids),
+/// over `log` (opened, possibly with entries from before a restart) and
+/// `sm`. Must be called within a tokio runtime.
+pub fn start(
+    group: u64,
+    me: u64,
+    voters: &[u64],
+    log: LogStore,
+    sm: Sm,
+    transport: std::sync::Arc<dyn Transport>,
+    settings: &DriverSettings,
+) -> Result<GroupHandle, DriverError> {
+    let stopped = |reason: String| DriverError::Stopped { group, reason };
+    if !voters.contains(&me) {
+        return Err(stopped(format!("node {me} is not a member ({voters:?})")));
+    }
+    let cfg = raft::Config {
+        id: raft_id(me),
+        heartbeat_tick: 1,
+        election_tick: settings.election_ticks.0,
+        min_election_tick: settings.election_ticks.0,
+        max_election_tick: settings.election_ticks.1,
+        applied: sm.applied_index(),
+        max_size_per_msg: settings.max_bytes_per_msg,
+        max_inflight_msgs: 256,
+        check_quorum: true,
+        pre_vote: true,
+        ..Default::default()
+    };
+    let store = RaftLog {
+        log: log.clone(),
+        voters: voters.iter().map(|&v| raft_id(v)).collect(),
+    };
+    let raw = RawNode::new(&cfg, store, &logger::for_group(group))
+        .map_err(|e| stopped(format!("starting raft: {e}")))?;
+    let (tx, rx) = mpsc::unbounded_channel();
+    let (status_tx, status) = watch::channel(GroupStatus::default());
+    let driver = Driver {
+        group,
+        raw,
+        log,
+        sm,
+        transport,
+        pending: HashMap::new(),
+        proposals: BTreeMap::new(),
+        status: status_tx,
+        was_leader: false,
+    };
+    tokio::spawn(driver.run(rx, settings.tick));
+    Ok(GroupHandle { group, tx, status })
+}
+
+/// The task that owns a group's raft-rs core.
+struct Driver {
+    group: u64,
+    raw: RawNode<RaftLog>,
+    log: LogStore,
+    sm: Sm,
+    transport: std::sync::Arc<dyn Transport>,
+    /// Commands of entries raft-rs holds but our log does not yet, by
+    /// index, with their term: this member's proposals and what peers
+    /// sent. Emptied after every `Ready` (all of it is appended by then).
+    pending: HashMap<u64, (u64, Command)>,
+    /// This member's proposals by log index, with their term.
+    proposals: BTreeMap<u64, (u64, Reply)>,
+    status: watch::Sender<GroupStatus>,
+    was_leader: bool,
+}
+
+impl Driver {
+    async fn run(mut self, mut rx: mpsc::UnboundedReceiver<Input>, tick: Duration) {
+        let mut ticks = tokio::time::interval(tick);
+        ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                biased;
+                input = rx.recv() => {
+                    let Some(input) = input else {
+                        // Every handle is gone: the group shuts down.
+                        self.fail_all(|group| DriverError::Stopped { group, reason: "shut down".into() });
+                        self.status.send_modify(|s| s.stopped = Some("shut down".into()));
+                        return;
+                    };
+                    self.handle(input);
+                    // Everything already queued goes into the same Ready.
+                    while let Ok(input) = rx.try_recv() {
+                        self.handle(input);
+                    }
+                }
+                _ = ticks.tick() => {
+                    self.raw.tick();
+                }
+            }
+            if let Err(reason) = self.on_ready() {
+                tracing::error!(group = %crate::types::group_name(self.group), %reason, "raft group stopped");
+                self.fail_all(|group| DriverError::Stopped {
+                    group,
+                    reason: reason.clone(),
+                });
+                self.status.send_modify(|s| s.stopped = Some(reason));
+                // Refuse what comes after; the handle reports the reason.
+                return;
+            }
+            self.publish();
+        }
+    }
+
+    fn leader(&self) -> Option<u64> {
+        node_of(self.raw.raft.leader_id)
+    }
+
+    fn handle(&mut self, input: Input) {
+        match input {
+            Input::Propose(cmd, reply) => self.propose(cmd, reply),
+            Input::Peer(msg, commands) => self.step(*msg, commands),
+            Input::Campaign => {
+                if let Err(e) = self.raw.campaign() {
+                    tracing::debug!(group = self.group, error = %e, "campaign refused");
+                }
+            }
+        }
+    }
+
+    fn propose(&mut self, cmd: Command, reply: Reply) {
+        let not_leader = DriverError::NotLeader {
+            group: self.group,
+            leader: self.leader(),
+        };
+        if self.raw.raft.state != StateRole::Leader {
+            let _ = reply.send(Err(not_leader));
+            return;
+        }
+        match self.raw.propose(Vec::new(), vec![DATA_COMMAND]) {
+            Ok(()) => {
+                let index = self.raw.raft.raft_log.last_index();
+                let term = self.raw.raft.term;
+                self.pending.insert(index, (term, cmd));
+                self.proposals.insert(index, (term, reply));
+            }
+            // A leader transferring its leadership drops proposals.
+            Err(_) => {
+                let _ = reply.send(Err(not_leader));
+            }
+        }
+    }
+
+    /// A peer's message: its commands are held for the entries they
+    /// belong to, then raft-rs steps it.
+    fn step(&mut self, msg: RaftMessage, commands: Vec<Command>) {
+        let marked = msg
+            .entries
+            .iter()
+            .filter(|e| e.data == [DATA_COMMAND])
+            .count();
+        if marked != commands.len() {
+            tracing::warn!(
+                group = self.group,
+                from = msg.from,
+                entries = marked,
+                commands = commands.len(),
+                "a peer's message with commands that do not match its entries; dropped"
+            );
+            return;
+        }
+        let mut commands = commands.into_iter();
+        for e in msg.entries.iter().filter(|e| e.data == [DATA_COMMAND]) {
+            if let Some(c) = commands.next() {
+                self.pending.insert(e.index, (e.term, c));
+            }
+        }
+        if let Err(e) = self.raw.step(msg) {
+            tracing::debug!(group = self.group, error = %e, "message not stepped");
+        }
+    }
+
+    /// Our entry for raft-rs's `e`, whose command is pending.
+    fn ours_pending(&mut self, e: &eraftpb::Entry) -> Result<Entry, String> {
+        let log_id = LogId::new(crate::types::CommittedLeaderId::new(e.term, 0), e.index);
+        let payload = match e.data.as_slice() {
+            [] => EntryPayload::Blank,
+            [DATA_COMMAND] => match self.pending.remove(&e.index) {
+                Some((term, cmd)) if term == e.term => EntryPayload::Normal(cmd),
+                _ => {
+                    return Err(format!(
+                        "entry {} (term {}) to append has no command",
+                        e.index, e.term
+                    ))
+                }
+            },
+            _ => {
+                return Err(format!(
+                    "entry {} is a {:?} entry: membership changes are not supported yet",
+                    e.index,
+                    e.get_entry_type()
+                ))
+            }
+        };
+        Ok(Entry { log_id, payload })
+    }
+
+    /// The commands of the marked entries of a message, from `pending`
+    /// or the log.
+    fn commands_of(&self, entries: &[eraftpb::Entry]) -> Result<Vec<Command>, String> {
+        let mut out = Vec::new();
+        for e in entries.iter().filter(|e| e.data == [DATA_COMMAND]) {
+            if let Some((term, c)) = self.pending.get(&e.index) {
+                if *term == e.term {
+                    out.push(c.clone());
+                    continue;
+                }
+            }
+            let found = self
+                .log
+                .entries_in(e.index, e.index + 1, u64::MAX)
+                .map_err(|err| err.to_string())?;
+            match found.into_iter().next() {
+                Some(Entry {
+                    log_id,
+                    payload: EntryPayload::Normal(c),
+                }) if log_id.leader_id.term == e.term => out.push(c),
+                _ => {
+                    return Err(format!(
+                        "no command for entry {} (term {}) in the log",
+                        e.index, e.term
+                    ))
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    fn send(&self, msgs: Vec<RaftMessage>) {
+        for msg in msgs {
+            let Some(to) = node_of(msg.to) else { continue };
+            let commands = match msg.get_msg_type() {
+                MessageType::MsgAppend => match self.commands_of(&msg.entries) {
+                    Ok(c) => c,
+                    Err(e) => {
+                        // raft-rs sends again once it hears back.
+                        tracing::warn!(group = self.group, to, error = %e, "append not sent");
+                        continue;
+                    }
+                },
+                _ => Vec::new(),
+            };
+            self.transport.send(Outgoing {
+                group: self.group,
+                to,
+                msg,
+                commands,
+            });
+        }
+    }
+
+    /// Applies committed entries (in the log by now) and answers this
+    /// member's proposals among them.
+    fn apply(&mut self, committed: Vec<eraftpb::Entry>) -> Result<(), String> {
+        let (Some(first), Some(last)) = (committed.first(), committed.last()) else {
+            return Ok(());
+        };
+        let ours = self
+            .log
+            .entries_in(first.index, last.index + 1, u64::MAX)
+            .map_err(|e| format!("reading committed entries: {e}"))?;
+        let matches = ours.len() == committed.len()
+            && ours
+                .iter()
+                .zip(&committed)
+                .all(|(o, c)| o.log_id.index == c.index && o.log_id.leader_id.term == c.term);
+        if !matches {
+            return Err(format!(
+                "the log does not hold committed entries {}..={} as raft-rs has them",
+                first.index, last.index
+            ));
+        }
+        let results = self
+            .sm
+            .apply_entries(ours.into_iter())
+            .map_err(|e| format!("applying: {e}"))?;
+        for (e, r) in committed.iter().zip(results) {
+            // Anything older was overwritten by another leader's entry.
+            let older = self.proposals.split_off(&e.index);
+            let older = std::mem::replace(&mut self.proposals, older);
+            for (_, (_, reply)) in older {
+                let _ = reply.send(Err(self.leader_changed()));
+            }
+            if let Some((term, reply)) = self.proposals.remove(&e.index) {
+                let _ = reply.send(if term == e.term {
+                    Ok((e.index, r))
+                } else {
+                    Err(self.leader_changed())
+                });
+            }
+        }
+        Ok(())
+    }
+
+    fn leader_changed(&self) -> DriverError {
+        DriverError::LeaderChanged {
+            group: self.group,
+            leader: self.leader(),
+        }
+    }
+
+    fn fail_all(&mut self, err: impl Fn(u64) -> DriverError) {
+        for (_, (_, reply)) in std::mem::take(&mut self.proposals) {
+            let _ = reply.send(Err(err(self.group)));
+        }
+    }
+
+    fn on_ready(&mut self) -> Result<(), String> {
+        if !self.raw.has_ready() {
+            self.pending.clear();
+            return Ok(());
+        }
+        let mut rd = self.raw.ready();
+        // A leader's messages go before its own append.
+        self.send(rd.take_messages());
+        if !rd.snapshot().is_empty() {
+            return Err("a snapshot arrived: snapshots are not supported yet".into());
+        }
+        self.apply(rd.take_committed_entries())?;
+        if !rd.entries().is_empty() {
+            let entries = rd
+                .take_entries()
+                .iter()
+                .map(|e| self.ours_pending(e))
+                .collect::<Result<Vec<_>, _>>()?;
+            self.log
+                .append_now(entries)
+                .map_err(|e| format!("appending to the log: {e}"))?;
+        }
+        if let Some(hs) = rd.hs() {
+            self.log
+                .save_hard_state(hs.term, hs.vote)
+                .map_err(|e| format!("saving the vote: {e}"))?;
+            self.log
+                .save_commit(hs.commit)
+                .map_err(|e| format!("saving the commit point: {e}"))?;
+        }
+        self.send(rd.take_persisted_messages());
+        let mut light = self.raw.advance(rd);
+        if let Some(commit) = light.commit_index() {
+            self.log
+                .save_commit(commit)
+                .map_err(|e| format!("saving the commit point: {e}"))?;
+        }
+        self.send(light.take_messages());
+        self.apply(light.take_committed_entries())?;
+        self.raw.advance_apply();
+        // Everything raft-rs held is in the log now.
+        self.pending.clear();
+        Ok(())
+    }
+
+    /// Publishes the status; a leader that stepped down fails the
+    /// proposals it still held (another leader may or may not commit
+    /// them: their outcome is unknown).
+    fn publish(&mut self) {
+        let r = &self.raw.raft;
+        let is_leader = r.state == StateRole::Leader;
+        let now = GroupStatus {
+            leader: self.leader(),
+            term: r.term,
+            is_leader,
+            commit: r.raft_log.committed,
+            applied: r.raft_log.applied,
+            stopped: None,
+        };
+        if self.was_leader && !is_leader {
+            let leader = now.leader;
+            self.fail_all(|group| DriverError::LeaderChanged { group, leader });
+        }
+        self.was_leader = is_leader;
+        self.status.send_if_modified(|s| {
+            let changed = *s != now;
+            *s = now;
+            changed
+        });
+    }
+}

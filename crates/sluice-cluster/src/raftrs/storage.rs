@@ -1,0 +1,111 @@
+//! raft-rs's `Storage` over a group's `LogStore`. raft-rs sees each
+//! entry's term and index and a one-byte marker for its data
+//! (`DATA_COMMAND`); the command itself stays in our log, with its values
+//! by reference, and travels beside raft-rs's messages (`Outgoing`).
+
+use super::DATA_COMMAND;
+use crate::log::LogStore;
+use crate::types::Entry;
+use openraft::EntryPayload;
+use raft::eraftpb::{self, ConfState, HardState};
+use raft::{GetEntriesContext, RaftState, StorageError};
+
+/// A group's log as raft-rs reads it. The voters are the group's members
+/// (raft-rs ids); membership changes through the log come with the rest
+/// of what openraft does for us today (ARCHITECTURE, "Consensus library",
+/// step 3).
+pub(super) struct RaftLog {
+    pub(super) log: LogStore,
+    pub(super) voters: Vec<u64>,
+}
+
+fn other(e: impl std::fmt::Display) -> raft::Error {
+    raft::Error::Store(StorageError::Other(e.to_string().into()))
+}
+
+/// raft-rs's view of one of our entries.
+pub(super) fn to_raft(e: &Entry) -> raft::Result<eraftpb::Entry> {
+    let data = match &e.payload {
+        EntryPayload::Normal(_) => vec![DATA_COMMAND],
+        EntryPayload::Blank => Vec::new(),
+        EntryPayload::Membership(_) => {
+            return Err(other(format!(
+                "entry {} is an openraft membership change: this log belongs to an openraft group",
+                e.log_id.index
+            )))
+        }
+    };
+    Ok(eraftpb::Entry {
+        term: e.log_id.leader_id.term,
+        index: e.log_id.index,
+        data,
+        ..Default::default()
+    })
+}
+
+impl raft::Storage for RaftLog {
+    fn initial_state(&self) -> raft::Result<RaftState> {
+        let (term, vote) = self.log.hard_state();
+        let hard_state = HardState {
+            term,
+            vote,
+            commit: self.log.commit_index(),
+        };
+        let conf_state = ConfState {
+            voters: self.voters.clone(),
+            ..Default::default()
+        };
+        Ok(RaftState::new(hard_state, conf_state))
+    }
+
+    fn entries(
+        &self,
+        low: u64,
+        high: u64,
+        max_size: impl Into<Option<u64>>,
+        _context: GetEntriesContext,
+    ) -> raft::Result<Vec<eraftpb::Entry>> {
+        let b = self.log.bounds();
+        if low < b.first {
+            return Err(raft::Error::Store(StorageError::Compacted));
+        }
+        if high > b.last + 1 {
+            return Err(raft::Error::Store(StorageError::Unavailable));
+        }
+        let max = max_size.into().unwrap_or(u64::MAX);
+        let ours = self.log.entries_in(low, high, max).map_err(other)?;
+        if ours.is_empty() && low < high {
+            return Err(raft::Error::Store(StorageError::Unavailable));
+        }
+        ours.iter().map(to_raft).collect()
+    }
+
+    fn term(&self, idx: u64) -> raft::Result<u64> {
+        if idx == 0 {
+            return Ok(0);
+        }
+        match self.log.log_id_at(idx) {
+            Some(id) => Ok(id.leader_id.term),
+            None if idx < self.log.bounds().first => {
+                Err(raft::Error::Store(StorageError::Compacted))
+            }
+            None => Err(raft::Error::Store(StorageError::Unavailable)),
+        }
+    }
+
+    fn first_index(&self) -> raft::Result<u64> {
+        Ok(self.log.bounds().first)
+    }
+
+    fn last_index(&self) -> raft::Result<u64> {
+        Ok(self.log.bounds().last)
+    }
+
+    fn snapshot(&self, _request_index: u64, _to: u64) -> raft::Result<eraftpb::Snapshot> {
+        // Nothing is purged without a snapshot, and snapshots come with
+        // step 3 of the rewrite: raft-rs asks again later.
+        Err(raft::Error::Store(
+            StorageError::SnapshotTemporarilyUnavailable,
+        ))
+    }
+}

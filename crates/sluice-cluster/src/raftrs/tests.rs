@@ -1,0 +1,343 @@
+//! Groups of three members in one process, their messages routed in
+//! memory (links can be cut): elections, replication and apply, a leader
+//! cut off and replaced, restarts from the log.
+
+use super::*;
+use crate::log::LogOptions;
+use crate::sm::{MetaCell, MetaState};
+use crate::types::group_of;
+use bytes::Bytes;
+use parking_lot::Mutex;
+use sluice_store::{ShardId, Store, StoreConfig};
+use sluice_types::cluster::ClusterLayout;
+use sluice_types::{PoolType, PutResult};
+use std::collections::HashSet;
+use std::path::Path;
+use std::sync::Arc;
+
+const SHARD: ShardId = ShardId {
+    pool_type: PoolType::Volatile,
+    subgroup: 0,
+    shard: 0,
+};
+
+fn group() -> u64 {
+    group_of(SHARD).unwrap()
+}
+
+/// The in-memory network: members' handles, and nodes cut off from it.
+#[derive(Default)]
+struct Net {
+    members: Mutex<HashMap<u64, GroupHandle>>,
+    cut: Mutex<HashSet<u64>>,
+}
+
+struct Link {
+    from: u64,
+    net: Arc<Net>,
+}
+
+impl Transport for Link {
+    fn send(&self, out: Outgoing) {
+        {
+            let cut = self.net.cut.lock();
+            if cut.contains(&self.from) || cut.contains(&out.to) {
+                return;
+            }
+        }
+        let to = self.net.members.lock().get(&out.to).cloned();
+        if let Some(h) = to {
+            assert_eq!(out.group, h.group);
+            h.deliver(out.msg, out.commands);
+        }
+    }
+}
+
+fn layout() -> ClusterLayout {
+    ClusterLayout::from_toml(
+        r#"
+[[nodes]]
+id = 0
+address = "127.0.0.1:1"
+[[nodes]]
+id = 1
+address = "127.0.0.1:2"
+[[nodes]]
+id = 2
+address = "127.0.0.1:3"
+
+[[subgroups.volatile]]
+shards = [[0, 1, 2]]
+"#,
+    )
+    .unwrap()
+}
+
+struct Member {
+    handle: GroupHandle,
+    store: Arc<Store>,
+}
+
+/// Starts member `me` over the log in `dir/<me>` (kept across restarts).
+fn member(net: &Arc<Net>, dir: &Path, me: u64, settings: &DriverSettings) -> Member {
+    let store = Arc::new(
+        Store::open(StoreConfig {
+            layout: sluice_store::Layout {
+                volatile: vec![1],
+                ..Default::default()
+            },
+            ..Default::default()
+        })
+        .unwrap(),
+    );
+    let meta = Arc::new(MetaCell::new(MetaState::from_layout(&layout())));
+    let log = LogStore::open_with(
+        &dir.join(me.to_string()),
+        LogOptions {
+            mapped: true,
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let sm = Sm::open(group(), store.clone(), meta, None, false, Some(log.clone())).unwrap();
+    let link = Arc::new(Link {
+        from: me,
+        net: net.clone(),
+    });
+    let handle = start(group(), me, &[0, 1, 2], log, sm, link, settings).unwrap();
+    net.members.lock().insert(me, handle.clone());
+    Member { handle, store }
+}
+
+fn fast() -> DriverSettings {
+    DriverSettings {
+        tick: Duration::from_millis(20),
+        ..Default::default()
+    }
+}
+
+fn put(key: &str, value: &[u8]) -> Command {
+    Command::Write {
+        key: key.into(),
+        value: Some(Bytes::copy_from_slice(value)),
+        expected: None,
+        timestamp_us: 1,
+        req_id: None,
+        trace: None,
+    }
+}
+
+/// The version a put's answer gives, and the put's log index.
+fn version(r: (u64, Applied)) -> u64 {
+    match r.1 {
+        Applied::Put(Ok(PutResult { version, .. })) => version,
+        other => panic!("not a put's result: {other:?}"),
+    }
+}
+
+/// Waits (up to 20 s) until `ok` holds for a member's status.
+async fn until(
+    mut rx: watch::Receiver<GroupStatus>,
+    what: &str,
+    ok: impl FnMut(&GroupStatus) -> bool,
+) -> GroupStatus {
+    let got = tokio::time::timeout(Duration::from_secs(20), rx.wait_for(ok))
+        .await
+        .map(|r| r.map(|s| s.clone()));
+    match got {
+        Ok(Ok(s)) => s,
+        _ => panic!("timed out: {what} (status {:?})", rx.borrow()),
+    }
+}
+
+/// The one leader the members in `among` agree on, once they do.
+async fn leader(ms: &HashMap<u64, Member>, among: &[u64]) -> u64 {
+    let t0 = std::time::Instant::now();
+    loop {
+        let st: Vec<GroupStatus> = among
+            .iter()
+            .map(|n| ms[n].handle.status().borrow().clone())
+            .collect();
+        let leaders: Vec<u64> = among
+            .iter()
+            .zip(&st)
+            .filter(|(_, s)| s.is_leader)
+            .map(|(n, _)| *n)
+            .collect();
+        if let [l] = leaders[..] {
+            let term = st[among.iter().position(|n| *n == l).unwrap()].term;
+            if st.iter().all(|s| s.leader == Some(l) && s.term == term) {
+                return l;
+            }
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(20),
+            "no leader agreed on: {st:?}"
+        );
+        // Any member's next status change (or a short wait: several members).
+        let mut rx = ms[&among[0]].handle.status();
+        let _ = tokio::time::timeout(Duration::from_millis(20), rx.changed()).await;
+    }
+}
+
+fn value_of(store: &Store, key: &str) -> Option<Bytes> {
+    store
+        .shard_objects(SHARD)
+        .into_iter()
+        .find(|o| &*o.key == key)
+        .map(|o| o.value.clone())
+}
+
+async fn three(net: &Arc<Net>, dir: &Path) -> HashMap<u64, Member> {
+    (0..3).map(|n| (n, member(net, dir, n, &fast()))).collect()
+}
+
+/// Three members elect one leader; a write proposed there is applied on
+/// every member with the same version; a follower refuses a proposal and
+/// names the leader; concurrent writes get distinct, dense versions.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_members_elect_a_leader_and_apply_writes_everywhere() {
+    let dir = tempfile::tempdir().unwrap();
+    let net = Arc::new(Net::default());
+    let ms = three(&net, dir.path()).await;
+    let l = leader(&ms, &[0, 1, 2]).await;
+    let v = version(ms[&l].handle.propose(put("/v/a", b"one")).await.unwrap());
+    let follower = (l + 1) % 3;
+    let e = ms[&follower]
+        .handle
+        .propose(put("/v/b", b"x"))
+        .await
+        .unwrap_err();
+    assert_eq!(
+        e,
+        DriverError::NotLeader {
+            group: group(),
+            leader: Some(l)
+        }
+    );
+    let writes = (0..200).map(|i| {
+        let h = ms[&l].handle.clone();
+        async move { h.propose(put(&format!("/v/k{i}"), &[i as u8; 100])).await }
+    });
+    let done: Vec<(u64, Applied)> = futures_util::future::join_all(writes)
+        .await
+        .into_iter()
+        .map(Result::unwrap)
+        .collect();
+    let last = done.iter().map(|(i, _)| *i).max().unwrap();
+    let mut versions: Vec<u64> = done.into_iter().map(version).collect();
+    versions.sort_unstable();
+    assert_eq!(versions, (v + 1..=v + 200).collect::<Vec<_>>());
+    for m in ms.values() {
+        until(m.handle.status(), "every member applies the writes", |s| {
+            s.applied >= last
+        })
+        .await;
+        assert_eq!(value_of(&m.store, "/v/a").as_deref(), Some(&b"one"[..]));
+        assert_eq!(
+            value_of(&m.store, "/v/k199").as_deref(),
+            Some(&[199u8; 100][..])
+        );
+        assert_eq!(value_of(&m.store, "/v/b"), None);
+    }
+}
+
+/// A leader cut off from the others steps down (check-quorum) and fails
+/// the write it could not commit; the other two elect a leader and go on;
+/// once the link is back, the old leader's uncommitted entry is replaced
+/// and every member holds the same writes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cut_off_leader_is_replaced_and_its_uncommitted_write_fails() {
+    let dir = tempfile::tempdir().unwrap();
+    let net = Arc::new(Net::default());
+    let ms = three(&net, dir.path()).await;
+    let old = leader(&ms, &[0, 1, 2]).await;
+    ms[&old]
+        .handle
+        .propose(put("/v/before", b"1"))
+        .await
+        .unwrap();
+    net.cut.lock().insert(old);
+    let e = ms[&old]
+        .handle
+        .propose(put("/v/lost", b"2"))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(e, DriverError::LeaderChanged { .. }),
+        "the cut-off leader's write: {e}"
+    );
+    let rest: Vec<u64> = (0..3).filter(|n| *n != old).collect();
+    let new = leader(&ms, &rest).await;
+    assert_ne!(new, old);
+    ms[&new]
+        .handle
+        .propose(put("/v/after", b"3"))
+        .await
+        .unwrap();
+    net.cut.lock().clear();
+    let all = leader(&ms, &[0, 1, 2]).await;
+    let (index, applied) = ms[&all].handle.propose(put("/v/end", b"4")).await.unwrap();
+    let last = version((index, applied));
+    for (n, m) in &ms {
+        until(
+            m.handle.status(),
+            "every member applies the same log",
+            |s| s.applied >= index,
+        )
+        .await;
+        assert_eq!(value_of(&m.store, "/v/lost"), None, "member {n}");
+        assert_eq!(value_of(&m.store, "/v/after").as_deref(), Some(&b"3"[..]));
+        let end = m
+            .store
+            .shard_objects(SHARD)
+            .into_iter()
+            .find(|o| &*o.key == "/v/end")
+            .unwrap();
+        assert_eq!(end.meta.version, last, "member {n}");
+    }
+}
+
+/// Members stopped and started again over their logs come back with
+/// their writes (re-applied from the log) and their terms, and go on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn members_restarted_over_their_logs_keep_their_writes() {
+    let dir = tempfile::tempdir().unwrap();
+    let net = Arc::new(Net::default());
+    let ms = three(&net, dir.path()).await;
+    let l = leader(&ms, &[0, 1, 2]).await;
+    for i in 0..50u8 {
+        ms[&l]
+            .handle
+            .propose(put(&format!("/v/r{i}"), &[i; 1000]))
+            .await
+            .unwrap();
+    }
+    let before = ms[&l].handle.status().borrow().clone();
+    let watchers: Vec<_> = ms.values().map(|m| m.handle.status()).collect();
+    drop(ms);
+    net.members.lock().clear();
+    for rx in watchers {
+        until(rx, "the member shuts down", |s| s.stopped.is_some()).await;
+    }
+    let ms = three(&net, dir.path()).await;
+    let l = leader(&ms, &[0, 1, 2]).await;
+    assert!(ms[&l].handle.status().borrow().term > before.term);
+    let (index, applied) = ms[&l].handle.propose(put("/v/again", b"!")).await.unwrap();
+    let v = version((index, applied));
+    assert!(v > 50, "versions go on from the log's: {v}");
+    for m in ms.values() {
+        until(
+            m.handle.status(),
+            "the restarted member applies its log",
+            |s| s.applied >= index,
+        )
+        .await;
+        for i in [0u8, 49] {
+            assert_eq!(
+                value_of(&m.store, &format!("/v/r{i}")).as_deref(),
+                Some(&[i; 1000][..])
+            );
+        }
+    }
+}
