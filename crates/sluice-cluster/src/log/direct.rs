@@ -71,6 +71,45 @@ impl LogStore {
         Ok(())
     }
 
+    /// Whether appends are fsync'd by the writer thread (a synced log):
+    /// then `append_then` reports durability later.
+    pub(crate) fn is_synced(&self) -> bool {
+        self.inner.lock().writer.is_some()
+    }
+
+    /// `append_now` for a synced log without waiting for the disk: the
+    /// entries are readable at once, and `done` is called from the writer
+    /// thread once they are durable (or with why not). Any other log
+    /// writes them here and calls `done` before returning.
+    pub(crate) fn append_then(
+        &self,
+        entries: Vec<Entry>,
+        done: Box<dyn FnOnce(Result<(), String>) + Send>,
+    ) -> Result<(), StorageError> {
+        let Some(first) = entries.first().map(|e| e.log_id.index) else {
+            done(Ok(()));
+            return Ok(());
+        };
+        let mut g = self.inner.lock();
+        if g.writer.is_none() {
+            drop(g);
+            let r = self.append_now(entries);
+            done(r.as_ref().map(|_| ()).map_err(|e| e.to_string()));
+            return r;
+        }
+        if g.index.range(first..).next().is_some() {
+            g.truncate_from(first)?;
+        }
+        let recs: Vec<Record> = entries.into_iter().map(Record::Entry).collect();
+        let locs = g.persist_with(&recs, Some(Done::Notify(done)))?;
+        let mut locs = locs.into_iter();
+        for rec in recs {
+            let loc = locs.next();
+            g.apply(rec, loc);
+        }
+        Ok(())
+    }
+
     /// Records raft-rs's term and vote (durable when it returns).
     pub(crate) fn save_hard_state(&self, term: u64, vote: u64) -> Result<(), StorageError> {
         let v = Vote::new(term, vote);

@@ -31,6 +31,10 @@ pub(super) enum Done {
     /// A caller blocked until its record is durable (vote, truncation,
     /// purge).
     Wait(std::sync::mpsc::SyncSender<Result<(), String>>),
+    /// Called once the records are durable (the raft-rs driver: it tells
+    /// its task, which goes on meanwhile).
+    #[cfg_attr(not(feature = "raft-rs"), allow(dead_code))]
+    Notify(Box<dyn FnOnce(Result<(), String>) + Send>),
 }
 
 impl Done {
@@ -40,6 +44,7 @@ impl Done {
             Done::Wait(tx) => {
                 let _ = tx.send(res.clone());
             }
+            Done::Notify(f) => f(res.clone()),
         }
     }
 }

@@ -16,6 +16,13 @@
 //! beside it (`Outgoing::commands`, one per marked entry, in order). A
 //! command between its arrival and its append waits in `pending`.
 //!
+//! A synced log (a persistent shard's) is fsync'd by its writer thread
+//! while the task goes on (raft-rs's asynchronous ready): the task hands
+//! the entries over, keeps the ready's answers (`held`) and tells raft-rs
+//! how far the log is durable when the writer reports (`persisted`), so a
+//! leader replicates while its own copy is written and appends arriving
+//! meanwhile share the next fsync.
+//!
 //! This is step 1 of the rewrite ARCHITECTURE.md plans: elections,
 //! replication, commit, apply, restarts from the log, a leader's
 //! proposals failed when it steps down. Still to come: the peer transport
@@ -35,7 +42,7 @@ use openraft::vote::RaftLeaderId;
 use openraft::EntryPayload;
 use raft::eraftpb::{self, MessageType};
 use raft::{RawNode, StateRole};
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::time::Duration;
 use storage::RaftLog;
 use tokio::sync::{mpsc, oneshot, watch};
@@ -130,6 +137,9 @@ enum Input {
     Propose(Command, Reply),
     Peer(Box<RaftMessage>, Vec<Command>),
     Campaign,
+    /// A synced log's writer made the entries of `Ready` number `.0`
+    /// durable (or failed to).
+    Persisted(u64, Result<(), String>),
 }
 
 /// A running group: how to reach its task.
@@ -216,6 +226,7 @@ pub fn start(
     let driver = Driver {
         group,
         raw,
+        synced: log.is_synced(),
         log,
         sm,
         transport,
@@ -223,6 +234,10 @@ pub fn start(
         proposals: BTreeMap::new(),
         status: status_tx,
         was_leader: false,
+        inbox: tx.downgrade(),
+        writing: VecDeque::new(),
+        held: VecDeque::new(),
+        last_ready: 0,
     };
     tokio::spawn(driver.run(rx, settings.tick));
     Ok(GroupHandle { group, tx, status })
@@ -243,6 +258,20 @@ struct Driver {
     proposals: BTreeMap<u64, (u64, Reply)>,
     status: watch::Sender<GroupStatus>,
     was_leader: bool,
+    /// A synced log: appends are fsync'd by its writer thread while this
+    /// task goes on (raft-rs's asynchronous ready).
+    synced: bool,
+    /// This task's own channel, for the writer thread's reports (weak: the
+    /// group still stops once every handle is gone).
+    inbox: mpsc::WeakUnboundedSender<Input>,
+    /// Numbers of the readies whose entries the writer has not yet made
+    /// durable, oldest first.
+    writing: VecDeque<u64>,
+    /// Messages that may go only once their ready is durable (a
+    /// follower's answers), by ready number.
+    held: VecDeque<(u64, Vec<RaftMessage>)>,
+    /// The number of the latest ready.
+    last_ready: u64,
 }
 
 impl Driver {
@@ -250,7 +279,7 @@ impl Driver {
         let mut ticks = tokio::time::interval(tick);
         ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
-            tokio::select! {
+            let res = tokio::select! {
                 biased;
                 input = rx.recv() => {
                     let Some(input) = input else {
@@ -259,17 +288,19 @@ impl Driver {
                         self.status.send_modify(|s| s.stopped = Some("shut down".into()));
                         return;
                     };
-                    self.handle(input);
+                    let mut res = self.handle(input);
                     // Everything already queued goes into the same Ready.
-                    while let Ok(input) = rx.try_recv() {
-                        self.handle(input);
+                    while let (Ok(()), Ok(input)) = (&res, rx.try_recv()) {
+                        res = self.handle(input);
                     }
+                    res
                 }
                 _ = ticks.tick() => {
                     self.raw.tick();
+                    Ok(())
                 }
-            }
-            if let Err(reason) = self.on_ready() {
+            };
+            if let Err(reason) = res.and_then(|()| self.on_ready()) {
                 tracing::error!(group = %crate::types::group_name(self.group), %reason, "raft group stopped");
                 self.fail_all(|group| DriverError::Stopped {
                     group,
@@ -287,7 +318,7 @@ impl Driver {
         node_of(self.raw.raft.leader_id)
     }
 
-    fn handle(&mut self, input: Input) {
+    fn handle(&mut self, input: Input) -> Result<(), String> {
         match input {
             Input::Propose(cmd, reply) => self.propose(cmd, reply),
             Input::Peer(msg, commands) => self.step(*msg, commands),
@@ -295,6 +326,31 @@ impl Driver {
                 if let Err(e) = self.raw.campaign() {
                     tracing::debug!(group = self.group, error = %e, "campaign refused");
                 }
+            }
+            Input::Persisted(n, res) => {
+                res.map_err(|e| format!("the log's writer: {e}"))?;
+                self.persisted(n);
+            }
+        }
+        Ok(())
+    }
+
+    /// The writer made ready `n` durable (and every ready before it):
+    /// raft-rs learns how far the log is durable, and the answers held
+    /// for those readies go.
+    fn persisted(&mut self, n: u64) {
+        while self.writing.front().is_some_and(|&w| w <= n) {
+            self.writing.pop_front();
+        }
+        // Readies without entries are durable once those before them are.
+        let through = match self.writing.front() {
+            Some(&w) => w - 1,
+            None => self.last_ready,
+        };
+        self.raw.on_persist_ready(through);
+        while self.held.front().is_some_and(|(r, _)| *r <= through) {
+            if let Some((_, msgs)) = self.held.pop_front() {
+                self.send(msgs);
             }
         }
     }
@@ -492,30 +548,48 @@ impl Driver {
             return Ok(());
         }
         let mut rd = self.raw.ready();
+        self.last_ready = rd.number();
         // A leader's messages go before its own append.
         self.send(rd.take_messages());
         if !rd.snapshot().is_empty() {
             return Err("a snapshot arrived: snapshots are not supported yet".into());
         }
         self.apply(rd.take_committed_entries())?;
-        if !rd.entries().is_empty() {
-            let entries = rd
-                .take_entries()
-                .iter()
-                .map(|e| self.ours_pending(e))
-                .collect::<Result<Vec<_>, _>>()?;
+        let entries = rd
+            .take_entries()
+            .iter()
+            .map(|e| self.ours_pending(e))
+            .collect::<Result<Vec<_>, _>>()?;
+        // Everything raft-rs held is in the log from here on.
+        self.pending.clear();
+        if self.synced && (!entries.is_empty() || !self.writing.is_empty()) {
+            // A synced log: the writer fsyncs while this task goes on; the
+            // ready's answers wait for it (and for the readies before).
+            if !entries.is_empty() {
+                let (n, inbox) = (rd.number(), self.inbox.clone());
+                let done = Box::new(move |res| {
+                    if let Some(tx) = inbox.upgrade() {
+                        let _ = tx.send(Input::Persisted(n, res));
+                    }
+                });
+                self.log
+                    .append_then(entries, done)
+                    .map_err(|e| format!("appending to the log: {e}"))?;
+                self.writing.push_back(n);
+            }
+            self.save_hard_state(rd.hs())?;
+            self.held
+                .push_back((rd.number(), rd.take_persisted_messages()));
+            self.raw.advance_append_async(rd);
+            self.raw.advance_apply();
+            return Ok(());
+        }
+        if !entries.is_empty() {
             self.log
                 .append_now(entries)
                 .map_err(|e| format!("appending to the log: {e}"))?;
         }
-        if let Some(hs) = rd.hs() {
-            self.log
-                .save_hard_state(hs.term, hs.vote)
-                .map_err(|e| format!("saving the vote: {e}"))?;
-            self.log
-                .save_commit(hs.commit)
-                .map_err(|e| format!("saving the commit point: {e}"))?;
-        }
+        self.save_hard_state(rd.hs())?;
         self.send(rd.take_persisted_messages());
         let mut light = self.raw.advance(rd);
         if let Some(commit) = light.commit_index() {
@@ -526,9 +600,20 @@ impl Driver {
         self.send(light.take_messages());
         self.apply(light.take_committed_entries())?;
         self.raw.advance_apply();
-        // Everything raft-rs held is in the log now.
-        self.pending.clear();
         Ok(())
+    }
+
+    /// Saves a ready's hard state: a new term or vote durably (in a
+    /// synced log it waits for the writer), the commit point as the log
+    /// keeps it.
+    fn save_hard_state(&self, hs: Option<&eraftpb::HardState>) -> Result<(), String> {
+        let Some(hs) = hs else { return Ok(()) };
+        self.log
+            .save_hard_state(hs.term, hs.vote)
+            .map_err(|e| format!("saving the vote: {e}"))?;
+        self.log
+            .save_commit(hs.commit)
+            .map_err(|e| format!("saving the commit point: {e}"))
     }
 
     /// Publishes the status; a leader that stepped down fails the

@@ -79,7 +79,7 @@ struct Member {
 }
 
 /// Starts member `me` over the log in `dir/<me>` (kept across restarts).
-fn member(net: &Arc<Net>, dir: &Path, me: u64, settings: &DriverSettings) -> Member {
+fn member(net: &Arc<Net>, dir: &Path, me: u64, opts: LogOptions) -> Member {
     let store = Arc::new(
         Store::open(StoreConfig {
             layout: sluice_store::Layout {
@@ -91,29 +91,19 @@ fn member(net: &Arc<Net>, dir: &Path, me: u64, settings: &DriverSettings) -> Mem
         .unwrap(),
     );
     let meta = Arc::new(MetaCell::new(MetaState::from_layout(&layout())));
-    let log = LogStore::open_with(
-        &dir.join(me.to_string()),
-        LogOptions {
-            mapped: true,
-            ..Default::default()
-        },
-    )
-    .unwrap();
+    let log = LogStore::open_with(&dir.join(me.to_string()), opts).unwrap();
     let sm = Sm::open(group(), store.clone(), meta, None, false, Some(log.clone())).unwrap();
     let link = Arc::new(Link {
         from: me,
         net: net.clone(),
     });
-    let handle = start(group(), me, &[0, 1, 2], log, sm, link, settings).unwrap();
-    net.members.lock().insert(me, handle.clone());
-    Member { handle, store }
-}
-
-fn fast() -> DriverSettings {
-    DriverSettings {
+    let settings = DriverSettings {
         tick: Duration::from_millis(20),
         ..Default::default()
-    }
+    };
+    let handle = start(group(), me, &[0, 1, 2], log, sm, link, &settings).unwrap();
+    net.members.lock().insert(me, handle.clone());
+    Member { handle, store }
 }
 
 fn put(key: &str, value: &[u8]) -> Command {
@@ -188,8 +178,20 @@ fn value_of(store: &Store, key: &str) -> Option<Bytes> {
         .map(|o| o.value.clone())
 }
 
+/// Three members over mapped logs (a volatile shard's).
 async fn three(net: &Arc<Net>, dir: &Path) -> HashMap<u64, Member> {
-    (0..3).map(|n| (n, member(net, dir, n, &fast()))).collect()
+    three_with(net, dir, |_| LogOptions {
+        mapped: true,
+        ..Default::default()
+    })
+}
+
+fn three_with(
+    net: &Arc<Net>,
+    dir: &Path,
+    opts: impl Fn(u64) -> LogOptions,
+) -> HashMap<u64, Member> {
+    (0..3).map(|n| (n, member(net, dir, n, opts(n)))).collect()
 }
 
 /// Three members elect one leader; a write proposed there is applied on
@@ -340,4 +342,103 @@ async fn members_restarted_over_their_logs_keep_their_writes() {
             );
         }
     }
+}
+
+fn synced(faults: Option<Arc<std::sync::Mutex<sluice_log::Faults>>>) -> LogOptions {
+    LogOptions {
+        sync: true,
+        faults,
+        ..Default::default()
+    }
+}
+
+/// Members over fsync'd logs (a persistent shard's): the writer thread
+/// makes entries durable while the task goes on; concurrent writes all
+/// apply everywhere, and the members come back with them after a restart.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn members_over_synced_logs_replicate_and_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let net = Arc::new(Net::default());
+    let ms = three_with(&net, dir.path(), |_| synced(None));
+    let l = leader(&ms, &[0, 1, 2]).await;
+    let writes = (0..100).map(|i| {
+        let h = ms[&l].handle.clone();
+        async move { h.propose(put(&format!("/p/k{i}"), &[i as u8; 4000])).await }
+    });
+    let done: Vec<(u64, Applied)> = futures_util::future::join_all(writes)
+        .await
+        .into_iter()
+        .map(Result::unwrap)
+        .collect();
+    let last = done.iter().map(|(i, _)| *i).max().unwrap();
+    let mut versions: Vec<u64> = done.into_iter().map(version).collect();
+    versions.sort_unstable();
+    versions.dedup();
+    assert_eq!(versions.len(), 100);
+    for m in ms.values() {
+        until(m.handle.status(), "every member applies the writes", |s| {
+            s.applied >= last
+        })
+        .await;
+    }
+    let watchers: Vec<_> = ms.values().map(|m| m.handle.status()).collect();
+    drop(ms);
+    net.members.lock().clear();
+    for rx in watchers {
+        until(rx, "the member shuts down", |s| s.stopped.is_some()).await;
+    }
+    let ms = three_with(&net, dir.path(), |_| synced(None));
+    let l = leader(&ms, &[0, 1, 2]).await;
+    let (index, _) = ms[&l].handle.propose(put("/p/again", b"!")).await.unwrap();
+    for m in ms.values() {
+        until(
+            m.handle.status(),
+            "the restarted member applies its log",
+            |s| s.applied >= index,
+        )
+        .await;
+        assert_eq!(
+            value_of(&m.store, "/p/k99").as_deref(),
+            Some(&[99u8; 4000][..])
+        );
+    }
+}
+
+/// A member whose log's fsync fails stops its group with the reason (no
+/// write is acknowledged past a failed fsync); the other two go on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_whose_fsync_fails_stops_and_the_others_go_on() {
+    let dir = tempfile::tempdir().unwrap();
+    let net = Arc::new(Net::default());
+    let faults: Vec<Arc<std::sync::Mutex<sluice_log::Faults>>> =
+        (0..3).map(|_| Arc::default()).collect();
+    let ms = three_with(&net, dir.path(), |n| {
+        synced(Some(faults[n as usize].clone()))
+    });
+    let l = leader(&ms, &[0, 1, 2]).await;
+    ms[&l].handle.propose(put("/p/a", b"1")).await.unwrap();
+    let bad = (l + 1) % 3;
+    faults[bad as usize].lock().unwrap().fail_sync = true;
+    let (index, _) = ms[&l].handle.propose(put("/p/b", b"2")).await.unwrap();
+    let st = until(ms[&bad].handle.status(), "the member stops", |s| {
+        s.stopped.is_some()
+    })
+    .await;
+    let why = st.stopped.unwrap();
+    assert!(why.contains("fsync"), "{why}");
+    assert!(st.applied < index, "nothing applied past the failed fsync");
+    let good = 3 - l - bad;
+    until(
+        ms[&good].handle.status(),
+        "the healthy follower applies",
+        |s| s.applied >= index,
+    )
+    .await;
+    let e = ms[&bad]
+        .handle
+        .propose(put("/p/c", b"3"))
+        .await
+        .unwrap_err();
+    assert!(matches!(e, DriverError::Stopped { .. }), "{e}");
+    ms[&l].handle.propose(put("/p/d", b"4")).await.unwrap();
 }
