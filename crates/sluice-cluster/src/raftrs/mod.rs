@@ -132,11 +132,15 @@ pub struct GroupStatus {
 
 /// A proposal's answer: its log index and what applying it produced.
 type Reply = oneshot::Sender<Result<(u64, Applied), DriverError>>;
+/// A read index: the commit index once a quorum confirmed this member
+/// still leads.
+type ReadReply = oneshot::Sender<Result<u64, DriverError>>;
 
 enum Input {
     Propose(Command, Reply),
     Peer(Box<RaftMessage>, Vec<Command>),
     Campaign,
+    ReadIndex(ReadReply),
     /// A synced log's writer made the entries of `Ready` number `.0`
     /// durable (or failed to).
     Persisted(u64, Result<(), String>),
@@ -168,6 +172,40 @@ impl GroupHandle {
             .send(Input::Propose(cmd, tx))
             .map_err(|_| stopped())?;
         rx.await.map_err(|_| stopped())?
+    }
+
+    /// A read index (raft's linearizable read, as etcd's): the leader's
+    /// commit index once a quorum has confirmed, after the ask, that this
+    /// member still leads. A read that then waits until this member has
+    /// applied it (`wait_applied`) sees every write acknowledged before
+    /// the ask. Asks arriving together share one round of heartbeats.
+    pub async fn read_index(&self) -> Result<u64, DriverError> {
+        let (tx, rx) = oneshot::channel();
+        let stopped = || DriverError::Stopped {
+            group: self.group,
+            reason: "its task ended".into(),
+        };
+        self.tx.send(Input::ReadIndex(tx)).map_err(|_| stopped())?;
+        rx.await.map_err(|_| stopped())?
+    }
+
+    /// Waits until this member has applied `index` (or has stopped).
+    pub async fn wait_applied(&self, index: u64) -> Result<(), DriverError> {
+        let mut rx = self.status.clone();
+        let st = rx
+            .wait_for(|s| s.applied >= index || s.stopped.is_some())
+            .await
+            .map_err(|_| DriverError::Stopped {
+                group: self.group,
+                reason: "its task ended".into(),
+            })?;
+        match &st.stopped {
+            Some(reason) if st.applied < index => Err(DriverError::Stopped {
+                group: self.group,
+                reason: reason.clone(),
+            }),
+            _ => Ok(()),
+        }
     }
 
     /// Hands the group a peer's message (from the transport).
@@ -235,6 +273,9 @@ pub fn start(
         status: status_tx,
         was_leader: false,
         inbox: tx.downgrade(),
+        asked_reads: Vec::new(),
+        reads: HashMap::new(),
+        next_read: 0,
         writing: VecDeque::new(),
         held: VecDeque::new(),
         last_ready: 0,
@@ -272,6 +313,12 @@ struct Driver {
     held: VecDeque<(u64, Vec<RaftMessage>)>,
     /// The number of the latest ready.
     last_ready: u64,
+    /// Read index asks not yet handed to raft-rs (they go together, once
+    /// this leader has committed an entry of its term).
+    asked_reads: Vec<ReadReply>,
+    /// Read index asks handed to raft-rs, by the context they went with.
+    reads: HashMap<u64, Vec<ReadReply>>,
+    next_read: u64,
 }
 
 impl Driver {
@@ -284,7 +331,10 @@ impl Driver {
                 input = rx.recv() => {
                     let Some(input) = input else {
                         // Every handle is gone: the group shuts down.
-                        self.fail_all(|group| DriverError::Stopped { group, reason: "shut down".into() });
+                        self.fail_all(|group| DriverError::Stopped {
+                            group,
+                            reason: "shut down".into(),
+                        });
                         self.status.send_modify(|s| s.stopped = Some("shut down".into()));
                         return;
                     };
@@ -300,11 +350,12 @@ impl Driver {
                     Ok(())
                 }
             };
-            if let Err(reason) = res.and_then(|()| self.on_ready()) {
+            if let Err(reason) = res.and_then(|()| self.turn()) {
                 tracing::error!(group = %crate::types::group_name(self.group), %reason, "raft group stopped");
-                self.fail_all(|group| DriverError::Stopped {
+                let r = reason.clone();
+                self.fail_all(move |group| DriverError::Stopped {
                     group,
-                    reason: reason.clone(),
+                    reason: r.clone(),
                 });
                 self.status.send_modify(|s| s.stopped = Some(reason));
                 // Refuse what comes after; the handle reports the reason.
@@ -312,6 +363,19 @@ impl Driver {
             }
             self.publish();
         }
+    }
+
+    /// After a batch of inputs: read asks, then the ready; once more if
+    /// that ready committed this leader's first entry of its term and
+    /// read asks were waiting for it.
+    fn turn(&mut self) -> Result<(), String> {
+        self.ask_reads();
+        self.on_ready()?;
+        if !self.asked_reads.is_empty() && self.raw.raft.commit_to_current_term() {
+            self.ask_reads();
+            self.on_ready()?;
+        }
+        Ok(())
     }
 
     fn leader(&self) -> Option<u64> {
@@ -325,6 +389,16 @@ impl Driver {
             Input::Campaign => {
                 if let Err(e) = self.raw.campaign() {
                     tracing::debug!(group = self.group, error = %e, "campaign refused");
+                }
+            }
+            Input::ReadIndex(reply) => {
+                if self.raw.raft.state == StateRole::Leader {
+                    self.asked_reads.push(reply);
+                } else {
+                    let _ = reply.send(Err(DriverError::NotLeader {
+                        group: self.group,
+                        leader: self.leader(),
+                    }));
                 }
             }
             Input::Persisted(n, res) => {
@@ -529,6 +603,33 @@ impl Driver {
         Ok(())
     }
 
+    /// Hands the waiting read asks to raft-rs as one read index, once
+    /// this leader has committed an entry of its own term (raft-rs ignores
+    /// a read index before that).
+    fn ask_reads(&mut self) {
+        if self.asked_reads.is_empty() || !self.raw.raft.commit_to_current_term() {
+            return;
+        }
+        self.next_read += 1;
+        let id = self.next_read;
+        self.reads.insert(id, std::mem::take(&mut self.asked_reads));
+        self.raw.read_index(id.to_le_bytes().to_vec());
+    }
+
+    /// Answers the read asks raft-rs has confirmed.
+    fn answer_reads(&mut self, states: Vec<raft::ReadState>) {
+        for rs in states {
+            let id = <[u8; 8]>::try_from(rs.request_ctx.as_slice()).map(u64::from_le_bytes);
+            for reply in id
+                .ok()
+                .and_then(|id| self.reads.remove(&id))
+                .unwrap_or_default()
+            {
+                let _ = reply.send(Ok(rs.index));
+            }
+        }
+    }
+
     fn leader_changed(&self) -> DriverError {
         DriverError::LeaderChanged {
             group: self.group,
@@ -536,8 +637,13 @@ impl Driver {
         }
     }
 
+    /// Fails every proposal and read ask this member holds.
     fn fail_all(&mut self, err: impl Fn(u64) -> DriverError) {
         for (_, (_, reply)) in std::mem::take(&mut self.proposals) {
+            let _ = reply.send(Err(err(self.group)));
+        }
+        let reads = std::mem::take(&mut self.reads).into_values().flatten();
+        for reply in reads.chain(std::mem::take(&mut self.asked_reads)) {
             let _ = reply.send(Err(err(self.group)));
         }
     }
@@ -549,6 +655,7 @@ impl Driver {
         }
         let mut rd = self.raw.ready();
         self.last_ready = rd.number();
+        self.answer_reads(rd.take_read_states());
         // A leader's messages go before its own append.
         self.send(rd.take_messages());
         if !rd.snapshot().is_empty() {
@@ -618,7 +725,7 @@ impl Driver {
 
     /// Publishes the status; a leader that stepped down fails the
     /// proposals it still held (another leader may or may not commit
-    /// them: their outcome is unknown).
+    /// them: their outcome is unknown) and its read asks.
     fn publish(&mut self) {
         let r = &self.raw.raft;
         let is_leader = r.state == StateRole::Leader;

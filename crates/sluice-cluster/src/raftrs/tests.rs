@@ -442,3 +442,45 @@ async fn a_member_whose_fsync_fails_stops_and_the_others_go_on() {
     assert!(matches!(e, DriverError::Stopped { .. }), "{e}");
     ms[&l].handle.propose(put("/p/d", b"4")).await.unwrap();
 }
+
+/// A read index from the leader covers every write acknowledged before
+/// the ask, on the leader and on a follower that waits to apply it; a
+/// follower refuses to give one; a leader cut off from the others never
+/// answers with a read index (a stale read), it fails the ask when it
+/// steps down.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn read_indexes_cover_acknowledged_writes_and_a_cut_off_leader_gives_none() {
+    let dir = tempfile::tempdir().unwrap();
+    let net = Arc::new(Net::default());
+    let ms = three(&net, dir.path()).await;
+    let l = leader(&ms, &[0, 1, 2]).await;
+    let (index, _) = ms[&l].handle.propose(put("/v/x", b"1")).await.unwrap();
+    let asks = (0..20).map(|_| ms[&l].handle.read_index());
+    for r in futures_util::future::join_all(asks).await {
+        assert!(r.unwrap() >= index);
+    }
+    let follower = (l + 1) % 3;
+    let e = ms[&follower].handle.read_index().await.unwrap_err();
+    assert_eq!(
+        e,
+        DriverError::NotLeader {
+            group: group(),
+            leader: Some(l)
+        }
+    );
+    let read = ms[&l].handle.read_index().await.unwrap();
+    ms[&follower].handle.wait_applied(read).await.unwrap();
+    assert_eq!(
+        value_of(&ms[&follower].store, "/v/x").as_deref(),
+        Some(&b"1"[..])
+    );
+    net.cut.lock().insert(l);
+    let e = ms[&l].handle.read_index().await.unwrap_err();
+    assert!(
+        matches!(
+            e,
+            DriverError::LeaderChanged { .. } | DriverError::NotLeader { .. }
+        ),
+        "{e}"
+    );
+}
