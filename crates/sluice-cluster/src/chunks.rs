@@ -130,24 +130,27 @@ pub fn write_all_vectored(
     Ok(())
 }
 
-/// The values of an entry's writes (one, or a batch's) of at least `min`
-/// bytes, in encoding order.
-pub fn entry_values(e: &crate::types::Entry, min: usize) -> Vec<Bytes> {
-    fn walk(c: &crate::types::Command, min: usize, out: &mut Vec<Bytes>) {
-        match c {
-            crate::types::Command::Write { value: Some(v), .. } if v.len() >= min => {
-                out.push(v.clone())
-            }
-            crate::types::Command::Batch(ws) => out.extend(
-                ws.iter()
-                    .filter_map(|w| w.value.as_ref().filter(|v| v.len() >= min).cloned()),
-            ),
-            _ => {}
+/// The values of a command's writes (one, or a batch's) of at least
+/// `min` bytes, in encoding order, appended to `out`.
+pub fn command_values(c: &crate::types::Command, min: usize, out: &mut Vec<Bytes>) {
+    match c {
+        crate::types::Command::Write { value: Some(v), .. } if v.len() >= min => {
+            out.push(v.clone())
         }
+        crate::types::Command::Batch(ws) => out.extend(
+            ws.iter()
+                .filter_map(|w| w.value.as_ref().filter(|v| v.len() >= min).cloned()),
+        ),
+        _ => {}
     }
+}
+
+/// The values of an entry's writes of at least `min` bytes, in encoding
+/// order.
+pub fn entry_values(e: &crate::types::Entry, min: usize) -> Vec<Bytes> {
     let mut out = Vec::new();
     if let openraft::EntryPayload::Normal(c) = &e.payload {
-        walk(c, min, &mut out);
+        command_values(c, min, &mut out);
     }
     out
 }

@@ -36,6 +36,8 @@ pub mod kind {
     pub const APPEND: u8 = 1;
     pub const VOTE: u8 = 2;
     pub const SNAPSHOT: u8 = 3;
+    /// A raft-rs message and its entries' commands (`raftrs::wire`).
+    pub const RAFTRS: u8 = 4;
 }
 
 /// A consensus message of this many bytes or more goes on a peer's bulk
@@ -504,7 +506,10 @@ type RpcErr<E = openraft::error::Infallible> = RPCError<TypeConfig, RaftError<Ty
 /// is sized first (bincode's `serialized_size` adds lengths, copying
 /// nothing), so a batch of small values is copied once, not again at
 /// every doubling of a growing buffer.
-fn encode_chunks<T: Serialize>(msg: &T, values: &[Bytes]) -> bincode::Result<Vec<Bytes>> {
+pub(crate) fn encode_chunks<T: Serialize>(
+    msg: &T,
+    values: &[Bytes],
+) -> bincode::Result<Vec<Bytes>> {
     let (buf, parts) = encode_sized(msg, values)?;
     Ok(crate::chunks::into_bytes(buf, parts))
 }
@@ -622,7 +627,7 @@ impl RaftNetwork<TypeConfig> for NetClient {
 /// Borrowed mirrors of `AppendEntriesRequest` / `Entry` / `Command`
 /// (same fields, same order, so the same binary layout): decoding them
 /// lets each value be a slice of the received frame instead of a copy.
-mod borrowed {
+pub(crate) mod borrowed {
     use crate::types::{Command, Entry, LogId, Vote};
     use bytes::Bytes;
     use openraft::EntryPayload;
@@ -653,7 +658,7 @@ mod borrowed {
     }
 
     #[derive(Deserialize)]
-    enum CommandRef<'a> {
+    pub(crate) enum CommandRef<'a> {
         // bincode writes a struct variant's fields right after its tag,
         // exactly as a newtype variant holding a struct of the same
         // fields: one borrowed mirror serves a write and a batch element.
@@ -665,7 +670,7 @@ mod borrowed {
     }
 
     #[derive(Deserialize)]
-    struct WriteRef<'a> {
+    pub(crate) struct WriteRef<'a> {
         key: String,
         #[serde(borrow)]
         value: Option<&'a [u8]>,
@@ -691,7 +696,7 @@ mod borrowed {
 
     impl CommandRef<'_> {
         /// The command, its values sliced out of `frame` (no copy).
-        fn into_command(self, frame: &Bytes) -> Command {
+        pub(crate) fn into_command(self, frame: &Bytes) -> Command {
             match self {
                 CommandRef::Meta(j) => Command::Meta(j),
                 CommandRef::Tick { timestamp_us } => Command::Tick { timestamp_us },

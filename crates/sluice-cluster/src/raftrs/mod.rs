@@ -25,15 +25,17 @@
 //!
 //! This is step 1 of the rewrite ARCHITECTURE.md plans: elections,
 //! replication, commit, apply, restarts from the log, a leader's
-//! proposals failed when it steps down. Still to come: the peer transport
-//! (step 2; tests connect groups in process), snapshots and purging the
-//! log, membership changes, read index and leadership transfer (step 3),
-//! and the node's groups on it (step 4).
+//! proposals failed when it steps down, read index; and the encoding of
+//! its messages on the peer wire (`wire`, step 2). Still to come: sending
+//! them through the node's peer connections (tests route them in process,
+//! through `wire`), snapshots and purging the log, membership changes and
+//! leadership transfer (step 3), and the node's groups on it (step 4).
 
 mod logger;
 mod storage;
 #[cfg(test)]
 mod tests;
+pub mod wire;
 
 use crate::log::LogStore;
 use crate::sm::Sm;

@@ -1,6 +1,7 @@
 //! Groups of three members in one process, their messages routed in
-//! memory (links can be cut): elections, replication and apply, a leader
-//! cut off and replaced, restarts from the log.
+//! memory through the peer wire's encoding (links can be cut):
+//! elections, replication and apply, a leader cut off and replaced,
+//! restarts from the log, fsync'd logs, read indexes.
 
 use super::*;
 use crate::log::LogOptions;
@@ -48,7 +49,10 @@ impl Transport for Link {
         let to = self.net.members.lock().get(&out.to).cloned();
         if let Some(h) = to {
             assert_eq!(out.group, h.group);
-            h.deliver(out.msg, out.commands);
+            // Through the peer wire's encoding, as between processes.
+            let body: Bytes = wire::encode(&out).unwrap().concat().into();
+            let (msg, commands) = wire::decode(&body).unwrap();
+            h.deliver(msg, commands);
         }
     }
 }
