@@ -14,7 +14,10 @@
 //! marker (`DATA_COMMAND`), the command stays in our log (values by
 //! reference, as openraft's entries), and a message's commands travel
 //! beside it (`Outgoing::commands`, one per marked entry, in order). A
-//! command between its arrival and its append waits in `pending`.
+//! command between its arrival and its append waits in `pending`. Writes
+//! proposed in one turn of the task (those that queued while it was busy)
+//! go as one entry (`Command::Batch`, bounded as `node/write`'s batches),
+//! each answered with its own result.
 //!
 //! A synced log (a persistent shard's) is fsync'd by its writer thread
 //! while the task goes on (raft-rs's asynchronous ready): the task hands
@@ -94,6 +97,11 @@ pub struct DriverSettings {
     /// Most bytes of values one append message carries (one entry always
     /// goes).
     pub max_bytes_per_msg: u64,
+    /// A leader tells followers of a new commit index only with its next
+    /// append or heartbeat (raft-rs's `skip_bcast_commit`): half the
+    /// messages per write, but a follower applies a write up to a
+    /// heartbeat later when no other write follows it.
+    pub skip_bcast_commit: bool,
 }
 
 impl Default for DriverSettings {
@@ -104,6 +112,7 @@ impl Default for DriverSettings {
             tick: Duration::from_millis(50),
             election_ticks: (4, 8),
             max_bytes_per_msg: 1 << 20,
+            skip_bcast_commit: false,
         }
     }
 }
@@ -134,6 +143,43 @@ pub struct GroupStatus {
 
 /// A proposal's answer: its log index and what applying it produced.
 type Reply = oneshot::Sender<Result<(u64, Applied), DriverError>>;
+
+/// Who waits for a proposed entry: one proposal, or the writes of a
+/// `Command::Batch` the task made of proposals that arrived together.
+enum Waiting {
+    One(Reply),
+    Batch(Vec<Reply>),
+}
+
+impl Waiting {
+    fn fail(self, e: DriverError) {
+        match self {
+            Waiting::One(r) => drop(r.send(Err(e))),
+            Waiting::Batch(rs) => rs.into_iter().for_each(|r| drop(r.send(Err(e.clone())))),
+        }
+    }
+
+    /// Hands each waiter its result (a batch's, one per write).
+    fn answer(self, group: u64, index: u64, applied: Applied) {
+        match (self, applied) {
+            (Waiting::One(r), a) => drop(r.send(Ok((index, a)))),
+            (Waiting::Batch(rs), Applied::Batch(results)) if results.len() == rs.len() => {
+                for (r, a) in rs.into_iter().zip(results) {
+                    let _ = r.send(Ok((index, a)));
+                }
+            }
+            (w, other) => w.fail(DriverError::Stopped {
+                group,
+                reason: format!("entry {index}: unexpected result for a batch: {other:?}"),
+            }),
+        }
+    }
+}
+
+/// At most this many writes, or this many bytes of values, in one entry
+/// the task batches (at least one write goes), as `node/write`'s batches.
+const BATCH_WRITES: usize = 256;
+const BATCH_BYTES: usize = 1 << 20;
 /// A read index: the commit index once a quorum confirmed this member
 /// still leads.
 type ReadReply = oneshot::Sender<Result<u64, DriverError>>;
@@ -253,6 +299,7 @@ pub fn start(
         max_inflight_msgs: 256,
         check_quorum: true,
         pre_vote: true,
+        skip_bcast_commit: settings.skip_bcast_commit,
         ..Default::default()
     };
     let store = RaftLog {
@@ -272,6 +319,7 @@ pub fn start(
         transport,
         pending: HashMap::new(),
         proposals: BTreeMap::new(),
+        writes: Vec::new(),
         status: status_tx,
         was_leader: false,
         inbox: tx.downgrade(),
@@ -298,7 +346,10 @@ struct Driver {
     /// sent. Emptied after every `Ready` (all of it is appended by then).
     pending: HashMap<u64, (u64, Command)>,
     /// This member's proposals by log index, with their term.
-    proposals: BTreeMap<u64, (u64, Reply)>,
+    proposals: BTreeMap<u64, (u64, Waiting)>,
+    /// Writes proposed since the last turn: proposed together as one
+    /// entry (`Command::Batch`) when the turn ends.
+    writes: Vec<(crate::types::BatchedWrite, Reply)>,
     status: watch::Sender<GroupStatus>,
     was_leader: bool,
     /// A synced log: appends are fsync'd by its writer thread while this
@@ -371,6 +422,7 @@ impl Driver {
     /// that ready committed this leader's first entry of its term and
     /// read asks were waiting for it.
     fn turn(&mut self) -> Result<(), String> {
+        self.propose_writes();
         self.ask_reads();
         self.on_ready()?;
         if !self.asked_reads.is_empty() && self.raw.raft.commit_to_current_term() {
@@ -431,13 +483,56 @@ impl Driver {
         }
     }
 
+    /// A proposal: a write waits for the others of this turn (see
+    /// `propose_writes`); anything else goes at once, after them.
     fn propose(&mut self, cmd: Command, reply: Reply) {
+        match cmd {
+            Command::Write { .. } => {
+                if let Some(w) = cmd.into_batched() {
+                    self.writes.push((w, reply));
+                }
+            }
+            other => {
+                self.propose_writes();
+                self.propose_entry(other, Waiting::One(reply));
+            }
+        }
+    }
+
+    /// Proposes the writes of this turn: one entry for those that fit a
+    /// batch (`BATCH_WRITES`, `BATCH_BYTES`), a lone write as itself.
+    fn propose_writes(&mut self) {
+        let mut writes = std::mem::take(&mut self.writes).into_iter().peekable();
+        while writes.peek().is_some() {
+            let (mut batch, mut replies, mut bytes) = (Vec::new(), Vec::new(), 0);
+            while let Some((w, _)) = writes.peek() {
+                let size = w.key.len() + w.value.as_ref().map_or(0, |v| v.len());
+                if !batch.is_empty() && (batch.len() >= BATCH_WRITES || bytes + size > BATCH_BYTES)
+                {
+                    break;
+                }
+                bytes += size;
+                if let Some((w, r)) = writes.next() {
+                    batch.push(w);
+                    replies.push(r);
+                }
+            }
+            if batch.len() == 1 {
+                let (w, r) = (batch.remove(0), replies.remove(0));
+                self.propose_entry(w.into(), Waiting::One(r));
+            } else {
+                self.propose_entry(Command::Batch(batch), Waiting::Batch(replies));
+            }
+        }
+    }
+
+    fn propose_entry(&mut self, cmd: Command, waiting: Waiting) {
         let not_leader = DriverError::NotLeader {
             group: self.group,
             leader: self.leader(),
         };
         if self.raw.raft.state != StateRole::Leader {
-            let _ = reply.send(Err(not_leader));
+            waiting.fail(not_leader);
             return;
         }
         match self.raw.propose(Vec::new(), vec![DATA_COMMAND]) {
@@ -445,12 +540,10 @@ impl Driver {
                 let index = self.raw.raft.raft_log.last_index();
                 let term = self.raw.raft.term;
                 self.pending.insert(index, (term, cmd));
-                self.proposals.insert(index, (term, reply));
+                self.proposals.insert(index, (term, waiting));
             }
             // A leader transferring its leadership drops proposals.
-            Err(_) => {
-                let _ = reply.send(Err(not_leader));
-            }
+            Err(_) => waiting.fail(not_leader),
         }
     }
 
@@ -591,15 +684,15 @@ impl Driver {
             // Anything older was overwritten by another leader's entry.
             let older = self.proposals.split_off(&e.index);
             let older = std::mem::replace(&mut self.proposals, older);
-            for (_, (_, reply)) in older {
-                let _ = reply.send(Err(self.leader_changed()));
+            for (_, (_, waiting)) in older {
+                waiting.fail(self.leader_changed());
             }
-            if let Some((term, reply)) = self.proposals.remove(&e.index) {
-                let _ = reply.send(if term == e.term {
-                    Ok((e.index, r))
+            if let Some((term, waiting)) = self.proposals.remove(&e.index) {
+                if term == e.term {
+                    waiting.answer(self.group, e.index, r);
                 } else {
-                    Err(self.leader_changed())
-                });
+                    waiting.fail(self.leader_changed());
+                }
             }
         }
         Ok(())
@@ -641,7 +734,10 @@ impl Driver {
 
     /// Fails every proposal and read ask this member holds.
     fn fail_all(&mut self, err: impl Fn(u64) -> DriverError) {
-        for (_, (_, reply)) in std::mem::take(&mut self.proposals) {
+        for (_, (_, waiting)) in std::mem::take(&mut self.proposals) {
+            waiting.fail(err(self.group));
+        }
+        for (_, reply) in std::mem::take(&mut self.writes) {
             let _ = reply.send(Err(err(self.group)));
         }
         let reads = std::mem::take(&mut self.reads).into_values().flatten();

@@ -231,6 +231,11 @@ async fn three_members_elect_a_leader_and_apply_writes_everywhere() {
         .map(Result::unwrap)
         .collect();
     let last = done.iter().map(|(i, _)| *i).max().unwrap();
+    let entries: HashSet<u64> = done.iter().map(|(i, _)| *i).collect();
+    assert!(
+        entries.len() < 200,
+        "writes that arrive together share entries (batches)"
+    );
     let mut versions: Vec<u64> = done.into_iter().map(version).collect();
     versions.sort_unstable();
     assert_eq!(versions, (v + 1..=v + 200).collect::<Vec<_>>());
