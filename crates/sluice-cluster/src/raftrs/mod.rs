@@ -102,6 +102,10 @@ pub struct DriverSettings {
     /// messages per write, but a follower applies a write up to a
     /// heartbeat later when no other write follows it.
     pub skip_bcast_commit: bool,
+    /// Append messages a leader keeps in flight to one follower: fewer
+    /// means larger messages under load (entries queue while one is in
+    /// flight), more means less waiting on a fast link.
+    pub max_inflight_msgs: usize,
 }
 
 impl Default for DriverSettings {
@@ -113,6 +117,7 @@ impl Default for DriverSettings {
             election_ticks: (4, 8),
             max_bytes_per_msg: 1 << 20,
             skip_bcast_commit: false,
+            max_inflight_msgs: 256,
         }
     }
 }
@@ -296,7 +301,9 @@ pub fn start(
         max_election_tick: settings.election_ticks.1,
         applied: sm.applied_index(),
         max_size_per_msg: settings.max_bytes_per_msg,
-        max_inflight_msgs: 256,
+        max_inflight_msgs: settings.max_inflight_msgs,
+        // Appends to one follower in one ready go as one message.
+        batch_append: true,
         check_quorum: true,
         pre_vote: true,
         skip_bcast_commit: settings.skip_bcast_commit,
