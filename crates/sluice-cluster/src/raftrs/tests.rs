@@ -182,6 +182,44 @@ fn value_of(store: &Store, key: &str) -> Option<Bytes> {
         .map(|o| o.value.clone())
 }
 
+/// Puts `<prefix><i>` (`size` bytes of `i`) for `i` in `0..n`, all at
+/// once; their answers.
+async fn concurrent_puts(
+    h: &GroupHandle,
+    prefix: &str,
+    n: usize,
+    size: usize,
+) -> Vec<(u64, Applied)> {
+    let writes = (0..n).map(|i| {
+        let h = h.clone();
+        let key = format!("{prefix}{i}");
+        async move { h.propose(put(&key, &vec![i as u8; size])).await }
+    });
+    futures_util::future::join_all(writes)
+        .await
+        .into_iter()
+        .map(Result::unwrap)
+        .collect()
+}
+
+/// Waits until member `m` has applied `index`.
+async fn caught_up(m: &Member, index: u64) {
+    until(m.handle.status(), &format!("applying up to {index}"), |s| {
+        s.applied >= index
+    })
+    .await;
+}
+
+/// Drops every member's handle and waits until each group has shut down.
+async fn stop_all(net: &Net, ms: HashMap<u64, Member>) {
+    let watchers: Vec<_> = ms.values().map(|m| m.handle.status()).collect();
+    drop(ms);
+    net.members.lock().clear();
+    for rx in watchers {
+        until(rx, "the member shuts down", |s| s.stopped.is_some()).await;
+    }
+}
+
 /// Three members over mapped logs (a volatile shard's).
 async fn three(net: &Arc<Net>, dir: &Path) -> HashMap<u64, Member> {
     three_with(net, dir, |_| LogOptions {
@@ -221,15 +259,7 @@ async fn three_members_elect_a_leader_and_apply_writes_everywhere() {
             leader: Some(l)
         }
     );
-    let writes = (0..200).map(|i| {
-        let h = ms[&l].handle.clone();
-        async move { h.propose(put(&format!("/v/k{i}"), &[i as u8; 100])).await }
-    });
-    let done: Vec<(u64, Applied)> = futures_util::future::join_all(writes)
-        .await
-        .into_iter()
-        .map(Result::unwrap)
-        .collect();
+    let done = concurrent_puts(&ms[&l].handle, "/v/k", 200, 100).await;
     let last = done.iter().map(|(i, _)| *i).max().unwrap();
     let entries: HashSet<u64> = done.iter().map(|(i, _)| *i).collect();
     assert!(
@@ -240,10 +270,7 @@ async fn three_members_elect_a_leader_and_apply_writes_everywhere() {
     versions.sort_unstable();
     assert_eq!(versions, (v + 1..=v + 200).collect::<Vec<_>>());
     for m in ms.values() {
-        until(m.handle.status(), "every member applies the writes", |s| {
-            s.applied >= last
-        })
-        .await;
+        caught_up(m, last).await;
         assert_eq!(value_of(&m.store, "/v/a").as_deref(), Some(&b"one"[..]));
         assert_eq!(
             value_of(&m.store, "/v/k199").as_deref(),
@@ -291,12 +318,7 @@ async fn a_cut_off_leader_is_replaced_and_its_uncommitted_write_fails() {
     let (index, applied) = ms[&all].handle.propose(put("/v/end", b"4")).await.unwrap();
     let last = version((index, applied));
     for (n, m) in &ms {
-        until(
-            m.handle.status(),
-            "every member applies the same log",
-            |s| s.applied >= index,
-        )
-        .await;
+        caught_up(m, index).await;
         assert_eq!(value_of(&m.store, "/v/lost"), None, "member {n}");
         assert_eq!(value_of(&m.store, "/v/after").as_deref(), Some(&b"3"[..]));
         let end = m
@@ -325,12 +347,7 @@ async fn members_restarted_over_their_logs_keep_their_writes() {
             .unwrap();
     }
     let before = ms[&l].handle.status().borrow().clone();
-    let watchers: Vec<_> = ms.values().map(|m| m.handle.status()).collect();
-    drop(ms);
-    net.members.lock().clear();
-    for rx in watchers {
-        until(rx, "the member shuts down", |s| s.stopped.is_some()).await;
-    }
+    stop_all(&net, ms).await;
     let ms = three(&net, dir.path()).await;
     let l = leader(&ms, &[0, 1, 2]).await;
     assert!(ms[&l].handle.status().borrow().term > before.term);
@@ -338,12 +355,7 @@ async fn members_restarted_over_their_logs_keep_their_writes() {
     let v = version((index, applied));
     assert!(v > 50, "versions go on from the log's: {v}");
     for m in ms.values() {
-        until(
-            m.handle.status(),
-            "the restarted member applies its log",
-            |s| s.applied >= index,
-        )
-        .await;
+        caught_up(m, index).await;
         for i in [0u8, 49] {
             assert_eq!(
                 value_of(&m.store, &format!("/v/r{i}")).as_deref(),
@@ -370,42 +382,21 @@ async fn members_over_synced_logs_replicate_and_restart() {
     let net = Arc::new(Net::default());
     let ms = three_with(&net, dir.path(), |_| synced(None));
     let l = leader(&ms, &[0, 1, 2]).await;
-    let writes = (0..100).map(|i| {
-        let h = ms[&l].handle.clone();
-        async move { h.propose(put(&format!("/p/k{i}"), &[i as u8; 4000])).await }
-    });
-    let done: Vec<(u64, Applied)> = futures_util::future::join_all(writes)
-        .await
-        .into_iter()
-        .map(Result::unwrap)
-        .collect();
+    let done = concurrent_puts(&ms[&l].handle, "/p/k", 100, 4000).await;
     let last = done.iter().map(|(i, _)| *i).max().unwrap();
     let mut versions: Vec<u64> = done.into_iter().map(version).collect();
     versions.sort_unstable();
     versions.dedup();
     assert_eq!(versions.len(), 100);
     for m in ms.values() {
-        until(m.handle.status(), "every member applies the writes", |s| {
-            s.applied >= last
-        })
-        .await;
+        caught_up(m, last).await;
     }
-    let watchers: Vec<_> = ms.values().map(|m| m.handle.status()).collect();
-    drop(ms);
-    net.members.lock().clear();
-    for rx in watchers {
-        until(rx, "the member shuts down", |s| s.stopped.is_some()).await;
-    }
+    stop_all(&net, ms).await;
     let ms = three_with(&net, dir.path(), |_| synced(None));
     let l = leader(&ms, &[0, 1, 2]).await;
     let (index, _) = ms[&l].handle.propose(put("/p/again", b"!")).await.unwrap();
     for m in ms.values() {
-        until(
-            m.handle.status(),
-            "the restarted member applies its log",
-            |s| s.applied >= index,
-        )
-        .await;
+        caught_up(m, index).await;
         assert_eq!(
             value_of(&m.store, "/p/k99").as_deref(),
             Some(&[99u8; 4000][..])
@@ -437,12 +428,7 @@ async fn a_member_whose_fsync_fails_stops_and_the_others_go_on() {
     assert!(why.contains("fsync"), "{why}");
     assert!(st.applied < index, "nothing applied past the failed fsync");
     let good = 3 - l - bad;
-    until(
-        ms[&good].handle.status(),
-        "the healthy follower applies",
-        |s| s.applied >= index,
-    )
-    .await;
+    caught_up(&ms[&good], index).await;
     let e = ms[&bad]
         .handle
         .propose(put("/p/c", b"3"))
