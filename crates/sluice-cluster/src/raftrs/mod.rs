@@ -28,11 +28,11 @@
 //!
 //! This is step 1 of the rewrite ARCHITECTURE.md plans: elections,
 //! replication, commit, apply, restarts from the log, a leader's
-//! proposals failed when it steps down, read index; and the encoding of
-//! its messages on the peer wire (`wire`, step 2). Still to come: sending
-//! them through the node's peer connections (tests route them in process,
-//! through `wire`), snapshots and purging the log, membership changes and
-//! leadership transfer (step 3), and the node's groups on it (step 4).
+//! proposals failed when it steps down, read index, leadership transfer;
+//! and the encoding of its messages on the peer wire (`wire`, step 2).
+//! Still to come: sending them through the node's peer connections (tests
+//! route them in process, through `wire`), snapshots and purging the log
+//! and membership changes (step 3), and the node's groups on it (step 4).
 
 mod logger;
 mod storage;
@@ -193,6 +193,8 @@ enum Input {
     Propose(Command, Reply),
     Peer(Box<RaftMessage>, Vec<Command>),
     Campaign,
+    /// Hand leadership to this member (`transfer_leader`).
+    Transfer(u64),
     ReadIndex(ReadReply),
     /// A synced log's writer made the entries of `Ready` number `.0`
     /// durable (or failed to).
@@ -269,6 +271,15 @@ impl GroupHandle {
     /// Starts an election now (a leader known to be gone).
     pub fn campaign(&self) {
         let _ = self.tx.send(Input::Campaign);
+    }
+
+    /// Asks this member, if it leads, to hand leadership to member `to`
+    /// (raft's leadership transfer: once `to`'s log has caught up it is
+    /// told to start an election at once; proposals meanwhile are refused
+    /// as `NotLeader`, and a transfer that does not finish within an
+    /// election timeout is abandoned). A follower ignores it.
+    pub fn transfer_leader(&self, to: u64) {
+        let _ = self.tx.send(Input::Transfer(to));
     }
 
     /// The group's status, updated as it changes.
@@ -450,6 +461,11 @@ impl Driver {
             Input::Campaign => {
                 if let Err(e) = self.raw.campaign() {
                     tracing::debug!(group = self.group, error = %e, "campaign refused");
+                }
+            }
+            Input::Transfer(to) => {
+                if self.raw.raft.state == StateRole::Leader {
+                    self.raw.transfer_leader(raft_id(to));
                 }
             }
             Input::ReadIndex(reply) => {

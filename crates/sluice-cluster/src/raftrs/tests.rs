@@ -479,3 +479,39 @@ async fn read_indexes_cover_acknowledged_writes_and_a_cut_off_leader_gives_none(
         "{e}"
     );
 }
+
+/// A leader hands leadership to a follower it names; the new leader takes
+/// writes, the old one refuses them naming it, and no write is lost.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn leadership_moves_to_the_member_named() {
+    let dir = tempfile::tempdir().unwrap();
+    let net = Arc::new(Net::default());
+    let ms = three(&net, dir.path()).await;
+    let old = leader(&ms, &[0, 1, 2]).await;
+    ms[&old].handle.propose(put("/v/t1", b"1")).await.unwrap();
+    let to = (old + 2) % 3;
+    ms[&old].handle.transfer_leader(to);
+    until(ms[&to].handle.status(), "the named member leads", |s| {
+        s.is_leader
+    })
+    .await;
+    assert_eq!(leader(&ms, &[0, 1, 2]).await, to);
+    let (index, _) = ms[&to].handle.propose(put("/v/t2", b"2")).await.unwrap();
+    let e = ms[&old]
+        .handle
+        .propose(put("/v/t3", b"3"))
+        .await
+        .unwrap_err();
+    assert_eq!(
+        e,
+        DriverError::NotLeader {
+            group: group(),
+            leader: Some(to)
+        }
+    );
+    for m in ms.values() {
+        caught_up(m, index).await;
+        assert_eq!(value_of(&m.store, "/v/t1").as_deref(), Some(&b"1"[..]));
+        assert_eq!(value_of(&m.store, "/v/t2").as_deref(), Some(&b"2"[..]));
+    }
+}
