@@ -54,21 +54,15 @@ impl LogStore {
     /// holds at and after the first of them (a suffix a new leader
     /// overwrote). Durable when it returns, per the log's sync policy.
     pub(crate) fn append_now(&self, entries: Vec<Entry>) -> Result<(), StorageError> {
-        let Some(first) = entries.first().map(|e| e.log_id.index) else {
-            return Ok(());
-        };
         let mut g = self.inner.lock();
-        if g.index.range(first..).next().is_some() {
-            g.truncate_from(first)?;
+        if g.writer.is_none() {
+            return g.append_entries(entries, None);
         }
-        let recs: Vec<Record> = entries.into_iter().map(Record::Entry).collect();
-        let locs = g.persist(&recs)?;
-        let mut locs = locs.into_iter();
-        for rec in recs {
-            let loc = locs.next();
-            g.apply(rec, loc);
-        }
-        Ok(())
+        // Queued for the writer, then waited for without the lock.
+        let (tx, rx) = std::sync::mpsc::sync_channel(1);
+        g.append_entries(entries, Some(Done::Wait(tx)))?;
+        drop(g);
+        super::disk::wait_durable(rx)
     }
 
     /// Whether appends are fsync'd by the writer thread (a synced log):
@@ -86,28 +80,14 @@ impl LogStore {
         entries: Vec<Entry>,
         done: Box<dyn FnOnce(Result<(), String>) + Send>,
     ) -> Result<(), StorageError> {
-        let Some(first) = entries.first().map(|e| e.log_id.index) else {
-            done(Ok(()));
-            return Ok(());
-        };
         let mut g = self.inner.lock();
-        if g.writer.is_none() {
-            drop(g);
-            let r = self.append_now(entries);
-            done(r.as_ref().map(|_| ()).map_err(|e| e.to_string()));
-            return r;
+        if g.writer.is_some() {
+            return g.append_entries(entries, Some(Done::Notify(done)));
         }
-        if g.index.range(first..).next().is_some() {
-            g.truncate_from(first)?;
-        }
-        let recs: Vec<Record> = entries.into_iter().map(Record::Entry).collect();
-        let locs = g.persist_with(&recs, Some(Done::Notify(done)))?;
-        let mut locs = locs.into_iter();
-        for rec in recs {
-            let loc = locs.next();
-            g.apply(rec, loc);
-        }
-        Ok(())
+        let r = g.append_entries(entries, None);
+        drop(g);
+        done(r.as_ref().map(|_| ()).map_err(|e| e.to_string()));
+        r
     }
 
     /// Records raft-rs's term and vote (durable when it returns).
@@ -144,5 +124,27 @@ impl LogStore {
     /// The recorded commit index (0: none).
     pub(crate) fn commit_index(&self) -> u64 {
         self.inner.lock().committed.map_or(0, |c| c.index)
+    }
+}
+
+impl Inner {
+    /// Appends consecutive entries after removing whatever the log holds
+    /// at and after the first of them; a synced log's writer completes
+    /// `done` (with nothing to append, it completes at once).
+    fn append_entries(
+        &mut self,
+        entries: Vec<Entry>,
+        done: Option<Done>,
+    ) -> Result<(), StorageError> {
+        let Some(first) = entries.first().map(|e| e.log_id.index) else {
+            if let Some(d) = done {
+                d.complete(&Ok(()));
+            }
+            return Ok(());
+        };
+        if self.index.range(first..).next().is_some() {
+            self.truncate_from(first)?;
+        }
+        self.append_records(entries.into_iter().map(Record::Entry).collect(), done)
     }
 }

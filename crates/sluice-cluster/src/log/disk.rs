@@ -160,13 +160,7 @@ impl Inner {
             // Durable before returning: queue, then wait for the writer.
             let (tx, rx) = std::sync::mpsc::sync_channel(1);
             let locs = self.persist_with(recs, Some(Done::Wait(tx)))?;
-            return match crate::rt::blocking(|| rx.recv()) {
-                Ok(Ok(())) => Ok(locs),
-                Ok(Err(e)) => Err(io_err(std::io::Error::other(e))),
-                Err(_) => Err(io_err(std::io::Error::other(
-                    "the log writer thread is gone",
-                ))),
-            };
+            return wait_durable(rx).map(|()| locs);
         }
         self.persist_with(recs, None)
     }
@@ -453,6 +447,19 @@ impl Disk {
         if spawned.is_err() {
             self.preparing.store(false, Ordering::Release);
         }
+    }
+}
+
+/// Waits (blocking) until the writer thread reports the records a
+/// `Done::Wait` was queued with durable.
+pub(super) fn wait_durable(
+    rx: std::sync::mpsc::Receiver<Result<(), String>>,
+) -> Result<(), StorageError> {
+    match crate::rt::blocking(|| rx.recv()) {
+        Ok(r) => r.map_err(|e| io_err(std::io::Error::other(e))),
+        Err(_) => Err(io_err(std::io::Error::other(
+            "the log writer thread is gone",
+        ))),
     }
 }
 

@@ -40,8 +40,8 @@
 //! checking a segment, file names), `disk` (the segment files: appends,
 //! rolling over, sealing, purging, mapped spares), `writer` (a synced
 //! log's writer thread), `values` (where a persistent shard's values lie
-//! in the files), `raft` (openraft's storage traits), `direct` (the same log for the
-//! raft-rs driver, `crate::raftrs`); this file holds the
+//! in the files), `raft` (openraft's storage traits), `direct` (the same
+//! log for the raft-rs driver, `crate::raftrs`); this file holds the
 //! in-memory tail, the index of every entry, and opening a log.
 
 #[cfg(feature = "raft-rs")]
@@ -219,6 +219,21 @@ impl Inner {
                 self.mem_bytes = self.mem_bytes.saturating_sub(approx_size(&e));
             }
         }
+    }
+
+    /// Persists records (`persist_with`: a synced log's writer completes
+    /// `done`), then applies them with where each went.
+    fn append_records(
+        &mut self,
+        recs: Vec<Record>,
+        done: Option<Done>,
+    ) -> Result<(), StorageError> {
+        let mut locs = self.persist_with(&recs, done)?.into_iter();
+        for rec in recs {
+            let loc = locs.next();
+            self.apply(rec, loc);
+        }
+        Ok(())
     }
 
     /// Entries `start..end`, stopping once their values pass `max_bytes`

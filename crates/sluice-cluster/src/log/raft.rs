@@ -110,13 +110,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
                 Some(_) => callback.take().map(Done::Flushed),
                 None => None,
             };
-            g.persist_with(&recs, done).map(|locs| {
-                let mut locs = locs.into_iter();
-                for rec in recs {
-                    let loc = locs.next();
-                    g.apply(rec, loc);
-                }
-            })
+            g.append_records(recs, done)
         };
         match res {
             Ok(()) => {

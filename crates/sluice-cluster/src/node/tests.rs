@@ -25,7 +25,7 @@ fn the_cluster_key_is_made_once_next_to_the_layout_and_a_short_one_is_refused() 
         .to_string();
     assert!(e.contains("key_file"), "{e}");
 }
-use super::write::{BATCH_BYTES, BATCH_PUTS};
+use crate::types::{BATCH_BYTES, BATCH_WRITES as BATCH_PUTS};
 use sluice_store::StoreConfig;
 use std::time::Instant;
 

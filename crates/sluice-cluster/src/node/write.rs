@@ -22,36 +22,20 @@ pub(super) struct Batcher {
     pub(super) proposers: usize,
 }
 
-/// At most this many puts, or this many bytes of values, per batch (at
-/// least one put goes). Large values gain nothing from sharing an entry
-/// (1 MB puts at 16 clients: 0.73× redis `WAIT 2` with a 1 MiB cap, 0.36×
-/// to 0.47× with 4 MiB, where batches of four 1 MB values went out as one
-/// message).
-pub(super) const BATCH_PUTS: usize = 256;
-pub(super) const BATCH_BYTES: usize = 1 << 20;
 /// Proposers at once: one being appended while another is replicated.
 pub(super) const BATCHES_IN_FLIGHT: usize = 2;
 
 impl Batcher {
-    /// Takes the puts at the head of the queue that fit one batch; with
-    /// none left, this proposer stops (under the same lock as the check a
-    /// new put makes, so no put is left without a proposer).
+    /// Takes the puts at the head of the queue that fit one batch
+    /// (`types::batch_len`); with none left, this proposer stops (under
+    /// the same lock as the check a new put makes, so no put is left
+    /// without a proposer).
     pub(super) fn take(&mut self) -> Vec<Queued> {
-        let mut bytes = 0;
-        let mut out = Vec::new();
-        while let Some((cmd, _)) = self.queue.front() {
-            let size = match cmd {
-                Command::Write { key, value, .. } => {
-                    key.len() + value.as_ref().map_or(0, |v| v.len())
-                }
-                _ => 0,
-            };
-            if !out.is_empty() && (out.len() >= BATCH_PUTS || bytes + size > BATCH_BYTES) {
-                break;
-            }
-            bytes += size;
-            out.extend(self.queue.pop_front());
-        }
+        let n = crate::types::batch_len(self.queue.iter().map(|(cmd, _)| match cmd {
+            Command::Write { key, value, .. } => key.len() + value.as_ref().map_or(0, |v| v.len()),
+            _ => 0,
+        }));
+        let out: Vec<Queued> = self.queue.drain(..n).collect();
         if out.is_empty() {
             self.proposers -= 1;
         }

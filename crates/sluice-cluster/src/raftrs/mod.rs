@@ -16,7 +16,8 @@
 //! beside it (`Outgoing::commands`, one per marked entry, in order). A
 //! command between its arrival and its append waits in `pending`. Writes
 //! proposed in one turn of the task (those that queued while it was busy)
-//! go as one entry (`Command::Batch`, bounded as `node/write`'s batches),
+//! go as one entry (`Command::Batch`, bounded as `node/write`'s batches:
+//! `types::batch_len`),
 //! each answered with its own result.
 //!
 //! A synced log (a persistent shard's) is fsync'd by its writer thread
@@ -131,6 +132,10 @@ pub enum DriverError {
     LeaderChanged { group: u64, leader: Option<u64> },
     #[error("group {group} stopped: {reason}")]
     Stopped { group: u64, reason: String },
+    /// Applying an entry gave a result that does not fit its proposal
+    /// (the group goes on).
+    #[error("group {group}: {reason}")]
+    Unexpected { group: u64, reason: String },
 }
 
 /// What a group's members and callers can see of it.
@@ -173,7 +178,7 @@ impl Waiting {
                     let _ = r.send(Ok((index, a)));
                 }
             }
-            (w, other) => w.fail(DriverError::Stopped {
+            (w, other) => w.fail(DriverError::Unexpected {
                 group,
                 reason: format!("entry {index}: unexpected result for a batch: {other:?}"),
             }),
@@ -181,10 +186,6 @@ impl Waiting {
     }
 }
 
-/// At most this many writes, or this many bytes of values, in one entry
-/// the task batches (at least one write goes), as `node/write`'s batches.
-const BATCH_WRITES: usize = 256;
-const BATCH_BYTES: usize = 1 << 20;
 /// A read index: the commit index once a quorum confirmed this member
 /// still leads.
 type ReadReply = oneshot::Sender<Result<u64, DriverError>>;
@@ -210,11 +211,9 @@ pub struct GroupHandle {
 }
 
 impl GroupHandle {
-    /// Proposes a command; answers once this member has applied it, with
-    /// its log index (or why not).
-    pub async fn propose(&self, cmd: Command) -> Result<(u64, Applied), DriverError> {
-        let (tx, rx) = oneshot::channel();
-        let stopped = || DriverError::Stopped {
+    /// Why the group's task is gone.
+    fn stopped(&self) -> DriverError {
+        DriverError::Stopped {
             group: self.group,
             reason: self
                 .status
@@ -222,11 +221,17 @@ impl GroupHandle {
                 .stopped
                 .clone()
                 .unwrap_or_else(|| "its task ended".into()),
-        };
+        }
+    }
+
+    /// Proposes a command; answers once this member has applied it, with
+    /// its log index (or why not).
+    pub async fn propose(&self, cmd: Command) -> Result<(u64, Applied), DriverError> {
+        let (tx, rx) = oneshot::channel();
         self.tx
             .send(Input::Propose(cmd, tx))
-            .map_err(|_| stopped())?;
-        rx.await.map_err(|_| stopped())?
+            .map_err(|_| self.stopped())?;
+        rx.await.map_err(|_| self.stopped())?
     }
 
     /// A read index (raft's linearizable read, as etcd's): the leader's
@@ -236,12 +241,10 @@ impl GroupHandle {
     /// the ask. Asks arriving together share one round of heartbeats.
     pub async fn read_index(&self) -> Result<u64, DriverError> {
         let (tx, rx) = oneshot::channel();
-        let stopped = || DriverError::Stopped {
-            group: self.group,
-            reason: "its task ended".into(),
-        };
-        self.tx.send(Input::ReadIndex(tx)).map_err(|_| stopped())?;
-        rx.await.map_err(|_| stopped())?
+        self.tx
+            .send(Input::ReadIndex(tx))
+            .map_err(|_| self.stopped())?;
+        rx.await.map_err(|_| self.stopped())?
     }
 
     /// Waits until this member has applied `index` (or has stopped).
@@ -250,10 +253,7 @@ impl GroupHandle {
         let st = rx
             .wait_for(|s| s.applied >= index || s.stopped.is_some())
             .await
-            .map_err(|_| DriverError::Stopped {
-                group: self.group,
-                reason: "its task ended".into(),
-            })?;
+            .map_err(|_| self.stopped())?;
         match &st.stopped {
             Some(reason) if st.applied < index => Err(DriverError::Stopped {
                 group: self.group,
@@ -523,23 +523,12 @@ impl Driver {
     }
 
     /// Proposes the writes of this turn: one entry for those that fit a
-    /// batch (`BATCH_WRITES`, `BATCH_BYTES`), a lone write as itself.
+    /// batch (`types::batch_len`), a lone write as itself.
     fn propose_writes(&mut self) {
-        let mut writes = std::mem::take(&mut self.writes).into_iter().peekable();
-        while writes.peek().is_some() {
-            let (mut batch, mut replies, mut bytes) = (Vec::new(), Vec::new(), 0);
-            while let Some((w, _)) = writes.peek() {
-                let size = w.key.len() + w.value.as_ref().map_or(0, |v| v.len());
-                if !batch.is_empty() && (batch.len() >= BATCH_WRITES || bytes + size > BATCH_BYTES)
-                {
-                    break;
-                }
-                bytes += size;
-                if let Some((w, r)) = writes.next() {
-                    batch.push(w);
-                    replies.push(r);
-                }
-            }
+        let mut writes = std::mem::take(&mut self.writes);
+        while !writes.is_empty() {
+            let n = crate::types::batch_len(writes.iter().map(|(w, _)| w.bytes()));
+            let (mut batch, mut replies): (Vec<_>, Vec<_>) = writes.drain(..n).unzip();
             if batch.len() == 1 {
                 let (w, r) = (batch.remove(0), replies.remove(0));
                 self.propose_entry(w.into(), Waiting::One(r));
@@ -624,35 +613,52 @@ impl Driver {
         Ok(Entry { log_id, payload })
     }
 
-    /// The commands of the marked entries of a message, from `pending`
-    /// or the log.
+    /// The commands of the marked entries of a message: from `pending`
+    /// (not appended yet), the rest read from the log in one go.
     fn commands_of(&self, entries: &[eraftpb::Entry]) -> Result<Vec<Command>, String> {
-        let mut out = Vec::new();
-        for e in entries.iter().filter(|e| e.data == [DATA_COMMAND]) {
-            if let Some((term, c)) = self.pending.get(&e.index) {
-                if *term == e.term {
-                    out.push(c.clone());
-                    continue;
-                }
-            }
-            let found = self
+        let pending = |e: &eraftpb::Entry| {
+            self.pending
+                .get(&e.index)
+                .filter(|(term, _)| *term == e.term)
+                .map(|(_, c)| c)
+        };
+        let marked: Vec<&eraftpb::Entry> = entries
+            .iter()
+            .filter(|e| e.data == [DATA_COMMAND])
+            .collect();
+        let appended: Vec<u64> = marked
+            .iter()
+            .filter(|e| pending(e).is_none())
+            .map(|e| e.index)
+            .collect();
+        let logged: HashMap<u64, Entry> = match (appended.first(), appended.last()) {
+            (Some(&lo), Some(&hi)) => self
                 .log
-                .entries_in(e.index, e.index + 1, u64::MAX)
-                .map_err(|err| err.to_string())?;
-            match found.into_iter().next() {
-                Some(Entry {
-                    log_id,
-                    payload: EntryPayload::Normal(c),
-                }) if log_id.leader_id.term == e.term => out.push(c),
-                _ => {
-                    return Err(format!(
+                .entries_in(lo, hi + 1, u64::MAX)
+                .map_err(|err| err.to_string())?
+                .into_iter()
+                .map(|e| (e.log_id.index, e))
+                .collect(),
+            _ => HashMap::new(),
+        };
+        let found = |e: &eraftpb::Entry| match logged.get(&e.index) {
+            Some(Entry {
+                log_id,
+                payload: EntryPayload::Normal(c),
+            }) if log_id.leader_id.term == e.term => Some(c),
+            _ => None,
+        };
+        marked
+            .iter()
+            .map(|e| {
+                pending(e).or_else(|| found(e)).cloned().ok_or_else(|| {
+                    format!(
                         "no command for entry {} (term {}) in the log",
                         e.index, e.term
-                    ))
-                }
-            }
-        }
-        Ok(out)
+                    )
+                })
+            })
+            .collect()
     }
 
     fn send(&self, msgs: Vec<RaftMessage>) {

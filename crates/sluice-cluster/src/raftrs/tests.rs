@@ -220,6 +220,23 @@ async fn stop_all(net: &Net, ms: HashMap<u64, Member>) {
     }
 }
 
+/// A temporary directory, a network and three members over mapped logs
+/// in it.
+async fn started() -> (tempfile::TempDir, Arc<Net>, HashMap<u64, Member>) {
+    let dir = tempfile::tempdir().unwrap();
+    let net = Arc::new(Net::default());
+    let ms = three(&net, dir.path()).await;
+    (dir, net, ms)
+}
+
+/// The refusal of a member that does not lead, naming `leader`.
+fn not_leader(leader: u64) -> DriverError {
+    DriverError::NotLeader {
+        group: group(),
+        leader: Some(leader),
+    }
+}
+
 /// Three members over mapped logs (a volatile shard's).
 async fn three(net: &Arc<Net>, dir: &Path) -> HashMap<u64, Member> {
     three_with(net, dir, |_| LogOptions {
@@ -241,9 +258,7 @@ fn three_with(
 /// names the leader; concurrent writes get distinct, dense versions.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn three_members_elect_a_leader_and_apply_writes_everywhere() {
-    let dir = tempfile::tempdir().unwrap();
-    let net = Arc::new(Net::default());
-    let ms = three(&net, dir.path()).await;
+    let (_dir, _net, ms) = started().await;
     let l = leader(&ms, &[0, 1, 2]).await;
     let v = version(ms[&l].handle.propose(put("/v/a", b"one")).await.unwrap());
     let follower = (l + 1) % 3;
@@ -252,13 +267,7 @@ async fn three_members_elect_a_leader_and_apply_writes_everywhere() {
         .propose(put("/v/b", b"x"))
         .await
         .unwrap_err();
-    assert_eq!(
-        e,
-        DriverError::NotLeader {
-            group: group(),
-            leader: Some(l)
-        }
-    );
+    assert_eq!(e, not_leader(l));
     let done = concurrent_puts(&ms[&l].handle, "/v/k", 200, 100).await;
     let last = done.iter().map(|(i, _)| *i).max().unwrap();
     let entries: HashSet<u64> = done.iter().map(|(i, _)| *i).collect();
@@ -286,9 +295,7 @@ async fn three_members_elect_a_leader_and_apply_writes_everywhere() {
 /// and every member holds the same writes.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cut_off_leader_is_replaced_and_its_uncommitted_write_fails() {
-    let dir = tempfile::tempdir().unwrap();
-    let net = Arc::new(Net::default());
-    let ms = three(&net, dir.path()).await;
+    let (_dir, net, ms) = started().await;
     let old = leader(&ms, &[0, 1, 2]).await;
     ms[&old]
         .handle
@@ -335,9 +342,7 @@ async fn a_cut_off_leader_is_replaced_and_its_uncommitted_write_fails() {
 /// their writes (re-applied from the log) and their terms, and go on.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn members_restarted_over_their_logs_keep_their_writes() {
-    let dir = tempfile::tempdir().unwrap();
-    let net = Arc::new(Net::default());
-    let ms = three(&net, dir.path()).await;
+    let (dir, net, ms) = started().await;
     let l = leader(&ms, &[0, 1, 2]).await;
     for i in 0..50u8 {
         ms[&l]
@@ -445,9 +450,7 @@ async fn a_member_whose_fsync_fails_stops_and_the_others_go_on() {
 /// steps down.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn read_indexes_cover_acknowledged_writes_and_a_cut_off_leader_gives_none() {
-    let dir = tempfile::tempdir().unwrap();
-    let net = Arc::new(Net::default());
-    let ms = three(&net, dir.path()).await;
+    let (_dir, net, ms) = started().await;
     let l = leader(&ms, &[0, 1, 2]).await;
     let (index, _) = ms[&l].handle.propose(put("/v/x", b"1")).await.unwrap();
     let asks = (0..20).map(|_| ms[&l].handle.read_index());
@@ -456,13 +459,7 @@ async fn read_indexes_cover_acknowledged_writes_and_a_cut_off_leader_gives_none(
     }
     let follower = (l + 1) % 3;
     let e = ms[&follower].handle.read_index().await.unwrap_err();
-    assert_eq!(
-        e,
-        DriverError::NotLeader {
-            group: group(),
-            leader: Some(l)
-        }
-    );
+    assert_eq!(e, not_leader(l));
     let read = ms[&l].handle.read_index().await.unwrap();
     ms[&follower].handle.wait_applied(read).await.unwrap();
     assert_eq!(
@@ -484,9 +481,7 @@ async fn read_indexes_cover_acknowledged_writes_and_a_cut_off_leader_gives_none(
 /// writes, the old one refuses them naming it, and no write is lost.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn leadership_moves_to_the_member_named() {
-    let dir = tempfile::tempdir().unwrap();
-    let net = Arc::new(Net::default());
-    let ms = three(&net, dir.path()).await;
+    let (_dir, _net, ms) = started().await;
     let old = leader(&ms, &[0, 1, 2]).await;
     ms[&old].handle.propose(put("/v/t1", b"1")).await.unwrap();
     let to = (old + 2) % 3;
@@ -502,16 +497,37 @@ async fn leadership_moves_to_the_member_named() {
         .propose(put("/v/t3", b"3"))
         .await
         .unwrap_err();
-    assert_eq!(
-        e,
-        DriverError::NotLeader {
-            group: group(),
-            leader: Some(to)
-        }
-    );
+    assert_eq!(e, not_leader(to));
     for m in ms.values() {
         caught_up(m, index).await;
         assert_eq!(value_of(&m.store, "/v/t1").as_deref(), Some(&b"1"[..]));
         assert_eq!(value_of(&m.store, "/v/t2").as_deref(), Some(&b"2"[..]));
+    }
+}
+
+/// A batch's waiters each get their write's result; a result that does
+/// not fit the proposal (not one per write) fails every waiter with an
+/// error that says so, and nobody is left waiting.
+#[test]
+fn waiters_get_their_results_or_an_error_that_says_why() {
+    let put_ok = |v| {
+        Applied::Put(Ok(PutResult {
+            version: v,
+            timestamp_us: v,
+        }))
+    };
+    let (txs, mut rxs): (Vec<_>, Vec<_>) = (0..3).map(|_| oneshot::channel()).unzip();
+    Waiting::Batch(txs).answer(7, 42, Applied::Batch((1..=3).map(put_ok).collect()));
+    for (v, rx) in (1..=3).zip(&mut rxs) {
+        assert_eq!(rx.try_recv().unwrap().unwrap(), (42, put_ok(v)));
+    }
+    let (txs, mut rxs): (Vec<_>, Vec<_>) = (0..2).map(|_| oneshot::channel()).unzip();
+    Waiting::Batch(txs).answer(7, 43, Applied::Batch(vec![put_ok(1)]));
+    for rx in &mut rxs {
+        let e = rx.try_recv().unwrap().unwrap_err();
+        assert!(
+            matches!(&e, DriverError::Unexpected { group: 7, reason } if reason.contains("entry 43")),
+            "{e}"
+        );
     }
 }
