@@ -63,6 +63,10 @@ pub struct ClusterBenchArgs {
     /// shard of 2 or more, step by step (the nodes record marks: `SLUICE_MARKS`).
     #[arg(long)]
     breakdown: bool,
+    /// The shards' consensus driver: `openraft`, or `raft-rs` (a
+    /// `sluice` built with `--features raft-rs`).
+    #[arg(long, default_value = "openraft")]
+    consensus: String,
     /// Write the results as JSON to this file.
     #[arg(long)]
     out: Option<PathBuf>,
@@ -341,6 +345,8 @@ fn start_redis() -> Result<Redis> {
 }
 
 pub fn run(a: ClusterBenchArgs, json: bool) -> Result<()> {
+    crate::procs::set_consensus(&a.consensus);
+    eprintln!("consensus driver: {}", a.consensus);
     // The node processes this starts inherit the variable (set before any
     // thread of this process starts).
     let marks_dir = a

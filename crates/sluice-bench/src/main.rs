@@ -252,6 +252,10 @@ pub struct PersistentArgs {
     /// "replicate_on_submit = false"), to measure a setting.
     #[arg(long, default_value = "")]
     pub cluster_config: String,
+    /// The 3-node cluster's consensus driver: `openraft`, or `raft-rs` (a
+    /// `sluice` built with `--features raft-rs`).
+    #[arg(long, default_value = "openraft")]
+    pub consensus: String,
 }
 
 #[derive(clap::Args, Clone)]

@@ -687,9 +687,10 @@ pub fn persistent_bench(a: PersistentArgs, json: bool) -> Result<()> {
     }
     if a.shard_sizes.contains(&3) {
         eprintln!(
-            "shard of 3: starting 3 node processes (persistent shard, sync = {})",
-            a.cluster_sync
+            "shard of 3: starting 3 node processes (persistent shard, sync = {}, consensus driver {})",
+            a.cluster_sync, a.consensus
         );
+        crate::procs::set_consensus(&a.consensus);
         let procs = crate::procs::Procs::start_custom(
             3,
             a.node_threads,

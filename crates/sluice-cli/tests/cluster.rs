@@ -74,6 +74,10 @@ fn free_addr(ip: [u8; 4]) -> SocketAddr {
     l.local_addr().unwrap()
 }
 
+/// Subgroups of the 5-node cluster most tests start: volatile shard 0 on
+/// nodes 1-3, shard 1 on node 4, a trigger shard on all.
+const FIVE: &str = "[[subgroups.volatile]]\nshards = [[1, 2, 3], [4]]\n[[subgroups.trigger]]\nshards = [[1, 2, 3, 4, 5]]\n";
+
 /// Subgroups of a 3-node cluster: one volatile and one trigger shard, each
 /// on all three nodes.
 const ALL_THREE: &str =
@@ -91,11 +95,7 @@ impl Cluster {
 
     /// `start_with`, and these `[cluster]` settings (TOML).
     fn start_with_settings(extra: &str, cluster: &str) -> Cluster {
-        Cluster::start_nodes_with(
-            5,
-            &format!("[[subgroups.volatile]]\nshards = [[1, 2, 3], [4]]\n[[subgroups.trigger]]\nshards = [[1, 2, 3, 4, 5]]\n{extra}"),
-            cluster,
-        )
+        Cluster::start_nodes_with(5, &format!("{FIVE}{extra}"), cluster)
     }
 
     /// Nodes 1..=n with these subgroups (TOML).
@@ -111,11 +111,29 @@ impl Cluster {
     /// `start_nodes_with`, the nodes recording marks in `<dir>/marks`
     /// if `marked`.
     fn start_nodes_marked(n: u32, subgroups: &str, cluster: &str, marked: bool) -> Cluster {
+        Cluster::build(n, "", subgroups, cluster, marked)
+    }
+
+    /// `start`, the layout's shards on consensus driver `consensus`
+    /// (`openraft` or `raft-rs`).
+    fn start_on(consensus: &str) -> Cluster {
+        Cluster::build(
+            5,
+            &format!("consensus = \"{consensus}\"\n"),
+            FIVE,
+            "",
+            false,
+        )
+    }
+
+    /// Nodes 1..=n; the layout's top-level settings `top` (TOML), then
+    /// its nodes and `subgroups`; `[cluster]` settings `cluster`.
+    fn build(n: u32, top: &str, subgroups: &str, cluster: &str, marked: bool) -> Cluster {
         let dir = tempfile::tempdir().unwrap();
         let addrs: BTreeMap<u32, SocketAddr> = (1..=n)
             .map(|i| (i, free_addr([127, 0, 0, i as u8])))
             .collect();
-        let mut layout = String::from("version = 1\n");
+        let mut layout = format!("version = 1\n{top}");
         for (id, a) in &addrs {
             layout.push_str(&format!("[[nodes]]\nid = {id}\naddress = \"{a}\"\n"));
         }
@@ -181,9 +199,22 @@ impl Cluster {
 
     /// `with_persistent_pool`, the nodes with these `[cluster]` settings.
     async fn with_persistent_pool_and(path: &str, cluster: &str) -> (Cluster, Client) {
-        let c = Cluster::start_with_settings(
-            "[[subgroups.persistent]]\nshards = [[1, 2, 3]]\n",
+        Cluster::with_persistent_pool_on(path, cluster, "openraft").await
+    }
+
+    /// `with_persistent_pool_and`, the shards on consensus driver
+    /// `consensus`.
+    async fn with_persistent_pool_on(
+        path: &str,
+        cluster: &str,
+        consensus: &str,
+    ) -> (Cluster, Client) {
+        let c = Cluster::build(
+            5,
+            &format!("consensus = \"{consensus}\"\n"),
+            &format!("{FIVE}[[subgroups.persistent]]\nshards = [[1, 2, 3]]\n"),
             cluster,
+            false,
         );
         c.ready().await;
         let client = c.client(4).await;
@@ -500,9 +531,30 @@ async fn routing_affinity_and_metadata_refresh() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn sigkill_leader_and_follower_under_load_loses_no_acknowledged_write() {
+    sigkill_under_load("openraft").await
+}
+
+/// The same on the raft-rs driver (issue #20's rewrite).
+#[cfg(feature = "raft-rs")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn raftrs_sigkill_leader_and_follower_under_load_loses_no_acknowledged_write() {
+    sigkill_under_load("raft-rs").await
+}
+
+/// Writers on shard 0 while its leader, then a follower, are killed and
+/// restarted: every acknowledged write survives on every member, and the
+/// other shard serves throughout.
+async fn sigkill_under_load(consensus: &str) {
     let _serial = SERIAL.lock().await;
-    let mut c = Cluster::start();
+    let mut c = Cluster::start_on(consensus);
     c.ready().await;
+    let s = c.status(1).await;
+    let shard0 = s["groups"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|g| g["group"] == "volatile/0/0");
+    assert_eq!(shard0.unwrap()["consensus"], consensus, "{s}");
     let client = c.client(4).await;
     let acked: Acked = Arc::default();
     let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
@@ -651,8 +703,20 @@ async fn sigkill_leader_and_follower_under_load_loses_no_acknowledged_write() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_cut_off_leader_acknowledges_nothing_and_catches_up_after_heal() {
+    cut_off_leader("openraft").await
+}
+
+#[cfg(feature = "raft-rs")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn raftrs_a_cut_off_leader_acknowledges_nothing_and_catches_up_after_heal() {
+    cut_off_leader("raft-rs").await
+}
+
+/// A leader cut off from every peer: it acknowledges nothing, stops
+/// claiming leadership, and takes the majority's writes once healed.
+async fn cut_off_leader(consensus: &str) {
     let _serial = SERIAL.lock().await;
-    let c = Cluster::start();
+    let c = Cluster::start_on(consensus);
     c.ready().await;
     let client = c.client(5).await;
     let keys = shard0_keys("cut", 3);
@@ -2150,6 +2214,17 @@ fn the_register_checker_finds_what_it_must() {
 /// `SLUICE_CHAOS_SEED` and `SLUICE_CHAOS_SECS` (CI: 12 s) set the run.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn chaos_run_loses_nothing_and_stays_linearizable() {
+    chaos_run("openraft").await
+}
+
+/// The same run with the shards on the raft-rs driver (issue #20).
+#[cfg(feature = "raft-rs")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn raftrs_chaos_run_loses_nothing_and_stays_linearizable() {
+    chaos_run("raft-rs").await
+}
+
+async fn chaos_run(consensus: &str) {
     let _serial = SERIAL.lock().await;
     let seed: u64 = std::env::var("SLUICE_CHAOS_SEED")
         .ok()
@@ -2166,7 +2241,7 @@ async fn chaos_run_loses_nothing_and_stays_linearizable() {
         .split(',')
         .map(|s| s.trim().to_string())
         .collect();
-    let (mut c, _admin) = Cluster::with_persistent_pool("/jep").await;
+    let (mut c, _admin) = Cluster::with_persistent_pool_on("/jep", "", consensus).await;
     let keys: Vec<String> = (0..4).map(|i| format!("/jep/r{i}")).collect();
     let t0 = Instant::now();
     let now = move || t0.elapsed().as_micros() as u64;

@@ -439,6 +439,23 @@ impl Conn {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         self.send(req, id, sluice_wire::FLAG_NO_REPLY).await
     }
+
+    /// Sends requests that expect no reply, in order, in as few writes as
+    /// the socket takes (a node's consensus messages to a peer: one
+    /// system call for whatever queued up meanwhile). Values are never
+    /// split into parts here: the caller keeps large ones on a connection
+    /// of their own.
+    pub async fn send_forget_all(&self, reqs: &[Request]) -> Result<()> {
+        if !self.is_alive() {
+            return Err(self.dead_error());
+        }
+        let mut q = OutQueue::new();
+        for req in reqs {
+            let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+            req.encode(&mut q, id, sluice_wire::FLAG_NO_REPLY);
+        }
+        self.write_queue(q).await
+    }
 }
 
 async fn read_loop(

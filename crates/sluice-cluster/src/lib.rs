@@ -12,8 +12,8 @@
 //! - [`marks`]: optional timestamps of a write's way through a shard (`sluice bench cluster --breakdown`);
 //! - [`node`]: [`ClusterNode`], the write and read paths and administration;
 //! - `raftrs` (feature `raft-rs`): the second consensus driver, on raft-rs
-//!   (issue #20; not yet used by the node: ARCHITECTURE.md, "Consensus
-//!   library").
+//!   (issue #20): the shards' groups of a layout with `consensus =
+//!   "raft-rs"` (ARCHITECTURE.md, "Consensus library").
 
 // openraft's StorageError (its trait methods' error type) is large; our helpers
 // return it too rather than boxing and unboxing at every trait boundary.

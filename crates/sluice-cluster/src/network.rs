@@ -272,11 +272,36 @@ impl Peers {
     fn takes_bulk(&self, req: &Request) -> bool {
         match req {
             Request::Raft { body, more, .. } => {
-                let at = self.bulk_bytes.load(std::sync::atomic::Ordering::Relaxed);
-                at > 0 && body.len() + more.iter().map(Bytes::len).sum::<usize>() >= at
+                self.is_bulk(body.len() + more.iter().map(Bytes::len).sum::<usize>())
             }
             _ => false,
         }
+    }
+
+    /// Whether a consensus message of `bytes` goes on the bulk connection.
+    pub fn is_bulk(&self, bytes: usize) -> bool {
+        let at = self.bulk_bytes.load(std::sync::atomic::Ordering::Relaxed);
+        at > 0 && bytes >= at
+    }
+
+    /// Sends requests that expect no reply (raft-rs's consensus messages)
+    /// to a peer, in order, on its small or its bulk connection.
+    pub async fn send_oneway(
+        &self,
+        target: u32,
+        addr: &str,
+        bulk: bool,
+        reqs: &[Request],
+    ) -> Result<(), SluiceError> {
+        if self.is_blocked(target) {
+            return Err(SluiceError::Unavailable {
+                reason: format!("link to node {target} is cut (fault injection)"),
+            });
+        }
+        self.conn(target, addr, bulk)
+            .await?
+            .send_forget_all(reqs)
+            .await
     }
 
     /// Sends one consensus message (its encoding in chunks, sent back to

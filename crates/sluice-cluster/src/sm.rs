@@ -641,7 +641,7 @@ impl Sm {
         Applied::Meta(res)
     }
 
-    fn build(&self) -> Result<Snapshot, StorageError> {
+    pub(crate) fn build(&self) -> Result<Snapshot, StorageError> {
         // Under the lock only what is cheap: the state at `last_applied`
         // (object snapshots are immutable `Arc`s). Encoding happens after,
         // so applying new entries is not held up by a large snapshot.
@@ -761,6 +761,15 @@ impl Sm {
             meta,
             snapshot: Cursor::new(Vec::new()),
         })
+    }
+
+    /// Index of the last entry the current snapshot covers (0: none).
+    pub fn snapshot_index(&self) -> u64 {
+        let st = self.st.lock();
+        st.current
+            .as_ref()
+            .and_then(|(m, _)| m.last_log_id)
+            .map_or(0, |l| l.index)
     }
 
     /// Index of the last applied entry (0 before any).
@@ -940,7 +949,11 @@ impl Sm {
     }
 
     /// Installs a snapshot received from the leader.
-    fn install(&self, meta: &SnapshotMeta, mut data: Vec<u8>) -> Result<(), StorageError> {
+    pub(crate) fn install(
+        &self,
+        meta: &SnapshotMeta,
+        mut data: Vec<u8>,
+    ) -> Result<(), StorageError> {
         let _save = self.save_lock.lock();
         let mut st = self.st.lock();
         self.restore(&mut st, meta, &data)?;
@@ -955,7 +968,7 @@ impl Sm {
     }
 
     /// The snapshot to send a member that is too far behind.
-    fn current_snapshot(&self) -> Result<Option<Snapshot>, StorageError> {
+    pub(crate) fn current_snapshot(&self) -> Result<Option<Snapshot>, StorageError> {
         let current = self.st.lock().current.clone();
         let Some((meta, data)) = current else {
             return Ok(None);

@@ -283,6 +283,20 @@ pub fn parse_shard(s: &str) -> Result<ShardId, SluiceError> {
     })
 }
 
+/// Tells operators (the node's log) who leads group `g` now, as member
+/// `me` sees it in `term`.
+pub fn report_leadership(g: u64, me: u64, term: u64, leader: Option<u64>) {
+    match leader {
+        Some(l) if l == me => {
+            tracing::info!(group = %group_name(g), term, "this node is now the leader")
+        }
+        Some(l) => {
+            tracing::info!(group = %group_name(g), term, leader = l, "following a new leader")
+        }
+        None => tracing::info!(group = %group_name(g), term, "no leader: election in progress"),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

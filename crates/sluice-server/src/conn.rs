@@ -1074,6 +1074,32 @@ impl Conn {
         }
     }
 
+    /// A consensus message from a peer (`Request::Raft`, authenticated).
+    /// raft-rs's go one way and are handed to their group here, in the
+    /// order they arrived, without a task of their own; openraft's are
+    /// requests answered when their group has handled them.
+    fn consensus_message(
+        &mut self,
+        cl: Arc<sluice_cluster::ClusterNode>,
+        rid: u64,
+        no_reply: bool,
+        (from, group, kind, body): (u32, u64, u8, bytes::Bytes),
+    ) {
+        if kind == sluice_cluster::network::kind::RAFTRS && no_reply {
+            if let Err(e) = cl.deliver_raftrs(from, group, &body) {
+                tracing::debug!(conn = self.id, from, group, error = %e, "raft-rs message dropped");
+            }
+            return;
+        }
+        self.defer(rid, no_reply, async move {
+            Reply::Resp(
+                cl.handle_raft(from, group, kind, &body)
+                    .await
+                    .map(Response::Raw),
+            )
+        })
+    }
+
     /// What only a cluster node does: the peer handshake, consensus
     /// messages (peers only), pool changes through the metadata group,
     /// admin commands. Returns what the local handlers serve.
@@ -1164,13 +1190,7 @@ impl Conn {
                 kind,
                 body,
                 ..
-            } => self.defer(rid, no_reply, async move {
-                Reply::Resp(
-                    cl.handle_raft(from, group, kind, &body)
-                        .await
-                        .map(Response::Raw),
-                )
-            }),
+            } => self.consensus_message(cl, rid, no_reply, (from, group, kind, body)),
             Request::Cluster { command } => {
                 let from_peer = self.peer.is_some();
                 self.defer(rid, no_reply, async move {

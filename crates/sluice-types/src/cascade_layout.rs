@@ -75,6 +75,7 @@ pub fn import(text: &str, base: SocketAddr) -> Result<Imported, String> {
         .ok_or("$: Cascade's layout.json is a list of {\"type_alias\", \"layout\"} entries")?;
     let mut layout = ClusterLayout {
         version: 1,
+        consensus: Default::default(),
         nodes: Vec::new(),
         subgroups: Default::default(),
     };

@@ -56,6 +56,11 @@ pub struct Subgroups {
 pub struct ClusterLayout {
     #[serde(default = "one")]
     pub version: u64,
+    /// The consensus driver of the shards' replication groups (the
+    /// metadata group always runs on openraft). Every node of a cluster
+    /// reads it from the same layout, so all agree.
+    #[serde(default, skip_serializing_if = "Consensus::is_default")]
+    pub consensus: Consensus,
     pub nodes: Vec<NodeSpec>,
     #[serde(default)]
     pub subgroups: Subgroups,
@@ -63,6 +68,25 @@ pub struct ClusterLayout {
 
 fn one() -> u64 {
     1
+}
+
+/// Which consensus library drives the shards' replication groups.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Consensus {
+    /// openraft (the default).
+    #[default]
+    #[serde(rename = "openraft")]
+    Openraft,
+    /// TiKV's raft-rs, driven by one task per group (`sluice-cluster`'s
+    /// `raftrs`; a node built without its `raft-rs` feature refuses it).
+    #[serde(rename = "raft-rs")]
+    RaftRs,
+}
+
+impl Consensus {
+    fn is_default(&self) -> bool {
+        *self == Consensus::Openraft
+    }
 }
 
 impl ClusterLayout {
@@ -276,6 +300,21 @@ shards = [[0], [1], [2]]
         assert_eq!(l.shard_counts()["volatile"], vec![2]);
         assert_eq!(l.shard_counts()["trigger"], vec![3]);
         assert_eq!(l.address_of(1).unwrap().to_string(), "127.0.0.2:7420");
+    }
+
+    #[test]
+    fn the_consensus_driver_is_openraft_unless_named_and_survives_a_round_trip() {
+        let l = ClusterLayout::from_toml(GOOD).unwrap();
+        assert_eq!(l.consensus, Consensus::Openraft);
+        assert!(!l.to_toml().unwrap().contains("consensus"));
+        let rs = ClusterLayout::from_toml(&format!("consensus = \"raft-rs\"\n{GOOD}")).unwrap();
+        assert_eq!(rs.consensus, Consensus::RaftRs);
+        assert_eq!(
+            ClusterLayout::from_toml(&rs.to_toml().unwrap()).unwrap(),
+            rs
+        );
+        let e = ClusterLayout::from_toml(&format!("consensus = \"paxos\"\n{GOOD}")).unwrap_err();
+        assert!(e.contains("openraft") && e.contains("raft-rs"), "{e}");
     }
 
     #[test]

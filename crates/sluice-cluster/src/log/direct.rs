@@ -30,6 +30,23 @@ impl LogStore {
         }
     }
 
+    /// A snapshot up to `id` was installed: every entry goes (those
+    /// after it too: the leader's log from there on replaces them), and
+    /// the log starts after `id`.
+    pub(crate) fn reset_to_snapshot(&self, id: LogId) -> Result<(), StorageError> {
+        let mut g = self.inner.lock();
+        if g.index
+            .keys()
+            .next_back()
+            .is_some_and(|&last| last > id.index)
+        {
+            g.truncate_from(id.index + 1)?;
+        }
+        g.record(Record::Purge(id))?;
+        g.drop_purged_segments();
+        Ok(())
+    }
+
     /// The id of entry `i`, if the log holds it (or purged exactly up to it).
     pub(crate) fn log_id_at(&self, i: u64) -> Option<LogId> {
         let g = self.inner.lock();

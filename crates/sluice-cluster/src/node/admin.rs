@@ -153,11 +153,12 @@ impl ClusterNode {
                 let g = self.local_group(META_GROUP)?;
                 self.check_leader(&g)?;
                 let t = Duration::from_millis(self.settings.write_timeout_ms);
-                match tokio::time::timeout(t, g.raft.ensure_linearizable(openraft::ReadPolicy::ReadIndex)).await {
+                let raft = g.core.openraft(g.id, "a metadata read index")?;
+                match tokio::time::timeout(t, raft.ensure_linearizable(openraft::ReadPolicy::ReadIndex)).await {
                     Ok(Ok(id)) => {
                         // The asker waits to apply up to this index (as
                         // for a time barrier above).
-                        let _ = g.raft.trigger().heartbeat().await;
+                        let _ = raft.trigger().heartbeat().await;
                         Ok(json!({"index": id.index()}))
                     }
                     Ok(Err(e)) => Err(unavailable(format!("metadata read index: {e}"))),
@@ -173,7 +174,7 @@ impl ClusterNode {
                 // The member that asked waits to apply the frontier: tell
                 // the followers it is committed now, not with the next
                 // entries or once `commit_hold_us` runs out.
-                let _ = g.raft.trigger().heartbeat().await;
+                g.core.heartbeat().await;
                 Ok(json!({ "index": index }))
             }
             Admin::PurgeShard {
@@ -193,9 +194,10 @@ impl ClusterNode {
                 .map(|_| json!({})),
             Admin::StopGroup { shard } => {
                 let g = self.local(parse_shard(&shard)?)?;
+                let raft = g.core.openraft(g.id, "stopping the consensus core")?;
                 self.restart_requested.lock().insert(g.id);
                 tracing::warn!(shard, "fault injection: consensus core stopped");
-                let _ = g.raft.shutdown().await;
+                let _ = raft.shutdown().await;
                 Ok(json!({"node": self.id, "stopped": shard}))
             }
             Admin::Heal => {
@@ -206,15 +208,6 @@ impl ClusterNode {
         }
     }
 
-    pub(super) fn voters(g: &Group) -> BTreeSet<u64> {
-        g.metrics
-            .borrow_watched()
-            .membership_config
-            .membership()
-            .voter_ids()
-            .collect()
-    }
-
     pub(super) async fn change(
         &self,
         shard: &str,
@@ -223,6 +216,7 @@ impl ClusterNode {
     ) -> Result<serde_json::Value, SluiceError> {
         let s = parse_shard(shard)?;
         let g = self.local(s)?;
+        let raft = g.core.openraft(g.id, "a membership change")?;
         self.check_leader(&g)?;
         let addr = self.layout.address_of(node).ok_or_else(|| {
             SluiceError::invalid_argument(
@@ -230,7 +224,7 @@ impl ClusterNode {
                 "it is not in the layout's [[nodes]]",
             )
         })?;
-        let mut voters = Self::voters(&g);
+        let mut voters = g.core.voters();
         let api = |e: RaftError<TypeConfig, ClientWriteError<TypeConfig>>| match e {
             RaftError::APIError(ClientWriteError::ForwardToLeader(f)) => {
                 self.not_leader(g.id, f.leader_id)
@@ -245,8 +239,7 @@ impl ClusterNode {
                 ));
             }
             // Blocks until the newcomer has caught up (log or snapshot).
-            g.raft
-                .add_learner(u64::from(node), BasicNode::new(addr), true)
+            raft.add_learner(u64::from(node), BasicNode::new(addr), true)
                 .await
                 .map_err(api)?;
             voters.insert(u64::from(node));
@@ -264,8 +257,7 @@ impl ClusterNode {
                 ));
             }
         }
-        g.raft
-            .change_membership(voters.clone(), false)
+        raft.change_membership(voters.clone(), false)
             .await
             .map_err(api)?;
         let members: Vec<u32> = voters.iter().map(|v| *v as u32).collect();

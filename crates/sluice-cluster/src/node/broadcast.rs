@@ -540,6 +540,7 @@ mod tests {
     fn layout(racks: &[&str]) -> ClusterLayout {
         ClusterLayout {
             version: 1,
+            consensus: Default::default(),
             nodes: racks
                 .iter()
                 .enumerate()

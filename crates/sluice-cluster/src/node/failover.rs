@@ -29,9 +29,8 @@
 //! listening socket, so the probe connects and nothing happens here: the
 //! timers handle it.
 
-use super::{ClusterNode, Group, TypeConfig};
-use openraft::async_runtime::WatchReceiver;
-use openraft::vote::RaftLeaderId;
+use super::core::Watch;
+use super::{ClusterNode, Group};
 use sluice_types::retry::Backoff;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -105,14 +104,7 @@ impl ClusterNode {
             .groups
             .read()
             .values()
-            .filter(|g| {
-                let m = g.metrics.borrow_watched();
-                m.current_leader == Some(dead)
-                    && m.membership_config
-                        .membership()
-                        .voter_ids()
-                        .any(|v| v == me)
-            })
+            .filter(|g| g.core.leader() == Some(dead) && g.core.voters().contains(&me))
             .cloned()
             .collect();
         let Some(addr) = self.layout.address_of(peer) else {
@@ -153,9 +145,9 @@ impl ClusterNode {
 /// Whether a leader other than the dead one's old leadership is known:
 /// another node, or the dead node itself at a later term (it restarted and
 /// won an election).
-fn has_new_leader(m: &openraft::RaftMetrics<TypeConfig>, dead: u64, term: u64) -> bool {
-    m.current_leader
-        .is_some_and(|l| l != dead || m.current_term > term)
+fn has_new_leader(w: &Watch, dead: u64, term: u64) -> bool {
+    let (leader, now) = w.leader_term();
+    leader.is_some_and(|l| l != dead || now > term)
 }
 
 /// Every survivor stands at once (which gives up its vote for the dead
@@ -169,17 +161,14 @@ fn has_new_leader(m: &openraft::RaftMetrics<TypeConfig>, dead: u64, term: u64) -
 /// have the most up-to-date log, and only that one can win, so every one
 /// must keep trying, not just one.
 async fn take_over(g: Arc<Group>, dead: u64, me: u64) {
-    let (rank, term) = {
-        let m = g.metrics.borrow_watched();
-        let rank = m
-            .membership_config
-            .membership()
-            .voter_ids()
-            .filter(|v| *v != dead && *v < me)
-            .count() as u32;
-        (rank, m.current_term)
-    };
-    let mut metrics = g.metrics.clone();
+    let rank = g
+        .core
+        .voters()
+        .iter()
+        .filter(|v| **v != dead && **v < me)
+        .count() as u32;
+    let mut watch = g.core.watch();
+    let term = watch.leader_term().1;
     let mut backoff = Backoff::new(
         RETRY_AFTER * (1 + rank),
         MAX_PERIOD * (1 + rank),
@@ -188,25 +177,23 @@ async fn take_over(g: Arc<Group>, dead: u64, me: u64) {
     let mut seen_vote = None;
     let mut stood = 0;
     loop {
-        let vote = {
-            let m = metrics.borrow_watched();
-            if has_new_leader(&m, dead, term) {
-                return;
-            }
-            let id = m.vote.leader_id();
-            (id.term(), *id.node_id(), m.vote.is_committed())
-        };
-        let other_candidate = vote.1 != me && vote.1 != dead && !vote.2;
-        if !other_candidate || seen_vote == Some(vote) {
-            if g.raft.trigger().elect(false).await.is_err() {
+        if has_new_leader(&watch, dead, term) {
+            return;
+        }
+        // openraft's vote (raft-rs's cores report none: pre-vote keeps
+        // their rounds from disrupting each other).
+        let vote = watch.vote();
+        let other_candidate = vote.is_some_and(|v| v.1 != me && v.1 != dead && !v.2);
+        if !other_candidate || seen_vote == vote {
+            if !g.core.elect().await {
                 return; // shutting down
             }
             stood += 1;
         }
-        seen_vote = Some(vote);
+        seen_vote = vote;
         let wait = async {
-            while !has_new_leader(&metrics.borrow_watched(), dead, term) {
-                if metrics.changed().await.is_err() {
+            while !has_new_leader(&watch, dead, term) {
+                if !watch.changed().await {
                     return;
                 }
             }

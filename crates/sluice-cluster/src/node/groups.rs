@@ -3,7 +3,49 @@
 //! openraft stopped, and incoming consensus messages.
 
 use super::*;
+use sluice_types::cluster::Consensus;
 use sluice_types::marks::Point;
+
+/// The file in a group's directory naming the driver its log is written by.
+const DRIVER_FILE: &str = "consensus";
+
+/// Refuses a group directory whose log another consensus driver wrote (the
+/// two keep different records: a vote is not raft-rs's hard state); marks
+/// a new one with `driver`. A directory from before the mark holds
+/// openraft's log.
+fn check_driver(dir: &std::path::Path, driver: Consensus) -> Result<(), SluiceError> {
+    let name = |c: Consensus| match c {
+        Consensus::Openraft => "openraft",
+        Consensus::RaftRs => "raft-rs",
+    };
+    let file = dir.join(DRIVER_FILE);
+    let io = |e: std::io::Error| SluiceError::Io {
+        reason: format!("{}: {e}", file.display()),
+    };
+    let (found, marked) = match std::fs::read_to_string(&file) {
+        Ok(s) => (s.trim().to_string(), true),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            let used = std::fs::read_dir(dir).is_ok_and(|mut d| d.next().is_some());
+            let f = if used { Consensus::Openraft } else { driver };
+            (name(f).to_string(), false)
+        }
+        Err(e) => return Err(io(e)),
+    };
+    if found != name(driver) {
+        return Err(SluiceError::Internal {
+            reason: format!(
+                "{} holds a log written by the {found} consensus driver, but the layout says {}: a cluster cannot change drivers over its data (go back to consensus = \"{found}\", or start from empty data directories)",
+                dir.display(),
+                name(driver)
+            ),
+        });
+    }
+    if !marked {
+        std::fs::create_dir_all(dir).map_err(io)?;
+        std::fs::write(&file, name(driver)).map_err(io)?;
+    }
+    Ok(())
+}
 
 /// Log bytes after which a persistent shard takes a snapshot (at most
 /// `ClusterSettings::snapshot_bytes`).
@@ -18,18 +60,26 @@ impl ClusterNode {
         }
     }
 
-    /// Asks for a snapshot when a group's log holds more than
-    /// `snapshot_bytes` (at most every 100 ms).
-    pub(super) fn maybe_snapshot(&self, g: &Group) {
-        // A persistent shard's snapshot is small (its objects are the
-        // history on disk): taking it often keeps each history fsync
-        // short and lets the log's purged segments be recycled early.
-        let limit = match shard_of_group(g.id) {
+    /// Log bytes after which group `g` takes a snapshot. A persistent
+    /// shard's snapshot is small (its objects are the history on disk):
+    /// taking it often keeps each history fsync short and lets the log's
+    /// purged segments be recycled early.
+    pub(super) fn snapshot_limit(&self, g: u64) -> u64 {
+        match shard_of_group(g) {
             Some(s) if s.pool_type == PoolType::Persistent => {
                 self.settings.snapshot_bytes.min(PERSISTENT_SNAPSHOT_BYTES)
             }
             _ => self.settings.snapshot_bytes,
+        }
+    }
+
+    /// Asks for a snapshot when a group's log holds more than
+    /// `snapshot_bytes` (at most every 100 ms).
+    pub(super) fn maybe_snapshot(&self, g: &Group) {
+        let Some(raft) = g.core.as_openraft() else {
+            return; // raft-rs groups snapshot by themselves (`raftrs`)
         };
+        let limit = self.snapshot_limit(g.id);
         if g.log.held_bytes() <= limit {
             return; // the common case, one lock and a load
         }
@@ -42,7 +92,7 @@ impl ClusterNode {
             return;
         }
         *asked = Some(std::time::Instant::now());
-        let raft = g.raft.clone();
+        let raft = raft.clone();
         tokio::spawn(async move {
             let _ = raft.trigger().snapshot().await;
         });
@@ -70,6 +120,11 @@ impl ClusterNode {
         let io = |e: std::io::Error| SluiceError::Io {
             reason: format!("opening the consensus log in {}: {e}", dir.display()),
         };
+        let driver = match self.layout.consensus {
+            Consensus::RaftRs if g != META_GROUP => Consensus::RaftRs,
+            _ => Consensus::Openraft,
+        };
+        check_driver(&dir, driver)?;
         // A persistent shard's log keeps its purged segments: the history
         // refers to the values in them.
         let keep = shard_of_group(g).is_some_and(|s| s.pool_type == PoolType::Persistent);
@@ -95,7 +150,13 @@ impl ClusterNode {
         .map_err(|e| SluiceError::Io {
             reason: format!("restoring the snapshot in {}: {e}", dir.display()),
         })?;
-        let group = self.start_raft(g, log, sm).await?;
+        let group = match self.layout.consensus {
+            #[cfg(feature = "raft-rs")]
+            sluice_types::cluster::Consensus::RaftRs if g != META_GROUP => {
+                self.start_raftrs(g, log, sm)?
+            }
+            _ => self.start_raft(g, log, sm).await?,
+        };
         self.groups.write().insert(g, group.clone());
         Ok(group)
     }
@@ -124,10 +185,13 @@ impl ClusterNode {
         .map_err(|e| SluiceError::Internal {
             reason: format!("starting replication group {}: {e}", group_name(g)),
         })?;
+        let mut m = raft.server_metrics();
         let group = Arc::new(Group {
             id: g,
-            metrics: raft.metrics(),
-            raft,
+            core: Core::Openraft {
+                metrics: raft.metrics(),
+                raft,
+            },
             sm,
             log,
             snapshot_asked: parking_lot::Mutex::new(None),
@@ -139,8 +203,6 @@ impl ClusterNode {
         // dead peer). Watched through the server metrics, which change
         // only with the vote, role, leader or membership (the full metrics
         // change with every write: a wakeup per write for nothing).
-        let mut m = group.raft.server_metrics();
-        let group_metrics = group.metrics.clone();
         let me = u64::from(self.id);
         let node = self.me.get().cloned();
         let this = Arc::downgrade(&group);
@@ -152,25 +214,14 @@ impl ClusterNode {
                     (x.vote.leader_id.term, x.current_leader)
                 };
                 if last != Some((term, leader)) {
-                    match leader {
-                        Some(l) if l == me => {
-                            tracing::info!(group = %group_name(g), term, "this node is now the leader")
-                        }
-                        Some(l) => {
-                            tracing::info!(group = %group_name(g), term, leader = l, "following a new leader")
-                        }
-                        None => {
-                            tracing::info!(group = %group_name(g), term, "no leader: election in progress")
-                        }
-                    }
+                    crate::types::report_leadership(g, me, term, leader);
                     last = Some((term, leader));
                 }
             }
             // The core has stopped (its metrics sender is gone).
-            let why = group_metrics.borrow_watched().running_state.clone();
-            if let (Some(node), Some(old), Err(why)) =
-                (node.and_then(|n| n.upgrade()), this.upgrade(), why)
-            {
+            let old = this.upgrade();
+            let why = old.as_ref().and_then(|g| g.core.openraft_stop());
+            if let (Some(node), Some(old), Some(why)) = (node.and_then(|n| n.upgrade()), old, why) {
                 node.on_group_stopped(old, why).await;
             }
         });
@@ -249,6 +300,12 @@ impl ClusterNode {
         if kind == crate::network::kind::BCAST_CHUNK {
             return self.on_chunk(body).await;
         }
+        if kind == crate::network::kind::RAFTRS {
+            // Sent one way (`raftrs::transport`): nothing goes back.
+            return self
+                .deliver_raftrs(from, group, body)
+                .map(|()| bytes::Bytes::new());
+        }
         let g = self.ensure_group(group).await?;
         let msg = crate::network::decode_message(kind, body)?;
         let mut marked = None;
@@ -260,7 +317,7 @@ impl ClusterNode {
                 marked = Some(ix);
             }
         }
-        let r = dispatch(&g.raft, msg).await;
+        let r = dispatch(g.core.openraft(g.id, "an openraft message")?, msg).await;
         if let Some(ix) = marked {
             crate::marks::mark_all(Point::Reply, group, ix, self.id.into());
         }
@@ -269,5 +326,40 @@ impl ClusterNode {
         // persistent snapshot syncs a large history at once.
         self.maybe_snapshot(&g);
         r
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_group_directory_keeps_the_driver_that_wrote_it() {
+        let d = tempfile::tempdir().unwrap();
+        // A new directory is marked with the driver that opens it.
+        let fresh = d.path().join("volatile-0-0");
+        check_driver(&fresh, Consensus::RaftRs).unwrap();
+        check_driver(&fresh, Consensus::RaftRs).unwrap();
+        let e = check_driver(&fresh, Consensus::Openraft).unwrap_err();
+        assert!(
+            e.to_string()
+                .contains("written by the raft-rs consensus driver")
+                && e.to_string().contains("layout says openraft"),
+            "{e}"
+        );
+        // A directory from before the mark holds openraft's log.
+        let old = d.path().join("volatile-1-0");
+        std::fs::create_dir_all(&old).unwrap();
+        std::fs::write(old.join("seg-1.log"), b"x").unwrap();
+        let e = check_driver(&old, Consensus::RaftRs).unwrap_err();
+        assert!(
+            e.to_string().contains("by the openraft consensus driver"),
+            "{e}"
+        );
+        check_driver(&old, Consensus::Openraft).unwrap();
+        assert_eq!(
+            std::fs::read_to_string(old.join(DRIVER_FILE)).unwrap(),
+            "openraft"
+        );
     }
 }

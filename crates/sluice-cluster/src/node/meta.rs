@@ -210,7 +210,7 @@ impl ClusterNode {
 
     async fn meta_catch_up_once(&self, t: Duration) -> Result<(), SluiceError> {
         let g = self.local_group(META_GROUP)?;
-        let leader = g.metrics.borrow_watched().current_leader.map(|l| l as u32);
+        let leader = g.core.leader().map(|l| l as u32);
         let index = match leader {
             Some(l) if l == self.id => return Ok(()),
             Some(l) => {
@@ -235,11 +235,9 @@ impl ClusterNode {
             }
             None => return Err(self.not_leader(META_GROUP, None)),
         };
-        g.raft
-            .wait(Some(t))
-            .applied_index_at_least(Some(index), "metadata catch-up")
+        g.core
+            .wait_applied(index, t, "metadata catch-up")
             .await
-            .map(|_| ())
             .map_err(|e| unavailable(format!("metadata catch-up: {e}")))
     }
 }

@@ -14,14 +14,18 @@
 
 mod admin;
 pub mod broadcast;
+mod core;
 mod failover;
 mod groups;
 mod meta;
 mod read;
+#[cfg(feature = "raft-rs")]
+mod rs;
 #[cfg(test)]
 mod tests;
 mod write;
 
+use self::core::{Core, CoreError};
 use write::Batcher;
 
 use crate::log::{LogOptions, LogStore};
@@ -145,8 +149,7 @@ impl Default for ClusterSettings {
 /// One replication group hosted here.
 pub struct Group {
     pub id: u64,
-    pub raft: Raft,
-    metrics: MetricsRx,
+    pub(crate) core: Core,
     sm: Sm,
     log: LogStore,
     /// When this node last asked for a snapshot because the log grew large.
@@ -220,6 +223,9 @@ pub struct ClusterNode {
     /// The metadata log index whose data flow graphs this node's engine
     /// runs (set by the server's graph reconciler; `dfgs_reconciled`).
     dfgs_reconciled: std::sync::atomic::AtomicU64,
+    /// Where raft-rs groups' messages go (made with the first such group).
+    #[cfg(feature = "raft-rs")]
+    rs_transport: std::sync::OnceLock<Arc<crate::raftrs::transport::PeerTransport>>,
 }
 
 /// How often a group stopped by openraft is started again, at most.
@@ -243,6 +249,12 @@ impl ClusterNode {
         layout
             .validate()
             .map_err(|reason| SluiceError::Internal { reason })?;
+        #[cfg(not(feature = "raft-rs"))]
+        if layout.consensus == sluice_types::cluster::Consensus::RaftRs {
+            return Err(SluiceError::NotSupported {
+                what: "the layout's consensus = \"raft-rs\" in this build (build sluice with `--features raft-rs`, which needs protoc)".into(),
+            });
+        }
         if layout.address_of(id).is_none() {
             return Err(SluiceError::Internal {
                 reason: format!("node id {id} is not in the layout's [[nodes]]"),
@@ -308,6 +320,8 @@ impl ClusterNode {
             restarts: Default::default(),
             restart_requested: Default::default(),
             bcast: Default::default(),
+            #[cfg(feature = "raft-rs")]
+            rs_transport: Default::default(),
         });
         let _ = node.me.set(Arc::downgrade(&node));
         node.peers.set_bulk_bytes(node.settings.peer_bulk_bytes);
@@ -348,9 +362,10 @@ impl ClusterNode {
                     .cloned()
                     .unwrap_or_default()
             };
-            if members.iter().min() == Some(&id)
-                && !group.raft.is_initialized().await.unwrap_or(true)
-            {
+            let Some(raft) = group.core.as_openraft() else {
+                continue; // raft-rs groups start from the layout's members
+            };
+            if members.iter().min() == Some(&id) && !raft.is_initialized().await.unwrap_or(true) {
                 let init: BTreeMap<u64, BasicNode> = members
                     .iter()
                     .filter_map(|m| {
@@ -359,7 +374,7 @@ impl ClusterNode {
                             .map(|a| (u64::from(*m), BasicNode::new(a)))
                     })
                     .collect();
-                if let Err(e) = group.raft.initialize(init).await {
+                if let Err(e) = raft.initialize(init).await {
                     tracing::debug!(group = %group_name(g), error = %e, "initialise skipped");
                 }
             }
@@ -394,14 +409,7 @@ impl ClusterNode {
             members: self.members_of(g),
         };
         let group = self.groups.read().get(&g).cloned().ok_or_else(not_member)?;
-        let in_config = group
-            .metrics
-            .borrow_watched()
-            .membership_config
-            .membership()
-            .get_node(&u64::from(self.id))
-            .is_some();
-        if !in_config {
+        if !group.core.has_member(u64::from(self.id)) {
             return Err(not_member());
         }
         Ok(group)
@@ -439,7 +447,13 @@ impl ClusterNode {
     /// `NotLeader` without a hint so clients move on to other members.
     fn leader_of(&self, g: &Group) -> Option<u64> {
         let me = u64::from(self.id);
-        let m = g.metrics.borrow_watched();
+        let m = match &g.core {
+            Core::Openraft { metrics, .. } => metrics.borrow_watched(),
+            // raft-rs's leader steps down on its own without a quorum's
+            // acknowledgements (check-quorum).
+            #[cfg(feature = "raft-rs")]
+            c @ Core::RaftRs { .. } => return c.leader(),
+        };
         // On every write: no allocation, one short lock.
         let confirmed = m.current_leader != Some(me)
             || self.peers.acks.quorum_within(
@@ -489,68 +503,8 @@ impl ClusterNode {
         let groups = self.groups.read();
         let mut ids: Vec<u64> = groups.keys().copied().collect();
         ids.sort_unstable();
-        let list: Vec<serde_json::Value> = ids
-            .iter()
-            .map(|g| {
-                let x = &groups[g];
-                let leader = self.leader_of(x);
-                let m = x.metrics.borrow_watched();
-                let last = m.last_log_index.unwrap_or(0);
-                let lag: BTreeMap<String, u64> = m
-                    .replication
-                    .as_ref()
-                    .map(|r| {
-                        r.iter()
-                            .filter(|(id, _)| **id != u64::from(self.id))
-                            .map(|(id, matched)| {
-                                (
-                                    id.to_string(),
-                                    last.saturating_sub(matched.map_or(0, |l| l.index)),
-                                )
-                            })
-                            .collect()
-                    })
-                    .unwrap_or_default();
-                let version = shard_of_group(*g)
-                    .and_then(|s| self.store.shard(s))
-                    .map(|s| s.last_version());
-                let (built, installed) = x.sm.snapshot_counts();
-                let appends = x.appends_received.get();
-                let me = u64::from(self.id);
-                let membership = m.membership_config.membership();
-                // A node taken out of a group keeps its copy (and openraft
-                // calls it a follower or learner): it is no member.
-                let member = membership.voter_ids().any(|v| v == me)
-                    || membership.learner_ids().any(|l| l == me);
-                json!({
-                    "group": group_name(*g),
-                    "snapshot_index": m.snapshot.map(|l| l.index),
-                    "snapshots_built": built,
-                    "snapshots_installed": installed,
-                    "snapshot_bytes": x.sm.snapshot_bytes(),
-                    "role": match m.state {
-                        ServerState::Follower | ServerState::Learner if !member => "removed",
-                        ServerState::Leader if leader == Some(u64::from(self.id)) => "leader",
-                        // openraft still holds the role, but no quorum
-                        // has acknowledged it lately.
-                        ServerState::Leader => "leader_without_quorum",
-                        ServerState::Follower => "follower",
-                        ServerState::Candidate => "candidate",
-                        ServerState::Learner => "learner",
-                        ServerState::Shutdown => "shutdown",
-                    },
-                    "term": m.current_term,
-                    "leader": leader,
-                    "voters": m.membership_config.membership().voter_ids().collect::<Vec<_>>(),
-                    "last_log_index": last,
-                    "applied_index": x.sm.applied_index(),
-                    "applied_version": version,
-                    "lag": lag,
-                    "appends_with_entries": appends.0,
-                    "appends_without_entries": appends.1,
-                })
-            })
-            .collect();
+        let list: Vec<serde_json::Value> =
+            ids.iter().map(|g| self.group_status(&groups[g])).collect();
         let conns: Vec<serde_json::Value> = self
             .peers
             .connections()
@@ -566,11 +520,116 @@ impl ClusterNode {
         })
     }
 
+    /// One group's line of `status`.
+    fn group_status(&self, x: &Group) -> serde_json::Value {
+        let leader = self.leader_of(x);
+        let version = shard_of_group(x.id)
+            .and_then(|s| self.store.shard(s))
+            .map(|s| s.last_version());
+        let (built, installed) = x.sm.snapshot_counts();
+        let appends = x.appends_received.get();
+        let me = u64::from(self.id);
+        let mut v = json!({
+            "group": group_name(x.id),
+            "snapshots_built": built,
+            "snapshots_installed": installed,
+            "snapshot_bytes": x.sm.snapshot_bytes(),
+            "leader": leader,
+            "voters": x.core.voters(),
+            "applied_index": x.sm.applied_index(),
+            "applied_version": version,
+            "appends_with_entries": appends.0,
+            "appends_without_entries": appends.1,
+        });
+        let own = match &x.core {
+            Core::Openraft { metrics, .. } => {
+                let m = metrics.borrow_watched();
+                let last = m.last_log_index.unwrap_or(0);
+                let lag: BTreeMap<String, u64> = m
+                    .replication
+                    .as_ref()
+                    .map(|r| {
+                        r.iter()
+                            .filter(|(id, _)| **id != me)
+                            .map(|(id, matched)| {
+                                (
+                                    id.to_string(),
+                                    last.saturating_sub(matched.map_or(0, |l| l.index)),
+                                )
+                            })
+                            .collect()
+                    })
+                    .unwrap_or_default();
+                let membership = m.membership_config.membership();
+                // A node taken out of a group keeps its copy (and openraft
+                // calls it a follower or learner): it is no member.
+                let member = membership.voter_ids().any(|v| v == me)
+                    || membership.learner_ids().any(|l| l == me);
+                json!({
+                    "consensus": "openraft",
+                    "snapshot_index": m.snapshot.map(|l| l.index),
+                    "role": match m.state {
+                        ServerState::Follower | ServerState::Learner if !member => "removed",
+                        ServerState::Leader if leader == Some(me) => "leader",
+                        // openraft still holds the role, but no quorum
+                        // has acknowledged it lately.
+                        ServerState::Leader => "leader_without_quorum",
+                        ServerState::Follower => "follower",
+                        ServerState::Candidate => "candidate",
+                        ServerState::Learner => "learner",
+                        ServerState::Shutdown => "shutdown",
+                    },
+                    "term": m.current_term,
+                    "last_log_index": last,
+                    "lag": lag,
+                })
+            }
+            #[cfg(feature = "raft-rs")]
+            Core::RaftRs { handle, .. } => {
+                let st = handle.borrow_status().clone();
+                json!({
+                    "consensus": "raft-rs",
+                    "snapshot_index": null,
+                    "role": match (&st.stopped, st.is_leader, st.leader) {
+                        (Some(_), ..) => "shutdown",
+                        (None, true, _) => "leader",
+                        (None, false, Some(_)) => "follower",
+                        // No leader known: an election is under way.
+                        (None, false, None) => "candidate",
+                    },
+                    "stopped": st.stopped,
+                    "term": st.term,
+                    "last_log_index": x.log.bounds().last,
+                    "commit_index": st.commit,
+                    // Followers' progress is raft-rs's own: not reported yet.
+                    "lag": {},
+                })
+            }
+        };
+        if let (Some(v), serde_json::Value::Object(o)) = (v.as_object_mut(), own) {
+            v.extend(o);
+        }
+        v
+    }
+
+    /// A raft-rs message from a peer: this build has no raft-rs driver.
+    #[cfg(not(feature = "raft-rs"))]
+    pub fn deliver_raftrs(
+        &self,
+        from: u32,
+        _group: u64,
+        _body: &bytes::Bytes,
+    ) -> Result<(), SluiceError> {
+        Err(SluiceError::NotSupported {
+            what: format!("a raft-rs message from node {from} (this node is built without the raft-rs driver)"),
+        })
+    }
+
     /// Stops every group (graceful shutdown).
     pub async fn shutdown(&self) {
         let groups: Vec<Arc<Group>> = self.groups.read().values().cloned().collect();
         for g in groups {
-            let _ = g.raft.shutdown().await;
+            g.core.shutdown().await;
         }
     }
 }

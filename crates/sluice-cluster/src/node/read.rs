@@ -34,22 +34,17 @@ impl ClusterNode {
         let g = self.local(shard)?;
         self.check_leader(&g)?;
         let t = Duration::from_millis(self.settings.write_timeout_ms);
-        match tokio::time::timeout(
-            t,
-            g.raft.ensure_linearizable(openraft::ReadPolicy::ReadIndex),
-        )
-        .await
-        {
+        match tokio::time::timeout(t, g.core.read_index()).await {
             Err(_) => Err(unavailable(format!(
                 "shard {}: leadership not confirmed within {} ms (no quorum?)",
                 group_name(g.id),
                 t.as_millis()
             ))),
-            Ok(Ok(_)) => Ok(()),
-            Ok(Err(RaftError::APIError(LinearizableReadError::ForwardToLeader(f)))) => {
-                Err(self.not_leader(g.id, f.leader_id))
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(CoreError::NotLeader(leader))) => Err(self.not_leader(g.id, leader)),
+            Ok(Err(CoreError::Stopped(e) | CoreError::Other(e))) => {
+                Err(unavailable(format!("shard {}: {e}", group_name(g.id))))
             }
-            Ok(Err(e)) => Err(unavailable(format!("shard {}: {e}", group_name(g.id)))),
         }
     }
 
@@ -69,7 +64,7 @@ impl ClusterNode {
             return Ok(());
         }
         let t = Duration::from_millis(self.settings.write_timeout_ms);
-        let leader = g.metrics.borrow_watched().current_leader.map(|l| l as u32);
+        let leader = g.core.leader().map(|l| l as u32);
         let index = match leader {
             Some(l) if l == self.id => self.tick(&g, timestamp_us).await?,
             Some(l) => {
@@ -98,11 +93,9 @@ impl ClusterNode {
             }
             None => return Err(self.not_leader(g.id, None)),
         };
-        g.raft
-            .wait(Some(t))
-            .applied_index_at_least(Some(index), "time barrier")
+        g.core
+            .wait_applied(index, t, "time barrier")
             .await
-            .map(|_| ())
             .map_err(|e| unavailable(format!("shard {}: time barrier: {e}", group_name(g.id))))
     }
 
@@ -148,7 +141,7 @@ impl ClusterNode {
             .groups
             .read()
             .get(&group)
-            .and_then(|x| x.metrics.borrow_watched().current_leader)
+            .and_then(|x| x.core.leader())
             .map(|l| l as u32);
         if let Some(l) = leader {
             members.sort_by_key(|m| *m != l);

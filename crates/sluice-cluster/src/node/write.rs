@@ -57,11 +57,11 @@ impl ClusterNode {
         self.check_leader(g)?;
         let t = Duration::from_millis(self.settings.write_timeout_ms);
         let asked = crate::marks::on().then(crate::marks::now_ns);
-        let res = tokio::time::timeout(t, g.raft.client_write(cmd)).await;
-        if let (Some(ns), Ok(Ok(r))) = (asked, &res) {
+        let res = tokio::time::timeout(t, g.core.write(cmd)).await;
+        if let (Some(ns), Ok(Ok((index, _)))) = (asked, &res) {
             use sluice_types::marks::Point;
-            crate::marks::mark_at(ns, Point::Propose, g.id, r.log_id.index);
-            crate::marks::mark(Point::Done, g.id, r.log_id.index);
+            crate::marks::mark_at(ns, Point::Propose, g.id, *index);
+            crate::marks::mark(Point::Done, g.id, *index);
         }
         match res {
             Err(_) => Err(unavailable(format!(
@@ -69,20 +69,18 @@ impl ClusterNode {
                 group_name(g.id),
                 t.as_millis()
             ))),
-            Ok(Ok(r)) => Ok((r.log_id.index, r.data)),
-            Ok(Err(RaftError::APIError(ClientWriteError::ForwardToLeader(f)))) => {
-                Err(self.not_leader(g.id, f.leader_id))
-            }
+            Ok(Ok(r)) => Ok(r),
+            Ok(Err(CoreError::NotLeader(leader))) => Err(self.not_leader(g.id, leader)),
             // A storage error (a failed write or fsync of the log) stops
             // this replica's group for good: the other members elect a
             // leader and serve on; this node serves the shard again only
             // after a restart re-reads and checks its files.
-            Ok(Err(RaftError::Fatal(f))) => Err(unavailable(format!(
+            Ok(Err(CoreError::Stopped(f))) => Err(unavailable(format!(
                 "shard {}: stopped on node {} ({f}); the other members serve it, and this node only after a restart (check its disk: `sluice fsck`)",
                 group_name(g.id),
                 self.id
             ))),
-            Ok(Err(e)) => Err(unavailable(format!(
+            Ok(Err(CoreError::Other(e))) => Err(unavailable(format!(
                 "shard {}: {e}",
                 group_name(g.id)
             ))),
@@ -273,7 +271,7 @@ impl ClusterNode {
                 .groups
                 .read()
                 .get(&group)
-                .and_then(|x| x.metrics.borrow_watched().current_leader)
+                .and_then(|x| x.core.leader())
                 .map(|l| l as u32);
             let members = self.members_of(group);
             let target = hint

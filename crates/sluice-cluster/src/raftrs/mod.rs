@@ -27,18 +27,23 @@
 //! leader replicates while its own copy is written and appends arriving
 //! meanwhile share the next fsync.
 //!
-//! This is step 1 of the rewrite ARCHITECTURE.md plans: elections,
-//! replication, commit, apply, restarts from the log, a leader's
-//! proposals failed when it steps down, read index, leadership transfer;
-//! and the encoding of its messages on the peer wire (`wire`, step 2).
-//! Still to come: sending them through the node's peer connections (tests
-//! route them in process, through `wire`), snapshots and purging the log
-//! and membership changes (step 3), and the node's groups on it (step 4).
+//! Snapshots: a member builds one off its task once enough was applied
+//! (`maybe_snapshot`), then purges its log up to it; a follower the
+//! leader's log no longer covers is sent the saved snapshot
+//! (`storage::RaftLog::snapshot`) and installs it (`install_snapshot`).
+//!
+//! Steps 1-3 of the rewrite ARCHITECTURE.md plans, less membership
+//! changes: elections, replication, commit, apply, restarts from the log,
+//! a leader's proposals failed when it steps down, read index, leadership
+//! transfer, snapshots; messages on the peer wire (`wire`) through the
+//! node's peer connections (`transport`). A layout's `consensus =
+//! "raft-rs"` puts a cluster's shards on it (`node/rs.rs`).
 
 mod logger;
 mod storage;
 #[cfg(test)]
 mod tests;
+pub mod transport;
 pub mod wire;
 
 use crate::log::LogStore;
@@ -107,6 +112,12 @@ pub struct DriverSettings {
     /// means larger messages under load (entries queue while one is in
     /// flight), more means less waiting on a fast link.
     pub max_inflight_msgs: usize,
+    /// A member snapshots its state machine and purges its log once this
+    /// many entries were applied since its last snapshot...
+    pub snapshot_every: u64,
+    /// ... or once its log holds more than this many bytes beyond the
+    /// entries kept after a snapshot.
+    pub snapshot_bytes: u64,
 }
 
 impl Default for DriverSettings {
@@ -119,6 +130,8 @@ impl Default for DriverSettings {
             max_bytes_per_msg: 1 << 20,
             skip_bcast_commit: false,
             max_inflight_msgs: 256,
+            snapshot_every: 10_000,
+            snapshot_bytes: 256 << 20,
         }
     }
 }
@@ -200,7 +213,20 @@ enum Input {
     /// A synced log's writer made the entries of `Ready` number `.0`
     /// durable (or failed to).
     Persisted(u64, Result<(), String>),
+    /// Shut the group down (the node stops).
+    Stop,
+    /// A snapshot built off the task is saved, up to this entry (or it
+    /// failed).
+    Snapshotted(Result<Option<LogId>, String>),
 }
+
+/// A snapshot sent to a follower that has not answered within this is
+/// reported failed, and raft-rs sends one again (a lost message would
+/// otherwise leave the follower waiting for good).
+const SNAPSHOT_ANSWER: Duration = Duration::from_secs(10);
+
+/// Why a group stopped when it was asked to.
+const SHUT_DOWN: &str = "shut down";
 
 /// A running group: how to reach its task.
 #[derive(Clone)]
@@ -286,6 +312,17 @@ impl GroupHandle {
     pub fn status(&self) -> watch::Receiver<GroupStatus> {
         self.status.clone()
     }
+
+    /// The group's status now (no allocation: for every write's checks).
+    pub fn borrow_status(&self) -> watch::Ref<'_, GroupStatus> {
+        self.status.borrow()
+    }
+
+    /// Shuts the group down: what it holds fails as `Stopped`, and it
+    /// takes nothing more.
+    pub fn stop(&self) {
+        let _ = self.tx.send(Input::Stop);
+    }
 }
 
 /// Starts group `group` on member `me` of `voters` (Sluice node ids),
@@ -321,6 +358,7 @@ pub fn start(
         ..Default::default()
     };
     let store = RaftLog {
+        sm: sm.clone(),
         log: log.clone(),
         voters: voters.iter().map(|&v| raft_id(v)).collect(),
     };
@@ -328,6 +366,7 @@ pub fn start(
         .map_err(|e| stopped(format!("starting raft: {e}")))?;
     let (tx, rx) = mpsc::unbounded_channel();
     let (status_tx, status) = watch::channel(GroupStatus::default());
+    let snap_index = sm.snapshot_index();
     let driver = Driver {
         group,
         raw,
@@ -347,6 +386,11 @@ pub fn start(
         writing: VecDeque::new(),
         held: VecDeque::new(),
         last_ready: 0,
+        snap_index,
+        snapshotting: false,
+        snapshots_sent: HashMap::new(),
+        snapshot_every: settings.snapshot_every.max(1),
+        snapshot_bytes: settings.snapshot_bytes,
     };
     tokio::spawn(driver.run(rx, settings.tick));
     Ok(GroupHandle { group, tx, status })
@@ -384,6 +428,14 @@ struct Driver {
     held: VecDeque<(u64, Vec<RaftMessage>)>,
     /// The number of the latest ready.
     last_ready: u64,
+    /// The last entry the saved snapshot covers.
+    snap_index: u64,
+    /// A snapshot is being built (off the task).
+    snapshotting: bool,
+    /// Followers sent a snapshot they have not yet answered, since when.
+    snapshots_sent: HashMap<u64, std::time::Instant>,
+    snapshot_every: u64,
+    snapshot_bytes: u64,
     /// Read index asks not yet handed to raft-rs (they go together, once
     /// this leader has committed an entry of its term).
     asked_reads: Vec<ReadReply>,
@@ -404,9 +456,9 @@ impl Driver {
                         // Every handle is gone: the group shuts down.
                         self.fail_all(|group| DriverError::Stopped {
                             group,
-                            reason: "shut down".into(),
+                            reason: SHUT_DOWN.into(),
                         });
-                        self.status.send_modify(|s| s.stopped = Some("shut down".into()));
+                        self.status.send_modify(|s| s.stopped = Some(SHUT_DOWN.into()));
                         return;
                     };
                     let mut res = self.handle(input);
@@ -418,11 +470,14 @@ impl Driver {
                 }
                 _ = ticks.tick() => {
                     self.raw.tick();
+                    self.check_snapshots_sent();
                     Ok(())
                 }
             };
             if let Err(reason) = res.and_then(|()| self.turn()) {
-                tracing::error!(group = %crate::types::group_name(self.group), %reason, "raft group stopped");
+                if reason != SHUT_DOWN {
+                    tracing::error!(group = %crate::types::group_name(self.group), %reason, "raft group stopped");
+                }
                 let r = reason.clone();
                 self.fail_all(move |group| DriverError::Stopped {
                     group,
@@ -447,6 +502,7 @@ impl Driver {
             self.ask_reads();
             self.on_ready()?;
         }
+        self.maybe_snapshot();
         Ok(())
     }
 
@@ -482,6 +538,8 @@ impl Driver {
                 res.map_err(|e| format!("the log's writer: {e}"))?;
                 self.persisted(n);
             }
+            Input::Stop => return Err(SHUT_DOWN.into()),
+            Input::Snapshotted(res) => self.snapshotted(res),
         }
         Ok(())
     }
@@ -786,7 +844,7 @@ impl Driver {
         // A leader's messages go before its own append.
         self.send(rd.take_messages());
         if !rd.snapshot().is_empty() {
-            return Err("a snapshot arrived: snapshots are not supported yet".into());
+            self.install_snapshot(rd.snapshot())?;
         }
         self.apply(rd.take_committed_entries())?;
         let entries = rd
@@ -837,6 +895,114 @@ impl Driver {
         Ok(())
     }
 
+    /// Entries kept in the log behind a snapshot, for followers a little
+    /// behind (as openraft's groups keep: half the snapshot interval, at
+    /// most 256).
+    fn keep_behind(&self) -> u64 {
+        (self.snapshot_every / 2).min(256)
+    }
+
+    /// Builds a snapshot off the task once `snapshot_every` entries were
+    /// applied since the last, or the log holds more than
+    /// `snapshot_bytes` beyond what a snapshot keeps; `snapshotted`
+    /// purges the log when it is saved.
+    fn maybe_snapshot(&mut self) {
+        let since = self
+            .raw
+            .raft
+            .raft_log
+            .applied
+            .saturating_sub(self.snap_index);
+        if self.snapshotting
+            || since == 0
+            || since < self.snapshot_every
+                && self.log.bytes_beyond(self.keep_behind()) <= self.snapshot_bytes
+        {
+            return;
+        }
+        self.snapshotting = true;
+        let (sm, inbox) = (self.sm.clone(), self.inbox.clone());
+        tokio::task::spawn_blocking(move || {
+            let res = sm
+                .build()
+                .map(|s| s.meta.last_log_id)
+                .map_err(|e| e.to_string());
+            if let Some(tx) = inbox.upgrade() {
+                let _ = tx.send(Input::Snapshotted(res));
+            }
+        });
+    }
+
+    /// A snapshot is saved: the log is purged up to it, less the entries
+    /// kept behind it. A failed one leaves the log as it is (the next
+    /// turn tries again).
+    fn snapshotted(&mut self, res: Result<Option<LogId>, String>) {
+        self.snapshotting = false;
+        match res {
+            Ok(Some(id)) => {
+                self.snap_index = self.snap_index.max(id.index);
+                let upto = id.index.saturating_sub(self.keep_behind());
+                let Some(upto) = self.log.log_id_at(upto).filter(|_| upto > 0) else {
+                    return;
+                };
+                if let Err(e) = self.log.purge_covered(upto) {
+                    tracing::warn!(group = %crate::types::group_name(self.group), error = %e, "purging the log after a snapshot failed");
+                }
+            }
+            Ok(None) => {}
+            Err(e) => {
+                tracing::warn!(group = %crate::types::group_name(self.group), error = %e, "a snapshot failed; the log is kept")
+            }
+        }
+    }
+
+    /// A snapshot from the leader: the state machine takes it, and the
+    /// log starts after it.
+    fn install_snapshot(&mut self, s: &eraftpb::Snapshot) -> Result<(), String> {
+        let m = s.get_metadata();
+        let id = LogId::new(crate::types::CommittedLeaderId::new(m.term, 0), m.index);
+        let meta = crate::types::SnapshotMeta {
+            last_log_id: Some(id),
+            last_membership: Default::default(),
+        };
+        self.sm
+            .install(&meta, s.data.clone())
+            .map_err(|e| format!("installing a snapshot: {e}"))?;
+        self.log
+            .reset_to_snapshot(id)
+            .map_err(|e| format!("starting the log after a snapshot: {e}"))?;
+        self.snap_index = id.index;
+        Ok(())
+    }
+
+    /// A leader's followers that were sent a snapshot and have not
+    /// answered within `SNAPSHOT_ANSWER`: reported failed, so raft-rs
+    /// sends again.
+    fn check_snapshots_sent(&mut self) {
+        if self.raw.raft.state != StateRole::Leader {
+            self.snapshots_sent.clear();
+            return;
+        }
+        let waiting: Vec<u64> = self
+            .raw
+            .raft
+            .prs()
+            .iter()
+            .filter(|(_, pr)| pr.state == raft::ProgressState::Snapshot)
+            .map(|(id, _)| *id)
+            .collect();
+        self.snapshots_sent.retain(|id, _| waiting.contains(id));
+        let now = std::time::Instant::now();
+        for id in waiting {
+            let since = *self.snapshots_sent.entry(id).or_insert(now);
+            if now.duration_since(since) > SNAPSHOT_ANSWER {
+                tracing::info!(group = %crate::types::group_name(self.group), to = ?node_of(id), "a snapshot sent was not answered; sending again");
+                self.raw.report_snapshot(id, raft::SnapshotStatus::Failure);
+                self.snapshots_sent.remove(&id);
+            }
+        }
+    }
+
     /// Saves a ready's hard state: a new term or vote durably (in a
     /// synced log it waits for the writer), the commit point as the log
     /// keeps it.
@@ -869,6 +1035,13 @@ impl Driver {
             self.fail_all(|group| DriverError::LeaderChanged { group, leader });
         }
         self.was_leader = is_leader;
+        let seen = {
+            let s = self.status.borrow();
+            (s.term, s.leader)
+        };
+        if let (true, Some(me)) = (seen != (now.term, now.leader), node_of(self.raw.raft.id)) {
+            crate::types::report_leadership(self.group, me, now.term, now.leader);
+        }
         self.status.send_if_modified(|s| {
             let changed = *s != now;
             *s = now;

@@ -17,6 +17,9 @@ use raft::{GetEntriesContext, RaftState, StorageError};
 pub(super) struct RaftLog {
     pub(super) log: LogStore,
     pub(super) voters: Vec<u64>,
+    /// The state machine: its saved snapshot is what a member too far
+    /// behind is sent.
+    pub(super) sm: crate::sm::Sm,
 }
 
 fn other(e: impl std::fmt::Display) -> raft::Error {
@@ -46,11 +49,21 @@ pub(super) fn to_raft(e: &Entry) -> raft::Result<eraftpb::Entry> {
 impl raft::Storage for RaftLog {
     fn initial_state(&self) -> raft::Result<RaftState> {
         let (term, vote) = self.log.hard_state();
-        let hard_state = HardState {
-            term,
-            vote,
-            commit: self.log.commit_index(),
-        };
+        // Entries a snapshot covers are committed (a synced log records
+        // its commit point only at each segment's head, and purging drops
+        // those segments). A commit point past the log's end (its tail
+        // lost) is taken back to it: the leader sends the entries again.
+        let b = self.log.bounds();
+        let saved = self.log.commit_index();
+        let commit = saved.clamp(b.first - 1, b.last);
+        if saved > b.last {
+            tracing::warn!(
+                saved,
+                last = b.last,
+                "the log ends before its saved commit point; the leader sends the rest"
+            );
+        }
+        let hard_state = HardState { term, vote, commit };
         let conf_state = ConfState {
             voters: self.voters.clone(),
             ..Default::default()
@@ -101,11 +114,28 @@ impl raft::Storage for RaftLog {
         Ok(self.log.bounds().last)
     }
 
-    fn snapshot(&self, _request_index: u64, _to: u64) -> raft::Result<eraftpb::Snapshot> {
-        // Nothing is purged without a snapshot, and snapshots come with
-        // step 3 of the rewrite: raft-rs asks again later.
-        Err(raft::Error::Store(
-            StorageError::SnapshotTemporarilyUnavailable,
-        ))
+    /// The state machine's saved snapshot (the log is purged only up to
+    /// one, so it covers what the member is missing); "temporarily
+    /// unavailable" until one covers `request_index` (raft-rs asks again).
+    fn snapshot(&self, request_index: u64, _to: u64) -> raft::Result<eraftpb::Snapshot> {
+        let unavailable = || raft::Error::Store(StorageError::SnapshotTemporarilyUnavailable);
+        let snap = self.sm.current_snapshot().map_err(other)?;
+        let Some((id, s)) = snap.and_then(|s| s.meta.last_log_id.map(|id| (id, s))) else {
+            return Err(unavailable());
+        };
+        if id.index < request_index {
+            return Err(unavailable());
+        }
+        Ok(eraftpb::Snapshot {
+            data: s.snapshot.into_inner(),
+            metadata: Some(eraftpb::SnapshotMetadata {
+                conf_state: Some(ConfState {
+                    voters: self.voters.clone(),
+                    ..Default::default()
+                }),
+                index: id.index,
+                term: id.leader_id.term,
+            }),
+        })
     }
 }

@@ -80,10 +80,26 @@ shards = [[0, 1, 2]]
 struct Member {
     handle: GroupHandle,
     store: Arc<Store>,
+    log: LogStore,
 }
 
 /// Starts member `me` over the log in `dir/<me>` (kept across restarts).
 fn member(net: &Arc<Net>, dir: &Path, me: u64, opts: LogOptions) -> Member {
+    let settings = DriverSettings {
+        tick: Duration::from_millis(20),
+        ..Default::default()
+    };
+    member_with(net, dir, me, opts, &settings)
+}
+
+/// `member`, with these settings.
+fn member_with(
+    net: &Arc<Net>,
+    dir: &Path,
+    me: u64,
+    opts: LogOptions,
+    settings: &DriverSettings,
+) -> Member {
     let store = Arc::new(
         Store::open(StoreConfig {
             layout: sluice_store::Layout {
@@ -95,19 +111,25 @@ fn member(net: &Arc<Net>, dir: &Path, me: u64, opts: LogOptions) -> Member {
         .unwrap(),
     );
     let meta = Arc::new(MetaCell::new(MetaState::from_layout(&layout())));
-    let log = LogStore::open_with(&dir.join(me.to_string()), opts).unwrap();
-    let sm = Sm::open(group(), store.clone(), meta, None, false, Some(log.clone())).unwrap();
+    // The state machine keeps its snapshot beside the log, as a node's.
+    let at = dir.join(me.to_string());
+    let log = LogStore::open_with(&at, opts).unwrap();
+    let sm = Sm::open(
+        group(),
+        store.clone(),
+        meta,
+        Some(at),
+        false,
+        Some(log.clone()),
+    )
+    .unwrap();
     let link = Arc::new(Link {
         from: me,
         net: net.clone(),
     });
-    let settings = DriverSettings {
-        tick: Duration::from_millis(20),
-        ..Default::default()
-    };
-    let handle = start(group(), me, &[0, 1, 2], log, sm, link, &settings).unwrap();
+    let handle = start(group(), me, &[0, 1, 2], log.clone(), sm, link, settings).unwrap();
     net.members.lock().insert(me, handle.clone());
-    Member { handle, store }
+    Member { handle, store, log }
 }
 
 fn put(key: &str, value: &[u8]) -> Command {
@@ -530,4 +552,128 @@ fn waiters_get_their_results_or_an_error_that_says_why() {
             "{e}"
         );
     }
+}
+
+/// Settings with a snapshot every 20 entries (10 kept behind one).
+fn snapshotting() -> DriverSettings {
+    DriverSettings {
+        tick: Duration::from_millis(20),
+        snapshot_every: 20,
+        ..Default::default()
+    }
+}
+
+/// Puts `<prefix><i>` (`size` bytes of `i`) for `i` in `0..n`, each once
+/// the one before is applied (an entry each); the last one's log index.
+async fn puts_in_turn(h: &GroupHandle, prefix: &str, n: u8, size: usize) -> u64 {
+    let mut last = 0;
+    for i in 0..n {
+        last = h
+            .propose(put(&format!("{prefix}{i}"), &vec![i; size]))
+            .await
+            .unwrap()
+            .0;
+    }
+    last
+}
+
+/// Waits until member `m` has purged its log past entry `index`.
+async fn purged_past(m: &Member, index: u64) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while m.log.bounds().first <= index {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "never purged past {index}: {:?}",
+            m.log.bounds()
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// Members snapshot their state and purge their logs as entries are
+/// applied; a follower cut off meanwhile, whose next entries the leader
+/// no longer holds, is sent the leader's snapshot, installs it, and then
+/// takes entries again: it ends with every write.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_follower_behind_the_purged_log_catches_up_from_a_snapshot() {
+    let dir = tempfile::tempdir().unwrap();
+    let net = Arc::new(Net::default());
+    let settings = snapshotting();
+    let opts = LogOptions {
+        mapped: true,
+        ..Default::default()
+    };
+    let ms: HashMap<u64, Member> = (0..3)
+        .map(|n| (n, member_with(&net, dir.path(), n, opts.clone(), &settings)))
+        .collect();
+    let l = leader(&ms, &[0, 1, 2]).await;
+    let behind = (l + 1) % 3;
+    net.cut.lock().insert(behind);
+    let last = puts_in_turn(&ms[&l].handle, "/v/s", 120, 64).await;
+    // The leader kept at most the entries behind its latest snapshot.
+    purged_past(&ms[&l], 60).await;
+    assert!(
+        ms[&behind].log.bounds().last < 10,
+        "{:?}",
+        ms[&behind].log.bounds()
+    );
+    net.cut.lock().clear();
+    let (index, _) = ms[&l].handle.propose(put("/v/end", b"e")).await.unwrap();
+    assert!(index > last);
+    for (n, m) in &ms {
+        caught_up(m, index).await;
+        for i in [0u8, 59, 119] {
+            assert_eq!(
+                value_of(&m.store, &format!("/v/s{i}")).as_deref(),
+                Some(&[i; 64][..]),
+                "member {n}, /v/s{i}"
+            );
+        }
+        assert_eq!(value_of(&m.store, "/v/end").as_deref(), Some(&b"e"[..]));
+    }
+    // The follower's log starts after the snapshot it installed.
+    assert!(
+        ms[&behind].log.bounds().first > 60,
+        "{:?}",
+        ms[&behind].log.bounds()
+    );
+    stop_all(&net, ms).await;
+}
+
+/// Members over synced logs that snapshotted and purged them come back
+/// after a restart from the snapshot and the entries after it (the commit
+/// point a synced log saves may lie in a purged segment: the snapshot's
+/// entries count as committed).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn members_restart_from_their_snapshots_and_purged_logs() {
+    let dir = tempfile::tempdir().unwrap();
+    let net = Arc::new(Net::default());
+    let settings = snapshotting();
+    let start_all = |net: &Arc<Net>| -> HashMap<u64, Member> {
+        (0..3)
+            .map(|n| (n, member_with(net, dir.path(), n, synced(None), &settings)))
+            .collect()
+    };
+    let ms = start_all(&net);
+    let l = leader(&ms, &[0, 1, 2]).await;
+    let last = puts_in_turn(&ms[&l].handle, "/p/s", 80, 100).await;
+    for m in ms.values() {
+        caught_up(m, last).await;
+        purged_past(m, 40).await;
+    }
+    stop_all(&net, ms).await;
+    let ms = start_all(&net);
+    let l = leader(&ms, &[0, 1, 2]).await;
+    let (index, _) = ms[&l].handle.propose(put("/p/again", b"!")).await.unwrap();
+    for (n, m) in &ms {
+        caught_up(m, index).await;
+        for i in [0u8, 40, 79] {
+            assert_eq!(
+                value_of(&m.store, &format!("/p/s{i}")).as_deref(),
+                Some(&[i; 100][..]),
+                "member {n}, /p/s{i}"
+            );
+        }
+    }
+    stop_all(&net, ms).await;
 }
