@@ -350,8 +350,11 @@ pub fn start(
         applied: sm.applied_index(),
         max_size_per_msg: settings.max_bytes_per_msg,
         max_inflight_msgs: settings.max_inflight_msgs,
-        // Appends to one follower in one ready go as one message.
-        batch_append: true,
+        // Off: raft-rs 0.7 merges new entries into a queued append without
+        // entries (a commit notice) under that one's index, and the
+        // follower then refuses the append (seen under 1 MB puts). The
+        // transport writes a peer's queued messages in one go anyway.
+        batch_append: false,
         check_quorum: true,
         pre_vote: true,
         skip_bcast_commit: settings.skip_bcast_commit,
@@ -366,6 +369,8 @@ pub fn start(
         .map_err(|e| stopped(format!("starting raft: {e}")))?;
     let (tx, rx) = mpsc::unbounded_channel();
     let (status_tx, status) = watch::channel(GroupStatus::default());
+    let status_tx = std::sync::Arc::new(status_tx);
+    let on_panic = status_tx.clone();
     let snap_index = sm.snapshot_index();
     let driver = Driver {
         group,
@@ -392,7 +397,19 @@ pub fn start(
         snapshot_every: settings.snapshot_every.max(1),
         snapshot_bytes: settings.snapshot_bytes,
     };
-    tokio::spawn(driver.run(rx, settings.tick));
+    let task = tokio::spawn(driver.run(rx, settings.tick));
+    // A panic in raft-rs (an invariant it checks) ends the task: the group
+    // stops with the reason, as on a storage error, instead of leaving its
+    // callers waiting.
+    tokio::spawn(async move {
+        if let Err(e) = task.await {
+            if e.is_panic() {
+                let reason = format!("the raft core panicked: {e}");
+                tracing::error!(group = %crate::types::group_name(group), %reason, "raft group stopped");
+                on_panic.send_modify(|s| s.stopped = Some(reason));
+            }
+        }
+    });
     Ok(GroupHandle { group, tx, status })
 }
 
@@ -412,7 +429,7 @@ struct Driver {
     /// Writes proposed since the last turn: proposed together as one
     /// entry (`Command::Batch`) when the turn ends.
     writes: Vec<(crate::types::BatchedWrite, Reply)>,
-    status: watch::Sender<GroupStatus>,
+    status: std::sync::Arc<watch::Sender<GroupStatus>>,
     was_leader: bool,
     /// A synced log: appends are fsync'd by its writer thread while this
     /// task goes on (raft-rs's asynchronous ready).
@@ -620,6 +637,23 @@ impl Driver {
     /// A peer's message: its commands are held for the entries they
     /// belong to, then raft-rs steps it.
     fn step(&mut self, msg: RaftMessage, commands: Vec<Command>) {
+        // raft-rs panics on an append whose entries do not follow its
+        // index one by one: a peer's message must not stop this node.
+        let contiguous = msg
+            .entries
+            .iter()
+            .enumerate()
+            .all(|(i, e)| e.index == msg.index + 1 + i as u64);
+        if !contiguous {
+            tracing::warn!(
+                group = self.group,
+                from = msg.from,
+                index = msg.index,
+                entries = ?msg.entries.iter().map(|e| e.index).collect::<Vec<_>>(),
+                "a peer's append whose entries do not follow its index; dropped"
+            );
+            return;
+        }
         let marked = msg
             .entries
             .iter()
@@ -941,7 +975,24 @@ impl Driver {
         match res {
             Ok(Some(id)) => {
                 self.snap_index = self.snap_index.max(id.index);
-                let upto = id.index.saturating_sub(self.keep_behind());
+                let mut upto = id.index.saturating_sub(self.keep_behind());
+                // A leader keeps what its live followers have yet to take
+                // (as TiKV's leaders compact to the slowest follower): a
+                // snapshot is for one that was gone (not heard from in an
+                // election timeout: check-quorum's `recent_active`), not
+                // for one merely behind under load.
+                if self.raw.raft.state == StateRole::Leader {
+                    let me = self.raw.raft.id;
+                    let slowest = self
+                        .raw
+                        .raft
+                        .prs()
+                        .iter()
+                        .filter(|(id, pr)| **id != me && pr.recent_active)
+                        .map(|(_, pr)| pr.matched)
+                        .min();
+                    upto = upto.min(slowest.unwrap_or(upto));
+                }
                 let Some(upto) = self.log.log_id_at(upto).filter(|_| upto > 0) else {
                     return;
                 };

@@ -90,6 +90,13 @@ impl raft::Storage for RaftLog {
         if ours.is_empty() && low < high {
             return Err(raft::Error::Store(StorageError::Unavailable));
         }
+        // raft-rs relies on entries that follow each other.
+        if let Some((i, e)) = (low..).zip(&ours).find(|(i, e)| e.log_id.index != *i) {
+            return Err(other(format!(
+                "the log gave entry {} where {i} was asked",
+                e.log_id.index
+            )));
+        }
         ours.iter().map(to_raft).collect()
     }
 

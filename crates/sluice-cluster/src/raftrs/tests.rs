@@ -609,9 +609,26 @@ async fn a_follower_behind_the_purged_log_catches_up_from_a_snapshot() {
     let l = leader(&ms, &[0, 1, 2]).await;
     let behind = (l + 1) % 3;
     net.cut.lock().insert(behind);
-    let last = puts_in_turn(&ms[&l].handle, "/v/s", 120, 64).await;
-    // The leader kept at most the entries behind its latest snapshot.
-    purged_past(&ms[&l], 60).await;
+    // Writes go on until the leader, no longer hearing from the cut-off
+    // follower (check-quorum), stops keeping its entries and purges past
+    // them at a snapshot.
+    let mut last = puts_in_turn(&ms[&l].handle, "/v/s", 120, 64).await;
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    let mut more = 0u32;
+    while ms[&l].log.bounds().first <= 60 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the leader never purged: {:?}",
+            ms[&l].log.bounds()
+        );
+        last = ms[&l]
+            .handle
+            .propose(put(&format!("/v/more{more}"), b"m"))
+            .await
+            .unwrap()
+            .0;
+        more += 1;
+    }
     assert!(
         ms[&behind].log.bounds().last < 10,
         "{:?}",
@@ -676,4 +693,41 @@ async fn members_restart_from_their_snapshots_and_purged_logs() {
         }
     }
     stop_all(&net, ms).await;
+}
+
+/// An append whose entries do not follow its index (raft-rs 0.7's
+/// `batch_append` made such messages; a faulty peer could too) is
+/// dropped: raft-rs would otherwise panic committing past the log's end
+/// and take the node down. The group goes on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_append_whose_entries_do_not_follow_its_index_is_dropped() {
+    let (_dir, _net, ms) = started().await;
+    let l = leader(&ms, &[0, 1, 2]).await;
+    let (index, _) = ms[&l].handle.propose(put("/v/a", b"1")).await.unwrap();
+    let f = (l + 1) % 3;
+    caught_up(&ms[&f], index).await;
+    let term = ms[&f].handle.borrow_status().term;
+    let entry = |i: u64| raft::eraftpb::Entry {
+        term,
+        index: i,
+        ..Default::default()
+    };
+    // Entries `index - 1` and `index` (both held) under index `index`:
+    // raft-rs would take them as `index + 1` and `index + 2`.
+    let mut msg = RaftMessage {
+        to: raft_id(f),
+        from: raft_id(l),
+        term,
+        log_term: term,
+        index,
+        commit: index + 2,
+        entries: vec![entry(index - 1), entry(index)],
+        ..Default::default()
+    };
+    msg.set_msg_type(raft::eraftpb::MessageType::MsgAppend);
+    ms[&f].handle.deliver(msg, Vec::new());
+    let (next, _) = ms[&l].handle.propose(put("/v/b", b"2")).await.unwrap();
+    caught_up(&ms[&f], next).await;
+    assert_eq!(ms[&f].handle.borrow_status().stopped, None);
+    assert_eq!(value_of(&ms[&f].store, "/v/b").as_deref(), Some(&b"2"[..]));
 }
