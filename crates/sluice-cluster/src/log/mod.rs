@@ -262,7 +262,14 @@ impl Inner {
             return Ok(Some(e.clone()));
         }
         match (self.index.get(&i).and_then(|h| h.loc), &self.disk) {
-            (Some(loc), Some(d)) => read_entry(&d.dir, loc).map(Some),
+            (Some(loc), Some(d)) => match read_entry(&d.dir, loc)? {
+                // Never hand out another entry than the one asked for.
+                e if e.log_id.index == i => Ok(Some(e)),
+                e => Err(io_err(std::io::Error::other(format!(
+                    "the consensus log holds entry {} where entry {i} was written (segment {}, offset {})",
+                    e.log_id.index, loc.seq, loc.offset
+                )))),
+            },
             _ => Ok(None),
         }
     }
