@@ -947,11 +947,13 @@ impl Driver {
             .raft_log
             .applied
             .saturating_sub(self.snap_index);
-        if self.snapshotting
-            || since == 0
-            || since < self.snapshot_every
-                && self.log.bytes_beyond(self.keep_behind()) <= self.snapshot_bytes
-        {
+        // Every turn: the log's total first (one load), the entries kept
+        // behind a snapshot walked only past it.
+        let small = || {
+            self.log.held_bytes() <= self.snapshot_bytes
+                || self.log.bytes_beyond(self.keep_behind()) <= self.snapshot_bytes
+        };
+        if self.snapshotting || since == 0 || since < self.snapshot_every && small() {
             return;
         }
         self.snapshotting = true;
