@@ -186,18 +186,15 @@ impl ClusterNode {
             reason: format!("starting replication group {}: {e}", group_name(g)),
         })?;
         let mut m = raft.server_metrics();
-        let group = Arc::new(Group {
-            id: g,
-            core: Core::Openraft {
+        let group = Group::new(
+            g,
+            Core::Openraft {
                 metrics: raft.metrics(),
                 raft,
             },
             sm,
             log,
-            snapshot_asked: parking_lot::Mutex::new(None),
-            batch: Default::default(),
-            appends_received: Default::default(),
-        });
+        );
         // Operators see leadership changes in the node's log (openraft's
         // own logging is off by default: it reports every failed RPC to a
         // dead peer). Watched through the server metrics, which change

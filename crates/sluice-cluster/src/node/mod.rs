@@ -160,6 +160,21 @@ pub struct Group {
     appends_received: AppendCounts,
 }
 
+impl Group {
+    /// Group `id` on its consensus core, state machine and log.
+    fn new(id: u64, core: Core, sm: Sm, log: LogStore) -> Arc<Group> {
+        Arc::new(Group {
+            id,
+            core,
+            sm,
+            log,
+            snapshot_asked: parking_lot::Mutex::new(None),
+            batch: Default::default(),
+            appends_received: Default::default(),
+        })
+    }
+}
+
 /// AppendEntries received: with entries, and without (a heartbeat, or a
 /// commit index that no entries carried: see `network::Net`).
 #[derive(Default)]

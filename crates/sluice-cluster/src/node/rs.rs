@@ -60,15 +60,7 @@ impl ClusterNode {
         .map_err(|e| SluiceError::Internal {
             reason: format!("starting replication group {}: {e}", group_name(g)),
         })?;
-        Ok(Arc::new(Group {
-            id: g,
-            core: Core::RaftRs { handle, voters },
-            sm,
-            log,
-            snapshot_asked: parking_lot::Mutex::new(None),
-            batch: Default::default(),
-            appends_received: Default::default(),
-        }))
+        Ok(Group::new(g, Core::RaftRs { handle, voters }, sm, log))
     }
 
     /// A raft-rs message from node `from` (`raftrs::transport`): decoded
