@@ -813,9 +813,31 @@ async fn cut_off_leader(consensus: &str) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn membership_change_adds_replaces_and_removes_members() {
+    membership_changes("openraft").await
+}
+
+/// The same on the raft-rs driver: a newcomer joins as a learner and is
+/// promoted once caught up (`node/rs.rs`).
+#[cfg(feature = "raft-rs")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn raftrs_membership_change_adds_replaces_and_removes_members() {
+    membership_changes("raft-rs").await
+}
+
+/// Shard 1 grows by a member; a dead member of shard 0 is replaced by a
+/// newcomer that catches up from a snapshot and serves; shard 1 shrinks
+/// and its member taken out says so, to clients and in its status.
+async fn membership_changes(consensus: &str) {
     let _serial = SERIAL.lock().await;
-    let mut c = Cluster::start();
+    let mut c = Cluster::start_on(consensus);
     c.ready().await;
+    let st = c.status(1).await;
+    assert!(
+        st["groups"].as_array().is_some_and(|gs| gs
+            .iter()
+            .any(|g| g["group"] == "volatile/0/0" && g["consensus"] == consensus)),
+        "{st}"
+    );
     let client = c.client(1).await;
     let key1 = (0..)
         .map(|i| format!("/vol/m{i}"))

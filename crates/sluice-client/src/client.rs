@@ -400,7 +400,11 @@ impl Client {
                             .map_or(0, |i| i + 1);
                         Step::Follow(members[next % members.len()])
                     }
+                    // A leader named by a member that has not yet seen it
+                    // die (a membership change of a dead member's shard):
+                    // once an election has had time, ask again.
                     Err(SluiceError::NotLeader { .. }) => Step::Pause,
+                    Err(SluiceError::Connection { .. }) if target != node => Step::Pause,
                     _ => Step::Done,
                 };
                 (r, step)

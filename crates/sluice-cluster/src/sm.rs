@@ -772,6 +772,15 @@ impl Sm {
             .map_or(0, |l| l.index)
     }
 
+    /// The configuration the state machine has applied, where it has
+    /// applied one (a membership entry, or a snapshot that holds one).
+    pub(crate) fn membership(&self) -> Option<crate::types::Membership> {
+        let st = self.st.lock();
+        st.membership
+            .log_id()
+            .map(|_| st.membership.membership().clone())
+    }
+
     /// Index of the last applied entry (0 before any).
     pub fn applied_index(&self) -> u64 {
         self.st.lock().last_applied.map_or(0, |l| l.index)

@@ -216,6 +216,14 @@ impl ClusterNode {
     ) -> Result<serde_json::Value, SluiceError> {
         let s = parse_shard(shard)?;
         let g = self.local(s)?;
+        #[cfg(feature = "raft-rs")]
+        if let Core::RaftRs { handle } = &g.core {
+            self.check_leader(&g)?;
+            let members = self.change_raftrs(&g, handle, shard, node, add).await?;
+            let members: Vec<u32> = members.iter().map(|v| *v as u32).collect();
+            self.record_members(g.id, &members).await?;
+            return Ok(json!({"shard": shard, "members": members}));
+        }
         let raft = g.core.openraft(g.id, "a membership change")?;
         self.check_leader(&g)?;
         let addr = self.layout.address_of(node).ok_or_else(|| {

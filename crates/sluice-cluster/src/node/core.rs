@@ -2,8 +2,10 @@
 //! metadata group always, shards by default), or the raft-rs driver
 //! (`crate::raftrs`, shards of a layout with `consensus = "raft-rs"`).
 //! Leadership, writes, read indexes and waits go through `Core` whatever
-//! drives the group; what only openraft does here yet (membership
-//! changes, snapshots, a stopped core's restart) asks `Core::openraft`.
+//! drives the group; what only openraft does here yet (fault injection's
+//! stopped core and its restart, the metadata group's read index) asks
+//! `Core::openraft`. Membership changes go to each core in its own way
+//! (`admin::change`).
 
 use super::*;
 use openraft::error::Fatal;
@@ -16,12 +18,7 @@ pub(crate) enum Core {
         metrics: MetricsRx,
     },
     #[cfg(feature = "raft-rs")]
-    RaftRs {
-        handle: crate::raftrs::GroupHandle,
-        /// The members (fixed: the layout's; raft-rs groups take no
-        /// membership changes yet).
-        voters: Vec<u64>,
-    },
+    RaftRs { handle: crate::raftrs::GroupHandle },
 }
 
 /// Why a write or read index failed, from either core.
@@ -145,7 +142,7 @@ impl Core {
                 .voter_ids()
                 .collect(),
             #[cfg(feature = "raft-rs")]
-            Core::RaftRs { voters, .. } => voters.iter().copied().collect(),
+            Core::RaftRs { handle } => handle.borrow_status().members.voters.clone(),
         }
     }
 
@@ -160,7 +157,7 @@ impl Core {
                 .get_node(&node)
                 .is_some(),
             #[cfg(feature = "raft-rs")]
-            Core::RaftRs { voters, .. } => voters.contains(&node),
+            Core::RaftRs { handle } => handle.borrow_status().members.contains(node),
         }
     }
 

@@ -602,22 +602,34 @@ impl ClusterNode {
             #[cfg(feature = "raft-rs")]
             Core::RaftRs { handle, .. } => {
                 let st = handle.borrow_status().clone();
+                let last = x.log.bounds().last;
+                // How far each follower's log is behind the leader's.
+                let lag: BTreeMap<String, u64> = handle
+                    .matched()
+                    .into_iter()
+                    .filter(|(n, _)| *n != me)
+                    .map(|(n, matched)| (n.to_string(), last.saturating_sub(matched)))
+                    .collect();
+                let m = &st.members;
                 json!({
                     "consensus": "raft-rs",
-                    "snapshot_index": null,
+                    "snapshot_index": x.sm.snapshot_index(),
                     "role": match (&st.stopped, st.is_leader, st.leader) {
                         (Some(_), ..) => "shutdown",
                         (None, true, _) => "leader",
+                        // Taken out of the group: it keeps its copy.
+                        _ if !m.contains(me) && !m.voters.is_empty() => "removed",
+                        _ if m.learners.contains(&me) => "learner",
                         (None, false, Some(_)) => "follower",
                         // No leader known: an election is under way.
                         (None, false, None) => "candidate",
                     },
+                    "learners": m.learners,
                     "stopped": st.stopped,
                     "term": st.term,
-                    "last_log_index": x.log.bounds().last,
+                    "last_log_index": last,
                     "commit_index": st.commit,
-                    // Followers' progress is raft-rs's own: not reported yet.
-                    "lag": {},
+                    "lag": lag,
                 })
             }
         };

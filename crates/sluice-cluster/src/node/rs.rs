@@ -4,7 +4,7 @@
 //! receiving connection itself: no task per message).
 
 use super::*;
-use crate::raftrs::{self, transport::PeerTransport, DriverSettings};
+use crate::raftrs::{self, transport::PeerTransport, DriverError, DriverSettings, GroupHandle, MemberChange};
 
 impl ClusterNode {
     /// The transport every raft-rs group of this node sends through.
@@ -60,7 +60,7 @@ impl ClusterNode {
         .map_err(|e| SluiceError::Internal {
             reason: format!("starting replication group {}: {e}", group_name(g)),
         })?;
-        Ok(Group::new(g, Core::RaftRs { handle, voters }, sm, log))
+        Ok(Group::new(g, Core::RaftRs { handle }, sm, log))
     }
 
     /// A raft-rs message from node `from` (`raftrs::transport`): decoded
@@ -76,11 +76,20 @@ impl ClusterNode {
                 "link from node {from} is cut (fault injection)"
             )));
         }
-        let g = self.groups.read().get(&group).cloned().ok_or_else(|| {
-            SluiceError::protocol(format!(
-                "a raft-rs message for group {group}, which is not here"
-            ))
-        })?;
+        let Some(g) = self.groups.read().get(&group).cloned() else {
+            // A leader's first message to a member it just added: the
+            // group starts here, empty (its log and configuration come
+            // from the leader). This message is dropped: raft-rs sends
+            // again.
+            if let Some(node) = self.me.get().and_then(|w| w.upgrade()) {
+                tokio::spawn(async move {
+                    if let Err(e) = node.ensure_group(group).await {
+                        tracing::warn!(group, from, error = %e, "a raft-rs message for a group this node cannot start");
+                    }
+                });
+            }
+            return Ok(());
+        };
         let Core::RaftRs { handle, .. } = &g.core else {
             return Err(SluiceError::protocol(format!(
                 "a raft-rs message for {}, which runs on openraft here",
@@ -93,5 +102,133 @@ impl ClusterNode {
         }
         handle.deliver(msg, commands);
         Ok(())
+    }
+}
+
+/// How long a newcomer may take to catch up with a group's log (or its
+/// snapshot) before `add-member` gives up on promoting it (it stays a
+/// learner; `add-member` again promotes it once it has caught up).
+const CATCH_UP_WAIT: Duration = Duration::from_secs(600);
+
+impl ClusterNode {
+    /// A membership change of a raft-rs group, at its leader; the voters
+    /// after it. A newcomer joins as a learner and is promoted once its
+    /// log has caught up with the leader's commit index as it was when it
+    /// joined (from the log, or a snapshot: as openraft's `add_learner`
+    /// waits); a member is removed in one step. A leader asked to remove
+    /// itself first hands its leadership to the voter furthest along and
+    /// answers `NotLeader` naming it: the client asks again there.
+    pub(super) async fn change_raftrs(
+        &self,
+        g: &Group,
+        handle: &GroupHandle,
+        shard: &str,
+        node: u32,
+        add: bool,
+    ) -> Result<BTreeSet<u64>, SluiceError> {
+        if self.layout.address_of(node).is_none() {
+            return Err(SluiceError::invalid_argument(
+                format!("node {node}"),
+                "it is not in the layout's [[nodes]]",
+            ));
+        }
+        let n = u64::from(node);
+        let me = u64::from(self.id);
+        let members = handle.borrow_status().members.clone();
+        let err = |e: DriverError| match e {
+            DriverError::NotLeader { leader, .. } => self.not_leader(g.id, leader),
+            e => unavailable(format!("membership change of {shard}: {e}")),
+        };
+        if add {
+            if members.voters.contains(&n) {
+                return Err(SluiceError::invalid_argument(
+                    format!("node {node}"),
+                    format!("it is already a member of {shard}"),
+                ));
+            }
+            if !members.learners.contains(&n) {
+                handle
+                    .change_members(MemberChange::AddLearner(n))
+                    .await
+                    .map_err(err)?;
+            }
+            let target = handle.borrow_status().commit;
+            let deadline = std::time::Instant::now() + CATCH_UP_WAIT;
+            let tick = Duration::from_millis(self.settings.heartbeat_ms.max(1));
+            while handle.matched().get(&n).copied().unwrap_or(0) < target {
+                if !handle.borrow_status().is_leader {
+                    return Err(self.not_leader(g.id, handle.borrow_status().leader));
+                }
+                if std::time::Instant::now() > deadline {
+                    return Err(unavailable(format!(
+                        "node {node} has not caught up with {shard} within {} s; it stays a learner (run add-member again to promote it once it has)",
+                        CATCH_UP_WAIT.as_secs()
+                    )));
+                }
+                // The leader's view of its followers is published each tick.
+                tokio::time::sleep(tick).await;
+            }
+            handle
+                .change_members(MemberChange::Promote(n))
+                .await
+                .map_err(err)?;
+        } else {
+            if !members.contains(n) {
+                return Err(SluiceError::invalid_argument(
+                    format!("node {node}"),
+                    format!("it is not a member of {shard}"),
+                ));
+            }
+            if members.voters.iter().all(|v| *v == n) {
+                return Err(SluiceError::invalid_argument(
+                    format!("node {node}"),
+                    format!("it is the last member of {shard}, which cannot be removed"),
+                ));
+            }
+            if n == me && members.voters.contains(&n) {
+                return Err(self.hand_over(g, handle).await);
+            }
+            handle
+                .change_members(MemberChange::Remove(n))
+                .await
+                .map_err(err)?;
+        }
+        Ok(handle.borrow_status().members.voters.clone())
+    }
+
+    /// Hands this leader's leadership of `g` to the voter whose log is
+    /// furthest along; the `NotLeader` to answer with, naming the new
+    /// leader once one is known.
+    async fn hand_over(&self, g: &Group, handle: &GroupHandle) -> SluiceError {
+        let me = u64::from(self.id);
+        let voters = handle.borrow_status().members.voters.clone();
+        let next = handle
+            .matched()
+            .into_iter()
+            .filter(|(n, _)| *n != me && voters.contains(n))
+            .max_by_key(|(_, m)| *m)
+            .map(|(n, _)| n);
+        let Some(to) = next else {
+            return unavailable(format!(
+                "{} has no other voter to hand its leadership to",
+                group_name(g.id)
+            ));
+        };
+        tracing::info!(group = %group_name(g.id), to, "handing leadership over before this node leaves the group");
+        handle.transfer_leader(to);
+        let mut rx = handle.status();
+        let wait = Duration::from_millis(2 * self.settings.election_max_ms);
+        let led = tokio::time::timeout(wait, rx.wait_for(|s| !s.is_leader && s.leader.is_some()))
+            .await
+            .ok()
+            .and_then(|r| r.ok().map(|s| s.leader));
+        match led {
+            Some(leader) => self.not_leader(g.id, leader),
+            None => unavailable(format!(
+                "{}: leadership was not handed over within {} ms; try again",
+                group_name(g.id),
+                wait.as_millis()
+            )),
+        }
     }
 }

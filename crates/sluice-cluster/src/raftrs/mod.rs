@@ -53,7 +53,7 @@ use openraft::vote::RaftLeaderId;
 use openraft::EntryPayload;
 use raft::eraftpb::{self, MessageType};
 use raft::{RawNode, StateRole};
-use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::time::Duration;
 use storage::RaftLog;
 use tokio::sync::{mpsc, oneshot, watch};
@@ -149,6 +149,9 @@ pub enum DriverError {
     /// (the group goes on).
     #[error("group {group}: {reason}")]
     Unexpected { group: u64, reason: String },
+    /// A membership change that cannot be made now (the group goes on).
+    #[error("membership change of group {group} refused: {reason}")]
+    Refused { group: u64, reason: String },
 }
 
 /// What a group's members and callers can see of it.
@@ -162,6 +165,79 @@ pub struct GroupStatus {
     pub applied: u64,
     /// Set once the group has stopped (a storage or apply error), with why.
     pub stopped: Option<String>,
+    /// The configuration this member has applied (Sluice node ids).
+    pub members: Members,
+}
+
+/// A group's configuration: the members that vote, and the learners
+/// (members that receive the log but do not vote yet: a newcomer while it
+/// catches up).
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Members {
+    pub voters: BTreeSet<u64>,
+    pub learners: BTreeSet<u64>,
+}
+
+impl Members {
+    /// Whether `node` is in the configuration (a voter or a learner).
+    pub fn contains(&self, node: u64) -> bool {
+        self.voters.contains(&node) || self.learners.contains(&node)
+    }
+
+    /// The configuration after `change` (`None`: it changes nothing).
+    fn after(&self, change: MemberChange) -> Option<Members> {
+        let mut m = self.clone();
+        let changed = match change {
+            MemberChange::AddLearner(n) => !m.voters.contains(&n) && m.learners.insert(n),
+            MemberChange::Promote(n) => {
+                m.learners.remove(&n);
+                m.voters.insert(n)
+            }
+            MemberChange::Remove(n) => m.voters.remove(&n) | m.learners.remove(&n),
+        };
+        changed.then_some(m)
+    }
+
+    /// Our log's form of it (an openraft membership entry's payload: the
+    /// state machine keeps the latest in its snapshots).
+    pub(crate) fn to_membership(&self) -> crate::types::Membership {
+        crate::types::Membership::new_with_defaults(
+            vec![self.voters.clone()],
+            self.learners.iter().copied(),
+        )
+    }
+
+    pub(crate) fn of_membership(m: &crate::types::Membership) -> Members {
+        Members {
+            voters: m.voter_ids().collect(),
+            learners: m.learner_ids().collect(),
+        }
+    }
+
+    /// raft-rs's form of it.
+    fn conf_state(&self) -> eraftpb::ConfState {
+        eraftpb::ConfState {
+            voters: self.voters.iter().map(|&v| raft_id(v)).collect(),
+            learners: self.learners.iter().map(|&l| raft_id(l)).collect(),
+            ..Default::default()
+        }
+    }
+
+    fn of_conf_state(cs: &eraftpb::ConfState) -> Members {
+        Members {
+            voters: cs.voters.iter().filter_map(|&v| node_of(v)).collect(),
+            learners: cs.learners.iter().filter_map(|&l| node_of(l)).collect(),
+        }
+    }
+}
+
+/// One step of a membership change: a newcomer joins as a learner, is
+/// promoted once it has caught up, and any member can be removed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MemberChange {
+    AddLearner(u64),
+    Promote(u64),
+    Remove(u64),
 }
 
 /// A proposal's answer: its log index and what applying it produced.
@@ -218,6 +294,8 @@ enum Input {
     /// A snapshot built off the task is saved, up to this entry (or it
     /// failed).
     Snapshotted(Result<Option<LogId>, String>),
+    /// A step of a membership change (answered once applied here).
+    Change(MemberChange, Reply),
 }
 
 /// A snapshot sent to a follower that has not answered within this is
@@ -234,7 +312,12 @@ pub struct GroupHandle {
     group: u64,
     tx: mpsc::UnboundedSender<Input>,
     status: watch::Receiver<GroupStatus>,
+    /// `matched`, updated by the task every tick.
+    matched: Matched,
 }
+
+/// A leader's view of how far each member's log matches its own.
+type Matched = std::sync::Arc<parking_lot::Mutex<BTreeMap<u64, u64>>>;
 
 impl GroupHandle {
     /// Why the group's task is gone.
@@ -318,6 +401,24 @@ impl GroupHandle {
         self.status.borrow()
     }
 
+    /// Proposes one step of a membership change (only a leader takes
+    /// one, and only once the last has been applied); answers with its
+    /// log index once this member has applied it (the status's
+    /// `members` shows the new configuration by then).
+    pub async fn change_members(&self, change: MemberChange) -> Result<u64, DriverError> {
+        let (tx, rx) = oneshot::channel();
+        self.tx
+            .send(Input::Change(change, tx))
+            .map_err(|_| self.stopped())?;
+        rx.await.map_err(|_| self.stopped())?.map(|(index, _)| index)
+    }
+
+    /// The index up to which each member's log matches this leader's, as
+    /// of the last tick (empty on a follower).
+    pub fn matched(&self) -> BTreeMap<u64, u64> {
+        self.matched.lock().clone()
+    }
+
     /// Shuts the group down: what it holds fails as `Stopped`, and it
     /// takes nothing more.
     pub fn stop(&self) {
@@ -325,9 +426,14 @@ impl GroupHandle {
     }
 }
 
-/// Starts group `group` on member `me` of `voters` (Sluice node ids),
-/// over `log` (opened, possibly with entries from before a restart) and
-/// `sm`. Must be called within a tokio runtime.
+/// Starts group `group` on member `me`, over `log` (opened, possibly with
+/// entries from before a restart) and `sm`. The configuration is the one
+/// the state machine's snapshot holds, else `voters` (Sluice node ids:
+/// the group's first members, or the latest the node knows of); the
+/// membership changes in the log after it are applied again as the log
+/// is. A member outside it (a newcomer, or one removed) does not stand
+/// for election; it learns the configuration from the leader's log or
+/// snapshot. Must be called within a tokio runtime.
 pub fn start(
     group: u64,
     me: u64,
@@ -338,8 +444,15 @@ pub fn start(
     settings: &DriverSettings,
 ) -> Result<GroupHandle, DriverError> {
     let stopped = |reason: String| DriverError::Stopped { group, reason };
-    if !voters.contains(&me) {
-        return Err(stopped(format!("node {me} is not a member ({voters:?})")));
+    let members = sm
+        .membership()
+        .map(|m| Members::of_membership(&m))
+        .unwrap_or_else(|| Members {
+            voters: voters.iter().copied().collect(),
+            learners: BTreeSet::new(),
+        });
+    if !members.contains(me) {
+        tracing::info!(group = %crate::types::group_name(group), ?members, "not a member yet: waiting for the leader's log or snapshot");
     }
     let cfg = raft::Config {
         id: raft_id(me),
@@ -363,14 +476,19 @@ pub fn start(
     let store = RaftLog {
         sm: sm.clone(),
         log: log.clone(),
-        voters: voters.iter().map(|&v| raft_id(v)).collect(),
+        members: members.clone(),
+        snapshot_wanted: Default::default(),
     };
     let raw = RawNode::new(&cfg, store, &logger::for_group(group))
         .map_err(|e| stopped(format!("starting raft: {e}")))?;
     let (tx, rx) = mpsc::unbounded_channel();
-    let (status_tx, status) = watch::channel(GroupStatus::default());
+    let (status_tx, status) = watch::channel(GroupStatus {
+        members,
+        ..Default::default()
+    });
     let status_tx = std::sync::Arc::new(status_tx);
     let on_panic = status_tx.clone();
+    let matched = Matched::default();
     let snap_index = sm.snapshot_index();
     let driver = Driver {
         group,
@@ -396,6 +514,7 @@ pub fn start(
         snapshots_sent: HashMap::new(),
         snapshot_every: settings.snapshot_every.max(1),
         snapshot_bytes: settings.snapshot_bytes,
+        matched: matched.clone(),
     };
     let task = tokio::spawn(driver.run(rx, settings.tick));
     // A panic in raft-rs (an invariant it checks) ends the task: the group
@@ -410,7 +529,12 @@ pub fn start(
             }
         }
     });
-    Ok(GroupHandle { group, tx, status })
+    Ok(GroupHandle {
+        group,
+        tx,
+        status,
+        matched,
+    })
 }
 
 /// The task that owns a group's raft-rs core.
@@ -453,6 +577,7 @@ struct Driver {
     snapshots_sent: HashMap<u64, std::time::Instant>,
     snapshot_every: u64,
     snapshot_bytes: u64,
+    matched: Matched,
     /// Read index asks not yet handed to raft-rs (they go together, once
     /// this leader has committed an entry of its term).
     asked_reads: Vec<ReadReply>,
@@ -488,6 +613,7 @@ impl Driver {
                 _ = ticks.tick() => {
                     self.raw.tick();
                     self.check_snapshots_sent();
+                    self.publish_matched();
                     Ok(())
                 }
             };
@@ -557,6 +683,10 @@ impl Driver {
             }
             Input::Stop => return Err(SHUT_DOWN.into()),
             Input::Snapshotted(res) => self.snapshotted(res),
+            Input::Change(change, reply) => {
+                self.propose_writes();
+                self.propose_change(change, reply);
+            }
         }
         Ok(())
     }
@@ -634,6 +764,149 @@ impl Driver {
         }
     }
 
+    /// Proposes one step of a membership change: a ConfChangeV2 entry
+    /// whose context is the whole configuration after it (`conf_data`).
+    fn propose_change(&mut self, change: MemberChange, reply: Reply) {
+        use eraftpb::ConfChangeType as T;
+        let refuse = |reason: &str| DriverError::Refused {
+            group: self.group,
+            reason: reason.into(),
+        };
+        if self.raw.raft.state != StateRole::Leader {
+            let _ = reply.send(Err(DriverError::NotLeader {
+                group: self.group,
+                leader: self.leader(),
+            }));
+            return;
+        }
+        let now = self.status.borrow().members.clone();
+        let Some(after) = now.after(change) else {
+            let _ = reply.send(Err(refuse("it changes nothing")));
+            return;
+        };
+        if after.voters.is_empty() {
+            let _ = reply.send(Err(refuse("it would leave the group without a voter")));
+            return;
+        }
+        if self.raw.raft.has_pending_conf() {
+            let _ = reply.send(Err(refuse(
+                "the previous membership change is not applied yet; try again",
+            )));
+            return;
+        }
+        let (ty, node) = match change {
+            MemberChange::AddLearner(n) => (T::AddLearnerNode, n),
+            MemberChange::Promote(n) => (T::AddNode, n),
+            MemberChange::Remove(n) => (T::RemoveNode, n),
+        };
+        let mut single = eraftpb::ConfChangeSingle::default();
+        single.set_change_type(ty);
+        single.node_id = raft_id(node);
+        let cc = conf_change(&after, vec![single]);
+        let before = self.raw.raft.raft_log.last_index();
+        let proposed = self.raw.propose_conf_change(Vec::new(), cc);
+        let index = self.raw.raft.raft_log.last_index();
+        // raft-rs turns a change it will not make into an empty entry.
+        let kept = self
+            .raw
+            .raft
+            .raft_log
+            .unstable
+            .entries
+            .last()
+            .is_some_and(|e| e.index == index && is_conf_change(e));
+        match proposed {
+            Ok(()) if index > before && kept => {
+                tracing::info!(group = %crate::types::group_name(self.group), ?change, index, "membership change proposed");
+                let term = self.raw.raft.term;
+                self.proposals.insert(index, (term, Waiting::One(reply)));
+            }
+            Ok(()) => {
+                let _ = reply.send(Err(refuse("raft-rs did not take it (see the node's log)")));
+            }
+            // A leader transferring its leadership drops proposals.
+            Err(_) => {
+                let _ = reply.send(Err(DriverError::NotLeader {
+                    group: self.group,
+                    leader: self.leader(),
+                }));
+            }
+        }
+    }
+
+    /// Makes raft-rs's configuration `want`, one simple change at a time
+    /// (as raft-rs restores a configuration): from the configuration
+    /// before the entry that named it, the one step proposed; on a
+    /// member that started elsewhere (a newcomer replaying the log from
+    /// its start, a member restarted with a later configuration) what it
+    /// takes to get there, or nothing.
+    fn apply_members(&mut self, want: &Members) -> Result<(), String> {
+        use eraftpb::ConfChangeType as T;
+        let have = Members::of_conf_state(&self.raw.raft.prs().conf().to_conf_state());
+        let mut steps: Vec<(T, u64)> = Vec::new();
+        steps.extend(want.voters.difference(&have.voters).map(|&n| (T::AddNode, n)));
+        steps.extend(
+            want.learners
+                .iter()
+                .filter(|n| !have.learners.contains(n) && !want.voters.contains(n))
+                .map(|&n| (T::AddLearnerNode, n)),
+        );
+        steps.extend(
+            have.voters
+                .union(&have.learners)
+                .filter(|n| !want.contains(**n))
+                .map(|&n| (T::RemoveNode, n)),
+        );
+        for (ty, n) in steps {
+            let mut cc = eraftpb::ConfChange::default();
+            cc.set_change_type(ty);
+            cc.node_id = raft_id(n);
+            self.raw
+                .apply_conf_change(&cc)
+                .map_err(|e| format!("applying a membership change ({ty:?} of node {n}): {e}"))?;
+        }
+        self.publish_members();
+        // A leader taken out of the voters hands its leadership to the
+        // voter furthest along (raft-rs would go on leading without a vote).
+        let r = &self.raw.raft;
+        if r.state == StateRole::Leader && !r.prs().conf().voters().contains(r.id) {
+            let next = r
+                .prs()
+                .iter()
+                .filter(|(id, _)| r.prs().conf().voters().contains(**id))
+                .max_by_key(|(_, pr)| pr.matched)
+                .map(|(id, _)| *id);
+            if let Some(to) = next {
+                tracing::info!(group = %crate::types::group_name(self.group), to = ?node_of(to), "this leader is no longer a voter: handing its leadership over");
+                self.raw.transfer_leader(to);
+            }
+        }
+        Ok(())
+    }
+
+    /// Publishes how far each member's log matches (a leader's view).
+    fn publish_matched(&self) {
+        let mut m = self.matched.lock();
+        m.clear();
+        if self.raw.raft.state == StateRole::Leader {
+            for (id, pr) in self.raw.raft.prs().iter() {
+                if let Some(n) = node_of(*id) {
+                    m.insert(n, pr.matched);
+                }
+            }
+        }
+    }
+
+    /// Publishes the configuration raft-rs holds now.
+    fn publish_members(&self) {
+        let now = Members::of_conf_state(&self.raw.raft.prs().conf().to_conf_state());
+        self.status.send_if_modified(|s| {
+            let changed = s.members != now;
+            s.members = now;
+            changed
+        });
+    }
+
     /// A peer's message: its commands are held for the entries they
     /// belong to, then raft-rs steps it.
     fn step(&mut self, msg: RaftMessage, commands: Vec<Command>) {
@@ -683,6 +956,14 @@ impl Driver {
     /// Our entry for raft-rs's `e`, whose command is pending.
     fn ours_pending(&mut self, e: &eraftpb::Entry) -> Result<Entry, String> {
         let log_id = LogId::new(crate::types::CommittedLeaderId::new(e.term, 0), e.index);
+        if is_conf_change(e) {
+            let m = members_of_conf_change(&e.data)
+                .map_err(|why| format!("entry {}: {why}", e.index))?;
+            return Ok(Entry {
+                log_id,
+                payload: EntryPayload::Membership(m.to_membership()),
+            });
+        }
         let payload = match e.data.as_slice() {
             [] => EntryPayload::Blank,
             [DATA_COMMAND] => match self.pending.remove(&e.index) {
@@ -696,9 +977,9 @@ impl Driver {
             },
             _ => {
                 return Err(format!(
-                    "entry {} is a {:?} entry: membership changes are not supported yet",
+                    "entry {} holds data this driver does not write ({} bytes)",
                     e.index,
-                    e.get_entry_type()
+                    e.data.len()
                 ))
             }
         };
@@ -797,10 +1078,23 @@ impl Driver {
                 first.index, last.index
             ));
         }
+        let changes: Vec<Members> = ours
+            .iter()
+            .filter_map(|e| match &e.payload {
+                EntryPayload::Membership(m) => Some(Members::of_membership(m)),
+                _ => None,
+            })
+            .collect();
         let results = self
             .sm
             .apply_entries(ours.into_iter())
             .map_err(|e| format!("applying: {e}"))?;
+        // Entries apply in order, and a leader proposes a change only once
+        // the last is applied: at most one per batch but for a member
+        // catching up, for which the last one counts.
+        for m in &changes {
+            self.apply_members(m)?;
+        }
         for (e, r) in committed.iter().zip(results) {
             // Anything older was overwritten by another leader's entry.
             let older = self.proposals.split_off(&e.index);
@@ -953,7 +1247,15 @@ impl Driver {
             self.log.held_bytes() <= self.snapshot_bytes
                 || self.log.bytes_beyond(self.keep_behind()) <= self.snapshot_bytes
         };
-        if self.snapshotting || since == 0 || since < self.snapshot_every && small() {
+        let wanted = || {
+            self.raw
+                .raft
+                .raft_log
+                .store
+                .snapshot_wanted
+                .swap(false, std::sync::atomic::Ordering::Relaxed)
+        };
+        if self.snapshotting || since == 0 || since < self.snapshot_every && small() && !wanted() {
             return;
         }
         self.snapshotting = true;
@@ -1014,9 +1316,13 @@ impl Driver {
     fn install_snapshot(&mut self, s: &eraftpb::Snapshot) -> Result<(), String> {
         let m = s.get_metadata();
         let id = LogId::new(crate::types::CommittedLeaderId::new(m.term, 0), m.index);
+        let members = Members::of_conf_state(m.get_conf_state());
         let meta = crate::types::SnapshotMeta {
             last_log_id: Some(id),
-            last_membership: Default::default(),
+            last_membership: crate::types::StoredMembership::new(
+                Some(id),
+                members.to_membership(),
+            ),
         };
         self.sm
             .install(&meta, s.data.clone())
@@ -1025,6 +1331,7 @@ impl Driver {
             .reset_to_snapshot(id)
             .map_err(|e| format!("starting the log after a snapshot: {e}"))?;
         self.snap_index = id.index;
+        self.publish_members();
         Ok(())
     }
 
@@ -1082,6 +1389,8 @@ impl Driver {
             commit: r.raft_log.committed,
             applied: r.raft_log.applied,
             stopped: None,
+            // Published as it changes (`publish_members`).
+            members: Members::default(),
         };
         if self.was_leader && !is_leader {
             let leader = now.leader;
@@ -1096,9 +1405,53 @@ impl Driver {
             crate::types::report_leadership(self.group, me, now.term, now.leader);
         }
         self.status.send_if_modified(|s| {
-            let changed = *s != now;
-            *s = now;
+            let changed = (s.leader, s.term, s.is_leader, s.commit, s.applied)
+                != (now.leader, now.term, now.is_leader, now.commit, now.applied)
+                || s.stopped.is_some();
+            let members = std::mem::take(&mut s.members);
+            *s = GroupStatus { members, ..now };
             changed
         });
     }
+}
+
+/// Whether raft-rs's entry is a membership change.
+fn is_conf_change(e: &eraftpb::Entry) -> bool {
+    matches!(
+        e.get_entry_type(),
+        eraftpb::EntryType::EntryConfChange | eraftpb::EntryType::EntryConfChangeV2
+    )
+}
+
+/// A membership change as raft-rs takes it: its `changes` (what raft-rs
+/// checks when it is proposed) and, as its context, the whole
+/// configuration after it (what every member applies: `apply_members`).
+fn conf_change(after: &Members, changes: Vec<eraftpb::ConfChangeSingle>) -> eraftpb::ConfChangeV2 {
+    eraftpb::ConfChangeV2 {
+        changes,
+        context: bincode::serialize(after).unwrap_or_default(),
+        ..Default::default()
+    }
+}
+
+/// raft-rs's data of a membership change entry in our log (`storage`):
+/// the configuration after it.
+fn conf_change_data(after: &Members) -> Vec<u8> {
+    prost::Message::encode_to_vec(&conf_change(after, Vec::new()))
+}
+
+/// The configuration a membership change entry's data names.
+fn members_of_conf_change(data: &[u8]) -> Result<Members, String> {
+    let cc = <eraftpb::ConfChangeV2 as prost::Message>::decode(data)
+        .map_err(|e| format!("a membership change that does not decode: {e}"))?;
+    use bincode::Options;
+    let m: Members = bincode::DefaultOptions::new()
+        .with_fixint_encoding()
+        .with_limit(64 << 10)
+        .deserialize(&cc.context)
+        .map_err(|e| format!("a membership change without its configuration: {e}"))?;
+    if m.voters.is_empty() {
+        return Err("a membership change that leaves no voter".into());
+    }
+    Ok(m)
 }

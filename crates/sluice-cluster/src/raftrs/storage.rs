@@ -3,23 +3,26 @@
 //! (`DATA_COMMAND`); the command itself stays in our log, with its values
 //! by reference, and travels beside raft-rs's messages (`Outgoing`).
 
-use super::DATA_COMMAND;
+use super::{conf_change_data, Members, DATA_COMMAND};
 use crate::log::LogStore;
 use crate::types::Entry;
 use openraft::EntryPayload;
-use raft::eraftpb::{self, ConfState, HardState};
+use raft::eraftpb::{self, HardState};
 use raft::{GetEntriesContext, RaftState, StorageError};
 
-/// A group's log as raft-rs reads it. The voters are the group's members
-/// (raft-rs ids); membership changes through the log come with the rest
-/// of what openraft does for us today (ARCHITECTURE, "Consensus library",
-/// step 3).
+/// A group's log as raft-rs reads it.
 pub(super) struct RaftLog {
     pub(super) log: LogStore,
-    pub(super) voters: Vec<u64>,
+    /// The configuration as of the state machine's applied index when the
+    /// group started (changes after it are in the log, applied again).
+    pub(super) members: super::Members,
     /// The state machine: its saved snapshot is what a member too far
     /// behind is sent.
     pub(super) sm: crate::sm::Sm,
+    /// A member was not sent the saved snapshot because it predates the
+    /// member's joining (raft-rs ignores a snapshot whose configuration
+    /// does not hold it): the driver builds a new one.
+    pub(super) snapshot_wanted: std::sync::atomic::AtomicBool,
 }
 
 fn other(e: impl std::fmt::Display) -> raft::Error {
@@ -28,22 +31,20 @@ fn other(e: impl std::fmt::Display) -> raft::Error {
 
 /// raft-rs's view of one of our entries.
 pub(super) fn to_raft(e: &Entry) -> raft::Result<eraftpb::Entry> {
-    let data = match &e.payload {
-        EntryPayload::Normal(_) => vec![DATA_COMMAND],
-        EntryPayload::Blank => Vec::new(),
-        EntryPayload::Membership(_) => {
-            return Err(other(format!(
-                "entry {} is an openraft membership change: this log belongs to an openraft group",
-                e.log_id.index
-            )))
-        }
-    };
-    Ok(eraftpb::Entry {
+    let mut entry = eraftpb::Entry {
         term: e.log_id.leader_id.term,
         index: e.log_id.index,
-        data,
         ..Default::default()
-    })
+    };
+    match &e.payload {
+        EntryPayload::Normal(_) => entry.data = vec![DATA_COMMAND],
+        EntryPayload::Blank => {}
+        EntryPayload::Membership(m) => {
+            entry.set_entry_type(eraftpb::EntryType::EntryConfChangeV2);
+            entry.data = conf_change_data(&Members::of_membership(m));
+        }
+    }
+    Ok(entry)
 }
 
 impl raft::Storage for RaftLog {
@@ -64,11 +65,7 @@ impl raft::Storage for RaftLog {
             );
         }
         let hard_state = HardState { term, vote, commit };
-        let conf_state = ConfState {
-            voters: self.voters.clone(),
-            ..Default::default()
-        };
-        Ok(RaftState::new(hard_state, conf_state))
+        Ok(RaftState::new(hard_state, self.members.conf_state()))
     }
 
     fn entries(
@@ -124,7 +121,7 @@ impl raft::Storage for RaftLog {
     /// The state machine's saved snapshot (the log is purged only up to
     /// one, so it covers what the member is missing); "temporarily
     /// unavailable" until one covers `request_index` (raft-rs asks again).
-    fn snapshot(&self, request_index: u64, _to: u64) -> raft::Result<eraftpb::Snapshot> {
+    fn snapshot(&self, request_index: u64, to: u64) -> raft::Result<eraftpb::Snapshot> {
         let unavailable = || raft::Error::Store(StorageError::SnapshotTemporarilyUnavailable);
         let snap = self.sm.current_snapshot().map_err(other)?;
         let Some((id, s)) = snap.and_then(|s| s.meta.last_log_id.map(|id| (id, s))) else {
@@ -133,13 +130,21 @@ impl raft::Storage for RaftLog {
         if id.index < request_index {
             return Err(unavailable());
         }
+        // The configuration as of the snapshot (a snapshot from before any
+        // change: the one the group started with).
+        let members = s.meta.last_membership.log_id().map_or_else(
+            || self.members.clone(),
+            |_| Members::of_membership(s.meta.last_membership.membership()),
+        );
+        if super::node_of(to).is_some_and(|n| !members.contains(n)) {
+            self.snapshot_wanted
+                .store(true, std::sync::atomic::Ordering::Relaxed);
+            return Err(unavailable());
+        }
         Ok(eraftpb::Snapshot {
             data: s.snapshot.into_inner(),
             metadata: Some(eraftpb::SnapshotMetadata {
-                conf_state: Some(ConfState {
-                    voters: self.voters.clone(),
-                    ..Default::default()
-                }),
+                conf_state: Some(members.conf_state()),
                 index: id.index,
                 term: id.leader_id.term,
             }),

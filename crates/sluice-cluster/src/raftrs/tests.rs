@@ -100,6 +100,18 @@ fn member_with(
     opts: LogOptions,
     settings: &DriverSettings,
 ) -> Member {
+    member_of(net, dir, me, opts, settings, &[0, 1, 2])
+}
+
+/// `member_with`, started with these voters.
+fn member_of(
+    net: &Arc<Net>,
+    dir: &Path,
+    me: u64,
+    opts: LogOptions,
+    settings: &DriverSettings,
+    voters: &[u64],
+) -> Member {
     let store = Arc::new(
         Store::open(StoreConfig {
             layout: sluice_store::Layout {
@@ -127,7 +139,7 @@ fn member_with(
         from: me,
         net: net.clone(),
     });
-    let handle = start(group(), me, &[0, 1, 2], log.clone(), sm, link, settings).unwrap();
+    let handle = start(group(), me, voters, log.clone(), sm, link, settings).unwrap();
     net.members.lock().insert(me, handle.clone());
     Member { handle, store, log }
 }
@@ -730,4 +742,144 @@ async fn an_append_whose_entries_do_not_follow_its_index_is_dropped() {
     caught_up(&ms[&f], next).await;
     assert_eq!(ms[&f].handle.borrow_status().stopped, None);
     assert_eq!(value_of(&ms[&f].store, "/v/b").as_deref(), Some(&b"2"[..]));
+}
+
+fn members(voters: &[u64], learners: &[u64]) -> Members {
+    Members {
+        voters: voters.iter().copied().collect(),
+        learners: learners.iter().copied().collect(),
+    }
+}
+
+/// Waits until member `m` holds configuration `want`.
+async fn configured(m: &Member, want: &Members) {
+    until(m.handle.status(), &format!("configuration {want:?}"), |s| {
+        &s.members == want
+    })
+    .await;
+}
+
+/// A newcomer (started knowing only the first members) joins as a
+/// learner: it takes the log from its start and the configuration with
+/// it, and does not vote; promoted, it votes; a member removed is out of
+/// everyone's configuration, its own included. Changes are refused on a
+/// follower, when they change nothing, and when they would leave no
+/// voter. A member restarted over its log with a stale list of voters
+/// comes back with the configuration the log holds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_newcomer_joins_as_a_learner_is_promoted_and_a_member_leaves() {
+    let (dir, net, mut ms) = started().await;
+    let settings = DriverSettings {
+        tick: Duration::from_millis(20),
+        ..Default::default()
+    };
+    let opts = LogOptions {
+        mapped: true,
+        ..Default::default()
+    };
+    let l = leader(&ms, &[0, 1, 2]).await;
+    concurrent_puts(&ms[&l].handle, "/v/before", 50, 100).await;
+    ms.insert(3, member_of(&net, dir.path(), 3, opts.clone(), &settings, &[0, 1, 2]));
+    let h = ms[&l].handle.clone();
+    let follower = (l + 1) % 3;
+    assert_eq!(
+        ms[&follower]
+            .handle
+            .change_members(MemberChange::AddLearner(3))
+            .await
+            .unwrap_err(),
+        not_leader(l)
+    );
+    h.change_members(MemberChange::AddLearner(3)).await.unwrap();
+    let with_learner = members(&[0, 1, 2], &[3]);
+    for m in ms.values() {
+        configured(m, &with_learner).await;
+    }
+    let (index, _) = h.propose(put("/v/after", b"a")).await.unwrap();
+    caught_up(&ms[&3], index).await;
+    assert_eq!(
+        value_of(&ms[&3].store, "/v/before49").as_deref(),
+        Some(&[49u8; 100][..])
+    );
+    let refused = |e: DriverError| matches!(e, DriverError::Refused { .. });
+    assert!(refused(h.change_members(MemberChange::AddLearner(3)).await.unwrap_err()));
+    assert!(refused(h.change_members(MemberChange::Remove(7)).await.unwrap_err()));
+    h.change_members(MemberChange::Promote(3)).await.unwrap();
+    let four = members(&[0, 1, 2, 3], &[]);
+    for m in ms.values() {
+        configured(m, &four).await;
+    }
+    // Remove a follower other than the newcomer.
+    let out = (0..3).find(|n| *n != l).unwrap();
+    h.change_members(MemberChange::Remove(out)).await.unwrap();
+    let rest: Vec<u64> = (0..4).filter(|n| *n != out).collect();
+    let three = members(&rest, &[]);
+    for n in &rest {
+        configured(&ms[n], &three).await;
+    }
+    configured(&ms[&out], &three).await;
+    // Writes commit without the removed member.
+    net.cut.lock().insert(out);
+    let (index, _) = h.propose(put("/v/three", b"t")).await.unwrap();
+    for n in &rest {
+        caught_up(&ms[n], index).await;
+    }
+    // The newcomer, restarted over its log with the first voters it was
+    // given, replays the changes.
+    let m3 = ms.remove(&3).unwrap();
+    let rx = m3.handle.status();
+    net.members.lock().remove(&3);
+    drop(m3);
+    until(rx, "member 3 stops", |s| s.stopped.is_some()).await;
+    let m3 = member_of(&net, dir.path(), 3, opts, &settings, &[0, 1, 2]);
+    configured(&m3, &three).await;
+    ms.insert(3, m3);
+    // Down to one voter and no further.
+    for n in rest.iter().filter(|n| **n != l) {
+        h.change_members(MemberChange::Remove(*n)).await.unwrap();
+    }
+    configured(&ms[&l], &members(&[l], &[])).await;
+    assert!(refused(h.change_members(MemberChange::Remove(l)).await.unwrap_err()));
+    drop(h);
+    stop_all(&net, ms).await;
+}
+
+/// A newcomer whose first entries the leader has purged gets the
+/// configuration with the snapshot it installs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_newcomer_behind_the_purged_log_takes_the_configuration_from_the_snapshot() {
+    let dir = tempfile::tempdir().unwrap();
+    let net = Arc::new(Net::default());
+    let settings = snapshotting();
+    let opts = LogOptions {
+        mapped: true,
+        ..Default::default()
+    };
+    let mut ms: HashMap<u64, Member> = (0..3)
+        .map(|n| (n, member_with(&net, dir.path(), n, opts.clone(), &settings)))
+        .collect();
+    let l = leader(&ms, &[0, 1, 2]).await;
+    // A change first, so the snapshot holds a configuration of its own:
+    // member 2 leaves.
+    let h = ms[&l].handle.clone();
+    let gone = (0..3).find(|n| *n != l).unwrap();
+    h.change_members(MemberChange::Remove(gone)).await.unwrap();
+    let mut last = puts_in_turn(&h, "/v/s", 120, 64).await;
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while ms[&l].log.bounds().first <= 2 {
+        assert!(std::time::Instant::now() < deadline, "the leader never purged");
+        last = h.propose(put("/v/more", b"m")).await.unwrap().0;
+    }
+    ms.insert(4, member_of(&net, dir.path(), 4, opts, &settings, &[0, 1, 2]));
+    h.change_members(MemberChange::AddLearner(4)).await.unwrap();
+    caught_up(&ms[&4], last).await;
+    let rest: Vec<u64> = (0..3).filter(|n| *n != gone).collect();
+    configured(&ms[&4], &members(&rest, &[4])).await;
+    assert!(ms[&4].log.bounds().first > 2, "{:?}", ms[&4].log.bounds());
+    assert_eq!(
+        value_of(&ms[&4].store, "/v/s119").as_deref(),
+        Some(&[119u8; 64][..])
+    );
+    drop(h);
+    stop_all(&net, ms).await;
 }
