@@ -535,7 +535,6 @@ async fn sigkill_leader_and_follower_under_load_loses_no_acknowledged_write() {
 }
 
 /// The same on the raft-rs driver (issue #20's rewrite).
-#[cfg(feature = "raft-rs")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn raftrs_sigkill_leader_and_follower_under_load_loses_no_acknowledged_write() {
     sigkill_under_load("raft-rs").await
@@ -706,7 +705,6 @@ async fn a_cut_off_leader_acknowledges_nothing_and_catches_up_after_heal() {
     cut_off_leader("openraft").await
 }
 
-#[cfg(feature = "raft-rs")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn raftrs_a_cut_off_leader_acknowledges_nothing_and_catches_up_after_heal() {
     cut_off_leader("raft-rs").await
@@ -818,7 +816,6 @@ async fn membership_change_adds_replaces_and_removes_members() {
 
 /// The same on the raft-rs driver: a newcomer joins as a learner and is
 /// promoted once caught up (`node/rs.rs`).
-#[cfg(feature = "raft-rs")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn raftrs_membership_change_adds_replaces_and_removes_members() {
     membership_changes("raft-rs").await
@@ -2240,7 +2237,6 @@ async fn chaos_run_loses_nothing_and_stays_linearizable() {
 }
 
 /// The same run with the shards on the raft-rs driver (issue #20).
-#[cfg(feature = "raft-rs")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn raftrs_chaos_run_loses_nothing_and_stays_linearizable() {
     chaos_run("raft-rs").await

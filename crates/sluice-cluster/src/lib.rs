@@ -24,7 +24,6 @@ pub mod log;
 pub mod marks;
 pub mod network;
 pub mod node;
-#[cfg(feature = "raft-rs")]
 pub mod raftrs;
 pub mod rt;
 pub mod sm;

@@ -44,7 +44,6 @@
 //! log for the raft-rs driver, `crate::raftrs`); this file holds the
 //! in-memory tail, the index of every entry, and opening a log.
 
-#[cfg(feature = "raft-rs")]
 mod direct;
 mod disk;
 mod format;

@@ -33,7 +33,6 @@ pub(super) enum Done {
     Wait(std::sync::mpsc::SyncSender<Result<(), String>>),
     /// Called once the records are durable (the raft-rs driver: it tells
     /// its task, which goes on meanwhile).
-    #[cfg_attr(not(feature = "raft-rs"), allow(dead_code))]
     Notify(Box<dyn FnOnce(Result<(), String>) + Send>),
 }
 

@@ -216,7 +216,6 @@ impl ClusterNode {
     ) -> Result<serde_json::Value, SluiceError> {
         let s = parse_shard(shard)?;
         let g = self.local(s)?;
-        #[cfg(feature = "raft-rs")]
         if let Core::RaftRs { handle } = &g.core {
             self.check_leader(&g)?;
             let members = self.change_raftrs(&g, handle, shard, node, add).await?;

@@ -13,11 +13,7 @@ use openraft::vote::RaftLeaderId;
 
 /// A group's consensus core.
 pub(crate) enum Core {
-    Openraft {
-        raft: Raft,
-        metrics: MetricsRx,
-    },
-    #[cfg(feature = "raft-rs")]
+    Openraft { raft: Raft, metrics: MetricsRx },
     RaftRs { handle: crate::raftrs::GroupHandle },
 }
 
@@ -55,7 +51,6 @@ impl From<RaftError<TypeConfig, LinearizableReadError<TypeConfig>>> for CoreErro
     }
 }
 
-#[cfg(feature = "raft-rs")]
 impl From<crate::raftrs::DriverError> for CoreError {
     fn from(e: crate::raftrs::DriverError) -> Self {
         use crate::raftrs::DriverError as D;
@@ -70,7 +65,6 @@ impl From<crate::raftrs::DriverError> for CoreError {
 /// A group's leadership as its core reports it, for waits (`failover`).
 pub(crate) enum Watch {
     Openraft(MetricsRx),
-    #[cfg(feature = "raft-rs")]
     RaftRs(tokio::sync::watch::Receiver<crate::raftrs::GroupStatus>),
 }
 
@@ -82,7 +76,6 @@ impl Watch {
                 let m = m.borrow_watched();
                 (m.current_leader, m.current_term)
             }
-            #[cfg(feature = "raft-rs")]
             Watch::RaftRs(s) => {
                 let s = s.borrow();
                 (s.leader, s.term)
@@ -99,7 +92,6 @@ impl Watch {
                 let id = m.vote.leader_id();
                 Some((id.term(), *id.node_id(), m.vote.is_committed()))
             }
-            #[cfg(feature = "raft-rs")]
             Watch::RaftRs(_) => None,
         }
     }
@@ -108,7 +100,6 @@ impl Watch {
     pub(crate) async fn changed(&mut self) -> bool {
         match self {
             Watch::Openraft(m) => m.changed().await.is_ok(),
-            #[cfg(feature = "raft-rs")]
             Watch::RaftRs(s) => s.changed().await.is_ok(),
         }
     }
@@ -119,7 +110,6 @@ impl Core {
     pub(crate) fn leader(&self) -> Option<u64> {
         match self {
             Core::Openraft { metrics, .. } => metrics.borrow_watched().current_leader,
-            #[cfg(feature = "raft-rs")]
             Core::RaftRs { handle, .. } => handle.borrow_status().leader,
         }
     }
@@ -127,7 +117,6 @@ impl Core {
     pub(crate) fn watch(&self) -> Watch {
         match self {
             Core::Openraft { metrics, .. } => Watch::Openraft(metrics.clone()),
-            #[cfg(feature = "raft-rs")]
             Core::RaftRs { handle, .. } => Watch::RaftRs(handle.status()),
         }
     }
@@ -141,7 +130,6 @@ impl Core {
                 .membership()
                 .voter_ids()
                 .collect(),
-            #[cfg(feature = "raft-rs")]
             Core::RaftRs { handle } => handle.borrow_status().members.voters.clone(),
         }
     }
@@ -156,7 +144,6 @@ impl Core {
                 .membership()
                 .get_node(&node)
                 .is_some(),
-            #[cfg(feature = "raft-rs")]
             Core::RaftRs { handle } => handle.borrow_status().members.contains(node),
         }
     }
@@ -165,7 +152,6 @@ impl Core {
     pub(crate) fn as_openraft(&self) -> Option<&Raft> {
         match self {
             Core::Openraft { raft, .. } => Some(raft),
-            #[cfg(feature = "raft-rs")]
             Core::RaftRs { .. } => None,
         }
     }
@@ -188,7 +174,6 @@ impl Core {
                 let r = raft.client_write(cmd).await?;
                 Ok((r.log_id.index, r.data))
             }
-            #[cfg(feature = "raft-rs")]
             Core::RaftRs { handle, .. } => Ok(handle.propose(cmd).await?),
         }
     }
@@ -203,7 +188,6 @@ impl Core {
                     .await?;
                 Ok(())
             }
-            #[cfg(feature = "raft-rs")]
             Core::RaftRs { handle, .. } => {
                 let index = handle.read_index().await?;
                 Ok(handle.wait_applied(index).await?)
@@ -225,7 +209,6 @@ impl Core {
                 .await
                 .map(|_| ())
                 .map_err(|e| e.to_string()),
-            #[cfg(feature = "raft-rs")]
             Core::RaftRs { handle, .. } => {
                 match tokio::time::timeout(t, handle.wait_applied(index)).await {
                     Ok(r) => r.map_err(|e| e.to_string()),
@@ -250,7 +233,6 @@ impl Core {
     pub(crate) async fn elect(&self) -> bool {
         match self {
             Core::Openraft { raft, .. } => raft.trigger().elect(false).await.is_ok(),
-            #[cfg(feature = "raft-rs")]
             Core::RaftRs { handle, .. } => {
                 handle.campaign();
                 handle.borrow_status().stopped.is_none()
@@ -263,7 +245,6 @@ impl Core {
             Core::Openraft { raft, .. } => {
                 let _ = raft.shutdown().await;
             }
-            #[cfg(feature = "raft-rs")]
             Core::RaftRs { handle, .. } => handle.stop(),
         }
     }
@@ -272,7 +253,6 @@ impl Core {
     pub(crate) fn openraft_stop(&self) -> Option<Fatal<TypeConfig>> {
         match self {
             Core::Openraft { metrics, .. } => metrics.borrow_watched().running_state.clone().err(),
-            #[cfg(feature = "raft-rs")]
             Core::RaftRs { .. } => None,
         }
     }

@@ -151,7 +151,6 @@ impl ClusterNode {
             reason: format!("restoring the snapshot in {}: {e}", dir.display()),
         })?;
         let group = match self.layout.consensus {
-            #[cfg(feature = "raft-rs")]
             sluice_types::cluster::Consensus::RaftRs if g != META_GROUP => {
                 self.start_raftrs(g, log, sm)?
             }

@@ -19,7 +19,6 @@ mod failover;
 mod groups;
 mod meta;
 mod read;
-#[cfg(feature = "raft-rs")]
 mod rs;
 #[cfg(test)]
 mod tests;
@@ -239,7 +238,6 @@ pub struct ClusterNode {
     /// runs (set by the server's graph reconciler; `dfgs_reconciled`).
     dfgs_reconciled: std::sync::atomic::AtomicU64,
     /// Where raft-rs groups' messages go (made with the first such group).
-    #[cfg(feature = "raft-rs")]
     rs_transport: std::sync::OnceLock<Arc<crate::raftrs::transport::PeerTransport>>,
 }
 
@@ -264,12 +262,6 @@ impl ClusterNode {
         layout
             .validate()
             .map_err(|reason| SluiceError::Internal { reason })?;
-        #[cfg(not(feature = "raft-rs"))]
-        if layout.consensus == sluice_types::cluster::Consensus::RaftRs {
-            return Err(SluiceError::NotSupported {
-                what: "the layout's consensus = \"raft-rs\" in this build (build sluice with `--features raft-rs`, which needs protoc)".into(),
-            });
-        }
         if layout.address_of(id).is_none() {
             return Err(SluiceError::Internal {
                 reason: format!("node id {id} is not in the layout's [[nodes]]"),
@@ -335,7 +327,6 @@ impl ClusterNode {
             restarts: Default::default(),
             restart_requested: Default::default(),
             bcast: Default::default(),
-            #[cfg(feature = "raft-rs")]
             rs_transport: Default::default(),
         });
         let _ = node.me.set(Arc::downgrade(&node));
@@ -466,7 +457,6 @@ impl ClusterNode {
             Core::Openraft { metrics, .. } => metrics.borrow_watched(),
             // raft-rs's leader steps down on its own without a quorum's
             // acknowledgements (check-quorum).
-            #[cfg(feature = "raft-rs")]
             c @ Core::RaftRs { .. } => return c.leader(),
         };
         // On every write: no allocation, one short lock.
@@ -599,7 +589,6 @@ impl ClusterNode {
                     "lag": lag,
                 })
             }
-            #[cfg(feature = "raft-rs")]
             Core::RaftRs { handle, .. } => {
                 let st = handle.borrow_status().clone();
                 let last = x.log.bounds().last;
@@ -637,19 +626,6 @@ impl ClusterNode {
             v.extend(o);
         }
         v
-    }
-
-    /// A raft-rs message from a peer: this build has no raft-rs driver.
-    #[cfg(not(feature = "raft-rs"))]
-    pub fn deliver_raftrs(
-        &self,
-        from: u32,
-        _group: u64,
-        _body: &bytes::Bytes,
-    ) -> Result<(), SluiceError> {
-        Err(SluiceError::NotSupported {
-            what: format!("a raft-rs message from node {from} (this node is built without the raft-rs driver)"),
-        })
     }
 
     /// Stops every group (graceful shutdown).

@@ -4,7 +4,9 @@
 //! receiving connection itself: no task per message).
 
 use super::*;
-use crate::raftrs::{self, transport::PeerTransport, DriverError, DriverSettings, GroupHandle, MemberChange};
+use crate::raftrs::{
+    self, transport::PeerTransport, DriverError, DriverSettings, GroupHandle, MemberChange,
+};
 
 impl ClusterNode {
     /// The transport every raft-rs group of this node sends through.

@@ -410,7 +410,9 @@ impl GroupHandle {
         self.tx
             .send(Input::Change(change, tx))
             .map_err(|_| self.stopped())?;
-        rx.await.map_err(|_| self.stopped())?.map(|(index, _)| index)
+        rx.await
+            .map_err(|_| self.stopped())?
+            .map(|(index, _)| index)
     }
 
     /// The index up to which each member's log matches this leader's, as
@@ -844,7 +846,11 @@ impl Driver {
         use eraftpb::ConfChangeType as T;
         let have = Members::of_conf_state(&self.raw.raft.prs().conf().to_conf_state());
         let mut steps: Vec<(T, u64)> = Vec::new();
-        steps.extend(want.voters.difference(&have.voters).map(|&n| (T::AddNode, n)));
+        steps.extend(
+            want.voters
+                .difference(&have.voters)
+                .map(|&n| (T::AddNode, n)),
+        );
         steps.extend(
             want.learners
                 .iter()
@@ -1319,10 +1325,7 @@ impl Driver {
         let members = Members::of_conf_state(m.get_conf_state());
         let meta = crate::types::SnapshotMeta {
             last_log_id: Some(id),
-            last_membership: crate::types::StoredMembership::new(
-                Some(id),
-                members.to_membership(),
-            ),
+            last_membership: crate::types::StoredMembership::new(Some(id), members.to_membership()),
         };
         self.sm
             .install(&meta, s.data.clone())

@@ -779,7 +779,10 @@ async fn a_newcomer_joins_as_a_learner_is_promoted_and_a_member_leaves() {
     };
     let l = leader(&ms, &[0, 1, 2]).await;
     concurrent_puts(&ms[&l].handle, "/v/before", 50, 100).await;
-    ms.insert(3, member_of(&net, dir.path(), 3, opts.clone(), &settings, &[0, 1, 2]));
+    ms.insert(
+        3,
+        member_of(&net, dir.path(), 3, opts.clone(), &settings, &[0, 1, 2]),
+    );
     let h = ms[&l].handle.clone();
     let follower = (l + 1) % 3;
     assert_eq!(
@@ -802,8 +805,14 @@ async fn a_newcomer_joins_as_a_learner_is_promoted_and_a_member_leaves() {
         Some(&[49u8; 100][..])
     );
     let refused = |e: DriverError| matches!(e, DriverError::Refused { .. });
-    assert!(refused(h.change_members(MemberChange::AddLearner(3)).await.unwrap_err()));
-    assert!(refused(h.change_members(MemberChange::Remove(7)).await.unwrap_err()));
+    assert!(refused(
+        h.change_members(MemberChange::AddLearner(3))
+            .await
+            .unwrap_err()
+    ));
+    assert!(refused(
+        h.change_members(MemberChange::Remove(7)).await.unwrap_err()
+    ));
     h.change_members(MemberChange::Promote(3)).await.unwrap();
     let four = members(&[0, 1, 2, 3], &[]);
     for m in ms.values() {
@@ -839,7 +848,9 @@ async fn a_newcomer_joins_as_a_learner_is_promoted_and_a_member_leaves() {
         h.change_members(MemberChange::Remove(*n)).await.unwrap();
     }
     configured(&ms[&l], &members(&[l], &[])).await;
-    assert!(refused(h.change_members(MemberChange::Remove(l)).await.unwrap_err()));
+    assert!(refused(
+        h.change_members(MemberChange::Remove(l)).await.unwrap_err()
+    ));
     drop(h);
     stop_all(&net, ms).await;
 }
@@ -867,10 +878,16 @@ async fn a_newcomer_behind_the_purged_log_takes_the_configuration_from_the_snaps
     let mut last = puts_in_turn(&h, "/v/s", 120, 64).await;
     let deadline = std::time::Instant::now() + Duration::from_secs(20);
     while ms[&l].log.bounds().first <= 2 {
-        assert!(std::time::Instant::now() < deadline, "the leader never purged");
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the leader never purged"
+        );
         last = h.propose(put("/v/more", b"m")).await.unwrap().0;
     }
-    ms.insert(4, member_of(&net, dir.path(), 4, opts, &settings, &[0, 1, 2]));
+    ms.insert(
+        4,
+        member_of(&net, dir.path(), 4, opts, &settings, &[0, 1, 2]),
+    );
     h.change_members(MemberChange::AddLearner(4)).await.unwrap();
     caught_up(&ms[&4], last).await;
     let rest: Vec<u64> = (0..3).filter(|n| *n != gone).collect();
