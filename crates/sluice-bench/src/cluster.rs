@@ -63,9 +63,9 @@ pub struct ClusterBenchArgs {
     /// shard of 2 or more, step by step (the nodes record marks: `SLUICE_MARKS`).
     #[arg(long)]
     breakdown: bool,
-    /// The shards' consensus driver: `openraft`, or `raft-rs` (a
-    /// `sluice` built with `--features raft-rs`).
-    #[arg(long, default_value = "openraft")]
+    /// The shards' consensus driver: `raft-rs` (the default), or
+    /// `openraft`.
+    #[arg(long, default_value = "raft-rs")]
     consensus: String,
     /// Write the results as JSON to this file.
     #[arg(long)]

@@ -252,9 +252,9 @@ pub struct PersistentArgs {
     /// "replicate_on_submit = false"), to measure a setting.
     #[arg(long, default_value = "")]
     pub cluster_config: String,
-    /// The 3-node cluster's consensus driver: `openraft`, or `raft-rs` (a
-    /// `sluice` built with `--features raft-rs`).
-    #[arg(long, default_value = "openraft")]
+    /// The 3-node cluster's consensus driver: `raft-rs` (the default),
+    /// or `openraft`.
+    #[arg(long, default_value = "raft-rs")]
     pub consensus: String,
 }
 

@@ -199,7 +199,7 @@ impl Cluster {
 
     /// `with_persistent_pool`, the nodes with these `[cluster]` settings.
     async fn with_persistent_pool_and(path: &str, cluster: &str) -> (Cluster, Client) {
-        Cluster::with_persistent_pool_on(path, cluster, "openraft").await
+        Cluster::with_persistent_pool_on(path, cluster, "raft-rs").await
     }
 
     /// `with_persistent_pool_and`, the shards on consensus driver
@@ -531,13 +531,14 @@ async fn routing_affinity_and_metadata_refresh() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn sigkill_leader_and_follower_under_load_loses_no_acknowledged_write() {
-    sigkill_under_load("openraft").await
+    sigkill_under_load("raft-rs").await
 }
 
-/// The same on the raft-rs driver (issue #20's rewrite).
+/// The same with the shards on openraft (a layout's `consensus =
+/// "openraft"`, the driver before raft-rs).
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn raftrs_sigkill_leader_and_follower_under_load_loses_no_acknowledged_write() {
-    sigkill_under_load("raft-rs").await
+async fn openraft_sigkill_leader_and_follower_under_load_loses_no_acknowledged_write() {
+    sigkill_under_load("openraft").await
 }
 
 /// Writers on shard 0 while its leader, then a follower, are killed and
@@ -702,12 +703,12 @@ async fn sigkill_under_load(consensus: &str) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_cut_off_leader_acknowledges_nothing_and_catches_up_after_heal() {
-    cut_off_leader("openraft").await
+    cut_off_leader("raft-rs").await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn raftrs_a_cut_off_leader_acknowledges_nothing_and_catches_up_after_heal() {
-    cut_off_leader("raft-rs").await
+async fn openraft_a_cut_off_leader_acknowledges_nothing_and_catches_up_after_heal() {
+    cut_off_leader("openraft").await
 }
 
 /// A leader cut off from every peer: it acknowledges nothing, stops
@@ -809,16 +810,17 @@ async fn cut_off_leader(consensus: &str) {
     );
 }
 
+/// On raft-rs a newcomer joins as a learner and is promoted once caught
+/// up (`node/rs.rs`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn membership_change_adds_replaces_and_removes_members() {
-    membership_changes("openraft").await
+    membership_changes("raft-rs").await
 }
 
-/// The same on the raft-rs driver: a newcomer joins as a learner and is
-/// promoted once caught up (`node/rs.rs`).
+/// The same on openraft (joint consensus).
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn raftrs_membership_change_adds_replaces_and_removes_members() {
-    membership_changes("raft-rs").await
+async fn openraft_membership_change_adds_replaces_and_removes_members() {
+    membership_changes("openraft").await
 }
 
 /// Shard 1 grows by a member; a dead member of shard 0 is replaced by a
@@ -852,6 +854,17 @@ async fn membership_changes(consensus: &str) {
     assert_eq!(r["members"], serde_json::json!([4, 5]));
     c.wait_for("node 5 to hold shard 1's data", || async {
         c.applied_version(5, "volatile/0/1").await.unwrap_or(0) >= 1
+    })
+    .await;
+    // Its leader reports how far behind the newcomer is (status, metrics).
+    c.wait_for("shard 1's leader to report node 5's lag", || async {
+        let Some(l) = c.leader(4, "volatile/0/1").await else {
+            return false;
+        };
+        c.status(l).await["groups"].as_array().is_some_and(|gs| {
+            gs.iter()
+                .any(|g| g["group"] == "volatile/0/1" && g["lag"]["5"].as_u64().is_some())
+        })
     })
     .await;
     // Replace a dead member of shard 0: kill 3, remove it, add 5.
@@ -1183,7 +1196,8 @@ async fn a_purged_pool_is_gone_on_every_replica_and_a_new_one_starts_empty() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_group_whose_core_stops_is_started_again_and_catches_up() {
     let _serial = SERIAL.lock().await;
-    let (c, client) = Cluster::with_persistent_pool("/sg").await;
+    // openraft's own stops, and the restarts that answer them.
+    let (c, client) = Cluster::with_persistent_pool_on("/sg", "", "openraft").await;
     for i in 0..50 {
         client
             .put(&format!("/sg/k{}", i % 5), format!("a{i}"))
@@ -1735,7 +1749,8 @@ async fn a_crashed_leader_is_replaced_without_waiting_for_the_timers() {
     );
     c.ready().await;
     let client = c.client(1).await;
-    let term = |s: serde_json::Value| -> Vec<(String, u64)> {
+    // Each group's term and leader, as a node sees them.
+    let term = |s: serde_json::Value| -> Vec<(String, u64, Option<u64>)> {
         let groups = s["groups"].as_array().cloned().unwrap_or_default();
         groups
             .iter()
@@ -1743,6 +1758,7 @@ async fn a_crashed_leader_is_replaced_without_waiting_for_the_timers() {
                 (
                     g["group"].as_str().unwrap_or("").to_string(),
                     g["term"].as_u64().unwrap_or(0),
+                    g["leader"].as_u64(),
                 )
             })
             .collect()
@@ -1750,9 +1766,22 @@ async fn a_crashed_leader_is_replaced_without_waiting_for_the_timers() {
     let leader = c.leader(1, "volatile/0/0").await.unwrap();
     let follower = (1..=3).find(|i| *i != leader).unwrap();
     let observer = (1..=3).find(|i| *i != leader && *i != follower).unwrap();
-    let terms_before = term(c.status(observer).await);
+    // The groups the follower does not lead (each group elects its own
+    // leader: it may lead another shard, or the metadata group).
+    let led_by_others = |t: Vec<(String, u64, Option<u64>)>| -> Vec<(String, u64)> {
+        t.into_iter()
+            .filter(|(_, _, l)| *l != Some(u64::from(follower)))
+            .map(|(g, t, _)| (g, t))
+            .collect()
+    };
+    let terms_before = led_by_others(term(c.status(observer).await));
+    assert!(
+        terms_before.iter().any(|(g, _)| g == "volatile/0/0"),
+        "{terms_before:?}"
+    );
 
-    // A follower dies: its leader lives, so nobody stands for election.
+    // A follower dies: the leaders of the groups it follows live, so
+    // nobody stands for election there.
     c.kill(follower);
     client
         .put("/vol/ha/1", "while a follower is down")
@@ -1767,8 +1796,14 @@ async fn a_crashed_leader_is_replaced_without_waiting_for_the_timers() {
             >= c.applied_version(leader, "volatile/0/0").await.unwrap_or(0)
     })
     .await;
+    let after = term(c.status(observer).await);
+    let after: Vec<(String, u64)> = after
+        .into_iter()
+        .filter(|(g, ..)| terms_before.iter().any(|(b, _)| b == g))
+        .map(|(g, t, _)| (g, t))
+        .collect();
     assert_eq!(
-        term(c.status(observer).await),
+        after,
         terms_before,
         "a follower's death caused an election\n{}",
         c.logs()
@@ -1866,7 +1901,8 @@ async fn large_consensus_messages_use_a_bulk_connection_of_their_own() {
 /// entries when they come within `commit_hold_us`, not in a message of
 /// its own per write; with the hold off, it gets one per write. Counted
 /// from the follower's `cluster status` (`appends_with_entries`,
-/// `appends_without_entries`).
+/// `appends_without_entries`). The hold is openraft's (the raft-rs
+/// driver sends a commit at once).
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_commit_rides_on_the_next_entries_within_the_hold() {
     let _serial = SERIAL.lock().await;
@@ -1874,7 +1910,13 @@ async fn a_commit_rides_on_the_next_entries_within_the_hold() {
     // A hold far longer than a put's round trip, so that every next put
     // comes within it even on a slow machine.
     for hold_us in [20_000u64, 0] {
-        let c = Cluster::start_nodes_with(3, ALL_THREE, &format!("commit_hold_us = {hold_us}"));
+        let c = Cluster::build(
+            3,
+            "consensus = \"openraft\"\n",
+            ALL_THREE,
+            &format!("commit_hold_us = {hold_us}"),
+            false,
+        );
         c.ready().await;
         let client = c.client(1).await;
         client.put("/vol/hold/warm", "x").await.unwrap();
@@ -2233,13 +2275,13 @@ fn the_register_checker_finds_what_it_must() {
 /// `SLUICE_CHAOS_SEED` and `SLUICE_CHAOS_SECS` (CI: 12 s) set the run.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn chaos_run_loses_nothing_and_stays_linearizable() {
-    chaos_run("openraft").await
+    chaos_run("raft-rs").await
 }
 
-/// The same run with the shards on the raft-rs driver (issue #20).
+/// The same run with the shards on openraft.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn raftrs_chaos_run_loses_nothing_and_stays_linearizable() {
-    chaos_run("raft-rs").await
+async fn openraft_chaos_run_loses_nothing_and_stays_linearizable() {
+    chaos_run("openraft").await
 }
 
 async fn chaos_run(consensus: &str) {

@@ -136,6 +136,8 @@ pub struct Faults {
     pub space_left: Option<u64>,
     /// Fail every fsync.
     pub fail_sync: bool,
+    /// Make every fsync take at least this long (a slow disk).
+    pub sync_delay: Option<std::time::Duration>,
     pub written: u64,
 }
 
@@ -174,8 +176,15 @@ impl SegmentFile for FaultFile {
         Ok(())
     }
     fn sync(&mut self) -> io::Result<()> {
-        if lock(&self.faults).fail_sync {
+        let (fail, delay) = {
+            let f = lock(&self.faults);
+            (f.fail_sync, f.sync_delay)
+        };
+        if fail {
             return Err(io::Error::other("injected fsync failure"));
+        }
+        if let Some(d) = delay {
+            std::thread::sleep(d);
         }
         self.inner.sync()
     }

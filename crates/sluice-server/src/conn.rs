@@ -1178,11 +1178,7 @@ impl Conn {
                 Reply::Resp(r.map(|_| Response::Ok))
             }),
             Request::PoolRemove { path } => self.defer(rid, no_reply, async move {
-                Reply::Resp(
-                    cl.meta_write(sluice_cluster::MetaCommand::PoolRemove { path })
-                        .await
-                        .and_then(|j| pool_reply(&j)),
-                )
+                Reply::Resp(cl.remove_pool(&path).await.and_then(|j| pool_reply(&j)))
             }),
             Request::Raft {
                 from,

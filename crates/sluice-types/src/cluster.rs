@@ -73,19 +73,20 @@ fn one() -> u64 {
 /// Which consensus library drives the shards' replication groups.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Consensus {
-    /// openraft (the default).
-    #[default]
+    /// openraft, the driver before raft-rs: for clusters whose data
+    /// directories it wrote.
     #[serde(rename = "openraft")]
     Openraft,
     /// TiKV's raft-rs, driven by one task per group (`sluice-cluster`'s
-    /// `raftrs`; a node built without its `raft-rs` feature refuses it).
+    /// `raftrs`): the default.
+    #[default]
     #[serde(rename = "raft-rs")]
     RaftRs,
 }
 
 impl Consensus {
     fn is_default(&self) -> bool {
-        *self == Consensus::Openraft
+        *self == Consensus::RaftRs
     }
 }
 
@@ -303,15 +304,15 @@ shards = [[0], [1], [2]]
     }
 
     #[test]
-    fn the_consensus_driver_is_openraft_unless_named_and_survives_a_round_trip() {
+    fn the_consensus_driver_is_raft_rs_unless_named_and_survives_a_round_trip() {
         let l = ClusterLayout::from_toml(GOOD).unwrap();
-        assert_eq!(l.consensus, Consensus::Openraft);
+        assert_eq!(l.consensus, Consensus::RaftRs);
         assert!(!l.to_toml().unwrap().contains("consensus"));
-        let rs = ClusterLayout::from_toml(&format!("consensus = \"raft-rs\"\n{GOOD}")).unwrap();
-        assert_eq!(rs.consensus, Consensus::RaftRs);
+        let or = ClusterLayout::from_toml(&format!("consensus = \"openraft\"\n{GOOD}")).unwrap();
+        assert_eq!(or.consensus, Consensus::Openraft);
         assert_eq!(
-            ClusterLayout::from_toml(&rs.to_toml().unwrap()).unwrap(),
-            rs
+            ClusterLayout::from_toml(&or.to_toml().unwrap()).unwrap(),
+            or
         );
         let e = ClusterLayout::from_toml(&format!("consensus = \"paxos\"\n{GOOD}")).unwrap_err();
         assert!(e.contains("openraft") && e.contains("raft-rs"), "{e}");

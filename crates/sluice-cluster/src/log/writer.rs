@@ -8,8 +8,14 @@ pub(super) fn injected(
     faults: &Option<Arc<std::sync::Mutex<sluice_log::Faults>>>,
     write_bytes: Option<usize>,
 ) -> std::io::Result<()> {
-    let Some(f) = faults else { return Ok(()) };
-    let mut f = f.lock().unwrap_or_else(|p| p.into_inner());
+    let Some(faults) = faults else { return Ok(()) };
+    let lock = || faults.lock().unwrap_or_else(|p| p.into_inner());
+    let delay = lock().sync_delay.filter(|_| write_bytes.is_none());
+    if let Some(d) = delay {
+        // A slow disk: the fsync takes this long (the lock is not held).
+        std::thread::sleep(d);
+    }
+    let mut f = lock();
     match write_bytes {
         None if f.fail_sync => Err(std::io::Error::other("injected fsync failure")),
         Some(n) => match f.space_left {

@@ -61,6 +61,11 @@ pub(super) enum Admin {
         group: u64,
         timestamp_us: u64,
     },
+    /// Internal: catch up with the metadata group, as `group`'s leader
+    /// (after a pool's removal: `remove_pool`).
+    MetaFence {
+        group: u64,
+    },
     /// Internal: replicate a purge of a removed pool's keys in `group`
     /// (sent to its leader); answers what it deleted there.
     PurgeShard {
@@ -87,6 +92,7 @@ impl ClusterNode {
                 Admin::SetMembers { .. }
                     | Admin::TimeBarrier { .. }
                     | Admin::MetaReadIndex
+                    | Admin::MetaFence { .. }
                     | Admin::PurgeShard { .. }
             )
         {
@@ -176,6 +182,12 @@ impl ClusterNode {
                 // entries or once `commit_hold_us` runs out.
                 g.core.heartbeat().await;
                 Ok(json!({ "index": index }))
+            }
+            Admin::MetaFence { group } => {
+                let g = self.local_group(group)?;
+                self.check_leader(&g)?;
+                self.meta_catch_up().await?;
+                Ok(json!({}))
             }
             Admin::PurgeShard {
                 group,

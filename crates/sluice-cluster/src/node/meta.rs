@@ -111,6 +111,52 @@ impl ClusterNode {
         self.check_leader(&g)
     }
 
+    /// Removes a pool: the metadata group records it, then the leader of
+    /// each of the pool's shards catches up with the metadata group
+    /// (`meta_fence`), so that from the moment this returns a write to the
+    /// pool is refused wherever it goes (a shard's leader behind on the
+    /// metadata would otherwise take one for a moment). The removal
+    /// stands even if a fence fails (a shard without a leader: its next
+    /// leader catches up before it answers a write for an unknown or
+    /// removed pool anyway); that is logged.
+    pub async fn remove_pool(&self, path: &str) -> Result<String, SluiceError> {
+        let pool = self.store.pool_table().get(path).cloned();
+        let r = self
+            .meta_write(MetaCommand::PoolRemove {
+                path: path.to_string(),
+            })
+            .await?;
+        for shard in pool
+            .map(|p| self.store.shards_of_pool(&p))
+            .unwrap_or_default()
+        {
+            let Some(g) = group_of(shard) else { continue };
+            if let Err(e) = self.meta_fence(g).await {
+                tracing::warn!(pool = %path, shard = %shard, error = %e, "a shard's leader did not confirm the pool's removal");
+            }
+        }
+        Ok(r)
+    }
+
+    /// Has group `g`'s leader (here or forwarded) catch up with the
+    /// metadata group.
+    async fn meta_fence(&self, g: u64) -> Result<(), SluiceError> {
+        let req = sluice_wire::Request::Cluster {
+            command: json!({"op": "meta_fence", "group": g}).to_string(),
+        };
+        self.at_leader(
+            g,
+            || async {
+                let grp = self.local_group(g)?;
+                self.check_leader(&grp)?;
+                self.meta_catch_up().await
+            },
+            &req,
+            |_| Ok(()),
+        )
+        .await
+    }
+
     /// Purges a removed pool everywhere: each of its shards deletes the
     /// pool's keys through its own log (every member, in log order), then
     /// the metadata group drops the pool and frees the path. Interrupted,

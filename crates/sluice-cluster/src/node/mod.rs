@@ -69,12 +69,16 @@ pub struct ClusterSettings {
     /// once instead of waiting for the timers above (`node/failover.rs`).
     /// A leader that is alive but unreachable is left to the timers.
     pub fast_failover: bool,
-    /// A leader hands a new entry to replication as soon as its log has
+    /// openraft groups (the metadata group; shards of a layout with
+    /// `consensus = "openraft"`; the raft-rs driver sends a leader's
+    /// entries before its own append anyway):
+    /// a leader hands a new entry to replication as soon as its log has
     /// taken it (openraft's `broadcast_submitted_on_append`), rather than
     /// at the end of its consensus loop's turn. Either way the entry goes
     /// out before the leader's own write is durable.
     pub replicate_on_submit: bool,
-    /// After a commit, a leader tells each follower the new commit index
+    /// openraft groups (the raft-rs driver tells followers of a commit at
+    /// once): after a commit, a leader tells each follower the new commit index
     /// with the next entries it sends them, if they come within this many
     /// microseconds; else with a message of its own (`network::Net`). One
     /// message per follower per write instead of two under a steady load;

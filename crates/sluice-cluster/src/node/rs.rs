@@ -7,6 +7,7 @@ use super::*;
 use crate::raftrs::{
     self, transport::PeerTransport, DriverError, DriverSettings, GroupHandle, MemberChange,
 };
+use sluice_types::marks::Point;
 
 impl ClusterNode {
     /// The transport every raft-rs group of this node sends through.
@@ -101,6 +102,10 @@ impl ClusterNode {
         let (msg, commands) = raftrs::wire::decode(body)?;
         if msg.get_msg_type() == raft::eraftpb::MessageType::MsgAppend {
             g.appends_received.count(msg.entries.is_empty());
+            if crate::marks::on() {
+                let ix = msg.entries.iter().map(|e| e.index);
+                crate::marks::mark_all(Point::Recv, group, ix, self.id.into());
+            }
         }
         handle.deliver(msg, commands);
         Ok(())

@@ -517,6 +517,7 @@ pub fn start(
         snapshot_every: settings.snapshot_every.max(1),
         snapshot_bytes: settings.snapshot_bytes,
         matched: matched.clone(),
+        to_answer: Default::default(),
     };
     let task = tokio::spawn(driver.run(rx, settings.tick));
     // A panic in raft-rs (an invariant it checks) ends the task: the group
@@ -580,6 +581,9 @@ struct Driver {
     snapshot_every: u64,
     snapshot_bytes: u64,
     matched: Matched,
+    /// Entries of appends this follower took and has yet to answer, for
+    /// marks (`SLUICE_MARKS`) only.
+    to_answer: parking_lot::Mutex<Vec<u64>>,
     /// Read index asks not yet handed to raft-rs (they go together, once
     /// this leader has committed an entry of its term).
     asked_reads: Vec<ReadReply>,
@@ -948,6 +952,9 @@ impl Driver {
             );
             return;
         }
+        if crate::marks::on() {
+            self.mark_step(&msg);
+        }
         let mut commands = commands.into_iter();
         for e in msg.entries.iter().filter(|e| e.data == [DATA_COMMAND]) {
             if let Some(c) = commands.next() {
@@ -956,6 +963,33 @@ impl Driver {
         }
         if let Err(e) = self.raw.step(msg) {
             tracing::debug!(group = self.group, error = %e, "message not stepped");
+        }
+    }
+
+    /// Marks (`SLUICE_MARKS`) of a peer's message: on a leader, a
+    /// follower's acknowledgement of the entries past what it had
+    /// matched; on a follower, the entries of an append it will answer.
+    fn mark_step(&mut self, msg: &RaftMessage) {
+        use sluice_types::marks::Point;
+        match msg.get_msg_type() {
+            MessageType::MsgAppendResponse if !msg.reject => {
+                let from = msg.from;
+                if let Some(pr) = self.raw.raft.prs().get(from) {
+                    let ix = pr.matched + 1..=msg.index;
+                    crate::marks::mark_all(
+                        Point::Acked,
+                        self.group,
+                        ix,
+                        node_of(from).unwrap_or(0),
+                    );
+                }
+            }
+            MessageType::MsgAppend => {
+                self.to_answer
+                    .lock()
+                    .extend(msg.entries.iter().map(|e| e.index));
+            }
+            _ => {}
         }
     }
 
@@ -1040,9 +1074,39 @@ impl Driver {
             .collect()
     }
 
+    /// Marks (`SLUICE_MARKS`) of a message going out: an append's
+    /// entries sent to a follower; a follower's answer to the appends it
+    /// took.
+    fn mark_send(&self, msg: &RaftMessage, to: u64) {
+        use sluice_types::marks::Point;
+        match msg.get_msg_type() {
+            MessageType::MsgAppend => crate::marks::mark_all(
+                Point::Send,
+                self.group,
+                msg.entries.iter().map(|e| e.index),
+                to,
+            ),
+            MessageType::MsgAppendResponse if !msg.reject => {
+                let me = node_of(self.raw.raft.id).unwrap_or(0);
+                let mut answered = self.to_answer.lock();
+                let ix: Vec<u64> = answered
+                    .iter()
+                    .copied()
+                    .filter(|i| *i <= msg.index)
+                    .collect();
+                answered.retain(|i| *i > msg.index);
+                crate::marks::mark_all(Point::Reply, self.group, ix, me);
+            }
+            _ => {}
+        }
+    }
+
     fn send(&self, msgs: Vec<RaftMessage>) {
         for msg in msgs {
             let Some(to) = node_of(msg.to) else { continue };
+            if crate::marks::on() {
+                self.mark_send(&msg, to);
+            }
             let commands = match msg.get_msg_type() {
                 MessageType::MsgAppend => match self.commands_of(&msg.entries) {
                     Ok(c) => c,
@@ -1177,8 +1241,18 @@ impl Driver {
         self.answer_reads(rd.take_read_states());
         // A leader's messages go before its own append.
         self.send(rd.take_messages());
-        if !rd.snapshot().is_empty() {
+        let snapshot = !rd.snapshot().is_empty();
+        if snapshot {
             self.install_snapshot(rd.snapshot())?;
+            if self.synced {
+                // Installing it waited for the log's writer (its purge
+                // record is written in queue order, durably): the entries
+                // of every earlier ready are durable too.
+                self.writing.clear();
+                while let Some((_, msgs)) = self.held.pop_front() {
+                    self.send(msgs);
+                }
+            }
         }
         self.apply(rd.take_committed_entries())?;
         let entries = rd
@@ -1188,7 +1262,13 @@ impl Driver {
             .collect::<Result<Vec<_>, _>>()?;
         // Everything raft-rs held is in the log from here on.
         self.pending.clear();
-        if self.synced && (!entries.is_empty() || !self.writing.is_empty()) {
+        // A ready with a snapshot goes the synchronous way below: raft-rs
+        // may apply up to the snapshot only once it knows it persisted
+        // (`advance` tells it; with the asynchronous ready, the task
+        // applied at once and raft-rs panicked: "applied(601) is out of
+        // range [prev_applied(8), min(committed(601), persisted(8))]",
+        // found by the chaos run).
+        if self.synced && !snapshot && (!entries.is_empty() || !self.writing.is_empty()) {
             // A synced log: the writer fsyncs while this task goes on; the
             // ready's answers wait for it (and for the readies before).
             if !entries.is_empty() {
@@ -1198,9 +1278,11 @@ impl Driver {
                         let _ = tx.send(Input::Persisted(n, res));
                     }
                 });
+                let marked = self.appended_indexes(&entries);
                 self.log
                     .append_then(entries, done)
                     .map_err(|e| format!("appending to the log: {e}"))?;
+                Self::mark_appended(self.group, marked);
                 self.writing.push_back(n);
             }
             self.save_hard_state(rd.hs())?;
@@ -1211,9 +1293,11 @@ impl Driver {
             return Ok(());
         }
         if !entries.is_empty() {
+            let marked = self.appended_indexes(&entries);
             self.log
                 .append_now(entries)
                 .map_err(|e| format!("appending to the log: {e}"))?;
+            Self::mark_appended(self.group, marked);
         }
         self.save_hard_state(rd.hs())?;
         self.send(rd.take_persisted_messages());
@@ -1227,6 +1311,17 @@ impl Driver {
         self.apply(light.take_committed_entries())?;
         self.raw.advance_apply();
         Ok(())
+    }
+
+    /// The indexes of entries to append, where marks are recorded.
+    fn appended_indexes(&self, entries: &[Entry]) -> Option<Vec<u64>> {
+        crate::marks::on().then(|| entries.iter().map(|e| e.log_id.index).collect())
+    }
+
+    fn mark_appended(group: u64, marked: Option<Vec<u64>>) {
+        if let Some(ix) = marked {
+            crate::marks::mark_all(sluice_types::marks::Point::LogAppend, group, ix, 0);
+        }
     }
 
     /// Entries kept in the log behind a snapshot, for followers a little

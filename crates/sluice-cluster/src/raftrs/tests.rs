@@ -900,3 +900,77 @@ async fn a_newcomer_behind_the_purged_log_takes_the_configuration_from_the_snaps
     drop(h);
     stop_all(&net, ms).await;
 }
+
+/// A follower over a synced log whose fsyncs are slow (its answers wait
+/// for them), cut off while it still writes entries it took, falls
+/// behind the leader's purged log: it is sent a snapshot, installs it,
+/// and catches up. (The chaos run found a snapshot that arrived while
+/// such a follower's earlier entries were still being written: the driver
+/// applied up to it before raft-rs knew it persisted, and raft-rs
+/// panicked; a snapshot's ready now goes the synchronous way. This test
+/// checks the slow follower's way back; the exact interleaving depends
+/// on the leader's timing and is left to the chaos run.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_follower_with_a_slow_disk_catches_up_from_a_snapshot() {
+    let dir = tempfile::tempdir().unwrap();
+    let net = Arc::new(Net::default());
+    let settings = snapshotting();
+    let faults: Vec<Arc<std::sync::Mutex<sluice_log::Faults>>> =
+        (0..3).map(|_| Arc::default()).collect();
+    let ms: HashMap<u64, Member> = (0..3)
+        .map(|n| {
+            let opts = synced(Some(faults[n as usize].clone()));
+            (n, member_with(&net, dir.path(), n, opts, &settings))
+        })
+        .collect();
+    let l = leader(&ms, &[0, 1, 2]).await;
+    let slow = (l + 1) % 3;
+    // The leader streams entries to the follower (it has answered), ...
+    let mut last = puts_in_turn(&ms[&l].handle, "/p/a", 20, 64).await;
+    caught_up(&ms[&slow], last).await;
+    // ... which from now on writes them a batch per 2 s; cut off for a
+    // while, it misses some, and the leader, no longer hearing from it,
+    // purges past what it holds.
+    faults[slow as usize].lock().unwrap().sync_delay = Some(Duration::from_secs(2));
+    last = puts_in_turn(&ms[&l].handle, "/p/b", 20, 64).await;
+    net.cut.lock().insert(slow);
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    let mut i = 0u32;
+    while ms[&l].log.bounds().first <= ms[&slow].log.bounds().last + 1 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the leader never purged"
+        );
+        last = ms[&l]
+            .handle
+            .propose(put(&format!("/p/cut{i}"), b"x"))
+            .await
+            .unwrap()
+            .0;
+        i += 1;
+    }
+    net.cut.lock().clear();
+    // Writes go on while the follower rejoins: it takes a snapshot with
+    // entries of its own still being written.
+    for j in 0..40u8 {
+        last = ms[&l]
+            .handle
+            .propose(put(&format!("/p/c{j}"), &[j; 64]))
+            .await
+            .unwrap()
+            .0;
+    }
+    faults[slow as usize].lock().unwrap().sync_delay = None;
+    let st = until(
+        ms[&slow].handle.status(),
+        "the slow follower catches up",
+        |s| s.applied >= last || s.stopped.is_some(),
+    )
+    .await;
+    assert_eq!(st.stopped, None);
+    assert_eq!(
+        value_of(&ms[&slow].store, "/p/c39").as_deref(),
+        Some(&[39u8; 64][..])
+    );
+    stop_all(&net, ms).await;
+}
