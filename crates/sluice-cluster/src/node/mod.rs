@@ -623,6 +623,7 @@ impl ClusterNode {
                     "last_log_index": last,
                     "commit_index": st.commit,
                     "lag": lag,
+                    "peer_messages_dropped": handle.peer_messages_dropped(),
                 })
             }
         };

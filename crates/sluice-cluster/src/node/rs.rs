@@ -107,7 +107,9 @@ impl ClusterNode {
                 crate::marks::mark_all(Point::Recv, group, ix, self.id.into());
             }
         }
-        handle.deliver(msg, commands);
+        if !handle.deliver(msg, commands, body.len()) {
+            tracing::debug!(group = %group_name(group), from, "a raft-rs message dropped: the group's queue is full");
+        }
         Ok(())
     }
 }

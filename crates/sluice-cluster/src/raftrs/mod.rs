@@ -54,6 +54,8 @@ use openraft::EntryPayload;
 use raft::eraftpb::{self, MessageType};
 use raft::{RawNode, StateRole};
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 use storage::RaftLog;
 use tokio::sync::{mpsc, oneshot, watch};
@@ -281,7 +283,8 @@ type ReadReply = oneshot::Sender<Result<u64, DriverError>>;
 
 enum Input {
     Propose(Command, Reply),
-    Peer(Box<RaftMessage>, Vec<Command>),
+    /// A peer's message, its commands and its size (`Inbox`).
+    Peer(Box<RaftMessage>, Vec<Command>, usize),
     Campaign,
     /// Hand leadership to this member (`transfer_leader`).
     Transfer(u64),
@@ -311,10 +314,61 @@ const SHUT_DOWN: &str = "shut down";
 pub struct GroupHandle {
     group: u64,
     tx: mpsc::UnboundedSender<Input>,
+    inbox: Arc<Inbox>,
     status: watch::Receiver<GroupStatus>,
     /// `matched`, updated by the task every tick.
     matched: Matched,
 }
+
+/// The bound on a group's queue of peers' messages, in messages and in
+/// bytes. Proposals are bounded by the clients' in-flight limits, and
+/// peers' appends by raft-rs's flow control (`max_inflight_msgs` per
+/// follower); this bounds the rest (a task that fell behind, a peer that
+/// sends too much), dropping messages raft-rs sends again.
+pub struct Inbox {
+    messages: AtomicUsize,
+    bytes: AtomicUsize,
+    max_messages: usize,
+    max_bytes: usize,
+    dropped: AtomicU64,
+}
+
+impl Inbox {
+    pub fn new(max_messages: usize, max_bytes: usize) -> Inbox {
+        Inbox {
+            messages: AtomicUsize::new(0),
+            bytes: AtomicUsize::new(0),
+            max_messages,
+            max_bytes,
+            dropped: AtomicU64::new(0),
+        }
+    }
+
+    /// Room for a message of `bytes`, taken; `false` (and counted as
+    /// dropped) when the queue is at its bound. A message larger than the
+    /// byte bound goes when the queue is empty.
+    fn take(&self, bytes: usize) -> bool {
+        let n = self.messages.fetch_add(1, Ordering::AcqRel);
+        let b = self.bytes.fetch_add(bytes, Ordering::AcqRel);
+        if n >= self.max_messages || (n > 0 && b + bytes > self.max_bytes) {
+            self.release(bytes);
+            self.dropped.fetch_add(1, Ordering::Relaxed);
+            return false;
+        }
+        true
+    }
+
+    /// A message taken from the queue.
+    fn release(&self, bytes: usize) {
+        self.messages.fetch_sub(1, Ordering::AcqRel);
+        self.bytes.fetch_sub(bytes, Ordering::AcqRel);
+    }
+}
+
+/// Peers' messages a group queues at most (`Inbox`).
+const INBOX_MESSAGES: usize = 4096;
+/// ... and their bytes.
+const INBOX_BYTES: usize = 256 << 20;
 
 /// A leader's view of how far each member's log matches its own.
 type Matched = std::sync::Arc<parking_lot::Mutex<BTreeMap<u64, u64>>>;
@@ -373,8 +427,27 @@ impl GroupHandle {
     }
 
     /// Hands the group a peer's message (from the transport).
-    pub fn deliver(&self, msg: RaftMessage, commands: Vec<Command>) {
-        let _ = self.tx.send(Input::Peer(Box::new(msg), commands));
+    /// `bytes`: the message's size on the wire. A group whose task has
+    /// fallen behind (its queue of peers' messages at `Inbox`'s bound)
+    /// drops it, and says so (`false`): raft-rs sends again, and the
+    /// node's memory stays bounded whatever its peers send.
+    pub fn deliver(&self, msg: RaftMessage, commands: Vec<Command>, bytes: usize) -> bool {
+        if !self.inbox.take(bytes) {
+            return false;
+        }
+        if self
+            .tx
+            .send(Input::Peer(Box::new(msg), commands, bytes))
+            .is_err()
+        {
+            self.inbox.release(bytes);
+        }
+        true
+    }
+
+    /// Peers' messages dropped because the group's queue was full.
+    pub fn peer_messages_dropped(&self) -> u64 {
+        self.inbox.dropped.load(Ordering::Relaxed)
     }
 
     /// Starts an election now (a leader known to be gone).
@@ -491,6 +564,7 @@ pub fn start(
     let status_tx = std::sync::Arc::new(status_tx);
     let on_panic = status_tx.clone();
     let matched = Matched::default();
+    let inbox = Arc::new(Inbox::new(INBOX_MESSAGES, INBOX_BYTES));
     let snap_index = sm.snapshot_index();
     let driver = Driver {
         group,
@@ -516,6 +590,7 @@ pub fn start(
         snapshots_sent: HashMap::new(),
         snapshot_every: settings.snapshot_every.max(1),
         snapshot_bytes: settings.snapshot_bytes,
+        peers_inbox: inbox.clone(),
         matched: matched.clone(),
         to_answer: Default::default(),
     };
@@ -535,6 +610,7 @@ pub fn start(
     Ok(GroupHandle {
         group,
         tx,
+        inbox,
         status,
         matched,
     })
@@ -581,6 +657,8 @@ struct Driver {
     snapshot_every: u64,
     snapshot_bytes: u64,
     matched: Matched,
+    /// The bound on peers' messages queued for this task.
+    peers_inbox: Arc<Inbox>,
     /// Entries of appends this follower took and has yet to answer, for
     /// marks (`SLUICE_MARKS`) only.
     to_answer: parking_lot::Mutex<Vec<u64>>,
@@ -662,7 +740,10 @@ impl Driver {
     fn handle(&mut self, input: Input) -> Result<(), String> {
         match input {
             Input::Propose(cmd, reply) => self.propose(cmd, reply),
-            Input::Peer(msg, commands) => self.step(*msg, commands),
+            Input::Peer(msg, commands, bytes) => {
+                self.peers_inbox.release(bytes);
+                self.step(*msg, commands)
+            }
             Input::Campaign => {
                 if let Err(e) = self.raw.campaign() {
                     tracing::debug!(group = self.group, error = %e, "campaign refused");

@@ -52,7 +52,7 @@ impl Transport for Link {
             // Through the peer wire's encoding, as between processes.
             let body: Bytes = wire::encode(&out).unwrap().concat().into();
             let (msg, commands) = wire::decode(&body).unwrap();
-            h.deliver(msg, commands);
+            h.deliver(msg, commands, body.len());
         }
     }
 }
@@ -737,7 +737,7 @@ async fn an_append_whose_entries_do_not_follow_its_index_is_dropped() {
         ..Default::default()
     };
     msg.set_msg_type(raft::eraftpb::MessageType::MsgAppend);
-    ms[&f].handle.deliver(msg, Vec::new());
+    ms[&f].handle.deliver(msg, Vec::new(), 0);
     let (next, _) = ms[&l].handle.propose(put("/v/b", b"2")).await.unwrap();
     caught_up(&ms[&f], next).await;
     assert_eq!(ms[&f].handle.borrow_status().stopped, None);
@@ -973,4 +973,26 @@ async fn a_follower_with_a_slow_disk_catches_up_from_a_snapshot() {
         Some(&[39u8; 64][..])
     );
     stop_all(&net, ms).await;
+}
+
+/// A group's queue of peers' messages is bounded in messages and in
+/// bytes: past either bound a message is refused and counted, room comes
+/// back as the task takes them, and one message larger than the byte
+/// bound goes when the queue is empty.
+#[test]
+fn the_queue_of_peers_messages_is_bounded() {
+    let q = Inbox::new(3, 100);
+    assert!(q.take(40));
+    assert!(q.take(40));
+    assert!(!q.take(40), "120 bytes would pass the bound");
+    assert!(q.take(10));
+    assert!(!q.take(0), "three messages are the bound");
+    assert_eq!(q.dropped.load(Ordering::Relaxed), 2);
+    for b in [40, 40, 10] {
+        q.release(b);
+    }
+    assert!(q.take(500), "alone, a large message goes");
+    assert!(!q.take(1));
+    q.release(500);
+    assert!(q.take(1));
 }
