@@ -1,5 +1,6 @@
 //! etcd, the peer of replicated fsync'd puts in `sluice bench persistent`:
-//! a 3-member cluster of Debian's `etcd` (package etcd-server) on loopback,
+//! a 3-member cluster of Debian's `etcd` (package etcd-server; its leader
+//! found with `etcdctl`, package etcd-client) on loopback,
 //! driven through its native gRPC API (`etcdserverpb.KV/Put` over HTTP/2,
 //! one connection per client, the `PutRequest` protobuf encoded by hand:
 //! field 1 key, field 2 value), so its numbers carry no gateway or JSON
@@ -36,6 +37,11 @@ impl Drop for Etcd {
 /// Starts three etcd members with their data under `dir` (the same disk
 /// Sluice's logs use) and waits until a put succeeds.
 pub fn start_etcd(dir: PathBuf) -> Result<Etcd> {
+    // The leader is found with etcdctl: without it the cluster forms but
+    // is never seen to (a wait of 30 s that said nothing of why).
+    if Command::new("etcdctl").arg("version").output().is_err() {
+        bail!("etcdctl not found (install the Debian package etcd-client, or pass --no-etcd)");
+    }
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir)?;
     let peers: Vec<u16> = (0..3).map(|_| free_port()).collect::<Result<_>>()?;
