@@ -83,16 +83,8 @@ struct Member {
     log: LogStore,
 }
 
-/// Starts member `me` over the log in `dir/<me>` (kept across restarts).
-fn member(net: &Arc<Net>, dir: &Path, me: u64, opts: LogOptions) -> Member {
-    let settings = DriverSettings {
-        tick: Duration::from_millis(20),
-        ..Default::default()
-    };
-    member_with(net, dir, me, opts, &settings)
-}
-
-/// `member`, with these settings.
+/// Starts member `me` over the log in `dir/<me>` (kept across restarts),
+/// with these settings.
 fn member_with(
     net: &Arc<Net>,
     dir: &Path,
@@ -273,18 +265,32 @@ fn not_leader(leader: u64) -> DriverError {
 
 /// Three members over mapped logs (a volatile shard's).
 async fn three(net: &Arc<Net>, dir: &Path) -> HashMap<u64, Member> {
-    three_with(net, dir, |_| LogOptions {
-        mapped: true,
-        ..Default::default()
-    })
+    three_with(net, dir, |_| mapped())
 }
 
+/// Three members, member `n` over a log opened with `opts(n)`.
 fn three_with(
     net: &Arc<Net>,
     dir: &Path,
     opts: impl Fn(u64) -> LogOptions,
 ) -> HashMap<u64, Member> {
-    (0..3).map(|n| (n, member(net, dir, n, opts(n)))).collect()
+    let settings = DriverSettings {
+        tick: Duration::from_millis(20),
+        ..Default::default()
+    };
+    three_set(net, dir, opts, &settings)
+}
+
+/// `three_with`, these settings.
+fn three_set(
+    net: &Arc<Net>,
+    dir: &Path,
+    opts: impl Fn(u64) -> LogOptions,
+    settings: &DriverSettings,
+) -> HashMap<u64, Member> {
+    (0..3)
+        .map(|n| (n, member_with(net, dir, n, opts(n), settings)))
+        .collect()
 }
 
 /// Three members elect one leader; a write proposed there is applied on
@@ -575,6 +581,23 @@ fn snapshotting() -> DriverSettings {
     }
 }
 
+/// A mapped log's options (a volatile shard's).
+fn mapped() -> LogOptions {
+    LogOptions {
+        mapped: true,
+        ..Default::default()
+    }
+}
+
+/// `three_with`, snapshotting often.
+fn three_snapshotting(
+    net: &Arc<Net>,
+    dir: &Path,
+    opts: impl Fn(u64) -> LogOptions,
+) -> HashMap<u64, Member> {
+    three_set(net, dir, opts, &snapshotting())
+}
+
 /// Puts `<prefix><i>` (`size` bytes of `i`) for `i` in `0..n`, each once
 /// the one before is applied (an entry each); the last one's log index.
 async fn puts_in_turn(h: &GroupHandle, prefix: &str, n: u8, size: usize) -> u64 {
@@ -602,6 +625,30 @@ async fn purged_past(m: &Member, index: u64) {
     }
 }
 
+/// Puts (`<prefix><i>`) at leader `m` until its log is purged past entry
+/// `index` (for at most 20 s); the last put's log index.
+async fn puts_until_purged_past(m: &Member, prefix: &str, index: u64) -> u64 {
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    let mut last = 0;
+    for i in 0u64.. {
+        if m.log.bounds().first > index {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the leader never purged past {index}: {:?}",
+            m.log.bounds()
+        );
+        last = m
+            .handle
+            .propose(put(&format!("{prefix}{i}"), b"m"))
+            .await
+            .unwrap()
+            .0;
+    }
+    last
+}
+
 /// Members snapshot their state and purge their logs as entries are
 /// applied; a follower cut off meanwhile, whose next entries the leader
 /// no longer holds, is sent the leader's snapshot, installs it, and then
@@ -610,37 +657,17 @@ async fn purged_past(m: &Member, index: u64) {
 async fn a_follower_behind_the_purged_log_catches_up_from_a_snapshot() {
     let dir = tempfile::tempdir().unwrap();
     let net = Arc::new(Net::default());
-    let settings = snapshotting();
-    let opts = LogOptions {
-        mapped: true,
-        ..Default::default()
-    };
-    let ms: HashMap<u64, Member> = (0..3)
-        .map(|n| (n, member_with(&net, dir.path(), n, opts.clone(), &settings)))
-        .collect();
+    let ms = three_snapshotting(&net, dir.path(), |_| mapped());
     let l = leader(&ms, &[0, 1, 2]).await;
     let behind = (l + 1) % 3;
     net.cut.lock().insert(behind);
     // Writes go on until the leader, no longer hearing from the cut-off
     // follower (check-quorum), stops keeping its entries and purges past
     // them at a snapshot.
-    let mut last = puts_in_turn(&ms[&l].handle, "/v/s", 120, 64).await;
-    let deadline = std::time::Instant::now() + Duration::from_secs(20);
-    let mut more = 0u32;
-    while ms[&l].log.bounds().first <= 60 {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the leader never purged: {:?}",
-            ms[&l].log.bounds()
-        );
-        last = ms[&l]
-            .handle
-            .propose(put(&format!("/v/more{more}"), b"m"))
-            .await
-            .unwrap()
-            .0;
-        more += 1;
-    }
+    let last = puts_in_turn(&ms[&l].handle, "/v/s", 120, 64).await;
+    let last = puts_until_purged_past(&ms[&l], "/v/more", 60)
+        .await
+        .max(last);
     assert!(
         ms[&behind].log.bounds().last < 10,
         "{:?}",
@@ -677,12 +704,7 @@ async fn a_follower_behind_the_purged_log_catches_up_from_a_snapshot() {
 async fn members_restart_from_their_snapshots_and_purged_logs() {
     let dir = tempfile::tempdir().unwrap();
     let net = Arc::new(Net::default());
-    let settings = snapshotting();
-    let start_all = |net: &Arc<Net>| -> HashMap<u64, Member> {
-        (0..3)
-            .map(|n| (n, member_with(net, dir.path(), n, synced(None), &settings)))
-            .collect()
-    };
+    let start_all = |net: &Arc<Net>| three_snapshotting(net, dir.path(), |_| synced(None));
     let ms = start_all(&net);
     let l = leader(&ms, &[0, 1, 2]).await;
     let last = puts_in_turn(&ms[&l].handle, "/p/s", 80, 100).await;
@@ -862,31 +884,20 @@ async fn a_newcomer_behind_the_purged_log_takes_the_configuration_from_the_snaps
     let dir = tempfile::tempdir().unwrap();
     let net = Arc::new(Net::default());
     let settings = snapshotting();
-    let opts = LogOptions {
-        mapped: true,
-        ..Default::default()
-    };
-    let mut ms: HashMap<u64, Member> = (0..3)
-        .map(|n| (n, member_with(&net, dir.path(), n, opts.clone(), &settings)))
-        .collect();
+    let mut ms = three_snapshotting(&net, dir.path(), |_| mapped());
     let l = leader(&ms, &[0, 1, 2]).await;
     // A change first, so the snapshot holds a configuration of its own:
     // member 2 leaves.
     let h = ms[&l].handle.clone();
     let gone = (0..3).find(|n| *n != l).unwrap();
     h.change_members(MemberChange::Remove(gone)).await.unwrap();
-    let mut last = puts_in_turn(&h, "/v/s", 120, 64).await;
-    let deadline = std::time::Instant::now() + Duration::from_secs(20);
-    while ms[&l].log.bounds().first <= 2 {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the leader never purged"
-        );
-        last = h.propose(put("/v/more", b"m")).await.unwrap().0;
-    }
+    let last = puts_in_turn(&h, "/v/s", 120, 64).await;
+    let last = puts_until_purged_past(&ms[&l], "/v/more", 2)
+        .await
+        .max(last);
     ms.insert(
         4,
-        member_of(&net, dir.path(), 4, opts, &settings, &[0, 1, 2]),
+        member_of(&net, dir.path(), 4, mapped(), &settings, &[0, 1, 2]),
     );
     h.change_members(MemberChange::AddLearner(4)).await.unwrap();
     caught_up(&ms[&4], last).await;
@@ -914,15 +925,11 @@ async fn a_newcomer_behind_the_purged_log_takes_the_configuration_from_the_snaps
 async fn a_follower_with_a_slow_disk_catches_up_from_a_snapshot() {
     let dir = tempfile::tempdir().unwrap();
     let net = Arc::new(Net::default());
-    let settings = snapshotting();
     let faults: Vec<Arc<std::sync::Mutex<sluice_log::Faults>>> =
         (0..3).map(|_| Arc::default()).collect();
-    let ms: HashMap<u64, Member> = (0..3)
-        .map(|n| {
-            let opts = synced(Some(faults[n as usize].clone()));
-            (n, member_with(&net, dir.path(), n, opts, &settings))
-        })
-        .collect();
+    let ms = three_snapshotting(&net, dir.path(), |n| {
+        synced(Some(faults[n as usize].clone()))
+    });
     let l = leader(&ms, &[0, 1, 2]).await;
     let slow = (l + 1) % 3;
     // The leader streams entries to the follower (it has answered), ...
@@ -934,21 +941,10 @@ async fn a_follower_with_a_slow_disk_catches_up_from_a_snapshot() {
     faults[slow as usize].lock().unwrap().sync_delay = Some(Duration::from_secs(2));
     last = puts_in_turn(&ms[&l].handle, "/p/b", 20, 64).await;
     net.cut.lock().insert(slow);
-    let deadline = std::time::Instant::now() + Duration::from_secs(20);
-    let mut i = 0u32;
-    while ms[&l].log.bounds().first <= ms[&slow].log.bounds().last + 1 {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the leader never purged"
-        );
-        last = ms[&l]
-            .handle
-            .propose(put(&format!("/p/cut{i}"), b"x"))
-            .await
-            .unwrap()
-            .0;
-        i += 1;
-    }
+    let past = ms[&slow].log.bounds().last + 1;
+    last = puts_until_purged_past(&ms[&l], "/p/cut", past)
+        .await
+        .max(last);
     net.cut.lock().clear();
     // Writes go on while the follower rejoins: it takes a snapshot with
     // entries of its own still being written.
