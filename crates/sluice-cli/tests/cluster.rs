@@ -830,13 +830,16 @@ async fn membership_changes(consensus: &str) {
     let _serial = SERIAL.lock().await;
     let mut c = Cluster::start_on(consensus);
     c.ready().await;
+    // The shards and the metadata group run on the layout's driver.
     let st = c.status(1).await;
-    assert!(
-        st["groups"].as_array().is_some_and(|gs| gs
-            .iter()
-            .any(|g| g["group"] == "volatile/0/0" && g["consensus"] == consensus)),
-        "{st}"
-    );
+    for group in ["volatile/0/0", "meta"] {
+        assert!(
+            st["groups"].as_array().is_some_and(|gs| gs
+                .iter()
+                .any(|g| g["group"] == group && g["consensus"] == consensus)),
+            "{group}: {st}"
+        );
+    }
     let client = c.client(1).await;
     let key1 = (0..)
         .map(|i| format!("/vol/m{i}"))

@@ -56,9 +56,9 @@ pub struct Subgroups {
 pub struct ClusterLayout {
     #[serde(default = "one")]
     pub version: u64,
-    /// The consensus driver of the shards' replication groups (the
-    /// metadata group always runs on openraft). Every node of a cluster
-    /// reads it from the same layout, so all agree.
+    /// The consensus driver of the replication groups (the shards' and
+    /// the metadata group's). Every node of a cluster reads it from the
+    /// same layout, so all agree.
     #[serde(default, skip_serializing_if = "Consensus::is_default")]
     pub consensus: Consensus,
     pub nodes: Vec<NodeSpec>,
@@ -70,7 +70,7 @@ fn one() -> u64 {
     1
 }
 
-/// Which consensus library drives the shards' replication groups.
+/// Which consensus library drives the replication groups.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Consensus {
     /// openraft, the driver before raft-rs: for clusters whose data

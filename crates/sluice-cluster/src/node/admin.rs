@@ -159,6 +159,13 @@ impl ClusterNode {
                 let g = self.local_group(META_GROUP)?;
                 self.check_leader(&g)?;
                 let t = Duration::from_millis(self.settings.write_timeout_ms);
+                if let Core::RaftRs { handle } = &g.core {
+                    return match tokio::time::timeout(t, handle.read_index()).await {
+                        Ok(Ok(index)) => Ok(json!({ "index": index })),
+                        Ok(Err(e)) => Err(unavailable(format!("metadata read index: {e}"))),
+                        Err(_) => Err(unavailable("metadata read index timed out".into())),
+                    };
+                }
                 let raft = g.core.openraft(g.id, "a metadata read index")?;
                 match tokio::time::timeout(t, raft.ensure_linearizable(openraft::ReadPolicy::ReadIndex)).await {
                     Ok(Ok(id)) => {

@@ -120,10 +120,7 @@ impl ClusterNode {
         let io = |e: std::io::Error| SluiceError::Io {
             reason: format!("opening the consensus log in {}: {e}", dir.display()),
         };
-        let driver = match self.layout.consensus {
-            Consensus::RaftRs if g != META_GROUP => Consensus::RaftRs,
-            _ => Consensus::Openraft,
-        };
+        let driver = self.layout.consensus;
         check_driver(&dir, driver)?;
         // A persistent shard's log keeps its purged segments: the history
         // refers to the values in them.
@@ -150,11 +147,9 @@ impl ClusterNode {
         .map_err(|e| SluiceError::Io {
             reason: format!("restoring the snapshot in {}: {e}", dir.display()),
         })?;
-        let group = match self.layout.consensus {
-            sluice_types::cluster::Consensus::RaftRs if g != META_GROUP => {
-                self.start_raftrs(g, log, sm)?
-            }
-            _ => self.start_raft(g, log, sm).await?,
+        let group = match driver {
+            Consensus::RaftRs => self.start_raftrs(g, log, sm)?,
+            Consensus::Openraft => self.start_raft(g, log, sm).await?,
         };
         self.groups.write().insert(g, group.clone());
         Ok(group)

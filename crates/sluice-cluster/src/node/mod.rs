@@ -69,8 +69,8 @@ pub struct ClusterSettings {
     /// once instead of waiting for the timers above (`node/failover.rs`).
     /// A leader that is alive but unreachable is left to the timers.
     pub fast_failover: bool,
-    /// openraft groups (the metadata group; shards of a layout with
-    /// `consensus = "openraft"`; the raft-rs driver sends a leader's
+    /// openraft groups (a layout with `consensus = "openraft"`; the
+    /// raft-rs driver sends a leader's
     /// entries before its own append anyway):
     /// a leader hands a new entry to replication as soon as its log has
     /// taken it (openraft's `broadcast_submitted_on_append`), rather than

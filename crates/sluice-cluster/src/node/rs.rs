@@ -50,7 +50,12 @@ impl ClusterNode {
         log: LogStore,
         sm: Sm,
     ) -> Result<Arc<Group>, SluiceError> {
-        let voters: Vec<u64> = self.members_of(g).into_iter().map(u64::from).collect();
+        // The metadata group is every node of the layout.
+        let members = match g {
+            META_GROUP => self.layout.nodes.iter().map(|n| n.id).collect(),
+            _ => self.members_of(g),
+        };
+        let voters: Vec<u64> = members.into_iter().map(u64::from).collect();
         let handle = raftrs::start(
             g,
             u64::from(self.id),
