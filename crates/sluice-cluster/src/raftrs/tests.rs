@@ -81,6 +81,7 @@ struct Member {
     handle: GroupHandle,
     store: Arc<Store>,
     log: LogStore,
+    sm: Sm,
 }
 
 /// Starts member `me` over the log in `dir/<me>` (kept across restarts),
@@ -131,9 +132,14 @@ fn member_of(
         from: me,
         net: net.clone(),
     });
-    let handle = start(group(), me, voters, log.clone(), sm, link, settings).unwrap();
+    let handle = start(group(), me, voters, log.clone(), sm.clone(), link, settings).unwrap();
     net.members.lock().insert(me, handle.clone());
-    Member { handle, store, log }
+    Member {
+        handle,
+        store,
+        log,
+        sm,
+    }
 }
 
 fn put(key: &str, value: &[u8]) -> Command {
@@ -915,12 +921,8 @@ async fn a_newcomer_behind_the_purged_log_takes_the_configuration_from_the_snaps
 /// A follower over a synced log whose fsyncs are slow (its answers wait
 /// for them), cut off while it still writes entries it took, falls
 /// behind the leader's purged log: it is sent a snapshot, installs it,
-/// and catches up. (The chaos run found a snapshot that arrived while
-/// such a follower's earlier entries were still being written: the driver
-/// applied up to it before raft-rs knew it persisted, and raft-rs
-/// panicked; a snapshot's ready now goes the synchronous way. This test
-/// checks the slow follower's way back; the exact interleaving depends
-/// on the leader's timing and is left to the chaos run.)
+/// and catches up (the snapshot arriving while entries are still being
+/// written, as the chaos run found it: the test after this one).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_follower_with_a_slow_disk_catches_up_from_a_snapshot() {
     let dir = tempfile::tempdir().unwrap();
@@ -991,4 +993,104 @@ fn the_queue_of_peers_messages_is_bounded() {
     assert!(!q.take(1));
     q.release(500);
     assert!(q.take(1));
+}
+
+/// Issue #20 (found by the chaos run): a follower over a synced log takes
+/// an append, whose entries its writer is still making durable (fsyncs
+/// of 2 s), when the leader's snapshot arrives. It installs the snapshot
+/// and goes on. (The driver applied up to the snapshot before raft-rs
+/// knew it persisted, and raft-rs panicked: "applied(..) is out of range
+/// [prev_applied(..), min(committed(..), persisted(..))]", stopping the
+/// group.) The two messages are the leader's own, handed to the follower
+/// one turn apart.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_snapshot_that_arrives_while_entries_are_being_written_is_installed() {
+    let dir = tempfile::tempdir().unwrap();
+    let net = Arc::new(Net::default());
+    let faults: Vec<Arc<std::sync::Mutex<sluice_log::Faults>>> =
+        (0..3).map(|_| Arc::default()).collect();
+    let ms = three_snapshotting(&net, dir.path(), |n| {
+        synced(Some(faults[n as usize].clone()))
+    });
+    let l = leader(&ms, &[0, 1, 2]).await;
+    let f = (l + 1) % 3;
+    let first = puts_in_turn(&ms[&l].handle, "/p/a", 5, 64).await;
+    caught_up(&ms[&f], first).await;
+    // The follower hears nothing more; the next five entries are kept
+    // as the leader's log holds them, for an append of our own.
+    net.cut.lock().insert(f);
+    let next = puts_in_turn(&ms[&l].handle, "/p/b", 5, 64).await;
+    let ours = ms[&l]
+        .log
+        .entries_in(first + 1, next + 1, u64::MAX)
+        .unwrap();
+    let term = ms[&l].handle.borrow_status().term;
+    // The leader snapshots past them.
+    let last = puts_until_purged_past(&ms[&l], "/p/c", next).await;
+    caught_up(&ms[&l], last).await;
+    let snap = ms[&l].sm.current_snapshot().unwrap().unwrap();
+    let snap_id = snap.meta.last_log_id.unwrap();
+    assert!(snap_id.index > next, "{snap_id:?}");
+    // The follower's disk turns slow; it takes the append...
+    faults[f as usize].lock().unwrap().sync_delay = Some(Duration::from_secs(2));
+    let commands: Vec<Command> = ours
+        .iter()
+        .map(|e| match &e.payload {
+            EntryPayload::Normal(c) => c.clone(),
+            other => panic!("not a write: {other:?}"),
+        })
+        .collect();
+    let mut append = RaftMessage {
+        to: raft_id(f),
+        from: raft_id(l),
+        term,
+        log_term: term,
+        index: first,
+        commit: first,
+        entries: ours.iter().map(|e| storage::to_raft(e).unwrap()).collect(),
+        ..Default::default()
+    };
+    append.set_msg_type(MessageType::MsgAppend);
+    ms[&f].handle.deliver(append, commands, 0);
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while ms[&f].log.bounds().last < next {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the append was not taken"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    // ... and, its entries still being written, the snapshot.
+    let mut install = RaftMessage {
+        to: raft_id(f),
+        from: raft_id(l),
+        term,
+        snapshot: Some(eraftpb::Snapshot {
+            data: snap.snapshot.into_inner(),
+            metadata: Some(eraftpb::SnapshotMetadata {
+                conf_state: Some(members(&[0, 1, 2], &[]).conf_state()),
+                index: snap_id.index,
+                term: snap_id.leader_id.term,
+            }),
+        }),
+        ..Default::default()
+    };
+    install.set_msg_type(MessageType::MsgSnapshot);
+    ms[&f].handle.deliver(install, Vec::new(), 0);
+    until(
+        ms[&f].handle.status(),
+        "the follower installs the snapshot",
+        |s| s.applied >= snap_id.index || s.stopped.is_some(),
+    )
+    .await;
+    assert_eq!(ms[&f].handle.borrow_status().stopped, None);
+    faults[f as usize].lock().unwrap().sync_delay = None;
+    net.cut.lock().clear();
+    let (end, _) = ms[&l].handle.propose(put("/p/end", b"e")).await.unwrap();
+    caught_up(&ms[&f], end).await;
+    assert_eq!(
+        value_of(&ms[&f].store, "/p/end").as_deref(),
+        Some(&b"e"[..])
+    );
+    stop_all(&net, ms).await;
 }
