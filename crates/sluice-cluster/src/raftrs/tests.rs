@@ -274,17 +274,41 @@ async fn three(net: &Arc<Net>, dir: &Path) -> HashMap<u64, Member> {
     three_with(net, dir, |_| mapped())
 }
 
+/// The tests' timing: a tick of 20 ms.
+fn test_settings() -> DriverSettings {
+    DriverSettings {
+        tick: Duration::from_millis(20),
+        ..Default::default()
+    }
+}
+
 /// Three members, member `n` over a log opened with `opts(n)`.
 fn three_with(
     net: &Arc<Net>,
     dir: &Path,
     opts: impl Fn(u64) -> LogOptions,
 ) -> HashMap<u64, Member> {
-    let settings = DriverSettings {
-        tick: Duration::from_millis(20),
-        ..Default::default()
-    };
-    three_set(net, dir, opts, &settings)
+    three_set(net, dir, opts, &test_settings())
+}
+
+/// Faults to inject into a member's log.
+type Faults = Arc<std::sync::Mutex<sluice_log::Faults>>;
+
+/// Three members over synced logs, with these settings, and the faults
+/// each log's writer injects.
+fn three_faulty(
+    net: &Arc<Net>,
+    dir: &Path,
+    settings: &DriverSettings,
+) -> (HashMap<u64, Member>, Vec<Faults>) {
+    let faults: Vec<Faults> = (0..3).map(|_| Arc::default()).collect();
+    let ms = three_set(
+        net,
+        dir,
+        |n| synced(Some(faults[n as usize].clone())),
+        settings,
+    );
+    (ms, faults)
 }
 
 /// `three_with`, these settings.
@@ -461,11 +485,7 @@ async fn members_over_synced_logs_replicate_and_restart() {
 async fn a_member_whose_fsync_fails_stops_and_the_others_go_on() {
     let dir = tempfile::tempdir().unwrap();
     let net = Arc::new(Net::default());
-    let faults: Vec<Arc<std::sync::Mutex<sluice_log::Faults>>> =
-        (0..3).map(|_| Arc::default()).collect();
-    let ms = three_with(&net, dir.path(), |n| {
-        synced(Some(faults[n as usize].clone()))
-    });
+    let (ms, faults) = three_faulty(&net, dir.path(), &test_settings());
     let l = leader(&ms, &[0, 1, 2]).await;
     ms[&l].handle.propose(put("/p/a", b"1")).await.unwrap();
     let bad = (l + 1) % 3;
@@ -797,10 +817,7 @@ async fn configured(m: &Member, want: &Members) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_newcomer_joins_as_a_learner_is_promoted_and_a_member_leaves() {
     let (dir, net, mut ms) = started().await;
-    let settings = DriverSettings {
-        tick: Duration::from_millis(20),
-        ..Default::default()
-    };
+    let settings = test_settings();
     let opts = LogOptions {
         mapped: true,
         ..Default::default()
@@ -927,11 +944,7 @@ async fn a_newcomer_behind_the_purged_log_takes_the_configuration_from_the_snaps
 async fn a_follower_with_a_slow_disk_catches_up_from_a_snapshot() {
     let dir = tempfile::tempdir().unwrap();
     let net = Arc::new(Net::default());
-    let faults: Vec<Arc<std::sync::Mutex<sluice_log::Faults>>> =
-        (0..3).map(|_| Arc::default()).collect();
-    let ms = three_snapshotting(&net, dir.path(), |n| {
-        synced(Some(faults[n as usize].clone()))
-    });
+    let (ms, faults) = three_faulty(&net, dir.path(), &snapshotting());
     let l = leader(&ms, &[0, 1, 2]).await;
     let slow = (l + 1) % 3;
     // The leader streams entries to the follower (it has answered), ...
@@ -1007,11 +1020,7 @@ fn the_queue_of_peers_messages_is_bounded() {
 async fn a_snapshot_that_arrives_while_entries_are_being_written_is_installed() {
     let dir = tempfile::tempdir().unwrap();
     let net = Arc::new(Net::default());
-    let faults: Vec<Arc<std::sync::Mutex<sluice_log::Faults>>> =
-        (0..3).map(|_| Arc::default()).collect();
-    let ms = three_snapshotting(&net, dir.path(), |n| {
-        synced(Some(faults[n as usize].clone()))
-    });
+    let (ms, faults) = three_faulty(&net, dir.path(), &snapshotting());
     let l = leader(&ms, &[0, 1, 2]).await;
     let f = (l + 1) % 3;
     let first = puts_in_turn(&ms[&l].handle, "/p/a", 5, 64).await;
