@@ -11,9 +11,9 @@
 //! - [`network`]: the peer transport, with fault injection;
 //! - [`marks`]: optional timestamps of a write's way through a shard (`sluice bench cluster --breakdown`);
 //! - [`node`]: [`ClusterNode`], the write and read paths and administration;
-//! - `raftrs` (feature `raft-rs`): the second consensus driver, on raft-rs
-//!   (issue #20): the shards' groups of a layout with `consensus =
-//!   "raft-rs"` (ARCHITECTURE.md, "Consensus library").
+//! - `raftrs`: the consensus driver, on raft-rs (issue #20): every
+//!   replication group unless the layout says `consensus = "openraft"`
+//!   (ARCHITECTURE.md, "Consensus library").
 
 // openraft's StorageError (its trait methods' error type) is large; our helpers
 // return it too rather than boxing and unboxing at every trait boundary.

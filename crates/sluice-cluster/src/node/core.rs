@@ -1,6 +1,6 @@
-//! A group's consensus core as the node uses it: openraft's `Raft` (the
-//! metadata group always, shards by default), or the raft-rs driver
-//! (`crate::raftrs`, shards of a layout with `consensus = "raft-rs"`).
+//! A group's consensus core as the node uses it: the raft-rs driver
+//! (`crate::raftrs`, the default), or openraft's `Raft` (a layout with
+//! `consensus = "openraft"`).
 //! Leadership, writes, read indexes and waits go through `Core` whatever
 //! drives the group; what only openraft does here yet (fault injection's
 //! stopped core and its restart, the metadata group's read index) asks

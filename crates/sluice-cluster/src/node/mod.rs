@@ -221,6 +221,9 @@ pub struct ClusterNode {
     meta: Arc<MetaCell>,
     groups: RwLock<HashMap<u64, Arc<Group>>>,
     creating: tokio::sync::Mutex<()>,
+    /// Groups being started on a peer's first raft-rs message (one start
+    /// at a time per group, whatever else the peer sends meanwhile).
+    starting: parking_lot::Mutex<BTreeSet<u64>>,
     /// For lambdas' puts, which run on plain threads.
     runtime: tokio::runtime::Handle,
     /// Request ids of this node's own forwarded writes (`client` is random
@@ -315,6 +318,7 @@ impl ClusterNode {
             store,
             groups: RwLock::default(),
             creating: tokio::sync::Mutex::new(()),
+            starting: Default::default(),
             runtime: tokio::runtime::Handle::current(),
             writer_id: sluice_types::fnv1a64(
                 format!(

@@ -1,7 +1,7 @@
-//! Shards on the raft-rs driver (`crate::raftrs`), for a layout with
-//! `consensus = "raft-rs"`: starting a shard's group over its log and
-//! state machine, and peers' messages handed to it as they arrive (by the
-//! receiving connection itself: no task per message).
+//! Groups on the raft-rs driver (`crate::raftrs`, the default): starting
+//! a group over its log and state machine, peers' messages handed to it
+//! as they arrive (by the receiving connection itself: no task per
+//! message), and membership changes.
 
 use super::*;
 use crate::raftrs::{
@@ -89,11 +89,13 @@ impl ClusterNode {
             // group starts here, empty (its log and configuration come
             // from the leader). This message is dropped: raft-rs sends
             // again.
-            if let Some(node) = self.me.get().and_then(|w| w.upgrade()) {
+            let node = self.me.get().and_then(|w| w.upgrade());
+            if let Some(node) = node.filter(|_| self.starting.lock().insert(group)) {
                 tokio::spawn(async move {
                     if let Err(e) = node.ensure_group(group).await {
                         tracing::warn!(group, from, error = %e, "a raft-rs message for a group this node cannot start");
                     }
+                    node.starting.lock().remove(&group);
                 });
             }
             return Ok(());

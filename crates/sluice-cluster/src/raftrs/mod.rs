@@ -32,12 +32,14 @@
 //! leader's log no longer covers is sent the saved snapshot
 //! (`storage::RaftLog::snapshot`) and installs it (`install_snapshot`).
 //!
-//! Steps 1-3 of the rewrite ARCHITECTURE.md plans, less membership
-//! changes: elections, replication, commit, apply, restarts from the log,
-//! a leader's proposals failed when it steps down, read index, leadership
-//! transfer, snapshots; messages on the peer wire (`wire`) through the
-//! node's peer connections (`transport`). A layout's `consensus =
-//! "raft-rs"` puts a cluster's shards on it (`node/rs.rs`).
+//! Elections, replication, commit, apply, restarts from the log, a
+//! leader's proposals failed when it steps down, read index, leadership
+//! transfer, snapshots, membership changes (`change_members`: the whole
+//! configuration in each change's context, applied as single changes:
+//! `apply_members`); messages on the peer wire (`wire`) through the node's
+//! peer connections (`transport`), a group's queue of them bounded
+//! (`Inbox`). Every replication group runs on it unless the layout says
+//! `consensus = "openraft"` (`node/rs.rs`).
 
 mod logger;
 mod storage;
