@@ -32,6 +32,25 @@ pub fn command(program: impl AsRef<OsStr>) -> Command {
     cmd
 }
 
+/// Checks before a benchmark starts that the peer system's programs it
+/// will run are installed: `tools` are (program, an argument that makes it
+/// print its version and exit). A missing one is an error naming it and
+/// `hint` (what to install, or the flag that skips that comparison), so
+/// a long run does not measure Sluice and then stop at the peer's start
+/// without printing anything.
+pub fn require_tools(tools: &[(&str, &str)], hint: &str) -> anyhow::Result<()> {
+    let missing: Vec<&str> = tools
+        .iter()
+        .filter(|(t, arg)| Command::new(t).arg(arg).output().is_err())
+        .map(|(t, _)| *t)
+        .collect();
+    if missing.is_empty() {
+        Ok(())
+    } else {
+        anyhow::bail!("{} not found ({hint})", missing.join(" and "))
+    }
+}
+
 /// The process id in the name of a file or directory a benchmark makes
 /// (`sluice-bench-<pid>-<n>`, `sluice-bench-<kind>-<pid>[-<n>]`,
 /// `sluice-bench-streams-<pid>.toml`), or `None` for any other name.
@@ -123,6 +142,21 @@ mod tests {
         ] {
             assert_eq!(owner_pid(name), pid, "{name}");
         }
+    }
+
+    #[test]
+    fn a_missing_peer_program_is_named_with_the_hint() {
+        require_tools(&[("sh", "-c")], "never shown").unwrap();
+        let e = require_tools(
+            &[("sh", "-c"), ("sluice-no-such-program", "--version")],
+            "install it, or pass --no-it",
+        )
+        .unwrap_err()
+        .to_string();
+        assert_eq!(
+            e,
+            "sluice-no-such-program not found (install it, or pass --no-it)"
+        );
     }
 
     #[test]

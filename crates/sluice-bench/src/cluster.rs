@@ -345,6 +345,13 @@ fn start_redis() -> Result<Redis> {
 }
 
 pub fn run(a: ClusterBenchArgs, json: bool) -> Result<()> {
+    if !a.no_redis {
+        // Readiness is read with redis-cli (`INFO replication`).
+        crate::children::require_tools(
+            &[("redis-server", "--version"), ("redis-cli", "--version")],
+            "install the Debian packages redis-server and redis-tools, or pass --no-redis",
+        )?;
+    }
     crate::procs::set_consensus(&a.consensus);
     eprintln!("consensus driver: {}", a.consensus);
     // The node processes this starts inherit the variable (set before any

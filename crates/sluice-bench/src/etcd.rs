@@ -34,14 +34,20 @@ impl Drop for Etcd {
     }
 }
 
+/// Checks that etcd and etcdctl are installed. The leader is found with
+/// etcdctl: without it the cluster forms but is never seen to (a wait of
+/// 30 s that said nothing of why).
+pub fn require_etcd() -> Result<()> {
+    crate::children::require_tools(
+        &[("etcd", "--version"), ("etcdctl", "version")],
+        "install the Debian packages etcd-server and etcd-client, or pass --no-etcd",
+    )
+}
+
 /// Starts three etcd members with their data under `dir` (the same disk
 /// Sluice's logs use) and waits until a put succeeds.
 pub fn start_etcd(dir: PathBuf) -> Result<Etcd> {
-    // The leader is found with etcdctl: without it the cluster forms but
-    // is never seen to (a wait of 30 s that said nothing of why).
-    if Command::new("etcdctl").arg("version").output().is_err() {
-        bail!("etcdctl not found (install the Debian package etcd-client, or pass --no-etcd)");
-    }
+    require_etcd()?;
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir)?;
     let peers: Vec<u16> = (0..3).map(|_| free_port()).collect::<Result<_>>()?;

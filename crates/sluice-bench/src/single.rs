@@ -617,6 +617,9 @@ async fn create_persistent_pool(c: Client) -> Result<Client> {
 }
 
 pub fn persistent_bench(a: PersistentArgs, json: bool) -> Result<()> {
+    if !a.no_etcd {
+        crate::etcd::require_etcd()?;
+    }
     let dur = Duration::from_millis(a.duration_ms);
     let base = std::env::temp_dir().join(format!("sluice-bench-persistent-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&base);
