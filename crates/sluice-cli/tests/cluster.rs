@@ -918,7 +918,13 @@ async fn membership_changes(consensus: &str) {
         panic!("{r:?}")
     };
     assert_eq!(o.value, Bytes::from_static(b"after add"));
-    // Shrink shard 1 back to node 5 alone: node 4 stops serving it.
+    // Shrink shard 1 back to node 5 alone: node 4 stops serving it. On
+    // raft-rs node 4 leads it (it was its only member), so it is asked to
+    // remove itself: it hands its leadership to node 5 first, and the
+    // client follows the hint there.
+    if consensus == "raft-rs" {
+        assert_eq!(c.leader(4, "volatile/0/1").await, Some(4));
+    }
     client
         .cluster_command(
             serde_json::json!({"op": "remove_member", "shard": "volatile/0/1", "node": 4}),
@@ -926,6 +932,9 @@ async fn membership_changes(consensus: &str) {
         )
         .await
         .unwrap();
+    if consensus == "raft-rs" {
+        assert_eq!(c.leader(5, "volatile/0/1").await, Some(5));
+    }
     c.wait_for("node 4 to refuse shard 1", || async {
         let r = c.raw(4).await.get_raw(&key1, 1, None).await;
         matches!(r, Err(SluiceError::NotMember { .. }))
@@ -959,6 +968,69 @@ async fn membership_changes(consensus: &str) {
         })
     })
     .await;
+}
+
+/// A newcomer that cannot catch up (its process is down) stays a learner:
+/// `add-member` gives up after `catch_up_wait_ms` with `Unavailable`
+/// saying so, the shard goes on taking writes, and once the newcomer is
+/// back `add-member` again promotes it (raft-rs, `node/rs.rs`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_newcomer_that_cannot_catch_up_stays_a_learner_until_added_again() {
+    let _serial = SERIAL.lock().await;
+    let mut c = Cluster::start_with_settings("", "catch_up_wait_ms = 1500\n");
+    c.ready().await;
+    let client = c.client(1).await;
+    let key = (0..)
+        .map(|i| format!("/vol/l{i}"))
+        .find(|k| !is_shard0(k))
+        .unwrap();
+    client.put(&key, "before").await.unwrap();
+    c.kill(5);
+    let add = serde_json::json!({"op": "add_member", "shard": "volatile/0/1", "node": 5});
+    let t0 = Instant::now();
+    let e = client.cluster_command(add.clone(), None).await.unwrap_err();
+    assert!(
+        matches!(e, SluiceError::Unavailable { .. })
+            && e.to_string().contains("has not caught up")
+            && e.to_string().contains("stays a learner"),
+        "{e:?}"
+    );
+    assert!(t0.elapsed() < Duration::from_secs(8), "{:?}", t0.elapsed());
+    // Its leader lists it as a learner, and the shard's one voter still
+    // commits writes alone.
+    let st = c.status(4).await;
+    let g = st["groups"]
+        .as_array()
+        .and_then(|gs| gs.iter().find(|g| g["group"] == "volatile/0/1"))
+        .cloned()
+        .unwrap_or_else(|| panic!("{st}"));
+    assert_eq!(g["role"], "leader", "{g}");
+    assert_eq!(g["learners"], serde_json::json!([5]), "{g}");
+    let v = client.put(&key, "while 5 is down").await.unwrap().version;
+    // Back: add-member again promotes it once it has caught up.
+    c.spawn(5);
+    c.wait_for("add-member to promote node 5", || async {
+        match client.cluster_command(add.clone(), None).await {
+            Ok(r) => {
+                assert_eq!(r["members"], serde_json::json!([4, 5]), "{r}");
+                true
+            }
+            Err(e) if e.to_string().contains("has not caught up") => false,
+            Err(e) => panic!("{e:?}"),
+        }
+    })
+    .await;
+    c.wait_for("node 5 to apply shard 1's writes", || async {
+        c.applied_version(5, "volatile/0/1").await.unwrap_or(0) >= v
+    })
+    .await;
+    let st = c.status(4).await;
+    assert!(
+        st["groups"].as_array().is_some_and(|gs| gs
+            .iter()
+            .any(|g| g["group"] == "volatile/0/1" && g["learners"] == serde_json::json!([]))),
+        "{st}"
+    );
 }
 
 /// A lambda on a replicated shard: the put is applied on all three

@@ -94,6 +94,11 @@ pub struct ClusterSettings {
     /// How long a write may wait to be committed before the client gets
     /// `Unavailable` (e.g. the shard lost its majority).
     pub write_timeout_ms: u64,
+    /// How long `add-member` waits for a newcomer to catch up with the
+    /// shard's log (or its snapshot) before it gives up on promoting it:
+    /// the newcomer stays a learner, and `add-member` again promotes it
+    /// once it has caught up (raft-rs groups).
+    pub catch_up_wait_ms: u64,
     /// Take a snapshot (and drop older log entries) every this many entries...
     pub snapshot_every: u64,
     /// ... or once the entries held since the last one exceed this many
@@ -137,6 +142,7 @@ impl Default for ClusterSettings {
             commit_hold_us: 2000,
             peer_bulk_bytes: crate::network::BULK_BYTES,
             write_timeout_ms: 3000,
+            catch_up_wait_ms: 600_000,
             snapshot_every: 10_000,
             snapshot_bytes: 256 << 20,
             volatile_dir: None,

@@ -121,11 +121,6 @@ impl ClusterNode {
     }
 }
 
-/// How long a newcomer may take to catch up with a group's log (or its
-/// snapshot) before `add-member` gives up on promoting it (it stays a
-/// learner; `add-member` again promotes it once it has caught up).
-const CATCH_UP_WAIT: Duration = Duration::from_secs(600);
-
 impl ClusterNode {
     /// A membership change of a raft-rs group, at its leader; the voters
     /// after it. A newcomer joins as a learner and is promoted once its
@@ -169,7 +164,9 @@ impl ClusterNode {
                     .map_err(err)?;
             }
             let target = handle.borrow_status().commit;
-            let deadline = std::time::Instant::now() + CATCH_UP_WAIT;
+            // `catch_up_wait_ms`: then the newcomer stays a learner.
+            let wait = Duration::from_millis(self.settings.catch_up_wait_ms);
+            let deadline = std::time::Instant::now() + wait;
             let tick = Duration::from_millis(self.settings.heartbeat_ms.max(1));
             while handle.matched().get(&n).copied().unwrap_or(0) < target {
                 if !handle.borrow_status().is_leader {
@@ -177,8 +174,8 @@ impl ClusterNode {
                 }
                 if std::time::Instant::now() > deadline {
                     return Err(unavailable(format!(
-                        "node {node} has not caught up with {shard} within {} s; it stays a learner (run add-member again to promote it once it has)",
-                        CATCH_UP_WAIT.as_secs()
+                        "node {node} has not caught up with {shard} within {} ms (catch_up_wait_ms); it stays a learner (run add-member again to promote it once it has)",
+                        wait.as_millis()
                     )));
                 }
                 // The leader's view of its followers is published each tick.
