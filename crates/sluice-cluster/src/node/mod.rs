@@ -102,7 +102,10 @@ pub struct ClusterSettings {
     /// Take a snapshot (and drop older log entries) every this many entries...
     pub snapshot_every: u64,
     /// ... or once the entries held since the last one exceed this many
-    /// bytes (bounds a shard's log memory with large values).
+    /// bytes (bounds a shard's log memory with large values). raft-rs
+    /// groups snapshot sooner: once the log holds more than four times
+    /// the last snapshot's size, or 32 MiB if that is larger
+    /// (`DriverSettings::snapshot_min_bytes`).
     pub snapshot_bytes: u64,
     /// Where volatile shards keep their consensus log and snapshots.
     /// Default: a RAM-backed directory (/dev/shm) when it has room, so

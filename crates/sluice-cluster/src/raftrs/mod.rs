@@ -120,8 +120,16 @@ pub struct DriverSettings {
     /// many entries were applied since its last snapshot...
     pub snapshot_every: u64,
     /// ... or once its log holds more than this many bytes beyond the
-    /// entries kept after a snapshot.
+    /// entries kept after a snapshot...
     pub snapshot_bytes: u64,
+    /// ... or, sooner, once it holds more than `SNAPSHOT_GROWTH` times its
+    /// last snapshot's size, or this many bytes if that is larger: a
+    /// member whose state is small keeps a log a few times its state's
+    /// size rather than `snapshot_bytes` of it (as Redis rewrites its
+    /// append-only file once it has grown by a set ratio). A volatile
+    /// shard's log lives in memory, and its recycled segments need no
+    /// fresh pages.
+    pub snapshot_min_bytes: u64,
 }
 
 impl Default for DriverSettings {
@@ -136,9 +144,16 @@ impl Default for DriverSettings {
             max_inflight_msgs: 256,
             snapshot_every: 10_000,
             snapshot_bytes: 256 << 20,
+            snapshot_min_bytes: 32 << 20,
         }
     }
 }
+
+/// A snapshot copies the whole state: taken once the log holds this many
+/// times the last one's size (or more), snapshots cost at most a quarter
+/// of what the log takes in when the same keys are overwritten, the
+/// worst case (`DriverSettings::snapshot_min_bytes`).
+const SNAPSHOT_GROWTH: u64 = 4;
 
 /// Why a proposal was not applied.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
@@ -568,6 +583,7 @@ pub fn start(
     let matched = Matched::default();
     let inbox = Arc::new(Inbox::new(INBOX_MESSAGES, INBOX_BYTES));
     let snap_index = sm.snapshot_index();
+    let snapshot_size = sm.snapshot_bytes();
     let driver = Driver {
         group,
         raw,
@@ -592,6 +608,8 @@ pub fn start(
         snapshots_sent: HashMap::new(),
         snapshot_every: settings.snapshot_every.max(1),
         snapshot_bytes: settings.snapshot_bytes,
+        snapshot_min_bytes: settings.snapshot_min_bytes,
+        snapshot_size,
         peers_inbox: inbox.clone(),
         matched: matched.clone(),
         to_answer: Default::default(),
@@ -658,6 +676,9 @@ struct Driver {
     snapshots_sent: HashMap<u64, std::time::Instant>,
     snapshot_every: u64,
     snapshot_bytes: u64,
+    snapshot_min_bytes: u64,
+    /// The size of the saved snapshot (0: none yet).
+    snapshot_size: u64,
     matched: Matched,
     /// The bound on peers' messages queued for this task.
     peers_inbox: Arc<Inbox>,
@@ -1414,10 +1435,20 @@ impl Driver {
         (self.snapshot_every / 2).min(256)
     }
 
+    /// The log's bytes beyond which a snapshot is taken: `SNAPSHOT_GROWTH`
+    /// times the saved snapshot's size, at least `snapshot_min_bytes`, at
+    /// most `snapshot_bytes`.
+    fn log_limit(&self) -> u64 {
+        self.snapshot_size
+            .saturating_mul(SNAPSHOT_GROWTH)
+            .max(self.snapshot_min_bytes)
+            .min(self.snapshot_bytes)
+    }
+
     /// Builds a snapshot off the task once `snapshot_every` entries were
-    /// applied since the last, or the log holds more than
-    /// `snapshot_bytes` beyond what a snapshot keeps; `snapshotted`
-    /// purges the log when it is saved.
+    /// applied since the last, or the log holds more than `log_limit`
+    /// beyond what a snapshot keeps; `snapshotted` purges the log when it
+    /// is saved.
     fn maybe_snapshot(&mut self) {
         let since = self
             .raw
@@ -1427,10 +1458,9 @@ impl Driver {
             .saturating_sub(self.snap_index);
         // Every turn: the log's total first (one load), the entries kept
         // behind a snapshot walked only past it.
-        let small = || {
-            self.log.held_bytes() <= self.snapshot_bytes
-                || self.log.bytes_beyond(self.keep_behind()) <= self.snapshot_bytes
-        };
+        let limit = self.log_limit();
+        let small =
+            || self.log.held_bytes() <= limit || self.log.bytes_beyond(self.keep_behind()) <= limit;
         let wanted = || {
             self.raw
                 .raft
@@ -1463,6 +1493,7 @@ impl Driver {
         match res {
             Ok(Some(id)) => {
                 self.snap_index = self.snap_index.max(id.index);
+                self.snapshot_size = self.sm.snapshot_bytes();
                 let mut upto = id.index.saturating_sub(self.keep_behind());
                 // A leader keeps what its live followers have yet to take
                 // (as TiKV's leaders compact to the slowest follower): a

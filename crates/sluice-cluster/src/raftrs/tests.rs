@@ -755,6 +755,50 @@ async fn members_restart_from_their_snapshots_and_purged_logs() {
     stop_all(&net, ms).await;
 }
 
+/// A member whose state is small snapshots once its log outgrows
+/// `snapshot_min_bytes` (its last snapshot being smaller), long before
+/// `snapshot_every` entries or `snapshot_bytes`: overwriting the same
+/// keys keeps every member's log near the state's size.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_small_state_keeps_a_small_log() {
+    let dir = tempfile::tempdir().unwrap();
+    let net = Arc::new(Net::default());
+    let settings = DriverSettings {
+        tick: Duration::from_millis(20),
+        snapshot_every: 1_000_000,
+        snapshot_bytes: 256 << 20,
+        snapshot_min_bytes: 1 << 20,
+        ..Default::default()
+    };
+    let ms = three_set(&net, dir.path(), |_| mapped(), &settings);
+    let l = leader(&ms, &[0, 1, 2]).await;
+    // 16 MiB of puts to four keys (a 32 KB state); a snapshot keeps the
+    // newest 256 entries (2 MiB) behind it.
+    let mut last = 0;
+    for round in 0..512u32 {
+        for k in 0..4u8 {
+            let v = vec![round as u8; 8 << 10];
+            last = ms[&l]
+                .handle
+                .propose(put(&format!("/v/k{k}"), &v))
+                .await
+                .unwrap()
+                .0;
+        }
+    }
+    for m in ms.values() {
+        caught_up(m, last).await;
+        purged_past(m, last / 2).await;
+        let held = m.log.held_bytes();
+        assert!(held < 5 << 20, "{held} bytes held");
+        assert_eq!(
+            value_of(&m.store, "/v/k3").as_deref(),
+            Some(&[255u8; 8 << 10][..])
+        );
+    }
+    stop_all(&net, ms).await;
+}
+
 /// An append whose entries do not follow its index (raft-rs 0.7's
 /// `batch_append` made such messages; a faulty peer could too) is
 /// dropped: raft-rs would otherwise panic committing past the log's end
