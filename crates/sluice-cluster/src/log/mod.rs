@@ -485,14 +485,45 @@ impl LogStore {
     /// Bytes of entries held in memory beyond the newest `keep` (what a
     /// snapshot now would let go: openraft keeps `keep` entries after one).
     pub fn bytes_beyond(&self, keep: u64) -> u64 {
+        self.bytes_beyond_kept(keep, u64::MAX)
+    }
+
+    /// `bytes_beyond`, keeping of the newest `keep` entries only as many
+    /// as hold at most `max_bytes` together.
+    pub fn bytes_beyond_kept(&self, keep: u64, max_bytes: u64) -> u64 {
         let g = self.inner.lock();
-        let newest: u64 = g
-            .index
-            .values()
-            .rev()
-            .take(keep as usize)
-            .map(|h| h.size)
-            .sum();
+        let newest = kept_bytes(g.index.values().rev(), keep, max_bytes).1;
         g.held_bytes.saturating_sub(newest)
     }
+
+    /// How many entries at and before `upto` a snapshot at `upto` keeps
+    /// behind it: of the newest `keep` of them, as many as hold at most
+    /// `max_bytes` together.
+    pub fn kept_behind(&self, upto: u64, keep: u64, max_bytes: u64) -> u64 {
+        let g = self.inner.lock();
+        kept_bytes(
+            g.index.range(..=upto).map(|(_, h)| h).rev(),
+            keep,
+            max_bytes,
+        )
+        .0
+    }
+}
+
+/// Of `newest_first` (entries, newest first), how many of the first
+/// `keep` fit in `max_bytes` together, and their bytes.
+fn kept_bytes<'a>(
+    newest_first: impl Iterator<Item = &'a Held>,
+    keep: u64,
+    max_bytes: u64,
+) -> (u64, u64) {
+    let (mut n, mut bytes) = (0, 0u64);
+    for h in newest_first.take(keep as usize) {
+        if bytes.saturating_add(h.size) > max_bytes {
+            break;
+        }
+        bytes += h.size;
+        n += 1;
+    }
+    (n, bytes)
 }

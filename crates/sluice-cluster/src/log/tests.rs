@@ -750,6 +750,35 @@ fn replication_batches_stop_at_the_byte_budget_but_never_send_nothing() {
     );
 }
 
+/// What a snapshot keeps behind it is bounded by entries and by bytes:
+/// 256 entries of 1 MB would be 256 MB kept in memory.
+#[test]
+fn entries_kept_behind_a_snapshot_are_bounded_by_their_bytes() {
+    let s = LogStore::default();
+    {
+        let mut g = s.inner.lock();
+        for i in 1..=10 {
+            g.apply(Record::Entry(entry(1, i, 1 << 20)), None);
+        }
+    }
+    let size = |i| s.inner.lock().index[&i].size;
+    let (one, held) = (size(5), s.held_bytes());
+    // Entries alone bound it where they are small enough.
+    assert_eq!(s.kept_behind(10, 3, u64::MAX), 3);
+    assert_eq!(s.bytes_beyond_kept(3, u64::MAX), s.bytes_beyond(3));
+    // Bytes bound it where they are not: 2.5 entries' worth keeps 2, the
+    // newest ones at or before the snapshot's index.
+    assert_eq!(s.kept_behind(10, 8, one * 5 / 2), 2);
+    assert_eq!(s.kept_behind(6, 8, one * 5 / 2), 2);
+    assert_eq!(
+        s.bytes_beyond_kept(8, one * 5 / 2),
+        held - size(9) - size(10)
+    );
+    // Less than one entry's worth keeps none.
+    assert_eq!(s.kept_behind(10, 8, one - 1), 0);
+    assert_eq!(s.bytes_beyond_kept(8, 0), held);
+}
+
 /// A spare segment's pages are all mapped after `populate`, in chunks,
 /// and what a recycled file held is left as it was; the same for `touch`,
 /// what it falls back to on kernels without `MADV_POPULATE_WRITE`.

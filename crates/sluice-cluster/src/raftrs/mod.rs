@@ -1430,9 +1430,16 @@ impl Driver {
 
     /// Entries kept in the log behind a snapshot, for followers a little
     /// behind (as openraft's groups keep: half the snapshot interval, at
-    /// most 256).
+    /// most 256)...
     fn keep_behind(&self) -> u64 {
         (self.snapshot_every / 2).min(256)
+    }
+
+    /// ... and of those only as many as hold `snapshot_min_bytes`
+    /// together (256 entries of 1 MB would be 256 MB of memory kept for a
+    /// volatile shard's follower that was gone).
+    fn keep_behind_bytes(&self) -> u64 {
+        self.snapshot_min_bytes
     }
 
     /// The log's bytes beyond which a snapshot is taken: `SNAPSHOT_GROWTH`
@@ -1459,8 +1466,13 @@ impl Driver {
         // Every turn: the log's total first (one load), the entries kept
         // behind a snapshot walked only past it.
         let limit = self.log_limit();
-        let small =
-            || self.log.held_bytes() <= limit || self.log.bytes_beyond(self.keep_behind()) <= limit;
+        let small = || {
+            self.log.held_bytes() <= limit
+                || self
+                    .log
+                    .bytes_beyond_kept(self.keep_behind(), self.keep_behind_bytes())
+                    <= limit
+        };
         let wanted = || {
             self.raw
                 .raft
@@ -1494,7 +1506,10 @@ impl Driver {
             Ok(Some(id)) => {
                 self.snap_index = self.snap_index.max(id.index);
                 self.snapshot_size = self.sm.snapshot_bytes();
-                let mut upto = id.index.saturating_sub(self.keep_behind());
+                let kept =
+                    self.log
+                        .kept_behind(id.index, self.keep_behind(), self.keep_behind_bytes());
+                let mut upto = id.index.saturating_sub(kept);
                 // A leader keeps what its live followers have yet to take
                 // (as TiKV's leaders compact to the slowest follower): a
                 // snapshot is for one that was gone (not heard from in an

@@ -755,14 +755,9 @@ async fn members_restart_from_their_snapshots_and_purged_logs() {
     stop_all(&net, ms).await;
 }
 
-/// A member whose state is small snapshots once its log outgrows
-/// `snapshot_min_bytes` (its last snapshot being smaller), long before
-/// `snapshot_every` entries or `snapshot_bytes`: overwriting the same
-/// keys keeps every member's log near the state's size.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_small_state_keeps_a_small_log() {
-    let dir = tempfile::tempdir().unwrap();
-    let net = Arc::new(Net::default());
+/// Three members over mapped logs that snapshot once their log outgrows
+/// 1 MiB (their state being smaller), never by entry count.
+fn three_small_logged(net: &Arc<Net>, dir: &Path) -> HashMap<u64, Member> {
     let settings = DriverSettings {
         tick: Duration::from_millis(20),
         snapshot_every: 1_000_000,
@@ -770,14 +765,21 @@ async fn a_small_state_keeps_a_small_log() {
         snapshot_min_bytes: 1 << 20,
         ..Default::default()
     };
-    let ms = three_set(&net, dir.path(), |_| mapped(), &settings);
+    three_set(net, dir, |_| mapped(), &settings)
+}
+
+/// Overwrites four keys `rounds` times with `size`-byte values (round
+/// `r` writes bytes `r`); checks every member applied them all, purged
+/// its log past its first half and holds under `max_held` bytes of it.
+async fn overwrites_keep_the_log_under(rounds: u32, size: usize, max_held: u64) {
+    let dir = tempfile::tempdir().unwrap();
+    let net = Arc::new(Net::default());
+    let ms = three_small_logged(&net, dir.path());
     let l = leader(&ms, &[0, 1, 2]).await;
-    // 16 MiB of puts to four keys (a 32 KB state); a snapshot keeps the
-    // newest 256 entries (2 MiB) behind it.
     let mut last = 0;
-    for round in 0..512u32 {
+    for round in 0..rounds {
         for k in 0..4u8 {
-            let v = vec![round as u8; 8 << 10];
+            let v = vec![round as u8; size];
             last = ms[&l]
                 .handle
                 .propose(put(&format!("/v/k{k}"), &v))
@@ -790,13 +792,31 @@ async fn a_small_state_keeps_a_small_log() {
         caught_up(m, last).await;
         purged_past(m, last / 2).await;
         let held = m.log.held_bytes();
-        assert!(held < 5 << 20, "{held} bytes held");
+        assert!(held < max_held, "{held} bytes held");
         assert_eq!(
             value_of(&m.store, "/v/k3").as_deref(),
-            Some(&[255u8; 8 << 10][..])
+            Some(&vec![(rounds - 1) as u8; size][..])
         );
     }
     stop_all(&net, ms).await;
+}
+
+/// A member whose state is small snapshots once its log outgrows
+/// `snapshot_min_bytes` (four times its last snapshot being smaller),
+/// long before `snapshot_every` entries or `snapshot_bytes`: 16 MiB of
+/// 8 KB puts to four keys (a 32 KB state) leave a log of a few MiB (the
+/// snapshot keeps 128 entries, 1 MiB, behind it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_small_state_keeps_a_small_log() {
+    overwrites_keep_the_log_under(512, 8 << 10, 5 << 20).await;
+}
+
+/// Large entries: what a snapshot keeps behind it is bounded by bytes
+/// too (`snapshot_min_bytes`), not only by count: 64 puts of 256 KB are
+/// fewer than the 256 entries a snapshot keeps, yet the log is purged.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn large_entries_kept_behind_a_snapshot_are_bounded_by_their_bytes() {
+    overwrites_keep_the_log_under(16, 256 << 10, 4 << 20).await;
 }
 
 /// An append whose entries do not follow its index (raft-rs 0.7's
