@@ -736,6 +736,66 @@ pub struct PythonUdl {
     dir: PathBuf,
     landing: Option<Arc<LandingArea>>,
     procs: Vec<parking_lot::Mutex<Option<Proc>>>,
+    /// `OWNER_LOCK`, locked while this lambda lives.
+    _owner: std::fs::File,
+}
+
+/// The file in a Python lambda's directory (`/dev/shm/sluice-py-<pid>-<n>`:
+/// its landing area, its worker script) that the node holds locked
+/// (`flock`) for as long as the lambda runs. A node that dies without
+/// removing the directory (SIGKILL, a crash) leaves it, landing area and
+/// all (64 MiB of memory by default, in tmpfs: never freed by itself);
+/// a directory whose lock can be taken is such a leftover.
+const OWNER_LOCK: &str = "owner.lock";
+
+/// Creates `dir`'s owner lock and takes it.
+fn lock_owner(dir: &Path) -> Result<std::fs::File, String> {
+    let path = dir.join(OWNER_LOCK);
+    let f =
+        std::fs::File::create(&path).map_err(|e| format!("creating {}: {e}", path.display()))?;
+    // SAFETY: flock on a descriptor this function owns.
+    if unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+        return Err(format!(
+            "locking {}: {}",
+            path.display(),
+            std::io::Error::last_os_error()
+        ));
+    }
+    Ok(f)
+}
+
+/// Removes the Python lambdas' directories in `base` that dead nodes
+/// left: those whose owner lock can be taken (its holder is gone,
+/// whatever its PID namespace), and those without one (made before the
+/// lock existed) whose process is gone from this PID namespace. Returns
+/// how many it removed.
+fn sweep_stale(base: &Path) -> usize {
+    let Ok(entries) = std::fs::read_dir(base) else {
+        return 0;
+    };
+    let mut removed = 0;
+    for e in entries.flatten() {
+        let name = e.file_name();
+        let Some(pid) = name
+            .to_str()
+            .and_then(|n| n.strip_prefix("sluice-py-"))
+            .and_then(|rest| rest.split('-').next())
+            .and_then(|p| p.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        let dir = e.path();
+        let stale = match std::fs::File::open(dir.join(OWNER_LOCK)) {
+            // SAFETY: flock on a descriptor this block owns; the lock
+            // taken goes with it.
+            Ok(f) => unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) == 0 },
+            Err(_) => !Path::new(&format!("/proc/{pid}")).exists(),
+        };
+        if stale && std::fs::remove_dir_all(&dir).is_ok() {
+            removed += 1;
+        }
+    }
+    removed
 }
 
 impl PythonUdl {
@@ -747,12 +807,21 @@ impl PythonUdl {
         } else {
             std::env::temp_dir()
         };
+        // Once per process: what nodes that died left behind.
+        static SWEEP: std::sync::Once = std::sync::Once::new();
+        SWEEP.call_once(|| {
+            let n = sweep_stale(&base);
+            if n > 0 {
+                tracing::info!(removed = n, dir = %base.display(), "removed Python lambdas' directories that nodes which died left behind");
+            }
+        });
         let dir = base.join(format!(
             "sluice-py-{}-{}",
             std::process::id(),
             SEQ.fetch_add(1, Ordering::Relaxed)
         ));
         std::fs::create_dir_all(&dir).map_err(|e| format!("creating {}: {e}", dir.display()))?;
+        let owner = lock_owner(&dir)?;
         // Code shipped as an object: the module's source is the value of
         // `code_key` (so one `dfg apply` after a put upgrades every node).
         if let Some(key) = c.get("code_key") {
@@ -794,6 +863,7 @@ impl PythonUdl {
             dir,
             landing,
             procs,
+            _owner: owner,
         })
     }
 
@@ -1083,6 +1153,41 @@ impl Drop for PythonUdl {
 mod tests {
     use super::*;
     use bytes::BufMut;
+
+    /// What a node killed with SIGKILL leaves in /dev/shm (its lambdas'
+    /// landing areas: 64 MiB each) is removed by the next node's first
+    /// Python lambda; a live lambda's directory is not, nor anything else.
+    #[test]
+    fn directories_dead_nodes_left_are_swept_and_live_ones_kept() {
+        let base = tempfile::tempdir().unwrap();
+        let mk = |name: &str| {
+            let d = base.path().join(name);
+            std::fs::create_dir_all(&d).unwrap();
+            std::fs::write(d.join(LANDING_FILE), b"x").unwrap();
+            d
+        };
+        // A process that has exited: its PID is free.
+        let mut child = std::process::Command::new("true").spawn().unwrap();
+        let dead = child.id();
+        child.wait().unwrap();
+        let me = std::process::id();
+        // Left by a dead node, its lock free.
+        let left = mk(&format!("sluice-py-{dead}-3"));
+        drop(lock_owner(&left).unwrap());
+        // A live lambda's, its lock held (here, as by another node).
+        let live = mk(&format!("sluice-py-{dead}-4"));
+        let held = lock_owner(&live).unwrap();
+        // Made before the lock existed: by a dead process, by a live one.
+        let old_dead = mk(&format!("sluice-py-{dead}-5"));
+        let old_live = mk(&format!("sluice-py-{me}-6"));
+        let other = mk("something-else");
+        assert_eq!(sweep_stale(base.path()), 2);
+        assert!(!left.exists() && !old_dead.exists());
+        assert!(live.exists() && old_live.exists() && other.exists());
+        drop(held);
+        assert_eq!(sweep_stale(base.path()), 1, "its holder gone");
+        assert!(!live.exists());
+    }
 
     fn area(size: usize) -> (tempfile::TempDir, Arc<LandingArea>) {
         let dir = tempfile::tempdir().unwrap();
