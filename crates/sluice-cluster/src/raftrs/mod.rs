@@ -1558,6 +1558,8 @@ impl Driver {
             .reset_to_snapshot(id)
             .map_err(|e| format!("starting the log after a snapshot: {e}"))?;
         self.snap_index = id.index;
+        // The state's size, for `log_limit`, as if this member had built it.
+        self.snapshot_size = s.data.len() as u64;
         self.publish_members();
         Ok(())
     }
