@@ -159,22 +159,12 @@ impl ClusterNode {
                 let g = self.local_group(META_GROUP)?;
                 self.check_leader(&g)?;
                 let t = Duration::from_millis(self.settings.write_timeout_ms);
-                if let Core::RaftRs { handle } = &g.core {
-                    return match tokio::time::timeout(t, handle.read_index()).await {
-                        Ok(Ok(index)) => Ok(json!({ "index": index })),
-                        Ok(Err(e)) => Err(unavailable(format!("metadata read index: {e}"))),
-                        Err(_) => Err(unavailable("metadata read index timed out".into())),
-                    };
-                }
-                let raft = g.core.openraft(g.id, "a metadata read index")?;
-                match tokio::time::timeout(t, raft.ensure_linearizable(openraft::ReadPolicy::ReadIndex)).await {
-                    Ok(Ok(id)) => {
-                        // The asker waits to apply up to this index (as
-                        // for a time barrier above).
-                        let _ = raft.trigger().heartbeat().await;
-                        Ok(json!({"index": id.index()}))
+                match tokio::time::timeout(t, g.core.leader_read_index()).await {
+                    Ok(Ok(index)) => Ok(json!({ "index": index })),
+                    Ok(Err(CoreError::NotLeader(leader))) => Err(self.not_leader(g.id, leader)),
+                    Ok(Err(CoreError::Stopped(e) | CoreError::Other(e))) => {
+                        Err(unavailable(format!("metadata read index: {e}")))
                     }
-                    Ok(Err(e)) => Err(unavailable(format!("metadata read index: {e}"))),
                     Err(_) => Err(unavailable("metadata read index timed out".into())),
                 }
             }

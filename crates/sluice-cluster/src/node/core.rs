@@ -3,8 +3,7 @@
 //! `consensus = "openraft"`).
 //! Leadership, writes, read indexes and waits go through `Core` whatever
 //! drives the group; what only openraft does here yet (fault injection's
-//! stopped core and its restart, the metadata group's read index) asks
-//! `Core::openraft`. Membership changes go to each core in its own way
+//! stopped core and its restart) asks `Core::openraft`. Membership changes go to each core in its own way
 //! (`admin::change`).
 
 use super::*;
@@ -192,6 +191,22 @@ impl Core {
                 let index = handle.read_index().await?;
                 Ok(handle.wait_applied(index).await?)
             }
+        }
+    }
+
+    /// The read index for a reader elsewhere: the commit index at which a
+    /// quorum confirmed this member leads. The reader waits to apply up to
+    /// it (`wait_applied`); the followers hear of that commit now.
+    pub(crate) async fn leader_read_index(&self) -> Result<u64, CoreError> {
+        match self {
+            Core::Openraft { raft, .. } => {
+                let id = raft
+                    .ensure_linearizable(openraft::ReadPolicy::ReadIndex)
+                    .await?;
+                let _ = raft.trigger().heartbeat().await;
+                Ok(id.index())
+            }
+            Core::RaftRs { handle, .. } => Ok(handle.read_index().await?),
         }
     }
 

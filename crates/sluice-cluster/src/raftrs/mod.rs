@@ -1435,11 +1435,12 @@ impl Driver {
         (self.snapshot_every / 2).min(256)
     }
 
-    /// ... and of those only as many as hold `snapshot_min_bytes`
-    /// together (256 entries of 1 MB would be 256 MB of memory kept for a
-    /// volatile shard's follower that was gone).
+    /// ... and of those only as many as hold `snapshot_min_bytes` (or
+    /// `snapshot_bytes`, if smaller) together: 256 entries of 1 MB would
+    /// be 256 MB of memory kept for a volatile shard's follower that was
+    /// gone.
     fn keep_behind_bytes(&self) -> u64 {
-        self.snapshot_min_bytes
+        self.snapshot_min_bytes.min(self.snapshot_bytes)
     }
 
     /// The log's bytes beyond which a snapshot is taken: `SNAPSHOT_GROWTH`
