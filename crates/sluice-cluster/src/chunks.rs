@@ -10,8 +10,17 @@ use bytes::Bytes;
 use std::io::IoSlice;
 use std::ops::Range;
 
-/// Values at least this large are referenced, not copied.
+/// Values at least this large are referenced, not copied, in log records
+/// and snapshot files (a vectored write to a file costs more per part
+/// than a socket's does).
 pub const BY_REFERENCE: usize = 16 * 1024;
+
+/// Values at least this large are referenced in consensus messages: the
+/// size from which the peer connection's queue sends a value as its own
+/// part (`sluice_wire::ZERO_COPY_THRESHOLD`), so a value between the two
+/// is not copied into the message only to be written from there. A
+/// leader sends each entry to every follower: each copy is per follower.
+pub const ON_WIRE: usize = sluice_wire::ZERO_COPY_THRESHOLD;
 
 /// One piece of an encoding.
 #[derive(Debug)]
@@ -28,6 +37,8 @@ pub struct ChunkWriter<'a> {
     pub buf: &'a mut Vec<u8>,
     pub parts: Vec<Part>,
     mark: usize,
+    /// The shortest of `values`: shorter writes are copied unlooked.
+    min: usize,
     /// The value after the last one referenced: values usually come in
     /// the order given, so that one is tried first (a snapshot of a
     /// shard references every object's value).
@@ -43,6 +54,12 @@ impl<'a> ChunkWriter<'a> {
             buf,
             parts: Vec::new(),
             mark,
+            min: values
+                .iter()
+                .map(Bytes::len)
+                .min()
+                .unwrap_or(usize::MAX)
+                .max(1),
             next: 0,
         }
     }
@@ -69,7 +86,7 @@ impl std::io::Write for ChunkWriter<'_> {
     }
 
     fn write_all(&mut self, data: &[u8]) -> std::io::Result<()> {
-        if data.len() >= BY_REFERENCE {
+        if data.len() >= self.min {
             let same = |v: &Bytes| v.as_ptr() == data.as_ptr() && v.len() == data.len();
             let at = match self.values.get(self.next) {
                 Some(v) if same(v) => Some(self.next),
@@ -155,12 +172,13 @@ pub fn entry_values(e: &crate::types::Entry, min: usize) -> Vec<Bytes> {
     out
 }
 
-/// The large values of `entries`, in order (what [`ChunkWriter`] looks
-/// for; a replication batch is bounded by bytes, so the list is short).
+/// The values of `entries` a consensus message references ([`ON_WIRE`]
+/// bytes or more), in order (what [`ChunkWriter`] looks for; a
+/// replication batch is bounded by bytes, so the list is short).
 pub fn large_values<'e>(entries: impl IntoIterator<Item = &'e crate::types::Entry>) -> Vec<Bytes> {
     entries
         .into_iter()
-        .flat_map(|e| entry_values(e, BY_REFERENCE))
+        .flat_map(|e| entry_values(e, ON_WIRE))
         .collect()
 }
 

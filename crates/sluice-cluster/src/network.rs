@@ -545,11 +545,7 @@ fn encode_sized<T: Serialize>(
     msg: &T,
     values: &[Bytes],
 ) -> bincode::Result<(Vec<u8>, Vec<crate::chunks::Part>)> {
-    let referenced: usize = values
-        .iter()
-        .filter(|v| v.len() >= crate::chunks::BY_REFERENCE)
-        .map(Bytes::len)
-        .sum();
+    let referenced: usize = values.iter().map(Bytes::len).sum();
     let size = bincode::serialized_size(msg)? as usize;
     let mut buf = Vec::with_capacity(size.saturating_sub(referenced));
     let mut w = ChunkWriter::new(&mut buf, values);
@@ -913,7 +909,8 @@ mod tests {
     }
 
     /// The chunks are bincode's bytes; the copied part is one buffer of
-    /// exactly its size, and a large value is referenced, not copied.
+    /// exactly its size, and every value from `chunks::ON_WIRE` up (the
+    /// 10 KB ones too) is referenced, not copied.
     #[test]
     fn an_encoded_append_is_bincode_in_one_buffer_sized_up_front() {
         use crate::chunks::tests::put;
@@ -927,16 +924,22 @@ mod tests {
             leader_commit: Some(put(1, 0).log_id),
         };
         let values = large_values(&req.entries);
+        assert_eq!(values.len(), 17);
         let chunks = encode_chunks(&req, &values).unwrap();
         assert_eq!(chunks.concat(), bincode::serialize(&req).unwrap());
-        assert!(
-            chunks
-                .iter()
-                .any(|c| c.len() == 100_000 && c.as_ptr() == values[0].as_ptr()),
-            "the large value is referenced"
-        );
+        for v in &values {
+            assert!(
+                chunks.iter().any(|c| c.as_ptr() == v.as_ptr()),
+                "a {} byte value is referenced",
+                v.len()
+            );
+        }
         let (buf, _) = encode_sized(&req, &values).unwrap();
-        assert_eq!(buf.len(), bincode::serialize(&req).unwrap().len() - 100_000);
+        let referenced = 16 * 10_240 + 100_000;
+        assert_eq!(
+            buf.len(),
+            bincode::serialize(&req).unwrap().len() - referenced
+        );
         assert_eq!(buf.capacity(), buf.len(), "sized once, never grown");
     }
 

@@ -22,7 +22,7 @@ pub fn encode(out: &Outgoing) -> Result<Vec<Bytes>, SluiceError> {
     let msg = prost::Message::encode_to_vec(&out.msg);
     let mut values = Vec::new();
     for c in &out.commands {
-        crate::chunks::command_values(c, crate::chunks::BY_REFERENCE, &mut values);
+        crate::chunks::command_values(c, crate::chunks::ON_WIRE, &mut values);
     }
     let body: (&[u8], &[Command]) = (&msg, &out.commands);
     encode_chunks(&body, &values).map_err(|e| SluiceError::Internal {
@@ -89,21 +89,24 @@ mod tests {
         parts.concat().into()
     }
 
-    /// A message and its commands come back as sent; a large value is
-    /// referenced when encoded (not copied into the buffer) and decoded
-    /// as a slice of the received body.
+    /// A message and its commands come back as sent; a value the peer
+    /// connection would send as a part of its own (from
+    /// `chunks::ON_WIRE`, 10 KB included) is referenced when encoded (not
+    /// copied into the buffer, once per follower) and decoded as a slice
+    /// of the received body; a small one is copied.
     #[test]
     fn messages_round_trip_with_large_values_by_reference() {
-        let out = append(&[10, 64 * 1024, 3]);
+        let out = append(&[10, 64 * 1024, 3, 10 * 1024]);
         let parts = encode(&out).unwrap();
-        let big = match &out.commands[1] {
+        let value = |i: usize| match &out.commands[i] {
             Command::Write { value: Some(v), .. } => v.clone(),
             _ => unreachable!(),
         };
-        assert!(
-            parts.iter().any(|p| p.as_ptr() == big.as_ptr()),
-            "the 64 KB value is a part of its own, by reference"
-        );
+        let referenced = |v: &Bytes| parts.iter().any(|p| p.as_ptr() == v.as_ptr());
+        assert!(referenced(&value(1)), "the 64 KB value, by reference");
+        assert!(referenced(&value(3)), "the 10 KB value, by reference");
+        assert!(!referenced(&value(0)), "the 10-byte value is copied");
+        let big = value(1);
         let body = joined(parts);
         let (msg, commands) = decode(&body).unwrap();
         assert_eq!(msg, out.msg);
