@@ -10,17 +10,19 @@ use bytes::Bytes;
 use std::io::IoSlice;
 use std::ops::Range;
 
-/// Values at least this large are referenced, not copied, in log records
-/// and snapshot files (a vectored write to a file costs more per part
-/// than a socket's does).
-pub const BY_REFERENCE: usize = 16 * 1024;
+/// Values at least this large are referenced, not copied, in consensus
+/// messages and log records: the size from which the peer connection's
+/// queue sends a value as a part of its own
+/// (`sluice_wire::ZERO_COPY_THRESHOLD`). A smaller one is copied once
+/// into the encoding; a larger one would otherwise be copied into each
+/// follower's message (a leader sends each entry to every follower) and
+/// into a log record's buffer before the log's own copy into its mapping.
+pub const BY_REFERENCE: usize = sluice_wire::ZERO_COPY_THRESHOLD;
 
-/// Values at least this large are referenced in consensus messages: the
-/// size from which the peer connection's queue sends a value as its own
-/// part (`sluice_wire::ZERO_COPY_THRESHOLD`), so a value between the two
-/// is not copied into the message only to be written from there. A
-/// leader sends each entry to every follower: each copy is per follower.
-pub const ON_WIRE: usize = sluice_wire::ZERO_COPY_THRESHOLD;
+/// Values at least this large are referenced in a snapshot file's
+/// encoding: a snapshot holds every object of a shard, and each
+/// referenced value is a part (an iovec) of its own.
+pub const SNAPSHOT_BY_REFERENCE: usize = 16 * 1024;
 
 /// One piece of an encoding.
 #[derive(Debug)]
@@ -172,13 +174,13 @@ pub fn entry_values(e: &crate::types::Entry, min: usize) -> Vec<Bytes> {
     out
 }
 
-/// The values of `entries` a consensus message references ([`ON_WIRE`]
-/// bytes or more), in order (what [`ChunkWriter`] looks for; a
+/// The values of `entries` a consensus message references
+/// ([`BY_REFERENCE`] bytes or more), in order (what [`ChunkWriter`] looks for; a
 /// replication batch is bounded by bytes, so the list is short).
 pub fn large_values<'e>(entries: impl IntoIterator<Item = &'e crate::types::Entry>) -> Vec<Bytes> {
     entries
         .into_iter()
-        .flat_map(|e| entry_values(e, ON_WIRE))
+        .flat_map(|e| entry_values(e, BY_REFERENCE))
         .collect()
 }
 

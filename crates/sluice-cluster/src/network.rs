@@ -909,7 +909,7 @@ mod tests {
     }
 
     /// The chunks are bincode's bytes; the copied part is one buffer of
-    /// exactly its size, and every value from `chunks::ON_WIRE` up (the
+    /// exactly its size, and every value from `chunks::BY_REFERENCE` up (the
     /// 10 KB ones too) is referenced, not copied.
     #[test]
     fn an_encoded_append_is_bincode_in_one_buffer_sized_up_front() {

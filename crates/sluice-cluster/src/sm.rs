@@ -731,7 +731,7 @@ impl Sm {
                         .objects
                         .iter()
                         .map(|(_, _, v)| v.clone())
-                        .filter(|v| v.len() >= crate::chunks::BY_REFERENCE)
+                        .filter(|v| v.len() >= crate::chunks::SNAPSHOT_BY_REFERENCE)
                         .collect();
                     let mut buf = Vec::new();
                     let mut w = crate::chunks::ChunkWriter::new(&mut buf, &values);

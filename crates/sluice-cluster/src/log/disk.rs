@@ -189,11 +189,7 @@ impl Inner {
         let mut locs = Vec::with_capacity(recs.len());
         let mut offset = d.bytes;
         for r in recs {
-            let values = match r {
-                Record::Entry(e) => entry_values(e, BY_REFERENCE),
-                _ => Vec::new(),
-            };
-            let len = encode_parts(r, &values, d.seq, &mut buf, &mut parts)?;
+            let len = encode_parts(r, &record_values(r), d.seq, &mut buf, &mut parts)?;
             locs.push(Loc {
                 seq: d.seq,
                 offset,

@@ -100,6 +100,16 @@ pub(super) fn encode_parts(
     Ok(len as u32)
 }
 
+/// The values a record's encoding references rather than copies (those
+/// of `chunks::BY_REFERENCE` bytes or more): the log's write copies them
+/// straight from the client's buffer into its mapping or the file.
+pub(super) fn record_values(rec: &Record) -> Vec<Bytes> {
+    match rec {
+        Record::Entry(e) => entry_values(e, BY_REFERENCE),
+        _ => Vec::new(),
+    }
+}
+
 /// Appends one small record (no value referenced) to `buf`.
 pub(super) fn encode(rec: &Record, buf: &mut Vec<u8>, seq: u64) -> Result<(), StorageError> {
     encode_parts(rec, &[], seq, buf, &mut Vec::new()).map(|_| ())

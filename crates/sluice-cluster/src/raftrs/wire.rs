@@ -22,7 +22,7 @@ pub fn encode(out: &Outgoing) -> Result<Vec<Bytes>, SluiceError> {
     let msg = prost::Message::encode_to_vec(&out.msg);
     let mut values = Vec::new();
     for c in &out.commands {
-        crate::chunks::command_values(c, crate::chunks::ON_WIRE, &mut values);
+        crate::chunks::command_values(c, crate::chunks::BY_REFERENCE, &mut values);
     }
     let body: (&[u8], &[Command]) = (&msg, &out.commands);
     encode_chunks(&body, &values).map_err(|e| SluiceError::Internal {
@@ -91,7 +91,7 @@ mod tests {
 
     /// A message and its commands come back as sent; a value the peer
     /// connection would send as a part of its own (from
-    /// `chunks::ON_WIRE`, 10 KB included) is referenced when encoded (not
+    /// `chunks::BY_REFERENCE`, 10 KB included) is referenced when encoded (not
     /// copied into the buffer, once per follower) and decoded as a slice
     /// of the received body; a small one is copied.
     #[test]
@@ -106,7 +106,6 @@ mod tests {
         assert!(referenced(&value(1)), "the 64 KB value, by reference");
         assert!(referenced(&value(3)), "the 10 KB value, by reference");
         assert!(!referenced(&value(0)), "the 10-byte value is copied");
-        let big = value(1);
         let body = joined(parts);
         let (msg, commands) = decode(&body).unwrap();
         assert_eq!(msg, out.msg);
