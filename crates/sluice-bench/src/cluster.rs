@@ -6,7 +6,7 @@
 
 use crate::harness::{closed_loop, fmt_size, report, row, Op, Row};
 use crate::peers::{baseline_server, raw_op, redis_op, SluiceOp};
-use crate::procs::{connect, free_port, Procs};
+use crate::procs::{connect, free_port, Faults, Procs};
 use anyhow::{bail, Context, Result};
 use bytes::Bytes;
 use sluice_client::{Client, SluiceError};
@@ -131,26 +131,32 @@ impl Op for PutThenGet {
 
 /// The members' page-fault count a third into a phase of length `dur`
 /// (the first third warms the log, the pools and the allocator up).
-fn steady_faults(procs: &Procs, dur: Duration) -> tokio::task::JoinHandle<u64> {
+fn steady_faults(procs: &Procs, dur: Duration) -> tokio::task::JoinHandle<Faults> {
     let pids = procs.pids();
     tokio::spawn(async move {
         tokio::time::sleep(dur / 3).await;
-        crate::procs::page_faults_of(&pids)
+        Faults::of(&pids)
     })
 }
 
 /// Page faults per operation over the last two thirds of a phase: the
-/// faults since `start`'s count over the operations at the phase's rate.
+/// faults since `start`'s count over the operations at the phase's rate,
+/// of all threads, and of those on the write path (all but the log's
+/// spare-segment preparer, `Faults::on_path_since`).
 async fn faults_per_op(
     procs: &Procs,
-    start: tokio::task::JoinHandle<u64>,
+    start: tokio::task::JoinHandle<Faults>,
     r: &(hdrhistogram::Histogram<u64>, Duration, u64),
     dur: Duration,
-) -> f64 {
-    let end = procs.page_faults();
-    let start = start.await.unwrap_or(end);
+) -> (f64, f64) {
+    let end = Faults::of(&procs.pids());
+    let start = start.await.unwrap_or_else(|_| end.clone());
     let rate = r.0.len() as f64 / r.1.as_secs_f64();
-    end.saturating_sub(start) as f64 / (rate * dur.as_secs_f64() * 2.0 / 3.0).max(1.0)
+    let ops = (rate * dur.as_secs_f64() * 2.0 / 3.0).max(1.0);
+    (
+        end.all.saturating_sub(start.all) as f64 / ops,
+        end.on_path_since(&start) as f64 / ops,
+    )
 }
 
 /// CPU time each of `pids` has used so far (zero where unreadable).
@@ -373,8 +379,9 @@ pub fn run(a: ClusterBenchArgs, json: bool) -> Result<()> {
     let mut rows: Vec<Row> = Vec::new();
     let mut failover_ms: Vec<(u32, Vec<f64>, Vec<f64>)> = Vec::new();
     let mut spurious: Vec<(u32, Saturated)> = Vec::new();
-    // (shard size, value size, clients, page faults per put on all members)
-    let mut faults: Vec<(u32, usize, usize, f64)> = Vec::new();
+    // (shard size, value size, clients, page faults per put on all
+    // members: all threads, the write path's)
+    let mut faults: Vec<(u32, usize, usize, (f64, f64))> = Vec::new();
     let mut cpus: Vec<CpuPerPut> = Vec::new();
     let base = baseline_server()?;
     rt.block_on(async {
@@ -543,9 +550,9 @@ pub fn run(a: ClusterBenchArgs, json: bool) -> Result<()> {
             t.len()
         );
     }
-    for (n, size, c, f) in faults {
+    for (n, size, c, (f, path)) in faults {
         println!(
-            "page faults per put, shard of {n}, {} c={c}: {f:.2} (all members together, last two thirds of the phase)",
+            "page faults per put, shard of {n}, {} c={c}: {f:.2} (all members together, last two thirds of the phase); on the write path {path:.2} (every thread but the log's spare-segment preparer)",
             fmt_size(size)
         );
     }

@@ -2,6 +2,7 @@
 
 use anyhow::{bail, Context, Result};
 use sluice_client::{Client, ClientConfig};
+use std::collections::HashMap;
 use std::net::TcpListener;
 use std::path::PathBuf;
 use std::process::{Child, Stdio};
@@ -174,12 +175,6 @@ impl Procs {
         self.children.iter().flatten().map(Child::id).collect()
     }
 
-    /// Page faults (minor + major) the live node processes have taken so
-    /// far.
-    pub fn page_faults(&self) -> u64 {
-        page_faults_of(&self.pids())
-    }
-
     pub fn kill(&mut self, i: u32) {
         if let Some(mut c) = self.children[i as usize].take() {
             let _ = c.kill();
@@ -238,11 +233,108 @@ pub fn page_faults_of(pids: &[u32]) -> u64 {
     pids.iter()
         .map(|pid| {
             let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-            // The fields after the command name (which may hold spaces):
-            // state is field 3, minflt field 10, majflt field 12.
-            let rest = stat.rsplit_once(") ").map_or("", |(_, r)| r);
-            let f: Vec<u64> = rest.split(' ').map(|x| x.parse().unwrap_or(0)).collect();
-            f.get(7).copied().unwrap_or(0) + f.get(9).copied().unwrap_or(0)
+            stat_faults(&stat).1
         })
         .sum()
+}
+
+/// A `stat` file's command name and page faults (minor + major).
+fn stat_faults(stat: &str) -> (&str, u64) {
+    // The command name is in parentheses and may hold spaces or ')';
+    // after it, state is field 3, minflt field 10, majflt field 12.
+    let Some((head, rest)) = stat.rsplit_once(") ") else {
+        return ("", 0);
+    };
+    let name = head.split_once('(').map_or("", |(_, n)| n);
+    let f: Vec<u64> = rest.split(' ').map(|x| x.parse().unwrap_or(0)).collect();
+    (
+        name,
+        f.get(7).copied().unwrap_or(0) + f.get(9).copied().unwrap_or(0),
+    )
+}
+
+/// The thread of a mapped log that maps and pre-faults the next segment
+/// (`sluice-cluster`'s `log::disk`): its faults are what keeps them off
+/// the write path. Its name as the kernel keeps it: `sluice-log-spare`
+/// cut to 15 bytes.
+pub const SPARE_THREAD: &str = "sluice-log-spar";
+
+/// Page faults of processes so far: all their threads together, and
+/// each live thread's (`/proc/PID/task/TID/stat`).
+#[derive(Debug, Default, Clone)]
+pub struct Faults {
+    pub all: u64,
+    threads: HashMap<(u32, u32), (String, u64)>,
+}
+
+impl Faults {
+    pub fn of(pids: &[u32]) -> Faults {
+        let mut threads = HashMap::new();
+        for &pid in pids {
+            let Ok(dir) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+                continue;
+            };
+            for t in dir.flatten() {
+                let Some(tid) = t.file_name().to_str().and_then(|n| n.parse().ok()) else {
+                    continue;
+                };
+                let stat = std::fs::read_to_string(t.path().join("stat")).unwrap_or_default();
+                let (name, n) = stat_faults(&stat);
+                threads.insert((pid, tid), (name.to_string(), n));
+            }
+        }
+        Faults {
+            all: page_faults_of(pids),
+            threads,
+        }
+    }
+
+    /// Faults since `before` on the write path: those of every thread
+    /// alive now but the spare-segment preparer ([`SPARE_THREAD`]),
+    /// counted from zero for a thread that started since. (A thread that
+    /// ended in between is not counted: the nodes' runtime threads live
+    /// as long as the node.)
+    pub fn on_path_since(&self, before: &Faults) -> u64 {
+        self.threads
+            .iter()
+            .filter(|(_, (name, _))| name != SPARE_THREAD)
+            .map(|(k, (_, n))| n.saturating_sub(before.threads.get(k).map_or(0, |(_, b)| *b)))
+            .sum()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_stat_line_gives_its_name_and_faults() {
+        // minflt 1234 (field 10), majflt 5 (field 12); a name with ") ".
+        let stat = "42 (odd) name) S 1 42 42 0 -1 4194560 1234 0 5 0 7 3 0 0 20 0 1 0";
+        assert_eq!(stat_faults(stat), ("odd) name", 1239));
+        assert_eq!(stat_faults("garbage"), ("", 0));
+    }
+
+    /// The write path's faults leave the spare-segment preparer out and
+    /// count a new thread from zero.
+    #[test]
+    fn faults_on_the_write_path_leave_the_spare_preparer_out() {
+        let at = |ts: &[(u32, &str, u64)]| Faults {
+            all: ts.iter().map(|t| t.2).sum(),
+            threads: ts
+                .iter()
+                .map(|&(tid, n, f)| ((1, tid), (n.to_string(), f)))
+                .collect(),
+        };
+        let before = at(&[(10, "tokio-rt-worker", 100), (11, SPARE_THREAD, 5000)]);
+        let after = at(&[
+            (10, "tokio-rt-worker", 130),
+            (11, SPARE_THREAD, 14000),
+            (12, "tokio-rt-worker", 7),
+        ]);
+        assert_eq!(after.on_path_since(&before), 37);
+        // This process's own threads are there to be read.
+        let me = Faults::of(&[std::process::id()]);
+        assert!(me.all > 0 && !me.threads.is_empty());
+    }
 }

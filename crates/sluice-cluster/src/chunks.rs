@@ -110,6 +110,24 @@ impl std::io::Write for ChunkWriter<'_> {
     }
 }
 
+/// Encodes `msg` with bincode, `values` (those it holds that are to be
+/// referenced) by reference: the buffer of copied bytes, allocated once
+/// at its final size (bincode's `serialized_size` adds lengths, copying
+/// nothing; a growing buffer would copy what it holds at every doubling,
+/// into fresh pages), and the parts.
+pub fn encode_sized<T: serde::Serialize>(
+    msg: &T,
+    values: &[Bytes],
+) -> bincode::Result<(Vec<u8>, Vec<Part>)> {
+    let referenced: usize = values.iter().map(Bytes::len).sum();
+    let size = bincode::serialized_size(msg)? as usize;
+    let mut buf = Vec::with_capacity(size.saturating_sub(referenced));
+    let mut w = ChunkWriter::new(&mut buf, values);
+    bincode::serialize_into(&mut w, msg)?;
+    let parts = w.finish();
+    Ok((buf, parts))
+}
+
 /// The slices of `parts` (ranges of `buf`).
 pub fn io_slices<'a>(buf: &'a [u8], parts: &'a [Part]) -> Vec<IoSlice<'a>> {
     parts

@@ -4,7 +4,7 @@
 //! `[cluster] peer_bulk_bytes` (default `BULK_BYTES`) and more, with fault injection (links cut on demand) for
 //! tests.
 
-use crate::chunks::{large_values, ChunkWriter};
+use crate::chunks::large_values;
 use crate::types::Entry;
 use crate::types::TypeConfig;
 use bytes::Bytes;
@@ -535,23 +535,8 @@ pub(crate) fn encode_chunks<T: Serialize>(
     msg: &T,
     values: &[Bytes],
 ) -> bincode::Result<Vec<Bytes>> {
-    let (buf, parts) = encode_sized(msg, values)?;
+    let (buf, parts) = crate::chunks::encode_sized(msg, values)?;
     Ok(crate::chunks::into_bytes(buf, parts))
-}
-
-/// `encode_chunks` before its parts become `Bytes`: the buffer of copied
-/// bytes, allocated once at its final size, and the parts.
-fn encode_sized<T: Serialize>(
-    msg: &T,
-    values: &[Bytes],
-) -> bincode::Result<(Vec<u8>, Vec<crate::chunks::Part>)> {
-    let referenced: usize = values.iter().map(Bytes::len).sum();
-    let size = bincode::serialized_size(msg)? as usize;
-    let mut buf = Vec::with_capacity(size.saturating_sub(referenced));
-    let mut w = ChunkWriter::new(&mut buf, values);
-    bincode::serialize_into(&mut w, msg)?;
-    let parts = w.finish();
-    Ok((buf, parts))
 }
 
 impl NetClient {
@@ -934,7 +919,7 @@ mod tests {
                 v.len()
             );
         }
-        let (buf, _) = encode_sized(&req, &values).unwrap();
+        let (buf, _) = crate::chunks::encode_sized(&req, &values).unwrap();
         let referenced = 16 * 10_240 + 100_000;
         assert_eq!(
             buf.len(),

@@ -733,11 +733,7 @@ impl Sm {
                         .map(|(_, _, v)| v.clone())
                         .filter(|v| v.len() >= crate::chunks::SNAPSHOT_BY_REFERENCE)
                         .collect();
-                    let mut buf = Vec::new();
-                    let mut w = crate::chunks::ChunkWriter::new(&mut buf, &values);
-                    bincode::serialize_into(&mut w, &snap).map_err(sm_err)?;
-                    let parts = w.finish();
-                    (buf, parts)
+                    crate::chunks::encode_sized(&snap, &values).map_err(sm_err)?
                 }
             }
         };
