@@ -34,6 +34,13 @@ pub struct ClusterBenchArgs {
     /// Skip the redis-server comparison.
     #[arg(long)]
     no_redis: bool,
+    /// After the usual phases, the put phases of the shard of 3 and of
+    /// Redis (`WAIT 2`) again, taking turns: this many slices each of
+    /// `duration-ms / turns` (0: not run). On a machine whose speed drifts
+    /// from phase to phase (a shared VM), the two are then measured over
+    /// the same stretch of time.
+    #[arg(long, default_value_t = 4)]
+    turns: u32,
     /// Seconds of saturated writes (the throughput phase's clients with
     /// 10 KB values, plus two with 1 MB values) on shards of 3 or more,
     /// counting the elections they cause (there should be none).
@@ -157,6 +164,49 @@ async fn faults_per_op(
         end.all.saturating_sub(start.all) as f64 / ops,
         end.on_path_since(&start) as f64 / ops,
     )
+}
+
+/// The mode of rows whose phases took turns (`taking_turns`).
+const TURNS: &str = "turns";
+
+/// Two targets' closed-loop phases taking turns: `turns` slices of
+/// `dur / turns` each, A then B, their histograms, times and errors
+/// added up (the workers are made anew for each slice).
+async fn taking_turns<A, B, FB>(
+    turns: u32,
+    dur: Duration,
+    label: &str,
+    mut a: impl FnMut() -> Vec<A>,
+    mut b: impl FnMut() -> FB,
+) -> Result<[(hdrhistogram::Histogram<u64>, Duration, u64); 2]>
+where
+    A: Op,
+    B: Op,
+    FB: std::future::Future<Output = Result<Vec<B>>>,
+{
+    let slice = dur / turns.max(1);
+    let mut sums = [
+        (crate::harness::hist(), Duration::ZERO, 0),
+        (crate::harness::hist(), Duration::ZERO, 0),
+    ];
+    let add = |sum: &mut (hdrhistogram::Histogram<u64>, Duration, u64),
+               r: (hdrhistogram::Histogram<u64>, Duration, u64)| {
+        let _ = sum.0.add(&r.0);
+        sum.1 += r.1;
+        sum.2 += r.2;
+    };
+    for t in 1..=turns {
+        let r = closed_loop(a(), slice, format!("turn {t}/{turns}: sluice {label}")).await;
+        add(&mut sums[0], r);
+        let r = closed_loop(
+            b().await?,
+            slice,
+            format!("turn {t}/{turns}: redis {label}"),
+        )
+        .await;
+        add(&mut sums[1], r);
+    }
+    Ok(sums)
 }
 
 /// CPU time each of `pids` has used so far (zero where unreadable).
@@ -384,6 +434,13 @@ pub fn run(a: ClusterBenchArgs, json: bool) -> Result<()> {
     let mut faults: Vec<(u32, usize, usize, (f64, f64))> = Vec::new();
     let mut cpus: Vec<CpuPerPut> = Vec::new();
     let base = baseline_server()?;
+    // Up from the start: the phases that take turns with the shard of 3
+    // need it beside the shard.
+    let redis = if a.no_redis {
+        None
+    } else {
+        Some(start_redis()?)
+    };
     rt.block_on(async {
         for &size in &a.sizes {
             // Loopback: a put-shaped and a get-shaped round trip.
@@ -447,6 +504,28 @@ pub fn run(a: ClusterBenchArgs, json: bool) -> Result<()> {
                 rows.push(row(&target, "get_linearizable", size, "closed", 1, (&r.0, r.1, r.2)));
                 let r = closed_loop(vec![PutThenGet(op(c0.clone(), "put"))], dur, format!("{target} put then get {}", fmt_size(size))).await;
                 rows.push(row(&target, "put_then_get", size, "closed", 1, (&r.0, r.1, r.2)));
+                if let (Some(redis), true) = (&redis, n == 3 && a.turns > 0) {
+                    let mut clients = vec![c0.clone()];
+                    for _ in 1..a.clients {
+                        clients.push(connect(&procs.addrs[0], Duration::from_secs(10)).await?);
+                    }
+                    for c in [1, a.clients] {
+                        let [s, r] = taking_turns(a.turns, dur, &format!("put {} c={c}", fmt_size(size)), || {
+                            clients.iter().take(c).map(|cl| op(cl.clone(), "put")).collect()
+                        }, || async {
+                            let mut ws = Vec::new();
+                            for _ in 0..c {
+                                let mut w = redis_op(&redis.master, "put", size).await?;
+                                w.wait_replicas = Some(2);
+                                ws.push(w);
+                            }
+                            Ok(ws)
+                        })
+                        .await?;
+                        rows.push(row(&target, "put", size, TURNS, c, (&s.0, s.1, s.2)));
+                        rows.push(row("redis-w2", "put", size, TURNS, c, (&r.0, r.1, r.2)));
+                    }
+                }
             }
             if n >= 3 {
                 let mut times = Vec::new();
@@ -498,8 +577,7 @@ pub fn run(a: ClusterBenchArgs, json: bool) -> Result<()> {
         if a.interference_s > 0 {
             interference(&a, &mut rows).await?;
         }
-        if !a.no_redis {
-            let redis = start_redis()?;
+        if let Some(redis) = &redis {
             for &size in &a.sizes {
                 let mut w = redis_op(&redis.master, "put", size).await?;
                 w.wait_replicas = Some(2);
@@ -592,10 +670,12 @@ pub fn run(a: ClusterBenchArgs, json: bool) -> Result<()> {
             );
         }
     }
-    let find = |t: &str, op: &str, size: usize, c: usize| {
-        rows.iter()
-            .find(|r| r.target == t && r.op == op && r.size == size && r.clients == c)
+    let find_in = |mode: &str, t: &str, op: &str, size: usize, c: usize| {
+        rows.iter().find(|r| {
+            r.mode == mode && r.target == t && r.op == op && r.size == size && r.clients == c
+        })
     };
+    let find = |t: &str, op: &str, size: usize, c: usize| find_in("closed", t, op, size, c);
     if let (Some(alone), Some(beside)) = (
         find("sluice-2shard", "put_alone", 10_240, 1),
         find("sluice-2shard", "put_beside_1MB", 10_240, 1),
@@ -631,6 +711,31 @@ pub fn run(a: ClusterBenchArgs, json: bool) -> Result<()> {
                 "3-replica put {} c={}: throughput {:.2}x redis WAIT 2 (goal >= 1.0x)",
                 fmt_size(size),
                 a.clients,
+                s.ops_per_s / r.ops_per_s
+            );
+        }
+        if let (Some(s), Some(r)) = (
+            find_in(TURNS, "sluice-r3", "put", size, 1),
+            find_in(TURNS, "redis-w2", "put", size, 1),
+        ) {
+            println!(
+                "3-replica put {} p50, taking turns ({} each): sluice {:.1} µs / redis WAIT 2 {:.1} µs = {:.2}x (goal <= 1.0x)",
+                fmt_size(size),
+                a.turns,
+                s.p50_us,
+                r.p50_us,
+                s.p50_us / r.p50_us
+            );
+        }
+        if let (Some(s), Some(r)) = (
+            find_in(TURNS, "sluice-r3", "put", size, a.clients),
+            find_in(TURNS, "redis-w2", "put", size, a.clients),
+        ) {
+            println!(
+                "3-replica put {} c={}, taking turns ({} each): throughput {:.2}x redis WAIT 2 (goal >= 1.0x)",
+                fmt_size(size),
+                a.clients,
+                a.turns,
                 s.ops_per_s / r.ops_per_s
             );
         }
@@ -747,4 +852,54 @@ async fn interference(a: &ClusterBenchArgs, rows: &mut Vec<Row>) -> Result<()> {
         (&b.0, b.1, b.2),
     ));
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::{Arc, Mutex};
+
+    /// An operation that notes which target ran it.
+    struct Note(&'static str, Arc<Mutex<Vec<&'static str>>>);
+
+    impl Op for Note {
+        async fn call(&mut self, _: u64) -> Result<()> {
+            self.1.lock().unwrap().push(self.0);
+            tokio::time::sleep(Duration::from_micros(200)).await;
+            Ok(())
+        }
+    }
+
+    /// The targets take turns, A first, and each one's slices add up: its
+    /// histogram holds every operation it ran, its time is its slices'.
+    #[tokio::test]
+    async fn targets_take_turns_and_their_slices_add_up() {
+        let log = Arc::new(Mutex::new(Vec::new()));
+        let (la, lb) = (log.clone(), log.clone());
+        let [a, b] = taking_turns(
+            3,
+            Duration::from_millis(60),
+            "test",
+            || vec![Note("a", la.clone()), Note("a", la.clone())],
+            || {
+                let lb = lb.clone();
+                async move { Ok(vec![Note("b", lb)]) }
+            },
+        )
+        .await
+        .unwrap();
+        let log = log.lock().unwrap().clone();
+        let mut runs = log.clone();
+        runs.dedup();
+        assert_eq!(
+            runs,
+            ["a", "b", "a", "b", "a", "b"],
+            "three turns each, A first"
+        );
+        let count = |t| log.iter().filter(|&&x| x == t).count() as u64;
+        assert_eq!(a.0.len(), count("a"));
+        assert_eq!(b.0.len(), count("b"));
+        assert!(a.1 >= Duration::from_millis(60) && b.1 >= Duration::from_millis(60));
+        assert_eq!((a.2, b.2), (0, 0));
+    }
 }
