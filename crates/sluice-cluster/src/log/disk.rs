@@ -115,6 +115,8 @@ pub(super) struct Disk {
     /// already has is much cheaper than growing a file (page allocation).
     /// Mapped logs keep each file's mapping with it.
     pub(super) free: Spares,
+    /// How many of those are kept at most (`FREE_SEGMENTS` until told).
+    pub(super) spares: usize,
     /// Mapped logs: a thread is preparing a spare segment.
     pub(super) preparing: Arc<std::sync::atomic::AtomicBool>,
     pub(super) sync: bool,
@@ -144,12 +146,14 @@ pub(super) fn preallocate(file: &File, len: u64) -> std::io::Result<()> {
     file.sync_all()
 }
 
-/// Purged segment files kept for reuse: enough for what one purge lets go
-/// at the default `snapshot_bytes` (256 MiB; the log grows on while the
-/// snapshot is built, to about twice that), so a busy group writes into
-/// pages its files already have. The files are the group's peak log size,
-/// held rather than handed back and allocated again.
-pub(super) const FREE_SEGMENTS: usize = 16;
+/// Purged segment files kept for reuse at most (`Disk::spares`, until
+/// the log is told how large it grows: `LogStore::set_spares`): enough
+/// for what one purge lets go at the default `snapshot_bytes` (256 MiB;
+/// the log grows on while the snapshot is built, to about twice that), so
+/// a busy group writes into pages its files already have. The files are
+/// the group's peak log size, held rather than handed back and allocated
+/// again.
+pub const FREE_SEGMENTS: usize = 16;
 
 impl Inner {
     /// Appends records to the active segment (per the sync policy),
@@ -351,6 +355,12 @@ impl Inner {
         let Some(d) = &mut self.disk else { return };
         let (dir, keep) = (&d.dir, d.keep);
         let mut free = d.free.lock();
+        // Beyond the number kept (lowered since): handed back.
+        while free.len() > d.spares {
+            if let Some((path, _map)) = free.pop() {
+                let _ = std::fs::remove_file(&path);
+            }
+        }
         d.sealed.retain_mut(|s| {
             if s.max_index > upto {
                 return true;
@@ -364,7 +374,7 @@ impl Inner {
                 return false;
             }
             let spare = dir.join(format!("free-{:08}.log", s.seq));
-            if free.len() < FREE_SEGMENTS && std::fs::rename(&path, &spare).is_ok() {
+            if free.len() < d.spares && std::fs::rename(&path, &spare).is_ok() {
                 free.push((spare, s.map.take()));
             } else {
                 let _ = std::fs::remove_file(&path);

@@ -53,7 +53,7 @@ mod tests;
 mod values;
 mod writer;
 
-use disk::{preallocate, Disk, Sealed};
+use disk::{preallocate, Disk, Sealed, FREE_SEGMENTS};
 use format::*;
 pub use format::{scan_segment, segment_files, Scan, Tail, FORMAT_VERSION, SEGMENT_HEADER};
 use raft::approx_size;
@@ -445,6 +445,7 @@ impl LogStore {
             max_index,
             sealed,
             free: Arc::new(Mutex::new(free)),
+            spares: FREE_SEGMENTS,
             preparing: Arc::default(),
             sync,
             bytes,
@@ -475,6 +476,40 @@ impl LogStore {
         g.record(Record::Purge(upto))?;
         g.drop_purged_segments();
         Ok(())
+    }
+
+    /// Keeps at most `n` purged segment files for reuse (at least one; at
+    /// most `FREE_SEGMENTS`), handing back those beyond it now: a group
+    /// whose log stays small needs few, and each is a segment's worth of
+    /// disk (of memory, on tmpfs).
+    pub fn set_spares(&self, n: usize) {
+        let mut g = self.inner.lock();
+        if let Some(d) = &mut g.disk {
+            d.spares = n.clamp(1, FREE_SEGMENTS);
+        }
+        g.drop_purged_segments();
+    }
+
+    /// How many purged segment files are kept for reuse at most.
+    pub fn spare_limit(&self) -> usize {
+        self.inner.lock().disk.as_ref().map_or(0, |d| d.spares)
+    }
+
+    /// The purged segment files kept for reuse now.
+    pub fn spare_count(&self) -> usize {
+        self.inner
+            .lock()
+            .disk
+            .as_ref()
+            .map_or(0, |d| d.free.lock().len())
+    }
+
+    /// How many spare segments a log that grows to `bytes` at most needs:
+    /// what one purge lets go, twice over (the log grows on while a
+    /// snapshot is built), at least two.
+    pub fn spares_for(bytes: u64) -> usize {
+        let segments = bytes.saturating_mul(2).div_ceil(SEGMENT_BYTES) as usize;
+        segments.clamp(2, FREE_SEGMENTS)
     }
 
     /// Bytes of entries held in memory (not yet covered by a snapshot).

@@ -866,3 +866,45 @@ fn populates(touch_only: bool) {
     );
     assert!(map[..] == pattern[..], "populate changed the contents");
 }
+
+/// The spare segments kept for reuse follow `set_spares`: a purge keeps
+/// no more than that many files, and lowering it hands back the rest at
+/// once; without it, up to `FREE_SEGMENTS`.
+#[test]
+fn spare_segments_are_kept_up_to_the_number_set() {
+    let files = |dir: &Path| numbered(dir, "free-").unwrap().len();
+    let fill = |s: &LogStore| {
+        let mut g = s.inner.lock();
+        append(&mut g, (1..=260).map(|i| entry(1, i, 1 << 20)).collect());
+        assert!(g.disk.as_ref().unwrap().seq >= 8, "segments rolled");
+    };
+    let d = tempfile::tempdir().unwrap();
+    let s = LogStore::open(d.path(), false).unwrap();
+    fill(&s);
+    s.purge_covered(lid(1, 255)).unwrap();
+    let unbounded = s.spare_count();
+    assert!(unbounded >= 6, "{unbounded} spares by default");
+    assert_eq!(files(d.path()), unbounded);
+    drop(s);
+
+    let d = tempfile::tempdir().unwrap();
+    let s = LogStore::open(d.path(), false).unwrap();
+    s.set_spares(3);
+    fill(&s);
+    s.purge_covered(lid(1, 255)).unwrap();
+    assert_eq!(s.spare_count(), 3);
+    assert_eq!(files(d.path()), 3, "the others were deleted");
+    s.set_spares(1);
+    assert_eq!((s.spare_count(), files(d.path())), (1, 1));
+    s.set_spares(0);
+    assert_eq!(s.spare_count(), 1, "at least one");
+}
+
+#[test]
+fn a_log_needs_spares_for_twice_its_largest_size() {
+    assert_eq!(LogStore::spares_for(0), 2);
+    assert_eq!(LogStore::spares_for(64 << 20), 4);
+    assert_eq!(LogStore::spares_for(65 << 20), 5);
+    assert_eq!(LogStore::spares_for(288 << 20), FREE_SEGMENTS);
+    assert_eq!(LogStore::spares_for(u64::MAX), FREE_SEGMENTS);
+}

@@ -614,6 +614,7 @@ pub fn start(
         matched: matched.clone(),
         to_answer: Default::default(),
     };
+    driver.size_spares();
     let task = tokio::spawn(driver.run(rx, settings.tick));
     // A panic in raft-rs (an invariant it checks) ends the task: the group
     // stops with the reason, as on a storage error, instead of leaving its
@@ -1453,6 +1454,15 @@ impl Driver {
             .min(self.snapshot_bytes)
     }
 
+    /// The log keeps as many purged segments for reuse as it needs at
+    /// its largest (`log_limit` plus what a snapshot keeps behind it), not
+    /// a fixed number: a group whose state is small would otherwise hold
+    /// up to 16 idle segments (576 MiB of tmpfs for a volatile shard).
+    fn size_spares(&self) {
+        let most = self.log_limit().saturating_add(self.keep_behind_bytes());
+        self.log.set_spares(crate::log::LogStore::spares_for(most));
+    }
+
     /// Builds a snapshot off the task once `snapshot_every` entries were
     /// applied since the last, or the log holds more than `log_limit`
     /// beyond what a snapshot keeps; `snapshotted` purges the log when it
@@ -1507,6 +1517,7 @@ impl Driver {
             Ok(Some(id)) => {
                 self.snap_index = self.snap_index.max(id.index);
                 self.snapshot_size = self.sm.snapshot_bytes();
+                self.size_spares();
                 let kept =
                     self.log
                         .kept_behind(id.index, self.keep_behind(), self.keep_behind_bytes());
@@ -1561,6 +1572,7 @@ impl Driver {
         self.snap_index = id.index;
         // The state's size, for `log_limit`, as if this member had built it.
         self.snapshot_size = s.data.len() as u64;
+        self.size_spares();
         self.publish_members();
         Ok(())
     }
