@@ -17,6 +17,15 @@ pub(crate) struct Bounds {
     pub(crate) purged: Option<LogId>,
 }
 
+/// An entry as `LogStore::heads_in` gives it.
+#[derive(Clone, Debug)]
+pub(crate) enum Head {
+    /// A data entry or a blank: its id and kind (values not read).
+    Id(LogId, Kind),
+    /// A membership entry, whole.
+    Whole(Entry),
+}
+
 impl LogStore {
     /// The log's first and last index and its purge point.
     pub(crate) fn bounds(&self) -> Bounds {
@@ -54,6 +63,45 @@ impl LogStore {
             .get(&i)
             .map(|h| h.log_id)
             .or(g.last_purged.filter(|p| p.index == i))
+    }
+
+    /// The heads of entries `lo..hi` (as many as `entries_in` would
+    /// give): a data entry's or a blank's id and kind from the index, so
+    /// raft-rs's own reads of its log (for the entries it commits, and
+    /// for what it checks) never read or copy values back from a segment
+    /// (a 1 MB entry past the in-memory tail was read whole, then
+    /// dropped but for its term); a membership entry whole.
+    pub(crate) fn heads_in(
+        &self,
+        lo: u64,
+        hi: u64,
+        max_bytes: u64,
+    ) -> Result<Vec<Head>, StorageError> {
+        let g = self.inner.lock();
+        let mut out = Vec::new();
+        let mut bytes = 0;
+        for (i, h) in g.index.range(lo..hi) {
+            bytes += h.size;
+            if !out.is_empty() && bytes > max_bytes {
+                break;
+            }
+            out.push(match h.kind {
+                Kind::Membership => match g.entry(*i)? {
+                    Some(e) => Head::Whole(e),
+                    None => break,
+                },
+                kind => Head::Id(h.log_id, kind),
+            });
+        }
+        Ok(out)
+    }
+
+    /// Entries up to `index` were applied: the in-memory tail may let
+    /// them go; those after it it keeps (up to `MEM_UNAPPLIED_BYTES`).
+    pub(crate) fn set_applied(&self, index: u64) {
+        let mut g = self.inner.lock();
+        g.applied = Some(index);
+        g.trim_memory();
     }
 
     /// Entries `lo..hi`, stopping once their values pass `max_bytes`

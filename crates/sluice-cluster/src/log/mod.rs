@@ -53,6 +53,7 @@ mod tests;
 mod values;
 mod writer;
 
+pub(crate) use direct::Head;
 use disk::{preallocate, Disk, Sealed, FREE_SEGMENTS};
 use format::*;
 pub use format::{scan_segment, segment_files, Scan, Tail, FORMAT_VERSION, SEGMENT_HEADER};
@@ -95,8 +96,13 @@ pub struct LogOptions {
     pub faults: Option<Arc<std::sync::Mutex<sluice_log::Faults>>>,
 }
 
-/// Bytes of the newest entries kept in memory (at least one entry).
+/// Bytes of the newest entries kept in memory (at least one entry)...
 const MEM_TAIL_BYTES: u64 = 16 << 20;
+/// ... and, of entries not yet applied (`LogStore::set_applied`), up to
+/// this many: apply reads them next, and an entry the tail let go before
+/// it was applied is read back and copied from its segment (16 puts of
+/// 1 MB in flight fill the tail above).
+const MEM_UNAPPLIED_BYTES: u64 = 4 * MEM_TAIL_BYTES;
 
 /// What is known of every entry the log holds, in memory or not.
 #[derive(Clone, Copy, Debug)]
@@ -104,6 +110,26 @@ struct Held {
     log_id: LogId,
     size: u64,
     loc: Option<Loc>,
+    kind: Kind,
+}
+
+/// An entry's payload, by kind: what raft-rs asks of an entry besides
+/// its id (`LogStore::heads_in`), known without reading its values.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Kind {
+    Normal,
+    Blank,
+    Membership,
+}
+
+impl Kind {
+    fn of(e: &Entry) -> Kind {
+        match e.payload {
+            openraft::EntryPayload::Normal(_) => Kind::Normal,
+            openraft::EntryPayload::Blank => Kind::Blank,
+            openraft::EntryPayload::Membership(_) => Kind::Membership,
+        }
+    }
 }
 
 #[derive(Default)]
@@ -112,6 +138,9 @@ struct Inner {
     entries: BTreeMap<u64, Entry>,
     /// Bytes of `entries`.
     mem_bytes: u64,
+    /// The highest entry applied, where the log is told
+    /// (`LogStore::set_applied`; the raft-rs driver tells it).
+    applied: Option<u64>,
     /// Every entry the log holds.
     index: BTreeMap<u64, Held>,
     /// Bytes of the entries held (what a snapshot would let go).
@@ -161,6 +190,7 @@ impl Inner {
                     log_id: e.log_id,
                     size,
                     loc,
+                    kind: Kind::of(&e),
                 };
                 self.held_bytes += size;
                 if let Some(old) = self.index.insert(i, held) {
@@ -206,6 +236,9 @@ impl Inner {
             let Some((&i, _)) = self.entries.first_key_value() else {
                 break;
             };
+            if self.applied.is_some_and(|a| i > a) && self.mem_bytes <= MEM_UNAPPLIED_BYTES {
+                break; // not applied yet: apply reads it next
+            }
             if self.index.get(&i).and_then(|h| h.loc).is_none() {
                 break; // no disk copy: keep it
             }

@@ -908,3 +908,77 @@ fn a_log_needs_spares_for_twice_its_largest_size() {
     assert_eq!(LogStore::spares_for(288 << 20), FREE_SEGMENTS);
     assert_eq!(LogStore::spares_for(u64::MAX), FREE_SEGMENTS);
 }
+
+/// raft-rs's reads of its log take heads from the index: entries past the
+/// in-memory tail are not read back (a damaged value on disk does not
+/// even show), where reading the entries whole finds the damage.
+#[test]
+fn heads_of_entries_past_the_memory_tail_are_not_read_from_disk() {
+    use super::direct::Head;
+    let d = tempfile::tempdir().unwrap();
+    let s = LogStore::open(d.path(), false).unwrap();
+    append(
+        &mut s.inner.lock(),
+        (1..=40).map(|i| entry(1, i, 1 << 20)).collect(),
+    );
+    let loc = {
+        let g = s.inner.lock();
+        assert!(!g.entries.contains_key(&2), "entry 2 is on disk only");
+        g.index[&2].loc.unwrap()
+    };
+    {
+        use std::os::unix::fs::FileExt;
+        let f = OpenOptions::new()
+            .write(true)
+            .open(seg_path(d.path(), loc.seq))
+            .unwrap();
+        f.write_all_at(&[0x5a; 16], loc.offset + 8 + u64::from(loc.len) - 64)
+            .unwrap();
+    }
+    assert!(s.entries_in(2, 3, u64::MAX).is_err(), "read whole: damaged");
+    let heads = s.heads_in(1, 41, u64::MAX).unwrap();
+    assert_eq!(heads.len(), 40);
+    for (i, h) in (1..).zip(&heads) {
+        match h {
+            Head::Id(id, kind) => assert_eq!((*id, *kind), (lid(1, i), Kind::Normal)),
+            Head::Whole(e) => panic!("entry {} read whole", e.log_id.index),
+        }
+    }
+    // Bounded by bytes like `entries_in` (one at least).
+    assert_eq!(s.heads_in(1, 41, 3 << 20).unwrap().len(), 2);
+    assert_eq!(s.heads_in(1, 41, 0).unwrap().len(), 1);
+}
+
+/// The in-memory tail keeps entries not yet applied (up to
+/// `MEM_UNAPPLIED_BYTES`), so apply never reads them back from disk; once
+/// applied, they go down to `MEM_TAIL_BYTES`.
+#[test]
+fn the_memory_tail_keeps_what_is_not_applied_yet() {
+    let d = tempfile::tempdir().unwrap();
+    let s = LogStore::open(d.path(), false).unwrap();
+    s.set_applied(10);
+    append(
+        &mut s.inner.lock(),
+        (1..=40).map(|i| entry(1, i, 1 << 20)).collect(),
+    );
+    let in_memory = |s: &LogStore| s.inner.lock().entries.keys().copied().collect::<Vec<_>>();
+    assert_eq!(
+        in_memory(&s),
+        (11..=40).collect::<Vec<_>>(),
+        "11..=40 unapplied"
+    );
+    s.set_applied(40);
+    let kept = in_memory(&s);
+    assert!(kept.len() <= 16 && kept.last() == Some(&40), "{kept:?}");
+    // Past `MEM_UNAPPLIED_BYTES` even unapplied entries go to disk only.
+    append(
+        &mut s.inner.lock(),
+        (41..=140).map(|i| entry(1, i, 1 << 20)).collect(),
+    );
+    let kept = in_memory(&s);
+    assert!(
+        kept.len() <= 64 && kept[0] > 41,
+        "{} entries kept",
+        kept.len()
+    );
+}

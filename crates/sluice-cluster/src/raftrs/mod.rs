@@ -1264,6 +1264,7 @@ impl Driver {
             .sm
             .apply_entries(ours.into_iter())
             .map_err(|e| format!("applying: {e}"))?;
+        self.log.set_applied(last.index);
         // Entries apply in order, and a leader proposes a change only once
         // the last is applied: at most one per batch but for a member
         // catching up, for which the last one counts.

@@ -4,7 +4,7 @@
 //! by reference, and travels beside raft-rs's messages (`Outgoing`).
 
 use super::{conf_change_data, Members, DATA_COMMAND};
-use crate::log::LogStore;
+use crate::log::{Head, Kind, LogStore};
 use crate::types::Entry;
 use openraft::EntryPayload;
 use raft::eraftpb::{self, HardState};
@@ -47,6 +47,20 @@ pub(super) fn to_raft(e: &Entry) -> raft::Result<eraftpb::Entry> {
     Ok(entry)
 }
 
+/// raft-rs's entry for a data entry or a blank (a membership entry
+/// needs its payload: `to_raft`).
+fn head_to_raft(id: crate::types::LogId, kind: Kind) -> eraftpb::Entry {
+    eraftpb::Entry {
+        term: id.leader_id.term,
+        index: id.index,
+        data: match kind {
+            Kind::Normal => vec![DATA_COMMAND],
+            Kind::Blank | Kind::Membership => Vec::new(),
+        },
+        ..Default::default()
+    }
+}
+
 impl raft::Storage for RaftLog {
     fn initial_state(&self) -> raft::Result<RaftState> {
         let (term, vote) = self.log.hard_state();
@@ -83,18 +97,30 @@ impl raft::Storage for RaftLog {
             return Err(raft::Error::Store(StorageError::Unavailable));
         }
         let max = max_size.into().unwrap_or(u64::MAX);
-        let ours = self.log.entries_in(low, high, max).map_err(other)?;
-        if ours.is_empty() && low < high {
+        // Heads only: raft-rs's entries carry no values (the driver finds
+        // the commands where it needs them).
+        let heads = self.log.heads_in(low, high, max).map_err(other)?;
+        if heads.is_empty() && low < high {
             return Err(raft::Error::Store(StorageError::Unavailable));
         }
+        let id = |h: &Head| match h {
+            Head::Id(id, _) => *id,
+            Head::Whole(e) => e.log_id,
+        };
         // raft-rs relies on entries that follow each other.
-        if let Some((i, e)) = (low..).zip(&ours).find(|(i, e)| e.log_id.index != *i) {
+        if let Some((i, h)) = (low..).zip(&heads).find(|(i, h)| id(h).index != *i) {
             return Err(other(format!(
                 "the log gave entry {} where {i} was asked",
-                e.log_id.index
+                id(h).index
             )));
         }
-        ours.iter().map(to_raft).collect()
+        heads
+            .iter()
+            .map(|h| match h {
+                Head::Whole(e) => to_raft(e),
+                Head::Id(id, kind) => Ok(head_to_raft(*id, *kind)),
+            })
+            .collect()
     }
 
     fn term(&self, idx: u64) -> raft::Result<u64> {
