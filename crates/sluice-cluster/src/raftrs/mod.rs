@@ -609,6 +609,7 @@ pub fn start(
         snapshot_every: settings.snapshot_every.max(1),
         snapshot_bytes: settings.snapshot_bytes,
         snapshot_min_bytes: settings.snapshot_min_bytes,
+        max_bytes_per_msg: settings.max_bytes_per_msg,
         snapshot_size,
         peers_inbox: inbox.clone(),
         matched: matched.clone(),
@@ -678,6 +679,8 @@ struct Driver {
     snapshot_every: u64,
     snapshot_bytes: u64,
     snapshot_min_bytes: u64,
+    /// Most bytes of values one append carries (`split_append`).
+    max_bytes_per_msg: u64,
     /// The size of the saved snapshot (0: none yet).
     snapshot_size: u64,
     matched: Matched,
@@ -1212,23 +1215,31 @@ impl Driver {
             if crate::marks::on() {
                 self.mark_send(&msg, to);
             }
-            let commands = match msg.get_msg_type() {
-                MessageType::MsgAppend => match self.commands_of(&msg.entries) {
-                    Ok(c) => c,
-                    Err(e) => {
-                        // raft-rs sends again once it hears back.
-                        tracing::warn!(group = self.group, to, error = %e, "append not sent");
-                        continue;
-                    }
-                },
-                _ => Vec::new(),
+            if msg.get_msg_type() != MessageType::MsgAppend {
+                self.transport.send(Outgoing {
+                    group: self.group,
+                    to,
+                    msg,
+                    commands: Vec::new(),
+                });
+                continue;
+            }
+            let commands = match self.commands_of(&msg.entries) {
+                Ok(c) => c,
+                Err(e) => {
+                    // raft-rs sends again once it hears back.
+                    tracing::warn!(group = self.group, to, error = %e, "append not sent");
+                    continue;
+                }
             };
-            self.transport.send(Outgoing {
-                group: self.group,
-                to,
-                msg,
-                commands,
-            });
+            for (msg, commands) in split_append(msg, commands, self.max_bytes_per_msg) {
+                self.transport.send(Outgoing {
+                    group: self.group,
+                    to,
+                    msg,
+                    commands,
+                });
+            }
         }
     }
 
@@ -1659,6 +1670,63 @@ impl Driver {
 }
 
 /// Whether raft-rs's entry is a membership change.
+/// An append whose entries carry more than `max` bytes of values, as
+/// consecutive appends of at most `max` each (one entry at least), in
+/// order: each names the entry before its first (`index`, `log_term`),
+/// as a follower checks, and keeps the commit index (a follower commits
+/// no further than the entries it has). raft-rs sizes entries by its own
+/// encoding, a byte or so each (the values travel beside it), so one
+/// append of a busy turn held every large write of it, and a follower
+/// read frames of as many megabytes as there were 1 MB writes: buffers
+/// of every size, which its receive pool could not reuse (each new one
+/// faulted in), and an entry appended only once all had arrived.
+fn split_append(
+    msg: RaftMessage,
+    commands: Vec<Command>,
+    max: u64,
+) -> Vec<(RaftMessage, Vec<Command>)> {
+    let bytes = |c: &Command| {
+        let mut v = Vec::new();
+        crate::chunks::command_values(c, 0, &mut v);
+        v.iter().map(|b| b.len() as u64).sum::<u64>()
+    };
+    let total: u64 = commands.iter().map(bytes).sum();
+    if total <= max || msg.entries.len() < 2 {
+        return vec![(msg, commands)];
+    }
+    let mut head = msg;
+    let entries = std::mem::take(&mut head.entries);
+    let mut commands = commands.into_iter();
+    let mut parts: Vec<(RaftMessage, Vec<Command>)> = Vec::new();
+    let (mut cur, mut cur_cmds, mut cur_bytes) = (Vec::new(), Vec::new(), 0u64);
+    let (mut prev_index, mut prev_term) = (head.index, head.log_term);
+    for e in entries {
+        let cmd = (e.data == [DATA_COMMAND])
+            .then(|| commands.next())
+            .flatten();
+        let b = cmd.as_ref().map_or(0, bytes);
+        if !cur.is_empty() && cur_bytes + b > max {
+            let last: &eraftpb::Entry = cur.last().expect("not empty");
+            let (li, lt) = (last.index, last.term);
+            let mut part = head.clone();
+            part.index = prev_index;
+            part.log_term = prev_term;
+            part.entries = std::mem::take(&mut cur);
+            parts.push((part, std::mem::take(&mut cur_cmds)));
+            (prev_index, prev_term, cur_bytes) = (li, lt, 0);
+        }
+        cur_bytes += b;
+        cur_cmds.extend(cmd);
+        cur.push(e);
+    }
+    let mut part = head;
+    part.index = prev_index;
+    part.log_term = prev_term;
+    part.entries = cur;
+    parts.push((part, cur_cmds));
+    parts
+}
+
 fn is_conf_change(e: &eraftpb::Entry) -> bool {
     matches!(
         e.get_entry_type(),

@@ -1169,3 +1169,76 @@ async fn a_snapshot_that_arrives_while_entries_are_being_written_is_installed() 
     );
     stop_all(&net, ms).await;
 }
+
+/// An append whose values pass `max_bytes_per_msg` goes as consecutive
+/// appends of at most that much (one entry at least), each naming the
+/// entry before its first; the commands go with their entries; a blank
+/// entry rides along; an append within the limit stays whole.
+#[test]
+fn large_appends_are_cut_into_consecutive_ones() {
+    let e = |index: u64, term: u64, data: bool| raft::eraftpb::Entry {
+        index,
+        term,
+        data: if data { vec![DATA_COMMAND] } else { Vec::new() },
+        ..Default::default()
+    };
+    let mut msg = RaftMessage {
+        to: 2,
+        from: 1,
+        term: 3,
+        log_term: 2,
+        index: 10,
+        commit: 14,
+        entries: vec![
+            e(11, 2, true),
+            e(12, 3, true),
+            e(13, 3, true),
+            e(14, 3, false),
+            e(15, 3, true),
+        ],
+        ..Default::default()
+    };
+    msg.set_msg_type(MessageType::MsgAppend);
+    let v = |n: usize| vec![n as u8; n];
+    let commands = vec![
+        put("/a", &v(600_000)),
+        put("/b", &v(600_000)),
+        put("/c", &v(10)),
+        put("/d", &v(600_000)),
+    ];
+    let key = |c: &Command| match c {
+        Command::Write { key, .. } => key.clone(),
+        _ => unreachable!(),
+    };
+    let parts = split_append(msg.clone(), commands.clone(), 1 << 20);
+    let got: Vec<(u64, u64, Vec<u64>, Vec<String>, u64)> = parts
+        .iter()
+        .map(|(m, c)| {
+            (
+                m.index,
+                m.log_term,
+                m.entries.iter().map(|e| e.index).collect(),
+                c.iter().map(key).collect(),
+                m.commit,
+            )
+        })
+        .collect();
+    assert_eq!(
+        got,
+        vec![
+            (10, 2, vec![11], vec!["/a".to_string()], 14),
+            (11, 2, vec![12, 13, 14], vec!["/b".into(), "/c".into()], 14),
+            (14, 3, vec![15], vec!["/d".into()], 14),
+        ]
+    );
+    assert!(parts
+        .iter()
+        .all(|(m, _)| m.get_msg_type() == MessageType::MsgAppend && m.term == 3));
+    // Within the limit, or a single entry however large: as it was.
+    let whole = split_append(msg.clone(), commands.clone(), 4 << 20);
+    assert_eq!(whole.len(), 1);
+    assert_eq!(whole[0].0, msg);
+    let mut one = msg.clone();
+    one.entries.truncate(1);
+    assert_eq!(split_append(one, commands[..1].to_vec(), 1000).len(), 1);
+}
