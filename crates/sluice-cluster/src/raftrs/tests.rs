@@ -1211,7 +1211,9 @@ fn large_appends_are_cut_into_consecutive_ones() {
         _ => unreachable!(),
     };
     let parts = split_append(msg.clone(), commands.clone(), 1 << 20);
-    let got: Vec<(u64, u64, Vec<u64>, Vec<String>, u64)> = parts
+    // (index, log_term, entries, keys, commit) of each part.
+    type Part = (u64, u64, Vec<u64>, Vec<String>, u64);
+    let got: Vec<Part> = parts
         .iter()
         .map(|(m, c)| {
             (
