@@ -96,12 +96,15 @@ impl LogStore {
         Ok(out)
     }
 
-    /// Entries up to `index` were applied: the in-memory tail may let
-    /// them go; those after it it keeps (up to `MEM_UNAPPLIED_BYTES`).
-    pub(crate) fn set_applied(&self, index: u64) {
+    /// Entries up to `index` are done with (applied, and a leader's on
+    /// every live follower): the in-memory tail may let them go; those
+    /// after it it keeps (up to `MEM_NEEDED_BYTES`).
+    pub(crate) fn set_needed_after(&self, index: u64) {
         let mut g = self.inner.lock();
-        g.applied = Some(index);
-        g.trim_memory();
+        if g.needed_after != Some(index) {
+            g.needed_after = Some(index);
+            g.trim_memory();
+        }
     }
 
     /// Entries `lo..hi`, stopping once their values pass `max_bytes`

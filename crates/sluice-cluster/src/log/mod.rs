@@ -98,11 +98,14 @@ pub struct LogOptions {
 
 /// Bytes of the newest entries kept in memory (at least one entry)...
 const MEM_TAIL_BYTES: u64 = 16 << 20;
-/// ... and, of entries not yet applied (`LogStore::set_applied`), up to
-/// this many: apply reads them next, and an entry the tail let go before
-/// it was applied is read back and copied from its segment (16 puts of
-/// 1 MB in flight fill the tail above).
-const MEM_UNAPPLIED_BYTES: u64 = 4 * MEM_TAIL_BYTES;
+/// ... and, of entries still needed (`LogStore::set_needed_after`: not
+/// yet applied, or a leader's not yet on every live follower), up to
+/// this many: apply and replication read them next, and an entry the
+/// tail let go is read back and copied from its segment (16 puts of 1 MB
+/// in flight fill the tail above; a leader that read each 1 MB entry
+/// back for a follower a little behind fell further behind with every
+/// read, and 16-client 1 MB puts stalled for seconds).
+const MEM_NEEDED_BYTES: u64 = 4 * MEM_TAIL_BYTES;
 
 /// What is known of every entry the log holds, in memory or not.
 #[derive(Clone, Copy, Debug)]
@@ -138,9 +141,9 @@ struct Inner {
     entries: BTreeMap<u64, Entry>,
     /// Bytes of `entries`.
     mem_bytes: u64,
-    /// The highest entry applied, where the log is told
-    /// (`LogStore::set_applied`; the raft-rs driver tells it).
-    applied: Option<u64>,
+    /// Entries after this one are still needed, where the log is told
+    /// (`LogStore::set_needed_after`; the raft-rs driver tells it).
+    needed_after: Option<u64>,
     /// Every entry the log holds.
     index: BTreeMap<u64, Held>,
     /// Bytes of the entries held (what a snapshot would let go).
@@ -236,8 +239,8 @@ impl Inner {
             let Some((&i, _)) = self.entries.first_key_value() else {
                 break;
             };
-            if self.applied.is_some_and(|a| i > a) && self.mem_bytes <= MEM_UNAPPLIED_BYTES {
-                break; // not applied yet: apply reads it next
+            if self.needed_after.is_some_and(|a| i > a) && self.mem_bytes <= MEM_NEEDED_BYTES {
+                break; // still needed: read next
             }
             if self.index.get(&i).and_then(|h| h.loc).is_none() {
                 break; // no disk copy: keep it

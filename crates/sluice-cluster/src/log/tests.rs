@@ -949,14 +949,14 @@ fn heads_of_entries_past_the_memory_tail_are_not_read_from_disk() {
     assert_eq!(s.heads_in(1, 41, 0).unwrap().len(), 1);
 }
 
-/// The in-memory tail keeps entries not yet applied (up to
-/// `MEM_UNAPPLIED_BYTES`), so apply never reads them back from disk; once
-/// applied, they go down to `MEM_TAIL_BYTES`.
+/// The in-memory tail keeps entries still needed (up to
+/// `MEM_NEEDED_BYTES`), so apply and replication do not read them back
+/// from disk; once done with, they go down to `MEM_TAIL_BYTES`.
 #[test]
 fn the_memory_tail_keeps_what_is_not_applied_yet() {
     let d = tempfile::tempdir().unwrap();
     let s = LogStore::open(d.path(), false).unwrap();
-    s.set_applied(10);
+    s.set_needed_after(10);
     append(
         &mut s.inner.lock(),
         (1..=40).map(|i| entry(1, i, 1 << 20)).collect(),
@@ -965,12 +965,12 @@ fn the_memory_tail_keeps_what_is_not_applied_yet() {
     assert_eq!(
         in_memory(&s),
         (11..=40).collect::<Vec<_>>(),
-        "11..=40 unapplied"
+        "11..=40 still needed"
     );
-    s.set_applied(40);
+    s.set_needed_after(40);
     let kept = in_memory(&s);
     assert!(kept.len() <= 16 && kept.last() == Some(&40), "{kept:?}");
-    // Past `MEM_UNAPPLIED_BYTES` even unapplied entries go to disk only.
+    // Past `MEM_NEEDED_BYTES` even needed entries go to disk only.
     append(
         &mut s.inner.lock(),
         (41..=140).map(|i| entry(1, i, 1 << 20)).collect(),

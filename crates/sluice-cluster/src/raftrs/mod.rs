@@ -756,8 +756,29 @@ impl Driver {
             self.ask_reads();
             self.on_ready()?;
         }
+        self.log.set_needed_after(self.done_with());
         self.maybe_snapshot();
         Ok(())
+    }
+
+    /// The last entry this member is done with: applied, and on a
+    /// leader also on every live follower (one gone, not heard from in
+    /// an election timeout, does not hold the log's memory; it reads
+    /// back from the segments).
+    fn done_with(&self) -> u64 {
+        let applied = self.raw.raft.raft_log.applied;
+        if self.raw.raft.state != StateRole::Leader {
+            return applied;
+        }
+        let me = self.raw.raft.id;
+        self.raw
+            .raft
+            .prs()
+            .iter()
+            .filter(|(id, pr)| **id != me && pr.recent_active)
+            .map(|(_, pr)| pr.matched)
+            .min()
+            .map_or(applied, |m| m.min(applied))
     }
 
     fn leader(&self) -> Option<u64> {
@@ -1275,7 +1296,6 @@ impl Driver {
             .sm
             .apply_entries(ours.into_iter())
             .map_err(|e| format!("applying: {e}"))?;
-        self.log.set_applied(last.index);
         // Entries apply in order, and a leader proposes a change only once
         // the last is applied: at most one per batch but for a member
         // catching up, for which the last one counts.
