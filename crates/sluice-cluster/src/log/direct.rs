@@ -79,14 +79,9 @@ impl LogStore {
     ) -> Result<Vec<Head>, StorageError> {
         let g = self.inner.lock();
         let mut out = Vec::new();
-        let mut bytes = 0;
-        for (i, h) in g.index.range(lo..hi) {
-            bytes += h.size;
-            if !out.is_empty() && bytes > max_bytes {
-                break;
-            }
+        for (i, h) in g.held_upto(lo, hi, max_bytes) {
             out.push(match h.kind {
-                Kind::Membership => match g.entry(*i)? {
+                Kind::Membership => match g.entry(i)? {
                     Some(e) => Head::Whole(e),
                     None => break,
                 },

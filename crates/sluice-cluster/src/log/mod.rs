@@ -271,6 +271,26 @@ impl Inner {
         Ok(())
     }
 
+    /// What the index holds of entries `start..end`, stopping once their
+    /// values pass `max_bytes` (at least one entry goes).
+    fn held_upto(
+        &self,
+        start: u64,
+        end: u64,
+        max_bytes: u64,
+    ) -> impl Iterator<Item = (u64, &Held)> + '_ {
+        let (mut bytes, mut first) = (0u64, true);
+        self.index
+            .range(start..end)
+            .take_while(move |(_, h)| {
+                bytes = bytes.saturating_add(h.size);
+                let go = first || bytes <= max_bytes;
+                first = false;
+                go
+            })
+            .map(|(i, h)| (*i, h))
+    }
+
     /// Entries `start..end`, stopping once their values pass `max_bytes`
     /// (at least one entry goes).
     fn entries_upto(
@@ -280,13 +300,8 @@ impl Inner {
         max_bytes: u64,
     ) -> Result<Vec<Entry>, StorageError> {
         let mut out = Vec::new();
-        let mut bytes = 0;
-        for (i, h) in self.index.range(start..end) {
-            bytes += h.size;
-            if !out.is_empty() && bytes > max_bytes {
-                break;
-            }
-            out.extend(self.entry(*i)?);
+        for (i, _) in self.held_upto(start, end, max_bytes) {
+            out.extend(self.entry(i)?);
         }
         Ok(out)
     }
