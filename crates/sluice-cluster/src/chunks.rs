@@ -167,19 +167,28 @@ pub fn write_all_vectored(
     Ok(())
 }
 
-/// The values of a command's writes (one, or a batch's) of at least
-/// `min` bytes, in encoding order, appended to `out`.
+/// The values of a command's writes (one, or a batch's), in encoding
+/// order.
+fn values_of(c: &crate::types::Command) -> impl Iterator<Item = &Bytes> {
+    use crate::types::Command;
+    let (one, batch) = match c {
+        Command::Write { value, .. } => (value.as_ref(), &[][..]),
+        Command::Batch(ws) => (None, &ws[..]),
+        _ => (None, &[][..]),
+    };
+    one.into_iter()
+        .chain(batch.iter().filter_map(|w| w.value.as_ref()))
+}
+
+/// The values of a command's writes of at least `min` bytes, in encoding
+/// order, appended to `out`.
 pub fn command_values(c: &crate::types::Command, min: usize, out: &mut Vec<Bytes>) {
-    match c {
-        crate::types::Command::Write { value: Some(v), .. } if v.len() >= min => {
-            out.push(v.clone())
-        }
-        crate::types::Command::Batch(ws) => out.extend(
-            ws.iter()
-                .filter_map(|w| w.value.as_ref().filter(|v| v.len() >= min).cloned()),
-        ),
-        _ => {}
-    }
+    out.extend(values_of(c).filter(|v| v.len() >= min).cloned());
+}
+
+/// The bytes of a command's values (what bounds a consensus message).
+pub fn value_bytes(c: &crate::types::Command) -> u64 {
+    values_of(c).map(|v| v.len() as u64).sum()
 }
 
 /// The values of an entry's writes of at least `min` bytes, in encoding

@@ -153,7 +153,7 @@ pub(super) fn preallocate(file: &File, len: u64) -> std::io::Result<()> {
 /// a busy group writes into pages its files already have. The files are
 /// the group's peak log size, held rather than handed back and allocated
 /// again.
-pub const FREE_SEGMENTS: usize = 16;
+pub(super) const FREE_SEGMENTS: usize = 16;
 
 impl Inner {
     /// Appends records to the active segment (per the sync policy),

@@ -1,9 +1,11 @@
 //! The consensus log of one group: every change appended to segment
 //! files (`seg-<n>.log`) so a restarted node comes back with its vote,
 //! its log and its commit point; the newest entries (up to
-//! `MEM_TAIL_BYTES`) also kept in memory, where replication and apply
-//! find them. Older entries are read back from their segment when asked
-//! for (a follower catching up). Keeping the tail short matters for
+//! `MEM_TAIL_BYTES`, and up to `MEM_NEEDED_BYTES` of those a raft-rs
+//! member still needs: not applied, or not on every live follower) also
+//! kept in memory, where replication and apply find them. Older entries
+//! are read back from their segment when asked for (a follower catching
+//! up); raft-rs's own reads take heads from the index and read nothing. Keeping the tail short matters for
 //! large values: a follower's entries are slices of the frames they
 //! arrived in, and holding hundreds of megabytes of frames until the next
 //! snapshot made every new frame land on freshly faulted pages.
@@ -126,7 +128,7 @@ pub(crate) enum Kind {
 }
 
 impl Kind {
-    fn of(e: &Entry) -> Kind {
+    pub(crate) fn of(e: &Entry) -> Kind {
         match e.payload {
             openraft::EntryPayload::Normal(_) => Kind::Normal,
             openraft::EntryPayload::Blank => Kind::Blank,

@@ -444,19 +444,26 @@ fn only_the_newest_entries_stay_in_memory_and_older_ones_read_back_from_disk() {
     assert_eq!(batch.first().map(|e| e.log_id.index), Some(3));
 }
 
-#[test]
-fn an_evicted_entry_that_fails_its_checksum_is_an_error_naming_the_file() {
+/// A log of `n` entries of 1 MiB (unmapped, unsynced) and where entry
+/// `i` lies, which the in-memory tail has let go (on disk only).
+fn evicted(n: u64, i: u64) -> (tempfile::TempDir, LogStore, Loc) {
     let d = tempfile::tempdir().unwrap();
     let s = LogStore::open(d.path(), false).unwrap();
     append(
         &mut s.inner.lock(),
-        (1..=30).map(|i| entry(1, i, 1 << 20)).collect(),
+        (1..=n).map(|i| entry(1, i, 1 << 20)).collect(),
     );
     let loc = {
         let g = s.inner.lock();
-        assert!(!g.entries.contains_key(&1), "entry 1 left memory");
-        g.index[&1].loc.unwrap()
+        assert!(!g.entries.contains_key(&i), "entry {i} left memory");
+        g.index[&i].loc.unwrap()
     };
+    (d, s, loc)
+}
+
+#[test]
+fn an_evicted_entry_that_fails_its_checksum_is_an_error_naming_the_file() {
+    let (d, s, loc) = evicted(30, 1);
     let seg = seg_path(d.path(), loc.seq);
     let mut data = std::fs::read(&seg).unwrap();
     data[loc.offset as usize + 100] ^= 0xff;
@@ -753,28 +760,25 @@ fn a_spare_that_cannot_be_prepared_is_dropped_and_the_log_writes_on() {
     assert_eq!(g.entry(36).unwrap().unwrap().log_id, lid(1, 36));
 }
 
+/// A log without a disk holding entries 1..=n of `size` bytes.
+fn in_memory(n: u64, size: usize) -> LogStore {
+    let s = LogStore::default();
+    for i in 1..=n {
+        s.inner.lock().apply(Record::Entry(entry(1, i, size)), None);
+    }
+    s
+}
+
 #[test]
 fn replication_batches_stop_at_the_byte_budget_but_never_send_nothing() {
-    let s = LogStore::default();
-    {
-        let mut g = s.inner.lock();
-        for i in 1..=10 {
-            g.apply(Record::Entry(entry(1, i, 3 << 20)), None);
-        }
-    }
+    let s = in_memory(10, 3 << 20);
     let rt = tokio::runtime::Builder::new_current_thread()
         .build()
         .unwrap();
     let mut r = s.clone();
     let got = rt.block_on(r.limited_get_log_entries(1, 11)).unwrap();
     assert_eq!(got.len(), 1, "3 MiB + 3 MiB exceeds the budget");
-    let mut small = LogStore::default();
-    for i in 1..=10 {
-        small
-            .inner
-            .lock()
-            .apply(Record::Entry(entry(1, i, 10)), None);
-    }
+    let mut small = in_memory(10, 10);
     assert_eq!(
         rt.block_on(small.limited_get_log_entries(1, 11))
             .unwrap()
@@ -787,13 +791,7 @@ fn replication_batches_stop_at_the_byte_budget_but_never_send_nothing() {
 /// 256 entries of 1 MB would be 256 MB kept in memory.
 #[test]
 fn entries_kept_behind_a_snapshot_are_bounded_by_their_bytes() {
-    let s = LogStore::default();
-    {
-        let mut g = s.inner.lock();
-        for i in 1..=10 {
-            g.apply(Record::Entry(entry(1, i, 1 << 20)), None);
-        }
-    }
+    let s = in_memory(10, 1 << 20);
     let size = |i| s.inner.lock().index[&i].size;
     let (one, held) = (size(5), s.held_bytes());
     // Entries alone bound it where they are small enough.
@@ -915,17 +913,7 @@ fn a_log_needs_spares_for_twice_its_largest_size() {
 #[test]
 fn heads_of_entries_past_the_memory_tail_are_not_read_from_disk() {
     use super::direct::Head;
-    let d = tempfile::tempdir().unwrap();
-    let s = LogStore::open(d.path(), false).unwrap();
-    append(
-        &mut s.inner.lock(),
-        (1..=40).map(|i| entry(1, i, 1 << 20)).collect(),
-    );
-    let loc = {
-        let g = s.inner.lock();
-        assert!(!g.entries.contains_key(&2), "entry 2 is on disk only");
-        g.index[&2].loc.unwrap()
-    };
+    let (d, s, loc) = evicted(40, 2);
     {
         use std::os::unix::fs::FileExt;
         let f = OpenOptions::new()

@@ -1689,7 +1689,6 @@ impl Driver {
     }
 }
 
-/// Whether raft-rs's entry is a membership change.
 /// An append whose entries carry more than `max` bytes of values, as
 /// consecutive appends of at most `max` each (one entry at least), in
 /// order: each names the entry before its first (`index`, `log_term`),
@@ -1705,48 +1704,48 @@ fn split_append(
     commands: Vec<Command>,
     max: u64,
 ) -> Vec<(RaftMessage, Vec<Command>)> {
-    let bytes = |c: &Command| {
-        let mut v = Vec::new();
-        crate::chunks::command_values(c, 0, &mut v);
-        v.iter().map(|b| b.len() as u64).sum::<u64>()
-    };
-    let total: u64 = commands.iter().map(bytes).sum();
-    if total <= max || msg.entries.len() < 2 {
+    use crate::chunks::value_bytes;
+    if msg.entries.len() < 2 || commands.iter().map(value_bytes).sum::<u64>() <= max {
         return vec![(msg, commands)];
     }
     let mut head = msg;
     let entries = std::mem::take(&mut head.entries);
     let mut commands = commands.into_iter();
     let mut parts: Vec<(RaftMessage, Vec<Command>)> = Vec::new();
-    let (mut cur, mut cur_cmds, mut cur_bytes) = (Vec::new(), Vec::new(), 0u64);
-    let (mut prev_index, mut prev_term) = (head.index, head.log_term);
+    // A part done: the head's fields, following entry `after` (index,
+    // term).
+    let mut part = |after: (u64, u64), entries, cmds| {
+        let mut m = head.clone();
+        (m.index, m.log_term, m.entries) = (after.0, after.1, entries);
+        parts.push((m, cmds));
+    };
+    // The part being filled: the entry it follows, its entries, their
+    // commands and values' bytes.
+    let mut after = (head.index, head.log_term);
+    let (mut cur, mut cur_cmds, mut cur_bytes) = (Vec::<eraftpb::Entry>::new(), Vec::new(), 0u64);
     for e in entries {
         let cmd = (e.data == [DATA_COMMAND])
             .then(|| commands.next())
             .flatten();
-        let b = cmd.as_ref().map_or(0, bytes);
-        if !cur.is_empty() && cur_bytes + b > max {
-            let last: &eraftpb::Entry = cur.last().expect("not empty");
-            let (li, lt) = (last.index, last.term);
-            let mut part = head.clone();
-            part.index = prev_index;
-            part.log_term = prev_term;
-            part.entries = std::mem::take(&mut cur);
-            parts.push((part, std::mem::take(&mut cur_cmds)));
-            (prev_index, prev_term, cur_bytes) = (li, lt, 0);
+        let b = cmd.as_ref().map_or(0, value_bytes);
+        if let Some(last) = cur.last().filter(|_| cur_bytes + b > max) {
+            let next_after = (last.index, last.term);
+            part(
+                after,
+                std::mem::take(&mut cur),
+                std::mem::take(&mut cur_cmds),
+            );
+            (after, cur_bytes) = (next_after, 0);
         }
         cur_bytes += b;
         cur_cmds.extend(cmd);
         cur.push(e);
     }
-    let mut part = head;
-    part.index = prev_index;
-    part.log_term = prev_term;
-    part.entries = cur;
-    parts.push((part, cur_cmds));
+    part(after, cur, cur_cmds);
     parts
 }
 
+/// Whether raft-rs's entry is a membership change.
 fn is_conf_change(e: &eraftpb::Entry) -> bool {
     matches!(
         e.get_entry_type(),

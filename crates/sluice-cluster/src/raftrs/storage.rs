@@ -31,24 +31,16 @@ fn other(e: impl std::fmt::Display) -> raft::Error {
 
 /// raft-rs's view of one of our entries.
 pub(super) fn to_raft(e: &Entry) -> raft::Result<eraftpb::Entry> {
-    let mut entry = eraftpb::Entry {
-        term: e.log_id.leader_id.term,
-        index: e.log_id.index,
-        ..Default::default()
-    };
-    match &e.payload {
-        EntryPayload::Normal(_) => entry.data = vec![DATA_COMMAND],
-        EntryPayload::Blank => {}
-        EntryPayload::Membership(m) => {
-            entry.set_entry_type(eraftpb::EntryType::EntryConfChangeV2);
-            entry.data = conf_change_data(&Members::of_membership(m));
-        }
+    let mut entry = head_to_raft(e.log_id, Kind::of(e));
+    if let EntryPayload::Membership(m) = &e.payload {
+        entry.set_entry_type(eraftpb::EntryType::EntryConfChangeV2);
+        entry.data = conf_change_data(&Members::of_membership(m));
     }
     Ok(entry)
 }
 
-/// raft-rs's entry for a data entry or a blank (a membership entry
-/// needs its payload: `to_raft`).
+/// raft-rs's entry for a data entry or a blank, from its head (a
+/// membership entry also needs its payload: `to_raft`).
 fn head_to_raft(id: crate::types::LogId, kind: Kind) -> eraftpb::Entry {
     eraftpb::Entry {
         term: id.leader_id.term,
