@@ -325,7 +325,19 @@ pub(super) fn keep_torn_evidence(seg: &Path, offset: usize, tail: &[u8]) -> std:
     Ok(())
 }
 
-/// Reads an entry back from its segment, checking its checksum.
+/// An entry's record as read back: its values borrowed from the buffer
+/// it was read into (`Record::Entry` is the first variant, and the only
+/// one an entry's location names).
+#[derive(Deserialize)]
+enum EntryRecordRef<'a> {
+    Entry(#[serde(borrow)] crate::network::borrowed::EntryRef<'a>),
+}
+
+/// Reads an entry back from its segment, checking its checksum. One copy
+/// of the record (into one buffer) and none of its values: they are
+/// slices of that buffer, as a follower's are of the frame they came in.
+/// A leader sends a follower behind entries read back this way, so each
+/// must cost no more than the append it was.
 pub(super) fn read_entry(dir: &Path, loc: Loc) -> Result<Entry, StorageError> {
     use std::os::unix::fs::FileExt;
     let path = seg_path(dir, loc.seq);
@@ -340,10 +352,15 @@ pub(super) fn read_entry(dir: &Path, loc: Loc) -> Result<Entry, StorageError> {
     let mut buf = vec![0u8; 8 + loc.len as usize];
     f.read_exact_at(&mut buf, loc.offset)
         .map_err(|e| read_err(e.to_string()))?;
-    let (recs, _) = decode_records(&buf, loc.seq, 0);
-    match recs.into_iter().next() {
-        Some((Record::Entry(e), _)) => Ok(e),
-        _ => Err(read_err("not the entry recorded there".into())),
+    let len = u32::from_le_bytes([buf[0], buf[1], buf[2], buf[3]]);
+    let crc = u32::from_le_bytes([buf[4], buf[5], buf[6], buf[7]]);
+    if len != loc.len || checksum(loc.seq, &buf[8..]) != crc {
+        return Err(read_err("not the entry recorded there".into()));
+    }
+    let body = Bytes::from(buf).slice(8..);
+    match crate::network::decode_peer::<EntryRecordRef<'_>>(&body) {
+        Ok(EntryRecordRef::Entry(e)) => Ok(e.into_entry(&body)),
+        Err(e) => Err(read_err(format!("not the entry recorded there: {e}"))),
     }
 }
 

@@ -970,3 +970,45 @@ fn the_memory_tail_keeps_what_is_not_applied_yet() {
         kept.len()
     );
 }
+
+/// An entry read back from its segment costs one copy, of the record
+/// into one buffer: its values are slices of that buffer (two values of
+/// one batch share it), not each decoded into memory of its own (two
+/// more copies of each value into fresh pages, which made a leader
+/// feeding a follower behind slower than the follower fell behind).
+#[test]
+fn values_of_an_entry_read_back_are_slices_of_one_read() {
+    let d = tempfile::tempdir().unwrap();
+    let s = LogStore::open(d.path(), false).unwrap();
+    let write = |key: &str, fill: u8| crate::types::BatchedWrite {
+        key: key.into(),
+        value: Some(bytes::Bytes::from(vec![fill; 512 << 10])),
+        expected: None,
+        timestamp_us: 1,
+        req_id: None,
+        trace: None,
+    };
+    let batch = Entry {
+        log_id: lid(1, 1),
+        payload: EntryPayload::Normal(Command::Batch(vec![write("/vol/a", 1), write("/vol/b", 2)])),
+    };
+    let mut entries = vec![batch];
+    entries.extend((2..=40).map(|i| entry(1, i, 1 << 20)));
+    append(&mut s.inner.lock(), entries);
+    assert!(
+        !s.inner.lock().entries.contains_key(&1),
+        "entry 1 left memory"
+    );
+    let got = s.entries_in(1, 2, u64::MAX).unwrap();
+    let Some(EntryPayload::Normal(Command::Batch(ws))) = got.into_iter().next().map(|e| e.payload)
+    else {
+        panic!("not the batch");
+    };
+    let mut values = ws.into_iter().filter_map(|w| w.value);
+    let (a, b) = (values.next().unwrap(), values.next().unwrap());
+    assert!(a.iter().all(|&x| x == 1) && b.iter().all(|&x| x == 2) && a.len() == 512 << 10);
+    assert!(
+        !a.is_unique() && !b.is_unique(),
+        "the two values share one buffer"
+    );
+}

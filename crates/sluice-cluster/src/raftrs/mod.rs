@@ -155,6 +155,17 @@ impl Default for DriverSettings {
 /// worst case (`DriverSettings::snapshot_min_bytes`).
 const SNAPSHOT_GROWTH: u64 = 4;
 
+/// A leader counts a follower as live (keeps in memory, and does not
+/// purge, the entries it has yet to take) while it has heard from it
+/// within this many of the longest election timeout. Not raft-rs's
+/// `recent_active`: check-quorum clears that for every follower once per
+/// election timeout, and until each answers again a follower merely
+/// behind under load looked gone: the memory tail let go of the entries
+/// it was about to need (the leader read them back from its segments for
+/// it), and a snapshot purged past them (the follower was sent the whole
+/// state). Both were in the 1 MB 16-client stall.
+const LIVE_TIMEOUTS: usize = 4;
+
 /// Why a proposal was not applied.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum DriverError {
@@ -606,6 +617,8 @@ pub fn start(
         snap_index,
         snapshotting: false,
         snapshots_sent: HashMap::new(),
+        heard: HashMap::new(),
+        live_for: settings.tick * (settings.election_ticks.1 * LIVE_TIMEOUTS) as u32,
         snapshot_every: settings.snapshot_every.max(1),
         snapshot_bytes: settings.snapshot_bytes,
         snapshot_min_bytes: settings.snapshot_min_bytes,
@@ -676,6 +689,11 @@ struct Driver {
     snapshotting: bool,
     /// Followers sent a snapshot they have not yet answered, since when.
     snapshots_sent: HashMap<u64, std::time::Instant>,
+    /// When each peer was last heard from (any message).
+    heard: HashMap<u64, std::time::Instant>,
+    /// A follower heard from within this long is live (`LIVE_TIMEOUTS`
+    /// of the longest election timeout).
+    live_for: Duration,
     snapshot_every: u64,
     snapshot_bytes: u64,
     snapshot_min_bytes: u64,
@@ -762,23 +780,34 @@ impl Driver {
     }
 
     /// The last entry this member is done with: applied, and on a
-    /// leader also on every live follower (one gone, not heard from in
-    /// an election timeout, does not hold the log's memory; it reads
-    /// back from the segments).
+    /// leader also on every live follower (one gone, not heard from
+    /// within `live_for`, does not hold the log's memory; it reads back
+    /// from the segments).
     fn done_with(&self) -> u64 {
         let applied = self.raw.raft.raft_log.applied;
+        self.slowest_live_follower()
+            .map_or(applied, |m| m.min(applied))
+    }
+
+    /// On a leader, the least any live follower (heard from within
+    /// `live_for`) has matched; `None` on a follower or with none live.
+    fn slowest_live_follower(&self) -> Option<u64> {
         if self.raw.raft.state != StateRole::Leader {
-            return applied;
+            return None;
         }
-        let me = self.raw.raft.id;
+        let (me, now) = (self.raw.raft.id, std::time::Instant::now());
+        let live = |id: &u64| {
+            self.heard
+                .get(id)
+                .is_some_and(|t| now.duration_since(*t) <= self.live_for)
+        };
         self.raw
             .raft
             .prs()
             .iter()
-            .filter(|(id, pr)| **id != me && pr.recent_active)
+            .filter(|(id, _)| **id != me && live(id))
             .map(|(_, pr)| pr.matched)
             .min()
-            .map_or(applied, |m| m.min(applied))
     }
 
     fn leader(&self) -> Option<u64> {
@@ -1090,6 +1119,7 @@ impl Driver {
                 self.pending.insert(e.index, (e.term, c));
             }
         }
+        self.heard.insert(msg.from, std::time::Instant::now());
         if let Err(e) = self.raw.step(msg) {
             tracing::debug!(group = self.group, error = %e, "message not stepped");
         }
@@ -1556,20 +1586,10 @@ impl Driver {
                 let mut upto = id.index.saturating_sub(kept);
                 // A leader keeps what its live followers have yet to take
                 // (as TiKV's leaders compact to the slowest follower): a
-                // snapshot is for one that was gone (not heard from in an
-                // election timeout: check-quorum's `recent_active`), not
-                // for one merely behind under load.
-                if self.raw.raft.state == StateRole::Leader {
-                    let me = self.raw.raft.id;
-                    let slowest = self
-                        .raw
-                        .raft
-                        .prs()
-                        .iter()
-                        .filter(|(id, pr)| **id != me && pr.recent_active)
-                        .map(|(_, pr)| pr.matched)
-                        .min();
-                    upto = upto.min(slowest.unwrap_or(upto));
+                // snapshot is for one that was gone (not heard from
+                // within `live_for`), not for one merely behind under load.
+                if let Some(slowest) = self.slowest_live_follower() {
+                    upto = upto.min(slowest);
                 }
                 let Some(upto) = self.log.log_id_at(upto).filter(|_| upto > 0) else {
                     return;

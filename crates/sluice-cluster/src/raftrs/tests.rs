@@ -1244,3 +1244,34 @@ fn large_appends_are_cut_into_consecutive_ones() {
     one.entries.truncate(1);
     assert_eq!(split_append(one, commands[..1].to_vec(), 1000).len(), 1);
 }
+
+/// A follower that answers, but late (its disk takes 250 ms per write,
+/// longer than the leader's election timeout of 80-160 ms), stays live
+/// for the leader: the leader purges its log only up to what that
+/// follower has, so it never needs a snapshot. raft-rs's check-quorum
+/// clears every follower's `recent_active` once per election timeout,
+/// and the leader that went by it purged past such a follower whenever a
+/// snapshot came between the clearing and its next answer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_follower_late_to_answer_is_not_purged_past() {
+    let dir = tempfile::tempdir().unwrap();
+    let net = Arc::new(Net::default());
+    let (ms, faults) = three_faulty(&net, dir.path(), &snapshotting());
+    let l = leader(&ms, &[0, 1, 2]).await;
+    let slow = (l + 1) % 3;
+    faults[slow as usize].lock().unwrap().sync_delay = Some(Duration::from_millis(250));
+    // Fifteen snapshots' worth of writes, an entry each.
+    let mut last = 0;
+    for round in 0..3 {
+        last = puts_in_turn(&ms[&l].handle, &format!("/p/{round}/"), 100, 64).await;
+    }
+    assert!(ms[&l].sm.snapshot_counts().0 >= 5, "the leader snapshotted");
+    faults[slow as usize].lock().unwrap().sync_delay = None;
+    caught_up(&ms[&slow], last).await;
+    assert_eq!(
+        ms[&slow].sm.snapshot_counts().1,
+        0,
+        "the slow follower took every entry from the log, no snapshot"
+    );
+    stop_all(&net, ms).await;
+}
