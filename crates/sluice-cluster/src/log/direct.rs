@@ -128,6 +128,12 @@ impl LogStore {
         super::disk::wait_durable(rx)
     }
 
+    /// The most bytes of entries one append took.
+    #[cfg(test)]
+    pub(crate) fn largest_append(&self) -> u64 {
+        self.inner.lock().largest_append
+    }
+
     /// Whether appends are fsync'd by the writer thread (a synced log):
     /// then `append_then` reports durability later.
     pub(crate) fn is_synced(&self) -> bool {
@@ -205,6 +211,11 @@ impl Inner {
             }
             return Ok(());
         };
+        #[cfg(test)]
+        {
+            let bytes = entries.iter().map(approx_size).sum::<u64>();
+            self.largest_append = self.largest_append.max(bytes);
+        }
         if self.index.range(first..).next().is_some() {
             self.truncate_from(first)?;
         }

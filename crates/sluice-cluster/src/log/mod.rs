@@ -163,6 +163,9 @@ struct Inner {
     /// Reused encode buffer: a large append costs no fresh allocation
     /// (and no page faults).
     scratch: Vec<u8>,
+    /// The most bytes of entries one append took (tests).
+    #[cfg(test)]
+    largest_append: u64,
 }
 
 /// One group's log. Clones share the same log (openraft asks for a

@@ -159,6 +159,13 @@ impl raft::Storage for RaftLog {
                 .store(true, std::sync::atomic::Ordering::Relaxed);
             return Err(unavailable());
         }
+        // A full resync, as Redis logs one: worth an operator's notice.
+        tracing::info!(
+            to = ?super::node_of(to),
+            snapshot_index = id.index,
+            bytes = s.snapshot.get_ref().len(),
+            "sending a follower the whole state: it is behind the start of this leader's log"
+        );
         Ok(eraftpb::Snapshot {
             data: s.snapshot.into_inner(),
             metadata: Some(eraftpb::SnapshotMetadata {

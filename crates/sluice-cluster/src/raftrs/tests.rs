@@ -1275,3 +1275,28 @@ async fn a_follower_late_to_answer_is_not_purged_past() {
     );
     stop_all(&net, ms).await;
 }
+
+/// A follower that comes back far behind takes the backlog in appends of
+/// at most `TURN_BYTES` (and one message more), answering between them:
+/// it used to append everything queued for it in one write (a leader
+/// keeps up to 32 appends of 1 MiB in flight to it), in which its node's
+/// other groups waited and its leader's election timeout could run out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_follower_behind_takes_its_backlog_a_turn_at_a_time() {
+    let dir = tempfile::tempdir().unwrap();
+    let net = Arc::new(Net::default());
+    let ms = three(&net, dir.path()).await;
+    let l = leader(&ms, &[0, 1, 2]).await;
+    let behind = (l + 1) % 3;
+    net.cut.lock().insert(behind);
+    let last = puts_in_turn(&ms[&l].handle, "/v/big", 48, 1 << 20).await;
+    net.cut.lock().clear();
+    caught_up(&ms[&behind], last).await;
+    let largest = ms[&behind].log.largest_append();
+    assert!(
+        largest <= (TURN_BYTES + (2 << 20)) as u64,
+        "one append took {} MiB",
+        largest >> 20
+    );
+    stop_all(&net, ms).await;
+}
