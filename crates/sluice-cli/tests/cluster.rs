@@ -1389,13 +1389,17 @@ async fn persistent_shard_histories_are_equal_after_killing_a_minority_under_loa
     .await;
 
     // A follower dies; the leader writes on (several snapshots' worth, so
-    // its log no longer reaches back to where the follower stopped).
+    // its log no longer reaches back to where the follower stopped), for
+    // longer than a leader counts a silent follower live (four election
+    // timeouts, 1.6 s): until then it keeps the entries that follower
+    // needs, and one back sooner catches up from the log.
     let leader = c.leader(1, "persistent/0/0").await.unwrap();
     let follower = *[1, 2, 3].iter().find(|i| **i != leader).unwrap();
     c.kill(follower);
     let before = progress(&acked);
+    let down = std::time::Instant::now();
     c.wait_for("writes while a follower is down", || async {
-        progress(&acked) > before + 350
+        progress(&acked) > before + 350 && down.elapsed() > std::time::Duration::from_secs(3)
     })
     .await;
     c.spawn(follower);
