@@ -194,15 +194,8 @@ pub(super) fn decode_all(data: &[u8], seq: u64) -> std::io::Result<Decoded> {
 pub(super) fn decode_records(data: &[u8], seq: u64, start: usize) -> (Vec<(Record, Loc)>, usize) {
     let mut out = Vec::new();
     let mut at = start;
-    while at + 8 <= data.len() {
-        let len = u32::from_le_bytes([data[at], data[at + 1], data[at + 2], data[at + 3]]) as usize;
-        let crc = u32::from_le_bytes([data[at + 4], data[at + 5], data[at + 6], data[at + 7]]);
-        let Some(body) = data.get(at + 8..at + 8 + len) else {
-            break;
-        };
-        if checksum(seq, body) != crc {
-            break;
-        }
+    while let Some(body) = checked_body(data, at, seq) {
+        let len = body.len();
         let Ok(rec) = bincode::deserialize::<Record>(body) else {
             break;
         };
@@ -217,6 +210,16 @@ pub(super) fn decode_records(data: &[u8], seq: u64, start: usize) -> (Vec<(Recor
         at += 8 + len;
     }
     (out, at)
+}
+
+/// The body of the record `len | crc32c | body` at `data[at..]`, where
+/// it is whole and passes its checksum.
+fn checked_body(data: &[u8], at: usize, seq: u64) -> Option<&[u8]> {
+    let h = data.get(at..at + 8)?;
+    let len = u32::from_le_bytes([h[0], h[1], h[2], h[3]]) as usize;
+    let crc = u32::from_le_bytes([h[4], h[5], h[6], h[7]]);
+    let body = data.get(at + 8..at + 8 + len)?;
+    (checksum(seq, body) == crc).then_some(body)
 }
 
 /// What follows a segment's last good record.
@@ -352,9 +355,7 @@ pub(super) fn read_entry(dir: &Path, loc: Loc) -> Result<Entry, StorageError> {
     let mut buf = vec![0u8; 8 + loc.len as usize];
     f.read_exact_at(&mut buf, loc.offset)
         .map_err(|e| read_err(e.to_string()))?;
-    let len = u32::from_le_bytes([buf[0], buf[1], buf[2], buf[3]]);
-    let crc = u32::from_le_bytes([buf[4], buf[5], buf[6], buf[7]]);
-    if len != loc.len || checksum(loc.seq, &buf[8..]) != crc {
+    if checked_body(&buf, 0, loc.seq).map(<[u8]>::len) != Some(loc.len as usize) {
         return Err(read_err("not the entry recorded there".into()));
     }
     let body = Bytes::from(buf).slice(8..);

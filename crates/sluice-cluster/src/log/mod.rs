@@ -5,10 +5,12 @@
 //! member still needs: not applied, or not on every live follower) also
 //! kept in memory, where replication and apply find them. Older entries
 //! are read back from their segment when asked for (a follower catching
-//! up); raft-rs's own reads take heads from the index and read nothing. Keeping the tail short matters for
-//! large values: a follower's entries are slices of the frames they
-//! arrived in, and holding hundreds of megabytes of frames until the next
-//! snapshot made every new frame land on freshly faulted pages.
+//! up: one copy of the record, its values slices of it); raft-rs's own
+//! reads take heads from the index and read nothing. Keeping the tail
+//! short matters for large values: a follower's entries are slices of
+//! the frames they arrived in, and holding hundreds of megabytes of
+//! frames until the next snapshot made every new frame land on freshly
+//! faulted pages.
 //!
 //! Format: records `len: u32 | crc32c: u32 | bincode(Record)`. A torn
 //! tail of the newest segment (a crash mid-append) is cut off at the last
