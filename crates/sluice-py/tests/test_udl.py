@@ -219,6 +219,7 @@ def test_a_worker_that_breaks_the_protocol_is_replaced(client, vertex):
     client.trigger_put(f"{src}/broken", b"break")
     st = wait_for("the failure to be counted", lambda: (s := status(client, gid))["failures"] >= 1 and s)
     assert "outside its arena" in st["last_error"], st
+    assert "its answer: kind" in st["last_error"], st  # the answer is named for a post-mortem
     client.trigger_put(f"{src}/after", b"ok")
     after = wait_for("the next output", lambda: get_or_none(client, f"{dst}/after")).value.tobytes()
     assert after.startswith(b"OK:") and before.startswith(b"OK:")

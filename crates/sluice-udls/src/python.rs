@@ -946,8 +946,14 @@ impl PythonUdl {
                 }
                 Err(Answer::Broken(e)) => {
                     // What it sent cannot be read: it cannot be trusted.
+                    // The answer itself goes into the message (a worker
+                    // that breaks the protocol is rare and hard to catch
+                    // again).
                     p.abandon();
-                    return Err(UdlError::Failed(e));
+                    return Err(UdlError::Failed(format!(
+                        "{e} (its answer: kind {}, flags {}, call {}, ranges {:?} {:?}; the call's input at {:?})",
+                        d.kind, d.flags, d.call_id, d.a, d.b, at.input
+                    )));
                 }
             }
         }
