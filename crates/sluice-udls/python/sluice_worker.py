@@ -46,7 +46,6 @@ F_INPUT_VALUE = 1
 # from the socket; else in the input arena.
 F_LANDED = 2
 
-U64 = struct.Struct("<Q")
 # kind, flags, call_id, version, timestamp_us, worker_id, status,
 # a_off, a_len, b_off, b_len, c_off, c_len  (a/b/c: key, pool, value or
 # what the kind says), previous_version, previous_version_by_key, sender
@@ -91,12 +90,18 @@ class Region:
             self.out_len,
         ) = struct.unpack_from("<QQQQQQQQ", self.m, 16)
         self.out_head = 0  # bytes allocated in the output arena (monotonic)
+        # The ring indexes as native 8-byte words: one load or store each.
+        # (`struct.pack_into` zeroes a field and then writes it a byte at a
+        # time, so the node could read a head of 0 or of its low bytes
+        # alone, take slots not yet written for published ones, and run
+        # ahead of this worker.)
+        self.words = self.mv[:512].cast("Q")
 
     def u64(self, off):
-        return U64.unpack_from(self.m, off)[0]
+        return self.words[off >> 3]
 
     def set_u64(self, off, v):
-        U64.pack_into(self.m, off, v)
+        self.words[off >> 3] = v
 
     def out_alloc(self, n):
         """Space for `n` bytes in the output arena (contiguous; skips the

@@ -480,6 +480,15 @@ fn exit_text(s: std::process::ExitStatus) -> String {
     }
 }
 
+/// Whether the slot at `tail` of a ring the worker writes holds a
+/// published answer: only when the worker's head has passed it (and by
+/// no more than the ring holds). Any other head (a worker that wrote its
+/// index in pieces, as older workers did, or a broken one) publishes
+/// nothing: the slot may not be written yet.
+fn published(head: u64, tail: u64) -> bool {
+    head > tail && head - tail <= SLOTS as u64
+}
+
 impl Proc {
     fn index(&self, at: usize) -> &AtomicU64 {
         // SAFETY: `at` is an 8-aligned offset inside the header of a live
@@ -593,7 +602,7 @@ impl Proc {
         let mut spin_until = t0 + spin;
         loop {
             let tail = self.index(H_RESP_TAIL).load(Ordering::Acquire);
-            if self.index(H_RESP_HEAD).load(Ordering::Acquire) != tail {
+            if published(self.index(H_RESP_HEAD).load(Ordering::Acquire), tail) {
                 let at = self.layout.resp + (tail as usize % SLOTS) * DESC;
                 let d = Desc::read(&self.map[at..at + DESC]);
                 self.index(H_RESP_TAIL).store(tail + 1, Ordering::Release);
@@ -1159,6 +1168,58 @@ impl Drop for PythonUdl {
 mod tests {
     use super::*;
     use bytes::BufMut;
+
+    /// A response ring whose head reads behind its tail publishes
+    /// nothing. Workers wrote their head with `struct.pack_into`, which
+    /// zeroes the field and then writes it a byte at a time: the node read
+    /// a head of 0 (or its low byte), took it for one past its tail, read
+    /// slots not yet written (skipped as answers to earlier calls), ran
+    /// ahead of the worker round the ring, and read the slot the worker
+    /// was writing: a new answer's kind and call, its ranges still zero
+    /// ("a range (0, 0) outside its arena" in `sluice bench python-udl`).
+    #[test]
+    fn a_head_behind_the_tail_publishes_nothing() {
+        let layout = Layout::new(4096);
+        let dir = tempfile::tempdir().unwrap();
+        let mut p = Proc {
+            child: Command::new("sleep").arg("30").spawn().unwrap(),
+            map: memmap2::MmapMut::map_anon(layout.size).unwrap(),
+            layout,
+            to_worker: eventfd().unwrap(),
+            to_node: eventfd().unwrap(),
+            path: dir.path().join("worker-0.shm"),
+            call_id: 1,
+            spin: Duration::ZERO,
+            stream_copy: false,
+            wait_ewma_us: 0.0,
+        };
+        // Five answers taken; the worker is writing its head for the
+        // sixth (zeroed so far) and the slot holds an answer not yet
+        // published.
+        p.index(H_RESP_TAIL).store(5, Ordering::Release);
+        p.index(H_RESP_HEAD).store(0, Ordering::Release);
+        let at = p.layout.resp + 5 * DESC;
+        Desc {
+            kind: P_DONE,
+            call_id: 1,
+            ..Desc::default()
+        }
+        .write(&mut p.map[at..at + DESC]);
+        let r = p.next_response(Duration::from_millis(150), None);
+        assert!(r.is_err(), "an unpublished slot was taken: {r:?}");
+        assert_eq!(p.index(H_RESP_TAIL).load(Ordering::Acquire), 5);
+        // Nor does a head past what the ring holds.
+        p.index(H_RESP_HEAD)
+            .store(5 + SLOTS as u64 + 1, Ordering::Release);
+        assert!(p.next_response(Duration::from_millis(150), None).is_err());
+        // Published, it is taken.
+        p.index(H_RESP_HEAD).store(6, Ordering::Release);
+        let d = p.next_response(Duration::from_millis(150), None).unwrap();
+        assert_eq!((d.kind, d.call_id), (P_DONE, 1));
+        assert_eq!(p.index(H_RESP_TAIL).load(Ordering::Acquire), 6);
+        let _ = p.child.kill();
+        let _ = p.child.wait();
+    }
 
     /// What a node killed with SIGKILL leaves in /dev/shm (its lambdas'
     /// landing areas: 64 MiB each) is removed by the next node's first
