@@ -95,7 +95,7 @@ class Region:
         # time, so the node could read a head of 0 or of its low bytes
         # alone, take slots not yet written for published ones, and run
         # ahead of this worker.)
-        self.words = self.mv[:512].cast("Q")
+        self.words = self.mv[: self.req_off].cast("Q")  # the header (the rings follow it)
 
     def u64(self, off):
         return self.words[off >> 3]

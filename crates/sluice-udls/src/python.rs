@@ -481,12 +481,18 @@ fn exit_text(s: std::process::ExitStatus) -> String {
 }
 
 /// Whether the slot at `tail` of a ring the worker writes holds a
-/// published answer: only when the worker's head has passed it (and by
-/// no more than the ring holds). Any other head (a worker that wrote its
-/// index in pieces, as older workers did, or a broken one) publishes
-/// nothing: the slot may not be written yet.
-fn published(head: u64, tail: u64) -> bool {
-    head > tail && head - tail <= SLOTS as u64
+/// published answer: yes once the worker's head has passed it, no while
+/// they are equal. A head behind the tail, or past it by more than the
+/// ring holds, is a worker that broke the protocol (workers used to write
+/// their head a byte at a time, and the node read slots not yet written).
+fn published(head: u64, tail: u64) -> Result<bool, String> {
+    match head.checked_sub(tail) {
+        Some(0) => Ok(false),
+        Some(n) if n <= SLOTS as u64 => Ok(true),
+        _ => Err(format!(
+            "python worker: its response ring's head {head} is not within the ring's {SLOTS} slots after the node's tail {tail}"
+        )),
+    }
 }
 
 impl Proc {
@@ -602,7 +608,7 @@ impl Proc {
         let mut spin_until = t0 + spin;
         loop {
             let tail = self.index(H_RESP_TAIL).load(Ordering::Acquire);
-            if published(self.index(H_RESP_HEAD).load(Ordering::Acquire), tail) {
+            if published(self.index(H_RESP_HEAD).load(Ordering::Acquire), tail)? {
                 let at = self.layout.resp + (tail as usize % SLOTS) * DESC;
                 let d = Desc::read(&self.map[at..at + DESC]);
                 self.index(H_RESP_TAIL).store(tail + 1, Ordering::Release);
@@ -1170,13 +1176,14 @@ mod tests {
     use bytes::BufMut;
 
     /// A response ring whose head reads behind its tail publishes
-    /// nothing. Workers wrote their head with `struct.pack_into`, which
-    /// zeroes the field and then writes it a byte at a time: the node read
-    /// a head of 0 (or its low byte), took it for one past its tail, read
-    /// slots not yet written (skipped as answers to earlier calls), ran
-    /// ahead of the worker round the ring, and read the slot the worker
-    /// was writing: a new answer's kind and call, its ranges still zero
-    /// ("a range (0, 0) outside its arena" in `sluice bench python-udl`).
+    /// nothing: the call fails as a broken worker. Workers wrote their
+    /// head with `struct.pack_into`, which zeroes the field and then
+    /// writes it a byte at a time: the node read a head of 0 (or its low
+    /// byte), took it for one past its tail, read slots not yet written
+    /// (skipped as answers to earlier calls), ran ahead of the worker
+    /// round the ring, and read the slot the worker was writing: a new
+    /// answer's kind and call, its ranges still zero ("a range (0, 0)
+    /// outside its arena" in `sluice bench python-udl`).
     #[test]
     fn a_head_behind_the_tail_publishes_nothing() {
         let layout = Layout::new(4096);
@@ -1207,11 +1214,17 @@ mod tests {
         .write(&mut p.map[at..at + DESC]);
         let r = p.next_response(Duration::from_millis(150), None);
         assert!(r.is_err(), "an unpublished slot was taken: {r:?}");
+        assert!(r.unwrap_err().contains("response ring's head 0"));
         assert_eq!(p.index(H_RESP_TAIL).load(Ordering::Acquire), 5);
         // Nor does a head past what the ring holds.
         p.index(H_RESP_HEAD)
             .store(5 + SLOTS as u64 + 1, Ordering::Release);
         assert!(p.next_response(Duration::from_millis(150), None).is_err());
+        assert_eq!(p.index(H_RESP_TAIL).load(Ordering::Acquire), 5);
+        // Equal: nothing yet, the node waits (here until the limit).
+        p.index(H_RESP_HEAD).store(5, Ordering::Release);
+        let r = p.next_response(Duration::from_millis(150), None);
+        assert!(r.is_err_and(|e| e.contains("no answer")));
         // Published, it is taken.
         p.index(H_RESP_HEAD).store(6, Ordering::Release);
         let d = p.next_response(Duration::from_millis(150), None).unwrap();
