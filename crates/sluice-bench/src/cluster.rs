@@ -70,10 +70,6 @@ pub struct ClusterBenchArgs {
     /// shard of 2 or more, step by step (the nodes record marks: `SLUICE_MARKS`).
     #[arg(long)]
     breakdown: bool,
-    /// The shards' consensus driver: `raft-rs` (the default), or
-    /// `openraft`.
-    #[arg(long, default_value = "raft-rs")]
-    consensus: String,
     /// Write the results as JSON to this file.
     #[arg(long)]
     out: Option<PathBuf>,
@@ -408,8 +404,6 @@ pub fn run(a: ClusterBenchArgs, json: bool) -> Result<()> {
             "install the Debian packages redis-server and redis-tools, or pass --no-redis",
         )?;
     }
-    crate::procs::set_consensus(&a.consensus);
-    eprintln!("consensus driver: {}", a.consensus);
     // The node processes this starts inherit the variable (set before any
     // thread of this process starts).
     let marks_dir = a

@@ -249,13 +249,9 @@ pub struct PersistentArgs {
     #[arg(long, default_value_t = 0)]
     pub node_threads: usize,
     /// TOML lines added to every cluster node's `[cluster]` section (e.g.
-    /// "replicate_on_submit = false"), to measure a setting.
+    /// "peer_bulk_bytes = 0"), to measure a setting.
     #[arg(long, default_value = "")]
     pub cluster_config: String,
-    /// The 3-node cluster's consensus driver: `raft-rs` (the default),
-    /// or `openraft`.
-    #[arg(long, default_value = "raft-rs")]
-    pub consensus: String,
 }
 
 #[derive(clap::Args, Clone)]

@@ -80,7 +80,7 @@ pub fn steps(files: &[Vec<Mark>], from_ns: u64, to_ns: u64) -> Vec<[i64; STEPS.l
         at.get(&key)?.iter().copied().find(|&ns| ns >= after)
     };
     // An entry's append to a log: the raft-rs driver names the group, the
-    // openraft log adapter does not (group 0).
+    // openraft log adapter of earlier builds did not (group 0).
     let logged_at = |file: usize, g: u64, ix: u64, after: u64| -> Option<u64> {
         [g, 0]
             .into_iter()
@@ -217,7 +217,7 @@ mod tests {
     }
 
     /// The raft-rs driver names the group in its log appends' marks (the
-    /// openraft log adapter, above, does not): the same put is followed.
+    /// openraft log adapter of earlier builds, above, did not): the same put is followed.
     #[test]
     fn log_appends_named_by_their_group_are_followed_too() {
         let mut files = one_put(1_000_000_000);

@@ -18,17 +18,6 @@ pub struct Procs {
     children: Vec<Option<Child>>,
 }
 
-/// The consensus driver of the clusters this process starts (the
-/// layout's `consensus`; `--consensus` of `cluster` and `persistent`).
-static CONSENSUS: std::sync::Mutex<String> = std::sync::Mutex::new(String::new());
-
-/// Runs the shards of clusters started from now on on `driver`
-/// (`openraft` or `raft-rs`; the latter needs a `sluice` built with
-/// `--features raft-rs`).
-pub fn set_consensus(driver: &str) {
-    *CONSENSUS.lock().unwrap_or_else(|e| e.into_inner()) = driver.to_string();
-}
-
 pub fn free_port() -> Result<u16> {
     Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
 }
@@ -86,10 +75,6 @@ impl Procs {
         std::fs::create_dir_all(&dir)?;
         let mut addrs = Vec::new();
         let mut text = String::from("version = 1\n");
-        let consensus = CONSENSUS.lock().unwrap_or_else(|e| e.into_inner()).clone();
-        if !consensus.is_empty() {
-            text.push_str(&format!("consensus = \"{consensus}\"\n"));
-        }
         for i in 0..n {
             let a = format!("127.0.0.1:{}", free_port()?);
             text.push_str(&format!("[[nodes]]\nid = {i}\naddress = \"{a}\"\n"));
@@ -160,8 +145,7 @@ impl Procs {
             // The nodes' log filter: SLUICE_BENCH_NODE_LOG, else warnings.
             .env(
                 "SLUICE_LOG",
-                std::env::var("SLUICE_BENCH_NODE_LOG")
-                    .unwrap_or_else(|_| "warn,openraft=off".into()),
+                std::env::var("SLUICE_BENCH_NODE_LOG").unwrap_or_else(|_| "warn".into()),
             )
             .stdin(Stdio::null())
             .stdout(Stdio::null())

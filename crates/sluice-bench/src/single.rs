@@ -690,10 +690,9 @@ pub fn persistent_bench(a: PersistentArgs, json: bool) -> Result<()> {
     }
     if a.shard_sizes.contains(&3) {
         eprintln!(
-            "shard of 3: starting 3 node processes (persistent shard, sync = {}, consensus driver {})",
-            a.cluster_sync, a.consensus
+            "shard of 3: starting 3 node processes (persistent shard, sync = {})",
+            a.cluster_sync
         );
-        crate::procs::set_consensus(&a.consensus);
         let procs = crate::procs::Procs::start_custom(
             3,
             a.node_threads,

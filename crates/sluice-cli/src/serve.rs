@@ -40,8 +40,8 @@ pub struct ServeArgs {
 }
 
 pub fn init_tracing() {
-    let filter = tracing_subscriber::EnvFilter::try_from_env("SLUICE_LOG")
-        .unwrap_or_else(|_| "info,openraft=off".into());
+    let filter =
+        tracing_subscriber::EnvFilter::try_from_env("SLUICE_LOG").unwrap_or_else(|_| "info".into());
     // Colour only on a terminal: a log file gets plain text.
     let _ = tracing_subscriber::fmt()
         .with_env_filter(filter)

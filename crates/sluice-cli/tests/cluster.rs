@@ -114,18 +114,6 @@ impl Cluster {
         Cluster::build(n, "", subgroups, cluster, marked)
     }
 
-    /// `start`, the layout's shards on consensus driver `consensus`
-    /// (`openraft` or `raft-rs`).
-    fn start_on(consensus: &str) -> Cluster {
-        Cluster::build(
-            5,
-            &format!("consensus = \"{consensus}\"\n"),
-            FIVE,
-            "",
-            false,
-        )
-    }
-
     /// Nodes 1..=n; the layout's top-level settings `top` (TOML), then
     /// its nodes and `subgroups`; `[cluster]` settings `cluster`.
     fn build(n: u32, top: &str, subgroups: &str, cluster: &str, marked: bool) -> Cluster {
@@ -176,7 +164,7 @@ impl Cluster {
         let child = cmd
             .args(["serve", "--config"])
             .arg(self.dir.path().join(format!("node-{id}.toml")))
-            .env("SLUICE_LOG", "info,openraft=warn")
+            .env("SLUICE_LOG", "info")
             .stdout(Stdio::null())
             .stderr(log)
             .spawn()
@@ -199,19 +187,9 @@ impl Cluster {
 
     /// `with_persistent_pool`, the nodes with these `[cluster]` settings.
     async fn with_persistent_pool_and(path: &str, cluster: &str) -> (Cluster, Client) {
-        Cluster::with_persistent_pool_on(path, cluster, "raft-rs").await
-    }
-
-    /// `with_persistent_pool_and`, the shards on consensus driver
-    /// `consensus`.
-    async fn with_persistent_pool_on(
-        path: &str,
-        cluster: &str,
-        consensus: &str,
-    ) -> (Cluster, Client) {
         let c = Cluster::build(
             5,
-            &format!("consensus = \"{consensus}\"\n"),
+            "",
             &format!("{FIVE}[[subgroups.persistent]]\nshards = [[1, 2, 3]]\n"),
             cluster,
             false,
@@ -355,14 +333,7 @@ impl Cluster {
         for id in self.addrs.keys() {
             let p: PathBuf = self.dir.path().join(format!("node-{id}.log"));
             let text = std::fs::read_to_string(&p).unwrap_or_default();
-            // openraft warns of every heartbeat a dead peer misses (20 a
-            // second per group): they would push out what matters.
-            let tail: Vec<&str> = text
-                .lines()
-                .rev()
-                .filter(|l| !l.contains("failed to send a heartbeat"))
-                .take(25)
-                .collect();
+            let tail: Vec<&str> = text.lines().rev().take(25).collect();
             out.push_str(&format!("--- node {id} ---\n"));
             for l in tail.into_iter().rev() {
                 out.push_str(l);
@@ -529,24 +500,13 @@ async fn routing_affinity_and_metadata_refresh() {
     assert_eq!(o.meta.version, p.version, "applied once");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn sigkill_leader_and_follower_under_load_loses_no_acknowledged_write() {
-    sigkill_under_load("raft-rs").await
-}
-
-/// The same with the shards on openraft (a layout's `consensus =
-/// "openraft"`, the driver before raft-rs).
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn openraft_sigkill_leader_and_follower_under_load_loses_no_acknowledged_write() {
-    sigkill_under_load("openraft").await
-}
-
 /// Writers on shard 0 while its leader, then a follower, are killed and
 /// restarted: every acknowledged write survives on every member, and the
 /// other shard serves throughout.
-async fn sigkill_under_load(consensus: &str) {
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn sigkill_leader_and_follower_under_load_loses_no_acknowledged_write() {
     let _serial = SERIAL.lock().await;
-    let mut c = Cluster::start_on(consensus);
+    let mut c = Cluster::start();
     c.ready().await;
     let s = c.status(1).await;
     let shard0 = s["groups"]
@@ -554,7 +514,7 @@ async fn sigkill_under_load(consensus: &str) {
         .unwrap()
         .iter()
         .find(|g| g["group"] == "volatile/0/0");
-    assert_eq!(shard0.unwrap()["consensus"], consensus, "{s}");
+    assert_eq!(shard0.unwrap()["consensus"], "raft-rs", "{s}");
     let client = c.client(4).await;
     let acked: Acked = Arc::default();
     let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
@@ -701,21 +661,12 @@ async fn sigkill_under_load(consensus: &str) {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn a_cut_off_leader_acknowledges_nothing_and_catches_up_after_heal() {
-    cut_off_leader("raft-rs").await
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn openraft_a_cut_off_leader_acknowledges_nothing_and_catches_up_after_heal() {
-    cut_off_leader("openraft").await
-}
-
 /// A leader cut off from every peer: it acknowledges nothing, stops
 /// claiming leadership, and takes the majority's writes once healed.
-async fn cut_off_leader(consensus: &str) {
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_cut_off_leader_acknowledges_nothing_and_catches_up_after_heal() {
     let _serial = SERIAL.lock().await;
-    let c = Cluster::start_on(consensus);
+    let c = Cluster::start();
     c.ready().await;
     let client = c.client(5).await;
     let keys = shard0_keys("cut", 3);
@@ -810,25 +761,15 @@ async fn cut_off_leader(consensus: &str) {
     );
 }
 
-/// On raft-rs a newcomer joins as a learner and is promoted once caught
-/// up (`node/rs.rs`).
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn membership_change_adds_replaces_and_removes_members() {
-    membership_changes("raft-rs").await
-}
-
-/// The same on openraft (joint consensus).
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn openraft_membership_change_adds_replaces_and_removes_members() {
-    membership_changes("openraft").await
-}
-
 /// Shard 1 grows by a member; a dead member of shard 0 is replaced by a
 /// newcomer that catches up from a snapshot and serves; shard 1 shrinks
-/// and its member taken out says so, to clients and in its status.
-async fn membership_changes(consensus: &str) {
+/// and its member taken out says so, to clients and in its status. A
+/// newcomer joins as a learner and is promoted once caught up
+/// (`node/rs.rs`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn membership_change_adds_replaces_and_removes_members() {
     let _serial = SERIAL.lock().await;
-    let mut c = Cluster::start_on(consensus);
+    let mut c = Cluster::start();
     c.ready().await;
     // The shards and the metadata group run on the layout's driver.
     let st = c.status(1).await;
@@ -836,7 +777,7 @@ async fn membership_changes(consensus: &str) {
         assert!(
             st["groups"].as_array().is_some_and(|gs| gs
                 .iter()
-                .any(|g| g["group"] == group && g["consensus"] == consensus)),
+                .any(|g| g["group"] == group && g["consensus"] == "raft-rs")),
             "{group}: {st}"
         );
     }
@@ -918,13 +859,11 @@ async fn membership_changes(consensus: &str) {
         panic!("{r:?}")
     };
     assert_eq!(o.value, Bytes::from_static(b"after add"));
-    // Shrink shard 1 back to node 5 alone: node 4 stops serving it. On
-    // raft-rs node 4 leads it (it was its only member), so it is asked to
-    // remove itself: it hands its leadership to node 5 first, and the
-    // client follows the hint there.
-    if consensus == "raft-rs" {
-        assert_eq!(c.leader(4, "volatile/0/1").await, Some(4));
-    }
+    // Shrink shard 1 back to node 5 alone: node 4 stops serving it.
+    // Node 4 leads it (it was its only member), so it is asked to remove
+    // itself: it hands its leadership to node 5 first, and the client
+    // follows the hint there.
+    assert_eq!(c.leader(4, "volatile/0/1").await, Some(4));
     client
         .cluster_command(
             serde_json::json!({"op": "remove_member", "shard": "volatile/0/1", "node": 4}),
@@ -932,9 +871,7 @@ async fn membership_changes(consensus: &str) {
         )
         .await
         .unwrap();
-    if consensus == "raft-rs" {
-        assert_eq!(c.leader(5, "volatile/0/1").await, Some(5));
-    }
+    assert_eq!(c.leader(5, "volatile/0/1").await, Some(5));
     c.wait_for("node 4 to refuse shard 1", || async {
         let r = c.raw(4).await.get_raw(&key1, 1, None).await;
         matches!(r, Err(SluiceError::NotMember { .. }))
@@ -1261,99 +1198,6 @@ async fn a_purged_pool_is_gone_on_every_replica_and_a_new_one_starts_empty() {
     for k in 0..3 {
         assert!(node_history(&c, 2, &format!("/pp/k{k}")).await.is_empty());
     }
-}
-
-/// Issue #14 (found by the chaos run): openraft 0.9 stops a group's core
-/// on its own ("replication channel closed") after a paused leader
-/// resumes; the group stayed stopped on that node until a restart. The
-/// node now starts such a group again on its log and state. Fault
-/// injection stops the core of a persistent shard's leader the same way.
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn a_group_whose_core_stops_is_started_again_and_catches_up() {
-    let _serial = SERIAL.lock().await;
-    // openraft's own stops, and the restarts that answer them.
-    let (c, client) = Cluster::with_persistent_pool_on("/sg", "", "openraft").await;
-    for i in 0..50 {
-        client
-            .put(&format!("/sg/k{}", i % 5), format!("a{i}"))
-            .await
-            .unwrap();
-    }
-    let shard = "persistent/0/0";
-    let leader = c.leader(1, shard).await.unwrap();
-    let admin = c.client(leader).await;
-    let r = admin
-        .cluster_command(
-            serde_json::json!({"op": "stop_group", "shard": shard}),
-            Some(leader),
-        )
-        .await
-        .unwrap();
-    assert_eq!(r["stopped"], shard, "{r}");
-    // The others elect a leader and serve on; the stopped member comes
-    // back and applies everything written meanwhile.
-    let mut last = 0;
-    for i in 0..50 {
-        last = client
-            .put(&format!("/sg/k{}", i % 5), format!("b{i}"))
-            .await
-            .unwrap()
-            .version;
-    }
-    c.wait_for("the stopped member to run and catch up", || async {
-        c.applied_version(leader, shard).await.unwrap_or(0) >= last
-    })
-    .await;
-    let s = c.status(leader).await;
-    let g = s["groups"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|g| g["group"] == shard)
-        .unwrap()
-        .clone();
-    assert!(!g["leader"].is_null(), "{g}");
-    assert_eq!(node_history(&c, leader, "/sg/k0").await.len(), 20);
-    assert!(
-        std::fs::read_to_string(c.dir.path().join(format!("node-{leader}.log")))
-            .unwrap()
-            .contains("starting it again on its log and state"),
-        "the node says what it did"
-    );
-    // Restarts are bounded: a group that keeps stopping is started again
-    // at most 3 times a minute, then left stopped, saying so.
-    let log = || std::fs::read_to_string(c.dir.path().join(format!("node-{leader}.log"))).unwrap();
-    for round in 2..=4 {
-        c.wait_for("the group to run again", || async {
-            c.status(leader).await["groups"]
-                .as_array()
-                .is_some_and(|gs| {
-                    gs.iter()
-                        .any(|g| g["group"] == shard && g["role"] != "shutdown")
-                })
-        })
-        .await;
-        admin
-            .cluster_command(
-                serde_json::json!({"op": "stop_group", "shard": shard}),
-                Some(leader),
-            )
-            .await
-            .unwrap();
-        if round == 4 {
-            c.wait_for("the node to give up restarting", || async {
-                log().contains("not restarting it")
-            })
-            .await;
-        }
-    }
-    assert_eq!(
-        log()
-            .matches("starting it again on its log and state")
-            .count(),
-        3,
-        "three restarts in a minute, no more"
-    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -1976,79 +1820,16 @@ async fn large_consensus_messages_use_a_bulk_connection_of_their_own() {
     c.kill(leader);
 }
 
-/// Issue #20: a follower hears of each commit with the next write's
-/// entries when they come within `commit_hold_us`, not in a message of
-/// its own per write; with the hold off, it gets one per write. Counted
-/// from the follower's `cluster status` (`appends_with_entries`,
-/// `appends_without_entries`). The hold is openraft's (the raft-rs
-/// driver sends a commit at once).
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn a_commit_rides_on_the_next_entries_within_the_hold() {
-    let _serial = SERIAL.lock().await;
-    const PUTS: u64 = 100;
-    // A hold far longer than a put's round trip, so that every next put
-    // comes within it even on a slow machine.
-    for hold_us in [20_000u64, 0] {
-        let c = Cluster::build(
-            3,
-            "consensus = \"openraft\"\n",
-            ALL_THREE,
-            &format!("commit_hold_us = {hold_us}"),
-            false,
-        );
-        c.ready().await;
-        let client = c.client(1).await;
-        client.put("/vol/hold/warm", "x").await.unwrap();
-        let leader = c.leader(1, "volatile/0/0").await.unwrap();
-        let follower = (1..=3).find(|i| *i != leader).unwrap();
-        let counts = |s: serde_json::Value| -> (u64, u64) {
-            let g = s["groups"]
-                .as_array()
-                .and_then(|gs| gs.iter().find(|g| g["group"] == "volatile/0/0").cloned())
-                .unwrap_or_default();
-            (
-                g["appends_with_entries"].as_u64().unwrap_or(0),
-                g["appends_without_entries"].as_u64().unwrap_or(0),
-            )
-        };
-        let before = counts(c.status(follower).await);
-        let t = std::time::Instant::now();
-        for i in 0..PUTS {
-            client.put(&format!("/vol/hold/{i}"), "v").await.unwrap();
-        }
-        let elapsed_ms = t.elapsed().as_millis() as u64;
-        let after = counts(c.status(follower).await);
-        let (with, empty) = (after.0 - before.0, after.1 - before.1);
-        assert!(
-            with >= PUTS / 2,
-            "hold {hold_us}: {with} appends with entries"
-        );
-        if hold_us == 0 {
-            assert!(
-                empty >= PUTS / 2,
-                "without a hold each commit has a message of its own: {empty} for {PUTS} puts"
-            );
-        } else {
-            // Heartbeats (every 50 ms) are entry-less too.
-            let heartbeats = elapsed_ms / 50 + 2;
-            assert!(
-                empty <= heartbeats + PUTS / 10,
-                "{empty} entry-less appends for {PUTS} puts in {elapsed_ms} ms"
-            );
-        }
-    }
-}
-
 /// A follower's time read on a quiet shard waits for a time frontier the
-/// leader commits; the leader tells the followers of that commit at once
-/// (a heartbeat), so the read does not wait out `commit_hold_us` (200 ms
-/// here, with 400 ms heartbeats) for entries to carry it.
+/// leader commits; the leader tells the followers of that commit at once,
+/// so the read does not wait for the next heartbeat (400 ms here) or
+/// entries to carry it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn a_followers_time_read_does_not_wait_out_the_commit_hold() {
+async fn a_followers_time_read_does_not_wait_for_a_heartbeat() {
     let _serial = SERIAL.lock().await;
     let (c, client) = Cluster::with_persistent_pool_and(
         "/quiet",
-        "heartbeat_ms = 400\nelection_min_ms = 1000\nelection_max_ms = 1400\ncommit_hold_us = 200000",
+        "heartbeat_ms = 400\nelection_min_ms = 1000\nelection_max_ms = 1400",
     )
     .await;
     let p = client.put("/quiet/k", "v1").await.unwrap();
@@ -2067,7 +1848,7 @@ async fn a_followers_time_read_does_not_wait_out_the_commit_hold() {
         assert_eq!(o.meta.version, p.version);
         assert!(
             waited_ms < 150,
-            "answered {waited_ms} ms after the time had come (the hold is 200 ms)"
+            "answered {waited_ms} ms after the time had come (heartbeats every 400 ms)"
         );
     }
 }
@@ -2354,16 +2135,6 @@ fn the_register_checker_finds_what_it_must() {
 /// `SLUICE_CHAOS_SEED` and `SLUICE_CHAOS_SECS` (CI: 12 s) set the run.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn chaos_run_loses_nothing_and_stays_linearizable() {
-    chaos_run("raft-rs").await
-}
-
-/// The same run with the shards on openraft.
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn openraft_chaos_run_loses_nothing_and_stays_linearizable() {
-    chaos_run("openraft").await
-}
-
-async fn chaos_run(consensus: &str) {
     let _serial = SERIAL.lock().await;
     let seed: u64 = std::env::var("SLUICE_CHAOS_SEED")
         .ok()
@@ -2380,7 +2151,7 @@ async fn chaos_run(consensus: &str) {
         .split(',')
         .map(|s| s.trim().to_string())
         .collect();
-    let (mut c, _admin) = Cluster::with_persistent_pool_on("/jep", "", consensus).await;
+    let (mut c, _admin) = Cluster::with_persistent_pool_and("/jep", "").await;
     let keys: Vec<String> = (0..4).map(|i| format!("/jep/r{i}")).collect();
     let t0 = Instant::now();
     let now = move || t0.elapsed().as_micros() as u64;

@@ -195,7 +195,7 @@ pub fn value_bytes(c: &crate::types::Command) -> u64 {
 /// order.
 pub fn entry_values(e: &crate::types::Entry, min: usize) -> Vec<Bytes> {
     let mut out = Vec::new();
-    if let openraft::EntryPayload::Normal(c) = &e.payload {
+    if let crate::types::EntryPayload::Normal(c) = &e.payload {
         command_values(c, min, &mut out);
     }
     out
@@ -214,10 +214,8 @@ pub fn large_values<'e>(entries: impl IntoIterator<Item = &'e crate::types::Entr
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
-    use crate::types::{Command, Entry};
+    use crate::types::{Command, Entry, EntryPayload};
     use crate::types::{CommittedLeaderId, LogId};
-    use openraft::vote::RaftLeaderId;
-    use openraft::EntryPayload;
 
     /// A put of a `size`-byte value at log index `i` (term 1, node 1).
     pub(crate) fn put(i: u64, size: usize) -> Entry {

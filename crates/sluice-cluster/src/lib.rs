@@ -1,6 +1,7 @@
-//! Replication for Sluice: every volatile and persistent shard is an
-//! [openraft](https://docs.rs/openraft) group of its member nodes, and a
-//! metadata group of all nodes holds the pool table and shard membership.
+//! Replication for Sluice: every volatile and persistent shard is a Raft
+//! group of its member nodes ([raft-rs](https://docs.rs/raft), driven by
+//! `raftrs`), and a metadata group of all nodes holds the pool table and
+//! shard membership.
 //! All groups of a node share two connections per peer: one for small
 //! messages, one for large ones (`network::BULK_BYTES`).
 //!
@@ -11,13 +12,8 @@
 //! - [`network`]: the peer transport, with fault injection;
 //! - [`marks`]: optional timestamps of a write's way through a shard (`sluice bench cluster --breakdown`);
 //! - [`node`]: [`ClusterNode`], the write and read paths and administration;
-//! - `raftrs`: the consensus driver, on raft-rs (issue #20): every
-//!   replication group unless the layout says `consensus = "openraft"`
-//!   (ARCHITECTURE.md, "Consensus library").
-
-// openraft's StorageError (its trait methods' error type) is large; our helpers
-// return it too rather than boxing and unboxing at every trait boundary.
-#![allow(clippy::result_large_err)]
+//! - [`raftrs`]: the consensus driver, on raft-rs (issue #20): every
+//!   replication group (ARCHITECTURE.md, "Consensus library").
 
 pub mod chunks;
 pub mod log;

@@ -5,23 +5,24 @@
 
 use crate::rt::blocking;
 use crate::types::{
-    group_of, shard_of_group, Applied, Command, Entry, LogId, MetaCommand, SnapshotMeta,
-    StorageError, StoredMembership, TypeConfig,
+    group_of, shard_of_group, Applied, Command, Entry, EntryPayload, LogId, MetaCommand,
+    SnapshotMeta, StorageError, StoredMembership,
 };
 use bytes::Bytes;
-use openraft::storage::{EntryResponder, RaftStateMachine};
-use openraft::{EntryPayload, RaftSnapshotBuilder};
-use openraft_legacy::network_v1::SnapshotReceiverFactory;
 
-/// A snapshot as openraft hands it around: its meta and its bytes.
-pub type Snapshot = openraft::alias::SnapshotOf<TypeConfig, Cursor<Vec<u8>>>;
+/// A snapshot: what it covers and its encoding (the bytes a member that
+/// installs it restores from).
+#[derive(Debug)]
+pub struct Snapshot {
+    pub meta: SnapshotMeta,
+    pub data: Vec<u8>,
+}
 use parking_lot::{Mutex, RwLock};
 use serde::{Deserialize, Serialize};
 use sluice_store::{ShardId, Store};
 use sluice_types::cluster::ClusterLayout;
 use sluice_types::{Object, ObjectMeta, PoolTable, PutResult, ReqId, SluiceError};
 use std::collections::{BTreeMap, HashMap, VecDeque};
-use std::io::Cursor;
 use std::path::PathBuf;
 use std::sync::Arc;
 
@@ -222,8 +223,8 @@ struct State {
     snapshots_installed: u64,
 }
 
-/// One group's state machine. Clones share state (openraft takes a
-/// separate snapshot builder).
+/// One group's state machine. Clones share state (the driver builds
+/// snapshots off its task with one).
 #[derive(Clone)]
 pub struct Sm {
     group: u64,
@@ -241,9 +242,6 @@ pub struct Sm {
     st: Arc<Mutex<State>>,
     /// Serialises writing the snapshot file (built here or received).
     save_lock: Arc<Mutex<()>>,
-    /// The log's `snapshot_floor`: one past the last index the saved
-    /// snapshot covers (the log is never purged past it).
-    floor: Option<Arc<std::sync::atomic::AtomicU64>>,
 }
 
 /// Writes the bytes of `bincode::serialize(&(meta, data))` (a
@@ -352,12 +350,10 @@ impl Sm {
                 .map_err(sm_err)?;
         }
         let covered = log.clone().filter(|_| dir.is_some());
-        let floor = covered.as_ref().map(|l| l.snapshot_floor());
         let sm = Sm {
             group,
             shard,
             persistent,
-            floor,
             log: log.filter(|_| persistent),
             store,
             meta,
@@ -366,12 +362,10 @@ impl Sm {
             st: Arc::default(),
             save_lock: Arc::default(),
         };
-        sm.set_floor(None);
         if let Some(d) = &sm.dir {
             let path = d.join("snapshot");
             if path.exists() {
                 let (meta, data) = read_snapshot_file(&path)?;
-                sm.set_floor(meta.last_log_id);
                 if let (Some(log), Some(last)) = (&covered, meta.last_log_id) {
                     log.purge_covered(last)?;
                 }
@@ -393,17 +387,6 @@ impl Sm {
             }
         }
         Ok(sm)
-    }
-
-    /// Tells the log how far the saved snapshot reaches (`None`: no
-    /// snapshot is saved, nothing may be purged).
-    fn set_floor(&self, last: Option<LogId>) {
-        if let Some(f) = &self.floor {
-            f.store(
-                last.map_or(0, |l| l.index + 1),
-                std::sync::atomic::Ordering::Release,
-            );
-        }
     }
 
     /// The windows to encode in a snapshot (taken under the state's
@@ -526,7 +509,6 @@ impl Sm {
         let _ = std::fs::remove_file(&old);
         let kept = std::fs::hard_link(&cur, &old).is_ok();
         std::fs::rename(&tmp, &cur).map_err(sm_err)?;
-        self.set_floor(meta.last_log_id);
         if kept {
             let _ = std::fs::rename(&old, &tmp);
         }
@@ -681,10 +663,7 @@ impl Sm {
                 ),
             };
             st.snapshots_built += 1;
-            let meta = SnapshotMeta {
-                last_log_id: st.last_applied,
-                last_membership: st.membership.clone(),
-            };
+            let meta = SnapshotMeta::new(st.last_applied, st.membership.clone());
             (taken, meta)
         };
         // The encoding as parts: a volatile shard's values by reference.
@@ -692,7 +671,7 @@ impl Sm {
             Taken::Meta(d) => whole(d),
             Taken::Persistent(p) => {
                 // Every version the snapshot covers must be on disk before
-                // the snapshot lets openraft purge the log entries.
+                // the snapshot lets the driver purge the log entries.
                 if let Some(shard) = self.shard {
                     self.store.persistent_sync(shard).map_err(sm_err)?;
                     // Log segments set aside after a purge whose values
@@ -751,11 +730,11 @@ impl Sm {
             let data = self.held(buf);
             self.st.lock().current = Some((meta.clone(), data));
         }
-        // openraft keeps only the meta of a snapshot it asked us to build
-        // (followers are sent `get_current_snapshot`): no second copy here.
+        // The driver keeps only the meta of a snapshot it asked us to
+        // build (followers are sent `current_snapshot`): no second copy here.
         Ok(Snapshot {
             meta,
-            snapshot: Cursor::new(Vec::new()),
+            data: Vec::new(),
         })
     }
 
@@ -801,75 +780,6 @@ impl Sm {
             Some(Ok(n)) => n,
             Some(Err(path)) => std::fs::metadata(path).map_or(0, |m| m.len()),
         }
-    }
-}
-
-impl RaftSnapshotBuilder<TypeConfig> for Sm {
-    type SnapshotData = Cursor<Vec<u8>>;
-
-    async fn build_snapshot(&mut self) -> Result<Snapshot, StorageError> {
-        // Encoding and writing a large shard is long, blocking work: off
-        // the runtime's workers, so replication and clients keep going.
-        let this = self.clone();
-        tokio::task::spawn_blocking(move || this.build())
-            .await
-            .map_err(sm_err)?
-    }
-}
-
-impl RaftStateMachine<TypeConfig> for Sm {
-    type SnapshotData = Cursor<Vec<u8>>;
-    type SnapshotBuilder = Sm;
-
-    async fn applied_state(&mut self) -> Result<(Option<LogId>, StoredMembership), StorageError> {
-        let st = self.st.lock();
-        Ok((st.last_applied, st.membership.clone()))
-    }
-
-    async fn apply<S>(&mut self, entries: S) -> Result<(), StorageError>
-    where
-        S: futures_util::Stream<Item = Result<EntryResponder<TypeConfig>, StorageError>>
-            + Unpin
-            + Send,
-    {
-        use futures_util::TryStreamExt;
-        let entries: Vec<EntryResponder<TypeConfig>> = entries.try_collect().await?;
-        let mut responders = Vec::with_capacity(entries.len());
-        let results = self.apply_entries(entries.into_iter().map(|(e, r)| {
-            responders.push(r);
-            e
-        }))?;
-        // Answered once the whole batch is applied (and the lock let go).
-        for (r, res) in responders.into_iter().zip(results) {
-            if let Some(r) = r {
-                r.send(res);
-            }
-        }
-        Ok(())
-    }
-
-    async fn get_snapshot_builder(&mut self) -> Self::SnapshotBuilder {
-        self.clone()
-    }
-
-    async fn install_snapshot(
-        &mut self,
-        meta: &SnapshotMeta,
-        snapshot: Cursor<Vec<u8>>,
-    ) -> Result<(), StorageError> {
-        self.install(meta, snapshot.into_inner())
-    }
-
-    async fn get_current_snapshot(&mut self) -> Result<Option<Snapshot>, StorageError> {
-        self.current_snapshot()
-    }
-}
-
-impl SnapshotReceiverFactory<TypeConfig> for Sm {
-    type SnapshotReceiver = Cursor<Vec<u8>>;
-
-    async fn begin_receiving_snapshot(&mut self) -> Result<Cursor<Vec<u8>>, StorageError> {
-        Ok(Cursor::new(Vec::new()))
     }
 }
 
@@ -1006,10 +916,7 @@ impl Sm {
             })?,
             _ => Arc::unwrap_or_clone(data),
         };
-        Ok(Some(Snapshot {
-            meta,
-            snapshot: Cursor::new(data),
-        }))
+        Ok(Some(Snapshot { meta, data }))
     }
 }
 
@@ -1020,13 +927,10 @@ mod file_tests {
     #[test]
     fn the_snapshot_file_is_the_bincode_of_meta_and_data() {
         let d = tempfile::tempdir().unwrap();
-        let meta = SnapshotMeta {
-            last_log_id: Some(LogId::new(
-                <crate::types::CommittedLeaderId as openraft::vote::RaftLeaderId>::new(2, 1),
-                42,
-            )),
-            last_membership: StoredMembership::default(),
-        };
+        let meta = SnapshotMeta::new(
+            Some(LogId::new(crate::types::CommittedLeaderId::new(2, 1), 42)),
+            StoredMembership::default(),
+        );
         let data: Vec<u8> = (0..100_000u32).map(|i| i as u8).collect();
         let path = d.path().join("snapshot");
         write_snapshot_file(&path, &meta, &[std::io::IoSlice::new(&data)], true).unwrap();

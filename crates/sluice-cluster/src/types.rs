@@ -40,8 +40,7 @@ pub enum Command {
     Purge { prefix: String, except: Vec<String> },
 }
 
-/// A short description for openraft's logs (keys and sizes, never
-/// values).
+/// A short description for logs (keys and sizes, never values).
 impl std::fmt::Display for Command {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
@@ -196,29 +195,187 @@ impl Applied {
     }
 }
 
-openraft::declare_raft_types!(
-    /// Sluice's openraft configuration: u64 node ids (the layout's), the
-    /// node's address as its `BasicNode`, the default (0.9-compatible)
-    /// leader id, vote and entry types.
-    pub TypeConfig:
-        D = Command,
-        R = Applied,
-        NodeId = u64,
-        Node = openraft::BasicNode,
-        AsyncRuntime = openraft::TokioRuntime,
-);
+/// A leader's id: the term and the node that led it. Entries carry the
+/// one that proposed them (`LogId`); a member's vote names the one it
+/// granted. The field layout is the one openraft 0.9/0.10 gave its
+/// default (`leader_id_adv`) type, so logs and snapshots written by
+/// earlier builds decode unchanged (`records_keep_their_encoding`).
+#[derive(
+    Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize,
+)]
+pub struct LeaderId {
+    pub term: u64,
+    pub node_id: u64,
+}
 
-pub type Raft = openraft::Raft<TypeConfig, crate::sm::Sm>;
-pub type Entry = openraft::alias::EntryOf<TypeConfig>;
-pub type LogId = openraft::alias::LogIdOf<TypeConfig>;
-pub type Vote = openraft::alias::VoteOf<TypeConfig>;
-pub type CommittedLeaderId = openraft::alias::CommittedLeaderIdOf<TypeConfig>;
-pub type LeaderId = openraft::alias::LeaderIdOf<TypeConfig>;
-/// What the storage traits report (openraft 0.10 takes `io::Error`).
+/// The leader id an entry was committed under (the same type).
+pub type CommittedLeaderId = LeaderId;
+
+impl LeaderId {
+    pub fn new(term: u64, node_id: u64) -> Self {
+        LeaderId { term, node_id }
+    }
+}
+
+/// A log entry's place: its proposer's leader id and its index.
+#[derive(
+    Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize,
+)]
+pub struct LogId {
+    pub leader_id: LeaderId,
+    pub index: u64,
+}
+
+impl LogId {
+    pub fn new(leader_id: LeaderId, index: u64) -> Self {
+        LogId { leader_id, index }
+    }
+
+    pub fn term(&self) -> u64 {
+        self.leader_id.term
+    }
+}
+
+/// A member's vote (raft-rs's hard state keeps the term and the vote;
+/// `committed` is the form earlier logs wrote, kept for their layout).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Vote {
+    pub leader_id: LeaderId,
+    pub committed: bool,
+}
+
+impl Vote {
+    pub fn new(term: u64, node_id: u64) -> Self {
+        Vote {
+            leader_id: LeaderId::new(term, node_id),
+            committed: false,
+        }
+    }
+}
+
+/// A node's entry in a `Membership`: its address (unused by the raft-rs
+/// driver, which routes by the layout; kept for the stored layout).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BasicNode {
+    pub addr: String,
+}
+
+impl Default for BasicNode {
+    fn default() -> Self {
+        BasicNode {
+            addr: "localhost".into(),
+        }
+    }
+}
+
+/// A group's configuration as the log and snapshots store it: the voter
+/// sets (one; a joint configuration had two) and every member, voters
+/// and learners.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Membership {
+    configs: Vec<std::collections::BTreeSet<u64>>,
+    nodes: std::collections::BTreeMap<u64, BasicNode>,
+}
+
+impl Membership {
+    /// `voters` and `learners`, each with a default node.
+    pub fn new(
+        voters: std::collections::BTreeSet<u64>,
+        learners: impl IntoIterator<Item = u64>,
+    ) -> Self {
+        let nodes = voters
+            .iter()
+            .copied()
+            .chain(learners)
+            .map(|n| (n, BasicNode::default()))
+            .collect();
+        Membership {
+            configs: vec![voters],
+            nodes,
+        }
+    }
+
+    /// Every voter of every voter set.
+    pub fn voter_ids(&self) -> impl Iterator<Item = u64> + '_ {
+        self.configs
+            .iter()
+            .flatten()
+            .copied()
+            .collect::<std::collections::BTreeSet<u64>>()
+            .into_iter()
+    }
+
+    /// The members that do not vote.
+    pub fn learner_ids(&self) -> impl Iterator<Item = u64> + '_ {
+        let voters: std::collections::BTreeSet<u64> = self.voter_ids().collect();
+        self.nodes
+            .keys()
+            .copied()
+            .filter(move |n| !voters.contains(n))
+    }
+}
+
+/// The latest membership applied, and the entry it came in.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StoredMembership {
+    log_id: Option<LogId>,
+    membership: Membership,
+}
+
+impl StoredMembership {
+    pub fn new(log_id: Option<LogId>, membership: Membership) -> Self {
+        StoredMembership { log_id, membership }
+    }
+
+    pub fn log_id(&self) -> &Option<LogId> {
+        &self.log_id
+    }
+
+    pub fn membership(&self) -> &Membership {
+        &self.membership
+    }
+}
+
+/// What a snapshot covers: the last entry in it and the membership then.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SnapshotMeta {
+    pub last_log_id: Option<LogId>,
+    pub last_membership: StoredMembership,
+    /// Always empty: the slot earlier snapshot files have (a positional
+    /// encoding cannot skip it).
+    #[serde(default)]
+    snapshot_id: String,
+}
+
+impl SnapshotMeta {
+    pub fn new(last_log_id: Option<LogId>, last_membership: StoredMembership) -> Self {
+        SnapshotMeta {
+            last_log_id,
+            last_membership,
+            snapshot_id: String::new(),
+        }
+    }
+}
+
+/// What a log entry holds.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum EntryPayload {
+    /// A new leader's first entry (raft-rs's empty entry).
+    Blank,
+    Normal(Command),
+    /// A configuration change; the configuration after it.
+    Membership(Membership),
+}
+
+/// One log entry.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Entry {
+    pub log_id: LogId,
+    pub payload: EntryPayload,
+}
+
+/// What the storage code reports.
 pub type StorageError = std::io::Error;
-pub type StoredMembership = openraft::alias::StoredMembershipOf<TypeConfig>;
-pub type SnapshotMeta = openraft::alias::SnapshotMetaOf<TypeConfig>;
-pub type Membership = openraft::Membership<u64, openraft::BasicNode>;
 
 /// The metadata group (pool table and shard membership): every node of
 /// the layout is a member.

@@ -7,21 +7,14 @@
 //! (CI: 3000); a long run reports its figures with `--nocapture`.
 
 use bytes::Bytes;
-use openraft::vote::RaftLeaderId;
-use openraft::EntryPayload;
-use sluice_cluster::network::{decode_message, kind, PeerMessage};
-use sluice_cluster::types::{
-    BatchedWrite, Command, CommittedLeaderId, Entry, LogId, Membership, StoredMembership,
-    TypeConfig, Vote,
-};
-use std::collections::BTreeSet;
+use raft::eraftpb::{self, EntryType, MessageType};
+use sluice_cluster::network::kind;
+use sluice_cluster::raftrs::wire::{decode, encode};
+use sluice_cluster::raftrs::{Outgoing, RaftMessage};
+use sluice_cluster::types::{BatchedWrite, Command};
 
 fn corpus_dir() -> std::path::PathBuf {
     std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("fuzz-corpus")
-}
-
-fn lid(term: u64, i: u64) -> LogId {
-    LogId::new(CommittedLeaderId::new(term, 1), i)
 }
 
 fn write(key: &str, value: Option<Vec<u8>>, ts: u64) -> BatchedWrite {
@@ -45,90 +38,94 @@ fn write(key: &str, value: Option<Vec<u8>>, ts: u64) -> BatchedWrite {
     }
 }
 
-/// The seeds: one message of each kind and shape a peer sends.
+/// A raft-rs message of `ty` from member 1 to member 2 in term 3.
+fn msg(ty: MessageType) -> RaftMessage {
+    let mut m = RaftMessage {
+        from: 1,
+        to: 2,
+        term: 3,
+        log_term: 2,
+        index: 4,
+        commit: 6,
+        ..Default::default()
+    };
+    m.set_msg_type(ty);
+    m
+}
+
+/// An entry of the log (`data`: the driver's marker of a command, 1, or
+/// raft-rs's own).
+fn entry(index: u64, ty: EntryType, data: Vec<u8>) -> eraftpb::Entry {
+    let mut e = eraftpb::Entry {
+        term: 3,
+        index,
+        data,
+        ..Default::default()
+    };
+    e.set_entry_type(ty);
+    e
+}
+
+/// The seeds: one message of each kind and shape a peer sends, encoded as
+/// the transport sends them (`raftrs::wire`).
 fn seeds() -> Vec<(String, u8, Vec<u8>)> {
-    let append = openraft::raft::AppendEntriesRequest::<TypeConfig> {
-        vote: Vote::new_committed(3, 1),
-        prev_log_id: Some(lid(2, 4)),
-        entries: vec![
-            Entry {
-                log_id: lid(3, 5),
-                payload: EntryPayload::Blank,
-            },
-            Entry {
-                log_id: lid(3, 6),
-                payload: EntryPayload::Membership(Membership::new_with_defaults(
-                    vec![BTreeSet::from([1, 2, 3])],
-                    [1, 2, 3],
-                )),
-            },
-            Entry {
-                log_id: lid(3, 7),
-                payload: EntryPayload::Normal(write("/vol/a", Some(vec![5; 100]), 10).into()),
-            },
-            Entry {
-                log_id: lid(3, 8),
-                payload: EntryPayload::Normal(Command::Meta(
-                    r#"{"op":"pool_remove","path":"/x"}"#.into(),
-                )),
-            },
-            Entry {
-                log_id: lid(3, 9),
-                payload: EntryPayload::Normal(Command::Tick { timestamp_us: 11 }),
-            },
-            Entry {
-                log_id: lid(3, 10),
-                payload: EntryPayload::Normal(Command::Batch(vec![
-                    write("/p/b", Some(vec![1; 40]), 12),
-                    write("/p/c", None, 13),
-                ])),
-            },
-        ],
-        leader_commit: Some(lid(3, 6)),
-    };
-    let heartbeat = openraft::raft::AppendEntriesRequest::<TypeConfig> {
-        vote: Vote::new_committed(3, 1),
-        prev_log_id: Some(lid(3, 10)),
-        entries: vec![],
-        leader_commit: Some(lid(3, 10)),
-    };
-    let vote = openraft::raft::VoteRequest::<TypeConfig>::new(Vote::new(4, 2), Some(lid(3, 10)));
-    let snapshot = openraft_legacy::network_v1::InstallSnapshotRequest::<TypeConfig> {
-        vote: Vote::new_committed(3, 1),
-        meta: openraft_legacy::network_v1::SnapshotMeta {
-            last_log_id: Some(lid(3, 10)),
-            last_membership: StoredMembership::new(
-                Some(lid(3, 6)),
-                Membership::new_with_defaults(vec![BTreeSet::from([1, 2, 3])], [1, 2, 3]),
-            ),
-            snapshot_id: "3-10-1".into(),
+    let mut append = msg(MessageType::MsgAppend);
+    append.entries = vec![
+        entry(5, EntryType::EntryNormal, vec![]),
+        // A membership change: raft-rs's ConfChangeV2, our configuration
+        // as its context.
+        entry(
+            6,
+            EntryType::EntryConfChangeV2,
+            prost::Message::encode_to_vec(&eraftpb::ConfChangeV2 {
+                context: vec![1, 0, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0],
+                ..Default::default()
+            }),
+        ),
+    ];
+    append
+        .entries
+        .extend((7..12).map(|i| entry(i, EntryType::EntryNormal, vec![1])));
+    let commands = vec![
+        write("/vol/a", Some(vec![5; 100]), 10).into(),
+        Command::Meta(r#"{"op":"pool_remove","path":"/x"}"#.into()),
+        Command::Tick { timestamp_us: 11 },
+        Command::Batch(vec![
+            write("/p/b", Some(vec![1; 40]), 12),
+            write("/p/c", None, 13),
+        ]),
+        Command::Purge {
+            prefix: "/p".into(),
+            except: vec!["/p/q".into()],
         },
-        offset: 0,
+    ];
+    let mut snapshot = msg(MessageType::MsgSnapshot);
+    snapshot.snapshot = Some(eraftpb::Snapshot {
         data: vec![1, 2, 3, 4, 5, 6, 7, 8],
-        done: true,
+        metadata: Some(eraftpb::SnapshotMetadata {
+            conf_state: Some(eraftpb::ConfState {
+                voters: vec![1, 2, 3],
+                ..Default::default()
+            }),
+            index: 10,
+            term: 3,
+        }),
+    });
+    let out = |m: RaftMessage, commands: Vec<Command>| Outgoing {
+        group: 1 << 56,
+        to: 2,
+        msg: m,
+        commands,
     };
-    vec![
-        (
-            "append".into(),
-            kind::APPEND,
-            bincode::serialize(&append).unwrap(),
-        ),
-        (
-            "heartbeat".into(),
-            kind::APPEND,
-            bincode::serialize(&heartbeat).unwrap(),
-        ),
-        (
-            "vote".into(),
-            kind::VOTE,
-            bincode::serialize(&vote).unwrap(),
-        ),
-        (
-            "snapshot".into(),
-            kind::SNAPSHOT,
-            bincode::serialize(&snapshot).unwrap(),
-        ),
+    [
+        ("append", out(append, commands)),
+        ("heartbeat", out(msg(MessageType::MsgHeartbeat), vec![])),
+        ("vote", out(msg(MessageType::MsgRequestPreVote), vec![])),
+        ("snapshot", out(snapshot, vec![])),
     ]
+    .into_iter()
+    .map(|(name, o)| (name.into(), kind::RAFTRS, encode(&o).unwrap().concat()))
+    .collect()
 }
 
 #[test]
@@ -215,22 +212,17 @@ fn corpus_and_its_mutations_never_panic() {
     for (n, f) in files.iter().enumerate() {
         let data = std::fs::read(f).unwrap();
         let (k, body) = (data[0], Bytes::copy_from_slice(&data[1..]));
-        match decode_message(k, &body) {
-            Ok(PeerMessage::Append(_) | PeerMessage::Vote(_) | PeerMessage::Snapshot(_)) => {}
-            Err(e) => panic!("seed {} does not decode: {e}", f.display()),
+        assert_eq!(k, kind::RAFTRS, "seed {}", f.display());
+        if let Err(e) = decode(&body) {
+            panic!("seed {} does not decode: {e}", f.display());
         }
         let mut rng = Rng(0x5eed ^ n as u64);
         for _ in 0..per_seed {
             let m = mutate(&mut rng, &data[1..]);
-            let kind = if rng.below(20) == 0 {
-                rng.next() as u8
-            } else {
-                k
-            };
-            match decode_message(kind, &Bytes::from(m)) {
+            match decode(&Bytes::from(m)) {
                 Ok(_) => accepted += 1,
                 Err(e) => {
-                    assert!(e.to_string().contains("consensus message"), "{e}");
+                    assert!(e.to_string().contains("bad raft message"), "{e}");
                     rejected += 1
                 }
             }
@@ -252,10 +244,10 @@ fn corpus_and_its_mutations_never_panic() {
 /// before anything of that size is allocated.
 #[test]
 fn huge_length_prefixes_are_errors_not_allocations() {
-    let (_, k, body) = seeds().remove(0);
+    let (_, _, body) = seeds().remove(0);
     // bincode writes the batch as its variant index (Command::Batch is
-    // the fourth: 3 as a u32) then its element count (2 as a u64): make
-    // that count enormous.
+    // the fourth: 3 as a u32) then its element count (2 as a u64), after
+    // the raft-rs message: make that count enormous.
     let needle: Vec<u8> = 3u32
         .to_le_bytes()
         .into_iter()
@@ -268,6 +260,6 @@ fn huge_length_prefixes_are_errors_not_allocations() {
         + 4;
     let mut bad = body.clone();
     bad[at..at + 8].copy_from_slice(&(u64::MAX / 4).to_le_bytes());
-    let e = decode_message(k, &Bytes::from(bad)).err().expect("refused");
-    assert!(e.to_string().contains("bad consensus message"), "{e}");
+    let e = decode(&Bytes::from(bad)).expect_err("refused");
+    assert!(e.to_string().contains("bad raft message"), "{e}");
 }

@@ -1076,8 +1076,8 @@ impl Conn {
 
     /// A consensus message from a peer (`Request::Raft`, authenticated).
     /// raft-rs's go one way and are handed to their group here, in the
-    /// order they arrived, without a task of their own; openraft's are
-    /// requests answered when their group has handled them.
+    /// order they arrived, without a task of their own; a broadcast
+    /// chunk is a request answered when it has been handled.
     fn consensus_message(
         &mut self,
         cl: Arc<sluice_cluster::ClusterNode>,

@@ -73,8 +73,8 @@ fn one() -> u64 {
 /// Which consensus library drives the replication groups.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Consensus {
-    /// openraft, the driver before raft-rs: for clusters whose data
-    /// directories it wrote.
+    /// openraft, the driver before raft-rs, removed on 2026-11-28: a
+    /// layout naming it is refused with a message saying so (`validate`).
     #[serde(rename = "openraft")]
     Openraft,
     /// TiKV's raft-rs, driven by one task per group (`sluice-cluster`'s
@@ -83,6 +83,9 @@ pub enum Consensus {
     #[serde(rename = "raft-rs")]
     RaftRs,
 }
+
+/// Why a layout with `consensus = "openraft"` is refused.
+pub const OPENRAFT_REMOVED: &str = "consensus = \"openraft\": this Sluice runs every replication group on raft-rs; the openraft driver was removed (ARCHITECTURE.md, \"Consensus library\"). Drop the line; data directories openraft wrote cannot be opened by raft-rs, so such a cluster starts from empty ones";
 
 impl Consensus {
     fn is_default(&self) -> bool {
@@ -118,6 +121,9 @@ impl ClusterLayout {
     }
 
     pub fn validate(&self) -> Result<(), String> {
+        if self.consensus == Consensus::Openraft {
+            return Err(OPENRAFT_REMOVED.into());
+        }
         if self.nodes.is_empty() {
             return Err("nodes: a layout needs at least one node".into());
         }
@@ -304,16 +310,15 @@ shards = [[0], [1], [2]]
     }
 
     #[test]
-    fn the_consensus_driver_is_raft_rs_unless_named_and_survives_a_round_trip() {
+    fn the_consensus_driver_is_raft_rs_and_a_layout_naming_openraft_is_refused() {
         let l = ClusterLayout::from_toml(GOOD).unwrap();
         assert_eq!(l.consensus, Consensus::RaftRs);
         assert!(!l.to_toml().unwrap().contains("consensus"));
-        let or = ClusterLayout::from_toml(&format!("consensus = \"openraft\"\n{GOOD}")).unwrap();
-        assert_eq!(or.consensus, Consensus::Openraft);
-        assert_eq!(
-            ClusterLayout::from_toml(&or.to_toml().unwrap()).unwrap(),
-            or
-        );
+        let named = ClusterLayout::from_toml(&format!("consensus = \"raft-rs\"\n{GOOD}")).unwrap();
+        assert_eq!(named, l);
+        // The driver before it is gone, and a layout naming it says so.
+        let e = ClusterLayout::from_toml(&format!("consensus = \"openraft\"\n{GOOD}")).unwrap_err();
+        assert!(e.contains("openraft driver was removed"), "{e}");
         let e = ClusterLayout::from_toml(&format!("consensus = \"paxos\"\n{GOOD}")).unwrap_err();
         assert!(e.contains("openraft") && e.contains("raft-rs"), "{e}");
     }

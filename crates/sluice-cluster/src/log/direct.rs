@@ -1,6 +1,5 @@
-//! The log as the raft-rs driver (`crate::raftrs`) uses it: the same
-//! records and files as openraft's traits in `raft`, called directly from
-//! the group's task. Terms and indexes are raft-rs's; an entry's leader
+//! The log as the raft-rs driver (`crate::raftrs`) uses it, called
+//! directly from the group's task. Terms and indexes are raft-rs's; an entry's leader
 //! id carries its term (the node id in it is 0: raft-rs entries record
 //! only the term), and the vote record holds raft-rs's hard state
 //! (`Vote::new(term, voted_for)`, raft-rs ids, 0 for none).
@@ -177,7 +176,7 @@ impl LogStore {
             .map_or((0, 0), |v| (v.leader_id.term, v.leader_id.node_id))
     }
 
-    /// Records the commit index (never fsync'd, as with openraft: a lost
+    /// Records the commit index (never fsync'd: a lost
     /// commit point is learnt again from the leader).
     pub(crate) fn save_commit(&self, index: u64) -> Result<(), StorageError> {
         let Some(id) = self.log_id_at(index) else {

@@ -19,16 +19,6 @@ pub(super) enum Record {
     Seal,
 }
 
-impl Record {
-    /// The log index of an entry's record.
-    pub(super) fn entry_index(&self) -> Option<u64> {
-        match self {
-            Record::Entry(e) => Some(e.log_id.index),
-            _ => None,
-        }
-    }
-}
-
 /// Where an entry's record lies: segment, offset of its header, body
 /// length.
 #[derive(Clone, Copy, Debug)]

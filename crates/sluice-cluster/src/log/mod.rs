@@ -22,10 +22,11 @@
 //! the current vote, commit point and purge point, so a segment whose
 //! entries are all purged (covered by a snapshot) is simply deleted.
 //!
-//! Durability: with `sync = true` every append is fsync'd before openraft
-//! is told it is flushed (a vote or an entry then survives power loss);
-//! such a log's files are written only by its writer thread, which writes
-//! what was queued, fsyncs once for all of it and then tells openraft (the
+//! Durability: with `sync = true` every append is fsync'd before the
+//! driver is told it is durable (a vote or an entry then survives power
+//! loss); such a log's files are written only by its writer thread, which
+//! writes what was queued, fsyncs once for all of it and then tells the
+//! driver (the
 //! leader sends an entry to followers while its own copy is being
 //! written; appends arriving meanwhile share one fsync);
 //! with `sync = false` records reach the OS page cache only, which survives
@@ -44,14 +45,13 @@
 //! checking a segment, file names), `disk` (the segment files: appends,
 //! rolling over, sealing, purging, mapped spares), `writer` (a synced
 //! log's writer thread), `values` (where a persistent shard's values lie
-//! in the files), `raft` (openraft's storage traits), `direct` (the same
-//! log for the raft-rs driver, `crate::raftrs`); this file holds the
+//! in the files), `direct` (what the raft-rs driver, `crate::raftrs`,
+//! asks of it); this file holds the
 //! in-memory tail, the index of every entry, and opening a log.
 
 mod direct;
 mod disk;
 mod format;
-mod raft;
 #[cfg(test)]
 mod tests;
 mod values;
@@ -61,22 +61,18 @@ pub(crate) use direct::Head;
 use disk::{preallocate, Disk, Sealed, FREE_SEGMENTS};
 use format::*;
 pub use format::{scan_segment, segment_files, Scan, Tail, FORMAT_VERSION, SEGMENT_HEADER};
-use raft::approx_size;
 pub use values::{read_value, MIN_REF};
 use writer::{writer, Done, IoJob};
 
 use crate::chunks::{entry_values, io_slices, write_all_vectored, ChunkWriter, Part, BY_REFERENCE};
-use crate::types::{Entry, LogId, StorageError, TypeConfig, Vote};
+use crate::types::{Entry, LogId, StorageError, Vote};
 use bytes::Bytes;
-use openraft::storage::{IOFlushed, RaftLogStorage};
-use openraft::{LogState, RaftLogReader};
 use parking_lot::Mutex;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::fmt::Debug;
 use std::fs::{File, OpenOptions};
 use std::io::{Read, Write};
-use std::ops::RangeBounds;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -132,9 +128,9 @@ pub(crate) enum Kind {
 impl Kind {
     pub(crate) fn of(e: &Entry) -> Kind {
         match e.payload {
-            openraft::EntryPayload::Normal(_) => Kind::Normal,
-            openraft::EntryPayload::Blank => Kind::Blank,
-            openraft::EntryPayload::Membership(_) => Kind::Membership,
+            crate::types::EntryPayload::Normal(_) => Kind::Normal,
+            crate::types::EntryPayload::Blank => Kind::Blank,
+            crate::types::EntryPayload::Membership(_) => Kind::Membership,
         }
     }
 }
@@ -170,18 +166,11 @@ struct Inner {
     largest_append: u64,
 }
 
-/// One group's log. Clones share the same log (openraft asks for a
-/// separate reader handle).
+/// One group's log. Clones share the same log (the driver's task and
+/// the state machine, which reads values back, hold one each).
 #[derive(Clone, Default)]
 pub struct LogStore {
     inner: Arc<Mutex<Inner>>,
-    /// One past the last log index the state machine's saved snapshot
-    /// covers (0: no snapshot saved; `u64::MAX` while no state machine
-    /// has said: nothing is kept on disk). A purge never goes past it: openraft purges the log
-    /// right after it hands a leader's snapshot to the state machine,
-    /// before that snapshot is saved, and a crash in between left a log
-    /// purged past the snapshot on disk (the restart then panicked).
-    snapshot_floor: Arc<std::sync::atomic::AtomicU64>,
 }
 
 fn io_err(e: impl std::fmt::Display) -> StorageError {
@@ -511,21 +500,14 @@ impl LogStore {
         inner.drop_purged_segments();
         Ok(LogStore {
             inner: Arc::new(Mutex::new(inner)),
-            snapshot_floor: Arc::new(std::sync::atomic::AtomicU64::new(u64::MAX)),
         })
     }
 
-    /// Where the state machine records the last index its saved
-    /// snapshot covers (see `snapshot_floor`).
-    pub fn snapshot_floor(&self) -> Arc<std::sync::atomic::AtomicU64> {
-        self.snapshot_floor.clone()
-    }
-
     /// Purges everything the saved snapshot `upto` covers, if the log
-    /// still holds it (at open: a purge held back by `snapshot_floor` may
-    /// have left entries the member never received missing between the
-    /// purge point and the snapshot, and openraft refuses a log with a
-    /// gap).
+    /// still holds it (after a snapshot is saved, and at open: a member
+    /// that installed a leader's snapshot may hold entries after it with
+    /// the ones it never received missing between its purge point and
+    /// the snapshot; the purge leaves the log contiguous again).
     pub fn purge_covered(&self, upto: LogId) -> Result<(), StorageError> {
         let mut g = self.inner.lock();
         if g.last_purged.is_some_and(|p| p.index >= upto.index) {
@@ -576,7 +558,7 @@ impl LogStore {
     }
 
     /// Bytes of entries held in memory beyond the newest `keep` (what a
-    /// snapshot now would let go: openraft keeps `keep` entries after one).
+    /// snapshot now would let go: the driver keeps `keep` entries after one).
     pub fn bytes_beyond(&self, keep: u64) -> u64 {
         self.bytes_beyond_kept(keep, u64::MAX)
     }
@@ -619,4 +601,24 @@ fn kept_bytes<'a>(
         n += 1;
     }
     (n, bytes)
+}
+
+/// About how much memory an entry holds (what the in-memory tail counts).
+fn approx_size(e: &Entry) -> u64 {
+    fn of(c: &crate::types::Command) -> u64 {
+        match c {
+            crate::types::Command::Write { key, value, .. } => {
+                (key.len() + value.as_ref().map_or(0, |v| v.len()) + 64) as u64
+            }
+            crate::types::Command::Batch(ws) => ws
+                .iter()
+                .map(|w| (w.key.len() + w.value.as_ref().map_or(0, |v| v.len()) + 64) as u64)
+                .sum(),
+            _ => 256,
+        }
+    }
+    match &e.payload {
+        crate::types::EntryPayload::Normal(c) => of(c),
+        _ => 256,
+    }
 }

@@ -32,8 +32,6 @@ pub(super) fn injected(
 
 /// What completes when a synced write is on disk.
 pub(super) enum Done {
-    /// openraft's callback for an append.
-    Flushed(IOFlushed<TypeConfig>),
     /// A caller blocked until its record is durable (vote, truncation,
     /// purge).
     Wait(std::sync::mpsc::SyncSender<Result<(), String>>),
@@ -45,7 +43,6 @@ pub(super) enum Done {
 impl Done {
     pub(super) fn complete(self, res: &Result<(), String>) {
         match self {
-            Done::Flushed(cb) => cb.io_completed(res.clone().map_err(std::io::Error::other)),
             Done::Wait(tx) => {
                 let _ = tx.send(res.clone());
             }
@@ -74,10 +71,10 @@ pub(super) enum IoJob {
     },
 }
 
-/// The writer thread of a synced log (persistent shards). openraft's
-/// `append` only encodes and queues: this thread writes the records, then
+/// The writer thread of a synced log (persistent shards). The driver's
+/// append only encodes and queues: this thread writes the records, then
 /// fsyncs once for everything queued meanwhile (group commit), then tells
-/// openraft. So the leader replicates an entry while its own copy is
+/// the consensus driver. So the leader replicates an entry while its own copy is
 /// written and synced, and no consensus task ever waits on the disk (a
 /// write racing an fsync of the same file can stall for most of it).
 pub(super) fn writer(
@@ -88,7 +85,7 @@ pub(super) fn writer(
     // After a failed write or fsync the kernel may have dropped the dirty
     // pages: a later fsync that succeeds proves nothing about them, so
     // nothing written after may be reported durable. Every later job
-    // fails with the first error; openraft stops the group on it, and a
+    // fails with the first error; the driver stops the group on it, and a
     // restart (which re-reads and checks the files) is the way back.
     let mut failed: Option<String> = None;
     while let Ok(first) = rx.recv() {

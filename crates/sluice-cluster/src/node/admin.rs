@@ -40,11 +40,6 @@ pub(super) enum Admin {
         peers: Vec<u32>,
     },
     Heal,
-    /// Fault injection: stop this node's consensus core of `shard` as
-    /// openraft stops one on its own bug (the node starts it again).
-    StopGroup {
-        shard: String,
-    },
     /// Internal: record a shard's members (sent to the metadata leader).
     SetMembers {
         group: u64,
@@ -143,7 +138,7 @@ impl ClusterNode {
             }
             Admin::AddMember { shard, node } => self.add_member(&shard, node).await,
             Admin::RemoveMember { shard, node } => self.remove_member(&shard, node).await,
-            Admin::Cut { .. } | Admin::Heal | Admin::StopGroup { .. }
+            Admin::Cut { .. } | Admin::Heal
                 if !self.settings.fault_injection =>
             {
                 Err(SluiceError::NotSupported {
@@ -173,11 +168,9 @@ impl ClusterNode {
                 timestamp_us,
             } => {
                 let g = self.local_group(group)?;
+                // raft-rs tells the followers of the commit at once: the
+                // member that asked waits to apply the frontier.
                 let index = self.tick(&g, timestamp_us).await?;
-                // The member that asked waits to apply the frontier: tell
-                // the followers it is committed now, not with the next
-                // entries or once `commit_hold_us` runs out.
-                g.core.heartbeat().await;
                 Ok(json!({ "index": index }))
             }
             Admin::MetaFence { group } => {
@@ -201,14 +194,6 @@ impl ClusterNode {
                 .meta_write(MetaCommand::SetMembers { group, members })
                 .await
                 .map(|_| json!({})),
-            Admin::StopGroup { shard } => {
-                let g = self.local(parse_shard(&shard)?)?;
-                let raft = g.core.openraft(g.id, "stopping the consensus core")?;
-                self.restart_requested.lock().insert(g.id);
-                tracing::warn!(shard, "fault injection: consensus core stopped");
-                let _ = raft.shutdown().await;
-                Ok(json!({"node": self.id, "stopped": shard}))
-            }
             Admin::Heal => {
                 self.peers.heal();
                 tracing::warn!("fault injection: links healed");
@@ -225,58 +210,11 @@ impl ClusterNode {
     ) -> Result<serde_json::Value, SluiceError> {
         let s = parse_shard(shard)?;
         let g = self.local(s)?;
-        if let Core::RaftRs { handle } = &g.core {
-            self.check_leader(&g)?;
-            let members = self.change_raftrs(&g, handle, shard, node, add).await?;
-            let members: Vec<u32> = members.iter().map(|v| *v as u32).collect();
-            self.record_members(g.id, &members).await?;
-            return Ok(json!({"shard": shard, "members": members}));
-        }
-        let raft = g.core.openraft(g.id, "a membership change")?;
         self.check_leader(&g)?;
-        let addr = self.layout.address_of(node).ok_or_else(|| {
-            SluiceError::invalid_argument(
-                format!("node {node}"),
-                "it is not in the layout's [[nodes]]",
-            )
-        })?;
-        let mut voters = g.core.voters();
-        let api = |e: RaftError<TypeConfig, ClientWriteError<TypeConfig>>| match e {
-            RaftError::APIError(ClientWriteError::ForwardToLeader(f)) => {
-                self.not_leader(g.id, f.leader_id)
-            }
-            e => unavailable(format!("membership change of {shard}: {e}")),
-        };
-        if add {
-            if voters.contains(&u64::from(node)) {
-                return Err(SluiceError::invalid_argument(
-                    format!("node {node}"),
-                    format!("it is already a member of {shard}"),
-                ));
-            }
-            // Blocks until the newcomer has caught up (log or snapshot).
-            raft.add_learner(u64::from(node), BasicNode::new(addr), true)
-                .await
-                .map_err(api)?;
-            voters.insert(u64::from(node));
-        } else {
-            if !voters.remove(&u64::from(node)) {
-                return Err(SluiceError::invalid_argument(
-                    format!("node {node}"),
-                    format!("it is not a member of {shard}"),
-                ));
-            }
-            if voters.is_empty() {
-                return Err(SluiceError::invalid_argument(
-                    format!("node {node}"),
-                    format!("it is the last member of {shard}, which cannot be removed"),
-                ));
-            }
-        }
-        raft.change_membership(voters.clone(), false)
-            .await
-            .map_err(api)?;
-        let members: Vec<u32> = voters.iter().map(|v| *v as u32).collect();
+        let members = self
+            .change_raftrs(&g, &g.core.handle, shard, node, add)
+            .await?;
+        let members: Vec<u32> = members.iter().map(|v| *v as u32).collect();
         self.record_members(g.id, &members).await?;
         Ok(json!({"shard": shard, "members": members}))
     }

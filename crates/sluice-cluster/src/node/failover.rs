@@ -1,24 +1,23 @@
 //! Fast failover after a leader's process died.
 //!
-//! openraft replaces a leader that stops sending heartbeats only after
-//! its followers' leader lease (`election_max_ms`) and then a random
-//! election timeout have run out: 0.5 to 0.8 s with the default settings.
+//! Raft replaces a leader that stops sending heartbeats only after its
+//! followers' election timeout (`election_min_ms` to `election_max_ms`,
+//! randomised) has run out: 0.5 to 0.8 s with the default settings.
 //! A leader that *crashed* says so sooner: its connections to this node
 //! close, and nothing listens at its address any more (a connection to it
 //! is refused, or reset before a byte was sent). This module acts on that
-//! evidence with openraft's own election trigger (`Raft::trigger().elect(false)`),
-//! so the protocol stays openraft's and only the timing changes:
+//! evidence with raft-rs's own election trigger (`campaign`, through the
+//! group's driver), so the protocol stays raft-rs's and only the timing
+//! changes:
 //!
 //! 1. every surviving voter that saw the connection close and the refusal
 //!    stands for election at once, which gives up its vote for the dead
-//!    leader (a vote for itself is not a leader's lease, so it no longer
-//!    refuses other candidates);
+//!    leader;
 //! 2. each stands again, at a higher term each time, until a leader other
 //!    than the dead one is known (or `TAKE_OVER_FOR` passed: then the
 //!    ordinary timers decide, as before). The pauses between candidacies
 //!    are the project's jittered backoff, staggered by rank, so the
-//!    survivors do not keep splitting the vote, and a survivor lets an
-//!    election it granted its vote in finish first. Every survivor keeps trying because only
+//!    survivors do not keep splitting the vote. Every survivor keeps trying because only
 //!    one whose log is the most up to date can win: with only the lowest
 //!    numbered one retrying (the first design), a lowest survivor that
 //!    was behind kept the others from winning until the timers ran out.
@@ -155,9 +154,8 @@ fn has_new_leader(w: &Watch, dead: u64, term: u64) -> bool {
 /// passed. Between candidacies a survivor waits the project's jittered
 /// backoff (`retry::Backoff`), its steps scaled by one plus its rank among
 /// the survivors: the lowest numbered one usually stands first, and two
-/// never keep standing in step. A survivor does not stand while a vote it granted to
-/// another live candidate is new (that election is under way); it stands
-/// if the same vote is still all it knows a pause later. Any survivor may
+/// never keep standing in step (raft-rs's pre-vote keeps a candidacy from
+/// raising the term of an election another survivor is winning). Any survivor may
 /// have the most up-to-date log, and only that one can win, so every one
 /// must keep trying, not just one.
 async fn take_over(g: Arc<Group>, dead: u64, me: u64) {
@@ -174,23 +172,16 @@ async fn take_over(g: Arc<Group>, dead: u64, me: u64) {
         MAX_PERIOD * (1 + rank),
         Instant::now() + TAKE_OVER_FOR,
     );
-    let mut seen_vote = None;
     let mut stood = 0;
     loop {
         if has_new_leader(&watch, dead, term) {
             return;
         }
-        // openraft's vote (raft-rs's cores report none: pre-vote keeps
-        // their rounds from disrupting each other).
-        let vote = watch.vote();
-        let other_candidate = vote.is_some_and(|v| v.1 != me && v.1 != dead && !v.2);
-        if !other_candidate || seen_vote == vote {
-            if !g.core.elect().await {
-                return; // shutting down
-            }
-            stood += 1;
+        // Pre-vote keeps the survivors' rounds from disrupting each other.
+        if !g.core.elect().await {
+            return; // shutting down
         }
-        seen_vote = vote;
+        stood += 1;
         let wait = async {
             while !has_new_leader(&watch, dead, term) {
                 if !watch.changed().await {

@@ -28,18 +28,11 @@ use self::core::{Core, CoreError};
 use write::Batcher;
 
 use crate::log::{LogOptions, LogStore};
-use crate::network::{dispatch, NetFactory, Peers};
+use crate::network::Peers;
 use crate::sm::{MetaCell, MetaState, Sm};
 use crate::types::{
-    group_name, group_of, parse_shard, shard_of_group, Applied, Command, MetaCommand, Raft,
-    TypeConfig, META_GROUP,
+    group_name, group_of, parse_shard, shard_of_group, Applied, Command, MetaCommand, META_GROUP,
 };
-use openraft::async_runtime::WatchReceiver;
-use openraft::error::{ClientWriteError, LinearizableReadError, RaftError};
-use openraft::{BasicNode, RaftMetrics, ServerState};
-
-/// A group's metrics as openraft publishes them.
-type MetricsRx = openraft::alias::WatchReceiverOf<TypeConfig, RaftMetrics<TypeConfig>>;
 use parking_lot::RwLock;
 use serde::{Deserialize, Serialize};
 use serde_json::json;
@@ -69,23 +62,6 @@ pub struct ClusterSettings {
     /// once instead of waiting for the timers above (`node/failover.rs`).
     /// A leader that is alive but unreachable is left to the timers.
     pub fast_failover: bool,
-    /// openraft groups (a layout with `consensus = "openraft"`; the
-    /// raft-rs driver sends a leader's
-    /// entries before its own append anyway):
-    /// a leader hands a new entry to replication as soon as its log has
-    /// taken it (openraft's `broadcast_submitted_on_append`), rather than
-    /// at the end of its consensus loop's turn. Either way the entry goes
-    /// out before the leader's own write is durable.
-    pub replicate_on_submit: bool,
-    /// openraft groups (the raft-rs driver tells followers of a commit at
-    /// once): after a commit, a leader tells each follower the new commit index
-    /// with the next entries it sends them, if they come within this many
-    /// microseconds; else with a message of its own (`network::Net`). One
-    /// message per follower per write instead of two under a steady load;
-    /// a follower applies an idle shard's last writes up to this much
-    /// later. 0: a message of its own at once. At most half of
-    /// `heartbeat_ms`.
-    pub commit_hold_us: u64,
     /// Consensus messages of this many bytes or more (entries with large
     /// values, snapshot and broadcast chunks) go to a peer on a second
     /// connection, so small ones never queue behind them on the wire.
@@ -141,8 +117,6 @@ impl Default for ClusterSettings {
             election_min_ms: 200,
             election_max_ms: 400,
             fast_failover: true,
-            replicate_on_submit: false,
-            commit_hold_us: 2000,
             peer_bulk_bytes: crate::network::BULK_BYTES,
             write_timeout_ms: 3000,
             catch_up_wait_ms: 600_000,
@@ -164,8 +138,6 @@ pub struct Group {
     pub(crate) core: Core,
     sm: Sm,
     log: LogStore,
-    /// When this node last asked for a snapshot because the log grew large.
-    snapshot_asked: parking_lot::Mutex<Option<std::time::Instant>>,
     /// Puts waiting to be proposed together (see `ClusterNode::propose_write`).
     batch: parking_lot::Mutex<Batcher>,
     /// AppendEntries this member received from its leaders.
@@ -180,7 +152,6 @@ impl Group {
             core,
             sm,
             log,
-            snapshot_asked: parking_lot::Mutex::new(None),
             batch: Default::default(),
             appends_received: Default::default(),
         })
@@ -224,7 +195,6 @@ pub struct ClusterNode {
     _volatile_lock: sluice_log::DirLock,
     /// The cluster key peers authenticate with (see `cluster_key`).
     key: String,
-    raft_cfg: Arc<openraft::Config>,
     store: Arc<Store>,
     peers: Arc<Peers>,
     meta: Arc<MetaCell>,
@@ -241,11 +211,6 @@ pub struct ClusterNode {
     writer_seq: std::sync::atomic::AtomicU64,
     /// This node itself, for tasks it spawns (set once by `start`).
     me: std::sync::OnceLock<std::sync::Weak<ClusterNode>>,
-    /// When each group was last started again (`on_group_stopped`).
-    restarts: parking_lot::Mutex<HashMap<u64, Vec<std::time::Instant>>>,
-    /// Groups whose stop was asked for by fault injection, to be started
-    /// again (tests of `on_group_stopped`).
-    restart_requested: parking_lot::Mutex<std::collections::HashSet<u64>>,
     /// Broadcasts in progress here and the objects they delivered.
     bcast: broadcast::Broadcasts,
     /// Peers whose death this node is acting on (`failover`).
@@ -256,9 +221,6 @@ pub struct ClusterNode {
     /// Where raft-rs groups' messages go (made with the first such group).
     rs_transport: std::sync::OnceLock<Arc<crate::raftrs::transport::PeerTransport>>,
 }
-
-/// How often a group stopped by openraft is started again, at most.
-const RESTARTS_PER_MINUTE: usize = 3;
 
 fn unavailable(reason: String) -> SluiceError {
     SluiceError::Unavailable { reason }
@@ -283,22 +245,6 @@ impl ClusterNode {
                 reason: format!("node id {id} is not in the layout's [[nodes]]"),
             });
         }
-        let raft_cfg = openraft::Config {
-            cluster_name: "sluice".into(),
-            heartbeat_interval: settings.heartbeat_ms,
-            election_timeout_min: settings.election_min_ms,
-            election_timeout_max: settings.election_max_ms,
-            snapshot_policy: openraft::SnapshotPolicy::LogsSinceLast(settings.snapshot_every),
-            // Keep some log behind a snapshot for followers slightly
-            // behind; a newcomer further back gets the snapshot.
-            max_in_snapshot_log_to_keep: (settings.snapshot_every / 2).min(256),
-            broadcast_submitted_on_append: Some(settings.replicate_on_submit),
-            ..Default::default()
-        }
-        .validate()
-        .map_err(|e| SluiceError::Internal {
-            reason: format!("cluster settings: {e}"),
-        })?;
         let key = cluster_key(&settings)?;
         let volatile_root = volatile_root(&settings, &data_dir);
         let volatile_lock = sluice_log::DirLock::acquire(
@@ -323,7 +269,6 @@ impl ClusterNode {
             layout,
             settings,
             data_dir,
-            raft_cfg: Arc::new(raft_cfg),
             store,
             groups: RwLock::default(),
             creating: tokio::sync::Mutex::new(()),
@@ -341,8 +286,6 @@ impl ClusterNode {
             me: std::sync::OnceLock::new(),
             taking_over: Default::default(),
             dfgs_reconciled: Default::default(),
-            restarts: Default::default(),
-            restart_requested: Default::default(),
             bcast: Default::default(),
             rs_transport: Default::default(),
         });
@@ -374,33 +317,8 @@ impl ClusterNode {
             }
         }
         for g in wanted {
-            let group = node.ensure_group(g).await?;
-            let members: Vec<u32> = if g == META_GROUP {
-                node.layout.nodes.iter().map(|n| n.id).collect()
-            } else {
-                node.meta
-                    .read()
-                    .members
-                    .get(&g)
-                    .cloned()
-                    .unwrap_or_default()
-            };
-            let Some(raft) = group.core.as_openraft() else {
-                continue; // raft-rs groups start from the layout's members
-            };
-            if members.iter().min() == Some(&id) && !raft.is_initialized().await.unwrap_or(true) {
-                let init: BTreeMap<u64, BasicNode> = members
-                    .iter()
-                    .filter_map(|m| {
-                        node.layout
-                            .address_of(*m)
-                            .map(|a| (u64::from(*m), BasicNode::new(a)))
-                    })
-                    .collect();
-                if let Err(e) = raft.initialize(init).await {
-                    tracing::debug!(group = %group_name(g), error = %e, "initialise skipped");
-                }
-            }
+            // raft-rs groups start from the layout's members.
+            node.ensure_group(g).await?;
         }
         Ok(node)
     }
@@ -463,29 +381,13 @@ impl ClusterNode {
         Ok(())
     }
 
-    /// The group's leader as this node knows it, except that this node
-    /// does not name itself unless a quorum acknowledged it within an
-    /// election timeout (`election_max_ms`): a leader cut off from its
-    /// peers, or one restarted with a vote of an old term, answers
-    /// `NotLeader` without a hint so clients move on to other members.
+    /// The group's leader as this node knows it. A leader cut off from
+    /// its peers steps down on its own within an election timeout
+    /// (raft-rs's check-quorum), so clients move on to other members.
     fn leader_of(&self, g: &Group) -> Option<u64> {
-        let me = u64::from(self.id);
-        let m = match &g.core {
-            Core::Openraft { metrics, .. } => metrics.borrow_watched(),
-            // raft-rs's leader steps down on its own without a quorum's
-            // acknowledgements (check-quorum).
-            c @ Core::RaftRs { .. } => return c.leader(),
-        };
-        // On every write: no allocation, one short lock.
-        let confirmed = m.current_leader != Some(me)
-            || self.peers.acks.quorum_within(
-                g.id,
-                m.membership_config.membership().voter_ids(),
-                me,
-                Duration::from_millis(self.settings.election_max_ms),
-            );
-        m.current_leader.filter(|_| confirmed)
+        g.core.leader()
     }
+
     /// The metadata epoch: bumped by every replicated pool or membership
     /// change this node has applied.
     pub fn epoch(&self) -> u64 {
@@ -551,7 +453,18 @@ impl ClusterNode {
         let (built, installed) = x.sm.snapshot_counts();
         let appends = x.appends_received.get();
         let me = u64::from(self.id);
-        let mut v = json!({
+        let handle = &x.core.handle;
+        let st = handle.borrow_status().clone();
+        let last = x.log.bounds().last;
+        // How far each follower's log is behind the leader's.
+        let lag: BTreeMap<String, u64> = handle
+            .matched()
+            .into_iter()
+            .filter(|(n, _)| *n != me)
+            .map(|(n, matched)| (n.to_string(), last.saturating_sub(matched)))
+            .collect();
+        let m = &st.members;
+        json!({
             "group": group_name(x.id),
             "snapshots_built": built,
             "snapshots_installed": installed,
@@ -562,88 +475,26 @@ impl ClusterNode {
             "applied_version": version,
             "appends_with_entries": appends.0,
             "appends_without_entries": appends.1,
-        });
-        let own = match &x.core {
-            Core::Openraft { metrics, .. } => {
-                let m = metrics.borrow_watched();
-                let last = m.last_log_index.unwrap_or(0);
-                let lag: BTreeMap<String, u64> = m
-                    .replication
-                    .as_ref()
-                    .map(|r| {
-                        r.iter()
-                            .filter(|(id, _)| **id != me)
-                            .map(|(id, matched)| {
-                                (
-                                    id.to_string(),
-                                    last.saturating_sub(matched.map_or(0, |l| l.index)),
-                                )
-                            })
-                            .collect()
-                    })
-                    .unwrap_or_default();
-                let membership = m.membership_config.membership();
-                // A node taken out of a group keeps its copy (and openraft
-                // calls it a follower or learner): it is no member.
-                let member = membership.voter_ids().any(|v| v == me)
-                    || membership.learner_ids().any(|l| l == me);
-                json!({
-                    "consensus": "openraft",
-                    "snapshot_index": m.snapshot.map(|l| l.index),
-                    "role": match m.state {
-                        ServerState::Follower | ServerState::Learner if !member => "removed",
-                        ServerState::Leader if leader == Some(me) => "leader",
-                        // openraft still holds the role, but no quorum
-                        // has acknowledged it lately.
-                        ServerState::Leader => "leader_without_quorum",
-                        ServerState::Follower => "follower",
-                        ServerState::Candidate => "candidate",
-                        ServerState::Learner => "learner",
-                        ServerState::Shutdown => "shutdown",
-                    },
-                    "term": m.current_term,
-                    "last_log_index": last,
-                    "lag": lag,
-                })
-            }
-            Core::RaftRs { handle, .. } => {
-                let st = handle.borrow_status().clone();
-                let last = x.log.bounds().last;
-                // How far each follower's log is behind the leader's.
-                let lag: BTreeMap<String, u64> = handle
-                    .matched()
-                    .into_iter()
-                    .filter(|(n, _)| *n != me)
-                    .map(|(n, matched)| (n.to_string(), last.saturating_sub(matched)))
-                    .collect();
-                let m = &st.members;
-                json!({
-                    "consensus": "raft-rs",
-                    "snapshot_index": x.sm.snapshot_index(),
-                    "role": match (&st.stopped, st.is_leader, st.leader) {
-                        (Some(_), ..) => "shutdown",
-                        (None, true, _) => "leader",
-                        // Taken out of the group: it keeps its copy.
-                        _ if !m.contains(me) && !m.voters.is_empty() => "removed",
-                        _ if m.learners.contains(&me) => "learner",
-                        (None, false, Some(_)) => "follower",
-                        // No leader known: an election is under way.
-                        (None, false, None) => "candidate",
-                    },
-                    "learners": m.learners,
-                    "stopped": st.stopped,
-                    "term": st.term,
-                    "last_log_index": last,
-                    "commit_index": st.commit,
-                    "lag": lag,
-                    "peer_messages_dropped": handle.peer_messages_dropped(),
-                })
-            }
-        };
-        if let (Some(v), serde_json::Value::Object(o)) = (v.as_object_mut(), own) {
-            v.extend(o);
-        }
-        v
+            "consensus": "raft-rs",
+            "snapshot_index": x.sm.snapshot_index(),
+            "role": match (&st.stopped, st.is_leader, st.leader) {
+                (Some(_), ..) => "shutdown",
+                (None, true, _) => "leader",
+                // Taken out of the group: it keeps its copy.
+                _ if !m.contains(me) && !m.voters.is_empty() => "removed",
+                _ if m.learners.contains(&me) => "learner",
+                (None, false, Some(_)) => "follower",
+                // No leader known: an election is under way.
+                (None, false, None) => "candidate",
+            },
+            "learners": m.learners,
+            "stopped": st.stopped,
+            "term": st.term,
+            "last_log_index": last,
+            "commit_index": st.commit,
+            "lag": lag,
+            "peer_messages_dropped": handle.peer_messages_dropped(),
+        })
     }
 
     /// Stops every group (graceful shutdown).

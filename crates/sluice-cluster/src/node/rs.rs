@@ -27,8 +27,8 @@ impl ClusterNode {
 
     /// The driver's settings from the node's `[cluster]` settings: a tick
     /// per heartbeat, elections after `election_min_ms`-`election_max_ms`
-    /// (in whole ticks, at least two), snapshots as openraft's groups
-    /// take them (`snapshot_every`, `snapshot_limit`).
+    /// (in whole ticks, at least two), snapshots by entries and
+    /// bytes (`snapshot_every`, `snapshot_limit`).
     pub(super) fn driver_settings(&self, g: u64) -> DriverSettings {
         let hb = self.settings.heartbeat_ms.max(1);
         let ticks = |ms: u64| usize::try_from(ms.div_ceil(hb)).unwrap_or(usize::MAX);
@@ -68,7 +68,7 @@ impl ClusterNode {
         .map_err(|e| SluiceError::Internal {
             reason: format!("starting replication group {}: {e}", group_name(g)),
         })?;
-        Ok(Group::new(g, Core::RaftRs { handle }, sm, log))
+        Ok(Group::new(g, Core { handle }, sm, log))
     }
 
     /// A raft-rs message from node `from` (`raftrs::transport`): decoded
@@ -100,12 +100,7 @@ impl ClusterNode {
             }
             return Ok(());
         };
-        let Core::RaftRs { handle, .. } = &g.core else {
-            return Err(SluiceError::protocol(format!(
-                "a raft-rs message for {}, which runs on openraft here",
-                group_name(group)
-            )));
-        };
+        let handle = &g.core.handle;
         let (msg, commands) = raftrs::wire::decode(body)?;
         if msg.get_msg_type() == raft::eraftpb::MessageType::MsgAppend {
             g.appends_received.count(msg.entries.is_empty());
@@ -125,8 +120,7 @@ impl ClusterNode {
     /// A membership change of a raft-rs group, at its leader; the voters
     /// after it. A newcomer joins as a learner and is promoted once its
     /// log has caught up with the leader's commit index as it was when it
-    /// joined (from the log, or a snapshot: as openraft's `add_learner`
-    /// waits); a member is removed in one step. A leader asked to remove
+    /// joined (from the log, or a snapshot); a member is removed in one step. A leader asked to remove
     /// itself first hands its leadership to the voter furthest along and
     /// answers `NotLeader` naming it: the client asks again there.
     pub(super) async fn change_raftrs(

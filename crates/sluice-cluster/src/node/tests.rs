@@ -158,7 +158,7 @@ async fn a_single_member_cluster_writes_reads_and_restarts() {
     assert!(node.replicates(SHARD));
     // Every client write is spawned as a task of its own (`Conn::defer`),
     // so its future's size is moved and stored per write: proposing
-    // (openraft's client write, kilobytes) is boxed, since only the
+    // (a large future) is boxed, since only the
     // writer that takes a free proposer slot runs it (it was 3.7 KB in a
     // release build, 4.0 KB in a debug one).
     let w = node.write(SHARD, "/vol/size".into(), None, None, None, None);

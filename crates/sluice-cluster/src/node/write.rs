@@ -10,10 +10,9 @@ pub(super) type Queued = (
     tokio::sync::oneshot::Sender<Result<Applied, SluiceError>>,
 );
 
-/// Proposals of one group's puts. openraft writes (and, for persistent
-/// shards, fsyncs) each proposal before it takes the next, so puts that
-/// arrive while earlier ones are in flight wait here and then go as one
-/// `Command::Batch`: one log entry, one fsync. At most
+/// Proposals of one group's puts. Puts that arrive while earlier ones are
+/// in flight wait here and then go as one `Command::Batch`: one log
+/// entry, one fsync. At most
 /// `BATCHES_IN_FLIGHT` proposers run; a put that finds them all busy is
 /// left in the queue for them (they drain it before they stop).
 #[derive(Default)]
@@ -105,8 +104,7 @@ impl ClusterNode {
             b.proposers += usize::from(free);
             free
         };
-        // Boxed: proposing (openraft's client write) is a future of
-        // kilobytes, and only the writer that takes a free proposer slot
+        // Boxed: proposing is a large future, and only the writer that takes a free proposer slot
         // runs it; every write's task would otherwise be spawned and moved
         // with its space (`Conn::defer`).
         if propose && Box::pin(self.propose_batch(g)).await {
@@ -187,9 +185,7 @@ impl ClusterNode {
             req_id,
             trace,
         };
-        let applied = self.propose_write(&g, cmd).await;
-        self.maybe_snapshot(&g);
-        match applied? {
+        match self.propose_write(&g, cmd).await? {
             Applied::Put(r) => r.map_err(|e| Applied::decode_err(&e)),
             other => Err(SluiceError::Internal {
                 reason: format!("unexpected apply result {other:?}"),

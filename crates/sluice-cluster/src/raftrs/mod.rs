@@ -7,12 +7,12 @@
 //! committed entries with the state machine (`Sm`) and answers each
 //! proposal by its log index. No hand-off between tasks on a put's way:
 //! what `experiments/raft-floor` measured at Redis `WAIT`'s latency and
-//! throughput, where openraft's task structure costs about twice
-//! (ARCHITECTURE.md, "Consensus library").
+//! throughput, where openraft's task structure (the driver before this
+//! one) cost about twice (ARCHITECTURE.md, "Consensus library").
 //!
 //! Commands never pass through raft-rs: its entries carry a one-byte
 //! marker (`DATA_COMMAND`), the command stays in our log (values by
-//! reference, as openraft's entries), and a message's commands travel
+//! reference), and a message's commands travel
 //! beside it (`Outgoing::commands`, one per marked entry, in order). A
 //! command between its arrival and its append waits in `pending`. Writes
 //! proposed in one turn of the task (those that queued while it was busy)
@@ -38,8 +38,7 @@
 //! configuration in each change's context, applied as single changes:
 //! `apply_members`); messages on the peer wire (`wire`) through the node's
 //! peer connections (`transport`), a group's queue of them bounded
-//! (`Inbox`). Every replication group runs on it unless the layout says
-//! `consensus = "openraft"` (`node/rs.rs`).
+//! (`Inbox`). Every replication group runs on it (`node/rs.rs`).
 
 mod logger;
 mod storage;
@@ -50,9 +49,7 @@ pub mod wire;
 
 use crate::log::LogStore;
 use crate::sm::Sm;
-use crate::types::{Applied, Command, Entry, LogId};
-use openraft::vote::RaftLeaderId;
-use openraft::EntryPayload;
+use crate::types::{Applied, Command, Entry, EntryPayload, LogId};
 use raft::eraftpb::{self, MessageType};
 use raft::{RawNode, StateRole};
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
@@ -138,8 +135,8 @@ pub struct DriverSettings {
 }
 
 impl Default for DriverSettings {
-    /// The openraft groups' timing (`ClusterSettings`: heartbeat 50 ms,
-    /// elections after 200-400 ms).
+    /// `ClusterSettings`' default timing (heartbeat 50 ms, elections
+    /// after 200-400 ms).
     fn default() -> Self {
         DriverSettings {
             tick: Duration::from_millis(50),
@@ -233,13 +230,10 @@ impl Members {
         changed.then_some(m)
     }
 
-    /// Our log's form of it (an openraft membership entry's payload: the
-    /// state machine keeps the latest in its snapshots).
+    /// Our log's form of it (a membership entry's payload: the state
+    /// machine keeps the latest in its snapshots).
     pub(crate) fn to_membership(&self) -> crate::types::Membership {
-        crate::types::Membership::new_with_defaults(
-            vec![self.voters.clone()],
-            self.learners.iter().copied(),
-        )
+        crate::types::Membership::new(self.voters.clone(), self.learners.iter().copied())
     }
 
     pub(crate) fn of_membership(m: &crate::types::Membership) -> Members {
@@ -1519,8 +1513,7 @@ impl Driver {
     }
 
     /// Entries kept in the log behind a snapshot, for followers a little
-    /// behind (as openraft's groups keep: half the snapshot interval, at
-    /// most 256)...
+    /// behind (half the snapshot interval, at most 256)...
     fn keep_behind(&self) -> u64 {
         (self.snapshot_every / 2).min(256)
     }
@@ -1638,10 +1631,10 @@ impl Driver {
         let m = s.get_metadata();
         let id = LogId::new(crate::types::CommittedLeaderId::new(m.term, 0), m.index);
         let members = Members::of_conf_state(m.get_conf_state());
-        let meta = crate::types::SnapshotMeta {
-            last_log_id: Some(id),
-            last_membership: crate::types::StoredMembership::new(Some(id), members.to_membership()),
-        };
+        let meta = crate::types::SnapshotMeta::new(
+            Some(id),
+            crate::types::StoredMembership::new(Some(id), members.to_membership()),
+        );
         self.sm
             .install(&meta, s.data.clone())
             .map_err(|e| format!("installing a snapshot: {e}"))?;

@@ -6,7 +6,7 @@
 use super::{conf_change_data, Members, DATA_COMMAND};
 use crate::log::{Head, Kind, LogStore};
 use crate::types::Entry;
-use openraft::EntryPayload;
+use crate::types::EntryPayload;
 use raft::eraftpb::{self, HardState};
 use raft::{GetEntriesContext, RaftState, StorageError};
 
@@ -163,11 +163,11 @@ impl raft::Storage for RaftLog {
         tracing::info!(
             to = ?super::node_of(to),
             snapshot_index = id.index,
-            bytes = s.snapshot.get_ref().len(),
+            bytes = s.data.len(),
             "sending a follower the whole state: it is behind the start of this leader's log"
         );
         Ok(eraftpb::Snapshot {
-            data: s.snapshot.into_inner(),
+            data: s.data,
             metadata: Some(eraftpb::SnapshotMetadata {
                 conf_state: Some(members.conf_state()),
                 index: id.index,

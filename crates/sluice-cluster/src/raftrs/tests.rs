@@ -1141,7 +1141,7 @@ async fn a_snapshot_that_arrives_while_entries_are_being_written_is_installed() 
         from: raft_id(l),
         term,
         snapshot: Some(eraftpb::Snapshot {
-            data: snap.snapshot.into_inner(),
+            data: snap.data,
             metadata: Some(eraftpb::SnapshotMetadata {
                 conf_state: Some(members(&[0, 1, 2], &[]).conf_state()),
                 index: snap_id.index,
