@@ -332,8 +332,8 @@ impl<'a> Attempts<'a> {
 
     /// `target` has not applied the newest version this client saw of the
     /// shard (`ReplicaBehind`): a read tries the leader next (followers
-    /// learn of a commit after the leader, by up to `[cluster]
-    /// commit_hold_us` when no new writes come), then the others.
+    /// learn of a commit after the leader, by a message's way), then the
+    /// others.
     pub(crate) fn behind(&mut self, target: u32) {
         self.avoid = Some(target);
         self.to_leader = true;

@@ -158,8 +158,8 @@ impl Group {
     }
 }
 
-/// AppendEntries received: with entries, and without (a heartbeat, or a
-/// commit index that no entries carried: see `network::Net`).
+/// Appends received from the leader (raft-rs's `MsgAppend`): with
+/// entries, and without (a new commit index that no entries carried).
 #[derive(Default)]
 pub(crate) struct AppendCounts {
     with_entries: std::sync::atomic::AtomicU64,
