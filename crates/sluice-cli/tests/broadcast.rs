@@ -61,7 +61,8 @@ fn outcome(r: &Value, node: u32) -> Option<String> {
         .map(|o| o["error"].as_str().unwrap_or("ok").to_string())
 }
 
-fn start(dir: &Path, base: u16) -> Nodes {
+/// Nodes 0-3 (racks a, b, a, b); the volatile shard on `members` (TOML).
+fn start(dir: &Path, base: u16, members: &str) -> Nodes {
     // Racks interleaved by id, so an order by id would cross them often.
     let racks = ["a", "b", "a", "b"];
     let mut layout = String::from("version = 1\n");
@@ -71,10 +72,10 @@ fn start(dir: &Path, base: u16) -> Nodes {
             base + i as u16
         ));
     }
-    // The models live on node 0 alone; trigger pools on every node.
-    layout.push_str(
-        "[[subgroups.volatile]]\nshards = [[0]]\n[[subgroups.trigger]]\nshards = [[0, 1, 2, 3]]\n",
-    );
+    // Trigger pools on every node.
+    layout.push_str(&format!(
+        "[[subgroups.volatile]]\nshards = [{members}]\n[[subgroups.trigger]]\nshards = [[0, 1, 2, 3]]\n"
+    ));
     std::fs::write(dir.join("layout.toml"), layout).unwrap();
     let mut procs = Vec::new();
     for i in 0..4 {
@@ -110,7 +111,8 @@ fn start(dir: &Path, base: u16) -> Nodes {
 fn broadcast_orders_repairs_checks_and_swaps_a_live_model() {
     let dir = tempfile::tempdir().unwrap();
     let base = free_base(4);
-    let _nodes = start(dir.path(), base);
+    // The models live on node 0 alone.
+    let _nodes = start(dir.path(), base, "[0]");
     let addr = |i: u16| format!("127.0.0.1:{}", base + i);
     let seeds = (0..4).map(addr).collect::<Vec<_>>().join(",");
     let c = wait_for("the cluster", || BlockingClient::connect(&seeds).ok());
@@ -246,4 +248,98 @@ fn broadcast_orders_repairs_checks_and_swaps_a_live_model() {
         json!([2, 3]),
         "the live nodes running the vertex: {r}"
     );
+}
+
+/// A broadcast sends the latest version its shard committed, whichever
+/// node it is asked of. A follower cut off from its leader holds an older
+/// copy of a key written since: it used to broadcast that copy, and the
+/// receiver kept it as the latest (a key just written could also be
+/// missing on a follower that had not applied it yet: `NotFound`). Now it
+/// reads through the leader, and refuses while it cannot reach it.
+#[test]
+fn a_broadcast_never_sends_a_members_stale_copy() {
+    let dir = tempfile::tempdir().unwrap();
+    let base = free_base(4);
+    let _nodes = start(dir.path(), base, "[0, 1, 2]");
+    let addr = |i: u32| format!("127.0.0.1:{}", base as u32 + i);
+    let seeds = (0..4).map(addr).collect::<Vec<_>>().join(",");
+    let c = wait_for("the cluster", || BlockingClient::connect(&seeds).ok());
+    wait_for("the pool", || {
+        c.create_pool(PoolSpec {
+            pathname: "/m".into(),
+            pool_type: Some(PoolType::Volatile),
+            ..Default::default()
+        })
+        .ok()
+    });
+    wait_for("the first put", || c.put("/m/k", vec![1u8; 100]).ok());
+    let leader = wait_for("the shard's leader", || {
+        let st = c.cluster_command(json!({"op": "status"}), Some(0)).ok()?;
+        st["groups"]
+            .as_array()?
+            .iter()
+            .find(|g| g["group"] == "volatile/0/0")?["leader"]
+            .as_u64()
+    }) as u32;
+    let f = (0..3).find(|n| *n != leader).unwrap();
+    let version_at = |n: u32| {
+        c.cluster_command(json!({"op": "version_of", "key": "/m/k"}), Some(n))
+            .ok()
+            .and_then(|v| v["version"].as_u64())
+    };
+    wait_for("the follower's copy", || {
+        (version_at(f) == Some(1)).then_some(())
+    });
+    // Cut off from its leader, the follower misses the second version.
+    c.cluster_command(json!({"op": "cut", "peers": [leader]}), Some(f))
+        .unwrap();
+    wait_for("the second put", || c.put("/m/k", vec![2u8; 200]).ok());
+    assert_eq!(version_at(f), Some(1), "the follower's copy is behind");
+    let received = |n: u32| {
+        let st = c
+            .cluster_command(json!({"op": "broadcast_status"}), Some(n))
+            .unwrap();
+        st["received"]
+            .as_array()
+            .and_then(|r| r.iter().find(|o| o["key"] == "/m/k"))
+            .map(|o| o["bytes"].as_u64().unwrap())
+    };
+    let run = || {
+        Command::new(BIN)
+            .args([
+                "--json",
+                "--addr",
+                &addr(f),
+                "broadcast",
+                "/m/k",
+                "--to",
+                "3",
+            ])
+            .output()
+            .unwrap()
+    };
+    let o = run();
+    let said = format!(
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    );
+    if o.status.success() {
+        assert_eq!(
+            received(3),
+            Some(200),
+            "the latest version, not the copy: {said}"
+        );
+    } else {
+        assert_eq!(received(3), None, "nothing stale was sent: {said}");
+    }
+    // Healed, the same request sends the latest version.
+    c.cluster_command(json!({"op": "heal"}), Some(f)).unwrap();
+    let r = wait_for("a broadcast through the follower", || {
+        let o = run();
+        o.status
+            .success()
+            .then(|| String::from_utf8_lossy(&o.stdout).to_string())
+    });
+    assert_eq!(received(3), Some(200), "{r}");
 }

@@ -269,23 +269,37 @@ impl ClusterNode {
         }))
     }
 
-    /// The latest version of `key`: this node's copy, else a member's.
+    /// The latest version of `key` the shard has committed, read
+    /// linearizably: here when this node leads the shard (after a read
+    /// index), else from its leader. A member's own copy may be behind
+    /// (a follower that has not applied the client's last put yet, or one
+    /// cut off from its leader): broadcasting it would send an older
+    /// version, or none, of a key the client just wrote. Trigger pools
+    /// are not replicated: their copy here is the one.
     async fn read_any(&self, key: &str) -> Result<Arc<sluice_types::Object>, SluiceError> {
         let shard = self.store.shard_id_of(key, None)?;
-        match group_of(shard) {
-            Some(g) if !self.members_of(g).contains(&self.id) => {
-                let members = self.members_of(g);
-                self.read_remote(
-                    g,
-                    members,
-                    key.to_string(),
-                    shard.shard,
-                    sluice_compute::ReadAt::Latest,
-                )
-                .await
-            }
-            _ => self.store.get(key, None, None),
+        let Some(g) = group_of(shard) else {
+            return self.store.get(key, None, None);
+        };
+        let leads = self
+            .groups
+            .read()
+            .get(&g)
+            .is_some_and(|x| x.core.leader() == Some(u64::from(self.id)));
+        if leads && self.members_of(g).contains(&self.id) {
+            self.read_barrier(shard).await?;
+            return self.store.get(key, None, None);
         }
+        let members = self.members_of(g);
+        self.read_remote(
+            g,
+            members,
+            key.to_string(),
+            shard.shard,
+            sluice_compute::ReadAt::Latest,
+            true,
+        )
+        .await
     }
 
     /// One forwarding task per chain of `next`: it sends each chunk it is

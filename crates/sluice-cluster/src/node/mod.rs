@@ -640,7 +640,7 @@ impl sluice_compute::Reader for ClusterNode {
                 _ => {}
             }
         }
-        let fut = self.read_remote(g, members, key.to_string(), shard.shard, at);
+        let fut = self.read_remote(g, members, key.to_string(), shard.shard, at, false);
         Some(self.block_for_upcall("a lambda's remote read", fut))
     }
 

@@ -125,9 +125,11 @@ impl ClusterNode {
 }
 
 impl ClusterNode {
-    /// A read at a shard this node holds no replica of: tried at each
-    /// member (the known leader first) until one answers; a key that is
-    /// not there is that answer, not a reason to try the next member.
+    /// A read at another member of a shard: tried at each member (the
+    /// known leader first) until one answers; a key that is not there is
+    /// that answer, not a reason to try the next member. `linearizable`:
+    /// only the leader answers (after confirming its leadership), so the
+    /// read sees every write acknowledged before it.
     pub(super) async fn read_remote(
         &self,
         group: u64,
@@ -135,6 +137,7 @@ impl ClusterNode {
         key: String,
         shard: u32,
         at: sluice_compute::ReadAt,
+        linearizable: bool,
     ) -> Result<Arc<sluice_types::Object>, SluiceError> {
         use sluice_compute::ReadAt;
         let leader = self
@@ -155,7 +158,7 @@ impl ClusterNode {
                     _ => None,
                 },
                 min_version: None,
-                linearizable: false,
+                linearizable,
             },
             ReadAt::Time(t) => sluice_wire::Request::GetByTime {
                 key,
