@@ -295,7 +295,6 @@ fn mirror(ctx: &Arc<ConnCtx>) {
 fn mirror_raft(status: &serde_json::Value) {
     const ROLES: &[&str] = &[
         "leader",
-        "leader_without_quorum",
         "follower",
         "candidate",
         "learner",
