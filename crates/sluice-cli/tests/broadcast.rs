@@ -107,6 +107,18 @@ fn start(dir: &Path, base: u16, members: &str) -> Nodes {
     Nodes(procs)
 }
 
+/// The volatile pool `/m` the tests keep their objects in.
+fn create_models_pool(c: &BlockingClient) {
+    wait_for("the models pool", || {
+        c.create_pool(PoolSpec {
+            pathname: "/m".into(),
+            pool_type: Some(PoolType::Volatile),
+            ..Default::default()
+        })
+        .ok()
+    });
+}
+
 #[test]
 fn broadcast_orders_repairs_checks_and_swaps_a_live_model() {
     let dir = tempfile::tempdir().unwrap();
@@ -116,14 +128,7 @@ fn broadcast_orders_repairs_checks_and_swaps_a_live_model() {
     let addr = |i: u16| format!("127.0.0.1:{}", base + i);
     let seeds = (0..4).map(addr).collect::<Vec<_>>().join(",");
     let c = wait_for("the cluster", || BlockingClient::connect(&seeds).ok());
-    wait_for("the models pool", || {
-        c.create_pool(PoolSpec {
-            pathname: "/m".into(),
-            pool_type: Some(PoolType::Volatile),
-            ..Default::default()
-        })
-        .ok()
-    });
+    create_models_pool(&c);
     // 3 MB, not all alike, sent in 256 KiB chunks along one chain.
     let big: Vec<u8> = (0..3_000_000u32)
         .map(|i| (i.wrapping_mul(2654435761) >> 13) as u8)
@@ -264,14 +269,7 @@ fn a_broadcast_never_sends_a_members_stale_copy() {
     let addr = |i: u32| format!("127.0.0.1:{}", base as u32 + i);
     let seeds = (0..4).map(addr).collect::<Vec<_>>().join(",");
     let c = wait_for("the cluster", || BlockingClient::connect(&seeds).ok());
-    wait_for("the pool", || {
-        c.create_pool(PoolSpec {
-            pathname: "/m".into(),
-            pool_type: Some(PoolType::Volatile),
-            ..Default::default()
-        })
-        .ok()
-    });
+    create_models_pool(&c);
     wait_for("the first put", || c.put("/m/k", vec![1u8; 100]).ok());
     let leader = wait_for("the shard's leader", || {
         let st = c.cluster_command(json!({"op": "status"}), Some(0)).ok()?;

@@ -47,40 +47,36 @@ impl Watch {
 }
 
 impl Core {
-    fn handle(&self) -> &crate::raftrs::GroupHandle {
-        &self.handle
-    }
-
     /// The leader this member knows of.
     pub(crate) fn leader(&self) -> Option<u64> {
-        self.handle().borrow_status().leader
+        self.handle.borrow_status().leader
     }
 
     pub(crate) fn watch(&self) -> Watch {
-        Watch(self.handle().status())
+        Watch(self.handle.status())
     }
 
     /// The voting members.
     pub(crate) fn voters(&self) -> BTreeSet<u64> {
-        self.handle().borrow_status().members.voters.clone()
+        self.handle.borrow_status().members.voters.clone()
     }
 
     /// Whether `node` is in the group's configuration (a voter or a
     /// learner).
     pub(crate) fn has_member(&self, node: u64) -> bool {
-        self.handle().borrow_status().members.contains(node)
+        self.handle.borrow_status().members.contains(node)
     }
 
     /// Proposes a command; its log index and result once applied here.
     pub(crate) async fn write(&self, cmd: Command) -> Result<(u64, Applied), CoreError> {
-        Ok(self.handle().propose(cmd).await?)
+        Ok(self.handle.propose(cmd).await?)
     }
 
     /// Waits until a linearizable read may be served here: a quorum
     /// confirmed this member leads, and it has applied everything
     /// committed before the call.
     pub(crate) async fn read_index(&self) -> Result<(), CoreError> {
-        let handle = self.handle();
+        let handle = &self.handle;
         let index = handle.read_index().await?;
         Ok(handle.wait_applied(index).await?)
     }
@@ -89,7 +85,7 @@ impl Core {
     /// quorum confirmed this member leads. The reader waits to apply up to
     /// it (`wait_applied`); the followers hear of that commit now.
     pub(crate) async fn leader_read_index(&self) -> Result<u64, CoreError> {
-        Ok(self.handle().read_index().await?)
+        Ok(self.handle.read_index().await?)
     }
 
     /// Waits (at most `t`) until this member has applied `index`.
@@ -99,7 +95,7 @@ impl Core {
         t: Duration,
         what: &'static str,
     ) -> Result<(), String> {
-        match tokio::time::timeout(t, self.handle().wait_applied(index)).await {
+        match tokio::time::timeout(t, self.handle.wait_applied(index)).await {
             Ok(r) => r.map_err(|e| e.to_string()),
             Err(_) => Err(format!(
                 "{what}: index {index} not applied within {} ms",
@@ -110,12 +106,12 @@ impl Core {
 
     /// Stands for election now; `false` once the core is shutting down.
     pub(crate) async fn elect(&self) -> bool {
-        let handle = self.handle();
+        let handle = &self.handle;
         handle.campaign();
         handle.borrow_status().stopped.is_none()
     }
 
     pub(crate) async fn shutdown(&self) {
-        self.handle().stop()
+        self.handle.stop()
     }
 }
