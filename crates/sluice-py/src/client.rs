@@ -237,6 +237,12 @@ impl Client {
         linearizable: bool,
         future: Option<Py<PyAny>>,
     ) -> PyResult<Py<PyAny>> {
+        one_selector(version, timestamp_us)?;
+        if linearizable && (version.is_some() || timestamp_us.is_some()) {
+            return Err(pyo3::exceptions::PyValueError::new_err(
+                "linearizable applies to a read of the latest version, not to one by version or timestamp",
+            ));
+        }
         self.call(
             py,
             future,
@@ -262,6 +268,7 @@ impl Client {
         timestamp_us: Option<u64>,
         future: Option<Py<PyAny>>,
     ) -> PyResult<Py<PyAny>> {
+        one_selector(version, timestamp_us)?;
         self.call(
             py,
             future,
@@ -607,4 +614,15 @@ impl Client {
     fn max_value_bytes(&self) -> u32 {
         self.inner.server_info().limits.max_value_bytes
     }
+}
+
+/// A read names a version or a time, not both (as the CLI's `--version`
+/// and `--at` refuse each other): one of them would be ignored.
+fn one_selector(version: Option<u64>, timestamp_us: Option<u64>) -> PyResult<()> {
+    if version.is_some() && timestamp_us.is_some() {
+        return Err(pyo3::exceptions::PyValueError::new_err(
+            "give version or timestamp, not both",
+        ));
+    }
+    Ok(())
 }

@@ -232,8 +232,9 @@ impl AsRef<[u8]> for HeldBytes {
 }
 
 /// The bytes of any buffer (bytes, bytearray, memoryview, a NumPy
-/// array) or str (UTF-8), copied once into a frame-ready buffer; a
-/// `bytes` object of 4 KB or more is shared instead (it cannot change).
+/// array, strided or not) or str (UTF-8), copied once into a frame-ready
+/// buffer; a `bytes` object of 4 KB or more is shared instead (it cannot
+/// change).
 pub fn bytes_of(v: &Bound<'_, PyAny>) -> PyResult<Bytes> {
     if let Ok(s) = v.cast::<pyo3::types::PyString>() {
         return Ok(Bytes::copy_from_slice(s.to_str()?.as_bytes()));
@@ -254,22 +255,38 @@ pub fn bytes_of(v: &Bound<'_, PyAny>) -> PyResult<Bytes> {
     if let Ok(val) = v.cast::<Value>() {
         return Ok(val.get().bytes.clone());
     }
-    // Any C-contiguous buffer, viewed as bytes whatever its item type.
+    // Any buffer, viewed as bytes whatever its item type: a C-contiguous
+    // one copied as it lies, any other (a strided NumPy view, a
+    // transposed array) in C order, as `tobytes()` gives it.
     let mut view = std::mem::MaybeUninit::<ffi::Py_buffer>::uninit();
     // SAFETY: `view` is filled by PyObject_GetBuffer on success and
     // released below; the bytes are copied while it is held.
     unsafe {
-        if ffi::PyObject_GetBuffer(v.as_ptr(), view.as_mut_ptr(), ffi::PyBUF_C_CONTIGUOUS) != 0 {
+        if ffi::PyObject_GetBuffer(v.as_ptr(), view.as_mut_ptr(), ffi::PyBUF_FULL_RO) != 0 {
+            drop(PyErr::take(v.py()));
             return Err(pyo3::exceptions::PyTypeError::new_err(format!(
                 "a value must be bytes-like (bytes, bytearray, memoryview, a NumPy array) or str, not {}",
                 v.get_type().name()?
             )));
         }
         let mut view = view.assume_init();
-        let out = Bytes::copy_from_slice(std::slice::from_raw_parts(
-            view.buf as *const u8,
-            view.len as usize,
-        ));
+        let len = view.len as usize;
+        let out = if ffi::PyBuffer_IsContiguous(&view, b'C' as std::os::raw::c_char) != 0 {
+            Bytes::copy_from_slice(std::slice::from_raw_parts(view.buf as *const u8, len))
+        } else {
+            let mut flat = vec![0u8; len];
+            let r = ffi::PyBuffer_ToContiguous(
+                flat.as_mut_ptr().cast(),
+                &view,
+                view.len,
+                b'C' as std::os::raw::c_char,
+            );
+            if r != 0 {
+                ffi::PyBuffer_Release(&mut view);
+                return Err(PyErr::fetch(v.py()));
+            }
+            Bytes::from(flat)
+        };
         ffi::PyBuffer_Release(&mut view);
         Ok(out)
     }

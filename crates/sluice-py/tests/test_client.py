@@ -44,11 +44,27 @@ def test_puts_accept_any_buffer(client):
         (memoryview(b"view"), b"view"),
         ("text é", "text é".encode()),
         (np.arange(4, dtype=np.uint16), np.arange(4, dtype=np.uint16).tobytes()),
+        # Not contiguous: sent in C order, as tobytes() gives it.
+        (np.arange(10, dtype=np.int32)[::3], np.arange(10, dtype=np.int32)[::3].tobytes()),
+        (np.arange(6, dtype=np.uint8).reshape(2, 3).T, bytes([0, 3, 1, 4, 2, 5])),
+        (memoryview(b"abcdef")[::2], b"ace"),
     ]:
         client.put(k, v)
         assert client.get(k).value.tobytes() == want
     with pytest.raises(TypeError, match="bytes-like"):
         client.put(k, 42)
+
+
+def test_a_read_names_a_version_or_a_time_not_both(client):
+    k = key()
+    r = client.put(k, b"v")
+    with pytest.raises(ValueError, match="not both"):
+        client.get(k, version=r.version, timestamp_us=r.timestamp_us)
+    with pytest.raises(ValueError, match="not both"):
+        client.get_size(k, version=r.version, timestamp_us=r.timestamp_us)
+    with pytest.raises(ValueError, match="linearizable"):
+        client.get(k, version=r.version, linearizable=True)
+    assert client.get(k, version=r.version).value == b"v"
 
 
 def test_values_are_shared_not_copied(client):

@@ -97,6 +97,17 @@ def test_a_python_lambda_uses_the_store(client, vertex):
     assert client.get(side + "/seen/k1").value == b"v1"
 
 
+def test_a_lambda_emits_and_puts_strided_views(client, vertex):
+    src, dst, gid = vertex
+    side = f"/vol/strided-{gid}"
+    client.dfg_apply(graph(gid, src, "Strided", dst, side=side))
+    client.trigger_put(f"{src}/k", b"aAbBcC")
+    o = wait_for("the emitted object", lambda: get_or_none(client, f"{dst}/k"))
+    assert o.value == b"abc"
+    assert client.get(side + "/k").value == b"ABC"
+    assert status(client, gid)["failures"] == 0
+
+
 def test_errors_are_counted_and_a_crashed_worker_is_replaced(client, vertex):
     src, dst, gid = vertex
     client.dfg_apply(graph(gid, src, "Faulty", dst))

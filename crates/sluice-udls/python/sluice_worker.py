@@ -191,9 +191,14 @@ class Worker:
         os.eventfd_write(self.to_node, 1)
 
     def put_out(self, data):
-        """Copies `data` (bytes-like) into the output arena; its (offset, len)
+        """Copies `data` (bytes-like; a strided view in C order, as
+        `tobytes()` gives it) into the output arena; its (offset, len)
         and the size to free."""
-        mv = memoryview(data).cast("B") if not isinstance(data, (bytes, bytearray)) else memoryview(data)
+        mv = memoryview(data)
+        if not mv.c_contiguous:
+            mv = memoryview(mv.tobytes())
+        elif not isinstance(data, (bytes, bytearray)):
+            mv = mv.cast("B")
         n = mv.nbytes
         off = self.r.out_alloc(n)
         self.r.mv[off : off + n] = mv

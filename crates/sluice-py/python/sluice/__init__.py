@@ -12,9 +12,10 @@ client does (it is the Rust client underneath). Values come back as
 ``Value`` objects that export their bytes through the buffer protocol
 without a copy (``memoryview(v)``, ``numpy.frombuffer(v, dtype=...)``);
 puts accept any bytes-like object (bytes, bytearray, memoryview, a NumPy
-array) or a str: a ``bytes`` of 4 KB or more is sent from its own buffer
-(it cannot change; the client holds a reference while the put is in
-flight), anything else is copied once. Errors are ``SluiceError``
+array, strided ones in C order as ``tobytes()`` gives them) or a str: a
+``bytes`` of 4 KB or more is sent from its own buffer (it cannot change;
+the client holds a reference while the put is in flight), anything else
+is copied once. Errors are ``SluiceError``
 subclasses (``NotFound``, ``VersionConflict``, ``NoPool``, ...) with the
 message the CLI prints, ``e.kind`` and ``e.details``.
 
@@ -266,7 +267,9 @@ class Client:
         until the time has passed, so its answer never changes;
         ``stable=False`` answers at once. ``linearizable=True`` asks the
         shard's leader (reflects every acknowledged write). Raises
-        ``NotFound`` when there is no such key or version."""
+        ``NotFound`` when there is no such key or version, ``ValueError``
+        when both a version and a time are given (or ``linearizable``
+        with either)."""
         return self._c.get(
             key,
             version=version,

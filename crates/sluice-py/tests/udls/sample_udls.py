@@ -33,6 +33,18 @@ class Echo:
         self.emit(kw["key"][len(kw["pathname"]):], kw["blob"])
 
 
+class Strided:
+    """Emits every other byte of its value and stores the others: strided
+    NumPy views, not contiguous buffers."""
+
+    def __init__(self, conf):
+        self.side = json.loads(conf)["side"]
+
+    def ocdpo_handler(self, key, pathname, blob, context, emit, **kw):
+        context.put(self.side + key[len(pathname):], blob[1::2])
+        emit(key[len(pathname):], blob[::2])
+
+
 class StoreUser:
     """Reads, writes and lists through the node's store."""
 
