@@ -585,6 +585,14 @@ impl Client {
         self.exec.fd()
     }
 
+    /// Closes an asyncio client (`runtime::Exec::close`): its calls in
+    /// flight end with `ConnectionError`, their futures completed now
+    /// unless `resolve` is false (the event loop is closed); later
+    /// asynchronous calls are refused.
+    fn _close(&self, py: Python<'_>, resolve: bool) {
+        self.exec.close(py, resolve)
+    }
+
     /// Completes the asyncio futures of the calls finished so far.
     fn _drain(&self, py: Python<'_>) {
         self.exec.drain(py)

@@ -30,6 +30,7 @@ fn _sluice(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<watch::Notification>()?;
     m.add_function(wrap_pyfunction!(bench::_rust_get_latencies, m)?)?;
     m.add_function(wrap_pyfunction!(bench::_rust_put_throughput, m)?)?;
+    m.add_function(wrap_pyfunction!(runtime::_closed_error, m)?)?;
     streams::register(m)?;
     errors::register(m)?;
     m.add("NO_VERSION", sluice_types::VERSION_NONE)?;

@@ -87,7 +87,7 @@ impl Completions {
             q.push((future, done));
             q.len() == 1
         };
-        self.in_flight.fetch_sub(1, Ordering::Relaxed);
+        self.in_flight.fetch_sub(1, Ordering::Release);
         if let (true, Some(fd)) = (was_empty, &self.fd) {
             let one: u64 = 1;
             // SAFETY: 8 bytes from a valid u64 to an eventfd.
@@ -312,6 +312,57 @@ impl Driven {
 pub struct Exec {
     completions: Arc<Completions>,
     driven: Option<Arc<Driven>>,
+    closing: Arc<Closing>,
+}
+
+/// An asyncio client closed (`Exec::close`): once it is, nothing turns its
+/// runtime or completes its futures, so its calls in flight end at once
+/// with an error, and new ones are refused.
+#[derive(Default)]
+struct Closing {
+    closed: AtomicBool,
+    notify: tokio::sync::Notify,
+}
+
+impl Closing {
+    fn is_closed(&self) -> bool {
+        self.closed.load(Ordering::Acquire)
+    }
+
+    fn close(&self) {
+        self.closed.store(true, Ordering::Release);
+        self.notify.notify_waiters();
+    }
+
+    /// Resolves once the client is closed.
+    async fn closed(&self) {
+        loop {
+            // Made before the check: a close after it still wakes it.
+            let woken = self.notify.notified();
+            if self.is_closed() {
+                return;
+            }
+            woken.await;
+        }
+    }
+}
+
+/// What a call of a closed client raises (the blocking client's are
+/// refused in Python, with this error).
+#[pyfunction]
+pub fn _closed_error(py: Python<'_>) -> Py<PyAny> {
+    errors::to_py(closed_error(false)).into_value(py).into_any()
+}
+
+/// What an asyncio call of a closed client gets.
+fn closed_error(in_flight: bool) -> sluice_types::SluiceError {
+    sluice_types::SluiceError::Connection {
+        reason: if in_flight {
+            "the client was closed with this call in flight".into()
+        } else {
+            "the client is closed".into()
+        },
+    }
 }
 
 impl Exec {
@@ -327,7 +378,37 @@ impl Exec {
         Ok(Exec {
             completions: Arc::new(Completions::new(driven.is_none())?),
             driven,
+            closing: Arc::default(),
         })
+    }
+
+    /// Closes an asyncio client: its calls in flight (and those of its
+    /// watches) end with `ConnectionError` and their futures are completed
+    /// now (`resolve`: false where the event loop is closed already, so
+    /// nothing may be scheduled on it); later calls are refused.
+    pub fn close(&self, py: Python<'_>, resolve: bool) {
+        self.closing.close();
+        match &self.driven {
+            // The calls see it when the runtime next runs them: now.
+            Some(d) => {
+                py.detach(|| while d.turn() {});
+            }
+            // The shared runtime's threads run them at once; wait (briefly:
+            // each only has to see the close) until every one has finished.
+            None => py.detach(|| {
+                let deadline = std::time::Instant::now() + Duration::from_secs(1);
+                while self.completions.in_flight.load(Ordering::Acquire) > 0
+                    && std::time::Instant::now() < deadline
+                {
+                    std::thread::yield_now();
+                }
+            }),
+        }
+        if resolve {
+            self.completions.resolve(py);
+        } else {
+            self.completions.queue.lock().clear();
+        }
     }
 
     /// Runs `f` to completion on this client's runtime, blocking.
@@ -395,6 +476,9 @@ where
             Err(e) => Err(errors::to_py(e)),
         };
     };
+    if exec.closing.is_closed() {
+        return Err(errors::to_py(closed_error(false)));
+    }
     let completions = exec.completions.clone();
     completions.in_flight.fetch_add(1, Ordering::Relaxed);
     // The call's future is large (a put's is over 3 KB: routing, retries,
@@ -402,8 +486,13 @@ where
     // holds it twice; boxed, it is copied once, and the task that moves
     // through the queues is a few words.
     let work = Box::pin(work);
+    let closing = exec.closing.clone();
     let task = async move {
-        let r = work.await;
+        let r = tokio::select! {
+            biased;
+            r = work => r,
+            () = closing.closed() => Err(closed_error(true)),
+        };
         completions.push(
             fut,
             Box::new(move |py| r.map_err(errors::to_py).and_then(|v| convert(py, v))),

@@ -48,6 +48,31 @@ def test_async_put_get_and_errors(node, io):
 
 
 @IO
+def test_closing_a_client_ends_its_calls_in_flight(node, io):
+    # Nothing turns a closed client's runtime or completes its futures:
+    # its calls in flight (and its watches') end at once with an error.
+    async def main():
+        c = await sluice.AsyncClient.connect(node.addr, io=io)
+        prefix = f"/vol/aioc/{uuid.uuid4().hex}"
+        w = await c.watch(prefix)
+        waiting = asyncio.create_task(w.next(timeout=30))
+        puts = [asyncio.create_task(c.put(f"{prefix}/{i}", b"x" * 100)) for i in range(64)]
+        await asyncio.sleep(0)  # every call started
+        c.close()
+        results = await asyncio.wait_for(asyncio.gather(*puts, waiting, return_exceptions=True), 5)
+        failed = [r for r in results if isinstance(r, Exception)]
+        assert all(isinstance(r, sluice.ConnectionError) and "closed" in str(r) for r in failed), failed
+        assert all(isinstance(r, sluice.PutResult) for r in results[:-1] if r not in failed)
+        assert isinstance(results[-1], sluice.ConnectionError)
+        with pytest.raises(sluice.ConnectionError, match="the client is closed"):
+            await c.put(prefix + "/late", b"x")
+        await w.close()  # a watch of a closed client closes quietly
+        c.close()
+
+    run(main())
+
+
+@IO
 def test_async_watch(node, io):
     async def main():
         async with await sluice.AsyncClient.connect(node.addr, io=io) as c:

@@ -172,6 +172,41 @@ def test_watch_iterator_and_callback(client):
     w.close()
 
 
+def test_a_callback_that_raises_is_logged_and_the_watch_goes_on(client, caplog):
+    prefix = key()
+    got = []
+    done = threading.Event()
+
+    def on(n):
+        got.append(n.key)
+        if len(got) == 1:
+            raise RuntimeError("the callback's own bug")
+        done.set()
+
+    with caplog.at_level("ERROR", logger="sluice"):
+        w = client.watch(prefix, callback=on)
+        client.put(prefix + "/a", b"1")
+        client.put(prefix + "/b", b"2")
+        # The first call raised; the second notification still came.
+        assert done.wait(10)
+        w.close()
+    assert got == [prefix + "/a", prefix + "/b"] and w.callback_errors == 1
+    logged = [r for r in caplog.records if r.name == "sluice"]
+    assert len(logged) == 1 and prefix + "/a" in logged[0].getMessage()
+    assert "the callback's own bug" in logged[0].exc_text
+
+
+def test_a_closed_client_refuses_calls_with_a_clear_error(node):
+    c = sluice.Client(node.addr)
+    k = key()
+    c.put(k, b"v")
+    c.close()
+    with pytest.raises(sluice.ConnectionError, match="the client is closed") as e:
+        c.get(k)
+    assert e.value.kind == "connection"
+    c.close()  # closing again is harmless
+
+
 def test_persistent_pools_keep_versions_for_time_reads_and_history(client):
     pool = f"/pers-{uuid.uuid4().hex[:8]}"
     client.create_object_pool(pool, "persistent")

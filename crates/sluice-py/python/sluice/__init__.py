@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import json
 import asyncio
+import logging
 import os
 import threading
 import warnings
@@ -94,6 +95,9 @@ def _timestamp_us(timestamp: Optional[float], timestamp_us: Optional[int]) -> Op
     return timestamp_us
 
 
+_log = logging.getLogger("sluice")
+
+
 class Watch:
     """Notifications for keys under a prefix, as an iterator::
 
@@ -107,6 +111,20 @@ class Watch:
 
     def __init__(self, inner: "_sluice.Watch") -> None:
         self._w = inner
+        #: Notifications whose callback raised (``watch(..., callback=f)``).
+        self.callback_errors = 0
+
+    def _deliver(self, callback: Callable[[Notification], Any], prefix: str) -> None:
+        """Calls ``callback`` for each notification, on the watch's thread.
+        A callback that raises is logged (logger ``sluice``, with the key)
+        and counted in ``callback_errors``; the next notifications are
+        still delivered."""
+        for n in self:
+            try:
+                callback(n)
+            except Exception:
+                self.callback_errors += 1
+                _log.exception("the callback of the watch on %r raised on %s %s", prefix, n.kind, n.key)
 
     def __iter__(self) -> Iterator[Notification]:
         while True:
@@ -150,6 +168,11 @@ class AsyncWatch:
         return await fut
 
     async def close(self) -> None:
+        if self._client._c is _CLOSED:
+            # Nothing turns a closed client's runtime: end it here (the
+            # node is told, within the client's timeout).
+            self._w.close()
+            return
         fut = self._client._loop.create_future()
         self._client._started(self._w.close(future=fut))
         await fut
@@ -159,6 +182,17 @@ class AsyncWatch:
 
     async def __aexit__(self, *exc: Any) -> None:
         await self.close()
+
+
+class _Closed:
+    """What a closed client's handle is: any call through it raises
+    ``ConnectionError`` ("the client is closed")."""
+
+    def __getattr__(self, name: str) -> Any:
+        raise _sluice._closed_error()
+
+
+_CLOSED = _Closed()
 
 
 class Client:
@@ -214,8 +248,9 @@ class Client:
 
     def close(self) -> None:
         """Drops this handle's connections (they close once no watch or
-        other handle uses them)."""
-        self._c = None  # type: ignore[assignment]
+        other handle uses them); its later calls raise ``ConnectionError``
+        ("the client is closed"). Calls in flight on other threads finish."""
+        self._c = _CLOSED  # type: ignore[assignment]
 
     @property
     def node_id(self) -> int:
@@ -382,7 +417,7 @@ class Client:
         w = Watch(self._c.watch(prefix, from_version=from_version, from_time_us=from_time_us))
         if callback is not None:
             threading.Thread(
-                target=lambda: [callback(n) for n in w], name=f"sluice-watch {prefix}", daemon=True
+                target=w._deliver, args=(callback, prefix), name=f"sluice-watch {prefix}", daemon=True
             ).start()
         return w
 
@@ -481,7 +516,7 @@ class AsyncClient:
             self._loop.call_soon(self._turn)
 
     def _turn(self) -> None:
-        if self._c is None:
+        if self._c is _CLOSED:
             return
         running, more = self._c._turn()  # completes what finished
         if more:
@@ -541,14 +576,19 @@ class AsyncClient:
         self.close()
 
     def close(self) -> None:
-        if self._c is not None:
-            if not self._loop.is_closed():
+        """Closes the client: calls still in flight (its watches' too) raise
+        ``ConnectionError`` ("the client was closed with this call in
+        flight"), and later ones ("the client is closed")."""
+        if self._c is not _CLOSED:
+            open_loop = not self._loop.is_closed()
+            self._c._close(open_loop)
+            if open_loop:
                 self._loop.remove_reader(self._fd)
             if self._tick is not None:
                 self._tick.cancel()
                 self._tick = None
             self._blocking.close()
-            self._c = None
+            self._c = _CLOSED
 
     @property
     def node_id(self) -> int:
