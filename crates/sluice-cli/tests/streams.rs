@@ -159,6 +159,40 @@ fn expired_payloads_are_named_and_subscribers_resume_from_a_time() {
 /// it: once its lease ends another consumer gets it, marked as a second
 /// delivery; the other items go out once each.
 #[test]
+fn a_replaying_subscriber_may_come_before_the_topic_exists() {
+    // Nothing published yet: no topic pool, nothing to replay. The
+    // subscriber waits for items instead of failing (it said "no object
+    // pool covers key /streams/early").
+    let (broker, edge) = (start_node(), start_node());
+    rt().block_on(async {
+        let b = Client::connect(&broker.addr).await.unwrap();
+        let mut sub = Subscriber::new(&b, "early", Some(0)).await.unwrap();
+        let mut cam = Producer::new(
+            b.clone(),
+            &edge.addr,
+            "early",
+            "cam",
+            Routing::Eager,
+            Keep::default(),
+        )
+        .await
+        .unwrap();
+        for i in 0..3 {
+            cam.publish(Some(10 + i), Bytes::from(format!("item {i}")))
+                .await
+                .unwrap();
+        }
+        for i in 0..3 {
+            let h = next(&mut sub).await;
+            assert_eq!((h.source.as_str(), h.seq), ("cam", i));
+        }
+        // Once the topic exists, a replaying subscriber gets what it keeps.
+        let mut late = Subscriber::new(&b, "early", Some(0)).await.unwrap();
+        assert_eq!(next(&mut late).await.seq, 0);
+    });
+}
+
+#[test]
 fn a_killed_consumers_item_is_redelivered_to_another() {
     let n: Node = start_node();
     rt().block_on(async {

@@ -16,7 +16,7 @@
 
 use bytes::{BufMut, Bytes, BytesMut};
 use serde::{Deserialize, Serialize};
-use sluice_client::{Client, PoolSpec, PoolType, Retention, SluiceError, WatchFrom};
+use sluice_client::{Client, PoolSpec, PoolType, Retention, SluiceError, Watch, WatchFrom};
 use std::collections::HashMap;
 use std::time::Instant;
 
@@ -134,6 +134,29 @@ impl Default for Keep {
         Keep {
             for_s: 60,
             bytes: None,
+        }
+    }
+}
+
+/// A watch on a topic that replays what it retains from `from_ts_us`
+/// first. A topic nobody has published to has no pool yet, so nothing to
+/// replay: the watch is then a live one (a first publish creates the pool
+/// and reaches it). Should a publish create the pool while that watch is
+/// set up, the items it published could fall between the two: the pool
+/// is looked up again once the live watch stands, and if it exists by
+/// then the replaying watch is tried again.
+async fn replay_then_live(broker: &Client, prefix: &str, from_ts_us: u64) -> Result<Watch> {
+    loop {
+        match broker.watch_from(prefix, WatchFrom::Time(from_ts_us)).await {
+            Err(SluiceError::NoPool { .. }) => {
+                let live = broker.watch(prefix).await?;
+                match broker.pool_of_key(prefix).await {
+                    Err(SluiceError::NoPool { .. }) => return Ok(live),
+                    Ok(_) => drop(live),
+                    Err(e) => return Err(e),
+                }
+            }
+            other => return other,
         }
     }
 }
@@ -425,7 +448,7 @@ impl Subscriber {
         // of other topics that share its leading characters are skipped.
         let prefix = format!("{TOPIC_ROOT}/{topic}");
         let watch = match from_ts_us {
-            Some(t) => broker.watch_from(&prefix, WatchFrom::Time(t)).await?,
+            Some(t) => replay_then_live(broker, &prefix, t).await?,
             None => broker.watch(&prefix).await?,
         };
         Ok(Subscriber {
