@@ -26,7 +26,7 @@ pub fn _rust_get_latencies(
     key: String,
     n: usize,
 ) -> PyResult<Vec<u64>> {
-    py.detach(|| {
+    crate::runtime::detach(py, || {
         rt().block_on(async move {
             let c = sluice_client::Client::connect(&addr).await?;
             let mut out = Vec::with_capacity(n);
@@ -52,7 +52,7 @@ pub fn _rust_put_throughput(
     tasks: usize,
     seconds: f64,
 ) -> PyResult<f64> {
-    py.detach(|| {
+    crate::runtime::detach(py, || {
         rt().block_on(async move {
             let c = sluice_client::Client::connect(&addr).await?;
             let value = bytes::Bytes::from(vec![7u8; size]);

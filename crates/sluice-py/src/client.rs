@@ -133,9 +133,10 @@ impl Client {
             coalesce_writes: exec.fd().1,
             ..ClientConfig::default()
         };
-        let inner = py
-            .detach(|| exec.block_on(sluice_client::Client::connect_with(cfg)))
-            .map_err(crate::errors::to_py)?;
+        let inner = crate::runtime::detach(py, || {
+            exec.block_on(sluice_client::Client::connect_with(cfg))
+        })
+        .map_err(crate::errors::to_py)?;
         Ok(Client { inner, exec })
     }
 

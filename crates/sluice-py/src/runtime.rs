@@ -39,6 +39,59 @@ pub fn rt() -> &'static tokio::runtime::Runtime {
     })
 }
 
+/// `py.detach(f)` (runs `f` with the GIL released), except that a thread
+/// other than the process's main one that comes back while the
+/// interpreter is finalizing stays here for good instead of attaching
+/// again. Before 3.14, CPython ends such a thread (a daemon thread
+/// blocked in a call or a watch's `next` when the program exits) with
+/// `pthread_exit`, whose unwinding through Rust frames aborted the whole
+/// process ("FATAL: exception not rethrown", exit code 134); Python 3.14
+/// hangs such threads itself, as this does. The main thread is the one
+/// that finalizes, and may attach.
+pub fn detach<T, F>(py: Python<'_>, f: F) -> T
+where
+    F: Send + FnOnce() -> T,
+    T: Send,
+{
+    py.detach(|| {
+        let r = f();
+        if finalizing() && !main_thread() {
+            loop {
+                std::thread::park();
+            }
+        }
+        r
+    })
+}
+
+/// Whether the interpreter is finalizing: `Py_IsFinalizing` (3.13+) or
+/// `_Py_IsFinalizing` (before), found at run time (neither is in
+/// pyo3's bindings for every version); both read one atomic and may be
+/// called without the GIL. `false` where neither is found.
+fn finalizing() -> bool {
+    type IsFinalizing = unsafe extern "C" fn() -> std::os::raw::c_int;
+    static CHECK: OnceLock<Option<IsFinalizing>> = OnceLock::new();
+    let check = CHECK.get_or_init(|| {
+        [c"Py_IsFinalizing", c"_Py_IsFinalizing"]
+            .into_iter()
+            .find_map(|name| {
+                // SAFETY: a lookup in the loaded objects by a valid C string.
+                let p = unsafe { libc::dlsym(libc::RTLD_DEFAULT, name.as_ptr()) };
+                // SAFETY: both symbols are `int (void)` functions.
+                (!p.is_null())
+                    .then(|| unsafe { std::mem::transmute::<*mut libc::c_void, IsFinalizing>(p) })
+            })
+    });
+    // SAFETY: see above; no GIL needed.
+    check.is_some_and(|f| unsafe { f() } != 0)
+}
+
+/// Whether this is the process's main thread (its thread id is the pid).
+fn main_thread() -> bool {
+    // SAFETY: gettid and getpid cannot fail.
+    unsafe { libc::gettid() == libc::getpid() }
+}
+
 /// Converts a Rust result to its Python value (with the GIL held).
 pub type Convert<T> = fn(Python<'_>, T) -> PyResult<Py<PyAny>>;
 
@@ -391,11 +444,11 @@ impl Exec {
         match &self.driven {
             // The calls see it when the runtime next runs them: now.
             Some(d) => {
-                py.detach(|| while d.turn() {});
+                detach(py, || while d.turn() {});
             }
             // The shared runtime's threads run them at once; wait (briefly:
             // each only has to see the close) until every one has finished.
-            None => py.detach(|| {
+            None => detach(py, || {
                 let deadline = std::time::Instant::now() + Duration::from_secs(1);
                 while self.completions.in_flight.load(Ordering::Acquire) > 0
                     && std::time::Instant::now() < deadline
@@ -446,7 +499,7 @@ impl Exec {
     /// once).
     pub fn turn(&self, py: Python<'_>) -> (usize, bool) {
         let more = match &self.driven {
-            Some(d) => py.detach(|| d.turn()),
+            Some(d) => detach(py, || d.turn()),
             None => false,
         };
         self.completions.resolve(py);
@@ -471,7 +524,7 @@ where
     T: Send + 'static,
 {
     let Some(fut) = future else {
-        return match py.detach(|| exec.block_on(work)) {
+        return match detach(py, || exec.block_on(work)) {
             Ok(v) => convert(py, v),
             Err(e) => Err(errors::to_py(e)),
         };

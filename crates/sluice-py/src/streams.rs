@@ -22,7 +22,7 @@ fn block<T>(
 where
     T: Send,
 {
-    py.detach(|| rt().block_on(f)).map_err(to_py)
+    crate::runtime::detach(py, || rt().block_on(f)).map_err(to_py)
 }
 
 fn fail_soft(s: &str) -> PyResult<FailSoft> {

@@ -139,7 +139,7 @@ impl Watch {
                 None => Duration::from_millis(100),
             };
             let inner = self.inner.clone();
-            let got = py.detach(|| {
+            let got = crate::runtime::detach(py, || {
                 self.exec.block_on(async move {
                     let mut g = inner.lock().await;
                     let Some(w) = g.as_mut() else {

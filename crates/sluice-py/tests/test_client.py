@@ -2,6 +2,7 @@
 without copies, every error as its class, watch."""
 
 import re
+import subprocess
 import sys
 import threading
 import uuid
@@ -194,6 +195,40 @@ def test_a_callback_that_raises_is_logged_and_the_watch_goes_on(client, caplog):
     logged = [r for r in caplog.records if r.name == "sluice"]
     assert len(logged) == 1 and prefix + "/a" in logged[0].getMessage()
     assert "the callback's own bug" in logged[0].exc_text
+
+
+@pytest.mark.parametrize("waiting", ["next", "callback"])
+def test_a_program_exits_cleanly_with_threads_waiting_in_the_client(node, waiting):
+    # A daemon thread still waiting in the client when the program ends (in
+    # a watch's `next`, or a watch's callback thread) aborted the process
+    # when its wait ended during the interpreter's teardown: "FATAL:
+    # exception not rethrown", exit code 134 (the `next` case every time
+    # with a teardown this slow; the callback case now and then).
+    script = f"""
+import sys, threading, time, sluice
+class SlowTeardown:
+    def __del__(self):
+        time.sleep(0.3)  # the program's teardown takes a while: the waits end in it
+slow = SlowTeardown()
+c = sluice.Client({node.addr!r})
+k = "/vol/py/exit-{uuid.uuid4().hex}"
+if {waiting!r} == "callback":
+    w = c.watch(k, callback=lambda n: None)
+    t, inside = next(t for t in threading.enumerate() if t.name.startswith("sluice-watch")), "__iter__"
+else:
+    w = c.watch(k)
+    t, inside = threading.Thread(target=w.next, daemon=True), "next"
+    t.start()
+# Wait (a condition, polled) until the thread is in the client's call.
+deadline = time.monotonic() + 10
+while getattr(sys._current_frames().get(t.ident), "f_code", None) is None or sys._current_frames()[t.ident].f_code.co_name != inside:
+    assert time.monotonic() < deadline, "the thread never waited in the client"
+    time.sleep(0.001)
+print("done")
+"""
+    r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert (r.returncode, r.stdout.strip()) == (0, "done"), r.stderr
+    assert "FATAL" not in r.stderr
 
 
 def test_a_closed_client_refuses_calls_with_a_clear_error(node):
