@@ -1405,17 +1405,77 @@ impl Client {
     }
 
     /// Applies data flow graphs (a `dfgs.json` document). In a cluster
-    /// the answer comes once every node runs them, or after 3 s with the
-    /// nodes still behind listed in `pending_nodes`.
+    /// the answer comes once every node runs them, or, with the nodes
+    /// still behind listed in `pending_nodes`, after 3 s for a node that
+    /// does not answer and at the client's request timeout for one still
+    /// building them (`wait_dfgs_pending`).
     pub async fn dfg_apply(&self, text: &str) -> Result<serde_json::Value> {
         let req = Request::DfgApply {
             text: text.to_string(),
         };
         match self.inner.cluster.load_full() {
             // A cluster's graphs go through its metadata group.
-            Some(view) => json_of(self.meta_call(&view, &req).await?),
+            Some(view) => {
+                let started = Instant::now();
+                let mut r = json_of(self.meta_call(&view, &req).await?)?;
+                self.wait_dfgs_pending(&mut r, started + self.inner.cfg.request_timeout)
+                    .await;
+                Ok(r)
+            }
             None => self.json_call(&req).await,
         }
+    }
+
+    /// After a cluster's `dfg apply` answered with nodes still behind
+    /// (`pending_nodes`: the node waits a few seconds at most, for one
+    /// that is down): waits on, until `deadline` (the client's request
+    /// timeout from the call's start), for those that answer and are
+    /// still building the graphs (a Python lambda whose imports or model
+    /// take seconds to load), so that the call returns once they run
+    /// them, as a standalone node's does. A node that does not answer is
+    /// left at once. `pending_nodes` is updated to the nodes still behind.
+    async fn wait_dfgs_pending(&self, r: &mut serde_json::Value, deadline: Instant) {
+        const POLL: Duration = Duration::from_millis(20);
+        const ASK_FOR_AT_MOST: Duration = Duration::from_millis(500);
+        let Some(index) = r["index"].as_u64() else {
+            return; // a node from before the index was in the answer
+        };
+        let mut waiting: Vec<u32> = r["pending_nodes"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|n| n.as_u64().and_then(|n| u32::try_from(n).ok()))
+            .collect();
+        let mut gone = Vec::new();
+        let ask = Request::Cluster {
+            command: serde_json::json!({"op": "dfgs_reconciled"}).to_string(),
+        };
+        while !waiting.is_empty() && Instant::now() < deadline {
+            let mut behind = Vec::new();
+            for n in waiting {
+                let at = tokio::time::timeout(ASK_FOR_AT_MOST, self.call_at(Some(n), &ask)).await;
+                match at {
+                    Ok(Ok(Response::Json(j))) => {
+                        let reached = serde_json::from_str::<serde_json::Value>(&j)
+                            .ok()
+                            .and_then(|v| v["index"].as_u64())
+                            .is_some_and(|at| at >= index);
+                        if !reached {
+                            behind.push(n);
+                        }
+                    }
+                    _ => gone.push(n),
+                }
+            }
+            waiting = behind;
+            if !waiting.is_empty() {
+                tokio::time::sleep(POLL.min(deadline.saturating_duration_since(Instant::now())))
+                    .await;
+            }
+        }
+        waiting.extend(gone);
+        waiting.sort_unstable();
+        r["pending_nodes"] = serde_json::json!(waiting);
     }
 
     /// A policy command (`{"op": "ls" | "whoami" | "set" | "rm" |

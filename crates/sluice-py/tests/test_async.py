@@ -54,7 +54,7 @@ def test_closing_a_client_ends_its_calls_in_flight(node, io):
     async def main():
         c = await sluice.AsyncClient.connect(node.addr, io=io)
         prefix = f"/vol/aioc/{uuid.uuid4().hex}"
-        w = await c.watch(prefix)
+        w = await c.watch(prefix + "-quiet")  # no put below reaches it
         waiting = asyncio.create_task(w.next(timeout=30))
         puts = [asyncio.create_task(c.put(f"{prefix}/{i}", b"x" * 100)) for i in range(64)]
         await asyncio.sleep(0)  # every call started

@@ -8,6 +8,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -142,3 +143,39 @@ def test_broadcast_reaches_every_node_and_reports_each(cluster):
     assert all(o["error"] is None for o in r["outcomes"]), r
     with pytest.raises(sluice.InvalidArgument):
         c.broadcast("/vol/model", to=[99])
+
+
+def test_dfg_apply_returns_once_every_node_has_loaded_its_python_lambdas(cluster):
+    # Each node's workers take 4 s to import the lambda's module, longer
+    # than the 3 s a node waits for the others; the apply answered with
+    # nodes still loading, and trigger puts those nodes took meanwhile
+    # ran no lambda (lost).
+    wait_for("a leader", lambda: cluster.leader() is not None)
+    c = sluice.Client(",".join(cluster.addrs), timeout=40)
+    udls = str(Path(__file__).parent / "udls")
+    graph = [{"id": "slow", "graph": [{
+        "pathname": "/trig/slow",
+        "user_defined_logic_list": ["python"],
+        "user_defined_logic_config_list": [{
+            "python_path": [udls], "module": "slow_import", "entry_class": "Echo", "python": sys.executable,
+        }],
+        "destinations": [{"/vol/slow-out": "put"}],
+    }]}]
+    t0 = time.monotonic()
+    r = c.dfg_apply(json.dumps(graph))
+    assert r["pending_nodes"] == [], r
+    assert time.monotonic() - t0 < 40
+    n = 30
+    for i in range(n):
+        c.trigger_put(f"/trig/slow/{i}", f"v{i}")
+    # Every one reached a running lambda, on whichever node took it.
+    wait_for(f"{n} outputs", lambda: all(_has(c, f"/vol/slow-out/{i}") for i in range(n)), timeout=20)
+    c.dfg_remove("slow")
+
+
+def _has(c, key):
+    try:
+        c.get(key)
+        return True
+    except sluice.NotFound:
+        return False

@@ -1735,7 +1735,7 @@ async fn dfg_apply_clustered(
     // confirm in time (down, cut off) runs them when it catches up.
     let pending = cl.wait_dfgs_everywhere(index, DFG_SETTLE).await;
     Ok(Response::Json(
-        serde_json::json!({"applied": ids, "notes": prepared.notes, "cluster": true, "pending_nodes": pending}).to_string(),
+        serde_json::json!({"applied": ids, "notes": prepared.notes, "cluster": true, "pending_nodes": pending, "index": index}).to_string(),
     ))
 }
 

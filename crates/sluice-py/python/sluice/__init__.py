@@ -448,8 +448,10 @@ class Client:
 
     def dfg_apply(self, text: str) -> dict:
         """Applies data flow graphs (a ``dfgs.json`` document, as text).
-        In a cluster, on every node: it returns once every node runs them,
-        or after 3 s with the nodes still behind in ``pending_nodes``."""
+        In a cluster, on every node: it returns once every node runs them
+        (a node still loading its Python lambdas is waited for, up to the
+        client's ``timeout``; one that does not answer, 3 s), else with the
+        nodes still behind in ``pending_nodes``."""
         return self._c.dfg_apply(text)
 
     def dfg_list(self) -> List[dict]:

@@ -28,6 +28,8 @@ import time
 import sluice
 
 STAGES = ["/pydemo/frames", "/pydemo/features"]
+# Objects sent through the pipeline before the measured ones.
+WARMUP_KEYS = 16
 
 
 def pct(xs, p):
@@ -131,18 +133,22 @@ def main(argv=None):
             if len(results) == len(X_test):
                 done.set()
 
-    # Warm up: the workers import scikit-learn and load the model on
-    # their first call; that is start-up, not the pipeline's latency.
-    c.trigger_put("/pydemo/frames/warmup", X_test[0].tobytes())
+    # Warm up: each worker loads the model on its first call; that is
+    # start-up, not the pipeline's latency. In a cluster the images spread
+    # over the nodes' workers, so several keys warm them all.
+    warmups = [f"warmup-{j}" for j in range(WARMUP_KEYS)]
+    for name in warmups:
+        c.trigger_put(f"/pydemo/frames/{name}", X_test[0].tobytes())
     deadline = time.monotonic() + 60
-    while True:
-        try:
-            c.get("/pydemo-out/labels/warmup")
-            break
-        except sluice.NotFound:
-            if time.monotonic() > deadline:
-                sys.exit("the pipeline gave no answer in 60 s (see the node's log)")
-            time.sleep(0.01)
+    for name in warmups:
+        while True:
+            try:
+                c.get(f"/pydemo-out/labels/{name}")
+                break
+            except sluice.NotFound:
+                if time.monotonic() > deadline:
+                    sys.exit("the pipeline gave no answer in 60 s (see the node's log)")
+                time.sleep(0.01)
     w = c.watch("/pydemo-out/labels", callback=on)
     t0 = time.perf_counter()
     for i, img in enumerate(X_test):

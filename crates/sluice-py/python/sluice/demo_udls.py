@@ -6,6 +6,12 @@ import pickle
 
 import numpy as np
 
+# Imported when the worker starts (`dfg apply` waits for that), not when
+# the first call unpickles the model: on a loaded 2-core machine the
+# import takes seconds, and in a cluster every node's worker paid it on
+# its first image, with the images behind it queued.
+import sklearn.linear_model  # noqa: F401
+
 
 class Preprocess:
     """Stage 1: an 8x8 image of 0..16 grey levels (uint8) to the
