@@ -19,9 +19,16 @@ pub struct Client {
 }
 
 impl Client {
-    /// The Rust client (shares its connections).
-    pub(crate) fn rust(&self) -> sluice_client::Client {
-        self.inner.clone()
+    /// The Rust client (shares its connections); refused in a process
+    /// forked after the client was made (`runtime::check_process`).
+    pub(crate) fn rust(&self) -> PyResult<sluice_client::Client> {
+        self.exec.check_process()?;
+        Ok(self.inner.clone())
+    }
+
+    /// The process (fork generation) the client was made in.
+    pub(crate) fn made_in(&self) -> u64 {
+        self.exec.made_in()
     }
 }
 

@@ -22,6 +22,7 @@ mod watch;
 
 #[pymodule]
 fn _sluice(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    runtime::watch_forks();
     m.add_class::<client::Client>()?;
     m.add_class::<value::Value>()?;
     m.add_class::<value::Object>()?;

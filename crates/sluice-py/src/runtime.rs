@@ -21,22 +21,77 @@ use parking_lot::Mutex;
 use pyo3::prelude::*;
 use std::future::Future;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::task::{Poll, Waker};
 use std::time::Duration;
 
-static RUNTIME: OnceLock<tokio::runtime::Runtime> = OnceLock::new();
-
+/// The shared runtime of this process: made on first use, and again in
+/// a child process after a fork (the parent's threads do not exist
+/// there, so its runtime would never run a task or fire a timer: every
+/// call hung). The parent's runtime is left as it is in the child, never
+/// dropped (dropping it would wait for those threads).
 pub fn rt() -> &'static tokio::runtime::Runtime {
-    RUNTIME.get_or_init(|| {
-        tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
-            .thread_name("sluice-io")
-            .enable_all()
-            .build()
-            .expect("the Sluice client's runtime starts")
-    })
+    static CURRENT: std::sync::atomic::AtomicPtr<tokio::runtime::Runtime> =
+        std::sync::atomic::AtomicPtr::new(std::ptr::null_mut());
+    static MADE_IN: AtomicU64 = AtomicU64::new(u64::MAX);
+    static MAKING: Mutex<()> = Mutex::new(());
+    let here = process();
+    if MADE_IN.load(Ordering::Acquire) != here {
+        let _g = MAKING.lock();
+        if MADE_IN.load(Ordering::Acquire) != here {
+            let made = tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(2)
+                .thread_name("sluice-io")
+                .enable_all()
+                .build()
+                .expect("the Sluice client's runtime starts");
+            CURRENT.store(Box::into_raw(Box::new(made)), Ordering::Release);
+            MADE_IN.store(here, Ordering::Release);
+        }
+    }
+    // SAFETY: set above (or earlier, for this process) from a leaked box,
+    // never freed.
+    unsafe { &*CURRENT.load(Ordering::Acquire) }
+}
+
+/// Forks this process has gone through (0 in the one that imported the
+/// extension, then one more in each child): what a client records when
+/// it is made, to tell a client made before a fork.
+static FORKS: AtomicU64 = AtomicU64::new(0);
+
+extern "C" fn after_fork_in_child() {
+    FORKS.fetch_add(1, Ordering::AcqRel);
+}
+
+/// Counts forks from now on (called once, when the module loads).
+pub fn watch_forks() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        // SAFETY: registers a handler that only bumps an atomic.
+        unsafe { libc::pthread_atfork(None, None, Some(after_fork_in_child)) };
+    });
+}
+
+/// Which process (fork generation) this is.
+pub fn process() -> u64 {
+    FORKS.load(Ordering::Acquire)
+}
+
+/// Refuses the use of a client (or of a watch, stream or queue over one)
+/// made before this process forked: its connections are the parent's
+/// sockets (a request sent on them here could be answered to the parent,
+/// request ids and all) and its tasks ran on the parent's threads.
+pub fn check_process(made_in: u64) -> PyResult<()> {
+    if made_in == process() {
+        return Ok(());
+    }
+    Err(errors::to_py(sluice_types::SluiceError::Connection {
+        reason: "this client was made before the process forked: its connections belong to the \
+                 parent process; make a new sluice.Client in this one (each multiprocessing or \
+                 DataLoader worker its own)"
+            .into(),
+    }))
 }
 
 /// `py.detach(f)` (runs `f` with the GIL released), except that a thread
@@ -366,6 +421,8 @@ pub struct Exec {
     completions: Arc<Completions>,
     driven: Option<Arc<Driven>>,
     closing: Arc<Closing>,
+    /// The process it was made in (`process`).
+    made_in: u64,
 }
 
 /// An asyncio client closed (`Exec::close`): once it is, nothing turns its
@@ -432,6 +489,7 @@ impl Exec {
             completions: Arc::new(Completions::new(driven.is_none())?),
             driven,
             closing: Arc::default(),
+            made_in: process(),
         })
     }
 
@@ -462,6 +520,16 @@ impl Exec {
         } else {
             self.completions.queue.lock().clear();
         }
+    }
+
+    /// The process (fork generation) it was made in.
+    pub fn made_in(&self) -> u64 {
+        self.made_in
+    }
+
+    /// Refuses a client made before this process forked (`check_process`).
+    pub fn check_process(&self) -> PyResult<()> {
+        check_process(self.made_in)
     }
 
     /// Runs `f` to completion on this client's runtime, blocking.
@@ -523,6 +591,7 @@ where
     F: Future<Output = sluice_types::Result<T>> + Send + 'static,
     T: Send + 'static,
 {
+    exec.check_process()?;
     let Some(fut) = future else {
         return match detach(py, || exec.block_on(work)) {
             Ok(v) => convert(py, v),

@@ -15,13 +15,18 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::Mutex;
 
+/// Runs `f` to completion with the GIL released, for an object made in
+/// process `made_in` (refused in a process forked after it was made:
+/// `runtime::check_process`).
 fn block<T>(
     py: Python<'_>,
+    made_in: u64,
     f: impl std::future::Future<Output = sluice_types::Result<T>> + Send,
 ) -> PyResult<T>
 where
     T: Send,
 {
+    crate::runtime::check_process(made_in)?;
     crate::runtime::detach(py, || rt().block_on(f)).map_err(to_py)
 }
 
@@ -110,6 +115,8 @@ impl Header {
 #[pyclass(module = "sluice._sluice", frozen)]
 pub struct StreamProducer {
     inner: Arc<Mutex<topic::Producer>>,
+    /// The process it was made in (`runtime::check_process`).
+    made_in: u64,
 }
 
 #[pymethods]
@@ -128,16 +135,18 @@ impl StreamProducer {
         keep_bytes: Option<u64>,
     ) -> PyResult<StreamProducer> {
         let routing: topic::Routing = routing.parse().map_err(to_py)?;
-        let b = broker.rust();
+        let (b, made_in) = (broker.rust()?, broker.made_in());
         let keep = topic::Keep {
             for_s: keep_for_s,
             bytes: keep_bytes,
         };
-        let p = block(py, async move {
+        let p = block(py, made_in, async move {
             topic::Producer::new(b, &local_addr, &topic, &source, routing, keep).await
         })?;
         Ok(StreamProducer {
             inner: Arc::new(Mutex::new(p)),
+
+            made_in,
         })
     }
 
@@ -151,7 +160,7 @@ impl StreamProducer {
     ) -> PyResult<Header> {
         let payload = bytes_of(value)?;
         let inner = self.inner.clone();
-        let h = block(py, async move {
+        let h = block(py, self.made_in, async move {
             inner.lock().await.publish(ts_us, payload).await
         })?;
         Ok(Header { h })
@@ -174,6 +183,8 @@ impl StreamProducer {
 pub struct StreamSubscriber {
     sub: Arc<Mutex<topic::Subscriber>>,
     fetcher: Arc<Mutex<topic::Fetcher>>,
+    /// The process it was made in (`runtime::check_process`).
+    made_in: u64,
 }
 
 #[pymethods]
@@ -186,13 +197,15 @@ impl StreamSubscriber {
         topic: String,
         from_ts_us: Option<u64>,
     ) -> PyResult<Self> {
-        let b = broker.rust();
-        let sub = block(py, async move {
+        let (b, made_in) = (broker.rust()?, broker.made_in());
+        let sub = block(py, made_in, async move {
             topic::Subscriber::new(&b, &topic, from_ts_us).await
         })?;
         Ok(StreamSubscriber {
             sub: Arc::new(Mutex::new(sub)),
             fetcher: Arc::new(Mutex::new(topic::Fetcher::default())),
+
+            made_in,
         })
     }
 
@@ -202,7 +215,7 @@ impl StreamSubscriber {
     fn next(&self, py: Python<'_>, timeout_s: Option<f64>) -> PyResult<Option<Header>> {
         let wait = timeout_s.map(duration).transpose()?;
         let sub = self.sub.clone();
-        let h = block(py, async move {
+        let h = block(py, self.made_in, async move {
             let mut s = sub.lock().await;
             let n = match wait {
                 None => s.next().await,
@@ -217,7 +230,11 @@ impl StreamSubscriber {
     /// (`PayloadExpired` past its retention).
     fn fetch(&self, py: Python<'_>, header: &Header) -> PyResult<Value> {
         let (f, h) = (self.fetcher.clone(), header.h.clone());
-        let bytes = block(py, async move { f.lock().await.fetch(&h).await })?;
+        let bytes = block(
+            py,
+            self.made_in,
+            async move { f.lock().await.fetch(&h).await },
+        )?;
         Ok(Value { bytes })
     }
 
@@ -281,6 +298,8 @@ pub fn decode_tuple(py: Python<'_>, value: &Bound<'_, PyAny>) -> PyResult<Py<PyA
 #[pyclass(module = "sluice._sluice", frozen)]
 pub struct RateConsumer {
     inner: Arc<Mutex<consumer::RateConsumer>>,
+    /// The process it was made in (`runtime::check_process`).
+    made_in: u64,
 }
 
 #[pymethods]
@@ -298,13 +317,15 @@ impl RateConsumer {
     ) -> PyResult<Self> {
         let (period, policy) = (duration(period_s)?, self::fail_soft(fail_soft)?);
         let max_age = max_age_s.map(duration).transpose()?;
-        let b = broker.rust();
-        let c = block(py, async move {
+        let (b, made_in) = (broker.rust()?, broker.made_in());
+        let c = block(py, made_in, async move {
             let names: Vec<&str> = sources.iter().map(String::as_str).collect();
             consumer::RateConsumer::new(&b, &topic, &names, period, max_age, policy).await
         })?;
         Ok(RateConsumer {
             inner: Arc::new(Mutex::new(c)),
+
+            made_in,
         })
     }
 
@@ -312,10 +333,9 @@ impl RateConsumer {
     /// `decode_tuple`), or None when the subscription ended.
     fn tick(&self, py: Python<'_>) -> PyResult<Py<PyAny>> {
         let inner = self.inner.clone();
-        match block(
-            py,
-            async move { inner.lock().await.tick().await.transpose() },
-        )? {
+        match block(py, self.made_in, async move {
+            inner.lock().await.tick().await.transpose()
+        })? {
             Some(t) => header_tuple(py, t),
             None => Ok(py.None()),
         }
@@ -332,7 +352,9 @@ impl RateConsumer {
                 .collect(),
         };
         let inner = self.inner.clone();
-        let v = block(py, async move { inner.lock().await.payloads(&t).await })?;
+        let v = block(py, self.made_in, async move {
+            inner.lock().await.payloads(&t).await
+        })?;
         Ok(v.into_iter()
             .flatten()
             .map(|bytes| Value { bytes })
@@ -361,6 +383,8 @@ impl RateConsumer {
 #[pyclass(module = "sluice._sluice", frozen)]
 pub struct SharedQueue {
     inner: Arc<Mutex<shared::SharedQueue>>,
+    /// The process it was made in (`runtime::check_process`).
+    made_in: u64,
 }
 
 /// An item a consumer took: `id`, `value`, `delivery` (1, or more after
@@ -388,19 +412,25 @@ impl SharedQueue {
         lease_s: f64,
     ) -> PyResult<Self> {
         let lease = duration(lease_s)?;
-        let c = client.rust();
-        let q = block(py, async move {
+        let (c, made_in) = (client.rust()?, client.made_in());
+        let q = block(py, made_in, async move {
             shared::SharedQueue::open(c, &name, &consumer, lease).await
         })?;
         Ok(SharedQueue {
             inner: Arc::new(Mutex::new(q)),
+
+            made_in,
         })
     }
 
     fn push(&self, py: Python<'_>, value: &Bound<'_, PyAny>) -> PyResult<String> {
         let v = bytes_of(value)?;
         let inner = self.inner.clone();
-        block(py, async move { inner.lock().await.push(v).await })
+        block(
+            py,
+            self.made_in,
+            async move { inner.lock().await.push(v).await },
+        )
     }
 
     /// The next item no live consumer holds, waiting up to `timeout_s`.
@@ -408,7 +438,7 @@ impl SharedQueue {
     fn take(&self, py: Python<'_>, timeout_s: f64) -> PyResult<Option<Delivery>> {
         let wait = duration(timeout_s)?;
         let inner = self.inner.clone();
-        let d = block(py, async move {
+        let d = block(py, self.made_in, async move {
             inner
                 .lock()
                 .await
@@ -435,13 +465,19 @@ impl SharedQueue {
     /// another consumer took it over).
     fn ack(&self, py: Python<'_>, delivery: &Delivery) -> PyResult<()> {
         let (inner, d) = (self.inner.clone(), delivery.d.clone());
-        block(py, async move { inner.lock().await.ack(&d).await })
+        block(
+            py,
+            self.made_in,
+            async move { inner.lock().await.ack(&d).await },
+        )
     }
 
     /// Items waiting or in progress.
     fn backlog(&self, py: Python<'_>) -> PyResult<usize> {
         let inner = self.inner.clone();
-        block(py, async move { inner.lock().await.backlog().await })
+        block(py, self.made_in, async move {
+            inner.lock().await.backlog().await
+        })
     }
 
     #[getter]

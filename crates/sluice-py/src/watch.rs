@@ -119,6 +119,7 @@ impl Watch {
         timeout_s: Option<f64>,
         future: Option<Py<PyAny>>,
     ) -> PyResult<Py<PyAny>> {
+        self.exec.check_process()?;
         let wait = timeout_s.map(|s| Duration::from_secs_f64(s.max(0.0)));
         if future.is_some() {
             return run(

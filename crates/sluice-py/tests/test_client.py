@@ -231,6 +231,42 @@ print("done")
     assert "FATAL" not in r.stderr
 
 
+def test_a_forked_child_makes_its_own_client_and_the_parents_is_refused(node):
+    # After a fork (multiprocessing's default on Linux, DataLoader workers)
+    # every call in the child hung, even on a new client: the shared
+    # runtime's threads stay in the parent. The parent's client is refused
+    # (its sockets are the parent's); a new one works.
+    script = f"""
+import os, sys, sluice
+c = sluice.Client({node.addr!r}, timeout=5)
+k = "/vol/py/fork-{uuid.uuid4().hex}"
+c.put(k, b"from the parent")
+pid = os.fork()
+if pid == 0:
+    try:
+        c.get(k)
+        print("the parent's client answered in the child")
+    except sluice.ConnectionError as e:
+        print("refused:", "forked" in str(e))
+    mine = sluice.Client({node.addr!r}, timeout=5)
+    print("child:", mine.get(k).value.tobytes().decode())
+    mine.put(k, b"from the child")
+    sys.stdout.flush()
+    os._exit(0)
+_, status = os.waitpid(pid, 0)
+print("child exit:", status)
+print("parent:", c.get(k).value.tobytes().decode())
+"""
+    r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.splitlines() == [
+        "refused: True",
+        "child: from the parent",
+        "child exit: 0",
+        "parent: from the child",
+    ], r.stdout + r.stderr
+
+
 def test_a_closed_client_refuses_calls_with_a_clear_error(node):
     c = sluice.Client(node.addr)
     k = key()
