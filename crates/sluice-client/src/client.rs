@@ -136,6 +136,26 @@ impl Watch {
         }
     }
 
+    /// Why the watch ended, once `next` returned `None`: `Some` when its
+    /// connection was lost (the node died, or the link), `None` when it
+    /// was cancelled or is still open.
+    pub fn lost(&self) -> Option<SluiceError> {
+        if self.cancelled || self.conn.is_alive() {
+            return None;
+        }
+        let why = match self.conn.dead_error() {
+            SluiceError::Connection { reason } => reason,
+            other => other.to_string(),
+        };
+        Some(SluiceError::Connection {
+            reason: format!(
+                "the watch on {:?} ended: {why}; watch again through another node (a persistent \
+                 pool's watch can start from the last version seen, missing nothing)",
+                self.prefix
+            ),
+        })
+    }
+
     /// Notifications dropped on this side because they were not read fast
     /// enough and not yet reported by `next` (as a `Lagged` notification).
     pub fn dropped_locally(&self) -> u64 {

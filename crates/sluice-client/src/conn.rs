@@ -232,7 +232,7 @@ impl Conn {
         }
     }
 
-    fn dead_error(&self) -> SluiceError {
+    pub(crate) fn dead_error(&self) -> SluiceError {
         self.fatal
             .lock()
             .clone()

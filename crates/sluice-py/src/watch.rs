@@ -102,16 +102,34 @@ async fn next(
     let Some(w) = g.as_mut() else {
         return Ok(None);
     };
-    match wait {
-        None => Ok(w.next().await),
-        Some(t) => Ok(tokio::time::timeout(t, w.next()).await.unwrap_or(None)),
+    let n = match wait {
+        None => w.next().await,
+        Some(t) => match tokio::time::timeout(t, w.next()).await {
+            Ok(n) => n,
+            Err(_) => return Ok(None), // nothing came in time
+        },
+    };
+    ended(w, n)
+}
+
+/// A notification, or `None` for a watch that ended because it was
+/// closed; one whose connection was lost is an error saying so (it was
+/// `None` too, as if closed, or as if nothing had come).
+fn ended(
+    w: &sluice_client::Watch,
+    n: Option<sluice_client::Notification>,
+) -> sluice_types::Result<Option<sluice_client::Notification>> {
+    match (n, w.lost()) {
+        (None, Some(e)) => Err(e),
+        (n, _) => Ok(n),
     }
 }
 
 #[pymethods]
 impl Watch {
-    /// The next notification; `None` when the subscription ended (closed,
-    /// or the connection lost), or when `timeout_s` passed first.
+    /// The next notification; `None` when the subscription was closed, or
+    /// when `timeout_s` passed first; `ConnectionError` when its
+    /// connection was lost (the node died).
     #[pyo3(signature = (timeout_s = None, *, future = None))]
     fn next(
         &self,
@@ -144,13 +162,14 @@ impl Watch {
                 self.exec.block_on(async move {
                     let mut g = inner.lock().await;
                     let Some(w) = g.as_mut() else {
-                        return Some(None);
+                        return Some(Ok(None));
                     };
-                    tokio::time::timeout(slice, w.next()).await.ok()
+                    let n = tokio::time::timeout(slice, w.next()).await.ok()?;
+                    Some(ended(w, n))
                 })
             });
             match got {
-                Some(n) => return notification(py, n),
+                Some(n) => return notification(py, n.map_err(crate::errors::to_py)?),
                 None if deadline.is_some_and(|d| Instant::now() >= d) => return Ok(py.None()),
                 None => py.check_signals()?,
             }

@@ -179,3 +179,27 @@ def _has(c, key):
         return True
     except sluice.NotFound:
         return False
+
+
+def test_a_watch_whose_node_dies_raises_instead_of_ending_quietly(cluster):
+    # It returned None, as a closed watch (or a timeout) does: a `for n in
+    # watch` loop just ended, and a callback watch stopped unseen.
+    wait_for("a leader", lambda: cluster.leader() is not None)
+    c = sluice.Client(cluster.addrs[2], timeout=10)
+    w = c.watch("/vol/wd")
+    seen = []
+    cb = c.watch("/vol/wd", callback=seen.append)
+    c.put("/vol/wd/1", b"a")
+    n = w.next(timeout=10)
+    assert n is not None and n.key == "/vol/wd/1"
+    wait_for("the callback's notification", lambda: len(seen) == 1)
+    cluster.procs[2].send_signal(signal.SIGKILL)
+    cluster.procs[2].wait()
+    with pytest.raises(sluice.ConnectionError, match="the watch on \"/vol/wd\" ended"):
+        w.next(timeout=10)
+    wait_for("the callback watch's error", lambda: isinstance(cb.error, sluice.ConnectionError))
+    # A watch closed by its owner still ends quietly.
+    c2 = sluice.Client(cluster.addrs[0], timeout=10)
+    w2 = c2.watch("/vol/wd")
+    w2.close()
+    assert w2.next(timeout=1) is None

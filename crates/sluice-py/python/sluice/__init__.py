@@ -104,27 +104,36 @@ class Watch:
         for n in client.watch("/vol/"):
             print(n.kind, n.key, n.value.tobytes())
 
-    Iteration ends when the subscription ends. ``next(timeout=...)`` waits
-    at most that long (``None`` when nothing came). Closing the watch (or
-    leaving its ``with`` block) ends the subscription on the node.
+    Iteration ends when the subscription is closed; a watch whose node
+    dies raises ``ConnectionError`` (from iteration and ``next``) saying
+    so. ``next(timeout=...)`` waits at most that long (``None`` when
+    nothing came). Closing the watch (or leaving its ``with`` block) ends
+    the subscription on the node.
     """
 
     def __init__(self, inner: "_sluice.Watch") -> None:
         self._w = inner
         #: Notifications whose callback raised (``watch(..., callback=f)``).
         self.callback_errors = 0
+        #: Why a callback watch stopped, if not closed (its connection lost).
+        self.error: Optional[Exception] = None
 
     def _deliver(self, callback: Callable[[Notification], Any], prefix: str) -> None:
         """Calls ``callback`` for each notification, on the watch's thread.
         A callback that raises is logged (logger ``sluice``, with the key)
         and counted in ``callback_errors``; the next notifications are
-        still delivered."""
-        for n in self:
-            try:
-                callback(n)
-            except Exception:
-                self.callback_errors += 1
-                _log.exception("the callback of the watch on %r raised on %s %s", prefix, n.kind, n.key)
+        still delivered. A lost connection ends the thread, logged, with
+        the error in ``error``."""
+        try:
+            for n in self:
+                try:
+                    callback(n)
+                except Exception:
+                    self.callback_errors += 1
+                    _log.exception("the callback of the watch on %r raised on %s %s", prefix, n.kind, n.key)
+        except SluiceError as e:
+            self.error = e
+            _log.error("%s", e)
 
     def __iter__(self) -> Iterator[Notification]:
         while True:
