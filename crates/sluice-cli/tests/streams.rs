@@ -193,6 +193,45 @@ fn a_replaying_subscriber_may_come_before_the_topic_exists() {
 }
 
 #[test]
+fn a_subscriber_whose_broker_dies_gets_an_error_not_an_end() {
+    // `next` gave `None`, as for a subscription closed on purpose: a
+    // consumer loop ended quietly with its broker gone.
+    let (mut broker, edge) = (start_node(), start_node());
+    rt().block_on(async {
+        let b = Client::connect(&broker.addr).await.unwrap();
+        let mut sub = Subscriber::new(&b, "gone", None).await.unwrap();
+        let mut cam = Producer::new(
+            b.clone(),
+            &edge.addr,
+            "gone",
+            "cam",
+            Routing::Eager,
+            Keep::default(),
+        )
+        .await
+        .unwrap();
+        cam.publish(Some(1), Bytes::from_static(b"one"))
+            .await
+            .unwrap();
+        assert_eq!(next(&mut sub).await.seq, 0);
+        broker.child.kill().unwrap();
+        broker.child.wait().unwrap();
+        let end = tokio::time::timeout(Duration::from_secs(10), sub.next())
+            .await
+            .expect("the subscriber learns of it within 10 s");
+        match end {
+            Some(Err(SluiceError::Connection { reason })) => {
+                assert!(
+                    reason.contains("the watch on \"/streams/gone\" ended"),
+                    "{reason}"
+                )
+            }
+            other => panic!("expected a connection error, got {other:?}"),
+        }
+    });
+}
+
+#[test]
 fn a_killed_consumers_item_is_redelivered_to_another() {
     let n: Node = start_node();
     rt().block_on(async {

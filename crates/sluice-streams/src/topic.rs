@@ -460,10 +460,14 @@ impl Subscriber {
         })
     }
 
-    /// The next header; `None` when the connection closed.
+    /// The next header; `None` when the subscription was closed, an
+    /// error when its connection to the broker was lost (the broker died).
     pub async fn next(&mut self) -> Option<Result<Header>> {
         loop {
-            let n = self.watch.next().await?;
+            let Some(n) = self.watch.next().await else {
+                // Lost with its broker (an error saying so), or closed.
+                return self.watch.lost().map(Err);
+            };
             if n.kind == sluice_client::NotificationKind::Lagged {
                 self.lost += n.object.meta.version;
                 continue;
