@@ -958,7 +958,10 @@ fn watch(
     let mut seen = 0u64;
     while count.is_none_or(|n| seen < n) {
         let Some(n) = w.next() else {
-            bail!("connection closed")
+            match w.lost() {
+                Some(e) => return Err(e.into()),
+                None => bail!("connection closed"),
+            }
         };
         seen += 1;
         out.show(notification(&n)?)?;

@@ -254,6 +254,30 @@ fn pools_commands_and_errors() {
 }
 
 #[test]
+fn a_watch_whose_node_dies_says_so() {
+    // It printed "connection closed", nothing about which watch or why.
+    let mut n = start_node();
+    let mut w = Command::new(BIN)
+        .args(["--addr", &n.addr, "watch", "/vol/gone"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(w.stdout.take().unwrap()).lines();
+    assert!(lines
+        .next()
+        .unwrap()
+        .unwrap()
+        .starts_with("watching /vol/gone"));
+    n.child.kill().unwrap();
+    n.child.wait().unwrap();
+    let out = w.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(err.contains("the watch on \"/vol/gone\" ended"), "{err}");
+}
+
+#[test]
 fn watch_receives_trigger_puts_and_shell_runs_commands() {
     let n = start_node();
     let mut w = Command::new(BIN)

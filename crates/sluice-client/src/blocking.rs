@@ -19,6 +19,11 @@ pub struct BlockingWatch<'a> {
 }
 
 impl BlockingWatch<'_> {
+    /// Why the watch ended, once `next` returned `None` (see `Watch::lost`).
+    pub fn lost(&self) -> Option<SluiceError> {
+        self.watch.lost()
+    }
+
     /// The next notification, or None when the connection closed or
     /// `timeout` passed.
     pub fn next_timeout(&mut self, timeout: Duration) -> Option<Notification> {
