@@ -139,6 +139,13 @@ pub struct Object {
 #[pymethods]
 impl Object {
     fn __repr__(&self) -> String {
+        if self.removed {
+            // A removal in a history: its empty value is not a value.
+            return format!(
+                "Object(key={:?}, version={}, timestamp_us={}, removed=True)",
+                self.key, self.version, self.timestamp_us
+            );
+        }
         format!(
             "Object(key={:?}, version={}, timestamp_us={}, value={})",
             self.key,

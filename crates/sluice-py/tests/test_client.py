@@ -292,6 +292,8 @@ def test_persistent_pools_keep_versions_for_time_reads_and_history(client):
     client.remove(k)
     h = client.history(k)
     assert [(o.value.tobytes(), o.removed) for o in h] == [(b"", True), (b"new", False), (b"old", False)]
+    # A removal reads as one, not as an empty value.
+    assert repr(h[0]).endswith("removed=True)") and "removed" not in repr(h[1])
     with pytest.raises(ValueError, match="not both"):
         client.get(k, timestamp=1.0, timestamp_us=1)
 
