@@ -253,22 +253,34 @@ fn pools_commands_and_errors() {
     assert!(e.contains("trigger pool"), "{e}");
 }
 
-#[test]
-fn a_watch_whose_node_dies_says_so() {
-    // It printed "connection closed", nothing about which watch or why.
-    let mut n = start_node();
+/// `sluice watch ARGS` against `addr`, once it printed its banner
+/// (starting with `banner`): the process and its remaining output lines.
+fn watching(
+    addr: &str,
+    args: &[&str],
+    banner: &str,
+) -> (
+    std::process::Child,
+    std::io::Lines<BufReader<std::process::ChildStdout>>,
+) {
     let mut w = Command::new(BIN)
-        .args(["--addr", &n.addr, "watch", "/vol/gone"])
+        .args(["--addr", addr, "watch"])
+        .args(args)
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
     let mut lines = BufReader::new(w.stdout.take().unwrap()).lines();
-    assert!(lines
-        .next()
-        .unwrap()
-        .unwrap()
-        .starts_with("watching /vol/gone"));
+    let first = lines.next().unwrap().unwrap();
+    assert!(first.starts_with(banner), "{first}");
+    (w, lines)
+}
+
+#[test]
+fn a_watch_whose_node_dies_says_so() {
+    // It printed "connection closed", nothing about which watch or why.
+    let mut n = start_node();
+    let (w, _lines) = watching(&n.addr, &["/vol/gone"], "watching /vol/gone");
     n.child.kill().unwrap();
     n.child.wait().unwrap();
     let out = w.wait_with_output().unwrap();
@@ -280,17 +292,11 @@ fn a_watch_whose_node_dies_says_so() {
 #[test]
 fn watch_receives_trigger_puts_and_shell_runs_commands() {
     let n = start_node();
-    let mut w = Command::new(BIN)
-        .args(["--addr", &n.addr, "watch", "/trig/cam", "--count", "2"])
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut lines = BufReader::new(w.stdout.take().unwrap()).lines();
-    assert!(lines
-        .next()
-        .unwrap()
-        .unwrap()
-        .starts_with("watching /trig/cam"));
+    let (mut w, mut lines) = watching(
+        &n.addr,
+        &["/trig/cam", "--count", "2"],
+        "watching /trig/cam",
+    );
     n.ok(&["trigger", "/trig/cam/1", "frame-1"]);
     n.ok(&["trigger", "/trig/other", "not-watched"]);
     n.ok(&["trigger", "/trig/cam/2", "frame-2"]);
@@ -310,26 +316,11 @@ fn watch_receives_trigger_puts_and_shell_runs_commands() {
     for v in ["a", "b", "c"] {
         n.ok(&["put", "/hist/k", v]);
     }
-    let mut w = Command::new(BIN)
-        .args([
-            "--addr",
-            &n.addr,
-            "watch",
-            "/hist",
-            "--from-version",
-            "2",
-            "--count",
-            "3",
-        ])
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut lines = BufReader::new(w.stdout.take().unwrap()).lines();
-    assert!(lines
-        .next()
-        .unwrap()
-        .unwrap()
-        .starts_with("watching /hist from version 2"));
+    let (mut w, mut lines) = watching(
+        &n.addr,
+        &["/hist", "--from-version", "2", "--count", "3"],
+        "watching /hist from version 2",
+    );
     assert_eq!(lines.next().unwrap().unwrap(), "put /hist/k version 2 b");
     assert_eq!(lines.next().unwrap().unwrap(), "put /hist/k version 3 c");
     n.ok(&["put", "/hist/k", "d"]);

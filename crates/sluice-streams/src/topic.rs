@@ -144,9 +144,11 @@ impl Default for Keep {
 /// and reaches it). Should a publish create the pool while that watch is
 /// set up, the items it published could fall between the two: the pool
 /// is looked up again once the live watch stands, and if it exists by
-/// then the replaying watch is tried again.
+/// then the replaying watch is tried again (`REPLAY_TRIES` times in all;
+/// then its error).
 async fn replay_then_live(broker: &Client, prefix: &str, from_ts_us: u64) -> Result<Watch> {
-    loop {
+    const REPLAY_TRIES: usize = 3;
+    for _ in 1..REPLAY_TRIES {
         match broker.watch_from(prefix, WatchFrom::Time(from_ts_us)).await {
             Err(SluiceError::NoPool { .. }) => {
                 let live = broker.watch(prefix).await?;
@@ -159,6 +161,7 @@ async fn replay_then_live(broker: &Client, prefix: &str, from_ts_us: u64) -> Res
             other => return other,
         }
     }
+    broker.watch_from(prefix, WatchFrom::Time(from_ts_us)).await
 }
 
 /// Creates a persistent pool unless it exists.
