@@ -1321,7 +1321,7 @@ fn pools(c: &BlockingClient, cmd: PoolsCmd) -> Result<Shown> {
                     .with_context(|| format!("--pin {pin:?}: shard {s:?} is not a number"))?;
                 locations.insert(k.to_string(), shard);
             }
-            let pool_type: PoolType = pool_type.parse()?;
+            let pool_type = PoolType::parse_for(&path, &pool_type)?;
             let p = c.create_pool(PoolSpec {
                 pathname: path,
                 pool_type: Some(pool_type),

@@ -3,7 +3,7 @@
 
 use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
+use std::process::{Command, Stdio};
 use std::time::Duration;
 
 mod common;
@@ -11,50 +11,6 @@ mod common;
 use common::{free_base, spawn_node, start_node, temp_dir, Node, BIN};
 
 impl Node {
-    fn sluice(&self, args: &[&str]) -> Output {
-        self.sluice_stdin(args, None)
-    }
-
-    fn sluice_stdin(&self, args: &[&str], stdin: Option<&[u8]>) -> Output {
-        let mut c = Command::new(BIN)
-            .arg("--addr")
-            .arg(&self.addr)
-            .args(args)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let mut input = c.stdin.take().unwrap();
-        if let Some(s) = stdin {
-            input.write_all(s).unwrap();
-        }
-        drop(input);
-        c.wait_with_output().unwrap()
-    }
-
-    /// Runs a command that must succeed; returns its stdout.
-    fn ok(&self, args: &[&str]) -> String {
-        let o = self.sluice(args);
-        assert!(
-            o.status.success(),
-            "sluice {args:?} failed: {}",
-            String::from_utf8_lossy(&o.stderr)
-        );
-        String::from_utf8(o.stdout).unwrap()
-    }
-
-    /// Runs a command that must fail; returns its stderr.
-    fn fails(&self, args: &[&str]) -> String {
-        let o = self.sluice(args);
-        assert!(
-            !o.status.success(),
-            "sluice {args:?} should fail: {}",
-            String::from_utf8_lossy(&o.stdout)
-        );
-        String::from_utf8(o.stderr).unwrap()
-    }
-
     fn terminate(mut self) -> std::process::ExitStatus {
         unsafe {
             libc::kill(self.child.id() as i32, libc::SIGTERM);

@@ -451,3 +451,63 @@ fn a_dfg_vertex_feeds_a_shared_queue() {
         assert_eq!(q.try_take().await.unwrap().map(|d| d.id), None);
     });
 }
+
+/// A queue whose pool was made persistent first keeps its pushed items
+/// (and what was taken and acknowledged stays gone) across a SIGKILL of
+/// its node: the README's way to queues that outlive restarts.
+#[test]
+fn a_queue_on_a_persistent_pool_keeps_its_items_across_a_kill() {
+    let n = start_node();
+    n.ok(&[
+        "pools",
+        "create",
+        "/queues/durable",
+        "--type",
+        "persistent",
+        "--keep-versions",
+        "1",
+    ]);
+    for v in ["one", "two", "three"] {
+        n.ok(&["queue", "push", "durable", v]);
+    }
+    let first = n.ok(&["--json", "queue", "take", "durable", "--wait-ms", "5000"]);
+    assert!(first.contains(r#""value":"one""#), "{first}");
+    // SIGKILL (Drop) keeping the data, then a new process on it.
+    let dir = n.dir.clone();
+    let mut n = n;
+    n.dir = dir.join("no-cleanup");
+    drop(n);
+    let data = dir.join("data");
+    let n = common::spawn_node(
+        &dir,
+        &[
+            "--listen",
+            "127.0.0.1:0",
+            "--data-dir",
+            data.to_str().unwrap(),
+        ],
+    )
+    .unwrap();
+    let rest = n.ok(&[
+        "--json",
+        "queue",
+        "take",
+        "durable",
+        "--count",
+        "2",
+        "--wait-ms",
+        "5000",
+    ]);
+    let values: Vec<&str> = rest
+        .lines()
+        .map(|l| {
+            l.split(r#""value":""#)
+                .nth(1)
+                .unwrap()
+                .trim_end_matches("\"}")
+        })
+        .collect();
+    assert_eq!(values, ["two", "three"], "{rest}");
+    let e = n.fails(&["queue", "take", "durable", "--wait-ms", "200"]);
+    assert!(e.contains("no item in queue durable"), "{e}");
+}

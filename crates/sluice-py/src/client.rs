@@ -387,9 +387,7 @@ impl Client {
         keep_bytes: Option<u64>,
         future: Option<Py<PyAny>>,
     ) -> PyResult<Py<PyAny>> {
-        let pool_type: PoolType = pool_type
-            .parse()
-            .map_err(|e: SluiceError| crate::errors::to_py(e))?;
+        let pool_type = PoolType::parse_for(&pathname, &pool_type).map_err(crate::errors::to_py)?;
         let spec = PoolSpec {
             pathname,
             pool_type: Some(pool_type),

@@ -277,6 +277,19 @@ pub fn bytes_of(v: &Bound<'_, PyAny>) -> PyResult<Bytes> {
             )));
         }
         let mut view = view.assume_init();
+        if !view.format.is_null() {
+            let format = std::ffi::CStr::from_ptr(view.format).to_bytes();
+            if holds_objects(format) {
+                ffi::PyBuffer_Release(&mut view);
+                return Err(pyo3::exceptions::PyTypeError::new_err(format!(
+                    "a value must be data, not Python objects: this {} holds object \
+                     references (buffer format {:?}), whose bytes are addresses in this process; \
+                     convert it to a numeric array or to bytes first (e.g. pickle.dumps)",
+                    v.get_type().name()?,
+                    String::from_utf8_lossy(format)
+                )));
+            }
+        }
         let len = view.len as usize;
         let out = if ffi::PyBuffer_IsContiguous(&view, b'C' as std::os::raw::c_char) != 0 {
             Bytes::copy_from_slice(std::slice::from_raw_parts(view.buf as *const u8, len))
@@ -297,4 +310,20 @@ pub fn bytes_of(v: &Bound<'_, PyAny>) -> PyResult<Bytes> {
         ffi::PyBuffer_Release(&mut view);
         Ok(out)
     }
+}
+
+/// Whether a buffer's struct-module format string has an item that is a
+/// Python object reference (`O`, as in a NumPy array of `dtype=object`,
+/// alone or as a field of a structured one): its bytes are pointers, not
+/// data. Field names (`:name:`) are skipped.
+fn holds_objects(format: &[u8]) -> bool {
+    let mut in_name = false;
+    for &c in format {
+        match c {
+            b':' => in_name = !in_name,
+            b'O' if !in_name => return true,
+            _ => {}
+        }
+    }
+    false
 }

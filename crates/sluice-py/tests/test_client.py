@@ -56,6 +56,26 @@ def test_puts_accept_any_buffer(client):
         client.put(k, 42)
 
 
+def test_a_buffer_of_python_objects_is_refused_not_stored_as_addresses(client):
+    np = pytest.importorskip("numpy")
+    k = key()
+    client.put(k, b"before")
+    # Its buffer's bytes are this process's pointers to the objects.
+    for v in [
+        np.array(["a", None], dtype=object),
+        np.zeros(2, dtype=[("x", "<f8"), ("label", object)]),
+    ]:
+        with pytest.raises(TypeError, match="Python objects"):
+            client.put(k, v)
+        with pytest.raises(TypeError, match="Python objects"):
+            client.trigger_put(k, v)
+    assert client.get(k).value == b"before"
+    # A field whose name has an O is data.
+    rec = np.zeros(2, dtype=[("Oxygen", "<f8")])
+    client.put(k, rec)
+    assert client.get(k).value.tobytes() == rec.tobytes()
+
+
 def test_a_read_names_a_version_or_a_time_not_both(client):
     k = key()
     r = client.put(k, b"v")
@@ -118,6 +138,9 @@ def test_error_classes_carry_the_cli_message(client):
         client.put("no-slash", b"v")
     with pytest.raises(sluice.PoolNotFound):
         client.get_object_pool("/missing-pool")
+    with pytest.raises(sluice.InvalidPool) as e:
+        client.create_object_pool("/typo-pool", "volatle")
+    assert '"/typo-pool"' in str(e.value) and '"volatle"' in str(e.value)
     with pytest.raises(sluice.ValueTooLarge):
         client.put(key(), b"x" * (client._c.max_value_bytes + 1))
     with pytest.raises(sluice.DfgNotFound):

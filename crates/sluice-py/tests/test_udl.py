@@ -222,6 +222,18 @@ def test_a_refused_emit_fails_its_call_and_the_next_calls_stay_in_step(client, v
     assert st["failures"] == 1 and st["calls"] == 21, st
 
 
+def test_an_emit_of_python_objects_fails_its_call_instead_of_sending_addresses(client, vertex):
+    pytest.importorskip("numpy")
+    src, dst, gid = vertex
+    client.dfg_apply(graph(gid, src, "EmitsBadKey", dst))
+    client.trigger_put(f"{src}/first", b"objects")
+    st = wait_for("the failure to be counted", lambda: (s := status(client, gid))["failures"] >= 1 and s)
+    assert "TypeError" in st["last_error"] and "Python objects" in st["last_error"], st
+    assert get_or_none(client, f"{dst}/first") is None
+    client.trigger_put(f"{src}/next", b"v")
+    assert wait_for("the next output", lambda: get_or_none(client, f"{dst}/next")).value == b"V"
+
+
 def test_a_worker_that_breaks_the_protocol_is_replaced(client, vertex):
     src, dst, gid = vertex
     client.dfg_apply(graph(gid, src, "BreaksProtocol", dst))

@@ -34,15 +34,15 @@ impl fmt::Display for PoolType {
     }
 }
 
-impl std::str::FromStr for PoolType {
-    type Err = SluiceError;
-    fn from_str(s: &str) -> Result<Self> {
+impl PoolType {
+    /// `s` as the type of the pool at `pool` (named in the error).
+    pub fn parse_for(pool: &str, s: &str) -> Result<Self> {
         match s {
             "volatile" => Ok(PoolType::Volatile),
             "persistent" => Ok(PoolType::Persistent),
             "trigger" => Ok(PoolType::Trigger),
             other => Err(SluiceError::InvalidPool {
-                pool: String::new(),
+                pool: pool.to_string(),
                 reason: format!("unknown pool type {other:?}; use volatile, persistent or trigger"),
             }),
         }

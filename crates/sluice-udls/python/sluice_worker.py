@@ -121,6 +121,19 @@ class Region:
         return self.out_off + start % self.out_len
 
 
+def holds_objects(fmt):
+    """Whether a buffer's struct format has an item that is a Python object
+    reference (`O`: a NumPy array of dtype=object, or such a field of a
+    structured one); field names (`:name:`) are skipped."""
+    in_name = False
+    for ch in fmt:
+        if ch == ":":
+            in_name = not in_name
+        elif ch == "O" and not in_name:
+            return True
+    return False
+
+
 def map_landing(path):
     """The vertex's landing area, read-only: a lambda reads landed values
     in place and can write none (the area holds the vertex's incoming
@@ -195,6 +208,12 @@ class Worker:
         `tobytes()` gives it) into the output arena; its (offset, len)
         and the size to free."""
         mv = memoryview(data)
+        if holds_objects(mv.format):
+            raise TypeError(
+                "a value must be data, not Python objects: this buffer holds object references"
+                f" (format {mv.format!r}), whose bytes are addresses in the worker;"
+                " convert it to a numeric array or to bytes first (e.g. pickle.dumps)"
+            )
         if not mv.c_contiguous:
             mv = memoryview(mv.tobytes())
         elif not isinstance(data, (bytes, bytearray)):

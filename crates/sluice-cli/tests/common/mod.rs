@@ -2,10 +2,10 @@
 
 #![allow(dead_code)] // each test binary uses some of these
 
-use std::io::{BufRead, BufReader};
+use std::io::{BufRead, BufReader, Write};
 use std::net::{SocketAddr, TcpListener};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command, Output, Stdio};
 use std::sync::mpsc;
 use std::time::Duration;
 
@@ -137,5 +137,52 @@ impl Drop for Node {
         let _ = self.child.kill();
         let _ = self.child.wait();
         let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// CLI commands against a node.
+impl Node {
+    pub fn sluice(&self, args: &[&str]) -> Output {
+        self.sluice_stdin(args, None)
+    }
+
+    pub fn sluice_stdin(&self, args: &[&str], stdin: Option<&[u8]>) -> Output {
+        let mut c = Command::new(BIN)
+            .arg("--addr")
+            .arg(&self.addr)
+            .args(args)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut input = c.stdin.take().unwrap();
+        if let Some(s) = stdin {
+            input.write_all(s).unwrap();
+        }
+        drop(input);
+        c.wait_with_output().unwrap()
+    }
+
+    /// Runs a command that must succeed; returns its stdout.
+    pub fn ok(&self, args: &[&str]) -> String {
+        let o = self.sluice(args);
+        assert!(
+            o.status.success(),
+            "sluice {args:?} failed: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+        String::from_utf8(o.stdout).unwrap()
+    }
+
+    /// Runs a command that must fail; returns its stderr.
+    pub fn fails(&self, args: &[&str]) -> String {
+        let o = self.sluice(args);
+        assert!(
+            !o.status.success(),
+            "sluice {args:?} should fail: {}",
+            String::from_utf8_lossy(&o.stdout)
+        );
+        String::from_utf8(o.stderr).unwrap()
     }
 }
