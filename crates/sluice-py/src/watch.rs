@@ -83,6 +83,10 @@ fn notification(py: Python<'_>, n: Option<sluice_client::Notification>) -> PyRes
 pub struct Watch {
     inner: Arc<tokio::sync::Mutex<Option<sluice_client::Watch>>>,
     exec: Exec,
+    /// Set by `close`: a `next` waiting in the runtime (holding `inner`)
+    /// ends with `None` instead of keeping `close` waiting for the lock
+    /// until a notification comes, which may be never.
+    closing: tokio::sync::watch::Sender<bool>,
 }
 
 impl Watch {
@@ -90,6 +94,7 @@ impl Watch {
         Watch {
             inner: Arc::new(tokio::sync::Mutex::new(Some(w))),
             exec,
+            closing: tokio::sync::watch::Sender::new(false),
         }
     }
 }
@@ -97,17 +102,26 @@ impl Watch {
 async fn next(
     inner: Arc<tokio::sync::Mutex<Option<sluice_client::Watch>>>,
     wait: Option<Duration>,
+    mut closing: tokio::sync::watch::Receiver<bool>,
 ) -> sluice_types::Result<Option<sluice_client::Notification>> {
     let mut g = inner.lock().await;
     let Some(w) = g.as_mut() else {
         return Ok(None);
     };
-    let n = match wait {
-        None => w.next().await,
-        Some(t) => match tokio::time::timeout(t, w.next()).await {
-            Ok(n) => n,
-            Err(_) => return Ok(None), // nothing came in time
+    if *closing.borrow_and_update() {
+        return Ok(None);
+    }
+    let n = tokio::select! {
+        n = async {
+            match wait {
+                None => Some(w.next().await),
+                Some(t) => tokio::time::timeout(t, w.next()).await.ok(),
+            }
+        } => match n {
+            Some(n) => n,
+            None => return Ok(None), // nothing came in time
         },
+        _ = closing.changed() => return Ok(None),
     };
     ended(w, n)
 }
@@ -144,7 +158,7 @@ impl Watch {
                 py,
                 &self.exec,
                 future,
-                next(self.inner.clone(), wait),
+                next(self.inner.clone(), wait, self.closing.subscribe()),
                 notification,
             );
         }
@@ -180,6 +194,7 @@ impl Watch {
     /// future).
     #[pyo3(signature = (*, future = None))]
     fn close(&self, py: Python<'_>, future: Option<Py<PyAny>>) -> PyResult<Py<PyAny>> {
+        self.closing.send_replace(true);
         let inner = self.inner.clone();
         let work = async move {
             let w = inner.lock().await.take();

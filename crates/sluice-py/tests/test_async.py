@@ -89,6 +89,51 @@ def test_async_watch(node, io):
 
 
 @IO
+def test_a_watch_next_cancelled_or_timed_out_loses_no_notification(node, io):
+    async def main():
+        async with await sluice.AsyncClient.connect(node.addr, io=io) as c:
+            prefix = f"/vol/aiowc/{uuid.uuid4().hex}"
+            w = await c.watch(prefix)
+            # asyncio.wait_for cancels the next() it gives up on.
+            with pytest.raises(asyncio.TimeoutError):
+                await asyncio.wait_for(w.next(), 0.05)
+            t = asyncio.ensure_future(w.next())
+            await asyncio.sleep(0)  # let it start waiting
+            t.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await t
+            assert await w.next(timeout=0.05) is None
+            for i in range(3):
+                await c.put(f"{prefix}/{i}", b"v")
+            got = [(await asyncio.wait_for(w.next(), 5)).key for _ in range(3)]
+            assert got == [f"{prefix}/{i}" for i in range(3)]
+            # One task at a time; close() ends the one waiting.
+            t = asyncio.ensure_future(w.next())
+            await asyncio.sleep(0)
+            with pytest.raises(RuntimeError, match="another task"):
+                await w.next()
+            await asyncio.wait_for(w.close(), 5)
+            assert await asyncio.wait_for(t, 5) is None
+            assert await w.next() is None
+
+    run(main())
+
+
+@IO
+def test_closing_a_watch_with_a_cancelled_next_pending_returns_at_once(node, io):
+    async def main():
+        async with await sluice.AsyncClient.connect(node.addr, io=io) as c:
+            w = await c.watch(f"/vol/aiowq/{uuid.uuid4().hex}")  # nothing comes
+            with pytest.raises(asyncio.TimeoutError):
+                await asyncio.wait_for(w.next(), 0.05)
+            # It waited for the lock the pending next() held, forever.
+            await asyncio.wait_for(w.close(), 5)
+            assert await asyncio.wait_for(w.next(), 5) is None
+
+    run(main())
+
+
+@IO
 def test_cancelled_await_does_not_break_the_client(node, io):
     async def main():
         async with await sluice.AsyncClient.connect(node.addr, io=io) as c:

@@ -33,6 +33,7 @@ import json
 import asyncio
 import logging
 import os
+import sys
 import threading
 import warnings
 from typing import Any, AsyncIterator, Callable, Iterator, List, Optional, Sequence
@@ -161,6 +162,11 @@ class AsyncWatch:
     def __init__(self, inner: "_sluice.Watch", client: "AsyncClient") -> None:
         self._w = inner
         self._client = client
+        # The extension's wait for the next notification, kept across a
+        # caller's timeout or cancellation: the notification it takes is
+        # the next caller's, never dropped with a cancelled future.
+        self._pending: Optional["asyncio.Future[Optional[Notification]]"] = None
+        self._waiting = False  # a task is in next()
 
     def __aiter__(self) -> AsyncIterator[Notification]:
         return self
@@ -172,9 +178,42 @@ class AsyncWatch:
         return n
 
     async def next(self, timeout: Optional[float] = None) -> Optional[Notification]:
-        fut = self._client._loop.create_future()
-        self._client._started(self._w.next(timeout, future=fut))
-        return await fut
+        """The next notification; ``None`` once the watch is closed, or
+        when ``timeout`` (seconds) passes first. Cancellation-safe, like
+        ``asyncio.Queue.get``: a ``next()`` cancelled (or timed out by
+        ``asyncio.wait_for``) loses nothing; the notification it was
+        waiting for goes to the next call. One task at a time: a second
+        task calling ``next()`` meanwhile gets ``RuntimeError``. ``close()``
+        ends a waiting ``next()`` with ``None``."""
+        if self._waiting:
+            raise RuntimeError("another task is already waiting in this watch's next()")
+        fut = self._pending
+        if fut is None:
+            fut = self._client._loop.create_future()
+            # Read an error nobody awaits any more (the watch given up
+            # on), so asyncio does not report it as never retrieved.
+            fut.add_done_callback(lambda f: f.cancelled() or f.exception())
+            self._client._started(self._w.next(None, future=fut))
+            self._pending = fut
+        self._waiting = True
+        try:
+            if timeout is None:
+                await asyncio.shield(fut)
+            else:
+                await asyncio.wait_for(asyncio.shield(fut), timeout)
+        except asyncio.CancelledError:
+            raise  # `fut` stays for the next call
+        except BaseException:
+            if not fut.done():
+                if isinstance(sys.exc_info()[1], asyncio.TimeoutError):
+                    return None
+                raise
+            # Done after all (its notification, or its own error: raised
+            # by `result()` below).
+        finally:
+            self._waiting = False
+        self._pending = None
+        return fut.result()
 
     async def close(self) -> None:
         if self._client._c is _CLOSED:
