@@ -475,6 +475,13 @@ impl Client {
         from_time_us: Option<u64>,
         future: Option<Py<PyAny>>,
     ) -> PyResult<Py<PyAny>> {
+        if from_version.is_some() && from_time_us.is_some() {
+            // As the CLI's --from-version and --from-time refuse each
+            // other: the time was ignored.
+            return Err(pyo3::exceptions::PyValueError::new_err(
+                "give from_version or from_time_us, not both",
+            ));
+        }
         let c = self.inner.clone();
         let exec = self.exec.clone();
         let from = from_version

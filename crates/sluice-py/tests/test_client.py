@@ -86,6 +86,8 @@ def test_a_read_names_a_version_or_a_time_not_both(client):
     with pytest.raises(ValueError, match="linearizable"):
         client.get(k, version=r.version, linearizable=True)
     assert client.get(k, version=r.version).value == b"v"
+    with pytest.raises(ValueError, match="not both"):
+        client.watch(k, from_version=r.version, from_time_us=r.timestamp_us)
 
 
 def test_values_are_shared_not_copied(client):

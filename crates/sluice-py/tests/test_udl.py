@@ -93,7 +93,7 @@ def test_a_python_lambda_uses_the_store(client, vertex):
     client.dfg_apply(graph(gid, src, "StoreUser", dst, side=side))
     client.trigger_put(f"{src}/k1", b"v1")
     o = wait_for("the emitted object", lambda: get_or_none(client, f"{dst}/k1"))
-    assert o.value == b"cfg:1:True:True"
+    assert o.value == b"cfg:1:True:True:StoreError/not_found/True"
     assert client.get(side + "/seen/k1").value == b"v1"
 
 
@@ -266,6 +266,9 @@ def test_a_class_that_does_not_load_fails_the_apply(client, vertex):
     with pytest.raises(sluice.SluiceError) as e:
         client.dfg_apply(graph(gid, src, "NoSuchClass", dst))
     assert "NoSuchClass" in str(e.value)
+    # Found at apply, not as a failure of every call.
+    with pytest.raises(sluice.SluiceError, match="has no ocdpo_handler method"):
+        client.dfg_apply(graph(gid, src, "NoHandler", dst))
 
 
 def test_code_shipped_as_an_object_and_upgraded_by_a_put_and_apply(client, vertex):

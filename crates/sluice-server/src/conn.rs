@@ -1668,7 +1668,9 @@ impl Conn {
 fn not_stable_yet(timestamp_us: u64, ahead: Duration, wait_ms: u32) -> SluiceError {
     SluiceError::Unavailable {
         reason: format!(
-            "timestamp {timestamp_us} is {} ms in the future and not stable yet; wait longer (wait_ms {wait_ms}) or read unstable",
+            "timestamp {timestamp_us} is {} ms in the future and not stable yet (this read may wait {wait_ms} ms: \
+             its client's timeout); give the read a longer timeout, or read it unstable (CLI: --unstable; \
+             Python: stable=False)",
             ahead.as_millis()
         ),
     }

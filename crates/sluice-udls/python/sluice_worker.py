@@ -64,7 +64,15 @@ PREWAKE_S = float(os.environ.get("SLUICE_WORKER_PREWAKE_US", "2000")) / 1e6
 
 
 class StoreError(Exception):
-    """A store call from a lambda failed on the node (the message says why)."""
+    """A store call from a lambda failed on the node (the message says why).
+    ``kind`` names the error as the client's exceptions do (``"not_found"``,
+    ``"no_pool"``, ``"version_conflict"``, ...; ``None`` when the node gave
+    none) and ``details`` holds its fields (``key``, ...)."""
+
+    def __init__(self, message, details=None):
+        super().__init__(message)
+        self.details = details if isinstance(details, dict) else {}
+        self.kind = self.details.get("error")
 
 
 class Region:
@@ -249,7 +257,9 @@ class Worker:
                 meta_off, meta_len, val_off, val_len = d[7], d[8], d[9], d[10]
                 meta = json.loads(bytes(self.r.mv[meta_off : meta_off + meta_len]) or b"null")
                 if status != 0:
-                    raise StoreError(meta.get("message", "store call failed") if isinstance(meta, dict) else str(meta))
+                    if not isinstance(meta, dict):
+                        raise StoreError(str(meta))
+                    raise StoreError(meta.get("message", "store call failed"), meta.get("error"))
                 return meta, self.r.mv[val_off : val_off + val_len]
             if kind == R_STOP:
                 sys.exit(0)
@@ -360,7 +370,14 @@ def load(spec):
     module = importlib.import_module(spec["module"])
     cls = getattr(module, spec["entry_class"])
     # As Cascade does: the vertex's configuration, as a JSON string.
-    return cls(json.dumps(spec.get("config")))
+    udl = cls(json.dumps(spec.get("config")))
+    if not callable(getattr(udl, "ocdpo_handler", None)):
+        # Found now, not as a failure of every call.
+        raise TypeError(
+            f"{spec['module']}.{spec['entry_class']} has no ocdpo_handler method"
+            " (a lambda's class defines ocdpo_handler(self, **kwargs), called once per object)"
+        )
+    return udl
 
 
 def main():

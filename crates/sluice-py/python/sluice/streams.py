@@ -163,9 +163,11 @@ class RateConsumer:
 
 
 class SharedQueue:
-    """A queue of competing consumers (a volatile pool ``/queues/<name>``):
-    each item goes to one live consumer; an item not acknowledged within
-    ``lease_s`` goes to another (``Delivery.delivery`` > 1)."""
+    """A queue of competing consumers (the pool ``/queues/<name>``, made
+    volatile on first use; create it as a persistent pool first for items
+    that outlive a node's restart): each item goes to one live consumer;
+    an item not acknowledged within ``lease_s`` goes to another
+    (``Delivery.delivery`` > 1)."""
 
     def __init__(self, client, name: str, consumer: str, lease_s: float = 30.0):
         self._q = _sluice.SharedQueue(_native(client), name, consumer, lease_s)

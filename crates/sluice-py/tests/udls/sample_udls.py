@@ -55,7 +55,25 @@ class StoreUser:
         value, meta = context.get(self.side + "/config")
         version, _ = context.put(self.side + "/seen" + key[len(pathname):], blob)
         keys = context.list_keys(self.side.rsplit("/", 1)[0] or "/", prefix=self.side + "/seen")
-        emit(key[len(pathname):], f"{bytes(value).decode()}:{len(keys)}:{version > 0}:{meta['version'] > 0}")
+        try:
+            context.get(self.side + "/absent")
+            missing = "found"
+        except Exception as e:  # noqa: BLE001 (the worker's StoreError)
+            missing = f"{type(e).__name__}/{e.kind}/{e.details.get('key') == self.side + '/absent'}"
+        emit(
+            key[len(pathname):],
+            f"{bytes(value).decode()}:{len(keys)}:{version > 0}:{meta['version'] > 0}:{missing}",
+        )
+
+
+class NoHandler:
+    """A class without an ocdpo_handler (a typo, say)."""
+
+    def __init__(self, conf):
+        pass
+
+    def ocdpo_handle(self, **kw):
+        pass
 
 
 class Faulty:
