@@ -401,6 +401,18 @@ pub struct Delivery {
 }
 
 #[pymethods]
+impl Delivery {
+    fn __repr__(&self, py: Python<'_>) -> String {
+        format!(
+            "Delivery(id={:?}, delivery={}, {} bytes)",
+            self.id,
+            self.delivery,
+            self.value.bind(py).get().bytes.len()
+        )
+    }
+}
+
+#[pymethods]
 impl SharedQueue {
     #[new]
     #[pyo3(signature = (client, name, consumer, lease_s = 30.0))]

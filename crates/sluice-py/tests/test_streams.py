@@ -122,6 +122,22 @@ def test_shared_queue_each_item_to_one_consumer_and_redelivery(client):
         a.ack(held)  # its lease ran out; b took it over
 
 
+def test_consumers_refuse_settings_that_cannot_work(client):
+    # A zero period ticked without pause; no sources gave empty tuples
+    # forever; a zero lease freed each item for others as it was taken.
+    with pytest.raises(sluice.InvalidArgument, match="more than zero"):
+        RateConsumer(client, "pyrate-bad", ["cam"], 0)
+    with pytest.raises(sluice.InvalidArgument, match="at least one"):
+        RateConsumer(client, "pyrate-bad", [], 0.1)
+    with pytest.raises(sluice.InvalidArgument, match="at least 1 ms"):
+        SharedQueue(client, "pyq-bad", "a", lease_s=0)
+    q = SharedQueue(client, "pyq-repr", "a", lease_s=5)
+    q.push(b"x")
+    d = q.take(5)
+    assert repr(d) == f'Delivery(id="{d.id}", delivery=1, {len(d.value)} bytes)'
+    q.ack(d)
+
+
 def test_the_ensemble_example_runs_on_node_processes():
     """examples/streams/ensemble.py end to end, shortened: both modes
     predict at the target frequency from four sensor nodes."""

@@ -65,6 +65,15 @@ impl RateConsumer {
         max_age: Option<Duration>,
         policy: FailSoft,
     ) -> Result<RateConsumer> {
+        if period.is_zero() || sources.is_empty() {
+            return Err(sluice_client::SluiceError::invalid_argument(
+                "rate consumer",
+                format!(
+                    "it predicts every period (given {period:?}: must be more than zero) \
+                     from its sources (given {sources:?}: name at least one)"
+                ),
+            ));
+        }
         let sub = Subscriber::new(broker, topic, None).await?;
         let now = sluice_client::wall_us();
         let period_us = (period.as_micros() as u64).max(1);

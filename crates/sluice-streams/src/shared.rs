@@ -71,6 +71,13 @@ impl SharedQueue {
                 format!("queue {name:?} and consumer {consumer:?} must be non-empty path segments"),
             ));
         }
+        if lease.as_millis() == 0 {
+            // Every item taken would be free for another consumer at once.
+            return Err(SluiceError::invalid_argument(
+                "shared queue",
+                format!("a lease of {lease:?} ends as it starts: give at least 1 ms"),
+            ));
+        }
         match client
             .create_pool(PoolSpec {
                 pathname: format!("{QUEUE_ROOT}/{name}"),
