@@ -1279,12 +1279,40 @@ impl Client {
         self.watch_with(prefix, Some(from)).await
     }
 
+    /// A node bounds the watches of one connection
+    /// (`limits.max_watches_per_conn`); a client with more watches than
+    /// its pooled connections hold opens connections for watches only,
+    /// each shared by later watches while it has room.
     async fn watch_with(
         &self,
         prefix: &str,
         from: Option<sluice_wire::WatchFrom>,
     ) -> Result<Watch> {
-        let conn = self.conn().await?;
+        let full = match self.watch_on(self.conn().await?, prefix, from).await {
+            Err(e @ SluiceError::TooManyWatches { .. }) => e,
+            done => return done,
+        };
+        let home = &self.inner.home;
+        for conn in home.watch_conns() {
+            match self.watch_on(conn, prefix, from).await {
+                Err(SluiceError::TooManyWatches { .. }) => continue,
+                done => return done,
+            }
+        }
+        let conn = home.connect_for_watches().await?;
+        match self.watch_on(conn, prefix, from).await {
+            // A node whose limit is 0 takes no watch at all.
+            Err(SluiceError::TooManyWatches { .. }) => Err(full),
+            done => done,
+        }
+    }
+
+    async fn watch_on(
+        &self,
+        conn: Arc<Conn>,
+        prefix: &str,
+        from: Option<sluice_wire::WatchFrom>,
+    ) -> Result<Watch> {
         let (tx, mut rx) = mpsc::channel(sluice_server_queue_len());
         let dropped = Arc::new(AtomicU64::new(0));
         let id = conn

@@ -28,6 +28,9 @@ pub(crate) struct NodePool {
     token: Option<String>,
     part_bytes: usize,
     coalesce: bool,
+    /// Connections opened for watches once the pooled ones were full of
+    /// them; each lives while a watch on it does.
+    watch_conns: Mutex<Vec<std::sync::Weak<Conn>>>,
 }
 
 impl NodePool {
@@ -43,7 +46,36 @@ impl NodePool {
             token: cfg.token.clone(),
             part_bytes: cfg.value_part_bytes.unwrap_or(0),
             coalesce: cfg.coalesce_writes,
+            watch_conns: Mutex::new(Vec::new()),
         }
+    }
+
+    /// The live connections opened for watches (see `connect_for_watches`).
+    pub(crate) fn watch_conns(&self) -> Vec<Arc<Conn>> {
+        let mut conns = self.watch_conns.lock();
+        conns.retain(|c| c.upgrade().is_some_and(|c| c.is_alive()));
+        conns.iter().filter_map(std::sync::Weak::upgrade).collect()
+    }
+
+    /// A new connection for watches beyond what the pooled connections
+    /// may hold (a node bounds the watches per connection).
+    pub(crate) async fn connect_for_watches(&self) -> Result<Arc<Conn>> {
+        let c = self.open().await?;
+        self.watch_conns.lock().push(Arc::downgrade(&c));
+        Ok(c)
+    }
+
+    async fn open(&self) -> Result<Arc<Conn>> {
+        let c = Conn::connect_with(
+            self.addr,
+            &self.name,
+            self.connect_timeout,
+            self.tls.as_ref(),
+            self.token.as_deref(),
+        )
+        .await?;
+        self.tune(&c);
+        Ok(c)
     }
 
     /// Sets up a new connection as the client's config says.
@@ -82,15 +114,7 @@ impl NodePool {
                 return Ok(c);
             }
         }
-        let c = Conn::connect_with(
-            self.addr,
-            &self.name,
-            self.connect_timeout,
-            self.tls.as_ref(),
-            self.token.as_deref(),
-        )
-        .await?;
-        self.tune(&c);
+        let c = self.open().await?;
         self.slots[i].store(Some(c.clone()));
         Ok(c)
     }

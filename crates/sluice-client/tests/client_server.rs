@@ -1548,3 +1548,54 @@ async fn a_large_trigger_put_lands_in_memory_its_lambda_lends_and_gives_it_back(
     assert_eq!(lender.landed_calls.load(SeqCst), 2);
     s.stop().await;
 }
+
+/// A node bounds the watches of one connection; a client with more
+/// watches than that opens connections for watches (it failed with
+/// `TooManyWatches` before), and closes them once their watches end.
+#[tokio::test]
+async fn watches_beyond_a_connections_limit_go_on_connections_of_their_own() {
+    let s = start(|c| c.limits.max_watches_per_conn = 3).await;
+    let c = s.client().await;
+    let open = || async {
+        let st = c.stats().await.unwrap();
+        st["connections"]["open"].as_u64().unwrap()
+    };
+    let before = open().await;
+    let mut ws = Vec::new();
+    for i in 0..10 {
+        ws.push(c.watch(&format!("/vol/many/{i}")).await.unwrap());
+    }
+    assert!(open().await > before, "the watches needed more connections");
+    for i in 0..10 {
+        c.put(&format!("/vol/many/{i}/k"), format!("v{i}"))
+            .await
+            .unwrap();
+    }
+    for (i, w) in ws.iter_mut().enumerate() {
+        let n = tokio::time::timeout(Duration::from_secs(5), w.next())
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(&*n.object.key, format!("/vol/many/{i}/k"));
+    }
+    for w in ws {
+        w.cancel().await.unwrap();
+    }
+    // Their connections close with their last watch (the node sees the
+    // end of each; bounded wait, no sleep-and-hope).
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while open().await > before {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "connections for watches still open: {} > {before}",
+            open().await
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    // And there is room again.
+    let mut again = Vec::new();
+    for i in 0..4 {
+        again.push(c.watch(&format!("/vol/again/{i}")).await.unwrap());
+    }
+    s.stop().await;
+}
