@@ -266,6 +266,9 @@ def test_a_class_that_does_not_load_fails_the_apply(client, vertex):
     with pytest.raises(sluice.SluiceError) as e:
         client.dfg_apply(graph(gid, src, "NoSuchClass", dst))
     assert "NoSuchClass" in str(e.value)
+    # A module not found says where it was looked for.
+    with pytest.raises(sluice.SluiceError, match=r"udls-typo'\] are not directories here"):
+        client.dfg_apply(graph(gid, src, "Upper", dst, python_path=[UDLS + "-typo"]))
     # Found at apply, not as a failure of every call.
     with pytest.raises(sluice.SluiceError, match="has no ocdpo_handler method"):
         client.dfg_apply(graph(gid, src, "NoHandler", dst))

@@ -367,7 +367,13 @@ def pin_for_cuda(region):
 def load(spec):
     for p in spec.get("python_path", []) or []:
         sys.path.insert(0, p)
-    module = importlib.import_module(spec["module"])
+    try:
+        module = importlib.import_module(spec["module"])
+    except ModuleNotFoundError as e:
+        paths = spec.get("python_path") or []
+        missing = [p for p in paths if not os.path.isdir(p)]
+        where = f"python_path {paths}" + (f", of which {missing} are not directories here (cwd {os.getcwd()})" if missing else "")
+        raise ModuleNotFoundError(f"{e} (looked in {where}, then the interpreter's own path)") from e
     cls = getattr(module, spec["entry_class"])
     # As Cascade does: the vertex's configuration, as a JSON string.
     udl = cls(json.dumps(spec.get("config")))
