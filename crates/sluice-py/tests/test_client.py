@@ -195,6 +195,11 @@ def test_watch_iterator_and_callback(client):
     client.remove(prefix + "/b")
     assert done.wait(10)
     assert got == [prefix + "/b", prefix + "/b"]
+    # Its notifications are the callback's: next() would take some.
+    with pytest.raises(RuntimeError, match="callback"):
+        w.next(timeout=0.01)
+    with pytest.raises(RuntimeError, match="callback"):
+        iter(w)
     w.close()
 
 
@@ -239,7 +244,7 @@ c = sluice.Client({node.addr!r})
 k = "/vol/py/exit-{uuid.uuid4().hex}"
 if {waiting!r} == "callback":
     w = c.watch(k, callback=lambda n: None)
-    t, inside = next(t for t in threading.enumerate() if t.name.startswith("sluice-watch")), "__iter__"
+    t, inside = next(t for t in threading.enumerate() if t.name.startswith("sluice-watch")), "_notifications"
 else:
     w = c.watch(k)
     t, inside = threading.Thread(target=w.next, daemon=True), "next"

@@ -118,6 +118,7 @@ class Watch:
         self.callback_errors = 0
         #: Why a callback watch stopped, if not closed (its connection lost).
         self.error: Optional[Exception] = None
+        self._callback = False  # notifications go to a callback's thread
 
     def _deliver(self, callback: Callable[[Notification], Any], prefix: str) -> None:
         """Calls ``callback`` for each notification, on the watch's thread.
@@ -126,7 +127,7 @@ class Watch:
         still delivered. A lost connection ends the thread, logged, with
         the error in ``error``."""
         try:
-            for n in self:
+            for n in self._notifications():
                 try:
                     callback(n)
                 except Exception:
@@ -136,14 +137,24 @@ class Watch:
             self.error = e
             _log.error("%s", e)
 
-    def __iter__(self) -> Iterator[Notification]:
+    def _notifications(self) -> Iterator[Notification]:
         while True:
             n = self._w.next()
             if n is None:
                 return
             yield n
 
+    def _not_a_callback_watch(self) -> None:
+        if self._callback:
+            # Each notification would go to one of the two, unpredictably.
+            raise RuntimeError("this watch delivers its notifications to its callback; next() and iteration are not available")
+
+    def __iter__(self) -> Iterator[Notification]:
+        self._not_a_callback_watch()
+        return self._notifications()
+
     def next(self, timeout: Optional[float] = None) -> Optional[Notification]:
+        self._not_a_callback_watch()
         return self._w.next(timeout)
 
     def close(self) -> None:
@@ -459,11 +470,13 @@ class Client:
     ) -> Watch:
         """Notifications for keys under ``prefix``: an iterator, or, with
         ``callback``, calls it for each on a thread of its own until the
-        watch is closed. ``from_version``/``from_time_us`` first replay what
+        watch is closed (its ``next()`` and iteration then raise
+        ``RuntimeError``: the notifications are the callback's). ``from_version``/``from_time_us`` first replay what
         a persistent pool stored since then. Every loss is reported as a
         ``lagged`` notification."""
         w = Watch(self._c.watch(prefix, from_version=from_version, from_time_us=from_time_us))
         if callback is not None:
+            w._callback = True
             threading.Thread(
                 target=w._deliver, args=(callback, prefix), name=f"sluice-watch {prefix}", daemon=True
             ).start()
