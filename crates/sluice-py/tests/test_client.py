@@ -147,6 +147,8 @@ def test_error_classes_carry_the_cli_message(client):
         client.put(key(), b"x" * (client._c.max_value_bytes + 1))
     with pytest.raises(sluice.DfgNotFound):
         client.dfg_remove("no-such-graph")
+    with pytest.raises(sluice.NotSupported, match="`broadcast`: cluster commands on a standalone node"):
+        client.broadcast(key())
     # Every kind is a class under SluiceError.
     for name in ["NotFound", "VersionConflict", "NoPool", "Timeout", "ConnectionError", "NotLeader"]:
         assert issubclass(getattr(sluice, name), sluice.SluiceError)

@@ -129,8 +129,11 @@ def test_consumers_refuse_settings_that_cannot_work(client):
         RateConsumer(client, "pyrate-bad", ["cam"], 0)
     with pytest.raises(sluice.InvalidArgument, match="at least one"):
         RateConsumer(client, "pyrate-bad", [], 0.1)
+    pusher = SharedQueue(client, "pyq-bad", "a", lease_s=0)  # pushing needs no lease
+    pusher.push(b"x")
     with pytest.raises(sluice.InvalidArgument, match="at least 1 ms"):
-        SharedQueue(client, "pyq-bad", "a", lease_s=0)
+        pusher.take(1)
+    assert SharedQueue(client, "pyq-bad", "b").take(5).value == b"x"
     q = SharedQueue(client, "pyq-repr", "a", lease_s=5)
     q.push(b"x")
     d = q.take(5)

@@ -881,12 +881,24 @@ impl Conn {
         let Some(cl) = self.ctx.cluster.clone() else {
             return match req {
                 Request::Raft { .. } | Request::Cluster { .. } | Request::PeerAuth { .. } => {
+                    // Name the command (`broadcast`, `status`, ...) a user sent.
+                    let op = match &req {
+                        Request::Cluster { command } => {
+                            serde_json::from_str::<serde_json::Value>(command)
+                                .ok()
+                                .and_then(|c| c.get("op")?.as_str().map(|o| format!("`{o}`: ")))
+                        }
+                        _ => None,
+                    };
                     Response::error(
                         &mut self.out,
                         rid,
                         &SluiceError::NotSupported {
-                            what: "cluster commands on a standalone node (start it with --cluster)"
-                                .into(),
+                            what: format!(
+                                "{}cluster commands on a standalone node (start nodes with --cluster; \
+                                 `sluice dev --nodes 3` starts a local cluster)",
+                                op.unwrap_or_default()
+                            ),
                         },
                     );
                     None

@@ -71,13 +71,7 @@ impl SharedQueue {
                 format!("queue {name:?} and consumer {consumer:?} must be non-empty path segments"),
             ));
         }
-        if lease.as_millis() == 0 {
-            // Every item taken would be free for another consumer at once.
-            return Err(SluiceError::invalid_argument(
-                "shared queue",
-                format!("a lease of {lease:?} ends as it starts: give at least 1 ms"),
-            ));
-        }
+
         match client
             .create_pool(PoolSpec {
                 pathname: format!("{QUEUE_ROOT}/{name}"),
@@ -139,6 +133,17 @@ impl SharedQueue {
     /// Takes the next item no live consumer holds, or `None` if there is
     /// none now.
     pub async fn try_take(&mut self) -> Result<Option<Delivery>> {
+        if self.lease.as_millis() == 0 {
+            // Every item taken would be free for another consumer at
+            // once. (A handle that only pushes needs no lease.)
+            return Err(SluiceError::invalid_argument(
+                "shared queue",
+                format!(
+                    "consumer {:?} takes items under a lease of {:?}, which ends as it starts: give at least 1 ms",
+                    self.consumer, self.lease
+                ),
+            ));
+        }
         if self.candidates.is_empty() {
             self.candidates = self.item_ids().await?.into();
         }
