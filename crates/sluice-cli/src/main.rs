@@ -27,7 +27,7 @@ use std::process::ExitCode;
     about = "Sluice: AI inference pipelines next to their data"
 )]
 struct Cli {
-    /// Node(s) to talk to: host:port, or several comma-separated (tried in
+    /// Node(s) to talk to: host:port (a host alone: port 7420), or several comma-separated (tried in
     /// order; in a cluster any live one will do). Default: the addresses in
     /// ./sluice-dev/endpoints when `sluice dev` left one here, else
     /// 127.0.0.1:7420.

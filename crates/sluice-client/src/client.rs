@@ -226,6 +226,25 @@ pub struct Client {
     inner: Arc<Inner>,
 }
 
+/// Whether a seed address names its port: `host:port`, `[v6]:port`; a
+/// bare host (`10.0.0.5`, `node-1`, `[::1]`) gets the default port, as
+/// redis-cli's `-h` alone does.
+fn has_port(seed: &str) -> bool {
+    match seed.strip_prefix('[') {
+        Some(v6) => v6.contains("]:"),
+        None => seed.contains(':') && seed.matches(':').count() == 1,
+    }
+}
+
+/// `seed` (a host without a port) with the default port.
+fn with_default_port(seed: &str) -> String {
+    let port = sluice_types::DEFAULT_PORT;
+    match seed.contains(':') && !seed.starts_with('[') {
+        true => format!("[{seed}]:{port}"), // a bare IPv6 address
+        false => format!("{seed}:{port}"),
+    }
+}
+
 /// Connects to the first of the config's seed addresses (`addr` is one
 /// `host:port` or several, comma-separated, like etcdctl's `--endpoints`)
 /// that answers; the cluster view learned from it names every other node.
@@ -241,8 +260,27 @@ async fn connect_seed(cfg: &ClientConfig) -> Result<(std::net::SocketAddr, Arc<C
             reason: format!("no address in {:?}", cfg.addr),
         });
     }
+    for (t, what) in [
+        (cfg.request_timeout, "request timeout"),
+        (cfg.connect_timeout, "connect timeout"),
+    ] {
+        if t.is_zero() {
+            return Err(SluiceError::invalid_argument(
+                "client config",
+                format!("a {what} of 0 ends every attempt at once: give more than 0"),
+            ));
+        }
+    }
     let mut failures = Vec::new();
     for seed in &seeds {
+        let with_port;
+        let seed: &str = match has_port(seed) {
+            true => seed,
+            false => {
+                with_port = with_default_port(seed);
+                &with_port
+            }
+        };
         let addr = match seed.to_socket_addrs().map(|mut a| a.next()) {
             Ok(Some(a)) => a,
             Ok(None) => {
@@ -1620,6 +1658,25 @@ fn same_members(a: &[u32], b: &[u32]) -> bool {
 
 #[cfg(test)]
 mod tests {
+    /// A seed without a port gets the default one (it was "invalid
+    /// socket address"), and one with a port keeps it.
+    #[test]
+    fn seeds_without_a_port_get_the_default_port() {
+        for (seed, want) in [
+            ("10.0.0.5", "10.0.0.5:7420"),
+            ("node-1", "node-1:7420"),
+            ("[::1]", "[::1]:7420"),
+            ("::1", "[::1]:7420"),
+            ("fe80::2", "[fe80::2]:7420"),
+        ] {
+            assert!(!super::has_port(seed), "{seed}");
+            assert_eq!(super::with_default_port(seed), want);
+        }
+        for seed in ["10.0.0.5:7000", "node-1:1", "[::1]:9"] {
+            assert!(super::has_port(seed), "{seed}");
+        }
+    }
+
     #[test]
     fn member_lists_compare_as_sets() {
         assert!(super::same_members(&[4, 5], &[5, 4]));

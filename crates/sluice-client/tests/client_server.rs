@@ -1599,3 +1599,31 @@ async fn watches_beyond_a_connections_limit_go_on_connections_of_their_own() {
     }
     s.stop().await;
 }
+
+/// A zero timeout ended every request at once ("timed out after 0 ms");
+/// now the client refuses it when made.
+#[tokio::test]
+async fn a_zero_timeout_is_refused_when_the_client_is_made() {
+    let s = start(|_| {}).await;
+    for cfg in [
+        ClientConfig {
+            addr: s.addr.to_string(),
+            request_timeout: Duration::ZERO,
+            ..Default::default()
+        },
+        ClientConfig {
+            addr: s.addr.to_string(),
+            connect_timeout: Duration::ZERO,
+            ..Default::default()
+        },
+    ] {
+        match Client::connect_with(cfg).await {
+            Err(SluiceError::InvalidArgument { reason, .. }) => {
+                assert!(reason.contains("of 0 ends every attempt"), "{reason}")
+            }
+            Err(e) => panic!("{e}"),
+            Ok(_) => panic!("a zero timeout was taken"),
+        }
+    }
+    s.stop().await;
+}

@@ -5,7 +5,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 
 /// The port `sluice serve` listens on by default.
-pub const DEFAULT_PORT: u16 = 7420;
+pub use sluice_types::DEFAULT_PORT;
 
 /// Per-connection time limits, in milliseconds.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]

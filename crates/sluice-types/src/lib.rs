@@ -18,6 +18,10 @@ pub mod routing;
 
 pub use error::{Result, SluiceError};
 
+/// The port a node listens on unless told otherwise, and the one a client
+/// assumes for an address without a port.
+pub const DEFAULT_PORT: u16 = 7420;
+
 /// A random 64-bit number from the operating system's random source
 /// (std seeds every `RandomState` from it): client ids, retry jitter.
 pub fn random_u64() -> u64 {

@@ -257,7 +257,8 @@ _CLOSED = _Closed()
 class Client:
     """A blocking client of a Sluice node or cluster.
 
-    ``addr`` is ``host:port``, or several comma-separated seeds (the first
+    ``addr`` is ``host:port`` (a host alone: port 7420), or several
+    comma-separated seeds (the first
     that answers is used; in a cluster any one will do). ``timeout`` bounds
     each request, in seconds. Use it as a context manager, or call
     ``close()``; it is safe to share between threads. Nodes that run
