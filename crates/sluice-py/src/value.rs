@@ -20,6 +20,23 @@ pub struct Value {
 
 #[pymethods]
 impl Value {
+    /// A value over a copy of `data` (any buffer or str), as a pickled
+    /// one comes back.
+    #[new]
+    fn py_new(data: &Bound<'_, PyAny>) -> PyResult<Value> {
+        Ok(Value {
+            bytes: bytes_of(data)?,
+        })
+    }
+
+    /// Pickles as its bytes (`multiprocessing`, Ray): a copy.
+    fn __reduce__<'py>(slf: &Bound<'py, Self>) -> PyResult<Bound<'py, PyAny>> {
+        let data = PyBytes::new(slf.py(), &slf.get().bytes);
+        (slf.get_type(), (data,))
+            .into_pyobject(slf.py())
+            .map(Bound::into_any)
+    }
+
     /// # Safety
     /// Called by CPython with a valid `view`; fills it over this value's
     /// bytes, which live as long as `self` (the view holds a reference).
@@ -138,6 +155,56 @@ pub struct Object {
 
 #[pymethods]
 impl Object {
+    /// As a read returns one (and a pickled one comes back).
+    #[new]
+    #[pyo3(signature = (key, version, timestamp_us, value, previous_version = 0, previous_version_by_key = None, removed = false, trace = None))]
+    #[allow(clippy::too_many_arguments)]
+    fn py_new(
+        py: Python<'_>,
+        key: String,
+        version: u64,
+        timestamp_us: u64,
+        value: &Bound<'_, PyAny>,
+        previous_version: u64,
+        previous_version_by_key: Option<u64>,
+        removed: bool,
+        trace: Option<Py<PyAny>>,
+    ) -> PyResult<Object> {
+        let value = match value.cast::<Value>() {
+            Ok(v) => v.clone().unbind(),
+            Err(_) => Py::new(py, Value::py_new(value)?)?,
+        };
+        Ok(Object {
+            key,
+            version,
+            timestamp_us,
+            previous_version,
+            previous_version_by_key,
+            removed,
+            value,
+            trace,
+        })
+    }
+
+    /// Pickles with every field (its value as bytes: a copy).
+    fn __reduce__<'py>(slf: &Bound<'py, Self>) -> PyResult<Bound<'py, PyAny>> {
+        let py = slf.py();
+        let o = slf.get();
+        let args = (
+            o.key.clone(),
+            o.version,
+            o.timestamp_us,
+            o.value.clone_ref(py),
+            o.previous_version,
+            o.previous_version_by_key,
+            o.removed,
+            o.trace.as_ref().map(|t| t.clone_ref(py)),
+        );
+        (slf.get_type(), args)
+            .into_pyobject(py)
+            .map(Bound::into_any)
+    }
+
     fn __repr__(&self) -> String {
         if self.removed {
             // A removal in a history: its empty value is not a value.
@@ -192,6 +259,21 @@ pub struct PutResult {
 
 #[pymethods]
 impl PutResult {
+    #[new]
+    fn py_new(version: u64, timestamp_us: u64) -> PutResult {
+        PutResult {
+            version,
+            timestamp_us,
+        }
+    }
+
+    fn __reduce__<'py>(slf: &Bound<'py, Self>) -> PyResult<Bound<'py, PyAny>> {
+        let r = slf.get();
+        (slf.get_type(), (r.version, r.timestamp_us))
+            .into_pyobject(slf.py())
+            .map(Bound::into_any)
+    }
+
     fn __repr__(&self) -> String {
         format!(
             "PutResult(version={}, timestamp_us={})",

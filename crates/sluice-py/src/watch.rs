@@ -24,6 +24,37 @@ pub struct Notification {
 
 #[pymethods]
 impl Notification {
+    #[new]
+    #[pyo3(signature = (kind, object, dropped = None, lost = None))]
+    fn py_new(
+        kind: String,
+        object: Py<Object>,
+        dropped: Option<u64>,
+        lost: Option<Py<PyAny>>,
+    ) -> Notification {
+        Notification {
+            kind,
+            object,
+            dropped,
+            lost,
+        }
+    }
+
+    /// Pickles with its object (see `Object`).
+    fn __reduce__<'py>(slf: &Bound<'py, Self>) -> PyResult<Bound<'py, PyAny>> {
+        let py = slf.py();
+        let n = slf.get();
+        let args = (
+            n.kind.clone(),
+            n.object.clone_ref(py),
+            n.dropped,
+            n.lost.as_ref().map(|l| l.clone_ref(py)),
+        );
+        (slf.get_type(), args)
+            .into_pyobject(py)
+            .map(Bound::into_any)
+    }
+
     fn __repr__(&self, py: Python<'_>) -> String {
         let o = self.object.bind(py).get();
         format!(

@@ -76,6 +76,28 @@ def test_a_buffer_of_python_objects_is_refused_not_stored_as_addresses(client):
     assert client.get(k).value.tobytes() == rec.tobytes()
 
 
+def test_results_pickle_for_multiprocessing(client):
+    # "cannot pickle 'sluice.Object' object": a result could not be sent
+    # to a multiprocessing pool or a Ray task.
+    import pickle
+
+    k = key()
+    r = client.put(k, b"\x00value")
+    o = client.get(k)
+    w = client.watch(k)
+    client.put(k, b"second")
+    n = w.next(timeout=5)
+    w.close()
+    for x in (o, r, o.value, n):
+        y = pickle.loads(pickle.dumps(x))
+        assert type(y) is type(x) and repr(y) == repr(x)
+    o2 = pickle.loads(pickle.dumps(o))
+    assert (o2.key, o2.version, o2.timestamp_us, o2.previous_version_by_key, o2.removed) == (
+        o.key, o.version, o.timestamp_us, o.previous_version_by_key, o.removed)
+    assert o2.value == b"\x00value" and tuple(pickle.loads(pickle.dumps(r))) == tuple(r)
+    assert pickle.loads(pickle.dumps(n)).value == b"second"
+
+
 def test_a_read_names_a_version_or_a_time_not_both(client):
     k = key()
     r = client.put(k, b"v")

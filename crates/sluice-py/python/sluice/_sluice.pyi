@@ -7,8 +7,10 @@ _error_classes: List[str]
 
 class Value:
     """A value's bytes, read-only, shared with the frame they arrived in
-    (buffer protocol: ``memoryview(v)``, ``numpy.frombuffer(v)``)."""
+    (buffer protocol: ``memoryview(v)``, ``numpy.frombuffer(v)``). Pickles
+    as its bytes."""
 
+    def __init__(self, data: Any) -> None: ...
     @property
     def address(self) -> int: ...
     def __len__(self) -> int: ...
@@ -27,11 +29,23 @@ class Object:
     removed: bool
     value: Value
     trace: Optional[dict]
+    def __init__(
+        self,
+        key: str,
+        version: int,
+        timestamp_us: int,
+        value: Any,
+        previous_version: int = 0,
+        previous_version_by_key: Optional[int] = None,
+        removed: bool = False,
+        trace: Optional[dict] = None,
+    ) -> None: ...
     def __len__(self) -> int: ...
 
 class PutResult:
     version: int
     timestamp_us: int
+    def __init__(self, version: int, timestamp_us: int) -> None: ...
     def __iter__(self) -> Any: ...
 
 class Notification:
@@ -39,6 +53,7 @@ class Notification:
     object: Object
     dropped: Optional[int]
     lost: Optional[dict]
+    def __init__(self, kind: str, object: Object, dropped: Optional[int] = None, lost: Optional[dict] = None) -> None: ...
     @property
     def key(self) -> str: ...
     @property
