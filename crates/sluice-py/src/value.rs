@@ -72,6 +72,33 @@ impl Value {
         self.bytes.len()
     }
 
+    /// As `bytes` does: `v[i]` an int, `v[a:b:c]` a `bytes` (a copy of
+    /// that part; `memoryview(v)[a:b]` is one without a copy).
+    fn __getitem__<'py>(
+        &self,
+        py: Python<'py>,
+        index: &Bound<'py, PyAny>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        if let Ok(slice) = index.cast::<pyo3::types::PySlice>() {
+            let ind = slice.indices(self.bytes.len() as isize)?;
+            if ind.step == 1 {
+                let (a, b) = (ind.start as usize, (ind.stop.max(ind.start)) as usize);
+                return Ok(PyBytes::new(py, &self.bytes[a..b]).into_any());
+            }
+            // Strided: as bytes slices it.
+            return PyBytes::new(py, &self.bytes).get_item(slice);
+        }
+        let i: isize = index.extract()?;
+        let n = self.bytes.len() as isize;
+        let j = if i < 0 { i + n } else { i };
+        if j < 0 || j >= n {
+            return Err(pyo3::exceptions::PyIndexError::new_err(
+                "index out of range",
+            ));
+        }
+        Ok(self.bytes[j as usize].into_pyobject(py)?.into_any())
+    }
+
     /// A copy as `bytes`.
     fn __bytes__<'py>(&self, py: Python<'py>) -> Bound<'py, PyBytes> {
         PyBytes::new(py, &self.bytes)

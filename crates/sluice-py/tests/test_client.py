@@ -131,6 +131,23 @@ def test_values_are_shared_not_copied(client):
         a[0] = 1  # read-only
 
 
+def test_a_value_indexes_and_slices_as_bytes_do(client):
+    k = key()
+    data = bytes(range(10))
+    client.put(k, data)
+    v = client.get(k).value
+    for i in (0, 3, 9, -1, -10):
+        assert v[i] == data[i]
+    for sl in (slice(2, 5), slice(None, 4), slice(-3, None), slice(None, None, 3), slice(8, 2), slice(8, 2, -2), slice(100, 200)):
+        assert v[sl] == data[sl] and type(v[sl]) is bytes
+    assert list(v) == list(data)
+    for bad in (10, -11):
+        with pytest.raises(IndexError):
+            v[bad]
+    with pytest.raises(TypeError):
+        v["a"]
+
+
 def test_a_large_bytes_put_leaves_no_reference_behind(client):
     # The blocking put sends the object's own buffer and gives its
     # reference back before it returns; the stored value is the same.
