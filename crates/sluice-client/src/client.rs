@@ -1326,23 +1326,18 @@ impl Client {
         prefix: &str,
         from: Option<sluice_wire::WatchFrom>,
     ) -> Result<Watch> {
-        let full = match self.watch_on(self.conn().await?, prefix, from).await {
-            Err(e @ SluiceError::TooManyWatches { .. }) => e,
-            done => return done,
-        };
         let home = &self.inner.home;
-        for conn in home.watch_conns() {
+        // The newest connection for watches is the likeliest to have room.
+        let conns = std::iter::once(self.conn().await?).chain(home.watch_conns().into_iter().rev());
+        for conn in conns {
             match self.watch_on(conn, prefix, from).await {
                 Err(SluiceError::TooManyWatches { .. }) => continue,
                 done => return done,
             }
         }
-        let conn = home.connect_for_watches().await?;
-        match self.watch_on(conn, prefix, from).await {
-            // A node whose limit is 0 takes no watch at all.
-            Err(SluiceError::TooManyWatches { .. }) => Err(full),
-            done => done,
-        }
+        // A node whose limit is 0 refuses this one too.
+        self.watch_on(home.connect_for_watches().await?, prefix, from)
+            .await
     }
 
     async fn watch_on(

@@ -52,9 +52,15 @@ impl NodePool {
 
     /// The live connections opened for watches (see `connect_for_watches`).
     pub(crate) fn watch_conns(&self) -> Vec<Arc<Conn>> {
-        let mut conns = self.watch_conns.lock();
-        conns.retain(|c| c.upgrade().is_some_and(|c| c.is_alive()));
-        conns.iter().filter_map(std::sync::Weak::upgrade).collect()
+        let mut live = Vec::new();
+        self.watch_conns.lock().retain(|w| match w.upgrade() {
+            Some(c) if c.is_alive() => {
+                live.push(c);
+                true
+            }
+            _ => false,
+        });
+        live
     }
 
     /// A new connection for watches beyond what the pooled connections

@@ -1627,3 +1627,31 @@ async fn a_zero_timeout_is_refused_when_the_client_is_made() {
     }
     s.stop().await;
 }
+
+/// A node that takes no watches at all (`max_watches_per_conn = 0`):
+/// the connection opened for the watch is refused too, the error is
+/// `TooManyWatches`, and that connection does not stay open.
+#[tokio::test]
+async fn a_node_that_takes_no_watches_refuses_them_and_keeps_no_connection() {
+    let s = start(|c| c.limits.max_watches_per_conn = 0).await;
+    let c = s.client().await;
+    let open = || async {
+        let st = c.stats().await.unwrap();
+        st["connections"]["open"].as_u64().unwrap()
+    };
+    let before = open().await;
+    match c.watch("/vol/none").await {
+        Err(SluiceError::TooManyWatches { max: 0 }) => {}
+        Err(e) => panic!("{e}"),
+        Ok(_) => panic!("a watch was taken"),
+    }
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while open().await > before {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the watch's connection stayed open"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    s.stop().await;
+}

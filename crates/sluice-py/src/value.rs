@@ -31,10 +31,7 @@ impl Value {
 
     /// Pickles as its bytes (`multiprocessing`, Ray): a copy.
     fn __reduce__<'py>(slf: &Bound<'py, Self>) -> PyResult<Bound<'py, PyAny>> {
-        let data = PyBytes::new(slf.py(), &slf.get().bytes);
-        (slf.get_type(), (data,))
-            .into_pyobject(slf.py())
-            .map(Bound::into_any)
+        reduce(slf, (PyBytes::new(slf.py(), &slf.get().bytes),))
     }
 
     /// # Safety
@@ -227,9 +224,7 @@ impl Object {
             o.removed,
             o.trace.as_ref().map(|t| t.clone_ref(py)),
         );
-        (slf.get_type(), args)
-            .into_pyobject(py)
-            .map(Bound::into_any)
+        reduce(slf, args)
     }
 
     fn __repr__(&self) -> String {
@@ -295,10 +290,7 @@ impl PutResult {
     }
 
     fn __reduce__<'py>(slf: &Bound<'py, Self>) -> PyResult<Bound<'py, PyAny>> {
-        let r = slf.get();
-        (slf.get_type(), (r.version, r.timestamp_us))
-            .into_pyobject(slf.py())
-            .map(Bound::into_any)
+        reduce(slf, (slf.get().version, slf.get().timestamp_us))
     }
 
     fn __repr__(&self) -> String {
@@ -435,4 +427,15 @@ fn holds_objects(format: &[u8]) -> bool {
         }
     }
     false
+}
+
+/// What `__reduce__` returns: the object's class and the arguments that
+/// make it again (pickle calls `type(obj)(*args)`).
+pub(crate) fn reduce<'py, T: pyo3::PyClass, A: IntoPyObject<'py>>(
+    slf: &Bound<'py, T>,
+    args: A,
+) -> PyResult<Bound<'py, PyAny>> {
+    (slf.as_any().get_type(), args)
+        .into_pyobject(slf.py())
+        .map(Bound::into_any)
 }

@@ -50,9 +50,7 @@ impl Notification {
             n.dropped,
             n.lost.as_ref().map(|l| l.clone_ref(py)),
         );
-        (slf.get_type(), args)
-            .into_pyobject(py)
-            .map(Bound::into_any)
+        crate::value::reduce(slf, args)
     }
 
     fn __repr__(&self, py: Python<'_>) -> String {

@@ -65,14 +65,17 @@ impl RateConsumer {
         max_age: Option<Duration>,
         policy: FailSoft,
     ) -> Result<RateConsumer> {
-        if period.is_zero() || sources.is_empty() {
-            return Err(sluice_client::SluiceError::invalid_argument(
+        let bad = |reason: String| {
+            Err(sluice_client::SluiceError::invalid_argument(
                 "rate consumer",
-                format!(
-                    "it predicts every period (given {period:?}: must be more than zero) \
-                     from its sources (given {sources:?}: name at least one)"
-                ),
-            ));
+                reason,
+            ))
+        };
+        if period.is_zero() {
+            return bad(format!("its period must be more than zero, not {period:?}"));
+        }
+        if sources.is_empty() {
+            return bad("it predicts from its sources: name at least one".into());
         }
         let sub = Subscriber::new(broker, topic, None).await?;
         let now = sluice_client::wall_us();

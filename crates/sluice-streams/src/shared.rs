@@ -1,6 +1,7 @@
-//! A shared queue across processes (EdgeServe's `shared_queue()`), on a
-//! volatile pool `/queues/<name>`: competing consumers, each item to one
-//! live consumer at a time, at-least-once.
+//! A shared queue across processes (EdgeServe's `shared_queue()`), on the
+//! pool `/queues/<name>` (made volatile on first use; one created
+//! persistent beforehand keeps its items across restarts): competing
+//! consumers, each item to one live consumer at a time, at-least-once.
 //!
 //! An item is the key `items/<id>`; a consumer takes it by creating
 //! `claims/<id>` (a conditional put that succeeds only if no claim
@@ -71,7 +72,6 @@ impl SharedQueue {
                 format!("queue {name:?} and consumer {consumer:?} must be non-empty path segments"),
             ));
         }
-
         match client
             .create_pool(PoolSpec {
                 pathname: format!("{QUEUE_ROOT}/{name}"),

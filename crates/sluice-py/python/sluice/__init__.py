@@ -33,7 +33,6 @@ import json
 import asyncio
 import logging
 import os
-import sys
 import threading
 import warnings
 from typing import Any, AsyncIterator, Callable, Iterator, List, Optional, Sequence
@@ -147,7 +146,9 @@ class Watch:
     def _not_a_callback_watch(self) -> None:
         if self._callback:
             # Each notification would go to one of the two, unpredictably.
-            raise RuntimeError("this watch delivers its notifications to its callback; next() and iteration are not available")
+            raise RuntimeError(
+                "this watch delivers its notifications to its callback; next() and iteration are not available"
+            )
 
     def __iter__(self) -> Iterator[Notification]:
         self._not_a_callback_watch()
@@ -208,19 +209,13 @@ class AsyncWatch:
             self._pending = fut
         self._waiting = True
         try:
-            if timeout is None:
-                await asyncio.shield(fut)
-            else:
-                await asyncio.wait_for(asyncio.shield(fut), timeout)
-        except asyncio.CancelledError:
-            raise  # `fut` stays for the next call
-        except BaseException:
+            # A cancellation (BaseException) leaves `fut` for the next call.
+            await asyncio.wait_for(asyncio.shield(fut), timeout)
+        except asyncio.TimeoutError:
             if not fut.done():
-                if isinstance(sys.exc_info()[1], asyncio.TimeoutError):
-                    return None
-                raise
-            # Done after all (its notification, or its own error: raised
-            # by `result()` below).
+                return None  # `fut` goes on waiting, for the next call
+        except Exception:
+            pass  # `fut`'s own error: `result()` raises it
         finally:
             self._waiting = False
         self._pending = None
@@ -258,8 +253,8 @@ class Client:
     """A blocking client of a Sluice node or cluster.
 
     ``addr`` is ``host:port`` (a host alone: port 7420), or several
-    comma-separated seeds (the first
-    that answers is used; in a cluster any one will do). ``timeout`` bounds
+    comma-separated seeds (the first that answers is used; in a cluster
+    any one will do). ``timeout`` bounds
     each request, in seconds. Use it as a context manager, or call
     ``close()``; it is safe to share between threads. Nodes that run
     with TLS need ``tls_ca`` (the CA's PEM file), and ``tls_cert`` and
@@ -472,8 +467,9 @@ class Client:
         """Notifications for keys under ``prefix``: an iterator, or, with
         ``callback``, calls it for each on a thread of its own until the
         watch is closed (its ``next()`` and iteration then raise
-        ``RuntimeError``: the notifications are the callback's). ``from_version``/``from_time_us`` first replay what
-        a persistent pool stored since then. Every loss is reported as a
+        ``RuntimeError``: the notifications are the callback's).
+        ``from_version``/``from_time_us`` first replay what a persistent
+        pool stored since then. Every loss is reported as a
         ``lagged`` notification."""
         w = Watch(self._c.watch(prefix, from_version=from_version, from_time_us=from_time_us))
         if callback is not None:
