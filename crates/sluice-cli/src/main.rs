@@ -17,7 +17,7 @@ mod stream;
 mod tls;
 mod top;
 
-use clap::{Parser, Subcommand};
+use clap::{parser::ValueSource, ArgMatches, CommandFactory, FromArgMatches, Parser, Subcommand};
 use std::process::ExitCode;
 
 #[derive(Parser)]
@@ -120,8 +120,53 @@ fn default_addr() -> String {
         .unwrap_or_else(|| format!("127.0.0.1:{}", sluice_server::DEFAULT_PORT))
 }
 
+/// The options that say how to reach a node, by their flags.
+const CLIENT_OPTIONS: [(&str, &str); 5] = [
+    ("addr", "--addr"),
+    ("tls_ca", "--tls-ca"),
+    ("tls_cert", "--tls-cert"),
+    ("tls_key", "--tls-key"),
+    ("token", "--token"),
+];
+
+/// Client options typed on the command line of a command that is not a
+/// client (they would be ignored: `serve --addr` listened on the default
+/// port, `serve --tls-cert` served plaintext). What is set in the
+/// environment (`SLUICE_ADDR`, ...) is for the client commands and is
+/// left alone.
+fn misplaced_client_option(cmd: &Cmd, m: &ArgMatches) -> Option<String> {
+    let (name, instead) = match cmd {
+        Cmd::Serve(_) => (
+            "serve",
+            "a node listens where --listen (or the config's `listen`) says, serves TLS from its config's [tls] section and is policed by `sluice policy`",
+        ),
+        Cmd::Demo(_) => ("demo", "the demo runs its own embedded node"),
+        Cmd::Fsck(_) => ("fsck", "fsck reads a stopped node's files (--data-dir)"),
+        Cmd::Layout(_) => ("layout", "layout converts files"),
+        Cmd::Place(_) => ("place", "place computes a placement from its files"),
+        Cmd::Top(_) => ("top", "top reads the nodes' metrics endpoints (--metrics)"),
+        _ => return None,
+    };
+    let given: Vec<&str> = CLIENT_OPTIONS
+        .iter()
+        .filter(|(id, _)| m.value_source(id) == Some(ValueSource::CommandLine))
+        .map(|(_, flag)| *flag)
+        .collect();
+    (!given.is_empty()).then(|| {
+        format!(
+            "`sluice {name}` takes no {} (options of the commands that talk to a node): {instead}",
+            given.join(", ")
+        )
+    })
+}
+
 fn main() -> ExitCode {
-    let mut cli = Cli::parse();
+    let matches = Cli::command().get_matches();
+    let mut cli = Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
+    if let Some(e) = misplaced_client_option(&cli.cmd, &matches) {
+        eprintln!("error: {e}");
+        return ExitCode::from(2);
+    }
     // `sluice dev`'s TLS files serve commands aimed at its nodes: no
     // --addr, or one of the addresses it listed.
     let dev_default = std::fs::read_to_string(DEV_ENDPOINTS).is_ok_and(|eps| {

@@ -76,11 +76,15 @@ pub enum SetCmd {
         /// Count only requests on keys under this path.
         #[arg(long)]
         pool: Option<String>,
+        /// Requests a second (whole numbers, at least 1).
         #[arg(long)]
         ops: Option<u64>,
         /// Value bytes a second (sizes like 10MB work).
         #[arg(long, value_parser = parse_bytes)]
         bytes: Option<u64>,
+        /// How long a request over the limit may wait for its turn before
+        /// it is refused with `RateLimited` (0: refused at once; at most
+        /// 60000).
         #[arg(long, default_value_t = 0)]
         max_delay_ms: u64,
     },

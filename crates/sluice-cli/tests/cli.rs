@@ -1859,3 +1859,81 @@ fn bench_without_its_binary_says_how_to_build_it() {
     );
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A client's options given to `serve` were ignored: `serve --addr
+/// 127.0.0.1:7531` listened on 7420, and `serve --tls-cert ... --tls-key
+/// ...` served plaintext. They are refused now, saying where a node's
+/// settings go; the same variables in the environment (a shell set up for
+/// client commands) are left alone.
+#[test]
+fn client_options_given_to_serve_are_refused() {
+    let dir = temp_dir("misplaced");
+    for (args, named) in [
+        (vec!["--addr", "127.0.0.1:1"], "--addr"),
+        (
+            vec!["--tls-cert", "node.pem", "--tls-key", "node-key.pem"],
+            "--tls-cert, --tls-key",
+        ),
+        (vec!["--token", "slt_x"], "--token"),
+    ] {
+        // Bounded: where the options were ignored, a node started and ran.
+        let mut child = Command::new(BIN)
+            .arg("serve")
+            .args(&args)
+            .args(["--listen", "127.0.0.1:0", "--data-dir"])
+            .arg(dir.join("data"))
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let deadline = std::time::Instant::now() + Duration::from_secs(20);
+        let status = loop {
+            match child.try_wait().unwrap() {
+                Some(s) => break Some(s),
+                None if std::time::Instant::now() > deadline => break None,
+                None => std::thread::sleep(Duration::from_millis(10)),
+            }
+        };
+        if status.is_none() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        let mut err = String::new();
+        std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut err).unwrap();
+        assert_eq!(status.and_then(|s| s.code()), Some(2), "{args:?}: {err}");
+        let _ = std::fs::remove_dir_all(dir.join("data"));
+        assert!(
+            err.contains(&format!("takes no {named}"))
+                && err.contains("--listen")
+                && err.contains("[tls]"),
+            "{args:?}: {err}"
+        );
+    }
+    let o = Command::new(BIN)
+        .args(["fsck", "--addr", "127.0.0.1:1", "--data-dir"])
+        .arg(dir.join("data"))
+        .output()
+        .unwrap();
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("`sluice fsck` takes no --addr"),
+        "{o:?}"
+    );
+    // From the environment: the node starts (and is stopped here).
+    let mut child = Command::new(BIN)
+        .args(["serve", "--listen", "127.0.0.1:0", "--data-dir"])
+        .arg(dir.join("data"))
+        .env("SLUICE_ADDR", "127.0.0.1:1")
+        .env("SLUICE_TOKEN", "slt_x")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let _ = child.kill();
+    let _ = child.wait();
+    let _ = std::fs::remove_dir_all(&dir);
+    assert!(line.contains("listening on 127.0.0.1:"), "{line:?}");
+}

@@ -28,7 +28,8 @@ use std::sync::Arc;
 pub enum TlsError {
     #[error("{what} {}: {reason}", path.display())]
     File {
-        what: &'static str,
+        /// The setting or flag that named the file (`tls.cert`, `--tls-ca`).
+        what: String,
         path: PathBuf,
         reason: String,
     },
@@ -92,30 +93,27 @@ fn provider() -> Arc<rustls::crypto::CryptoProvider> {
     Arc::new(p)
 }
 
-fn read(what: &'static str, path: &Path) -> Result<Vec<u8>, TlsError> {
+fn read(what: &str, path: &Path) -> Result<Vec<u8>, TlsError> {
     std::fs::read(path).map_err(|e| TlsError::File {
-        what,
+        what: what.into(),
         path: path.to_path_buf(),
         reason: e.to_string(),
     })
 }
 
 /// The certificates of a PEM file (a chain, or a CA bundle).
-pub fn load_certs(
-    what: &'static str,
-    path: &Path,
-) -> Result<Vec<CertificateDer<'static>>, TlsError> {
+pub fn load_certs(what: &str, path: &Path) -> Result<Vec<CertificateDer<'static>>, TlsError> {
     let pem = read(what, path)?;
     let certs: Vec<_> = rustls_pemfile::certs(&mut pem.as_slice())
         .collect::<Result<_, _>>()
         .map_err(|e| TlsError::File {
-            what,
+            what: what.into(),
             path: path.to_path_buf(),
             reason: format!("not PEM certificates: {e}"),
         })?;
     if certs.is_empty() {
         return Err(TlsError::File {
-            what,
+            what: what.into(),
             path: path.to_path_buf(),
             reason: "holds no certificate (expected -----BEGIN CERTIFICATE-----)".into(),
         });
@@ -124,26 +122,31 @@ pub fn load_certs(
 }
 
 /// The private key of a PEM file (PKCS#8, PKCS#1 or SEC1).
-pub fn load_key(what: &'static str, path: &Path) -> Result<PrivateKeyDer<'static>, TlsError> {
+pub fn load_key(what: &str, path: &Path) -> Result<PrivateKeyDer<'static>, TlsError> {
     let pem = read(what, path)?;
     rustls_pemfile::private_key(&mut pem.as_slice())
         .map_err(|e| TlsError::File {
-            what,
+            what: what.into(),
             path: path.to_path_buf(),
             reason: format!("not a PEM private key: {e}"),
         })?
         .ok_or_else(|| TlsError::File {
-            what,
+            what: what.into(),
             path: path.to_path_buf(),
             reason: "holds no private key (expected -----BEGIN PRIVATE KEY-----)".into(),
         })
 }
 
-fn roots(path: &Path) -> Result<RootCertStore, TlsError> {
+/// The CA certificates of `path`; `what` names the setting or flag that
+/// gave it, for the errors.
+/// How a node's config names its CA, certificate and key.
+const NODE_NAMES: [&str; 3] = ["tls.ca", "tls.cert", "tls.key"];
+
+fn roots(what: &str, path: &Path) -> Result<RootCertStore, TlsError> {
     let mut store = RootCertStore::empty();
-    for c in load_certs("tls.ca", path)? {
+    for c in load_certs(what, path)? {
         store.add(c).map_err(|e| TlsError::File {
-            what: "tls.ca",
+            what: what.into(),
             path: path.to_path_buf(),
             reason: format!("not a usable CA certificate: {e}"),
         })?;
@@ -200,15 +203,17 @@ impl NodeTls {
         let (Some(cert), Some(key)) = (&self.cert, &self.key) else {
             return Ok(None);
         };
-        let certs = load_certs("tls.cert", cert)?;
-        let key = load_key("tls.key", key)?;
+        let certs = load_certs(NODE_NAMES[1], cert)?;
+        let key = load_key(NODE_NAMES[2], key)?;
         let builder = ServerConfig::builder_with_provider(provider())
             .with_safe_default_protocol_versions()
             .map_err(|e| TlsError::Config(e.to_string()))?;
         let builder = match &self.ca {
             Some(ca) => {
-                let v =
-                    WebPkiClientVerifier::builder_with_provider(Arc::new(roots(ca)?), provider());
+                let v = WebPkiClientVerifier::builder_with_provider(
+                    Arc::new(roots(NODE_NAMES[0], ca)?),
+                    provider(),
+                );
                 let v = if self.require_client_cert {
                     v.build()
                 } else {
@@ -233,8 +238,14 @@ impl NodeTls {
         let (Some(cert), Some(key)) = (&self.cert, &self.key) else {
             return Ok(None);
         };
+        // Without a CA, peers are checked against the node's own chain:
+        // errors about that file then name `tls.cert`, which gave it.
+        let names = match &self.ca {
+            Some(_) => NODE_NAMES,
+            None => [NODE_NAMES[1], NODE_NAMES[1], NODE_NAMES[2]],
+        };
         let ca = self.ca.as_deref().unwrap_or(cert);
-        ClientTls::new(ca, Some((cert, key))).map(Some)
+        ClientTls::with_names(ca, Some((cert, key)), names).map(Some)
     }
 }
 
@@ -257,13 +268,24 @@ impl ClientTls {
     /// Trusts the certificates in `ca`; presents `cert` and `key` when
     /// given (nodes that require client certificates).
     pub fn new(ca: &Path, identity: Option<(&Path, &Path)>) -> Result<ClientTls, TlsError> {
+        ClientTls::with_names(ca, identity, NODE_NAMES)
+    }
+
+    /// `new`, with `names` for the CA, the certificate and the key as the
+    /// caller calls them (flags, keyword arguments), for the errors.
+    fn with_names(
+        ca: &Path,
+        identity: Option<(&Path, &Path)>,
+        names: [&str; 3],
+    ) -> Result<ClientTls, TlsError> {
+        let [ca_name, cert_name, key_name] = names;
         let builder = ClientConfig::builder_with_provider(provider())
             .with_safe_default_protocol_versions()
             .map_err(|e| TlsError::Config(e.to_string()))?
-            .with_root_certificates(roots(ca)?);
+            .with_root_certificates(roots(ca_name, ca)?);
         let config = match identity {
             Some((cert, key)) => builder
-                .with_client_auth_cert(load_certs("tls cert", cert)?, load_key("tls key", key)?)
+                .with_client_auth_cert(load_certs(cert_name, cert)?, load_key(key_name, key)?)
                 .map_err(|e| {
                     TlsError::Config(format!("client certificate {}: {e}", cert.display()))
                 })?,
@@ -287,8 +309,8 @@ impl ClientTls {
         let [ca_name, cert_name, key_name] = names;
         match (ca, cert, key) {
             (None, None, None) => Ok(None),
-            (Some(ca), None, None) => ClientTls::new(ca, None).map(Some),
-            (Some(ca), Some(c), Some(k)) => ClientTls::new(ca, Some((c, k))).map(Some),
+            (Some(ca), None, None) => ClientTls::with_names(ca, None, names).map(Some),
+            (Some(ca), Some(c), Some(k)) => ClientTls::with_names(ca, Some((c, k)), names).map(Some),
             (None, _, _) => Err(TlsError::Config(format!(
                 "{cert_name} and {key_name} need {ca_name} (the CA that signed the nodes' certificates)"
             ))),

@@ -89,7 +89,7 @@ fn gen_err(e: rcgen::Error) -> TlsError {
 
 fn write(path: &Path, text: &str) -> Result<(), TlsError> {
     std::fs::write(path, text).map_err(|e| TlsError::File {
-        what: "writing",
+        what: "writing".into(),
         path: path.to_path_buf(),
         reason: e.to_string(),
     })
@@ -107,7 +107,7 @@ fn write_key(path: &Path, text: &str) -> Result<(), TlsError> {
         .open(path)
         .and_then(|mut f| f.write_all(text.as_bytes()))
         .map_err(|e| TlsError::File {
-            what: "writing",
+            what: "writing".into(),
             path: path.to_path_buf(),
             reason: e.to_string(),
         })
@@ -119,7 +119,7 @@ fn write_key(path: &Path, text: &str) -> Result<(), TlsError> {
 /// validity (tests make expired ones); the CA is valid for as long.
 pub fn make_dev_pki(dir: &Path, nodes: u32, leaf: Validity) -> Result<DevPki, TlsError> {
     std::fs::create_dir_all(dir).map_err(|e| TlsError::File {
-        what: "creating",
+        what: "creating".into(),
         path: dir.to_path_buf(),
         reason: e.to_string(),
     })?;

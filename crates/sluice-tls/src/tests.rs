@@ -180,6 +180,42 @@ fn client_files_as_given_are_plaintext_ca_only_or_an_identity() {
     assert!(e.contains("go together"), "{e}");
 }
 
+/// Errors about a file name the setting or flag that gave it: a client's
+/// `--tls-ca` is not a node's `tls.ca`, and a node without `tls.ca`
+/// checks its peers against its `tls.cert`.
+#[test]
+fn file_errors_name_the_flag_or_setting_that_gave_the_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let pki = make_dev_pki(dir.path(), 1, Validity::default()).unwrap();
+    let missing = dir.path().join("missing.pem");
+    let names = ["--tls-ca", "--tls-cert", "--tls-key"];
+    let e = ClientTls::from_files(Some(&missing), None, None, names)
+        .unwrap_err()
+        .to_string();
+    assert!(e.starts_with("--tls-ca "), "{e}");
+    let e = ClientTls::from_files(Some(&pki.ca), Some(&missing), Some(&pki.client_key), names)
+        .unwrap_err()
+        .to_string();
+    assert!(e.starts_with("--tls-cert "), "{e}");
+    let e = ClientTls::from_files(Some(&pki.ca), Some(&pki.client_cert), Some(&missing), names)
+        .unwrap_err()
+        .to_string();
+    assert!(e.starts_with("--tls-key "), "{e}");
+    // A node's certificate file that holds none, no CA set: its peers'
+    // check reads the certificate file, and says so.
+    let not_pem = dir.path().join("not.pem");
+    std::fs::write(&not_pem, "listen = 1\n").unwrap();
+    let e = NodeTls {
+        cert: Some(not_pem),
+        key: Some(pki.nodes[0].1.clone()),
+        ..Default::default()
+    }
+    .peer_config()
+    .unwrap_err()
+    .to_string();
+    assert!(e.starts_with("tls.cert "), "{e}");
+}
+
 #[test]
 fn tokens_are_random_and_hash_stably() {
     let a = crate::new_token().unwrap();

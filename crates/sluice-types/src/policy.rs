@@ -64,6 +64,14 @@ impl std::str::FromStr for Perm {
     }
 }
 
+/// The longest principal, role or policy name.
+pub const MAX_NAME_BYTES: usize = 128;
+
+/// The longest wait a rate limit may impose: beyond it a request would be
+/// held long after its client gave up (the clients' default timeout is
+/// 10 s).
+pub const MAX_DELAY_MS: u64 = 60_000;
+
 /// Whom a rule is about: one principal, everyone with a role, or anyone
 /// (`*`, unauthenticated connections included). Written `alice`,
 /// `role:ops`, `*`.
@@ -87,6 +95,9 @@ impl Who {
         };
         if name.is_empty() {
             return Err(bad("empty name"));
+        }
+        if name.len() > MAX_NAME_BYTES {
+            return Err(bad(&format!("names are at most {MAX_NAME_BYTES} bytes")));
         }
         if !name
             .chars()
@@ -179,8 +190,15 @@ impl Rule {
                 pool,
                 ops_per_s,
                 bytes_per_s,
+                max_delay_ms,
                 ..
             } => {
+                if *max_delay_ms > MAX_DELAY_MS {
+                    return bad(
+                        "max_delay_ms",
+                        format!("{max_delay_ms} ms is over the most a request may be held, {MAX_DELAY_MS} ms (its client would have given up)"),
+                    );
+                }
                 if let Some(p) = pool.as_deref().filter(|p| !path_ok(p)) {
                     return bad("pool", format!("{p:?} is not an absolute path"));
                 }
@@ -198,6 +216,45 @@ impl Rule {
         }
         Ok(())
     }
+
+    /// Each permission and priority once, in the order first given.
+    fn dedup(&mut self) {
+        match self {
+            Rule::Access { allow, .. } => dedup(allow),
+            Rule::Qos { priority, .. } => dedup(priority),
+            Rule::Rate { .. } => {}
+        }
+    }
+}
+
+/// Keeps the first of each value, in order.
+fn dedup<T: PartialEq>(v: &mut Vec<T>) {
+    let mut i = 0;
+    while i < v.len() {
+        if v[..i].contains(&v[i]) {
+            v.remove(i);
+        } else {
+            i += 1;
+        }
+    }
+}
+
+/// Roles as names a rule can give (`role:NAME`), each once.
+fn check_roles(roles: &mut Vec<String>) -> Result<(), SluiceError> {
+    for r in roles.iter() {
+        match Who::parse(r) {
+            Ok(Who::Principal(_)) => {}
+            Ok(_) => {
+                return Err(SluiceError::invalid_argument(
+                    "role",
+                    format!("{r:?}: a role's bare name (a rule names it as role:NAME)"),
+                ))
+            }
+            Err(e) => return Err(SluiceError::invalid_argument("role", e.to_string())),
+        }
+    }
+    dedup(roles);
+    Ok(())
 }
 
 /// A principal that authenticates with a bearer token. Only the token's
@@ -263,9 +320,10 @@ impl Policies {
     /// document). Errors leave the document as it was.
     pub fn apply(&mut self, change: PolicyChange) -> Result<(), SluiceError> {
         match change {
-            PolicyChange::SetRule { name, rule } => {
+            PolicyChange::SetRule { name, mut rule } => {
                 check_name(&name)?;
                 rule.validate()?;
+                rule.dedup();
                 if matches!(rule, Rule::Qos { .. })
                     && self
                         .rules
@@ -281,11 +339,15 @@ impl Policies {
             }
             PolicyChange::RemoveRule { name } => {
                 if self.rules.remove(&name).is_none() {
-                    return Err(not_found("policy", &name));
+                    return Err(not_found("policy", &name, "sluice policy ls"));
                 }
             }
-            PolicyChange::AddToken { name, principal } => {
+            PolicyChange::AddToken {
+                name,
+                mut principal,
+            } => {
                 check_name(&name)?;
+                check_roles(&mut principal.roles)?;
                 if self.tokens.contains_key(&name) {
                     return Err(SluiceError::invalid_argument(
                         "principal",
@@ -296,11 +358,12 @@ impl Policies {
             }
             PolicyChange::RevokeToken { name } => {
                 if self.tokens.remove(&name).is_none() {
-                    return Err(not_found("principal with a token", &name));
+                    return Err(not_found("principal with a token", &name, "sluice auth ls"));
                 }
             }
-            PolicyChange::SetCertRoles { name, roles } => {
+            PolicyChange::SetCertRoles { name, mut roles } => {
                 check_name(&name)?;
+                check_roles(&mut roles)?;
                 self.cert_roles.insert(name, roles);
             }
             PolicyChange::RequireAuth { on } => self.require_auth = on,
@@ -327,11 +390,8 @@ fn check_name(name: &str) -> Result<(), SluiceError> {
     })
 }
 
-fn not_found(what: &str, name: &str) -> SluiceError {
-    SluiceError::invalid_argument(
-        what,
-        format!("{name:?} not found (`sluice policy ls` lists them)"),
-    )
+fn not_found(what: &str, name: &str, lists: &str) -> SluiceError {
+    SluiceError::invalid_argument(what, format!("{name:?} not found (`{lists}` lists them)"))
 }
 
 /// Whether `pool` (a pool path, or a key) is `scope` or under it, on a
@@ -447,5 +507,78 @@ mod tests {
         })
         .unwrap();
         assert!(p.tokens.is_empty());
+    }
+
+    /// Settings that could never work were taken: roles no rule can name
+    /// (`a b`, `role:x`, empty), names of any length, a rate limit holding
+    /// a request for years; permissions and roles given twice were kept
+    /// twice; a token not found sent the user to `sluice policy ls`.
+    #[test]
+    fn names_roles_and_delays_that_cannot_work_are_refused() {
+        let mut p = Policies::default();
+        let tok = |roles: &[&str]| TokenPrincipal {
+            token_sha256: "00".into(),
+            roles: roles.iter().map(|r| r.to_string()).collect(),
+            created_us: 0,
+        };
+        for bad in [&["a b"][..], &["role:x"], &[""], &["*"]] {
+            let e = p
+                .apply(PolicyChange::AddToken {
+                    name: "bob".into(),
+                    principal: tok(bad),
+                })
+                .unwrap_err();
+            assert!(e.to_string().contains("role"), "{bad:?}: {e}");
+            assert!(p
+                .apply(PolicyChange::SetCertRoles {
+                    name: "carol".into(),
+                    roles: bad.iter().map(|r| r.to_string()).collect(),
+                })
+                .is_err());
+        }
+        assert_eq!(p, Policies::default());
+        p.apply(PolicyChange::AddToken {
+            name: "bob".into(),
+            principal: tok(&["ops", "ops", "cams"]),
+        })
+        .unwrap();
+        assert_eq!(p.tokens["bob"].roles, ["ops", "cams"]);
+        let long = "x".repeat(MAX_NAME_BYTES + 1);
+        assert!(p
+            .apply(PolicyChange::AddToken {
+                name: long,
+                principal: tok(&[]),
+            })
+            .unwrap_err()
+            .to_string()
+            .contains("at most 128 bytes"));
+        assert!(Who::parse(&"x".repeat(MAX_NAME_BYTES)).is_ok());
+        let rate = |max_delay_ms| Rule::Rate {
+            who: Who::Anyone,
+            pool: None,
+            ops_per_s: Some(10),
+            bytes_per_s: None,
+            max_delay_ms,
+        };
+        let e = rate(MAX_DELAY_MS + 1).validate().unwrap_err().to_string();
+        assert!(e.contains("max_delay_ms") && e.contains("60000"), "{e}");
+        rate(MAX_DELAY_MS).validate().unwrap();
+        p.apply(PolicyChange::SetRule {
+            name: "a".into(),
+            rule: Rule::Access {
+                who: Who::Anyone,
+                pool: "/".into(),
+                allow: vec![Perm::Write, Perm::Read, Perm::Write],
+            },
+        })
+        .unwrap();
+        assert!(
+            matches!(&p.rules["a"], Rule::Access { allow, .. } if *allow == [Perm::Write, Perm::Read])
+        );
+        let e = p
+            .apply(PolicyChange::RevokeToken { name: "zed".into() })
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("`sluice auth ls`"), "{e}");
     }
 }
