@@ -1702,7 +1702,10 @@ fn tls_nodes_serve_clients_that_trust_their_ca_and_nobody_else() {
     let n = tls_node(&dir, &tls_config(&dir, &pki, true));
     let ca = pki.ca.to_str().unwrap();
     let e = n.fails(&["--tls-ca", ca, "get", "/vol/s"]);
-    assert!(e.contains("CertificateRequired"), "{e}");
+    assert!(
+        e.contains("CertificateRequired") && e.contains("pass --tls-cert and --tls-key"),
+        "{e}"
+    );
     let (cert, key) = (
         pki.client_cert.to_str().unwrap(),
         pki.client_key.to_str().unwrap(),

@@ -74,6 +74,17 @@ async fn within<T>(
 /// write (and wait) itself (`Conn::queue_for_flush`).
 pub const MAX_QUEUED_BYTES: usize = 1 << 20;
 
+/// A failed write or read of the HELLO exchange. Under TLS 1.3 a node
+/// refuses a client's certificate (or its lack of one) only after the
+/// client's side of the TLS handshake is done, so the refusal surfaces
+/// here: it then says what to pass.
+fn handshake_err(addr: SocketAddr, e: std::io::Error) -> SluiceError {
+    match sluice_tls::client_hint(&e) {
+        Some(hint) => conn_err(format!("handshake with {addr}: {e} ({hint})")),
+        None => conn_err(format!("handshake with {addr}: {e}")),
+    }
+}
+
 fn conn_err(reason: impl Into<String>) -> SluiceError {
     SluiceError::Connection {
         reason: reason.into(),
@@ -125,9 +136,10 @@ impl Conn {
                 let s = within(connect_timeout, || format!("TLS handshake with {addr}"), handshake)
                     .await?
                     .map_err(|e| {
-                        conn_err(format!(
-                            "TLS handshake with {addr}: {e} (check --tls-ca is the CA that signed the node's certificate, and that the node runs with TLS)"
-                        ))
+                        let hint = sluice_tls::client_hint(&e).unwrap_or(
+                            "check --tls-ca is the CA that signed the node's certificate, and that the node runs with TLS",
+                        );
+                        conn_err(format!("TLS handshake with {addr}: {e} ({hint})"))
                     })?;
                 let (r, w) = tokio::io::split(s);
                 (Box::new(r), Box::new(w))
@@ -146,7 +158,7 @@ impl Conn {
             wr.flush().await
         }
         .await
-        .map_err(|e| conn_err(format!("handshake with {addr}: {e}")))?;
+        .map_err(|e| handshake_err(addr, e))?;
         // Before the handshake we accept the largest frame a server may send.
         let decoder = FrameDecoder::new(u32::MAX, u32::MAX);
         let mut buf = BytesMut::with_capacity(4096);
@@ -169,7 +181,7 @@ impl Conn {
                 if rd
                     .read_buf(&mut buf)
                     .await
-                    .map_err(|e| conn_err(format!("handshake with {addr}: {e}")))?
+                    .map_err(|e| handshake_err(addr, e))?
                     == 0
                 {
                     return Err(conn_err(format!(

@@ -37,6 +37,27 @@ pub enum TlsError {
     Config(String),
 }
 
+/// What a client should do about a TLS failure it met, where the node
+/// refused its certificate (or its lack of one): the alert in `e`, in
+/// the client's terms. `None` for any other failure.
+pub fn client_hint(e: &std::io::Error) -> Option<&'static str> {
+    use rustls::AlertDescription as A;
+    match e.get_ref()?.downcast_ref::<rustls::Error>()? {
+        rustls::Error::AlertReceived(A::CertificateRequired) => Some(
+            "the node requires a client certificate: pass --tls-cert and --tls-key (Python: tls_cert=, tls_key=)",
+        ),
+        rustls::Error::AlertReceived(A::CertificateExpired) => {
+            Some("the node refused this client's certificate as expired")
+        }
+        rustls::Error::AlertReceived(
+            A::BadCertificate | A::UnknownCA | A::CertificateUnknown | A::DecryptError,
+        ) => Some(
+            "the node refused this client's certificate: it must be signed by the CA the node trusts (its tls.ca)",
+        ),
+        _ => None,
+    }
+}
+
 /// The principal a verified client certificate names: its subject's
 /// common name (else its first DNS name). `None` for a certificate that
 /// does not parse or names neither.

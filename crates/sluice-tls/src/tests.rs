@@ -33,7 +33,10 @@ async fn exchange(server: Arc<ServerConfig>, client: ClientTls) -> Result<(), St
         Ok::<_, std::io::Error>(())
     }
     .await
-    .map_err(|e| e.to_string());
+    .map_err(|e| match client_hint(&e) {
+        Some(hint) => format!("{e} ({hint})"),
+        None => e.to_string(),
+    });
     let s = srv.await.unwrap();
     r.and(s.map_err(|e| format!("server: {e}")))
 }
@@ -92,12 +95,16 @@ fn mutual_tls_needs_a_client_certificate_from_the_ca() {
     let pki = make_dev_pki(&dir.path().join("a"), 1, Validity::default()).unwrap();
     let other = make_dev_pki(&dir.path().join("b"), 1, Validity::default()).unwrap();
     let server = node(&pki, true).server_config().unwrap().unwrap();
-    // Without a certificate: refused.
+    // Without a certificate: refused, and the client is told what to pass.
     let anon = ClientTls::new(&pki.ca, None).unwrap();
-    assert!(rt().block_on(exchange(server.clone(), anon)).is_err());
-    // With one from another CA: refused.
+    let e = rt().block_on(exchange(server.clone(), anon)).unwrap_err();
+    assert!(e.contains("pass --tls-cert and --tls-key"), "{e}");
+    // With one from another CA: refused, saying whose CA it must be.
     let stranger = ClientTls::new(&pki.ca, Some((&other.client_cert, &other.client_key))).unwrap();
-    assert!(rt().block_on(exchange(server.clone(), stranger)).is_err());
+    let e = rt()
+        .block_on(exchange(server.clone(), stranger))
+        .unwrap_err();
+    assert!(e.contains("signed by the CA the node trusts"), "{e}");
     // With the CA's client certificate: accepted; so is a peer node.
     let client = ClientTls::new(&pki.ca, Some((&pki.client_cert, &pki.client_key))).unwrap();
     rt().block_on(exchange(server.clone(), client)).unwrap();

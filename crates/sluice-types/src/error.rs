@@ -31,7 +31,7 @@ pub enum SluiceError {
         pool_type: String,
         hint: String,
     },
-    #[error("{what} is not supported yet")]
+    #[error("{what}: not supported")]
     NotSupported { what: String },
     /// A request only cluster peers may send (consensus messages, internal
     /// operations), on a connection that has not authenticated as one.
@@ -105,7 +105,7 @@ pub enum SluiceError {
         leader_address: Option<String>,
         hint: String,
     },
-    #[error("shard {shard} is not hosted on node {node}; its members are {members:?}")]
+    #[error("{}", not_member_text(shard, *node, members))]
     NotMember {
         shard: String,
         node: u32,
@@ -176,5 +176,50 @@ impl From<std::io::Error> for SluiceError {
         SluiceError::Io {
             reason: e.to_string(),
         }
+    }
+}
+
+/// `NotMember`'s message: where the shard lives, or that no node this one
+/// knows of hosts it (a shard name that is not in the layout).
+fn not_member_text(shard: &str, node: u32, members: &[u32]) -> String {
+    if members.is_empty() {
+        format!("shard {shard} is not hosted on node {node}, nor on any node it knows of (`sluice cluster status` lists the shards)")
+    } else {
+        format!("shard {shard} is not hosted on node {node}; its members are {members:?}")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A shard no node hosts said "its members are []"; a refusal that is
+    /// for good (a watch resumed on a volatile pool, a cluster command on a
+    /// standalone node) said "not supported yet".
+    #[test]
+    fn refusals_say_what_holds() {
+        let e = SluiceError::NotMember {
+            shard: "volatile/9/9".into(),
+            node: 0,
+            members: vec![],
+        };
+        let m = e.to_string();
+        assert!(
+            !m.contains("[]") && m.contains("sluice cluster status"),
+            "{m}"
+        );
+        let e = SluiceError::NotMember {
+            shard: "volatile/0/0".into(),
+            node: 3,
+            members: vec![0, 1],
+        };
+        assert!(e.to_string().ends_with("its members are [0, 1]"), "{e}");
+        let e = SluiceError::NotSupported {
+            what: "cluster commands on a standalone node".into(),
+        };
+        assert_eq!(
+            e.to_string(),
+            "cluster commands on a standalone node: not supported"
+        );
     }
 }

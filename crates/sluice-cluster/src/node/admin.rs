@@ -126,7 +126,7 @@ impl ClusterNode {
             },
             Admin::CorruptChunks { .. } if !self.settings.fault_injection => {
                 Err(SluiceError::NotSupported {
-                    what: "fault injection on this node (start it with [cluster] fault_injection = true)".into(),
+                    what: "fault injection on a node started without `[cluster] fault_injection = true`".into(),
                 })
             }
             Admin::CorruptChunks { on } => {
@@ -142,7 +142,7 @@ impl ClusterNode {
                 if !self.settings.fault_injection =>
             {
                 Err(SluiceError::NotSupported {
-                    what: "fault injection on this node (start it with [cluster] fault_injection = true)".into(),
+                    what: "fault injection on a node started without `[cluster] fault_injection = true`".into(),
                 })
             }
             Admin::Cut { peers } => {
