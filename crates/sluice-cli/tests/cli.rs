@@ -1921,22 +1921,16 @@ fn client_options_given_to_serve_are_refused() {
         String::from_utf8_lossy(&o.stderr).contains("`sluice fsck` takes no --addr"),
         "{o:?}"
     );
-    // From the environment: the node starts (and is stopped here).
-    let mut child = Command::new(BIN)
-        .args(["serve", "--listen", "127.0.0.1:0", "--data-dir"])
-        .arg(dir.join("data"))
-        .env("SLUICE_ADDR", "127.0.0.1:1")
-        .env("SLUICE_TOKEN", "slt_x")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let mut line = String::new();
-    BufReader::new(child.stdout.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
-    let _ = child.kill();
-    let _ = child.wait();
-    let _ = std::fs::remove_dir_all(&dir);
-    assert!(line.contains("listening on 127.0.0.1:"), "{line:?}");
+    // From the environment: the node starts.
+    let n = common::spawn_node_env(
+        &dir,
+        &[
+            "--listen",
+            "127.0.0.1:0",
+            "--data-dir",
+            dir.join("data").to_str().unwrap(),
+        ],
+        &[("SLUICE_ADDR", "127.0.0.1:1"), ("SLUICE_TOKEN", "slt_x")],
+    );
+    assert!(n.is_ok(), "{:?}", n.err());
 }

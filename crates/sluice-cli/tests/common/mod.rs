@@ -66,11 +66,17 @@ pub fn temp_dir(tag: &str) -> PathBuf {
 /// Starts `sluice serve` with `args` in `cwd` and waits (bounded) for its
 /// "listening on" line.
 pub fn spawn_node(cwd: &Path, args: &[&str]) -> Result<Node, String> {
+    spawn_node_env(cwd, args, &[])
+}
+
+/// `spawn_node` with these environment variables set.
+pub fn spawn_node_env(cwd: &Path, args: &[&str], env: &[(&str, &str)]) -> Result<Node, String> {
     let mut child = Command::new(BIN)
         .arg("serve")
         .args(args)
         .current_dir(cwd)
         .env("SLUICE_LOG", "info")
+        .envs(env.iter().copied())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
