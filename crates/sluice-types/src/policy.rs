@@ -72,6 +72,24 @@ pub const MAX_NAME_BYTES: usize = 128;
 /// 10 s).
 pub const MAX_DELAY_MS: u64 = 60_000;
 
+/// A principal's or role's name: letters, digits and `- _ . @`, at most
+/// `MAX_NAME_BYTES`.
+fn plain_name(name: &str) -> Result<(), String> {
+    if name.is_empty() {
+        return Err("empty name".into());
+    }
+    if name.len() > MAX_NAME_BYTES {
+        return Err(format!("names are at most {MAX_NAME_BYTES} bytes"));
+    }
+    if !name
+        .chars()
+        .all(|c| c.is_ascii_alphanumeric() || "-_.@".contains(c))
+    {
+        return Err("names use letters, digits and - _ . @".into());
+    }
+    Ok(())
+}
+
 /// Whom a rule is about: one principal, everyone with a role, or anyone
 /// (`*`, unauthenticated connections included). Written `alice`,
 /// `role:ops`, `*`.
@@ -85,7 +103,6 @@ pub enum Who {
 
 impl Who {
     pub fn parse(s: &str) -> Result<Who, SluiceError> {
-        let bad = |why: &str| SluiceError::invalid_argument("principal", format!("{s:?}: {why}"));
         if s == "*" {
             return Ok(Who::Anyone);
         }
@@ -93,23 +110,24 @@ impl Who {
             Some(r) => (true, r),
             None => (false, s),
         };
-        if name.is_empty() {
-            return Err(bad("empty name"));
-        }
-        if name.len() > MAX_NAME_BYTES {
-            return Err(bad(&format!("names are at most {MAX_NAME_BYTES} bytes")));
-        }
-        if !name
-            .chars()
-            .all(|c| c.is_ascii_alphanumeric() || "-_.@".contains(c))
-        {
-            return Err(bad("names use letters, digits and - _ . @"));
-        }
+        plain_name(name)
+            .map_err(|why| SluiceError::invalid_argument("principal", format!("{s:?}: {why}")))?;
         Ok(if role {
             Who::Role(name.into())
         } else {
             Who::Principal(name.into())
         })
+    }
+
+    /// Checks the name of one built otherwise than by `parse` (a rule a
+    /// client sent as JSON).
+    pub fn check(&self) -> Result<(), SluiceError> {
+        match self {
+            Who::Anyone => Ok(()),
+            Who::Principal(n) | Who::Role(n) => plain_name(n).map_err(|why| {
+                SluiceError::invalid_argument("principal", format!("{self}: {why}"))
+            }),
+        }
     }
 
     /// Whether a connection authenticated as `principal` (with `roles`)
@@ -174,6 +192,10 @@ impl Rule {
     pub fn validate(&self) -> Result<(), SluiceError> {
         let bad = |what: &str, why: String| Err(SluiceError::invalid_argument(what, why));
         let path_ok = |p: &str| p.starts_with('/') && !p.contains("//");
+        match self {
+            Rule::Access { who, .. } | Rule::Rate { who, .. } => who.check()?,
+            Rule::Qos { priority, .. } => priority.iter().try_for_each(Who::check)?,
+        }
         match self {
             Rule::Access { pool, allow, .. } => {
                 if !path_ok(pool) {
@@ -242,16 +264,12 @@ fn dedup<T: PartialEq>(v: &mut Vec<T>) {
 /// Roles as names a rule can give (`role:NAME`), each once.
 fn check_roles(roles: &mut Vec<String>) -> Result<(), SluiceError> {
     for r in roles.iter() {
-        match Who::parse(r) {
-            Ok(Who::Principal(_)) => {}
-            Ok(_) => {
-                return Err(SluiceError::invalid_argument(
-                    "role",
-                    format!("{r:?}: a role's bare name (a rule names it as role:NAME)"),
-                ))
-            }
-            Err(e) => return Err(SluiceError::invalid_argument("role", e.to_string())),
-        }
+        plain_name(r).map_err(|why| {
+            SluiceError::invalid_argument(
+                "role",
+                format!("{r:?}: {why} (a role is a bare name; a rule names it as role:NAME)"),
+            )
+        })?;
     }
     dedup(roles);
     Ok(())
@@ -575,6 +593,17 @@ mod tests {
         assert!(
             matches!(&p.rules["a"], Rule::Access { allow, .. } if *allow == [Perm::Write, Perm::Read])
         );
+        // Rules built from JSON (a client's `policy set`) skip `Who::parse`.
+        let json_rule: Rule = serde_json::from_str(
+            r#"{"kind": "access", "who": {"principal": "a b"}, "pool": "/", "allow": ["read"]}"#,
+        )
+        .unwrap();
+        assert!(json_rule.validate().is_err());
+        let json_qos: Rule = serde_json::from_str(
+            r#"{"kind": "qos", "small_bytes": 1, "priority": [{"role": ""}]}"#,
+        )
+        .unwrap();
+        assert!(json_qos.validate().is_err());
         let e = p
             .apply(PolicyChange::RevokeToken { name: "zed".into() })
             .unwrap_err()
