@@ -129,9 +129,11 @@ const CLIENT_OPTIONS: [(&str, &str); 5] = [
     ("token", "--token"),
 ];
 
-/// Client options typed on the command line of a command that is not a
-/// client (they would be ignored: `serve --addr` listened on the default
-/// port, `serve --tls-cert` served plaintext). What is set in the
+/// Client options typed on the command line of a command that runs or
+/// reads a node itself, where a user may take them for its own settings
+/// (they would be ignored: `serve --addr` listened on the default port,
+/// `serve --tls-cert` served plaintext, `fsck --addr` checked the local
+/// data directory). What is set in the
 /// environment (`SLUICE_ADDR`, ...) is for the client commands and is
 /// left alone.
 fn misplaced_client_option(cmd: &Cmd, m: &ArgMatches) -> Option<String> {
@@ -142,9 +144,6 @@ fn misplaced_client_option(cmd: &Cmd, m: &ArgMatches) -> Option<String> {
         ),
         Cmd::Demo(_) => ("demo", "the demo runs its own embedded node"),
         Cmd::Fsck(_) => ("fsck", "fsck reads a stopped node's files (--data-dir)"),
-        Cmd::Layout(_) => ("layout", "layout converts files"),
-        Cmd::Place(_) => ("place", "place computes a placement from its files"),
-        Cmd::Top(_) => ("top", "top reads the nodes' metrics endpoints (--metrics)"),
         _ => return None,
     };
     let given: Vec<&str> = CLIENT_OPTIONS

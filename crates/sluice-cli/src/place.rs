@@ -13,7 +13,7 @@ use std::time::Duration;
 #[derive(clap::Args)]
 pub struct PlaceArgs {
     /// The nodes, parts and failure model (TOML or JSON; see
-    /// examples/place/moe.toml). With --from alone, that file's.
+    /// examples/place/moe.toml). Optional with --from, whose file then gives them.
     path: Option<PathBuf>,
     /// The current plan (a placement.toml that --export wrote, edited:
     /// nodes gone removed or named in `failed`, loads changed): the new
