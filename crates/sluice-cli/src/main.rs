@@ -133,9 +133,8 @@ const CLIENT_OPTIONS: [(&str, &str); 5] = [
 /// reads a node itself, where a user may take them for its own settings
 /// (they would be ignored: `serve --addr` listened on the default port,
 /// `serve --tls-cert` served plaintext, `fsck --addr` checked the local
-/// data directory). What is set in the
-/// environment (`SLUICE_ADDR`, ...) is for the client commands and is
-/// left alone.
+/// data directory). What is set in the environment (`SLUICE_ADDR`, ...)
+/// is for the client commands and is left alone.
 fn misplaced_client_option(cmd: &Cmd, m: &ArgMatches) -> Option<String> {
     let (name, instead) = match cmd {
         Cmd::Serve(_) => (

@@ -1549,6 +1549,12 @@ async fn a_large_trigger_put_lands_in_memory_its_lambda_lends_and_gives_it_back(
     s.stop().await;
 }
 
+/// The connections open on the node `c` talks to, by its statistics.
+async fn open_connections(c: &Client) -> u64 {
+    let st = c.stats().await.unwrap();
+    st["connections"]["open"].as_u64().unwrap()
+}
+
 /// A node bounds the watches of one connection; a client with more
 /// watches than that opens connections for watches (it failed with
 /// `TooManyWatches` before), and closes them once their watches end.
@@ -1556,10 +1562,7 @@ async fn a_large_trigger_put_lands_in_memory_its_lambda_lends_and_gives_it_back(
 async fn watches_beyond_a_connections_limit_go_on_connections_of_their_own() {
     let s = start(|c| c.limits.max_watches_per_conn = 3).await;
     let c = s.client().await;
-    let open = || async {
-        let st = c.stats().await.unwrap();
-        st["connections"]["open"].as_u64().unwrap()
-    };
+    let open = || open_connections(&c);
     let before = open().await;
     let mut ws = Vec::new();
     for i in 0..10 {
@@ -1635,10 +1638,7 @@ async fn a_zero_timeout_is_refused_when_the_client_is_made() {
 async fn a_node_that_takes_no_watches_refuses_them_and_keeps_no_connection() {
     let s = start(|c| c.limits.max_watches_per_conn = 0).await;
     let c = s.client().await;
-    let open = || async {
-        let st = c.stats().await.unwrap();
-        st["connections"]["open"].as_u64().unwrap()
-    };
+    let open = || open_connections(&c);
     let before = open().await;
     match c.watch("/vol/none").await {
         Err(SluiceError::TooManyWatches { max: 0 }) => {}

@@ -158,11 +158,11 @@ pub fn load_key(what: &str, path: &Path) -> Result<PrivateKeyDer<'static>, TlsEr
         })
 }
 
-/// The CA certificates of `path`; `what` names the setting or flag that
-/// gave it, for the errors.
 /// How a node's config names its CA, certificate and key.
 const NODE_NAMES: [&str; 3] = ["tls.ca", "tls.cert", "tls.key"];
 
+/// The CA certificates of `path`; `what` names the setting or flag that
+/// gave it, for the errors.
 fn roots(what: &str, path: &Path) -> Result<RootCertStore, TlsError> {
     let mut store = RootCertStore::empty();
     for c in load_certs(what, path)? {
