@@ -93,12 +93,16 @@ pub enum ClientCmd {
     /// Every version of a key in a range, newest first (persistent pools).
     History {
         key: String,
+        /// The oldest version shown (inclusive; default: the oldest kept).
         #[arg(long)]
         from_version: Option<u64>,
+        /// The newest version shown (inclusive; default: the latest).
         #[arg(long)]
         to_version: Option<u64>,
+        /// Versions written at or after this time (µs since the epoch).
         #[arg(long, conflicts_with_all = ["from_version", "to_version"])]
         from_time: Option<u64>,
+        /// Versions written at or before this time (µs since the epoch).
         #[arg(long, conflicts_with_all = ["from_version", "to_version"])]
         to_time: Option<u64>,
     },
@@ -1295,10 +1299,7 @@ fn health(c: &BlockingClient, out: &mut Out) -> Result<()> {
 
 fn pools(c: &BlockingClient, cmd: PoolsCmd) -> Result<Shown> {
     let one = |p: &PoolMeta| -> Result<Shown> {
-        Ok(Shown::new(
-            serde_json::to_value(p)?,
-            format!("{}\n", pool_line(p)),
-        ))
+        Ok(Shown::new(p.to_json(), format!("{}\n", pool_line(p))))
     };
     match cmd {
         PoolsCmd::Create {
@@ -1345,7 +1346,7 @@ fn pools(c: &BlockingClient, cmd: PoolsCmd) -> Result<Shown> {
         PoolsCmd::Ls { all } => {
             let ps = c.list_pools(all)?;
             Ok(Shown::new(
-                serde_json::to_value(&ps)?,
+                ps.iter().map(PoolMeta::to_json).collect(),
                 lines(ps.iter().map(pool_line)),
             ))
         }
@@ -1357,9 +1358,17 @@ fn pools(c: &BlockingClient, cmd: PoolsCmd) -> Result<Shown> {
                 (PoolType::Trigger, _) | (_, true) => None,
                 _ => Some(c.list_keys(&path, None)?.len()),
             };
-            let mut j = serde_json::to_value(&p)?;
+            let mut j = p.to_json();
             j["keys"] = json!(keys);
-            let mut text = toml::to_string_pretty(&p).unwrap_or_else(|_| pool_line(&p)) + "\n";
+            // The same fields as the JSON, in the struct's order (a
+            // toml::Table would sort them): the empty access_policy table
+            // left out.
+            let mut text = toml::to_string_pretty(&p).unwrap_or_else(|_| pool_line(&p));
+            if j.get("access_policy").is_none() {
+                text = text.replace("[access_policy]\nmode = \"\"\n\n", "");
+                text = text.replace("\n[access_policy]\nmode = \"\"\n", "");
+            }
+            text += "\n";
             if let Some(n) = keys {
                 text += &format!("keys = {n}\n");
             }

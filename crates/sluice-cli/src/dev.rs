@@ -192,24 +192,43 @@ fn wait_ready(
                 tls: tls.clone(),
                 ..Default::default()
             };
-            match BlockingClient::connect_with(cfg)
-                .and_then(|c| c.cluster_command(serde_json::json!({"op": "info"}), None))
-            {
-                Ok(info) => {
-                    let shards_led = info["shards"]
-                        .as_object()
-                        .is_some_and(|m| m.values().all(|s| !s["leader"].is_null()));
-                    if shards_led && !info["meta_leader"].is_null() {
-                        return Ok(());
-                    }
-                    last = "waiting for leaders".into();
-                }
+            // A node knows the leaders of the groups it is a member of
+            // only, so every node is asked (a layout need not put node 0
+            // in every shard).
+            let ids: Vec<u32> = children.iter().map(|(i, _)| *i).collect();
+            match BlockingClient::connect_with(cfg).and_then(|c| {
+                ids.iter()
+                    .map(|&i| c.cluster_command(serde_json::json!({"op": "info"}), Some(i)))
+                    .collect::<sluice_types::Result<Vec<_>>>()
+            }) {
+                Ok(infos) => match leaderless(&infos) {
+                    None => return Ok(()),
+                    Some(groups) => last = format!("waiting for leaders of {groups}"),
+                },
                 Err(e) => last = e.to_string(),
             }
         }
         std::thread::sleep(Duration::from_millis(100));
     }
     bail!("the cluster did not become ready within {timeout:?} ({last})")
+}
+
+/// The groups (the metadata group, shards) no node's `info` names a
+/// leader for, or None when every one has a leader.
+fn leaderless(infos: &[serde_json::Value]) -> Option<String> {
+    let mut groups: std::collections::BTreeMap<&str, bool> = Default::default();
+    for info in infos {
+        for (name, shard) in info["shards"].as_object().into_iter().flatten() {
+            *groups.entry(name).or_default() |= !shard["leader"].is_null();
+        }
+        *groups.entry("meta").or_default() |= !info["meta_leader"].is_null();
+    }
+    let missing: Vec<&str> = groups
+        .iter()
+        .filter(|(_, led)| !**led)
+        .map(|(g, _)| *g)
+        .collect();
+    (!missing.is_empty()).then(|| missing.join(", "))
 }
 
 /// The last `n` lines of node `i`'s log.

@@ -132,14 +132,18 @@ const CLIENT_OPTIONS: [(&str, &str); 5] = [
 /// Client options typed on the command line of a command that runs or
 /// reads a node itself, where a user may take them for its own settings
 /// (they would be ignored: `serve --addr` listened on the default port,
-/// `serve --tls-cert` served plaintext, `fsck --addr` checked the local
-/// data directory). What is set in the environment (`SLUICE_ADDR`, ...)
+/// `serve --tls-cert` served plaintext, `dev --addr` started its nodes on
+/// the default ports, `fsck --addr` checked the local data directory). What is set in the environment (`SLUICE_ADDR`, ...)
 /// is for the client commands and is left alone.
 fn misplaced_client_option(cmd: &Cmd, m: &ArgMatches) -> Option<String> {
     let (name, instead) = match cmd {
         Cmd::Serve(_) => (
             "serve",
             "a node listens where --listen (or the config's `listen`) says, serves TLS from its config's [tls] section and is policed by `sluice policy`",
+        ),
+        Cmd::Dev(_) => (
+            "dev",
+            "its nodes listen on --base-port and the ports after it (or at its --layout's addresses), and with --tls it makes its own CA and certificates",
         ),
         Cmd::Demo(_) => ("demo", "the demo runs its own embedded node"),
         Cmd::Fsck(_) => ("fsck", "fsck reads a stopped node's files (--data-dir)"),

@@ -150,7 +150,14 @@ fn pools_commands_and_errors() {
     n.ok(&["put", "/positions/little3_7_42", "p"]);
     n.ok(&["put", "/positions/pinned", "q"]);
     // Key counts per pool (issue #15).
-    assert!(n.ok(&["pools", "show", "/positions"]).contains("keys = 2"));
+    let shown = n.ok(&["pools", "show", "/positions"]);
+    assert!(shown.contains("keys = 2"), "{shown}");
+    // No `[access_policy] mode = ""`: pools have no access setting of
+    // their own (`sluice policy` rules give access), so none is shown.
+    assert!(
+        shown.starts_with("pathname = \"/positions\"") && !shown.contains("access_policy"),
+        "{shown}"
+    );
     let j: serde_json::Value =
         serde_json::from_str(&n.ok(&["--json", "pools", "show", "/positions"])).unwrap();
     assert_eq!(j["keys"], 2, "{j}");
@@ -749,18 +756,21 @@ struct Dev {
 /// nodes' pids.
 fn spawn_dev(dir: &Path) -> Dev {
     let base = free_base(3);
+    spawn_dev_with(
+        dir,
+        base,
+        &["--nodes", "3", "--base-port", &base.to_string()],
+    )
+}
+
+/// Starts `sluice dev ARGS` (three nodes, the first on `base`) in `dir`
+/// and reads its lines up to the nodes' pids.
+fn spawn_dev_with(dir: &Path, base: u16, args: &[&str]) -> Dev {
     let metrics_base = free_base(3);
     let mut child = Command::new(BIN)
-        .args([
-            "dev",
-            "--nodes",
-            "3",
-            "--base-port",
-            &base.to_string(),
-            "--metrics-base",
-            &metrics_base.to_string(),
-            "--dir",
-        ])
+        .arg("dev")
+        .args(args)
+        .args(["--metrics-base", &metrics_base.to_string(), "--dir"])
         .arg(dir.join("sluice-dev"))
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -788,6 +798,70 @@ fn spawn_dev(dir: &Path) -> Dev {
         base,
         metrics_base,
     }
+}
+
+/// `sluice --addr ADDR ARGS`, which must succeed: its standard output.
+fn cli_at(addr: &str, args: &[&str]) -> String {
+    let o = Command::new(BIN)
+        .args(["--addr", addr])
+        .args(args)
+        .output()
+        .unwrap();
+    assert!(
+        o.status.success(),
+        "{args:?}: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    String::from_utf8(o.stdout).unwrap()
+}
+
+/// `sluice dev --layout` with shards that leave node 0 out (as Cascade's
+/// layouts and `sluice place` exports do): the nodes come up (each node
+/// knows the leaders of its own groups only; `dev` waited for node 0 to
+/// name them all and gave up after 30 s), and every shard serves.
+#[test]
+fn dev_starts_a_layout_whose_shards_leave_node_0_out() {
+    let dir = temp_dir("dev-layout");
+    let base = free_base(3);
+    let mut layout = String::from("version = 1\n");
+    for i in 0..3 {
+        layout += &format!(
+            "[[nodes]]\nid = {i}\naddress = \"127.0.0.1:{}\"\n",
+            base + i
+        );
+    }
+    layout += "[[subgroups.volatile]]\nshards = [[0, 1], [1, 2], [2, 0]]\n\
+               [[subgroups.persistent]]\nshards = [[0, 1, 2]]\n\
+               [[subgroups.trigger]]\nshards = [[0], [1], [2]]\n";
+    let path = dir.join("layout.toml");
+    std::fs::write(&path, layout).unwrap();
+    let mut dev = spawn_dev_with(&dir, base, &["--layout", path.to_str().unwrap()]);
+    let cli = |args: &[&str]| cli_at(&format!("127.0.0.1:{base}"), args);
+    cli(&["pools", "create", "/l", "--type", "volatile"]);
+    let keys: Vec<String> = (0..24).map(|i| format!("/l/k{i}")).collect();
+    for k in &keys {
+        cli(&["put", k, k]);
+    }
+    for k in &keys {
+        assert_eq!(cli(&["get", "--linearizable", k]), format!("{k}\n"));
+    }
+    // Every shard got some of the keys: each of the three leaders wrote.
+    let status: serde_json::Value =
+        serde_json::from_str(&cli(&["--json", "cluster", "status"])).unwrap();
+    let written: Vec<u64> = status["nodes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|n| n["groups"].as_array().unwrap())
+        .filter(|g| g["role"] == "leader" && g["group"].as_str().unwrap().starts_with("volatile/"))
+        .map(|g| g["applied_version"].as_u64().unwrap())
+        .collect();
+    assert_eq!(written.len(), 3, "{status}");
+    assert!(written.iter().all(|v| *v > 0), "{status}");
+    let _ = dev.child.kill();
+    let _ = dev.child.wait();
+    wait_gone(&dev.pids, "killing sluice dev");
+    let _ = std::fs::remove_dir_all(&dir);
 }
 
 /// Waits (bounded) until none of `pids` runs any more (gone, or a zombie).
@@ -857,20 +931,7 @@ fn dev_starts_a_three_node_cluster_and_ctrl_c_stops_it() {
             .collect::<Vec<_>>()
             .join(",")
     );
-    let cli = |addr: String, args: &[&str]| {
-        let o = Command::new(BIN)
-            .arg("--addr")
-            .arg(addr)
-            .args(args)
-            .output()
-            .unwrap();
-        assert!(
-            o.status.success(),
-            "{args:?}: {}",
-            String::from_utf8_lossy(&o.stderr)
-        );
-        String::from_utf8(o.stdout).unwrap()
-    };
+    let cli = |addr: String, args: &[&str]| cli_at(&addr, args);
     let a0 = format!("127.0.0.1:{base}");
     let a2 = format!("127.0.0.1:{}", base + 2);
     cli(a0.clone(), &["put", "/vol/a", "x"]);
@@ -1920,6 +1981,28 @@ fn client_options_given_to_serve_are_refused() {
     assert!(
         String::from_utf8_lossy(&o.stderr).contains("`sluice fsck` takes no --addr"),
         "{o:?}"
+    );
+    // `dev --addr` started its nodes on the ports of --base-port anyway
+    // (bounded: where it was taken, the nodes came up and ran).
+    let base = free_base(1).to_string();
+    let (_, err) = must_fail(
+        &dir,
+        &[
+            "dev",
+            "--addr",
+            "127.0.0.1:1",
+            "--nodes",
+            "1",
+            "--base-port",
+            &base,
+            "--dir",
+            "dev",
+        ],
+        Duration::from_secs(20),
+    );
+    assert!(
+        err.contains("`sluice dev` takes no --addr") && err.contains("--base-port"),
+        "{err}"
     );
     // From the environment: the node starts.
     let n = common::spawn_node_env(

@@ -1407,6 +1407,17 @@ impl Client {
         to: u64,
         page: u32,
     ) -> Result<Vec<Object>> {
+        if from > to {
+            let what = if by_time {
+                "time range"
+            } else {
+                "version range"
+            };
+            return Err(SluiceError::invalid_argument(
+                format!("history {what} of key {key:?}"),
+                format!("it starts at {from}, after its end {to} (both bounds are inclusive)"),
+            ));
+        }
         let mut out = Vec::new();
         let mut to = to;
         loop {

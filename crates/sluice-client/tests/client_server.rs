@@ -301,6 +301,18 @@ async fn watch_sees_puts_triggers_removes_in_order() {
         (NotificationKind::TriggerPut, &b"fire"[..])
     );
     w.cancel().await.unwrap();
+    // A prefix ending in '/' (the README's `c.watch("/trig/")`) was
+    // refused as a key that must not end with '/': it watches the keys
+    // below it only.
+    let mut below = c.watch("/vol/d/").await.unwrap();
+    c.put("/vol/d", "the prefix itself").await.unwrap();
+    c.put("/vol/dx", "beside it").await.unwrap();
+    c.put("/vol/d/a", "below").await.unwrap();
+    let n = tokio::time::timeout(Duration::from_secs(5), below.next())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(&*n.object.key, "/vol/d/a");
     s.stop().await;
 }
 
@@ -741,6 +753,19 @@ async fn persistent_puts_work_on_a_current_thread_runtime() {
         3,
         "paged one at a time"
     );
+    // A range whose start is after its end (bounds swapped) was an empty
+    // history, as if the key had none: an error that says so.
+    for by_time in [false, true] {
+        let e = c
+            .history("/durable/x", by_time, 9, 3, 16)
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(e, SluiceError::InvalidArgument { .. })
+                && e.to_string().contains("starts at 9, after its end 3"),
+            "{e}"
+        );
+    }
     s.stop().await;
 }
 

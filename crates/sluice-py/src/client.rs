@@ -8,7 +8,7 @@ use crate::value::{bytes_of, Object, PutResult};
 use crate::watch::Watch;
 use pyo3::prelude::*;
 use pyo3::types::PyList;
-use sluice_client::{ClientConfig, PoolSpec, PoolType, Retention, SluiceError};
+use sluice_client::{ClientConfig, PoolMeta, PoolSpec, PoolType, Retention, SluiceError};
 use std::time::Duration;
 
 /// A connection to a Sluice node or cluster (see `sluice.Client`).
@@ -399,7 +399,7 @@ impl Client {
         self.call(
             py,
             future,
-            move |c| async move { serialized(c.create_pool(spec).await?) },
+            move |c| async move { Ok(c.create_pool(spec).await?.to_json()) },
             json,
         )
     }
@@ -414,7 +414,13 @@ impl Client {
         self.call(
             py,
             future,
-            move |c| async move { serialized(c.list_pools(include_deleted).await?) },
+            move |c| async move {
+                Ok(c.list_pools(include_deleted)
+                    .await?
+                    .iter()
+                    .map(PoolMeta::to_json)
+                    .collect())
+            },
             json,
         )
     }
@@ -429,7 +435,7 @@ impl Client {
         self.call(
             py,
             future,
-            move |c| async move { serialized(c.get_pool(&pathname).await?) },
+            move |c| async move { Ok(c.get_pool(&pathname).await?.to_json()) },
             json,
         )
     }
@@ -444,7 +450,7 @@ impl Client {
         self.call(
             py,
             future,
-            move |c| async move { serialized(c.remove_pool(&pathname).await?) },
+            move |c| async move { Ok(c.remove_pool(&pathname).await?.to_json()) },
             json,
         )
     }

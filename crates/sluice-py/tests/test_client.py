@@ -211,7 +211,13 @@ def test_pools_multi_get_list_and_trigger(client):
     got = client.multi_get([f"{pool}/a", f"{pool}/missing", f"{pool}/b"])
     assert [None if o is None else o.value.tobytes() for o in got] == [b"1", None, b"2"]
     assert client.get_object_pool(pool)["pathname"] == pool
+    # No access_policy: pools have no access setting of their own (it
+    # read {'mode': ''}, as if one could be set); `policy` rules give access.
+    assert all("access_policy" not in m for m in [meta, client.get_object_pool(pool), *client.list_object_pools()])
     assert client.remove_object_pool(pool)["deleted"] is True
+    # The removed pool's error names what frees its path.
+    with pytest.raises(sluice.PoolDeleted, match=f"until `sluice pools purge {pool}`"):
+        client.get(f"{pool}/a")
     ts = client.trigger_put("/trig/x", b"t")
     assert ts > 0
 
@@ -367,6 +373,13 @@ def test_persistent_pools_keep_versions_for_time_reads_and_history(client):
     assert repr(h[0]).endswith("removed=True)") and "removed" not in repr(h[1])
     with pytest.raises(ValueError, match="not both"):
         client.get(k, timestamp=1.0, timestamp_us=1)
+    # A time in µs where seconds were meant: an OverflowError that said
+    # only "int too big to convert"; now what the unit is.
+    with pytest.raises(ValueError, match=r"in seconds since the epoch.*timestamp_us="):
+        client.get(k, timestamp=r2.timestamp_us)
+    # Bounds swapped: an error, not an empty history.
+    with pytest.raises(sluice.InvalidArgument, match="starts at 9, after its end 3"):
+        client.history(k, start=9, end=3)
 
 
 def test_every_error_kind_has_its_exception_class():

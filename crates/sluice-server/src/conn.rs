@@ -1580,7 +1580,9 @@ impl Conn {
                 if self.ctx.watches.count_for(self.id) >= max as usize {
                     return reply_err(out, &SluiceError::TooManyWatches { max });
                 }
-                if let Err(e) = sluice_types::validate_key(&prefix, limits.max_key_bytes as usize) {
+                if let Err(e) =
+                    sluice_types::validate_prefix(&prefix, limits.max_key_bytes as usize)
+                {
                     return reply_err(out, &e);
                 }
                 let Some(from) = from else {

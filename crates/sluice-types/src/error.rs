@@ -14,7 +14,7 @@ pub enum SluiceError {
     #[error("no object pool covers key {key:?}; create one with `sluice pools create <path>`")]
     NoPool { key: String },
     #[error(
-        "object pool {pool:?} (for key {key:?}) is deleted; recreate it with `sluice pools create`"
+        "object pool {pool:?} (for key {key:?}) is deleted; its objects stay stored until `sluice pools purge {pool}`, after which the path can be created again"
     )]
     PoolDeleted { pool: String, key: String },
     #[error("object pool {pool:?} already exists")]
@@ -220,6 +220,22 @@ mod tests {
         assert_eq!(
             e.to_string(),
             "cluster commands on a standalone node: not supported"
+        );
+    }
+
+    /// A removed pool's error said "recreate it with `sluice pools
+    /// create`", which is refused while the removed pool holds objects:
+    /// it names the purge that frees the path.
+    #[test]
+    fn a_removed_pool_names_the_purge() {
+        let e = SluiceError::PoolDeleted {
+            pool: "/h".into(),
+            key: "/h/a".into(),
+        };
+        let m = e.to_string();
+        assert!(
+            m.contains("`sluice pools purge /h`") && !m.contains("recreate it with"),
+            "{m}"
         );
     }
 }

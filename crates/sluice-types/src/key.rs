@@ -41,6 +41,19 @@ pub fn validate_key(key: &str, max_bytes: usize) -> Result<()> {
     Ok(())
 }
 
+/// Checks a watch's prefix: a key (`/vol/w` watches `/vol/w`, `/vol/w1`,
+/// `/vol/w/a`), or a key and a final '/' for the keys below it only
+/// (`/vol/w/`: `/vol/w/a`, not `/vol/w1`).
+pub fn validate_prefix(prefix: &str, max_bytes: usize) -> Result<()> {
+    match prefix.strip_suffix('/') {
+        Some(key) if key.len() > 1 => validate_key(key, max_bytes).map_err(|e| match e {
+            SluiceError::InvalidKey { reason, .. } => SluiceError::invalid_key(prefix, reason),
+            other => other,
+        }),
+        _ => validate_key(prefix, max_bytes),
+    }
+}
+
 /// True when `path` is `prefix` itself or lies below it on a segment
 /// boundary: `/a` covers `/a` and `/a/b` but not `/ab`.
 pub fn path_covers(prefix: &str, path: &str) -> bool {
@@ -84,6 +97,24 @@ mod tests {
         let long = format!("/{}", "x".repeat(2000));
         let e = validate_key(&long, 1024).unwrap_err();
         assert!(e.to_string().contains("the limit is 1024"), "{e}");
+    }
+
+    /// A watch on `/vol/` (the README's and the Python docstring's own
+    /// example) was refused: "key must not end with '/'".
+    #[test]
+    fn prefixes_may_end_with_a_slash() {
+        for p in ["/vol", "/vol/", "/vol/w", "/vol/sub/"] {
+            validate_prefix(p, 1024).unwrap();
+        }
+        for (p, why) in [
+            ("/", "no segments"),
+            ("/a//", "end with '/'"),
+            ("vol/", "start with '/'"),
+        ] {
+            let e = validate_prefix(p, 1024).unwrap_err();
+            assert!(e.to_string().contains(why), "{p:?}: {e}");
+            assert!(e.to_string().contains(&format!("{p:?}")), "{p:?}: {e}");
+        }
     }
 
     #[test]

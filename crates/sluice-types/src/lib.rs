@@ -38,7 +38,7 @@ pub fn wall_us() -> u64 {
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_micros() as u64)
 }
-pub use key::validate_key;
+pub use key::{validate_key, validate_prefix};
 pub use limits::Limits;
 pub use object::{
     Hop, Object, ObjectMeta, PutResult, ReqId, Trace, EMIT_DEPTH_MAX, TRACE_HOPS_MAX, VERSION_NONE,

@@ -58,9 +58,13 @@ pub enum ShardingPolicy {
     Hash,
 }
 
-/// Access policy placeholder, filled by the security issue. Today every
-/// pool is `open`.
+/// Kept for the formats that carry it (pool tables, replicated pool
+/// changes): always empty. Access to a pool is not a setting of the pool
+/// but rules per principal or role (`sluice policy set access ... --pool`,
+/// enforced by every node); a pool created with a `mode` is refused, as it
+/// would have promised a protection it does not give.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct AccessPolicy {
     #[serde(default)]
     pub mode: String,
@@ -173,6 +177,21 @@ pub struct PoolMeta {
     pub creation_timestamp_us: u64,
 }
 
+impl PoolMeta {
+    /// The pool as users read it (`pools show --json`, Python's
+    /// `get_object_pool`): its fields, less the always-empty
+    /// `access_policy` (access is given by `sluice policy` rules).
+    pub fn to_json(&self) -> serde_json::Value {
+        let mut j = serde_json::to_value(self).unwrap_or_default();
+        if self.access_policy.mode.is_empty() {
+            if let Some(m) = j.as_object_mut() {
+                m.remove("access_policy");
+            }
+        }
+        j
+    }
+}
+
 /// The pools a fresh node creates: `/vol` (volatile) and `/trig` (trigger).
 pub fn default_pools() -> Vec<PoolSpec> {
     [("/vol", PoolType::Volatile), ("/trig", PoolType::Trigger)]
@@ -202,6 +221,12 @@ pub fn validate_spec(
     let pool_type = spec
         .pool_type
         .ok_or_else(|| invalid("pool_type is required".into()))?;
+    if !spec.access_policy.mode.is_empty() {
+        return Err(invalid(format!(
+            "access_policy mode {:?} is not a pool setting in Sluice: access is given by rules per principal or role, e.g. `sluice policy set access NAME --who alice --pool {} --allow read` (README: Security); leave access_policy out",
+            spec.access_policy.mode, spec.pathname
+        )));
+    }
     if let Some(re) = &spec.affinity_set_regex {
         regex::Regex::new(re)
             .map_err(|e| invalid(format!("affinity_set_regex {re:?} does not compile: {e}")))?;
@@ -519,6 +544,15 @@ mod tests {
             .to_string()
             .contains("outside the pool"));
         spec.object_locations.clear();
+        // A per-pool access mode was taken and did nothing: the pool was
+        // as open as any other.
+        spec.access_policy.mode = "private".into();
+        let e = validate_spec(&spec, 1024, shards).unwrap_err().to_string();
+        assert!(
+            e.contains("access_policy mode \"private\"") && e.contains("sluice policy set access"),
+            "{e}"
+        );
+        spec.access_policy.mode.clear();
         spec.pathname = "p".into();
         assert!(validate_spec(&spec, 1024, shards)
             .unwrap_err()

@@ -91,8 +91,20 @@ def _timestamp_us(timestamp: Optional[float], timestamp_us: Optional[int]) -> Op
     if timestamp is not None and timestamp_us is not None:
         raise ValueError("give timestamp (seconds) or timestamp_us, not both")
     if timestamp is not None:
+        # Seconds since the epoch; past year 5000 it is a time in ms or µs
+        # given where seconds were meant (it overflowed, or read the far
+        # future and waited for it).
+        if timestamp > _MAX_TIMESTAMP_S:
+            raise ValueError(
+                f"timestamp={timestamp!r} is in seconds since the epoch (that is after the year 5000); "
+                "for a time in microseconds pass timestamp_us="
+            )
         return int(timestamp * 1_000_000)
     return timestamp_us
+
+
+# 95,617,584,000 s: 5000-01-01.
+_MAX_TIMESTAMP_S = 95_617_584_000
 
 
 _log = logging.getLogger("sluice")
@@ -409,8 +421,9 @@ class Client:
         self, key: str, *, start: int = 0, end: Optional[int] = None, by_time: bool = False
     ) -> List[Object]:
         """Every retained version of ``key`` from ``start`` to ``end``
-        (versions, or µs timestamps with ``by_time``), newest first,
-        removals included (``obj.removed``)."""
+        (versions, or µs timestamps with ``by_time``; both inclusive, and
+        a ``start`` after ``end`` raises ``InvalidArgument``), newest
+        first, removals included (``obj.removed``)."""
         return self._c.history(
             key, start=start, end=(2**64 - 1) if end is None else end, by_time=by_time
         )
@@ -464,7 +477,9 @@ class Client:
         from_version: Optional[int] = None,
         from_time_us: Optional[int] = None,
     ) -> Watch:
-        """Notifications for keys under ``prefix``: an iterator, or, with
+        """Notifications for keys under ``prefix`` (a string prefix:
+        ``"/vol/w"`` takes ``/vol/w1`` too, ``"/vol/w/"`` only the keys
+        below ``/vol/w``): an iterator, or, with
         ``callback``, calls it for each on a thread of its own until the
         watch is closed (its ``next()`` and iteration then raise
         ``RuntimeError``: the notifications are the callback's).
