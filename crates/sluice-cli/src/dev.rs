@@ -310,6 +310,43 @@ fn node_config(a: &DevArgs, pki: Option<&sluice_tls::DevPki>, id: u32) -> Result
 }
 
 /// The lines about `--tls` and `--metrics-base` once the nodes are up.
+/// How client commands reach the cluster: by themselves from this
+/// directory when `dir` is where they look (`./sluice-dev`); else the
+/// variables to export (they looked in `./sluice-dev` and found nothing,
+/// or another cluster).
+fn client_hint(dir: &Path, endpoints: &[String], pki: Option<&sluice_tls::DevPki>) -> String {
+    let looked = Path::new(crate::DEV_ENDPOINTS)
+        .parent()
+        .unwrap_or(Path::new("."));
+    let same = |a: &Path, b: &Path| matches!((a.canonicalize(), b.canonicalize()), (Ok(x), Ok(y)) if x == y);
+    if same(dir, looked) {
+        let tls = if pki.is_some() {
+            " and its TLS files in tls/"
+        } else {
+            ""
+        };
+        return format!(
+            "try (from this directory, client commands find the nodes in {}/endpoints{tls}; elsewhere pass --addr{}):",
+            dir.display(),
+            if pki.is_some() { ", --tls-ca, --tls-cert and --tls-key" } else { "" }
+        );
+    }
+    let abs = |p: &Path| p.canonicalize().unwrap_or_else(|_| p.to_path_buf());
+    let mut vars = format!("SLUICE_ADDR={}", endpoints.join(","));
+    if let Some(p) = pki {
+        vars += &format!(
+            " SLUICE_TLS_CA={} SLUICE_TLS_CERT={} SLUICE_TLS_KEY={}",
+            abs(&p.ca).display(),
+            abs(&p.client_cert).display(),
+            abs(&p.client_key).display()
+        );
+    }
+    format!(
+        "client commands look for a dev cluster in ./{} only, so first:\n  export {vars}\nthen try:",
+        looked.display()
+    )
+}
+
 fn print_extras(
     a: &DevArgs,
     parsed: &ClusterLayout,
@@ -317,9 +354,9 @@ fn print_extras(
 ) -> Result<()> {
     if let Some(p) = pki {
         println!(
-            "tls: mutual TLS with the CA {} (client commands run from here use {}/client.pem; elsewhere pass --tls-ca, --tls-cert and --tls-key)",
+            "tls: mutual TLS with the CA {} (a client's certificate: {})",
             p.ca.display(),
-            a.dir.join("tls").display()
+            p.client_cert.display()
         );
     }
     if let Some(b) = a.metrics_base {
@@ -405,7 +442,10 @@ pub fn run(a: DevArgs) -> Result<()> {
     }
     print_extras(&a, &parsed, pki.as_ref())?;
     let last = endpoints.last().cloned().unwrap_or_default();
-    println!("try (from this directory, client commands find the nodes in {}/endpoints):\n  sluice put /vol/a hello\n  sluice --addr {last} get /vol/a\n  sluice cluster status\nCtrl-C (or SIGTERM) stops every node.", a.dir.display());
+    println!(
+        "{}\n  sluice put /vol/a hello\n  sluice --addr {last} get /vol/a\n  sluice cluster status\nCtrl-C (or SIGTERM) stops every node.",
+        client_hint(&a.dir, &endpoints, pki.as_ref())
+    );
     let _ = std::io::stdout().flush();
     let mut reported = vec![false; children.len()];
     rt.block_on(async {

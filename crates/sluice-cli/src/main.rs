@@ -110,7 +110,7 @@ enum Cmd {
 
 /// Where `sluice dev` (run in this directory with its default --dir)
 /// leaves its nodes' addresses for client commands to find.
-const DEV_ENDPOINTS: &str = "sluice-dev/endpoints";
+pub(crate) const DEV_ENDPOINTS: &str = "sluice-dev/endpoints";
 
 fn default_addr() -> String {
     std::fs::read_to_string(DEV_ENDPOINTS)

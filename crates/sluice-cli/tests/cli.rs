@@ -1859,6 +1859,70 @@ fn dev_tls_runs_a_cluster_over_mutual_tls() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// `sluice dev --dir D` elsewhere than `./sluice-dev` said client
+/// commands run from here find the nodes in `D/endpoints`, but they look
+/// in `./sluice-dev` only (so they failed, or reached another cluster):
+/// it now prints what to export, and with that a command works.
+#[test]
+fn dev_in_another_directory_says_what_clients_need() {
+    let dir = temp_dir("dev-dir");
+    let base = free_base(1);
+    let mut dev = Command::new(BIN)
+        .args([
+            "dev",
+            "--tls",
+            "--nodes",
+            "1",
+            "--base-port",
+            &base.to_string(),
+            "--dir",
+            "elsewhere",
+        ])
+        .current_dir(&dir)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut out = BufReader::new(dev.stdout.take().unwrap());
+    let mut printed = String::new();
+    let export = loop {
+        let mut l = String::new();
+        assert!(
+            out.read_line(&mut l).unwrap() > 0,
+            "sluice dev ended: {printed}"
+        );
+        printed += &l;
+        if let Some(vars) = l.trim().strip_prefix("export ") {
+            break vars.to_string();
+        }
+        assert!(
+            !l.starts_with("Ctrl-C"),
+            "no variables to export: {printed}"
+        );
+    };
+    assert!(!printed.contains("from this directory"), "{printed}");
+    let mut cmd = Command::new(BIN);
+    for kv in export.split_whitespace() {
+        let (k, v) = kv.split_once('=').unwrap();
+        cmd.env(k, v);
+    }
+    let o = cmd
+        .args(["put", "/vol/d", "x"])
+        .current_dir(std::env::temp_dir())
+        .output()
+        .unwrap();
+    assert!(
+        o.status.success(),
+        "{export}: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    unsafe {
+        libc::kill(dev.id() as i32, libc::SIGINT);
+    }
+    assert!(dev.wait().unwrap().success());
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// Issue #19: a node listening beyond loopback without TLS says so.
 #[test]
 fn a_node_beyond_loopback_without_tls_warns() {
