@@ -168,6 +168,15 @@ pub fn check(data_dir: &Path) -> Result<(Report, DirLock), FsckError> {
                     s.records(),
                     match s.tail {
                         sluice_cluster::log::Tail::Clean => FileStatus::Ok,
+                        // A synced segment is preallocated with zeros:
+                        // zeros alone past its last record are room not
+                        // written yet (every live segment has it), not an
+                        // append; the node cuts nothing there.
+                        sluice_cluster::log::Tail::Cut
+                            if synced && data[s.good..].iter().all(|&b| b == 0) =>
+                        {
+                            FileStatus::Ok
+                        }
                         sluice_cluster::log::Tail::Cut => FileStatus::TornTail {
                             offset: s.good as u64,
                             bytes: (data.len() - s.good) as u64,
