@@ -970,6 +970,33 @@ async fn a_newcomer_that_cannot_catch_up_stays_a_learner_until_added_again() {
     );
 }
 
+/// A newcomer whose process is not running, with the default
+/// `catch_up_wait_ms` (10 minutes): `add-member` waited all of it, so
+/// the client gave up first with a bare "request timed out". Now the
+/// leader notices that nothing listens at the newcomer's address and
+/// says so within seconds; the newcomer stays a learner.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn adding_a_member_that_is_not_running_says_so() {
+    let _serial = SERIAL.lock().await;
+    let mut c = Cluster::start();
+    c.ready().await;
+    let client = c.client(1).await;
+    c.kill(5);
+    let add = serde_json::json!({"op": "add_member", "shard": "volatile/0/1", "node": 5});
+    let t0 = Instant::now();
+    let e = tokio::time::timeout(Duration::from_secs(8), client.cluster_command(add, None))
+        .await
+        .expect("add-member of a node that is down answered within 8 s")
+        .unwrap_err();
+    assert!(
+        matches!(e, SluiceError::Unavailable { .. })
+            && e.to_string().contains("node 5 is not running")
+            && e.to_string().contains("as a learner"),
+        "{e:?} after {:?}",
+        t0.elapsed()
+    );
+}
+
 /// A lambda on a replicated shard: the put is applied on all three
 /// members, the `one` dispatcher runs the lambda on exactly one of them,
 /// and its emits are written through the destination shard's leader (so

@@ -50,7 +50,7 @@ const PROBE_TIMEOUT: Duration = Duration::from_millis(200);
 /// listens there any more, or (with what happened) that the peer may be
 /// alive.
 #[derive(Debug, PartialEq)]
-enum Probe {
+pub(super) enum Probe {
     Gone,
     MaybeAlive(String),
 }
@@ -61,7 +61,7 @@ enum Probe {
 /// listening socket's queue (a node that lives waits for the client's
 /// handshake). A connection that stays open, or an attempt that times
 /// out, says the peer may be alive.
-async fn probe(addr: std::net::SocketAddr) -> Probe {
+pub(super) async fn probe(addr: std::net::SocketAddr) -> Probe {
     use std::io::ErrorKind::{ConnectionAborted, ConnectionRefused, ConnectionReset};
     use tokio::io::AsyncReadExt;
     let mut sock =

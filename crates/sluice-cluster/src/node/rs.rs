@@ -9,6 +9,11 @@ use crate::raftrs::{
 };
 use sluice_types::marks::Point;
 
+/// How long a newcomer may take nothing of its shard's log before
+/// `add-member` checks whether it runs at all (well within a client's
+/// default 10 s request timeout).
+const NEWCOMER_SILENT: Duration = Duration::from_secs(2);
+
 impl ClusterNode {
     /// The transport every raft-rs group of this node sends through.
     fn rs_transport(&self) -> Arc<PeerTransport> {
@@ -162,9 +167,30 @@ impl ClusterNode {
             let wait = Duration::from_millis(self.settings.catch_up_wait_ms);
             let deadline = std::time::Instant::now() + wait;
             let tick = Duration::from_millis(self.settings.heartbeat_ms.max(1));
+            // A newcomer that is not running would keep this waiting for
+            // the whole catch_up_wait_ms (10 minutes by default), long
+            // after its client gave up with a bare timeout: once it has
+            // taken nothing for a while, nothing listening at its address
+            // ends the wait, saying so.
+            let started = std::time::Instant::now();
+            let mut probed = false;
             while handle.matched().get(&n).copied().unwrap_or(0) < target {
                 if !handle.borrow_status().is_leader {
                     return Err(self.not_leader(g.id, handle.borrow_status().leader));
+                }
+                if !probed
+                    && started.elapsed() >= NEWCOMER_SILENT
+                    && handle.matched().get(&n).copied().unwrap_or(0) == 0
+                {
+                    probed = true;
+                    let addr = self.layout.address_of(node);
+                    if let Some(a) = addr {
+                        if super::failover::probe(a).await == super::failover::Probe::Gone {
+                            return Err(unavailable(format!(
+                                "node {node} is not running (nothing listens at {a}); it was added to {shard} as a learner and catches up once it starts: run add-member again then to make it a voter"
+                            )));
+                        }
+                    }
                 }
                 if std::time::Instant::now() > deadline {
                     return Err(unavailable(format!(
