@@ -759,14 +759,15 @@ fn spawn_dev(dir: &Path) -> Dev {
     spawn_dev_with(
         dir,
         base,
+        3,
         &["--nodes", "3", "--base-port", &base.to_string()],
     )
 }
 
-/// Starts `sluice dev ARGS` (three nodes, the first on `base`) in `dir`
-/// and reads its lines up to the nodes' pids.
-fn spawn_dev_with(dir: &Path, base: u16, args: &[&str]) -> Dev {
-    let metrics_base = free_base(3);
+/// Starts `sluice dev ARGS` (`nodes` nodes, the first on `base`) in
+/// `dir` and reads its lines up to the nodes' pids.
+fn spawn_dev_with(dir: &Path, base: u16, nodes: u16, args: &[&str]) -> Dev {
+    let metrics_base = free_base(nodes);
     let mut child = Command::new(BIN)
         .arg("dev")
         .args(args)
@@ -779,9 +780,9 @@ fn spawn_dev_with(dir: &Path, base: u16, args: &[&str]) -> Dev {
     let mut out = BufReader::new(child.stdout.take().unwrap());
     let mut first = String::new();
     out.read_line(&mut first).unwrap();
-    assert!(first.contains("3 nodes up"), "{first:?}");
+    assert!(first.contains(&format!("{nodes} nodes up")), "{first:?}");
     let mut pids = Vec::new();
-    for _ in 0..3 {
+    for _ in 0..nodes {
         let mut l = String::new();
         out.read_line(&mut l).unwrap();
         let pid = l
@@ -835,7 +836,7 @@ fn dev_starts_a_layout_whose_shards_leave_node_0_out() {
                [[subgroups.trigger]]\nshards = [[0], [1], [2]]\n";
     let path = dir.join("layout.toml");
     std::fs::write(&path, layout).unwrap();
-    let mut dev = spawn_dev_with(&dir, base, &["--layout", path.to_str().unwrap()]);
+    let mut dev = spawn_dev_with(&dir, base, 3, &["--layout", path.to_str().unwrap()]);
     let cli = |args: &[&str]| cli_at(&format!("127.0.0.1:{base}"), args);
     cli(&["pools", "create", "/l", "--type", "volatile"]);
     let keys: Vec<String> = (0..24).map(|i| format!("/l/k{i}")).collect();
@@ -858,6 +859,48 @@ fn dev_starts_a_layout_whose_shards_leave_node_0_out() {
         .collect();
     assert_eq!(written.len(), 3, "{status}");
     assert!(written.iter().all(|v| *v > 0), "{status}");
+    let _ = dev.child.kill();
+    let _ = dev.child.wait();
+    wait_gone(&dev.pids, "killing sluice dev");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// What `sluice place --export` wrote runs as its message says (`sluice
+/// dev --layout DIR/layout.toml`, then `pools.txt`): its layout has
+/// volatile subgroups only, and every node refused to start, "the layout
+/// has no trigger subgroup 0" for the built-in `/trig` pool.
+#[test]
+fn a_placement_export_runs_under_dev() {
+    let dir = temp_dir("place-dev");
+    let base = free_base(6);
+    let o = Command::new(BIN)
+        .arg("place")
+        .arg(repo_path("examples/place/moe.toml"))
+        .args(["--base-addr", &format!("127.0.0.1:{base}"), "--export"])
+        .arg(dir.join("deploy"))
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let layout = dir.join("deploy/layout.toml");
+    let mut dev = spawn_dev_with(&dir, base, 6, &["--layout", layout.to_str().unwrap()]);
+    let addr = format!("127.0.0.1:{base}");
+    let pools = std::fs::read_to_string(dir.join("deploy/pools.txt")).unwrap();
+    for line in pools.lines() {
+        let args: Vec<&str> = line.split_whitespace().skip(1).collect();
+        cli_at(&addr, &args);
+    }
+    cli_at(&addr, &["put", "/parts/expert-3/weights", "w3"]);
+    assert_eq!(
+        cli_at(&addr, &["get", "--linearizable", "/parts/expert-3/weights"]),
+        "w3\n"
+    );
+    // The built-in /vol is there (the layout has volatile subgroups); /trig
+    // is not, the layout having no trigger subgroup.
+    let listed = cli_at(&addr, &["pools", "ls"]);
+    assert!(
+        listed.contains("/vol ") && !listed.contains("/trig"),
+        "{listed}"
+    );
     let _ = dev.child.kill();
     let _ = dev.child.wait();
     wait_gone(&dev.pids, "killing sluice dev");

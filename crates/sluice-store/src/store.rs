@@ -190,7 +190,19 @@ impl Store {
             _ => false,
         };
         if !loaded {
+            let built_in = sluice_types::pool::default_pools();
             for spec in store.cfg.default_pools.clone() {
+                // The built-in `/vol` and `/trig` on a layout with no
+                // subgroup of their type (`sluice place --export` writes
+                // volatile subgroups only) are left out, saying so; a
+                // pool the node's config names is created or refused.
+                let hostable = spec
+                    .pool_type
+                    .is_some_and(|t| store.cfg.layout.shards_of(t, spec.subgroup_index).is_some());
+                if !hostable && built_in.contains(&spec) {
+                    tracing::info!(pool = %spec.pathname, "default pool not created: the layout has no subgroup of its type");
+                    continue;
+                }
                 store.create_pool(&spec)?;
             }
         }
