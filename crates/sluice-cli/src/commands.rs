@@ -17,6 +17,7 @@ pub enum ClientCmd {
         key: String,
         /// The value (else --file, or standard input when it is piped).
         value: Option<String>,
+        /// The value from this file.
         #[arg(long, conflicts_with = "value")]
         file: Option<PathBuf>,
         /// Read the value from standard input even when it is empty (an
@@ -34,6 +35,7 @@ pub enum ClientCmd {
     Trigger {
         key: String,
         value: Option<String>,
+        /// The value from this file.
         #[arg(long, conflicts_with = "value")]
         file: Option<PathBuf>,
         /// Read the value from standard input even when it is empty or a
@@ -52,8 +54,10 @@ pub enum ClientCmd {
         /// its leadership (default: a stable read from any member).
         #[arg(long, conflicts_with_all = ["version", "at"])]
         linearizable: bool,
+        /// This version (persistent pools keep them; a volatile pool only its latest).
         #[arg(long)]
         version: Option<u64>,
+        /// The version current at this time (µs since the epoch).
         #[arg(long, conflicts_with = "version")]
         at: Option<u64>,
         /// Write the value to a file instead of standard output.
@@ -73,20 +77,27 @@ pub enum ClientCmd {
         unstable: bool,
     },
     /// Get several keys at once.
-    Mget { keys: Vec<String> },
+    Mget {
+        #[arg(required = true)]
+        keys: Vec<String>,
+    },
     /// Remove a key (writes a tombstone version).
     Rm {
         key: String,
+        /// Only if the key's current version is this (else VersionConflict).
         #[arg(long)]
         expect_version: Option<String>,
     },
     /// List the keys of a pool (persistent pools: as of a version or time).
     Ls {
         pool: String,
+        /// Only keys starting with this (a key path inside the pool).
         #[arg(long)]
         prefix: Option<String>,
+        /// Persistent pools: the keys live at this version of the pool's shards.
         #[arg(long)]
         at_version: Option<u64>,
+        /// Persistent pools: the keys live at this time (µs since the epoch).
         #[arg(long, conflicts_with = "at_version")]
         at_time: Option<u64>,
     },
@@ -109,8 +120,10 @@ pub enum ClientCmd {
     /// Size of a value in bytes.
     Size {
         key: String,
+        /// The size of this version.
         #[arg(long)]
         version: Option<u64>,
+        /// The size of the version current at this time (µs since the epoch).
         #[arg(long, conflicts_with = "version")]
         at: Option<u64>,
     },
@@ -228,11 +241,14 @@ pub enum PoolsCmd {
     /// Create a pool.
     Create {
         path: String,
+        /// volatile (latest version, in memory), persistent (every version,
+        /// on disk) or trigger (stores nothing: lambdas and watchers only).
         #[arg(long = "type", value_parser = ["volatile", "persistent", "trigger"])]
         pool_type: String,
         /// Affinity set regex: keys whose matches are equal share a shard.
         #[arg(long)]
         affinity: Option<String>,
+        /// The layout's subgroup of that type whose shards hold the pool.
         #[arg(long, default_value_t = 0)]
         subgroup: u32,
         /// Pin a key to a shard: KEY=SHARD (repeatable).

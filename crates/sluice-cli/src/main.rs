@@ -226,3 +226,31 @@ fn main() -> ExitCode {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every option of every command says what it takes in `--help`
+    /// (`history --from-time`, `get --at`, `ls --prefix`, `serve
+    /// --node-id` and others printed a bare flag: was `--at` µs or
+    /// seconds, `--to-version` inclusive?). Positional arguments are
+    /// named by the command's own line.
+    #[test]
+    fn every_option_has_help() {
+        fn walk(cmd: &clap::Command, path: &str, bare: &mut Vec<String>) {
+            for a in cmd.get_arguments() {
+                let positional = a.get_long().is_none() && a.get_short().is_none();
+                if !positional && a.get_help().is_none() && a.get_long_help().is_none() {
+                    bare.push(format!("{path} --{}", a.get_long().unwrap_or("?")));
+                }
+            }
+            for s in cmd.get_subcommands() {
+                walk(s, &format!("{path} {}", s.get_name()), bare);
+            }
+        }
+        let mut bare = Vec::new();
+        walk(&Cli::command(), "sluice", &mut bare);
+        assert!(bare.is_empty(), "options without help: {bare:#?}");
+    }
+}

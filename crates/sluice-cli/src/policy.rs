@@ -57,6 +57,7 @@ pub enum SetCmd {
     /// rule allows is refused.
     Access {
         name: String,
+        /// Whom the rule covers: a principal, role:NAME, or * (everyone).
         #[arg(long)]
         who: String,
         /// Pool path (or any path: the rule covers it and what is under it).
@@ -71,6 +72,8 @@ pub enum SetCmd {
     /// to --max-delay-ms, then is refused with RateLimited.
     Rate {
         name: String,
+        /// Whom the limit covers, each principal alone: a principal,
+        /// role:NAME, or * (everyone).
         #[arg(long, default_value = "*")]
         who: String,
         /// Count only requests on keys under this path.

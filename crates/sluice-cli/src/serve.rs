@@ -15,6 +15,7 @@ pub struct ServeArgs {
     /// Data directory.
     #[arg(long)]
     data_dir: Option<PathBuf>,
+    /// This node's id (with --cluster: its entry in the layout's [[nodes]]).
     #[arg(long)]
     node_id: Option<u32>,
     /// Join the cluster described by this layout file (TOML); the node

@@ -41,6 +41,8 @@ pub enum StreamCmd {
     /// per-source order; --from-time-us replays retained ones first.
     Sub {
         topic: String,
+        /// First every retained item recorded at or after this time (µs
+        /// since the epoch; 0: all), then live ones.
         #[arg(long)]
         from_time_us: Option<u64>,
         /// Fetch every payload (lazy ones from their recording node) and
@@ -62,8 +64,10 @@ pub enum QueueCmd {
     /// (printed with its delivery count).
     Take {
         name: String,
+        /// This consumer's name (each item goes to one consumer).
         #[arg(long, default_value = "cli")]
         consumer: String,
+        /// How many items to take, one after another.
         #[arg(long, default_value_t = 1)]
         count: u64,
         /// Lease on each item; past it, another consumer may take it.

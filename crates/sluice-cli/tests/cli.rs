@@ -101,6 +101,9 @@ fn conditional_put_remove_list_and_mget() {
         n.ok(&["ls", "/vol", "--prefix", "/vol/k"]),
         "/vol/k\n/vol/k2\n"
     );
+    // No keys at all is a usage error, not an empty success.
+    let e = n.fails(&["mget"]);
+    assert!(e.contains("<KEYS>"), "{e}");
     let m = n.ok(&["mget", "/vol/k", "/vol/nope", "/vol/k2"]);
     assert!(
         m.contains("/vol/k\tversion 2\tv2")
