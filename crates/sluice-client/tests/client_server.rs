@@ -2,7 +2,8 @@
 
 use bytes::Bytes;
 use sluice_client::{
-    Client, ClientConfig, NotificationKind, PoolSpec, PoolType, SluiceError, VERSION_NONE,
+    Client, ClientConfig, Notification, NotificationKind, PoolSpec, PoolType, SluiceError, Watch,
+    VERSION_NONE,
 };
 use sluice_server::{Server, ServerConfig};
 use sluice_store::Layout;
@@ -269,6 +270,14 @@ async fn pools_lifecycle_and_stale_cache() {
     s.stop().await;
 }
 
+/// A watch's next notification, which must come within 5 s.
+async fn next_within_5s(w: &mut Watch) -> Notification {
+    tokio::time::timeout(Duration::from_secs(5), w.next())
+        .await
+        .expect("a notification within 5 s")
+        .expect("the watch is open")
+}
+
 #[tokio::test]
 async fn watch_sees_puts_triggers_removes_in_order() {
     let s = start(|_| {}).await;
@@ -279,23 +288,14 @@ async fn watch_sees_puts_triggers_removes_in_order() {
     c.trigger_put("/trig/go", "fire").await.unwrap();
     c.put("/vol/other", "ignored").await.unwrap();
     c.remove("/vol/w1").await.unwrap();
-    let n1 = tokio::time::timeout(Duration::from_secs(5), w.next())
-        .await
-        .unwrap()
-        .unwrap();
+    let n1 = next_within_5s(&mut w).await;
     assert_eq!(
         (n1.kind, &*n1.object.key, &n1.object.value[..]),
         (NotificationKind::Put, "/vol/w1", &b"a"[..])
     );
-    let n2 = tokio::time::timeout(Duration::from_secs(5), w.next())
-        .await
-        .unwrap()
-        .unwrap();
+    let n2 = next_within_5s(&mut w).await;
     assert_eq!(n2.kind, NotificationKind::Remove);
-    let n3 = tokio::time::timeout(Duration::from_secs(5), t.next())
-        .await
-        .unwrap()
-        .unwrap();
+    let n3 = next_within_5s(&mut t).await;
     assert_eq!(
         (n3.kind, &n3.object.value[..]),
         (NotificationKind::TriggerPut, &b"fire"[..])
@@ -308,11 +308,29 @@ async fn watch_sees_puts_triggers_removes_in_order() {
     c.put("/vol/d", "the prefix itself").await.unwrap();
     c.put("/vol/dx", "beside it").await.unwrap();
     c.put("/vol/d/a", "below").await.unwrap();
-    let n = tokio::time::timeout(Duration::from_secs(5), below.next())
-        .await
-        .unwrap()
-        .unwrap();
+    let n = next_within_5s(&mut below).await;
     assert_eq!(&*n.object.key, "/vol/d/a");
+    // "/" watches every key (it was "key has no segments"); a replay of
+    // every pool is refused, saying why, and one on a trigger pool says
+    // that pool stores nothing (it said "keeps only the latest version").
+    let mut all = c.watch("/").await.unwrap();
+    c.put("/vol/anywhere", "x").await.unwrap();
+    let n = next_within_5s(&mut all).await;
+    assert_eq!(&*n.object.key, "/vol/anywhere");
+    for (prefix, says) in [
+        ("/", "watch that pool's prefix"),
+        ("/trig/", "trigger pool stores nothing"),
+    ] {
+        let e = c
+            .watch_from(prefix, sluice_wire::WatchFrom::Version(1))
+            .await
+            .err()
+            .unwrap();
+        assert!(
+            matches!(e, SluiceError::NotSupported { .. }) && e.to_string().contains(says),
+            "{e}"
+        );
+    }
     s.stop().await;
 }
 
@@ -974,16 +992,10 @@ async fn a_resumed_watch_replays_then_goes_live_with_nothing_missed_or_repeated(
         .watch_from("/w/k3", sluice_client::WatchFrom::Version(last))
         .await
         .unwrap();
-    let n = tokio::time::timeout(Duration::from_secs(5), w.next())
-        .await
-        .unwrap()
-        .unwrap();
+    let n = next_within_5s(&mut w).await;
     assert_eq!((&*n.object.key, n.object.meta.version), ("/w/k3", last));
     c.put("/w/k3", "live").await.unwrap();
-    let n = tokio::time::timeout(Duration::from_secs(5), w.next())
-        .await
-        .unwrap()
-        .unwrap();
+    let n = next_within_5s(&mut w).await;
     assert_eq!(&n.object.value[..], b"live");
 
     // Volatile pools keep no history to resume from: a clear refusal.
@@ -1026,10 +1038,7 @@ async fn a_resumed_watch_reports_versions_retention_dropped() {
         .watch_from("/r", sluice_client::WatchFrom::Version(1))
         .await
         .unwrap();
-    let n = tokio::time::timeout(Duration::from_secs(5), w.next())
-        .await
-        .unwrap()
-        .unwrap();
+    let n = next_within_5s(&mut w).await;
     assert_eq!(n.kind, NotificationKind::Lagged, "{n:?}");
     let j: serde_json::Value = serde_json::from_slice(&n.object.value).unwrap();
     assert_eq!(j["dropped"], 4, "{j}");
@@ -1038,10 +1047,7 @@ async fn a_resumed_watch_reports_versions_retention_dropped() {
         (j["first_version"].as_u64(), j["last_version"].as_u64()),
         (Some(1), Some(4))
     );
-    let n = tokio::time::timeout(Duration::from_secs(5), w.next())
-        .await
-        .unwrap()
-        .unwrap();
+    let n = next_within_5s(&mut w).await;
     assert_eq!(
         (n.kind, n.object.meta.version),
         (NotificationKind::Put, last)
@@ -1600,10 +1606,7 @@ async fn watches_beyond_a_connections_limit_go_on_connections_of_their_own() {
             .unwrap();
     }
     for (i, w) in ws.iter_mut().enumerate() {
-        let n = tokio::time::timeout(Duration::from_secs(5), w.next())
-            .await
-            .unwrap()
-            .unwrap();
+        let n = next_within_5s(w).await;
         assert_eq!(&*n.object.key, format!("/vol/many/{i}/k"));
     }
     for w in ws {

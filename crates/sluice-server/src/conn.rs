@@ -463,6 +463,11 @@ impl Conn {
         from: sluice_wire::WatchFrom,
     ) -> Result<Vec<Notice>, SluiceError> {
         let store = &*self.ctx.store;
+        if prefix == "/" {
+            return Err(SluiceError::NotSupported {
+                what: "resuming a watch on every key (\"/\") from a version or time: a replay reads one persistent pool's history; watch that pool's prefix".into(),
+            });
+        }
         let pool = store.pool_of_key(prefix.trim_end_matches('/'))?;
         if pool.deleted {
             return Err(SluiceError::PoolDeleted {
@@ -473,8 +478,14 @@ impl Conn {
         if pool.pool_type != sluice_types::PoolType::Persistent {
             return Err(SluiceError::NotSupported {
                 what: format!(
-                    "resuming a watch from a version or time on {} (a {} pool keeps only the latest version of each key; only persistent pools keep the history a watch can resume from)",
-                    pool.pathname, pool.pool_type
+                    "resuming a watch from a version or time on {} (a {} pool {}; only persistent pools keep the history a watch can resume from)",
+                    pool.pathname,
+                    pool.pool_type,
+                    if pool.pool_type == sluice_types::PoolType::Trigger {
+                        "stores nothing"
+                    } else {
+                        "keeps only the latest version of each key"
+                    }
                 ),
             });
         }

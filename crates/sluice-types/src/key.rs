@@ -43,8 +43,11 @@ pub fn validate_key(key: &str, max_bytes: usize) -> Result<()> {
 
 /// Checks a watch's prefix: a key (`/vol/w` watches `/vol/w`, `/vol/w1`,
 /// `/vol/w/a`), or a key and a final '/' for the keys below it only
-/// (`/vol/w/`: `/vol/w/a`, not `/vol/w1`).
+/// (`/vol/w/`: `/vol/w/a`, not `/vol/w1`), or `/` for every key.
 pub fn validate_prefix(prefix: &str, max_bytes: usize) -> Result<()> {
+    if prefix == "/" {
+        return Ok(());
+    }
     match prefix.strip_suffix('/') {
         Some(key) if key.len() > 1 => validate_key(key, max_bytes).map_err(|e| match e {
             SluiceError::InvalidKey { reason, .. } => SluiceError::invalid_key(prefix, reason),
@@ -103,11 +106,11 @@ mod tests {
     /// example) was refused: "key must not end with '/'".
     #[test]
     fn prefixes_may_end_with_a_slash() {
-        for p in ["/vol", "/vol/", "/vol/w", "/vol/sub/"] {
+        for p in ["/", "/vol", "/vol/", "/vol/w", "/vol/sub/"] {
             validate_prefix(p, 1024).unwrap();
         }
         for (p, why) in [
-            ("/", "no segments"),
+            ("//", "end with '/'"),
             ("/a//", "end with '/'"),
             ("vol/", "start with '/'"),
         ] {

@@ -479,7 +479,7 @@ class Client:
     ) -> Watch:
         """Notifications for keys under ``prefix`` (a string prefix:
         ``"/vol/w"`` takes ``/vol/w1`` too, ``"/vol/w/"`` only the keys
-        below ``/vol/w``): an iterator, or, with
+        below ``/vol/w``, ``"/"`` every key): an iterator, or, with
         ``callback``, calls it for each on a thread of its own until the
         watch is closed (its ``next()`` and iteration then raise
         ``RuntimeError``: the notifications are the callback's).
