@@ -309,7 +309,6 @@ fn node_config(a: &DevArgs, pki: Option<&sluice_tls::DevPki>, id: u32) -> Result
     Ok(config)
 }
 
-/// The lines about `--tls` and `--metrics-base` once the nodes are up.
 /// How client commands reach the cluster: by themselves from this
 /// directory when `dir` is where they look (`./sluice-dev`); else the
 /// variables to export (they looked in `./sluice-dev` and found nothing,
@@ -347,6 +346,7 @@ fn client_hint(dir: &Path, endpoints: &[String], pki: Option<&sluice_tls::DevPki
     )
 }
 
+/// The lines about `--tls` and `--metrics-base` once the nodes are up.
 fn print_extras(
     a: &DevArgs,
     parsed: &ClusterLayout,
