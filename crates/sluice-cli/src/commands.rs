@@ -220,13 +220,18 @@ pub enum ClusterCmd {
 #[derive(clap::Subcommand, Debug)]
 pub enum DfgCmd {
     /// Load graphs from a dfgs.json file (replaces graphs with the same
-    /// id); in a cluster, on every node.
+    /// id, rebuilding their lambdas: new code on disk or in a `code_key`
+    /// object takes effect); in a cluster, on every node.
     Apply {
         file: PathBuf,
         /// Map UDL names in the file (Cascade's UUIDs) to Sluice UDLs: one
         /// `<uuid> <udl>` per line (in place of Cascade's udl_dlls.cfg).
         #[arg(long)]
         aliases: Option<PathBuf>,
+        /// Leave graphs that already run exactly as the file gives them
+        /// alone (their lambdas are not restarted); apply the others.
+        #[arg(long)]
+        only_changed: bool,
     },
     /// List applied graphs with per-lambda counters (per node in a cluster).
     Ls,
@@ -1034,8 +1039,16 @@ fn notification(n: &sluice_client::Notification) -> Result<Shown> {
 /// Data flow graphs: apply, list, show, remove.
 fn dfg(c: &BlockingClient, cmd: DfgCmd) -> Result<Shown> {
     Ok(match cmd {
-        DfgCmd::Apply { file, aliases } => {
-            let text = dfg_text(&file, aliases.as_deref())?;
+        DfgCmd::Apply {
+            file,
+            aliases,
+            only_changed,
+        } => {
+            let mut text = dfg_text(&file, aliases.as_deref())?;
+            if only_changed {
+                text = sluice_compute::dfg::only_changed(&text)
+                    .map_err(|e| anyhow::anyhow!("{}: {e}", file.display()))?;
+            }
             let r = c
                 .dfg_apply(&text)
                 .with_context(|| format!("applying {}", file.display()))?;
@@ -1051,7 +1064,23 @@ fn dfg(c: &BlockingClient, cmd: DfgCmd) -> Result<Shown> {
                 .flatten()
                 .map(|n| n.to_string())
                 .collect();
-            let mut text = vec![format!(
+            let unchanged: Vec<&str> = r["unchanged"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter_map(|v| v.as_str())
+                .collect();
+            let mut text = Vec::new();
+            if !unchanged.is_empty() {
+                text.push(format!(
+                    "unchanged {} (already running as given)",
+                    unchanged.join(", ")
+                ));
+            }
+            if ids.is_empty() {
+                return Ok(Shown::new(r, lines(text)));
+            }
+            text.push(format!(
                 "applied {}{}",
                 ids.join(", "),
                 match (r["cluster"] == true, pending.is_empty()) {
@@ -1062,7 +1091,7 @@ fn dfg(c: &BlockingClient, cmd: DfgCmd) -> Result<Shown> {
                         pending.join(", ")
                     ),
                 }
-            )];
+            ));
             for n in r["notes"].as_array().into_iter().flatten() {
                 text.push(format!("note: {}", n.as_str().unwrap_or("?")));
             }

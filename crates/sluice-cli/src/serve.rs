@@ -141,7 +141,27 @@ pub fn run(a: ServeArgs) -> Result<()> {
         let self_tls = crate::tls::of_node(&cfg)?;
         let server = Server::bind(cfg).await?;
         if let Some(text) = dfgs {
-            if clustered {
+            // A file that cannot apply fails the start, on a cluster too
+            // (where it is applied once the metadata group has a leader
+            // and the graphs' pools exist, and would otherwise be retried
+            // for ever with one line in the log).
+            let path = a
+                .dfgs
+                .as_deref()
+                .unwrap_or(std::path::Path::new("?"))
+                .display();
+            let n = server
+                .engine()
+                .check_file(&text)
+                .map_err(|e| anyhow::anyhow!("--dfgs {path}: {e}"))?;
+            if n == 0 {
+                tracing::info!("--dfgs {path} holds no data flow graph: nothing to apply");
+            } else if clustered {
+                // Every start applies the file again: graphs the cluster
+                // already runs as given keep running (their lambdas are
+                // not restarted on every node).
+                let text = sluice_compute::dfg::only_changed(&text)
+                    .map_err(|e| anyhow::anyhow!("--dfgs {path}: {e}"))?;
                 tokio::spawn(apply_at_start(server.local_addr(), text, self_tls));
             } else {
                 let r = server

@@ -598,3 +598,75 @@ fn graphs_given_at_start_run_standalone_and_on_every_node_of_a_cluster() {
     }
     dev.wait().unwrap();
 }
+
+/// A `--dfgs` file that cannot apply (an unknown UDL) used to be retried
+/// for ever on a cluster, with one warning in node 0's log, while `sluice
+/// dev` said the cluster was up: it now fails the start, as it does on a
+/// standalone node. A file holding no graph starts (there is nothing to
+/// apply), but `dfg apply` of such a file is refused instead of answering
+/// "applied " with no name.
+#[test]
+fn a_dfgs_file_that_cannot_apply_fails_the_start() {
+    let _one = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let dir = tempfile::tempdir().unwrap();
+    let bad = dir.path().join("bad.json");
+    std::fs::write(
+        &bad,
+        r#"[{"id": "b", "graph": [{"pathname": "/trig/in", "user_defined_logic_list": ["nosuchudl"],
+            "destinations": [{"/vol/out": "put"}]}]}]"#,
+    )
+    .unwrap();
+    // `sluice dev --nodes 3 --dfgs FILE` in its own directory, on free ports.
+    let dev_with = |name: &str, dfgs: &Path, out: fn() -> Stdio| {
+        let base = free_base(3);
+        let child = Command::new(BIN)
+            .args([
+                "dev",
+                "--nodes",
+                "3",
+                "--base-port",
+                &base.to_string(),
+                "--dir",
+            ])
+            .arg(dir.path().join(name))
+            .arg("--dfgs")
+            .arg(dfgs)
+            .stdout(out())
+            .stderr(out())
+            .spawn()
+            .unwrap();
+        (child, base)
+    };
+    let (mut dev, _) = dev_with("dev", &bad, Stdio::piped);
+    let status = wait_for("sluice dev to give up", || dev.try_wait().unwrap());
+    let out = dev.wait_with_output().unwrap();
+    let text =
+        String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
+    assert!(!status.success(), "{text}");
+    assert!(
+        text.contains("node 0 exited during start")
+            && text.contains("--dfgs")
+            && text.contains("unknown UDL \"nosuchudl\""),
+        "{text}"
+    );
+    // No graph in the file: the cluster starts; applying it is refused.
+    let empty = dir.path().join("empty.json");
+    std::fs::write(&empty, "[]").unwrap();
+    let (mut dev, base) = dev_with("dev2", &empty, Stdio::null);
+    let addr = format!("127.0.0.1:{base}");
+    let c = wait_for("the dev cluster", || {
+        BlockingClient::connect(&addr)
+            .ok()
+            .filter(|c| c.put("/vol/up", "1").is_ok())
+    });
+    let e = c.dfg_apply("[]").unwrap_err().to_string();
+    assert!(
+        e.contains("holds no data flow graph: nothing to apply"),
+        "{e}"
+    );
+    // SAFETY: signalling the child process this test started.
+    unsafe {
+        libc::kill(dev.id() as libc::pid_t, libc::SIGINT);
+    }
+    dev.wait().unwrap();
+}

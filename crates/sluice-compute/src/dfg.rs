@@ -94,6 +94,12 @@ pub struct Graph {
     pub id: String,
     pub desc: String,
     pub vertices: Vec<Vertex>,
+    /// When `dfg apply` took this graph (µs since the Unix epoch; 0 in a
+    /// file that was never applied). Each apply stamps it anew, so the
+    /// graph's JSON changes and every node of a cluster rebuilds its UDLs
+    /// even when only their code changed (a Python module on disk or in a
+    /// `code_key` object).
+    pub applied_us: u64,
 }
 
 #[derive(Clone, Debug)]
@@ -103,6 +109,26 @@ pub struct DfgFile {
     /// older field names, ignored extra list entries, scheduler hints
     /// Sluice does not use, vertices without UDLs.
     pub notes: Vec<String>,
+    /// The file's `"only_changed": true` (object form): graphs whose
+    /// content equals the running graph of the same id are left running
+    /// as they are (their UDLs not rebuilt), as `serve --dfgs` wants at
+    /// every start.
+    pub only_changed: bool,
+}
+
+/// `text` (a DFG file, list or object form) with `"only_changed": true`:
+/// applying it leaves graphs that already run as given untouched.
+pub fn only_changed(text: &str) -> Result<String, DfgError> {
+    let mut doc: Value =
+        serde_json::from_str(text).map_err(|e| err("$", format!("not valid JSON: {e}")))?;
+    if doc.is_array() {
+        doc = json!({ "graphs": doc });
+    }
+    let o = doc
+        .as_object_mut()
+        .ok_or_else(|| err("$", "a DFG file is a list of graphs"))?;
+    o.insert("only_changed".into(), Value::Bool(true));
+    Ok(doc.to_string())
 }
 
 fn list<'a>(
@@ -191,9 +217,24 @@ impl DfgFile {
         let root: Value =
             serde_json::from_str(text).map_err(|e| err("$", format!("not valid JSON: {e}")))?;
         let mut registry = registry.clone();
+        let mut only_changed = false;
         let graphs = match &root {
             Value::Array(_) => &root,
             Value::Object(o) => {
+                if let Some(k) = o
+                    .keys()
+                    .find(|k| !["graphs", "udl_aliases", "only_changed"].contains(&k.as_str()))
+                {
+                    return Err(err(
+                        &format!("$.{k}"),
+                        "unknown field of a DFG file (an object DFG file has graphs, udl_aliases and only_changed)",
+                    ));
+                }
+                if let Some(v) = o.get("only_changed") {
+                    only_changed = v
+                        .as_bool()
+                        .ok_or_else(|| err("$.only_changed", "must be true or false"))?;
+                }
                 if let Some(a) = o.get("udl_aliases") {
                     let a = a
                         .as_object()
@@ -217,11 +258,11 @@ impl DfgFile {
             if let Some(o) = g.as_object() {
                 if let Some(k) = o
                     .keys()
-                    .find(|k| !["id", "desc", "graph"].contains(&k.as_str()))
+                    .find(|k| !["id", "desc", "graph", "applied_us"].contains(&k.as_str()))
                 {
                     return Err(err(
                         &format!("{gp}.{k}"),
-                        "unknown field of a graph (a graph has id, desc and graph)",
+                        "unknown field of a graph (a graph has id, desc and graph; `dfg apply` adds applied_us)",
                     ));
                 }
             }
@@ -259,9 +300,24 @@ impl DfgFile {
                     &mut notes,
                 )?);
             }
-            out.push(Graph { id, desc, vertices });
+            let applied_us = match g.get("applied_us") {
+                None => 0,
+                Some(v) => v.as_u64().ok_or_else(|| {
+                    err(&format!("{gp}.applied_us"), "must be a whole number of µs")
+                })?,
+            };
+            out.push(Graph {
+                id,
+                desc,
+                vertices,
+                applied_us,
+            });
         }
-        Ok(DfgFile { graphs: out, notes })
+        Ok(DfgFile {
+            graphs: out,
+            notes,
+            only_changed,
+        })
     }
 }
 
@@ -510,7 +566,23 @@ impl Graph {
                 })
             })
             .collect();
-        json!({"id": self.id, "desc": self.desc, "graph": verts})
+        let mut g = json!({"id": self.id, "desc": self.desc, "graph": verts});
+        if self.applied_us != 0 {
+            g["applied_us"] = json!(self.applied_us);
+        }
+        g
+    }
+
+    /// Whether `other` is this graph, its `applied_us` aside.
+    pub fn same_content(&self, other: &Graph) -> bool {
+        let strip = |g: &Graph| {
+            let mut j = g.to_json();
+            if let Some(o) = j.as_object_mut() {
+                o.remove("applied_us");
+            }
+            j
+        };
+        strip(self) == strip(other)
     }
 }
 
@@ -664,6 +736,32 @@ mod cascade_shape_tests {
         )
         .unwrap_err();
         assert!(e.reason.contains("must be an object"), "{e}");
+    }
+
+    /// `applied_us` (what `dfg apply` stamps) round-trips and is not part
+    /// of a graph's content; `only_changed` is read from the object form,
+    /// and other fields there are refused.
+    #[test]
+    fn applied_stamps_and_only_changed() {
+        let one =
+            r#"[{"id": "g", "graph": [{"pathname": "/p", "user_defined_logic_list": ["relay"]}]}]"#;
+        let a = parse(one).unwrap();
+        assert!(!a.only_changed);
+        assert_eq!(a.graphs[0].applied_us, 0);
+        assert!(a.graphs[0].to_json().get("applied_us").is_none());
+        let mut b = a.graphs[0].clone();
+        b.applied_us = 42;
+        let back = parse(&format!("[{}]", b.to_json())).unwrap();
+        assert_eq!(back.graphs[0].applied_us, 42);
+        assert!(back.graphs[0].same_content(&a.graphs[0]));
+        b.desc = "other".into();
+        assert!(!b.same_content(&a.graphs[0]));
+        let o = parse(&only_changed(one).unwrap()).unwrap();
+        assert!(o.only_changed && o.graphs.len() == 1);
+        let e = parse(r#"{"graphs": [], "only_chnaged": true}"#).unwrap_err();
+        assert_eq!(e.path, "$.only_chnaged", "{e}");
+        let e = parse(r#"[{"id": "g", "applied_us": "now", "graph": []}]"#).unwrap_err();
+        assert!(e.path.ends_with("applied_us"), "{e}");
     }
 }
 

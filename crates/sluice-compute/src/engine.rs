@@ -128,6 +128,8 @@ type Staged = BTreeMap<String, (String, Vec<Arc<Entry>>)>;
 pub struct ApplyReport {
     pub ids: Vec<String>,
     pub notes: Vec<String>,
+    /// Graphs an `only_changed` file left running as they were.
+    pub unchanged: Vec<String>,
 }
 
 /// What `Engine::prepare` checked and built: each graph as (id,
@@ -136,6 +138,8 @@ pub struct ApplyReport {
 pub struct Prepared {
     pub graphs: Vec<(String, String)>,
     pub notes: Vec<String>,
+    /// Graphs an `only_changed` file left running as they were.
+    pub unchanged: Vec<String>,
 }
 
 struct Job {
@@ -241,6 +245,13 @@ impl Engine {
         engine
     }
 
+    /// Parses and checks a DFG file as `apply` would, without building its
+    /// UDLs or looking at the pools (which may not exist yet when a node
+    /// starts): returns how many graphs it holds.
+    pub fn check_file(&self, text: &str) -> std::result::Result<usize, DfgError> {
+        DfgFile::parse(text, &self.registry).map(|f| f.graphs.len())
+    }
+
     /// Loads the graphs persisted by an earlier run, if any.
     pub fn load_persisted(&self) -> std::result::Result<usize, DfgError> {
         let Some(p) = &self.cfg.persist_path else {
@@ -250,6 +261,15 @@ impl Engine {
             return Ok(0);
         };
         self.apply_checked(&text, false).map(|r| r.ids.len())
+    }
+
+    /// The running graphs: id -> normalized JSON.
+    fn running(&self) -> BTreeMap<String, String> {
+        self.graphs
+            .lock()
+            .iter()
+            .map(|(id, (g, _))| (id.clone(), g.to_json().to_string()))
+            .collect()
     }
 
     pub fn context(&self) -> &Context {
@@ -280,7 +300,8 @@ impl Engine {
         text: &str,
         check_pools: bool,
     ) -> std::result::Result<ApplyReport, DfgError> {
-        let (file, built) = self.build(text, check_pools)?;
+        let running = check_pools.then(|| self.running());
+        let (file, built, unchanged) = self.build(text, check_pools, running.as_ref())?;
         let mut graphs = self.graphs.lock();
         let ids: Vec<String> = built.iter().map(|(g, _)| g.id.clone()).collect();
         for (g, entries) in built {
@@ -291,20 +312,53 @@ impl Engine {
         Ok(ApplyReport {
             ids,
             notes: file.notes,
+            unchanged,
         })
     }
 
     /// Parses and checks a DFG file and instantiates its UDLs, changing
-    /// nothing that runs.
+    /// nothing that runs. With `running` (id -> JSON of the graphs that
+    /// run now: a client's apply, not a restore) each graph is stamped
+    /// with its `applied_us`, and an `only_changed` file's graphs equal
+    /// to running ones are left out (returned by id).
     fn build(
         &self,
         text: &str,
         check_pools: bool,
-    ) -> std::result::Result<(DfgFile, Vec<Built>), DfgError> {
-        let file = DfgFile::parse(text, &self.registry)?;
+        running: Option<&BTreeMap<String, String>>,
+    ) -> std::result::Result<(DfgFile, Vec<Built>, Vec<String>), DfgError> {
+        let mut file = DfgFile::parse(text, &self.registry)?;
+        if check_pools && file.graphs.is_empty() {
+            return Err(DfgError {
+                path: "$".into(),
+                reason: "the file holds no data flow graph: nothing to apply \
+                         (`sluice dfg rm ID` removes a graph)"
+                    .into(),
+            });
+        }
+        let mut unchanged = Vec::new();
+        if let Some(running) = running {
+            let now = sluice_types::wall_us();
+            let mut kept = Vec::new();
+            for mut g in std::mem::take(&mut file.graphs) {
+                let before = running.get(&g.id).and_then(|json| {
+                    DfgFile::parse(&format!("[{json}]"), &self.registry)
+                        .ok()
+                        .and_then(|f| f.graphs.into_iter().next())
+                });
+                if file.only_changed && before.as_ref().is_some_and(|b| b.same_content(&g)) {
+                    unchanged.push(g.id);
+                    continue;
+                }
+                // Later than the graph it replaces, whatever the clock did.
+                g.applied_us = now.max(before.map_or(0, |b| b.applied_us + 1));
+                kept.push(g);
+            }
+            file.graphs = kept;
+        }
         self.check_graphs(&file, check_pools)?;
         let built = self.instantiate(&file)?;
-        Ok((file, built))
+        Ok((file, built, unchanged))
     }
 
     /// The UDLs of every graph of `file`, created from their configs.
@@ -350,8 +404,15 @@ impl Engine {
     /// keeping them staged for `reconcile`. Returns each graph in its
     /// normalized form (UDL names resolved), which the metadata group
     /// replicates to every node.
-    pub fn prepare(&self, text: &str) -> std::result::Result<Prepared, DfgError> {
-        let (file, built) = self.build(text, true)?;
+    ///
+    /// `running` is the cluster's table (id -> JSON) the graphs are
+    /// compared with (see `build`).
+    pub fn prepare(
+        &self,
+        text: &str,
+        running: &BTreeMap<String, String>,
+    ) -> std::result::Result<Prepared, DfgError> {
+        let (file, built, unchanged) = self.build(text, true, Some(running))?;
         let mut staged = self.staged.lock();
         let graphs = built
             .into_iter()
@@ -364,6 +425,7 @@ impl Engine {
         Ok(Prepared {
             graphs,
             notes: file.notes,
+            unchanged,
         })
     }
 

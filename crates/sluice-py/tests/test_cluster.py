@@ -173,6 +173,49 @@ def test_dfg_apply_returns_once_every_node_has_loaded_its_python_lambdas(cluster
     c.dfg_remove("slow")
 
 
+def test_a_put_of_new_code_and_an_apply_upgrade_every_node(cluster):
+    # Re-applying an unchanged graph after a put of new code to its
+    # `code_key` (the README's upgrade) changed nothing on a cluster: each
+    # node compared the graph's JSON, the same, and kept the old workers.
+    wait_for("a leader", lambda: cluster.leader() is not None)
+    c = sluice.Client(",".join(cluster.addrs), timeout=20)
+    src = ("class Tag:\n    def __init__(self, conf): pass\n"
+           "    def ocdpo_handler(self, key_suffix, blob, emit, **kw):\n"
+           "        emit(key_suffix, b'v1:' + bytes(blob))\n")
+    c.put("/vol/code/tag", src)
+    graph = json.dumps([{"id": "tag", "graph": [{
+        "pathname": "/trig/tag", "user_defined_logic_list": ["python"],
+        "user_defined_logic_config_list": [{
+            "code_key": "/vol/code/tag", "module": "tag", "entry_class": "Tag", "python": sys.executable,
+        }],
+        "destinations": [{"/vol/tag-out": "put"}],
+    }]}])
+    on = [sluice.Client(a, timeout=20) for a in cluster.addrs]
+
+    def outputs(tag):
+        # A trigger put runs the lambda on the node that takes it: one per node.
+        for i, n in enumerate(on):
+            n.trigger_put(f"/trig/tag/{tag}{i}", b"x")
+        wait_for(f"{tag} outputs", lambda: all(_has(c, f"/vol/tag-out/{tag}{i}") for i in range(len(on))))
+        return {bytes(c.get(f"/vol/tag-out/{tag}{i}").value) for i in range(len(on))}
+
+    first = c.dfg_apply(graph)
+    assert first["applied"] == ["tag"] and first["pending_nodes"] == [], first
+    assert outputs("a") == {b"v1:x"}
+    c.put("/vol/code/tag", src.replace("v1:", "v2:"))
+    r = c.dfg_apply(graph)
+    assert r["applied"] == ["tag"] and r["pending_nodes"] == [], r
+    assert outputs("b") == {b"v2:x"}
+    # `only_changed` leaves a graph that runs as given alone: new code
+    # waits for the next full apply.
+    c.put("/vol/code/tag", src.replace("v1:", "v3:"))
+    only = json.dumps({"graphs": json.loads(graph), "only_changed": True})
+    r = c.dfg_apply(only)
+    assert r["applied"] == [] and r["unchanged"] == ["tag"], r
+    assert outputs("c") == {b"v2:x"}
+    c.dfg_remove("tag")
+
+
 def _has(c, key):
     try:
         c.get(key)

@@ -1632,7 +1632,7 @@ impl Conn {
             Request::DfgApply { text } => {
                 match off_event_loop(|| self.ctx.engine.apply_report(&text)) {
                     Ok(r) => Response::Json(
-                        serde_json::json!({ "applied": r.ids, "notes": r.notes }).to_string(),
+                        serde_json::json!({ "applied": r.ids, "notes": r.notes, "unchanged": r.unchanged }).to_string(),
                     )
                     .encode(out, rid),
                     Err(e) => reply_err(
@@ -1735,7 +1735,8 @@ async fn dfg_apply_clustered(
     // Destinations are checked against the pool table: bring it up to date.
     cl.meta_catch_up().await?;
     let e = engine.clone();
-    let prepared = tokio::task::spawn_blocking(move || e.prepare(&text))
+    let running = cl.dfgs();
+    let prepared = tokio::task::spawn_blocking(move || e.prepare(&text, &running))
         .await
         .map_err(|e| SluiceError::Internal {
             reason: format!("building the graphs: {e}"),
@@ -1745,6 +1746,12 @@ async fn dfg_apply_clustered(
             reason: e.reason,
         })?;
     let ids: Vec<String> = prepared.graphs.iter().map(|(id, _)| id.clone()).collect();
+    if ids.is_empty() {
+        // An `only_changed` file whose graphs all run as given.
+        return Ok(Response::Json(
+            serde_json::json!({"applied": ids, "notes": prepared.notes, "unchanged": prepared.unchanged, "cluster": true, "pending_nodes": []}).to_string(),
+        ));
+    }
     let index = match cl
         .meta_write_at(sluice_cluster::MetaCommand::DfgSet {
             graphs: prepared.graphs,
@@ -1762,7 +1769,7 @@ async fn dfg_apply_clustered(
     // confirm in time (down, cut off) runs them when it catches up.
     let pending = cl.wait_dfgs_everywhere(index, DFG_SETTLE).await;
     Ok(Response::Json(
-        serde_json::json!({"applied": ids, "notes": prepared.notes, "cluster": true, "pending_nodes": pending, "index": index}).to_string(),
+        serde_json::json!({"applied": ids, "notes": prepared.notes, "unchanged": prepared.unchanged, "cluster": true, "pending_nodes": pending, "index": index}).to_string(),
     ))
 }
 

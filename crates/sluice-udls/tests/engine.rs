@@ -403,7 +403,9 @@ fn invalid_graphs_are_rejected_whole_with_the_json_path() {
     let e = engine_with(&s, sluice_udls::registry(), 1, 16, None);
     let cases = [
         ("not json", "$", "not valid JSON"),
-        (r#"{"x": 1}"#, "$", "graphs"),
+        (r#"{"x": 1}"#, "$.x", "unknown field of a DFG file"),
+        (r#"{"udl_aliases": {}}"#, "$", "graphs"),
+        ("[]", "$", "holds no data flow graph: nothing to apply"),
         (r#"[{"graph": []}]"#, "$[0]", "missing \"id\""),
         (
             r#"[{"id": "g", "graph": [{"pathname": "in", "user_defined_logic_list": ["relay"]}]}]"#,
@@ -876,11 +878,14 @@ fn reconcile_follows_the_table_and_reports_what_fails_here() {
     let e = engine_with(&s, reg, 2, 64, None);
     // Prepared here: checked and built once; reconcile takes it as built.
     let p = e
-        .prepare(&graph(
-            "a",
-            json!([{ "pathname": "/in", "user_defined_logic_list": ["counted"],
+        .prepare(
+            &graph(
+                "a",
+                json!([{ "pathname": "/in", "user_defined_logic_list": ["counted"],
                      "destinations": [{ "/out": "put" }] }]),
-        ))
+            ),
+            &Default::default(),
+        )
         .unwrap();
     assert_eq!(p.graphs.len(), 1);
     assert_eq!(built.load(std::sync::atomic::Ordering::SeqCst), 1);
@@ -899,6 +904,30 @@ fn reconcile_follows_the_table_and_reports_what_fails_here() {
     // prepared here) is built here.
     e.reconcile(&table);
     assert_eq!(built.load(std::sync::atomic::Ordering::SeqCst), 1);
+    // The same file applied again is a new apply (its lambdas rebuilt, as
+    // new code must be picked up), unless it asks for only what changed.
+    let text = graph(
+        "a",
+        json!([{ "pathname": "/in", "user_defined_logic_list": ["counted"],
+                 "destinations": [{ "/out": "put" }] }]),
+    );
+    let again = e.prepare(&text, &table).unwrap();
+    assert_ne!(again.graphs[0], p.graphs[0], "stamped anew");
+    let only = e
+        .prepare(&sluice_compute::dfg::only_changed(&text).unwrap(), &table)
+        .unwrap();
+    assert!(
+        only.graphs.is_empty() && only.unchanged == ["a"],
+        "{only:?}"
+    );
+    assert_eq!(built.load(std::sync::atomic::Ordering::SeqCst), 2);
+    table.insert("a".into(), again.graphs[0].1.clone());
+    e.reconcile(&table);
+    assert_eq!(
+        built.load(std::sync::atomic::Ordering::SeqCst),
+        2,
+        "the staged build taken"
+    );
     let other = json!({"id": "b", "desc": "", "graph": [{ "pathname": "/mid",
         "user_defined_logic_list": ["counted"], "user_defined_logic_config_list": [{}],
         "user_defined_logic_stateful_list": ["stateful"], "user_defined_logic_hook_list": ["both"],
@@ -913,7 +942,7 @@ fn reconcile_follows_the_table_and_reports_what_fails_here() {
     .to_string();
     table.insert("c".into(), bad);
     e.reconcile(&table);
-    assert_eq!(built.load(std::sync::atomic::Ordering::SeqCst), 2);
+    assert_eq!(built.load(std::sync::atomic::Ordering::SeqCst), 3);
     let l = e.list();
     let state = |id: &str| {
         l.as_array()

@@ -524,7 +524,11 @@ class Client:
         In a cluster, on every node: it returns once every node runs them
         (a node still loading its Python lambdas is waited for, up to the
         client's ``timeout``; one that does not answer, 3 s), else with the
-        nodes still behind in ``pending_nodes``."""
+        nodes still behind in ``pending_nodes``. Each apply rebuilds the
+        graphs' lambdas (new code on disk or in a ``code_key`` object
+        takes effect); a document ``{"graphs": [...], "only_changed":
+        true}`` leaves those already running as given alone, listed in
+        ``unchanged``."""
         return self._c.dfg_apply(text)
 
     def dfg_list(self) -> List[dict]:
