@@ -13,11 +13,11 @@ use std::time::{Duration, Instant};
 #[derive(clap::Args)]
 pub struct DevArgs {
     /// Number of nodes (one volatile shard replicated on all of them).
-    #[arg(long, default_value_t = 3)]
+    #[arg(long, default_value_t = 3, conflicts_with = "layout")]
     nodes: u32,
     /// Node i listens on 127.0.0.1:(base_port + i); node 0 on the port
     /// every client command uses by default.
-    #[arg(long, default_value_t = 7420)]
+    #[arg(long, default_value_t = 7420, conflicts_with = "layout")]
     base_port: u16,
     /// Where the nodes keep their data and logs.
     #[arg(long, default_value = "./sluice-dev")]
@@ -26,8 +26,9 @@ pub struct DevArgs {
     #[arg(long)]
     fresh: bool,
     /// Start the nodes of this layout instead (Sluice's TOML, e.g. what
-    /// `sluice plan --export` wrote, or Cascade's layout.json); --nodes and
-    /// --base-port are then the layout's.
+    /// `sluice plan --export` wrote, or Cascade's layout.json); the nodes
+    /// and their addresses are the layout's (--nodes and --base-port are
+    /// refused with it).
     #[arg(long)]
     layout: Option<PathBuf>,
     /// Data flow graphs to apply once the cluster is up (`serve --dfgs`).

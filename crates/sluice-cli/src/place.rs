@@ -270,23 +270,64 @@ fn show_reconfig(p: &PlaceProblem, r: &Reconfig, lost: &[(String, String)], json
     print!("{out}");
 }
 
+/// `s` as a TOML string, quotes and control characters escaped.
+fn toml_str(s: &str) -> String {
+    toml::Value::String(s.to_string()).to_string()
+}
+
+/// The pool (under `/parts/`) of a part's objects: its name, with
+/// anything but ASCII letters, digits, `-` and `_` made `_`.
+fn pool_name(part: &str) -> String {
+    part.chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '-' || c == '_' {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect()
+}
+
 /// placement.toml, and a layout whose volatile subgroup `e` replicates
 /// part `e` on exactly its nodes, with the pools that put each part's
 /// objects there.
 fn export(dir: &Path, p: &PlaceProblem, pl: &Placement, base: std::net::SocketAddr) -> Result<()> {
+    // A part's pool is named after it, with characters a pool name had
+    // better not hold replaced: two parts must not end up in one pool
+    // (the second `pools create` would fail, and its objects would live
+    // on the first part's nodes).
+    let pool_names: Vec<String> = p.parts.iter().map(|part| pool_name(&part.name)).collect();
+    for (e, name) in pool_names.iter().enumerate() {
+        if let Some(f) = pool_names[..e].iter().position(|n| n == name) {
+            anyhow::bail!(
+                "parts {:?} and {:?} would both live in the pool /parts/{name}: \
+                 rename one (a pool name keeps letters, digits, '-' and '_')",
+                p.parts[f].name,
+                p.parts[e].name
+            );
+        }
+    }
+    if u32::from(base.port()) + p.nodes.len() as u32 > 65536 {
+        anyhow::bail!(
+            "{} nodes from port {} do not fit below port 65536: give a lower --base-addr",
+            p.nodes.len(),
+            base.port()
+        );
+    }
     std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
     std::fs::write(dir.join("placement.toml"), input::to_toml(p, pl))?;
     let mut layout = String::from("# Written by `sluice place --export`.\nversion = 1\n\n");
     for (i, n) in p.nodes.iter().enumerate() {
         let _ = writeln!(
             layout,
-            "[[nodes]]\nid = {i}\naddress = \"{}:{}\"\nname = \"{}\"{}\n",
+            "[[nodes]]\nid = {i}\naddress = \"{}:{}\"\nname = {}{}\n",
             base.ip(),
             u32::from(base.port()) + i as u32,
-            n.name,
+            toml_str(&n.name),
             n.domain
                 .as_deref()
-                .map(|d| format!("\nlabels = {{ domain = \"{d}\" }}"))
+                .map(|d| format!("\nlabels = {{ domain = {} }}", toml_str(d)))
                 .unwrap_or_default()
         );
     }
@@ -299,20 +340,10 @@ fn export(dir: &Path, p: &PlaceProblem, pl: &Placement, base: std::net::SocketAd
         let _ = writeln!(
             layout,
             "# part {}\n[[subgroups.volatile]]\nshards = [[{}]]\n",
-            part.name,
+            part.name.replace(['\n', '\r'], " "),
             members.join(", ")
         );
-        let name: String = part
-            .name
-            .chars()
-            .map(|c| {
-                if c.is_ascii_alphanumeric() || c == '-' || c == '_' {
-                    c
-                } else {
-                    '_'
-                }
-            })
-            .collect();
+        let name = &pool_names[e];
         let _ = writeln!(
             pools,
             "sluice pools create /parts/{name} --type volatile --subgroup {e}"
@@ -321,8 +352,9 @@ fn export(dir: &Path, p: &PlaceProblem, pl: &Placement, base: std::net::SocketAd
     std::fs::write(dir.join("layout.toml"), layout)?;
     std::fs::write(dir.join("pools.txt"), pools)?;
     eprintln!(
-        "wrote {0}/placement.toml, layout.toml and pools.txt: a part's objects under /parts/<part> live on exactly its nodes (sluice dev --layout {0}/layout.toml)",
-        dir.display()
+        "wrote {}, layout.toml and pools.txt: a part's objects under /parts/<part> live on exactly its nodes (sluice dev --layout {})",
+        dir.join("placement.toml").display(),
+        dir.join("layout.toml").display()
     );
     Ok(())
 }

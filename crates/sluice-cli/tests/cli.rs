@@ -1562,6 +1562,42 @@ fn place_plans_exports_and_reconfigures() {
         .output()
         .unwrap();
     assert!(!o.status.success());
+    // Two parts whose names make the same pool name: the second part's
+    // `pools create` failed and its objects lived on the first part's
+    // nodes. Refused, writing nothing. Names with quotes and newlines
+    // give a layout that parses, with their names kept.
+    let p = dir.path().join("names.toml");
+    let problem = |a: &str, b: &str| {
+        format!(
+            "name = \"n\"\nslots = 2\nfloor = 1\n[[nodes]]\nname = 'q\"0'\ndomain = 'r\"0'\n\
+             [[nodes]]\nname = \"n1\"\ndomain = \"r1\"\n[[nodes]]\nname = \"n2\"\ndomain = \"r2\"\n\
+             [failures]\nsurvivors = 2\n[[parts]]\nname = {a:?}\nload = 1.0\n[[parts]]\nname = {b:?}\nload = 1.0\n"
+        )
+    };
+    let export = |name: &str| {
+        Command::new(BIN)
+            .args(["place", p.to_str().unwrap(), "--export"])
+            .arg(dir.path().join(name))
+            .output()
+            .unwrap()
+    };
+    std::fs::write(&p, problem("x.1", "x_1")).unwrap();
+    let o = export("clash");
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        !o.status.success()
+            && err.contains("\"x.1\" and \"x_1\" would both live in the pool /parts/x_1"),
+        "{err}"
+    );
+    assert!(!dir.path().join("clash").exists());
+    std::fs::write(&p, problem("a\nb", "c")).unwrap();
+    let o = export("quoted");
+    assert!(o.status.success(), "{o:?}");
+    let layout = sluice_types::cluster::ClusterLayout::from_toml(
+        &std::fs::read_to_string(dir.path().join("quoted/layout.toml")).unwrap(),
+    )
+    .unwrap();
+    assert_eq!(layout.nodes[0].name.as_deref(), Some("q\"0"), "{layout:?}");
 }
 
 /// `GET /metrics` on a node's Prometheus endpoint (HTTP/1.1, one request).
@@ -2114,6 +2150,35 @@ fn client_options_given_to_serve_are_refused() {
         err.contains("`sluice dev` takes no --addr") && err.contains("--base-port"),
         "{err}"
     );
+    // `dev --layout L --base-port P` (or --nodes) took the layout's
+    // addresses and said nothing of P: refused now (with the layout's
+    // addresses in use, node 0 failed "address in use" on a port the user
+    // had moved away from).
+    let layout = dir.join("l.toml");
+    std::fs::write(
+        &layout,
+        "version = 1\n[[nodes]]\nid = 0\naddress = \"127.0.0.1:1\"\n",
+    )
+    .unwrap();
+    for flag in [["--base-port", base.as_str()], ["--nodes", "1"]] {
+        let (_, err) = must_fail(
+            &dir,
+            &[
+                "dev",
+                "--layout",
+                layout.to_str().unwrap(),
+                flag[0],
+                flag[1],
+            ],
+            Duration::from_secs(20),
+        );
+        assert!(
+            err.contains(flag[0])
+                && err.contains("cannot be used with")
+                && err.contains("--layout"),
+            "{err}"
+        );
+    }
     // From the environment: the node starts.
     let n = common::spawn_node_env(
         &dir,
