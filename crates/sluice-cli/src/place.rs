@@ -270,25 +270,6 @@ fn show_reconfig(p: &PlaceProblem, r: &Reconfig, lost: &[(String, String)], json
     print!("{out}");
 }
 
-/// `s` as a TOML string, quotes and control characters escaped.
-fn toml_str(s: &str) -> String {
-    toml::Value::String(s.to_string()).to_string()
-}
-
-/// The pool (under `/parts/`) of a part's objects: its name, with
-/// anything but ASCII letters, digits, `-` and `_` made `_`.
-fn pool_name(part: &str) -> String {
-    part.chars()
-        .map(|c| {
-            if c.is_ascii_alphanumeric() || c == '-' || c == '_' {
-                c
-            } else {
-                '_'
-            }
-        })
-        .collect()
-}
-
 /// placement.toml, and a layout whose volatile subgroup `e` replicates
 /// part `e` on exactly its nodes, with the pools that put each part's
 /// objects there.
@@ -297,7 +278,11 @@ fn export(dir: &Path, p: &PlaceProblem, pl: &Placement, base: std::net::SocketAd
     // better not hold replaced: two parts must not end up in one pool
     // (the second `pools create` would fail, and its objects would live
     // on the first part's nodes).
-    let pool_names: Vec<String> = p.parts.iter().map(|part| pool_name(&part.name)).collect();
+    let pool_names: Vec<String> = p
+        .parts
+        .iter()
+        .map(|part| sluice_plan::export::path_segment(&part.name))
+        .collect();
     for (e, name) in pool_names.iter().enumerate() {
         if let Some(f) = pool_names[..e].iter().position(|n| n == name) {
             anyhow::bail!(
@@ -324,10 +309,13 @@ fn export(dir: &Path, p: &PlaceProblem, pl: &Placement, base: std::net::SocketAd
             "[[nodes]]\nid = {i}\naddress = \"{}:{}\"\nname = {}{}\n",
             base.ip(),
             u32::from(base.port()) + i as u32,
-            toml_str(&n.name),
+            sluice_plan::export::toml_str(&n.name),
             n.domain
                 .as_deref()
-                .map(|d| format!("\nlabels = {{ domain = {} }}", toml_str(d)))
+                .map(|d| format!(
+                    "\nlabels = {{ domain = {} }}",
+                    sluice_plan::export::toml_str(d)
+                ))
                 .unwrap_or_default()
         );
     }

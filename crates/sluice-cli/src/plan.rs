@@ -61,10 +61,11 @@ pub fn run(a: PlanArgs, addr: &str, timeout_ms: u64, json: bool) -> Result<()> {
     if let Some(dir) = &a.export {
         sluice_plan::export::write(dir, &p, &report.plan, a.base_addr)
             .with_context(|| format!("exporting to {}", dir.display()))?;
+        let layout = dir.join("layout.toml");
         eprintln!(
-            "wrote {}/layout.toml, dfgs.json, pools.txt and models.txt; start it with: sluice dev --layout {}/layout.toml",
-            dir.display(),
-            dir.display()
+            "wrote {}, dfgs.json, pools.txt and models.txt; start it with: sluice dev --layout {}",
+            layout.display(),
+            layout.display()
         );
     }
     if a.apply {
@@ -89,6 +90,7 @@ fn apply(
         ..Default::default()
     })
     .with_context(|| format!("connecting to {addr}"))?;
+    sluice_plan::export::check_names(p)?;
     for (path, t, sg) in sluice_plan::export::pools(p) {
         let spec = PoolSpec {
             pathname: path.clone(),

@@ -43,6 +43,37 @@ fn pool_of(p: &Problem, v: usize) -> String {
     format!("/plan/{}", path_segment(&p.operators[v].name))
 }
 
+/// Refuses a problem whose operators' pools would clash: two names that
+/// make the same path segment (`a.b` and `a_b`), or an operator whose pool
+/// is where the results go. Either would put two vertices of the graph on
+/// one pool (the second `pools create` fails, and its objects run the
+/// first operator's model or are taken for results).
+pub fn check_names(p: &Problem) -> Result<()> {
+    let ops = p.compute_ops();
+    for (i, &v) in ops.iter().enumerate() {
+        let pool = pool_of(p, v);
+        if pool == RESULTS {
+            return Err(PlanError::Invalid(format!(
+                "operator {:?}: its pool would be {RESULTS}, where the sink's results go: rename it",
+                p.operators[v].name
+            )));
+        }
+        if let Some(&w) = ops[..i].iter().find(|&&w| pool_of(p, w) == pool) {
+            return Err(PlanError::Invalid(format!(
+                "operators {:?} and {:?} would both run at the pool {pool}: rename one \
+                 (a pool name keeps letters, digits, '-' and '_')",
+                p.operators[w].name, p.operators[v].name
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// `s` as a TOML string, quotes and control characters escaped.
+pub fn toml_str(s: &str) -> String {
+    toml::Value::String(s.to_string()).to_string()
+}
+
 /// Where the models and the sink's results live (volatile subgroup 0).
 pub const MODELS: &str = "/models";
 pub const RESULTS: &str = "/plan/results";
@@ -82,10 +113,10 @@ pub fn layout_toml(p: &Problem, plan: &Plan, base: std::net::SocketAddr) -> Stri
         let id = node_id(w);
         let _ = writeln!(
             s,
-            "[[nodes]]\nid = {id}\naddress = \"{}:{}\"\nname = \"{}\"\nlabels = {{ tier = \"{}\" }}\n",
+            "[[nodes]]\nid = {id}\naddress = \"{}:{}\"\nname = {}\nlabels = {{ tier = \"{}\" }}\n",
             base.ip(),
             u32::from(base.port()) + id as u32,
-            p.workers[w].name,
+            toml_str(&p.workers[w].name),
             p.workers[w].tier,
         );
     }
@@ -108,7 +139,7 @@ pub fn layout_toml(p: &Problem, plan: &Plan, base: std::net::SocketAddr) -> Stri
         let _ = writeln!(
             s,
             "# operator {}: pool {} (trigger subgroup {sg}); load share by shard [{}]\n[[subgroups.trigger]]\nshards = [{}]\n",
-            p.operators[v].name,
+            p.operators[v].name.replace(['\n', '\r'], " "),
             pool_of(p, v),
             shares.join(", "),
             members.join(", "),
@@ -180,6 +211,7 @@ pub fn write(dir: &Path, p: &Problem, plan: &Plan, base: std::net::SocketAddr) -
         path: path.display().to_string(),
         reason: e.to_string(),
     };
+    check_names(p)?;
     std::fs::create_dir_all(dir).map_err(|e| err(dir, e))?;
     let layout = dir.join("layout.toml");
     std::fs::write(&layout, layout_toml(p, plan, base)).map_err(|e| err(&layout, e))?;

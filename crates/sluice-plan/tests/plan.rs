@@ -184,6 +184,67 @@ fn example_toml_plans_and_exports() {
     );
 }
 
+/// Operators whose pools clash (`plates.` and `plates_`, or one named
+/// `results`) were exported into one pool each pair: the second `pools
+/// create` failed and one operator's objects ran the other's model. A
+/// worker name with a quote wrote a layout that did not parse.
+#[test]
+fn export_refuses_clashing_pools_and_quotes_names() {
+    let text = std::fs::read_to_string(example()).unwrap();
+    let tmp = tempfile::tempdir().unwrap();
+    let plan_of = |text: String| {
+        let f = tmp.path().join("p.toml");
+        std::fs::write(&f, text).unwrap();
+        let p = load(&f).unwrap();
+        let r = plan_all(&p, &PlanOptions::default()).unwrap();
+        (p, r.plan)
+    };
+    let results = text.replace("\"speed\"", "\"results\"");
+    let clash = text
+        .replace("\"plates\"", "\"plates_\"")
+        .replace("\"speed\"", "\"plates.\"");
+    for (text, why) in [
+        (results, "its pool would be /plan/results"),
+        (
+            clash,
+            "\"plates_\" and \"plates.\" would both run at the pool /plan/plates_",
+        ),
+    ] {
+        let (p, plan) = plan_of(text);
+        let dir = tmp.path().join("out");
+        let e = sluice_plan::export::write(&dir, &p, &plan, "127.0.0.1:7420".parse().unwrap())
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains(why), "{e}");
+        assert!(!dir.exists(), "nothing written");
+    }
+    let mut quoted = text.clone();
+    for w in [
+        "jetson-a",
+        "jetson-b",
+        "nuc",
+        "c5-large",
+        "c5-xlarge",
+        "t4-gpu",
+        "a10-gpu",
+    ] {
+        quoted = quoted.replace(&format!("\"{w}\""), &format!("'{w}\"q'"));
+    }
+    let (p, plan) = plan_of(quoted);
+    let dir = tmp.path().join("quoted");
+    sluice_plan::export::write(&dir, &p, &plan, "127.0.0.1:7420".parse().unwrap()).unwrap();
+    let layout: toml::Value =
+        toml::from_str(&std::fs::read_to_string(dir.join("layout.toml")).unwrap()).unwrap();
+    let nodes = layout["nodes"].as_array().unwrap();
+    assert!(
+        !nodes.is_empty()
+            && nodes
+                .iter()
+                .all(|n| n["name"].as_str().unwrap().ends_with("\"q")),
+        "{layout}"
+    );
+}
+
 #[test]
 fn same_seed_same_plan() {
     let p = load(&example()).unwrap();
