@@ -175,11 +175,11 @@ pub enum ClientCmd {
         #[arg(long, conflicts_with = "to")]
         to_vertex: Option<String>,
         /// Chains from each node: 1 is one chain, 2 a binary tree.
-        #[arg(long, default_value_t = 1)]
-        fanout: usize,
+        #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=255))]
+        fanout: u16,
         /// Chunk size in KiB (4 KiB to 64 MiB).
-        #[arg(long, default_value_t = 1024)]
-        chunk_kb: usize,
+        #[arg(long, default_value_t = 1024, value_parser = clap::value_parser!(u32).range(4..=65536))]
+        chunk_kb: u32,
         /// The node that sends (default: the node the client talks to).
         #[arg(long)]
         from: Option<u32>,
@@ -686,7 +686,7 @@ pub fn execute(
             from,
         } => {
             let to = receivers(c, to, to_shard, to_vertex)?;
-            return broadcast(c, &key, to, (fanout, chunk_kb, from), out);
+            return broadcast(c, &key, to, (fanout.into(), chunk_kb as usize, from), out);
         }
         ClientCmd::Watch {
             prefix,

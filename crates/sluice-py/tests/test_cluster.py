@@ -143,6 +143,13 @@ def test_broadcast_reaches_every_node_and_reports_each(cluster):
     assert all(o["error"] is None for o in r["outcomes"]), r
     with pytest.raises(sluice.InvalidArgument):
         c.broadcast("/vol/model", to=[99])
+    # A receiver named twice got the object twice, the second copy failing
+    # there ("chunk ... without its start") and the command with it.
+    others = sorted(r["order"])
+    with pytest.raises(sluice.InvalidArgument, match=f"node {others[0]} is named twice"):
+        c.broadcast("/vol/model", to=[others[0], others[0]])
+    with pytest.raises(sluice.InvalidArgument, match="fanout 0"):
+        c.broadcast("/vol/model", fanout=0)
 
 
 def test_dfg_apply_returns_once_every_node_has_loaded_its_python_lambdas(cluster):

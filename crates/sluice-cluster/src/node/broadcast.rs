@@ -193,13 +193,27 @@ impl ClusterNode {
         chunk: usize,
     ) -> Result<serde_json::Value, SluiceError> {
         let t0 = std::time::Instant::now();
-        for t in &targets {
+        for (i, t) in targets.iter().enumerate() {
             if self.layout.address_of(*t).is_none() {
                 return Err(SluiceError::invalid_argument(
                     "broadcast",
                     format!("node {t} is not in the layout"),
                 ));
             }
+            // Sent twice, the second copy's chunks reached a receiver
+            // that had finished the first and failed it.
+            if targets[..i].contains(t) {
+                return Err(SluiceError::invalid_argument(
+                    "broadcast",
+                    format!("node {t} is named twice among the receivers"),
+                ));
+            }
+        }
+        if fanout == 0 {
+            return Err(SluiceError::invalid_argument(
+                "broadcast",
+                "fanout 0: each node passes the object on along at least one chain (1: one chain, 2: a binary tree)",
+            ));
         }
         let obj = self.read_any(key).await?;
         let (order, crossings, optimum) = chain_order(&self.layout, self.id, &targets);
