@@ -251,6 +251,7 @@ mod tests {
         }
         let mut bare = Vec::new();
         walk(&Cli::command(), "sluice", &mut bare);
+        walk(&shell::command(), "sluice shell:", &mut bare);
         assert!(bare.is_empty(), "options without help: {bare:#?}");
     }
 }

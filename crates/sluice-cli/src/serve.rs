@@ -154,21 +154,22 @@ pub fn run(a: ServeArgs) -> Result<()> {
                 .engine()
                 .check_file(&text)
                 .map_err(|e| anyhow::anyhow!("--dfgs {path}: {e}"))?;
+            // Every start applies the file again: graphs that already run
+            // as given (restored from the data directory, or the
+            // cluster's) keep running, their lambdas not built twice or
+            // restarted on every node.
+            let text = sluice_compute::dfg::only_changed(&text)
+                .map_err(|e| anyhow::anyhow!("--dfgs {path}: {e}"))?;
             if n == 0 {
                 tracing::info!("--dfgs {path} holds no data flow graph: nothing to apply");
             } else if clustered {
-                // Every start applies the file again: graphs the cluster
-                // already runs as given keep running (their lambdas are
-                // not restarted on every node).
-                let text = sluice_compute::dfg::only_changed(&text)
-                    .map_err(|e| anyhow::anyhow!("--dfgs {path}: {e}"))?;
                 tokio::spawn(apply_at_start(server.local_addr(), text, self_tls));
             } else {
                 let r = server
                     .engine()
                     .apply_report(&text)
-                    .map_err(|e| anyhow::anyhow!("--dfgs: {e}"))?;
-                tracing::info!(graphs = ?r.ids, notes = ?r.notes, "graphs from --dfgs applied");
+                    .map_err(|e| anyhow::anyhow!("--dfgs {path}: {e}"))?;
+                tracing::info!(graphs = ?r.ids, unchanged = ?r.unchanged, notes = ?r.notes, "graphs from --dfgs applied");
             }
         }
         // Listening before the line that scripts wait for, so a signal
@@ -210,7 +211,12 @@ async fn apply_at_start(addr: SocketAddr, text: String, tls: Option<sluice_tls::
         };
         match r {
             Ok(r) => {
-                tracing::info!(graphs = %r["applied"], notes = %r["notes"], "graphs from --dfgs applied to the cluster");
+                tracing::info!(graphs = %r["applied"], unchanged = %r["unchanged"], notes = %r["notes"], "graphs from --dfgs applied to the cluster");
+                return;
+            }
+            // Waiting does not change a refusal by the access rules.
+            Err(e @ sluice_client::SluiceError::PermissionDenied { .. }) => {
+                tracing::error!(error = %e, "graphs from --dfgs not applied: the node applies them as an anonymous client, which the access rules refuse; apply them with `sluice dfg apply` as an admin");
                 return;
             }
             Err(e) => {

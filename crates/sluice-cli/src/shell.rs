@@ -8,10 +8,17 @@ use std::io::{BufRead, IsTerminal, Write};
 #[derive(Parser)]
 #[command(name = "", no_binary_name = true, disable_version_flag = true)]
 struct Line {
+    /// Print this command's result as JSON.
     #[arg(long)]
     json: bool,
     #[command(subcommand)]
     cmd: ClientCmd,
+}
+
+/// The shell's command tree (for the test that every option has help).
+#[cfg(test)]
+pub(crate) fn command() -> clap::Command {
+    <Line as clap::CommandFactory>::command()
 }
 
 /// Splits a line into words: whitespace-separated, with '...' and "..."
