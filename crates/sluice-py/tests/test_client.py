@@ -377,6 +377,16 @@ def test_persistent_pools_keep_versions_for_time_reads_and_history(client):
     # only "int too big to convert"; now what the unit is.
     with pytest.raises(ValueError, match=r"in seconds since the epoch.*timestamp_us="):
         client.get(k, timestamp=r2.timestamp_us)
+    # Negative versions and times: an OverflowError ("can't convert
+    # negative int to unsigned"); now what is wrong.
+    with pytest.raises(ValueError, match="versions start at 1"):
+        client.get(k, version=-1)
+    with pytest.raises(ValueError, match="versions start at 1"):
+        client.get_size(k, version=-1)
+    with pytest.raises(ValueError, match="timestamp_us=-5 is before the epoch"):
+        client.get(k, timestamp_us=-5)
+    with pytest.raises(ValueError, match="timestamp=-1.0 is before the epoch"):
+        client.list_keys_in_object_pool("/vol", timestamp=-1.0)
     # Bounds swapped: an error, not an empty history.
     with pytest.raises(sluice.InvalidArgument, match="starts at 9, after its end 3"):
         client.history(k, start=9, end=3)

@@ -87,9 +87,20 @@ def default_address() -> str:
     return "127.0.0.1:7420"
 
 
+def _version(version: Optional[int]) -> Optional[int]:
+    # A negative one raised OverflowError ("can't convert negative int to
+    # unsigned") from the extension.
+    if version is not None and version < 0:
+        raise ValueError(f"version={version!r}: versions start at 1")
+    return version
+
+
 def _timestamp_us(timestamp: Optional[float], timestamp_us: Optional[int]) -> Optional[int]:
     if timestamp is not None and timestamp_us is not None:
         raise ValueError("give timestamp (seconds) or timestamp_us, not both")
+    for name, t in (("timestamp", timestamp), ("timestamp_us", timestamp_us)):
+        if t is not None and t < 0:
+            raise ValueError(f"{name}={t!r} is before the epoch: times are since 1970-01-01 UTC")
     if timestamp is not None:
         # Seconds since the epoch; past year 5000 it is a time in ms or µs
         # given where seconds were meant (it overflowed, or read the far
@@ -374,7 +385,7 @@ class Client:
         with either)."""
         return self._c.get(
             key,
-            version=version,
+            version=_version(version),
             timestamp_us=_timestamp_us(timestamp, timestamp_us),
             stable=stable,
             linearizable=linearizable,
@@ -390,7 +401,7 @@ class Client:
     ) -> int:
         """The size of the value in bytes, without transferring it."""
         return self._c.get_size(
-            key, version=version, timestamp_us=_timestamp_us(timestamp, timestamp_us)
+            key, version=_version(version), timestamp_us=_timestamp_us(timestamp, timestamp_us)
         )
 
     def multi_get(self, keys: Sequence[str]) -> List[Optional[Object]]:
@@ -411,7 +422,7 @@ class Client:
         return self._c.list_keys(
             pool,
             prefix=prefix,
-            version=version,
+            version=_version(version),
             timestamp_us=_timestamp_us(timestamp, None),
         )
 
@@ -693,7 +704,7 @@ class AsyncClient:
         fut = self._loop.create_future()
         due = self._c.get(
             key,
-            version=version,
+            version=_version(version),
             timestamp_us=_timestamp_us(timestamp, timestamp_us),
             stable=stable,
             linearizable=linearizable,
