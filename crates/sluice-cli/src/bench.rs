@@ -26,7 +26,9 @@ pub fn run(args: &[String], json: bool) -> Result<()> {
     #[cfg(unix)]
     let err = {
         use std::os::unix::process::CommandExt;
-        cmd.exec()
+        // Its help and usage lines then read `sluice bench ...`, the
+        // command the user typed (clap names itself after argv[0]).
+        cmd.arg0("sluice bench").exec()
     };
     #[cfg(not(unix))]
     let err = match cmd.status() {

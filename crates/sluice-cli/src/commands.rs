@@ -14,6 +14,7 @@ use std::time::Duration;
 pub enum ClientCmd {
     /// Store a value: from VALUE, --file, or standard input.
     Put {
+        /// The key: a path under an object pool (`/vol/a`).
         key: String,
         /// The value (else --file, or standard input when it is piped).
         value: Option<String>,
@@ -33,7 +34,9 @@ pub enum ClientCmd {
     },
     /// Fire lambdas and watchers without storing (trigger put).
     Trigger {
+        /// The key: lambdas whose vertex path is a prefix of it fire.
         key: String,
+        /// The value (else --file, or standard input when it is piped).
         value: Option<String>,
         /// The value from this file.
         #[arg(long, conflicts_with = "value")]
@@ -49,6 +52,7 @@ pub enum ClientCmd {
     },
     /// Print a value (latest, --version V, or --at TIMESTAMP_US).
     Get {
+        /// The key: a path under an object pool (`/vol/a`).
         key: String,
         /// In a cluster: read through the shard's leader after it confirms
         /// its leadership (default: a stable read from any member).
@@ -70,7 +74,9 @@ pub enum ClientCmd {
     /// The version current at a timestamp (µs since the Unix epoch). A
     /// future timestamp waits until it is stable (bounded by --timeout-ms).
     GetByTime {
+        /// The key, in a persistent pool.
         key: String,
+        /// The time, in µs since the Unix epoch (`date +%s%6N`).
         timestamp_us: u64,
         /// Answer now even if the timestamp is not stable (the answer may change).
         #[arg(long)]
@@ -78,11 +84,13 @@ pub enum ClientCmd {
     },
     /// Get several keys at once.
     Mget {
+        /// The keys, any pools (each answered on its own line).
         #[arg(required = true)]
         keys: Vec<String>,
     },
     /// Remove a key (writes a tombstone version).
     Rm {
+        /// The key: a path under an object pool (`/vol/a`).
         key: String,
         /// Only if the key's current version is this (else VersionConflict).
         #[arg(long)]
@@ -90,6 +98,7 @@ pub enum ClientCmd {
     },
     /// List the keys of a pool (persistent pools: as of a version or time).
     Ls {
+        /// The pool's path (`/vol`).
         pool: String,
         /// Only keys starting with this (a key path inside the pool).
         #[arg(long)]
@@ -103,6 +112,7 @@ pub enum ClientCmd {
     },
     /// Every version of a key in a range, newest first (persistent pools).
     History {
+        /// The key, in a persistent pool.
         key: String,
         /// The oldest version shown (inclusive; default: the oldest kept).
         #[arg(long)]
@@ -119,6 +129,7 @@ pub enum ClientCmd {
     },
     /// Size of a value in bytes.
     Size {
+        /// The key: a path under an object pool (`/vol/a`).
         key: String,
         /// The size of this version.
         #[arg(long)]
@@ -132,6 +143,8 @@ pub enum ClientCmd {
     Pools(PoolsCmd),
     /// Print notifications for keys under a prefix.
     Watch {
+        /// A key prefix (`/vol/cam1/`): every put, trigger put and remove
+        /// of a key starting with it is printed.
         prefix: String,
         /// Stop after this many notifications.
         #[arg(long)]
@@ -164,6 +177,7 @@ pub enum ClientCmd {
     /// command waits for every receiver: for large objects on slow links
     /// raise --timeout-ms.
     Broadcast {
+        /// The key whose latest version is sent.
         key: String,
         /// Receiving node ids, comma-separated (default: every other node).
         #[arg(long, value_delimiter = ',')]
@@ -202,19 +216,30 @@ pub enum ClusterCmd {
     AddMember {
         /// The shard, e.g. volatile/0/0.
         shard: String,
+        /// The node's id (its entry in the layout's `[[nodes]]`).
         node: u32,
     },
     /// Remove a node from a shard (e.g. a dead one before replacing it).
-    RemoveMember { shard: String, node: u32 },
+    RemoveMember {
+        /// The shard, e.g. volatile/0/0.
+        shard: String,
+        /// The node's id.
+        node: u32,
+    },
     /// Fault injection (nodes started with --fault-injection): cut NODE's
     /// links to PEERS, both directions.
     Cut {
+        /// The node whose links are cut.
         node: u32,
+        /// The peers it can no longer reach (nor they it).
         #[arg(required = true)]
         peers: Vec<u32>,
     },
     /// Fault injection: restore every link of NODE.
-    Heal { node: u32 },
+    Heal {
+        /// The node whose links are restored.
+        node: u32,
+    },
 }
 
 #[derive(clap::Subcommand, Debug)]
@@ -223,6 +248,8 @@ pub enum DfgCmd {
     /// id, rebuilding their lambdas: new code on disk or in a `code_key`
     /// object takes effect); in a cluster, on every node.
     Apply {
+        /// The graphs: Cascade's dfgs.json array, or an object with
+        /// `graphs` (see the README's "Lambdas").
         file: PathBuf,
         /// Map UDL names in the file (Cascade's UUIDs) to Sluice UDLs: one
         /// `<uuid> <udl>` per line (in place of Cascade's udl_dlls.cfg).
@@ -236,15 +263,22 @@ pub enum DfgCmd {
     /// List applied graphs with per-lambda counters (per node in a cluster).
     Ls,
     /// Remove a graph by id.
-    Rm { id: String },
+    Rm {
+        /// The graph's id (its `id` in the file; `dfg ls` lists them).
+        id: String,
+    },
     /// One graph: its vertices, lambdas and counters (JSON).
-    Show { id: String },
+    Show {
+        /// The graph's id.
+        id: String,
+    },
 }
 
 #[derive(clap::Subcommand, Debug)]
 pub enum PoolsCmd {
     /// Create a pool.
     Create {
+        /// The pool's path: keys under it belong to the pool (`/cams`).
         path: String,
         /// volatile (latest version, in memory), persistent (every version,
         /// on disk) or trigger (stores nothing: lambdas and watchers only).
@@ -273,10 +307,16 @@ pub enum PoolsCmd {
     /// Remove a pool: its keys can no longer be read or written, but
     /// stay stored until `pools purge` (a new pool at the path is refused
     /// until then, so it always starts empty).
-    Rm { path: String },
+    Rm {
+        /// The pool's path.
+        path: String,
+    },
     /// Delete a removed pool's objects for good (every version, from
     /// memory and disk, on every replica) and free its path.
-    Purge { path: String },
+    Purge {
+        /// The removed pool's path.
+        path: String,
+    },
     /// List pools.
     Ls {
         /// Include deleted pools.
@@ -284,9 +324,15 @@ pub enum PoolsCmd {
         all: bool,
     },
     /// Show one pool.
-    Show { path: String },
+    Show {
+        /// The pool's path.
+        path: String,
+    },
     /// Which pool a key belongs to.
-    Find { key: String },
+    Find {
+        /// The key.
+        key: String,
+    },
 }
 
 pub fn connect(addr: &str, timeout_ms: u64) -> Result<BlockingClient> {
@@ -487,6 +533,67 @@ impl Shown {
             ..Shown::new(json, text)
         }
     }
+}
+
+/// `stats` for a person (Redis's `INFO`: a section a line): the node's
+/// counters as `name value` pairs, shards one a line. Sections this
+/// build does not know are printed the same way, so nothing is hidden.
+fn stats_text(stats: &Value) -> String {
+    fn scalar(v: &Value) -> String {
+        match v {
+            Value::String(s) => s.clone(),
+            Value::Array(a) => a.iter().map(scalar).collect::<Vec<_>>().join("/"),
+            _ => v.to_string(),
+        }
+    }
+    // `name value, name value` of an object's scalar fields; objects
+    // inside it on lines of their own, indented.
+    fn section(out: &mut String, title: &str, v: &Value) {
+        let Some(map) = v.as_object() else {
+            out.push_str(&format!("{title:<12} {}\n", scalar(v)));
+            return;
+        };
+        let flat: Vec<String> = map
+            .iter()
+            .filter(|(_, v)| !v.is_object())
+            .map(|(k, v)| format!("{} {}", k.replace('_', " "), scalar(v)))
+            .collect();
+        out.push_str(&format!("{title:<12} {}\n", flat.join(", ")));
+        for (k, v) in map.iter().filter(|(_, v)| v.is_object()) {
+            section(out, &format!("  {}", k.replace('_', " ")), v);
+        }
+    }
+    let mut out = String::new();
+    let n = |k: &str| stats.get(k).map(scalar).unwrap_or_else(|| "?".into());
+    out.push_str(&format!(
+        "node {}: {} requests, {} protocol errors, {} watches\n",
+        n("node_id"),
+        n("requests"),
+        n("protocol_errors"),
+        n("watches")
+    ));
+    let Some(map) = stats.as_object() else {
+        return out;
+    };
+    for (k, v) in map {
+        match k.as_str() {
+            "node_id" | "requests" | "protocol_errors" | "watches" => {}
+            "shards" => {
+                for (i, s) in v.as_array().into_iter().flatten().enumerate() {
+                    out.push_str(&format!(
+                        "{:<12} {:<20} {} keys, last version {}\n",
+                        if i == 0 { "shards" } else { "" },
+                        s.get("shard").map(scalar).unwrap_or_default(),
+                        s.get("keys").map(scalar).unwrap_or_default(),
+                        s.get("last_version").map(scalar).unwrap_or_default(),
+                    ));
+                }
+            }
+            "compute" => section(&mut out, "lambdas", v),
+            _ => section(&mut out, &k.replace('_', " "), v),
+        }
+    }
+    out
 }
 
 /// Text lines, each ending in a newline.
@@ -704,7 +811,11 @@ pub fn execute(
         cmd @ (ClientCmd::Mget { .. } | ClientCmd::Ls { .. } | ClientCmd::History { .. }) => {
             lists(c, cmd)?
         }
-        ClientCmd::Stats => Shown::json(c.stats()?),
+        ClientCmd::Stats => {
+            let stats = c.stats()?;
+            let text = stats_text(&stats);
+            Shown::new(stats, text)
+        }
         ClientCmd::Ping => {
             let rtt = c.ping()?;
             Shown::new(
@@ -1425,7 +1536,7 @@ fn pools(c: &BlockingClient, cmd: PoolsCmd) -> Result<Shown> {
 
 #[cfg(test)]
 mod tests {
-    use super::{dfg_lines, escaped, Out, Shown};
+    use super::{dfg_lines, escaped, stats_text, Out, Shown};
     use serde_json::json;
 
     #[test]
@@ -1468,6 +1579,53 @@ mod tests {
             render(Shown::json(json!({"n": 1})), false),
             render(doc, true)
         );
+    }
+
+    /// `stats` without `--json` reads as a summary (it printed the JSON
+    /// document, pretty, whatever the format).
+    #[test]
+    fn stats_read_as_lines_of_counters() {
+        let stats = json!({
+            "compute": {"dispatch_overhead_us": {"count": 0, "p50": 0.0}, "graphs": 1,
+                        "queued": [0, 3], "workers": 2},
+            "connections": {"accepted": 12, "open": 4, "rejected": 0},
+            "node_id": 0, "protocol_errors": 0, "requests": 79,
+            "shards": [{"keys": 1, "last_version": 1, "shard": "volatile/0/0"},
+                       {"keys": 0, "last_version": 0, "shard": "trigger/0/0"}],
+            "store": {"gets": 0, "puts": 1},
+            "watches": 0,
+            "raft": {"elections": 2}
+        });
+        let text = stats_text(&stats);
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(
+            lines[0],
+            "node 0: 79 requests, 0 protocol errors, 0 watches"
+        );
+        assert!(
+            lines.contains(&"lambdas      graphs 1, queued 0/3, workers 2"),
+            "{text}"
+        );
+        assert!(
+            lines.contains(&"  dispatch overhead us count 0, p50 0.0"),
+            "{text}"
+        );
+        assert!(
+            lines.contains(&"connections  accepted 12, open 4, rejected 0"),
+            "{text}"
+        );
+        assert!(
+            lines.contains(&"shards       volatile/0/0         1 keys, last version 1"),
+            "{text}"
+        );
+        assert!(
+            lines.contains(&"             trigger/0/0          0 keys, last version 0"),
+            "{text}"
+        );
+        assert!(lines.contains(&"store        gets 0, puts 1"), "{text}");
+        // A section this build does not know is shown, not dropped.
+        assert!(lines.contains(&"raft         elections 2"), "{text}");
+        assert!(!text.contains('{'), "{text}");
     }
 
     #[test]

@@ -11,6 +11,7 @@ pub enum LayoutCmd {
     /// was mapped and how. `serve --cluster` and `dev --layout` also read
     /// layout.json directly (nodes at 127.0.0.1:7420 + id).
     Import {
+        /// Cascade's layout.json.
         file: PathBuf,
         /// Node n listens on this address's port + n.
         #[arg(long, default_value = "127.0.0.1:7420")]

@@ -162,8 +162,36 @@ fn misplaced_client_option(cmd: &Cmd, m: &ArgMatches) -> Option<String> {
     })
 }
 
+/// The commands that run or read a node themselves and refuse the
+/// client's options (`misplaced_client_option`).
+const NODE_COMMANDS: [&str; 4] = ["serve", "dev", "demo", "fsck"];
+
+/// The command line: `Cli` with the client's options (global, so every
+/// command's help listed them) hidden from the help of the commands that
+/// refuse them.
+fn command() -> clap::Command {
+    let mut cmd = Cli::command();
+    let client: Vec<clap::Arg> = cmd
+        .get_arguments()
+        .filter(|a| CLIENT_OPTIONS.iter().any(|(id, _)| a.get_id() == *id))
+        .cloned()
+        .collect();
+    for name in NODE_COMMANDS {
+        // A hidden copy in the subcommand: the global option is then not
+        // added to it, and a value given there still reaches the top
+        // level's matches, where it is refused.
+        cmd = cmd.mut_subcommand(name, |mut sub| {
+            for a in &client {
+                sub = sub.arg(a.clone().global(false).hide(true));
+            }
+            sub
+        });
+    }
+    cmd
+}
+
 fn main() -> ExitCode {
-    let matches = Cli::command().get_matches();
+    let matches = command().get_matches();
     let mut cli = Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
     if let Some(e) = misplaced_client_option(&cli.cmd, &matches) {
         eprintln!("error: {e}");
@@ -231,18 +259,49 @@ fn main() -> ExitCode {
 mod tests {
     use super::*;
 
-    /// Every option of every command says what it takes in `--help`
-    /// (`history --from-time`, `get --at`, `ls --prefix`, `serve
+    /// `serve --help` (and dev's, demo's, fsck's) listed --addr, --tls-*
+    /// and --token, which those commands refuse: hidden there, shown on
+    /// the client commands.
+    #[test]
+    fn node_commands_do_not_offer_the_client_options() {
+        let mut cmd = command();
+        // As parsing does: the globals reach the subcommands.
+        cmd.build();
+        for name in NODE_COMMANDS {
+            let help = cmd
+                .find_subcommand_mut(name)
+                .unwrap()
+                .render_long_help()
+                .to_string();
+            for (_, flag) in CLIENT_OPTIONS {
+                assert!(!help.contains(flag), "{name} --help offers {flag}:\n{help}");
+            }
+        }
+        let help = cmd
+            .find_subcommand_mut("get")
+            .unwrap()
+            .render_long_help()
+            .to_string();
+        for (_, flag) in CLIENT_OPTIONS {
+            assert!(help.contains(flag), "get --help lacks {flag}:\n{help}");
+        }
+    }
+
+    /// Every option and argument of every command says what it takes in
+    /// `--help` (`history --from-time`, `get --at`, `ls --prefix`, `serve
     /// --node-id` and others printed a bare flag: was `--at` µs or
-    /// seconds, `--to-version` inclusive?). Positional arguments are
-    /// named by the command's own line.
+    /// seconds, `--to-version` inclusive?; `pools create`'s `<PATH>`,
+    /// `get-by-time`'s `<TIMESTAMP_US>` and 40 other arguments were a
+    /// bare name under "Arguments:").
     #[test]
     fn every_option_has_help() {
         fn walk(cmd: &clap::Command, path: &str, bare: &mut Vec<String>) {
             for a in cmd.get_arguments() {
-                let positional = a.get_long().is_none() && a.get_short().is_none();
-                if !positional && a.get_help().is_none() && a.get_long_help().is_none() {
-                    bare.push(format!("{path} --{}", a.get_long().unwrap_or("?")));
+                if a.get_help().is_none() && a.get_long_help().is_none() {
+                    match a.get_long() {
+                        Some(long) => bare.push(format!("{path} --{long}")),
+                        None => bare.push(format!("{path} <{}>", a.get_id())),
+                    }
                 }
             }
             for s in cmd.get_subcommands() {
@@ -250,7 +309,7 @@ mod tests {
             }
         }
         let mut bare = Vec::new();
-        walk(&Cli::command(), "sluice", &mut bare);
+        walk(&command(), "sluice", &mut bare);
         walk(&shell::command(), "sluice shell:", &mut bare);
         assert!(bare.is_empty(), "options without help: {bare:#?}");
     }

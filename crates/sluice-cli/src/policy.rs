@@ -13,6 +13,7 @@ pub enum AuthCmd {
     /// A new principal with a bearer token (printed once: keep it; the
     /// nodes keep only its SHA-256).
     Create {
+        /// The principal's name (letters, digits and `-` `_` `.` `@`).
         name: String,
         /// A role the principal has (repeat for several).
         #[arg(long = "role")]
@@ -22,10 +23,18 @@ pub enum AuthCmd {
     Ls,
     /// Revoke a principal's token: its connections are refused from the
     /// next request on, on every node.
-    Revoke { name: String },
+    Revoke {
+        /// The principal's name.
+        name: String,
+    },
     /// Roles of a principal that connects with a client certificate (its
     /// common name).
-    Roles { name: String, roles: Vec<String> },
+    Roles {
+        /// The certificate's common name.
+        name: String,
+        /// Its roles (none: it has no roles).
+        roles: Vec<String>,
+    },
     /// Who this connection is: principal, how it proved it, roles.
     Whoami,
 }
@@ -38,10 +47,16 @@ pub enum PolicyCmd {
     #[command(subcommand)]
     Set(SetCmd),
     /// Remove a named policy.
-    Rm { name: String },
+    Rm {
+        /// The policy's name (`policy ls` lists them).
+        name: String,
+    },
     /// Refuse everything but the handshake to connections that present no
     /// valid token or client certificate (`on`/`off`).
-    RequireAuth { on: OnOff },
+    RequireAuth {
+        /// `on` refuses anonymous connections, `off` allows them.
+        on: OnOff,
+    },
 }
 
 #[derive(Clone, Copy, Debug, clap::ValueEnum)]
@@ -56,6 +71,7 @@ pub enum SetCmd {
     /// and everything under it. Once any access rule exists, whatever no
     /// rule allows is refused.
     Access {
+        /// The rule's name (a rule of that name is replaced).
         name: String,
         /// Whom the rule covers: a principal, role:NAME, or * (everyone).
         #[arg(long)]
@@ -71,6 +87,7 @@ pub enum SetCmd {
     /// bytes/s, bursts of one second's worth; over it a request waits up
     /// to --max-delay-ms, then is refused with RateLimited.
     Rate {
+        /// The limit's name (a policy of that name is replaced).
         name: String,
         /// Whom the limit covers, each principal alone: a principal,
         /// role:NAME, or * (everyone).
@@ -93,6 +110,7 @@ pub enum SetCmd {
     },
     /// Small requests (and principals in --priority) go ahead of bulk ones.
     Qos {
+        /// The policy's name (a policy of that name is replaced).
         name: String,
         /// Requests with at most this many value bytes are latency-critical.
         #[arg(long, value_parser = parse_bytes, default_value = "4096")]

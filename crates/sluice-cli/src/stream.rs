@@ -16,8 +16,12 @@ pub enum StreamCmd {
     /// the payload goes to the recording node (--local), the header to
     /// the topic on the node(s) of --addr.
     Publish {
+        /// The topic (one path segment: no `/`).
         topic: String,
+        /// The source within it (an edge node, a camera): items of one
+        /// source stay in order.
         source: String,
+        /// The payload, or `-` to read it from standard input.
         value: String,
         /// The recording node (where the payload stays; consumers fetch
         /// it from this address). Default: the --addr node.
@@ -40,6 +44,7 @@ pub enum StreamCmd {
     /// Print a topic's headers as they come (one JSON line each), in
     /// per-source order; --from-time-us replays retained ones first.
     Sub {
+        /// The topic.
         topic: String,
         /// First every retained item recorded at or after this time (µs
         /// since the epoch; 0: all), then live ones.
@@ -58,11 +63,17 @@ pub enum StreamCmd {
 #[derive(clap::Subcommand)]
 pub enum QueueCmd {
     /// Add an item (VALUE, or `-` for stdin) to the shared queue NAME.
-    Push { name: String, value: String },
+    Push {
+        /// The queue's name.
+        name: String,
+        /// The item, or `-` to read it from standard input.
+        value: String,
+    },
     /// Take items as consumer --consumer: each goes to one live
     /// consumer; one whose lease runs out unacknowledged goes to another
     /// (printed with its delivery count).
     Take {
+        /// The queue's name.
         name: String,
         /// This consumer's name (each item goes to one consumer).
         #[arg(long, default_value = "cli")]

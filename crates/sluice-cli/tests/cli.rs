@@ -211,6 +211,14 @@ fn pools_commands_and_errors() {
         e.contains("no object pool covers key \"/nowhere/x\""),
         "{e}"
     );
+    // The command it suggests works as written (it lacked the required
+    // `--type`, so copying it failed with a usage error).
+    assert!(
+        e.contains("`sluice pools create <path> --type volatile`"),
+        "{e}"
+    );
+    n.ok(&["pools", "create", "/nowhere", "--type", "volatile"]);
+    n.ok(&["put", "/nowhere/x", "v"]);
     let e = n.fails(&["put", "relative/key", "v"]);
     assert!(e.contains("must start with '/'"), "{e}");
     let e = n.fails(&["get", "/trig/x"]);
@@ -317,8 +325,12 @@ fn watch_receives_trigger_puts_and_shell_runs_commands() {
 fn stats_ping_and_graceful_shutdown() {
     let n = start_node();
     n.ok(&["put", "/vol/a", "x"]);
-    let j: serde_json::Value = serde_json::from_str(&n.ok(&["stats"])).unwrap();
+    let j: serde_json::Value = serde_json::from_str(&n.ok(&["--json", "stats"])).unwrap();
     assert_eq!(j["store"]["puts"], 1);
+    let text = n.ok(&["stats"]);
+    assert!(text.starts_with("node 0: "), "{text}");
+    assert!(text.contains("\nstore "), "{text}");
+    assert!(text.contains(" puts 1"), "{text}");
     assert!(n.ok(&["ping"]).starts_with("pong from node 0"));
     // A health check for scripts: exit code 0 when the node serves.
     assert!(n.ok(&["health"]).starts_with("healthy: node 0"));
@@ -2068,6 +2080,26 @@ fn bench_without_its_binary_says_how_to_build_it() {
         "{err}"
     );
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// `sluice bench --help` said `Usage: sluice-bench [OPTIONS] [COMMAND]`,
+/// a binary the user did not type: its help names `sluice bench` now.
+#[test]
+fn bench_help_names_the_command_typed() {
+    let bench = Path::new(BIN).with_file_name("sluice-bench");
+    if !bench.exists() {
+        // `cargo test --workspace` (the README's command) builds it.
+        eprintln!("skipped: no {} (build the workspace)", bench.display());
+        return;
+    }
+    for args in [&["bench", "--help"][..], &["bench", "cluster", "--help"]] {
+        let out = Command::new(BIN).args(args).output().unwrap();
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(out.status.success(), "{args:?}: {out:?}");
+        let usage = text.lines().find(|l| l.starts_with("Usage:")).unwrap_or("");
+        assert!(usage.starts_with("Usage: sluice bench"), "{args:?}: {text}");
+        assert!(!text.contains("sluice-bench "), "{args:?}: {text}");
+    }
 }
 
 /// A client's options given to `serve` were ignored: `serve --addr

@@ -511,7 +511,7 @@ impl Engine {
                                 return Err(DfgError {
                                     path: format!("$[{gi}].graph[{vi}].destinations[{ui}][{di}]"),
                                     reason: format!(
-                                        "destination {d:?} of vertex {:?} has no object pool; create one first (sluice pools create <path>)",
+                                        "destination {d:?} of vertex {:?} has no object pool; create one first (sluice pools create <path> --type ...)",
                                         v.pathname
                                     ),
                                 });

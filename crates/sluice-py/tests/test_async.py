@@ -435,3 +435,60 @@ def test_a_large_value_in_flight_does_not_hold_the_event_loop(node, io):
                 t.cancel()
 
     run(main())
+
+
+def test_the_async_client_has_the_blocking_clients_methods_and_arguments():
+    # AsyncClient passed some calls to the extension as they came, with
+    # none of Client's checks and conversions: get_size(timestamp=...)
+    # was a TypeError, get_size(version=-1) an OverflowError,
+    # history(end=None) a TypeError, list_keys took no version or time,
+    # and policy was missing. Every method of Client is a coroutine of the
+    # same signature on AsyncClient (watch has no callback: iterate it).
+    import inspect
+
+    sync_only = {"close", "node_id", "cluster_epoch"}
+    for name, f in inspect.getmembers(sluice.Client, inspect.isfunction):
+        if name.startswith("_") or name in sync_only:
+            continue
+        af = getattr(sluice.AsyncClient, name, None)
+        assert af is not None, f"AsyncClient has no {name}"
+        assert inspect.iscoroutinefunction(af), name
+        want = inspect.signature(f)
+        if name == "watch":
+            want = want.replace(
+                parameters=[p for p in want.parameters.values() if p.name != "callback"]
+            )
+        got = inspect.signature(af)
+        assert [(p.name, p.kind, p.default) for p in got.parameters.values()] == [
+            (p.name, p.kind, p.default) for p in want.parameters.values()
+        ], name
+        assert af.__doc__, f"AsyncClient.{name} has no docstring"
+
+
+@IO
+def test_async_reads_by_time_and_version_check_their_arguments(node, io):
+    async def main():
+        async with await sluice.AsyncClient.connect(node.addr, io=io) as c:
+            pool = f"/apers-{uuid.uuid4().hex[:8]}"
+            await c.create_object_pool(pool, "persistent")
+            k = f"{pool}/k"
+            r1 = await c.put(k, b"old")
+            r2 = await c.put(k, b"newer")
+            t = (r1.timestamp_us + r2.timestamp_us) // 2
+            assert await c.get_size(k, timestamp=t / 1e6) == 3
+            assert await c.get_size(k, timestamp_us=t) == 3
+            assert await c.get_size(k, version=r2.version) == 5
+            h = await c.history(k, end=None)
+            assert [o.value.tobytes() for o in h] == [b"newer", b"old"]
+            assert await c.list_keys_in_object_pool(pool, timestamp=t / 1e6) == [k]
+            assert await c.list_keys(pool, version=r1.version - 1) == []
+            with pytest.raises(ValueError, match="versions start at 1"):
+                await c.get_size(k, version=-1)
+            with pytest.raises(ValueError, match="not both"):
+                await c.get_size(k, timestamp=1.0, timestamp_us=1)
+            with pytest.raises(ValueError, match="timestamp=-1.0 is before the epoch"):
+                await c.list_keys(pool, timestamp=-1.0)
+            me = await c.policy("whoami")
+            assert me == c._blocking.policy("whoami"), me
+
+    run(main())

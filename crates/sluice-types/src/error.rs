@@ -11,7 +11,7 @@ pub type Result<T, E = SluiceError> = std::result::Result<T, E>;
 pub enum SluiceError {
     #[error("invalid key {key:?}: {reason}")]
     InvalidKey { key: String, reason: String },
-    #[error("no object pool covers key {key:?}; create one with `sluice pools create <path>`")]
+    #[error("no object pool covers key {key:?}; create one with `sluice pools create <path> --type volatile` (or persistent, trigger)")]
     NoPool { key: String },
     #[error(
         "object pool {pool:?} (for key {key:?}) is deleted; its objects stay stored until `sluice pools purge {pool}`, after which the path can be created again"

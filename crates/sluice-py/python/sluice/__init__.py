@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import json
 import asyncio
+import functools
 import logging
 import os
 import threading
@@ -466,6 +467,8 @@ class Client:
         )
 
     def list_object_pools(self, include_deleted: bool = False) -> List[dict]:
+        """Every pool (a dict each: ``pathname``, ``pool_type``, its
+        shards and settings); removed ones too with ``include_deleted``."""
         return self._c.list_object_pools(include_deleted)
 
     def get_object_pool(self, pathname: str) -> dict:
@@ -473,6 +476,8 @@ class Client:
         return self._c.get_object_pool(pathname)
 
     def remove_object_pool(self, pathname: str) -> dict:
+        """Removes a pool: its keys can no longer be read or written but
+        stay stored until ``purge_object_pool``."""
         return self._c.remove_object_pool(pathname)
 
     def purge_object_pool(self, pathname: str) -> dict:
@@ -511,6 +516,7 @@ class Client:
         return self._c.ping()
 
     def stats(self) -> dict:
+        """The node's counters (as ``sluice stats --json``)."""
         return self._c.stats()
 
     def broadcast(self, key: str, to: Optional[List[int]] = None, fanout: int = 1) -> dict:
@@ -543,10 +549,12 @@ class Client:
         return self._c.dfg_apply(text)
 
     def dfg_list(self) -> List[dict]:
+        """The applied data flow graphs with their lambdas' counters."""
         return self._c.dfg_list()
 
     def dfg_remove(self, id: str) -> None:
-        self._c.dfg_remove(id)
+        """Removes the graph ``id`` (in a cluster, from every node)."""
+        return self._c.dfg_remove(id)
 
 
 def default_io() -> str:
@@ -561,14 +569,45 @@ def default_io() -> str:
     return "loop" if cores <= 2 else "threads"
 
 
-def _async_method(name: str, doc: Optional[str]) -> Callable[..., Any]:
-    async def method(self: "AsyncClient", *args: Any, **kwargs: Any) -> Any:
-        fut = self._loop.create_future()
-        self._started(getattr(self._c, name)(*args, future=fut, **kwargs))
-        return await fut
+class _Deferred:
+    """Stands in for the extension when a ``Client`` method runs for an
+    ``AsyncClient``: each call is started with a future, which it returns
+    for the coroutine to await. So the async methods check and convert
+    their arguments in the very code the blocking ones do."""
 
-    method.__name__ = name
-    method.__doc__ = doc
+    __slots__ = ("_c",)
+
+    def __init__(self, client: "AsyncClient") -> None:
+        self._c = _DeferredCalls(client)
+
+
+class _DeferredCalls:
+    __slots__ = ("_client",)
+
+    def __init__(self, client: "AsyncClient") -> None:
+        self._client = client
+
+    def __getattr__(self, name: str) -> Callable[..., "asyncio.Future[Any]"]:
+        client = self._client
+
+        def call(*args: Any, **kwargs: Any) -> "asyncio.Future[Any]":
+            fut = client._loop.create_future()
+            client._started(getattr(client._c, name)(*args, future=fut, **kwargs))
+            return fut
+
+        return call
+
+
+def _async_method(name: str) -> Callable[..., Any]:
+    """``Client.<name>`` as a coroutine: the blocking method's body (its
+    checks, conversions and call) with the call started, then awaited."""
+    blocking = getattr(Client, name)
+
+    @functools.wraps(blocking)
+    async def method(self: "AsyncClient", *args: Any, **kwargs: Any) -> Any:
+        return await blocking(self._deferred, *args, **kwargs)
+
+    method.__qualname__ = f"AsyncClient.{name}"
     return method
 
 
@@ -593,6 +632,7 @@ class AsyncClient:
         # other client runs on the extension's shared threads, which queue
         # what finished and signal an eventfd; the loop then takes it all
         # at once. Either way no thread but the loop's touches a future.
+        self._deferred = _Deferred(self)
         self._fd, self._driven = self._c._completion_fd()
         loop.add_reader(self._fd, self._turn if self._driven else self._drain)
 
@@ -718,15 +758,6 @@ class AsyncClient:
         self._started(self._c.multi_get(list(keys), future=fut))
         return await fut
 
-    async def list_keys_in_object_pool(
-        self, pool: str, *, prefix: Optional[str] = None
-    ) -> List[str]:
-        fut = self._loop.create_future()
-        self._started(self._c.list_keys(pool, prefix=prefix, future=fut))
-        return await fut
-
-    list_keys = list_keys_in_object_pool
-
     async def watch(
         self,
         prefix: str,
@@ -734,6 +765,8 @@ class AsyncClient:
         from_version: Optional[int] = None,
         from_time_us: Optional[int] = None,
     ) -> AsyncWatch:
+        """Notifications for keys under ``prefix``, as ``Client.watch``:
+        iterate it with ``async for`` or ``await w.next(timeout)``."""
         fut = self._loop.create_future()
         self._started(
             self._c.watch(
@@ -744,11 +777,14 @@ class AsyncClient:
 
 
 AsyncClient.put.__doc__ = Client.put.__doc__
+AsyncClient.get.__doc__ = Client.get.__doc__
+AsyncClient.multi_get.__doc__ = Client.multi_get.__doc__
 for _name in (
     "put_and_forget",
     "trigger_put",
     "remove",
     "get_size",
+    "list_keys_in_object_pool",
     "history",
     "create_object_pool",
     "list_object_pools",
@@ -758,9 +794,11 @@ for _name in (
     "ping",
     "stats",
     "broadcast",
+    "policy",
     "dfg_apply",
     "dfg_list",
     "dfg_remove",
 ):
-    setattr(AsyncClient, _name, _async_method(_name, getattr(Client, _name).__doc__))
+    setattr(AsyncClient, _name, _async_method(_name))
 del _name
+AsyncClient.list_keys = AsyncClient.list_keys_in_object_pool  # type: ignore[attr-defined]
