@@ -1524,10 +1524,14 @@ fn pools(c: &BlockingClient, cmd: PoolsCmd) -> Result<Shown> {
                 text = text.replace("[access_policy]\nmode = \"\"\n\n", "");
                 text = text.replace("\n[access_policy]\nmode = \"\"\n", "");
             }
-            text += "\n";
+            // `keys` among the top-level fields: after the tables
+            // (`[object_locations]`, `[retention]`) it read as one of
+            // theirs to anything that parsed the text as TOML.
             if let Some(n) = keys {
-                text += &format!("keys = {n}\n");
+                let at = text.find("\n[").map_or(text.len(), |i| i + 1);
+                text.insert_str(at, &format!("keys = {n}\n"));
             }
+            text += "\n";
             Ok(Shown::new(j, text))
         }
         PoolsCmd::Find { key } => one(&c.pool_of_key(&key)?),

@@ -366,7 +366,13 @@ fn print_extras(
             .iter()
             .map(|n| metrics_addr(b, n.id))
             .collect::<Result<_>>()?;
+        // `sluice top` run from here reads them by itself.
+        std::fs::write(a.dir.join("metrics"), all.join("\n") + "\n")
+            .with_context(|| format!("writing {}/metrics", a.dir.display()))?;
         println!("metrics: sluice top --metrics {}", all.join(","));
+    } else {
+        // One a killed earlier run left would point top at nothing.
+        let _ = std::fs::remove_file(a.dir.join("metrics"));
     }
     Ok(())
 }
@@ -487,6 +493,7 @@ pub fn run(a: DevArgs) -> Result<()> {
         let _ = c.wait();
     }
     let _ = std::fs::remove_file(a.dir.join("endpoints"));
+    let _ = std::fs::remove_file(a.dir.join("metrics"));
     Ok(())
 }
 

@@ -111,6 +111,8 @@ enum Cmd {
 /// Where `sluice dev` (run in this directory with its default --dir)
 /// leaves its nodes' addresses for client commands to find.
 pub(crate) const DEV_ENDPOINTS: &str = "sluice-dev/endpoints";
+/// ... and, with `--metrics-base`, their metrics addresses for `sluice top`.
+pub(crate) const DEV_METRICS: &str = "sluice-dev/metrics";
 
 fn default_addr() -> String {
     std::fs::read_to_string(DEV_ENDPOINTS)
@@ -136,19 +138,15 @@ const CLIENT_OPTIONS: [(&str, &str); 5] = [
 /// the default ports, `fsck --addr` checked the local data directory). What is set in the environment (`SLUICE_ADDR`, ...)
 /// is for the client commands and is left alone.
 fn misplaced_client_option(cmd: &Cmd, m: &ArgMatches) -> Option<String> {
-    let (name, instead) = match cmd {
-        Cmd::Serve(_) => (
-            "serve",
-            "a node listens where --listen (or the config's `listen`) says, serves TLS from its config's [tls] section and is policed by `sluice policy`",
-        ),
-        Cmd::Dev(_) => (
-            "dev",
-            "its nodes listen on --base-port and the ports after it (or at its --layout's addresses), and with --tls it makes its own CA and certificates",
-        ),
-        Cmd::Demo(_) => ("demo", "the demo runs its own embedded node"),
-        Cmd::Fsck(_) => ("fsck", "fsck reads a stopped node's files (--data-dir)"),
+    let name = match cmd {
+        Cmd::Serve(_) => "serve",
+        Cmd::Dev(_) => "dev",
+        Cmd::Demo(_) => "demo",
+        Cmd::Fsck(_) => "fsck",
+        Cmd::Top(_) => "top",
         _ => return None,
     };
+    let (_, instead) = NODE_COMMANDS.iter().find(|(n, _)| *n == name)?;
     let given: Vec<&str> = CLIENT_OPTIONS
         .iter()
         .filter(|(id, _)| m.value_source(id) == Some(ValueSource::CommandLine))
@@ -162,9 +160,25 @@ fn misplaced_client_option(cmd: &Cmd, m: &ArgMatches) -> Option<String> {
     })
 }
 
-/// The commands that run or read a node themselves and refuse the
-/// client's options (`misplaced_client_option`).
-const NODE_COMMANDS: [&str; 4] = ["serve", "dev", "demo", "fsck"];
+/// The commands that run or read a node themselves, or read its metrics
+/// endpoint, and refuse the client's options (`misplaced_client_option`):
+/// each with where its own settings go instead.
+const NODE_COMMANDS: [(&str, &str); 5] = [
+    (
+        "serve",
+        "a node listens where --listen (or the config's `listen`) says, serves TLS from its config's [tls] section and is policed by `sluice policy`",
+    ),
+    (
+        "dev",
+        "its nodes listen on --base-port and the ports after it (or at its --layout's addresses), and with --tls it makes its own CA and certificates",
+    ),
+    ("demo", "the demo runs its own embedded node"),
+    ("fsck", "fsck reads a stopped node's files (--data-dir)"),
+    (
+        "top",
+        "top reads the nodes' metrics endpoints (--metrics; by itself where `sluice dev --metrics-base` runs)",
+    ),
+];
 
 /// The command line: `Cli` with the client's options (global, so every
 /// command's help listed them) hidden from the help of the commands that
@@ -176,7 +190,7 @@ fn command() -> clap::Command {
         .filter(|a| CLIENT_OPTIONS.iter().any(|(id, _)| a.get_id() == *id))
         .cloned()
         .collect();
-    for name in NODE_COMMANDS {
+    for (name, _) in NODE_COMMANDS {
         // A hidden copy in the subcommand: the global option is then not
         // added to it, and a value given there still reaches the top
         // level's matches, where it is refused.
@@ -267,7 +281,7 @@ mod tests {
         let mut cmd = command();
         // As parsing does: the globals reach the subcommands.
         cmd.build();
-        for name in NODE_COMMANDS {
+        for (name, _) in NODE_COMMANDS {
             let help = cmd
                 .find_subcommand_mut(name)
                 .unwrap()

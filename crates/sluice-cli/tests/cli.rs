@@ -155,6 +155,13 @@ fn pools_commands_and_errors() {
     // Key counts per pool (issue #15).
     let shown = n.ok(&["pools", "show", "/positions"]);
     assert!(shown.contains("keys = 2"), "{shown}");
+    // The text is TOML, `keys` one of the pool's own fields (it came
+    // after `[object_locations]`, so it parsed as a pinned key's).
+    let t: toml::Table = shown.parse().unwrap();
+    assert_eq!(t["keys"].as_integer(), Some(2), "{shown}");
+    let pins = t["object_locations"].as_table().unwrap();
+    assert_eq!(pins.len(), 1, "{shown}");
+    assert_eq!(pins["/positions/pinned"].as_integer(), Some(0), "{shown}");
     // No `[access_policy] mode = ""`: pools have no access setting of
     // their own (`sluice policy` rules give access), so none is shown.
     assert!(
@@ -816,6 +823,14 @@ fn spawn_dev_with(dir: &Path, base: u16, nodes: u16, args: &[&str]) -> Dev {
     }
 }
 
+/// `sluice ARGS` (`top`, which takes no --addr), which must succeed: its
+/// standard output.
+fn top_at(args: &[&str]) -> String {
+    let o = Command::new(BIN).args(args).output().unwrap();
+    assert!(o.status.success(), "sluice {args:?}: {o:?}");
+    String::from_utf8(o.stdout).unwrap()
+}
+
 /// `sluice --addr ADDR ARGS`, which must succeed: its standard output.
 fn cli_at(addr: &str, args: &[&str]) -> String {
     let o = Command::new(BIN)
@@ -1008,18 +1023,15 @@ fn dev_starts_a_three_node_cluster_and_ctrl_c_stops_it() {
     // among them (each node mirrors its groups once a second: wait).
     let deadline = std::time::Instant::now() + Duration::from_secs(15);
     loop {
-        let top = cli(
-            a0.clone(),
-            &[
-                "--json",
-                "top",
-                "--metrics",
-                &metrics,
-                "--once",
-                "--interval-ms",
-                "100",
-            ],
-        );
+        let top = top_at(&[
+            "--json",
+            "top",
+            "--metrics",
+            &metrics,
+            "--once",
+            "--interval-ms",
+            "100",
+        ]);
         let v: serde_json::Value = serde_json::from_str(&top).unwrap();
         let roles: Vec<&str> = v
             .as_array()
@@ -1035,6 +1047,25 @@ fn dev_starts_a_three_node_cluster_and_ctrl_c_stops_it() {
         // Each try takes its interval (100 ms): a bounded poll.
         assert!(std::time::Instant::now() < deadline, "{top}");
     }
+    // From the directory `sluice dev` runs in, top finds the nodes'
+    // metrics by itself (it required --metrics); the client options it
+    // has no use for are refused.
+    let o = Command::new(BIN)
+        .current_dir(&dir)
+        .args(["--json", "top", "--once", "--interval-ms", "100"])
+        .output()
+        .unwrap();
+    let top = String::from_utf8_lossy(&o.stdout);
+    assert!(o.status.success(), "{o:?}");
+    let v: serde_json::Value = serde_json::from_str(&top).unwrap();
+    assert_eq!(v.as_array().map(Vec::len), Some(3), "{top}");
+    let o = Command::new(BIN)
+        .current_dir(&dir)
+        .args(["top", "--once", "--addr", "127.0.0.1:1"])
+        .output()
+        .unwrap();
+    let e = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success() && e.contains("takes no --addr"), "{e}");
     // In human form: no raw JSON; followers' lag as node:entries.
     let human = cli(a0.clone(), &["cluster", "status"]);
     assert!(!human.contains('{'), "{human}");
@@ -1731,7 +1762,7 @@ fn metrics_endpoint_shows_requests_by_op_and_pool_and_udl_calls() {
     );
     // `sluice top` over the same endpoint: totals since the start, and
     // the lambda by vertex and UDL.
-    let top: serde_json::Value = serde_json::from_str(&n.ok(&[
+    let top: serde_json::Value = serde_json::from_str(&top_at(&[
         "--json",
         "top",
         "--metrics",
@@ -1756,7 +1787,12 @@ fn metrics_endpoint_shows_requests_by_op_and_pool_and_udl_calls() {
     assert_eq!(total("ops", "trigger_put"), Some(1), "{top}");
     assert_eq!(total("lambdas", "/trig/m relay"), Some(1), "{top}");
     assert!(total("pools", "/vol").unwrap() >= 2, "{top}");
-    let e = n.fails(&["top", "--metrics", "127.0.0.1:1", "--once"]);
+    let o = Command::new(BIN)
+        .args(["top", "--metrics", "127.0.0.1:1", "--once"])
+        .output()
+        .unwrap();
+    assert!(!o.status.success());
+    let e = String::from_utf8_lossy(&o.stderr);
     assert!(
         e.contains("is the node started with --metrics 127.0.0.1:1?"),
         "{e}"

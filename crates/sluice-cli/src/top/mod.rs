@@ -19,7 +19,9 @@ use view::{NodeView, Rate};
 pub struct TopArgs {
     /// The nodes' metrics addresses (host:port, comma-separated): what
     /// each was started with as `--metrics` (or `[metrics] listen`).
-    #[arg(long, value_delimiter = ',', required = true, value_name = "ADDR")]
+    /// Default: those of the nodes `sluice dev --metrics-base` runs from
+    /// this directory.
+    #[arg(long, value_delimiter = ',', value_name = "ADDR")]
     metrics: Vec<String>,
     /// Refresh every this many milliseconds (the rates cover that interval).
     #[arg(long, default_value_t = 1000)]
@@ -29,12 +31,27 @@ pub struct TopArgs {
     once: bool,
 }
 
+/// The metrics addresses `sluice dev --metrics-base` left in this
+/// directory, if it runs here.
+fn dev_metrics() -> Option<Vec<String>> {
+    let text = std::fs::read_to_string(crate::DEV_METRICS).ok()?;
+    let addrs: Vec<String> = text.split_whitespace().map(str::to_string).collect();
+    (!addrs.is_empty()).then_some(addrs)
+}
+
 /// How long one scrape may take.
 const SCRAPE_TIMEOUT: Duration = Duration::from_secs(3);
 
-pub fn run(a: TopArgs, json: bool) -> Result<()> {
+pub fn run(mut a: TopArgs, json: bool) -> Result<()> {
     if a.interval_ms == 0 {
         bail!("--interval-ms must be at least 1");
+    }
+    if a.metrics.is_empty() {
+        a.metrics = dev_metrics().ok_or_else(|| {
+            anyhow::anyhow!(
+                "no --metrics: give the nodes' metrics addresses (each node's `serve --metrics ADDR` or `[metrics] listen`); from the directory where `sluice dev --metrics-base PORT` runs, top finds them by itself"
+            )
+        })?;
     }
     let interval = Duration::from_millis(a.interval_ms);
     let in_place = !a.once && !json && std::io::stdout().is_terminal();
