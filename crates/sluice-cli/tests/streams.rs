@@ -411,6 +411,17 @@ fn aggregate_and_rate_vertices_emit_tuples_of_headers() {
         assert_eq!(f.fetch(&slot(0)).await.unwrap(), Bytes::from("at 1000"));
         assert!(slot(1).is_eager());
         assert_eq!(f.fetch(&slot(1)).await.unwrap(), Bytes::from("at 1010"));
+        // A source named twice took two slots of each tuple: refused.
+        let e = b
+            .dfg_apply(
+                r#"[{"id": "dup", "graph": [{"pathname": "/streams/room",
+                "user_defined_logic_list": ["stream_rate"],
+                "user_defined_logic_config_list": [{"sources": ["cam", "cam"], "period_ms": 100}],
+                "destinations": [{"/out/rate": "put"}]}]}]"#,
+            )
+            .await
+            .unwrap_err();
+        assert!(e.to_string().contains("source \"cam\" twice"), "{e}");
     });
 }
 

@@ -30,6 +30,43 @@ where
     crate::runtime::detach(py, || rt().block_on(f)).map_err(to_py)
 }
 
+/// A count or a time given as a Python int: a negative one said only
+/// "can't convert negative int to unsigned" (OverflowError).
+fn non_negative(name: &str, v: i128) -> PyResult<u64> {
+    u64::try_from(v).map_err(|_| {
+        PyValueError::new_err(if v < 0 {
+            format!("{name}={v} is negative: counts and times start at 0")
+        } else {
+            format!("{name}={v} is more than 2**64 - 1")
+        })
+    })
+}
+
+fn opt_non_negative(name: &str, v: Option<i128>) -> PyResult<Option<u64>> {
+    v.map(|v| non_negative(name, v)).transpose()
+}
+
+/// The sources of an aligner or a ticker, checked.
+fn sources_of(sources: &[String]) -> PyResult<Vec<&str>> {
+    let names: Vec<&str> = sources.iter().map(String::as_str).collect();
+    sluice_streams::check_sources(&names).map_err(PyValueError::new_err)?;
+    Ok(names)
+}
+
+/// An item for an operator that does not have its source: it would be
+/// dropped (the aligner) or kept for ever (the ticker) without a word.
+fn unknown_source(source: &str, sources: &[&str]) -> PyErr {
+    let list: Vec<String> = sources.iter().map(|s| format!("{s:?}")).collect();
+    PyValueError::new_err(format!(
+        "source {source:?} is not one of its sources [{}]",
+        list.join(", ")
+    ))
+}
+
+/// The most ticks one `tick_until` makes: a `first` on another clock
+/// than `now` (0, against a wall-clock time in µs) asked for 10^14.
+const MAX_TICKS_AT_ONCE: u64 = 1_000_000;
+
 fn fail_soft(s: &str) -> PyResult<FailSoft> {
     match s {
         "drop" => Ok(FailSoft::Drop),
@@ -131,9 +168,11 @@ impl StreamProducer {
         topic: String,
         source: String,
         routing: &str,
-        keep_for_s: u64,
-        keep_bytes: Option<u64>,
+        keep_for_s: i128,
+        keep_bytes: Option<i128>,
     ) -> PyResult<StreamProducer> {
+        let keep_for_s = non_negative("keep_for_s", keep_for_s)?;
+        let keep_bytes = opt_non_negative("keep_bytes", keep_bytes)?;
         let routing: topic::Routing = routing.parse().map_err(to_py)?;
         let (b, made_in) = (broker.rust()?, broker.made_in());
         let keep = topic::Keep {
@@ -156,8 +195,9 @@ impl StreamProducer {
         &self,
         py: Python<'_>,
         value: &Bound<'_, PyAny>,
-        ts_us: Option<u64>,
+        ts_us: Option<i128>,
     ) -> PyResult<Header> {
+        let ts_us = opt_non_negative("ts_us", ts_us)?;
         let payload = bytes_of(value)?;
         let inner = self.inner.clone();
         let h = block(py, self.made_in, async move {
@@ -195,8 +235,9 @@ impl StreamSubscriber {
         py: Python<'_>,
         broker: &Client,
         topic: String,
-        from_ts_us: Option<u64>,
+        from_ts_us: Option<i128>,
     ) -> PyResult<Self> {
+        let from_ts_us = opt_non_negative("from_ts_us", from_ts_us)?;
         let (b, made_in) = (broker.rust()?, broker.made_in());
         let sub = block(py, made_in, async move {
             topic::Subscriber::new(&b, &topic, from_ts_us).await
@@ -367,8 +408,10 @@ impl RateConsumer {
     }
 
     /// Records the ground truth from `ts_us` on.
-    fn truth(&self, ts_us: u64, label: String) {
+    fn truth(&self, ts_us: i128, label: String) -> PyResult<()> {
+        let ts_us = non_negative("ts_us", ts_us)?;
         self.inner.blocking_lock().truth(ts_us, label);
+        Ok(())
     }
 
     /// Backlog, used/skipped items, payloads fetched, predictions, excess,
@@ -536,16 +579,19 @@ fn py_item(source: &str, ts: u64, value: Option<Py<PyAny>>) -> Item<PyItem> {
 #[pyclass(module = "sluice._sluice")]
 pub struct Aligner {
     inner: align::Aligner<PyItem>,
+    sources: Vec<String>,
 }
 
 #[pymethods]
 impl Aligner {
     #[new]
     #[pyo3(signature = (sources, max_skew, fail_soft = "partial"))]
-    fn new(sources: Vec<String>, max_skew: u64, fail_soft: &str) -> PyResult<Self> {
-        let names: Vec<&str> = sources.iter().map(String::as_str).collect();
+    fn new(sources: Vec<String>, max_skew: i128, fail_soft: &str) -> PyResult<Self> {
+        let names = sources_of(&sources)?;
+        let max_skew = non_negative("max_skew", max_skew)?;
         Ok(Aligner {
             inner: align::Aligner::new(&names, max_skew, self::fail_soft(fail_soft)?),
+            sources,
         })
     }
 
@@ -555,16 +601,20 @@ impl Aligner {
         &mut self,
         py: Python<'_>,
         source: &str,
-        ts: u64,
+        ts: i128,
         value: Option<Py<PyAny>>,
     ) -> PyResult<Py<PyAny>> {
+        let ts = non_negative("ts", ts)?;
+        if !self.inner.has_source(source) {
+            return Err(unknown_source(source, &sources_of(&self.sources)?));
+        }
         let t = self.inner.push(py_item(source, ts, value));
         value_tuples(py, t)
     }
 
     /// The clock reached `now`: windows that ended close.
-    fn advance(&mut self, py: Python<'_>, now: u64) -> PyResult<Py<PyAny>> {
-        let t = self.inner.advance(now);
+    fn advance(&mut self, py: Python<'_>, now: i128) -> PyResult<Py<PyAny>> {
+        let t = self.inner.advance(non_negative("now", now)?);
         value_tuples(py, t)
     }
 
@@ -579,6 +629,7 @@ impl Aligner {
 #[pyclass(module = "sluice._sluice")]
 pub struct Ticker {
     inner: rate::Ticker<PyItem>,
+    sources: Vec<String>,
 }
 
 #[pymethods]
@@ -587,12 +638,22 @@ impl Ticker {
     #[pyo3(signature = (sources, first, period, max_age = None, fail_soft = "last_known_good"))]
     fn new(
         sources: Vec<String>,
-        first: u64,
-        period: u64,
-        max_age: Option<u64>,
+        first: i128,
+        period: i128,
+        max_age: Option<i128>,
         fail_soft: &str,
     ) -> PyResult<Self> {
-        let names: Vec<&str> = sources.iter().map(String::as_str).collect();
+        let names = sources_of(&sources)?;
+        let (first, period) = (
+            non_negative("first", first)?,
+            non_negative("period", period)?,
+        );
+        if period == 0 {
+            return Err(PyValueError::new_err(
+                "the period must be more than zero (a tick every period from first)",
+            ));
+        }
+        let max_age = opt_non_negative("max_age", max_age)?;
         Ok(Ticker {
             inner: rate::Ticker::new(
                 &names,
@@ -601,16 +662,28 @@ impl Ticker {
                 max_age.unwrap_or(u64::MAX),
                 self::fail_soft(fail_soft)?,
             ),
+            sources,
         })
     }
 
     #[pyo3(signature = (source, ts, value))]
-    fn observe(&mut self, source: &str, ts: u64, value: Option<Py<PyAny>>) {
-        self.inner.observe(py_item(source, ts, value));
+    fn observe(&mut self, source: &str, ts: i128, value: Option<Py<PyAny>>) -> PyResult<()> {
+        let ts = non_negative("ts", ts)?;
+        if !self.inner.observe(py_item(source, ts, value)) {
+            return Err(unknown_source(source, &sources_of(&self.sources)?));
+        }
+        Ok(())
     }
 
     /// Every tick due by `now`, as tuples.
-    fn tick_until(&mut self, py: Python<'_>, now: u64) -> PyResult<Py<PyAny>> {
+    fn tick_until(&mut self, py: Python<'_>, now: i128) -> PyResult<Py<PyAny>> {
+        let now = non_negative("now", now)?;
+        let due = self.inner.due(now);
+        if due > MAX_TICKS_AT_ONCE {
+            return Err(PyValueError::new_err(format!(
+                "tick_until({now}): {due} ticks due at once (at most {MAX_TICKS_AT_ONCE}): are `first` and `now` on the same clock, in the same unit?"
+            )));
+        }
         let t = self.inner.tick_until(now);
         value_tuples(py, t)
     }

@@ -85,6 +85,50 @@ def test_aligner_and_ticker_with_a_controlled_clock():
     assert realtime_accuracy([(10, "a"), (20, "b")], [(0, "a"), (15, "c")]) == 0.5
 
 
+def test_the_operators_refuse_what_they_cannot_use():
+    # An item of a source the aligner does not have vanished (push
+    # returned []); a ticker kept such items pending for ever (memory that
+    # only grew); duplicate or no sources, a zero period (a tick a
+    # microsecond), negative times (OverflowError) were taken or failed
+    # with the extension's words.
+    a = Aligner(["x", "y"], max_skew=10)
+    with pytest.raises(ValueError, match=r'"z" is not one of its sources \["x", "y"\]'):
+        a.push("z", 1, "v")
+    assert a.waiting == 0
+    t = Ticker(["x"], first=0, period=10)
+    with pytest.raises(ValueError, match=r'"z" is not one of its sources \["x"\]'):
+        t.observe("z", 1, "v")
+    for make in (lambda s: Aligner(s, 10), lambda s: Ticker(s, 0, 10)):
+        with pytest.raises(ValueError, match='"x" twice'):
+            make(["x", "x"])
+        with pytest.raises(ValueError, match="at least one source"):
+            make([])
+    with pytest.raises(ValueError, match="period must be more than zero"):
+        Ticker(["x"], 0, 0)
+    with pytest.raises(ValueError, match="max_skew=-1 is negative"):
+        Aligner(["x"], -1)
+    with pytest.raises(ValueError, match="ts=-5 is negative"):
+        a.push("x", -5, "v")
+    with pytest.raises(ValueError, match="first=-1 is negative"):
+        Ticker(["x"], -1, 10)
+    # Ticks from 0 up to a wall-clock time in µs: 10^14 tuples, which
+    # ran until memory ran out; refused, saying what is wrong.
+    t = Ticker(["x"], first=0, period=10)
+    with pytest.raises(ValueError, match="ticks due at once"):
+        t.tick_until(1_700_000_000_000_000)
+    assert len(t.tick_until(100)) == 11  # nothing was lost by the refusal
+
+
+def test_streams_refuse_negative_counts_and_times(client, edge):
+    with pytest.raises(ValueError, match="keep_for_s=-1 is negative"):
+        Producer(client, edge.addr, "pyneg", "s", keep_for_s=-1)
+    p = Producer(client, edge.addr, "pyneg", "s")
+    with pytest.raises(ValueError, match="ts_us=-3 is negative"):
+        p.publish(b"x", ts_us=-3)
+    with pytest.raises(ValueError, match="from_ts_us=-1 is negative"):
+        Subscriber(client, "pyneg", from_ts_us=-1)
+
+
 def test_rate_consumer_skips_items_between_ticks_and_reports_metrics(client, edge):
     p = Producer(client, edge.addr, "pyrate", "s", routing="lazy")
     c = RateConsumer(client, "pyrate", ["s"], period_s=0.05)

@@ -30,12 +30,19 @@ impl<T: Clone> Aligner<T> {
         }
     }
 
+    /// Whether `source` is one of this aligner's (`push` drops the items
+    /// of any other).
+    pub fn has_source(&self, source: &str) -> bool {
+        self.buffers.contains_key(source)
+    }
+
     /// Items waiting for their tuple (the backlog).
     pub fn waiting(&self) -> usize {
         self.buffers.values().map(VecDeque::len).sum()
     }
 
-    /// An item arrived; the tuples it completes.
+    /// An item arrived; the tuples it completes. An item of a source
+    /// that is not one of the aligner's is dropped.
     pub fn push(&mut self, item: Item<T>) -> Vec<Tuple<T>> {
         if let Some(q) = self.buffers.get_mut(&item.source) {
             let at = q.partition_point(|i| i.ts <= item.ts);

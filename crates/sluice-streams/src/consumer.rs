@@ -77,6 +77,9 @@ impl RateConsumer {
         if sources.is_empty() {
             return bad("it predicts from its sources: name at least one".into());
         }
+        if let Err(reason) = crate::check_sources(sources) {
+            return bad(reason);
+        }
         let sub = Subscriber::new(broker, topic, None).await?;
         let now = sluice_client::wall_us();
         let period_us = (period.as_micros() as u64).max(1);
@@ -107,7 +110,10 @@ impl RateConsumer {
                     }
                 }
                 h = self.sub.next() => match h? {
-                    Ok(h) => self.ticker.observe(Item::new(&h.source.clone(), h.ts_us, h)),
+                    // Items of the topic's other sources are dropped.
+                    Ok(h) => {
+                        self.ticker.observe(Item::new(&h.source.clone(), h.ts_us, h));
+                    }
                     Err(e) => return Some(Err(e)),
                 },
             }

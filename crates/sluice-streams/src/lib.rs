@@ -57,6 +57,20 @@ impl<T> Item<T> {
     }
 }
 
+/// The sources of an aligner or ticker: at least one, none twice (a
+/// second slot of the same source took that source's next item).
+pub fn check_sources(sources: &[&str]) -> Result<(), String> {
+    if sources.is_empty() {
+        return Err("it makes tuples of its sources' items: name at least one source".into());
+    }
+    for (i, s) in sources.iter().enumerate() {
+        if sources[..i].contains(s) {
+            return Err(format!("source {s:?} twice: name each source once"));
+        }
+    }
+    Ok(())
+}
+
 /// What a source's slot in a tuple holds.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Slot<T> {

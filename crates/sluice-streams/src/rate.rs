@@ -34,7 +34,10 @@ impl<T: Clone> Ticker<T> {
             next: first,
             max_age,
             policy,
-            pending: BTreeMap::new(),
+            pending: sources
+                .iter()
+                .map(|s| (s.to_string(), Vec::new()))
+                .collect(),
             latest: BTreeMap::new(),
             used: 0,
             skipped: 0,
@@ -46,11 +49,31 @@ impl<T: Clone> Ticker<T> {
         self.pending.values().map(Vec::len).sum()
     }
 
-    /// An item arrived (any order of sources; each source's in time order).
-    pub fn observe(&mut self, item: Item<T>) {
-        let q = self.pending.entry(item.source.clone()).or_default();
+    /// Whether `source` is one of this ticker's.
+    pub fn has_source(&self, source: &str) -> bool {
+        self.pending.contains_key(source)
+    }
+
+    /// An item arrived (any order of sources; each source's in time
+    /// order). An item of a source that is not one of the ticker's is
+    /// dropped (`false`): no tick would take it, so it would be kept for
+    /// ever (a topic's other sources grew a node's memory without bound).
+    pub fn observe(&mut self, item: Item<T>) -> bool {
+        let Some(q) = self.pending.get_mut(&item.source) else {
+            return false;
+        };
         let at = q.partition_point(|i| i.ts <= item.ts);
         q.insert(at, item);
+        true
+    }
+
+    /// How many ticks `tick_until(now)` would make.
+    pub fn due(&self, now: u64) -> u64 {
+        if now < self.next {
+            0
+        } else {
+            (now - self.next) / self.period + 1
+        }
     }
 
     /// Every tick due by `now`, each a tuple of the sources' last known
@@ -123,6 +146,22 @@ mod tests {
         );
         assert_eq!(t.skipped, 1, "x3 was overtaken by x4 before a tick");
         assert_eq!(t.used, 3);
+    }
+
+    /// Items of a source the ticker does not have are dropped, not kept
+    /// pending for ever.
+    #[test]
+    fn items_of_other_sources_are_not_kept() {
+        let mut t = Ticker::new(&["s"], 2, 2, u64::MAX, FailSoft::LastKnownGood);
+        for ts in 0..1000 {
+            assert!(!t.observe(Item::new("other", ts, "o")));
+        }
+        assert!(t.observe(Item::new("s", 1, "x1")));
+        assert_eq!(t.pending(), 1);
+        assert_eq!(t.due(1), 0);
+        assert_eq!(t.due(6), 3);
+        assert_eq!(values(&t.tick_until(2)), vec![(2, Some("x1"))]);
+        assert_eq!(t.pending(), 0);
     }
 
     /// §5.3: (1,x1),(3,■),(4,x4),(6,x6): at a target of 2 the same three

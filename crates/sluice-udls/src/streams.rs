@@ -45,6 +45,8 @@ fn sources(c: &Value) -> Result<Vec<String>, String> {
             "needs \"sources\": [\"<source>\", ...] (the topic's sources, in tuple order)".into(),
         );
     }
+    let names: Vec<&str> = s.iter().map(String::as_str).collect();
+    sluice_streams::check_sources(&names)?;
     Ok(s)
 }
 
