@@ -392,6 +392,45 @@ def test_persistent_pools_keep_versions_for_time_reads_and_history(client):
         client.history(k, start=9, end=3)
 
 
+def test_negative_counts_and_versions_are_value_errors_naming_the_argument(node, client):
+    # Each raised the extension's OverflowError ("can't convert negative
+    # int to unsigned", or "out of range integral type conversion
+    # attempted"), which named no argument.
+    calls = [
+        ("previous_version", lambda: client.put("/vol/neg", b"v", previous_version=-1)),
+        ("previous_version", lambda: client.remove("/vol/neg", previous_version=-2)),
+        ("trace_id", lambda: client.trigger_put("/trig/neg", b"v", trace_id=-1)),
+        ("start", lambda: client.history("/vol/neg", start=-1)),
+        ("end", lambda: client.history("/vol/neg", end=-1)),
+        ("keep_versions", lambda: client.create_object_pool("/negp", "persistent", keep_versions=-1)),
+        ("subgroup_index", lambda: client.create_object_pool("/negp", subgroup_index=-1)),
+        ("from_version", lambda: client.watch("/vol/", from_version=-1)),
+        ("from_time_us", lambda: client.watch("/vol/", from_time_us=-1)),
+        ("fanout", lambda: client.broadcast("/vol/neg", fanout=-1)),
+        ("to", lambda: client.broadcast("/vol/neg", to=[1, -1])),
+        ("connections", lambda: sluice.Client(node.addr, connections=-1)),
+        ("value_part_bytes", lambda: sluice.Client(node.addr, value_part_bytes=-1)),
+    ]
+    for name, call in calls:
+        with pytest.raises(ValueError, match=rf"^{name}=.*-\d.* is negative$"):
+            call()
+
+    async def main():
+        async with await sluice.AsyncClient.connect(node.addr) as c:
+            with pytest.raises(ValueError, match="previous_version=-1 is negative"):
+                await c.put("/vol/neg", b"v", previous_version=-1)
+            with pytest.raises(ValueError, match="trace_id=-1 is negative"):
+                await c.trigger_put("/trig/neg", b"v", trace_id=-1)
+            with pytest.raises(ValueError, match="from_version=-1 is negative"):
+                await c.watch("/vol/", from_version=-1)
+            # A good call after them works.
+            assert (await c.put("/vol/neg", b"v")).version > 0
+
+    import asyncio
+
+    asyncio.run(main())
+
+
 def test_every_error_kind_has_its_exception_class():
     # The native side maps every variant of the Rust error with no
     # wildcard (a new kind does not compile without a class).

@@ -32,6 +32,7 @@ from __future__ import annotations
 import json
 import asyncio
 import functools
+import inspect
 import logging
 import os
 import threading
@@ -86,6 +87,33 @@ def default_address() -> str:
     except OSError:
         pass
     return "127.0.0.1:7420"
+
+
+def _unsigned(*names: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Marks ``names`` as a method's arguments that are versions, counts,
+    ids or times: a negative one (or one in a list) raised the extension's
+    ``OverflowError`` ("can't convert negative int to unsigned", naming
+    nothing); it is a ``ValueError`` naming the argument now. Nothing is
+    checked on the way in: only a call that failed so is looked at."""
+
+    def wrap(f: Callable[..., Any]) -> Callable[..., Any]:
+        sig = inspect.signature(f)
+
+        @functools.wraps(f)
+        def method(*args: Any, **kwargs: Any) -> Any:
+            try:
+                return f(*args, **kwargs)
+            except OverflowError:
+                given = sig.bind(*args, **kwargs).arguments
+                for n in names:
+                    v = given.get(n)
+                    if any(isinstance(x, int) and x < 0 for x in (v if isinstance(v, (list, tuple)) else [v])):
+                        raise ValueError(f"{n}={v!r} is negative") from None
+                raise
+
+        return method
+
+    return wrap
 
 
 def _version(version: Optional[int]) -> Optional[int]:
@@ -289,6 +317,7 @@ class Client:
     connection are not stuck behind them.
     """
 
+    @_unsigned("connections", "value_part_bytes")
     def __init__(
         self,
         addr: Optional[str] = None,
@@ -347,12 +376,19 @@ class Client:
         version and its timestamp. With ``previous_version``, only if the
         key's current version is that one (``NO_VERSION``: only if absent),
         else ``VersionConflict``."""
-        return self._c.put(key, value, previous_version=previous_version)
+        # The hot path: `_unsigned`'s check inlined (no wrapper's frame).
+        try:
+            return self._c.put(key, value, previous_version=previous_version)
+        except OverflowError:
+            if previous_version is not None and previous_version < 0:
+                raise ValueError(f"previous_version={previous_version!r} is negative") from None
+            raise
 
     def put_and_forget(self, key: str, value: Any) -> None:
         """Sends a put without waiting for its acknowledgement."""
         self._c.put_and_forget(key, value)
 
+    @_unsigned("trace_id")
     def trigger_put(self, key: str, value: Any, *, trace_id: Optional[int] = None) -> int:
         """Hands ``value`` to the lambdas and watchers of ``key`` without
         storing it; returns its timestamp (µs). With ``trace_id``, the
@@ -360,6 +396,7 @@ class Client:
         per pipeline stage)."""
         return self._c.trigger_put(key, value, trace_id=trace_id)
 
+    @_unsigned("previous_version")
     def remove(self, key: str, *, previous_version: Optional[int] = None) -> PutResult:
         """Removes ``key`` (a new version that is a tombstone)."""
         return self._c.remove(key, previous_version=previous_version)
@@ -429,6 +466,7 @@ class Client:
 
     list_keys = list_keys_in_object_pool
 
+    @_unsigned("start", "end")
     def history(
         self, key: str, *, start: int = 0, end: Optional[int] = None, by_time: bool = False
     ) -> List[Object]:
@@ -441,6 +479,7 @@ class Client:
         )
 
     # -- pools ------------------------------------------------------------
+    @_unsigned("subgroup_index", "keep_versions", "keep_for_s", "keep_bytes")
     def create_object_pool(
         self,
         pathname: str,
@@ -485,6 +524,7 @@ class Client:
         return self._c.purge_object_pool(pathname)
 
     # -- notifications ------------------------------------------------------
+    @_unsigned("from_version", "from_time_us")
     def watch(
         self,
         prefix: str,
@@ -519,6 +559,7 @@ class Client:
         """The node's counters (as ``sluice stats --json``)."""
         return self._c.stats()
 
+    @_unsigned("to", "fanout")
     def broadcast(self, key: str, to: Optional[List[int]] = None, fanout: int = 1) -> dict:
         """Sends the latest version of ``key`` to the nodes ``to`` (default:
         every other node) of the cluster, chunked and pipelined along
@@ -727,7 +768,13 @@ class AsyncClient:
     async def put(self, key: str, value: Any, *, previous_version: Optional[int] = None) -> PutResult:
         # The hot path, spelled out (no generic wrapper).
         fut = self._loop.create_future()
-        if self._c.put(key, value, previous_version, fut):  # by position: no keyword parsing
+        try:
+            due = self._c.put(key, value, previous_version, fut)  # by position: no keyword parsing
+        except OverflowError:
+            if previous_version is not None and previous_version < 0:
+                raise ValueError(f"previous_version={previous_version!r} is negative") from None
+            raise
+        if due:
             self._loop.call_soon(self._turn)  # _started, inlined
         return await fut
 
@@ -767,6 +814,9 @@ class AsyncClient:
     ) -> AsyncWatch:
         """Notifications for keys under ``prefix``, as ``Client.watch``:
         iterate it with ``async for`` or ``await w.next(timeout)``."""
+        for n, v in (("from_version", from_version), ("from_time_us", from_time_us)):
+            if v is not None and v < 0:
+                raise ValueError(f"{n}={v!r} is negative")
         fut = self._loop.create_future()
         self._started(
             self._c.watch(
