@@ -14,7 +14,7 @@ use sluice_store::Layout;
 use sluice_types::pool::Retention;
 use sluice_types::{Hop, ObjectMeta, ReqId, Trace};
 use sluice_wire::{FrameDecoder, OutQueue, Request, Response, WatchFrom};
-use std::sync::{Arc, Mutex};
+use std::sync::Mutex;
 use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
@@ -366,19 +366,146 @@ impl Raw {
     }
 }
 
+/// Every panic of this process, from the hook installed once (both tests
+/// share it; each looks only at the panics during its own run).
+fn panics() -> &'static Mutex<Vec<String>> {
+    static PANICS: std::sync::OnceLock<&'static Mutex<Vec<String>>> = std::sync::OnceLock::new();
+    PANICS.get_or_init(|| {
+        let seen: &'static Mutex<Vec<String>> = Box::leak(Box::default());
+        let default_hook = std::panic::take_hook();
+        std::panic::set_hook(Box::new(move |info| {
+            seen.lock().unwrap().push(format!(
+                "{info} (thread {:?})",
+                std::thread::current().name()
+            ));
+            default_hook(info);
+        }));
+        seen
+    })
+}
+
+/// A node's (or cluster's) server task and how to stop it.
+struct Running {
+    stop: tokio::sync::oneshot::Sender<()>,
+    done: tokio::task::JoinHandle<()>,
+}
+
+impl Running {
+    fn start(server: Server) -> Running {
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let done = tokio::spawn(server.run(async {
+            let _ = stopped.await;
+        }));
+        Running { stop, done }
+    }
+
+    async fn stop(self) {
+        let _ = self.stop.send(());
+        tokio::time::timeout(Duration::from_secs(20), self.done)
+            .await
+            .expect("the node stops")
+            .unwrap();
+    }
+}
+
+/// A persistent pool and a graph, so writes reach history and traces
+/// reach the lambdas; in a cluster, once its metadata group has a leader
+/// (polled, bounded).
+async fn prepare(good: &Client) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        match good
+            .create_pool(PoolSpec {
+                pathname: "/p".into(),
+                pool_type: Some(PoolType::Persistent),
+                ..Default::default()
+            })
+            .await
+        {
+            Ok(_) => break,
+            Err(e) if tokio::time::Instant::now() < deadline => {
+                eprintln!("waiting for the node: {e}");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            Err(e) => panic!("{e}"),
+        }
+    }
+    good.dfg_apply(
+        r#"[{"id": "g", "graph": [{"pathname": "/trig/x",
+            "user_defined_logic_list": ["relay"],
+            "destinations": [{"/vol/out": "put"}, {"/trig/x/deeper": "trigger_put"}]}]}]"#,
+    )
+    .await
+    .unwrap();
+    good.put("/vol/kept", "kept").await.unwrap();
+}
+
+/// Sends `n` requests of the sequence `seed` (`SLUICE_BOUNDARY_SEED` and
+/// `SLUICE_BOUNDARY_REQUESTS` override them) to `addr`, each awaited;
+/// asserts that most were answered and enough got past the door.
+async fn send_requests(addr: &str, n: u64, seed: u64) {
+    let seed = std::env::var("SLUICE_BOUNDARY_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(seed);
+    let n: u64 = std::env::var("SLUICE_BOUNDARY_REQUESTS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(n);
+    let mut rng = Rng(seed);
+    let mut conn = Raw::open(addr).await;
+    let (mut answered, mut refused, mut closed) = (0u64, 0u64, 0u64);
+    let mut kinds = std::collections::BTreeMap::<String, u64>::new();
+    for i in 0..n {
+        let req = rng.request();
+        match conn.call(&req, 100 + i).await {
+            Some(Response::Error(e)) => {
+                answered += 1;
+                refused += 1;
+                let kind = format!("{e:?}");
+                let kind = kind
+                    .split([' ', '{', '('])
+                    .next()
+                    .unwrap_or("?")
+                    .to_string();
+                *kinds.entry(kind).or_default() += 1;
+            }
+            Some(_) => answered += 1,
+            None => {
+                // A request the node closes the connection on (a peer's
+                // message from a client): a new connection goes on.
+                closed += 1;
+                conn = Raw::open(addr).await;
+            }
+        }
+    }
+    eprintln!(
+        "{addr}: {n} requests: {answered} answered ({refused} with an error), {closed} closed their connection; errors by kind: {kinds:?}"
+    );
+    assert!(answered > n / 2, "{answered} of {n} answered");
+    // Not all refused at the door: the requests reached the store, the
+    // pools and the lambdas.
+    assert!(
+        answered - refused > n / 5,
+        "{refused} of {answered} refused"
+    );
+}
+
+/// The node (cluster) still serves, its data intact, and nothing panicked
+/// since `from` panics had been seen.
+async fn check(good: &Client, from: usize) {
+    assert_eq!(&good.get("/vol/kept").await.unwrap().value[..], b"kept");
+    good.put("/p/after", "x").await.unwrap();
+    assert_eq!(&good.get("/p/after").await.unwrap().value[..], b"x");
+    // Taken out of the lock: a failing assertion runs the hook, which
+    // takes it.
+    let new: Vec<String> = panics().lock().unwrap()[from..].to_vec();
+    assert!(new.is_empty(), "{} panics:\n{}", new.len(), new.join("\n"));
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn requests_at_the_edges_never_break_the_node() {
-    let panics: Arc<Mutex<Vec<String>>> = Arc::default();
-    let seen = panics.clone();
-    let default_hook = std::panic::take_hook();
-    std::panic::set_hook(Box::new(move |info| {
-        seen.lock().unwrap().push(format!(
-            "{info} (thread {:?})",
-            std::thread::current().name()
-        ));
-        default_hook(info);
-    }));
-
+    let from = panics().lock().unwrap().len();
     let dir = tempfile::tempdir().unwrap();
     let mut cfg = ServerConfig {
         listen: "127.0.0.1:0".parse().unwrap(),
@@ -395,84 +522,60 @@ async fn requests_at_the_edges_never_break_the_node() {
         .await
         .unwrap();
     let addr = server.local_addr().to_string();
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let done = tokio::spawn(server.run(async {
-        let _ = stopped.await;
-    }));
-
-    // A persistent pool and a graph, so writes reach history and traces
-    // reach the lambdas.
+    let running = Running::start(server);
     let good = Client::connect(&addr).await.unwrap();
-    good.create_pool(PoolSpec {
-        pathname: "/p".into(),
-        pool_type: Some(PoolType::Persistent),
-        ..Default::default()
-    })
-    .await
-    .unwrap();
-    good.dfg_apply(
-        r#"[{"id": "g", "graph": [{"pathname": "/trig/x",
-            "user_defined_logic_list": ["relay"],
-            "destinations": [{"/vol/out": "put"}, {"/trig/x/deeper": "trigger_put"}]}]}]"#,
-    )
-    .await
-    .unwrap();
-    good.put("/vol/kept", "kept").await.unwrap();
+    prepare(&good).await;
+    send_requests(&addr, 3000, 0x5eed_b0b0_cafe_f00d).await;
+    check(&good, from).await;
+    running.stop().await;
+}
 
-    let seed = std::env::var("SLUICE_BOUNDARY_SEED")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(0x5eed_b0b0_cafe_f00d_u64);
-    let n: u64 = std::env::var("SLUICE_BOUNDARY_REQUESTS")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(3000);
-    let mut rng = Rng(seed);
-    let mut conn = Raw::open(&addr).await;
-    let (mut answered, mut refused, mut closed) = (0u64, 0u64, 0u64);
-    for i in 0..n {
-        let req = rng.request();
-        match conn.call(&req, 100 + i).await {
-            Some(Response::Error(_)) => {
-                answered += 1;
-                refused += 1;
-            }
-            Some(_) => answered += 1,
-            None => {
-                // A request the node closes the connection on (a peer's
-                // message from a client): a new connection goes on.
-                closed += 1;
-                conn = Raw::open(&addr).await;
-            }
-        }
+/// The same on a cluster of three in-process nodes (every shard on all
+/// three): requests to a follower are forwarded, writes go through Raft,
+/// commands through the metadata group.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requests_at_the_edges_never_break_a_cluster() {
+    let from = panics().lock().unwrap().len();
+    let dir = tempfile::tempdir().unwrap();
+    let addrs: Vec<std::net::SocketAddr> = (0..3)
+        .map(|_| {
+            std::net::TcpListener::bind("127.0.0.1:0")
+                .unwrap()
+                .local_addr()
+                .unwrap()
+        })
+        .collect();
+    let mut layout = String::new();
+    for (id, a) in addrs.iter().enumerate() {
+        layout += &format!("[[nodes]]\nid = {id}\naddress = \"{a}\"\n");
     }
-    eprintln!(
-        "{n} requests: {answered} answered ({refused} with an error), {closed} closed their connection"
-    );
-
-    // The node still serves, its data intact.
-    assert_eq!(&good.get("/vol/kept").await.unwrap().value[..], b"kept");
-    good.put("/p/after", "x").await.unwrap();
-    assert_eq!(&good.get("/p/after").await.unwrap().value[..], b"x");
-    let _ = stop.send(());
-    tokio::time::timeout(Duration::from_secs(20), done)
-        .await
-        .expect("the node stops")
-        .unwrap();
-    // Taken out of the lock: a failing assertion below runs the hook,
-    // which takes it.
-    let panics = std::mem::take(&mut *panics.lock().unwrap());
-    assert!(
-        panics.is_empty(),
-        "{} panics:\n{}",
-        panics.len(),
-        panics.join("\n")
-    );
-    assert!(answered > n / 2, "{answered} of {n} answered");
-    // Not all refused at the door: the requests reached the store, the
-    // pools and the lambdas.
-    assert!(
-        answered - refused > n / 5,
-        "{refused} of {answered} refused"
-    );
+    for kind in ["volatile", "persistent", "trigger"] {
+        layout += &format!("[[subgroups.{kind}]]\nshards = [[0, 1, 2]]\n");
+    }
+    let layout_file = dir.path().join("layout.toml");
+    std::fs::write(&layout_file, layout).unwrap();
+    let mut nodes = Vec::new();
+    for (id, addr) in addrs.iter().enumerate() {
+        let mut cfg = ServerConfig {
+            node_id: id as u32,
+            listen: *addr,
+            data_dir: dir.path().join(format!("node-{id}")),
+            ..Default::default()
+        };
+        cfg.cluster.layout = Some(layout_file.clone());
+        cfg.cluster.volatile_dir = Some(dir.path().join(format!("node-{id}/raft-volatile")));
+        let server = Server::bind_with_registry(cfg, sluice_udls::registry())
+            .await
+            .unwrap();
+        nodes.push(Running::start(server));
+    }
+    let seeds: Vec<String> = addrs.iter().map(|a| a.to_string()).collect();
+    let good = Client::connect(&seeds.join(",")).await.unwrap();
+    prepare(&good).await;
+    send_requests(&seeds[0], 1500, 0xc105_7e12).await;
+    send_requests(&seeds[2], 1500, 0xc105_7e13).await;
+    check(&good, from).await;
+    for n in nodes {
+        n.stop().await;
+    }
 }
