@@ -15,7 +15,7 @@ pub struct ServeArgs {
     /// Data directory.
     #[arg(long)]
     data_dir: Option<PathBuf>,
-    /// This node's id (with --cluster: its entry in the layout's [[nodes]]).
+    /// This node's id (with --cluster: its entry in the layout's `[[nodes]]`).
     #[arg(long)]
     node_id: Option<u32>,
     /// Join the cluster described by this layout file (TOML); the node
@@ -28,7 +28,7 @@ pub struct ServeArgs {
     #[arg(long)]
     dfgs: Option<PathBuf>,
     /// Alias file for UDL names in --dfgs and in later `dfg apply`s
-    /// (`<uuid> <udl>` per line; adds to the config's [udl_aliases]).
+    /// (`<uuid> <udl>` per line; adds to the config's `[udl_aliases]`).
     #[arg(long)]
     udl_aliases: Option<PathBuf>,
     /// Serve Prometheus metrics at http://ADDR/metrics (the config's

@@ -28,7 +28,7 @@ pub enum StreamCmd {
         #[arg(long)]
         local: Option<String>,
         /// lazy, eager, auto (measure the break-even first) or
-        /// auto:<bytes>.
+        /// `auto:<bytes>`.
         #[arg(long, default_value = "lazy")]
         routing: String,
         /// The item's timestamp (µs since the epoch; default now).

@@ -16,7 +16,7 @@
 //!   answer, under the same key suffix, replaces this one.
 //! - `mode`: `tensor` (emit the output as raw f32, default), `argmax` (emit
 //!   the index of the largest output as text), or `gate` (emit the *input*
-//!   unchanged when output[0] ≥ `threshold`, else put `reject_value` under
+//!   unchanged when `output[0]` ≥ `threshold`, else put `reject_value` under
 //!   `reject_destination`).
 //!
 //! A model that fails to load is an error in the node's log, in the UDL's
