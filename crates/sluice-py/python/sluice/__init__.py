@@ -107,7 +107,8 @@ def _unsigned(*names: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]
                 given = sig.bind(*args, **kwargs).arguments
                 for n in names:
                     v = given.get(n)
-                    if any(isinstance(x, int) and x < 0 for x in (v if isinstance(v, (list, tuple)) else [v])):
+                    values = v if isinstance(v, (list, tuple)) else [v]
+                    if any(isinstance(x, int) and x < 0 for x in values):
                         raise ValueError(f"{n}={v!r} is negative") from None
                 raise
 
