@@ -8,6 +8,8 @@ import threading
 import uuid
 from pathlib import Path
 
+import inspect
+
 import pytest
 
 import sluice
@@ -429,6 +431,61 @@ def test_negative_counts_and_versions_are_value_errors_naming_the_argument(node,
     import asyncio
 
     asyncio.run(main())
+
+
+def test_an_odd_argument_is_a_python_exception_never_a_panic(node):
+    # Each method of the client, and the stream operators, called with one
+    # argument at a time replaced by a value of the wrong type or at the
+    # edge of its range (the others valid): what comes back is an
+    # ordinary exception (TypeError, ValueError, OverflowError, a
+    # SluiceError), never the extension's PanicException (a BaseException
+    # that an `except Exception` does not catch) or a SystemError.
+    from sluice import streams
+
+    odd = [None, 0, -1, 2**64, 2**64 - 1, 1.5, float("nan"), "", "/", "\x00", b"/vol/a",
+           [], [-1], {}, object(), True, "/vol/" + "a" * 2000]
+    valid = {
+        "key": "/vol/odd", "value": b"v", "pathname": "/oddpool", "prefix": "/vol/odd",
+        "pool": "/vol", "keys": ["/vol/odd"], "op": "whoami", "text": "[]", "id": "nope",
+        "addr": node.addr, "pool_type": "volatile", "timeout": 0.5,
+    }
+    bad = []
+
+    def attempt(label, f, *args, **kwargs):
+        try:
+            f(*args, **kwargs)
+        except Exception as e:
+            if type(e).__name__ == "PanicException" or isinstance(e, SystemError):
+                bad.append(f"{label}: {type(e).__name__}: {e}")
+        except BaseException as e:  # PanicException derives from BaseException
+            bad.append(f"{label}: {type(e).__name__}: {e}")
+
+    with sluice.Client(node.addr, timeout=0.5) as c:
+        for name, m in inspect.getmembers(c, inspect.ismethod):
+            if name.startswith("_") or name in ("close", "watch"):
+                continue
+            params = [p for p in inspect.signature(m).parameters.values()
+                      if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
+            base = {p.name: valid[p.name] for p in params
+                    if p.default is p.empty and p.name in valid}
+            for p in params:
+                for v in odd:
+                    args = dict(base, **{p.name: v})
+                    attempt(f"{name}({p.name}={v!r:.30})", m, **args)
+        for v in odd:
+            attempt(f"watch({v!r:.30})", lambda: c.watch(v).close())
+            attempt(f"watch(from_version={v!r:.30})", lambda: c.watch("/vol/odd", from_version=v).close())
+    for v in odd:
+        attempt(f"Aligner({v!r:.30})", streams.Aligner, ["a"], v)
+        attempt(f"Aligner.push({v!r:.30})", lambda: streams.Aligner(["a"], 1).push("a", v, v))
+        attempt(f"Ticker({v!r:.30})", streams.Ticker, ["a"], v, v)
+        attempt(f"Ticker.tick_until({v!r:.30})", lambda: streams.Ticker(["a"], 0, 1).tick_until(v))
+        attempt(f"Aligner(sources={v!r:.30})", streams.Aligner, v, 1)
+    assert not bad, "\n".join(bad)
+    # The node took it all and serves.
+    with sluice.Client(node.addr) as c:
+        c.put("/vol/odd-after", b"x")
+        assert c.get("/vol/odd-after").value == b"x"
 
 
 def test_every_error_kind_has_its_exception_class():

@@ -11,7 +11,9 @@ use std::collections::BTreeMap;
 pub struct Ticker<T> {
     sources: Vec<String>,
     period: u64,
-    next: u64,
+    /// The next tick's time; `None` once the clock's last tick was made
+    /// (a tick at `u64::MAX - period` or later has no next).
+    next: Option<u64>,
     max_age: u64,
     policy: FailSoft,
     /// Items not yet at or before a tick, by source, in timestamp order.
@@ -31,7 +33,7 @@ impl<T: Clone> Ticker<T> {
         Ticker {
             sources: sources.iter().map(|s| s.to_string()).collect(),
             period: period.max(1),
-            next: first,
+            next: Some(first),
             max_age,
             policy,
             pending: sources
@@ -69,10 +71,9 @@ impl<T: Clone> Ticker<T> {
 
     /// How many ticks `tick_until(now)` would make.
     pub fn due(&self, now: u64) -> u64 {
-        if now < self.next {
-            0
-        } else {
-            (now - self.next) / self.period + 1
+        match self.next {
+            Some(next) if next <= now => ((now - next) / self.period).saturating_add(1),
+            _ => 0,
         }
     }
 
@@ -80,9 +81,11 @@ impl<T: Clone> Ticker<T> {
     /// items at that tick (ticks that `FailSoft::Drop` drops yield none).
     pub fn tick_until(&mut self, now: u64) -> Vec<Tuple<T>> {
         let mut out = Vec::new();
-        while self.next <= now {
-            let t = self.next;
-            self.next += self.period;
+        // An item's time is its producer's: one near the end of the clock
+        // made `next + period` overflow (a panic in a debug build; in a
+        // release build it wrapped, and the loop ran for ever).
+        while let Some(t) = self.next.filter(|t| *t <= now) {
+            self.next = t.checked_add(self.period);
             let mut slots = Vec::with_capacity(self.sources.len());
             let mut dropped = false;
             for s in &self.sources {
@@ -162,6 +165,25 @@ mod tests {
         assert_eq!(t.due(6), 3);
         assert_eq!(values(&t.tick_until(2)), vec![(2, Some("x1"))]);
         assert_eq!(t.pending(), 0);
+    }
+
+    /// Ticks at the end of the clock: the last one is made, then none
+    /// (it overflowed; a wrapped `next` ticked for ever).
+    #[test]
+    fn the_clocks_last_tick_ends_the_ticks() {
+        let first = u64::MAX - 5;
+        let mut t = Ticker::new(&["s"], first, 2, u64::MAX, FailSoft::LastKnownGood);
+        assert!(t.observe(Item::new("s", first, "x")));
+        assert_eq!(t.due(u64::MAX), 3);
+        let out = t.tick_until(u64::MAX);
+        assert_eq!(
+            out.iter().map(|t| t.ts).collect::<Vec<_>>(),
+            vec![first, first + 2, first + 4]
+        );
+        assert_eq!(t.due(u64::MAX), 0);
+        assert!(t.tick_until(u64::MAX).is_empty());
+        let t = Ticker::<&str>::new(&["s"], 0, 1, u64::MAX, FailSoft::Drop);
+        assert_eq!(t.due(u64::MAX), u64::MAX);
     }
 
     /// §5.3: (1,x1),(3,■),(4,x4),(6,x6): at a target of 2 the same three
