@@ -31,6 +31,22 @@ use std::time::Duration;
 /// there, so its runtime would never run a task or fire a timer: every
 /// call hung). The parent's runtime is left as it is in the child, never
 /// dropped (dropping it would wait for those threads).
+/// The longest wait, lease or period a Python caller gets: a longer one
+/// (`float("inf")` among them) is this. A deadline past the clock's range
+/// panicked ("overflow when adding duration to instant", a
+/// `PanicException` that `except Exception` does not catch).
+pub const LONGEST: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
+
+/// `s` seconds as a duration of at most `LONGEST`; `None` for a negative
+/// number or NaN.
+pub fn seconds(s: f64) -> Option<Duration> {
+    (s >= 0.0).then(|| {
+        Duration::try_from_secs_f64(s)
+            .unwrap_or(LONGEST)
+            .min(LONGEST)
+    })
+}
+
 pub fn rt() -> &'static tokio::runtime::Runtime {
     static CURRENT: std::sync::atomic::AtomicPtr<tokio::runtime::Runtime> =
         std::sync::atomic::AtomicPtr::new(std::ptr::null_mut());

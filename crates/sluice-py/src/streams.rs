@@ -79,8 +79,8 @@ fn fail_soft(s: &str) -> PyResult<FailSoft> {
 }
 
 fn duration(s: f64) -> PyResult<Duration> {
-    Duration::try_from_secs_f64(s)
-        .map_err(|_| PyValueError::new_err(format!("{s} is not a duration in seconds")))
+    crate::runtime::seconds(s)
+        .ok_or_else(|| PyValueError::new_err(format!("{s} is not a duration in seconds")))
 }
 
 /// One stream item's header: where it came from, when, how big, and

@@ -181,7 +181,8 @@ impl Watch {
         future: Option<Py<PyAny>>,
     ) -> PyResult<Py<PyAny>> {
         self.exec.check_process()?;
-        let wait = timeout_s.map(|s| Duration::from_secs_f64(s.max(0.0)));
+        // At most zero: no wait; NaN, too.
+        let wait = timeout_s.map(|s| crate::runtime::seconds(s.max(0.0)).unwrap_or_default());
         if future.is_some() {
             return run(
                 py,

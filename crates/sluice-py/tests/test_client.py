@@ -475,6 +475,17 @@ def test_an_odd_argument_is_a_python_exception_never_a_panic(node):
         for v in odd:
             attempt(f"watch({v!r:.30})", lambda: c.watch(v).close())
             attempt(f"watch(from_version={v!r:.30})", lambda: c.watch("/vol/odd", from_version=v).close())
+        # Waits, leases and periods past the clock's range: capped (they
+        # panicked: "overflow when adding duration to instant").
+        for long in (1e19, float("inf")):
+            w = c.watch("/vol/odd-long")
+            threading.Timer(0.2, w.close).start()  # close() ends the wait
+            attempt(f"Watch.next({long})", w.next, long)
+            attempt(f"RateConsumer(period_s={long})", streams.RateConsumer, c, "odd", ["a"], long)
+            attempt(f"RateConsumer(max_age_s={long})", streams.RateConsumer, c, "odd", ["a"], 0.1, long)
+            q = streams.SharedQueue(c, "odd-long", "a", lease_s=long)
+            q.push(b"x")
+            attempt(f"SharedQueue(lease_s={long}).take", lambda: q.ack(q.take(5)))
     for v in odd:
         attempt(f"Aligner({v!r:.30})", streams.Aligner, ["a"], v)
         attempt(f"Aligner.push({v!r:.30})", lambda: streams.Aligner(["a"], 1).push("a", v, v))
