@@ -2118,6 +2118,28 @@ fn bench_without_its_binary_says_how_to_build_it() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// `sluice dev --nodes 3 --base-port 65534` failed with the parse error
+/// of the layout it generated ("TOML parse error at line 14 ...
+/// 127.0.0.1:65536"): it names the flag now, as `--metrics-base` did.
+#[test]
+fn dev_ports_past_the_range_name_the_flag() {
+    let dir = temp_dir("dev-ports");
+    for port in ["65534", "0"] {
+        let o = Command::new(BIN)
+            .args(["dev", "--nodes", "3", "--base-port", port, "--dir"])
+            .arg(dir.join("sluice-dev"))
+            .output()
+            .unwrap();
+        let e = String::from_utf8_lossy(&o.stderr);
+        assert!(!o.status.success(), "{e}");
+        assert!(
+            e.contains(&format!("--base-port {port}: nodes 0..2 need ports")),
+            "{e}"
+        );
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// `sluice bench --help` said `Usage: sluice-bench [OPTIONS] [COMMAND]`,
 /// a binary the user did not type: its help names `sluice bench` now.
 #[test]
