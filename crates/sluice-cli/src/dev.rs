@@ -377,23 +377,27 @@ fn print_extras(
     Ok(())
 }
 
-pub fn run(a: DevArgs) -> Result<()> {
+/// `--nodes` and `--base-port` within their ranges, said here rather than
+/// as the generated layout's parse error ("TOML parse error at line 14
+/// ... 127.0.0.1:65536").
+fn check_nodes(a: &DevArgs) -> Result<()> {
     if a.nodes == 0 || a.nodes > 64 {
         bail!("--nodes must be between 1 and 64");
     }
-    if a.layout.is_none() {
-        // Said here, not as the generated layout's parse error
-        // ("TOML parse error at line 14 ... 127.0.0.1:65536").
-        let last = u32::from(a.base_port) + a.nodes - 1;
-        if a.base_port == 0 || last > u32::from(u16::MAX) {
-            bail!(
-                "--base-port {}: nodes 0..{} need ports {}..={last}, within 1..=65535",
-                a.base_port,
-                a.nodes - 1,
-                a.base_port
-            );
-        }
+    let last = u32::from(a.base_port) + a.nodes - 1;
+    if a.layout.is_none() && (a.base_port == 0 || last > u32::from(u16::MAX)) {
+        bail!(
+            "--base-port {}: nodes 0..{} need ports {}..={last}, within 1..=65535",
+            a.base_port,
+            a.nodes - 1,
+            a.base_port
+        );
     }
+    Ok(())
+}
+
+pub fn run(a: DevArgs) -> Result<()> {
+    check_nodes(&a)?;
     if a.fresh && a.dir.exists() {
         std::fs::remove_dir_all(&a.dir).with_context(|| format!("removing {}", a.dir.display()))?;
     }
