@@ -2124,6 +2124,15 @@ fn bench_without_its_binary_says_how_to_build_it() {
 #[test]
 fn dev_ports_past_the_range_name_the_flag() {
     let dir = temp_dir("dev-ports");
+    // `top` with no --metrics and no `sluice dev --metrics-base` here says
+    // where the addresses come from.
+    let o = Command::new(BIN)
+        .current_dir(&dir)
+        .args(["top", "--once"])
+        .output()
+        .unwrap();
+    let e = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success() && e.contains("no --metrics"), "{e}");
     for port in ["65534", "0"] {
         let o = Command::new(BIN)
             .args(["dev", "--nodes", "3", "--base-port", port, "--dir"])

@@ -55,7 +55,7 @@ fn sources_of(sources: &[String]) -> PyResult<Vec<&str>> {
 
 /// An item for an operator that does not have its source: it would be
 /// dropped (the aligner) or kept for ever (the ticker) without a word.
-fn unknown_source(source: &str, sources: &[&str]) -> PyErr {
+fn unknown_source(source: &str, sources: &[String]) -> PyErr {
     let list: Vec<String> = sources.iter().map(|s| format!("{s:?}")).collect();
     PyValueError::new_err(format!(
         "source {source:?} is not one of its sources [{}]",
@@ -606,7 +606,7 @@ impl Aligner {
     ) -> PyResult<Py<PyAny>> {
         let ts = non_negative("ts", ts)?;
         if !self.inner.has_source(source) {
-            return Err(unknown_source(source, &sources_of(&self.sources)?));
+            return Err(unknown_source(source, &self.sources));
         }
         let t = self.inner.push(py_item(source, ts, value));
         value_tuples(py, t)
@@ -670,7 +670,7 @@ impl Ticker {
     fn observe(&mut self, source: &str, ts: i128, value: Option<Py<PyAny>>) -> PyResult<()> {
         let ts = non_negative("ts", ts)?;
         if !self.inner.observe(py_item(source, ts, value)) {
-            return Err(unknown_source(source, &sources_of(&self.sources)?));
+            return Err(unknown_source(source, &self.sources));
         }
         Ok(())
     }
