@@ -474,19 +474,24 @@ fn object_json(o: &Object, with_value: bool) -> serde_json::Value {
         "size": o.value.len(),
     });
     if with_value {
-        match std::str::from_utf8(&o.value) {
-            Ok(s) => j["value"] = s.into(),
-            Err(_) => {
-                j["value_hex"] = o
-                    .value
-                    .iter()
-                    .map(|b| format!("{b:02x}"))
-                    .collect::<String>()
-                    .into()
-            }
-        }
+        put_bytes(&mut j, "value", &o.value);
     }
     j
+}
+
+/// Sets `j[name]` to `v` as text, or, when `v` is not UTF-8, `j[name_hex]`
+/// to its hex digits: JSON output never loses a value's bytes.
+pub(crate) fn put_bytes(j: &mut serde_json::Value, name: &str, v: &[u8]) {
+    match std::str::from_utf8(v) {
+        Ok(s) => j[name] = s.into(),
+        Err(_) => {
+            j[format!("{name}_hex")] = v
+                .iter()
+                .map(|b| format!("{b:02x}"))
+                .collect::<String>()
+                .into()
+        }
+    }
 }
 
 fn pool_line(p: &PoolMeta) -> String {

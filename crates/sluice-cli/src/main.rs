@@ -240,7 +240,7 @@ fn main() -> ExitCode {
         Cmd::Layout(c) => layout::run(c, cli.json),
         Cmd::Place(a) => place::run(a, cli.json),
         Cmd::Fsck(a) => fsck::run(a, cli.json),
-        Cmd::Stream(c) => stream::run_stream(&addr, cli.timeout_ms, c),
+        Cmd::Stream(c) => stream::run_stream(&addr, cli.timeout_ms, cli.json, c),
         Cmd::Queue(c) => stream::run_queue(&addr, cli.timeout_ms, c),
         Cmd::Top(a) => top::run(a, cli.json),
         Cmd::Shell => shell::run(&addr, cli.timeout_ms, cli.json),

@@ -6,7 +6,14 @@ use clap::Parser;
 use std::io::{BufRead, IsTerminal, Write};
 
 #[derive(Parser)]
-#[command(name = "", no_binary_name = true, disable_version_flag = true)]
+#[command(
+    name = "",
+    no_binary_name = true,
+    disable_version_flag = true,
+    override_usage = "[--json] <COMMAND> [ARGS]...",
+    after_help = "quit (or exit, or end of input) leaves the shell. Words are split at \
+                  whitespace; quote a word with '...' or \"...\", escape with a backslash."
+)]
 struct Line {
     /// Print this command's result as JSON.
     #[arg(long)]

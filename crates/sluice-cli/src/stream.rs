@@ -2,6 +2,7 @@
 //! `sluice queue ...` (a shared queue of competing consumers), over
 //! `sluice-streams`.
 
+use crate::commands::put_bytes;
 use anyhow::{Context, Result};
 use bytes::Bytes;
 use sluice_client::{Client, ClientConfig};
@@ -14,7 +15,8 @@ use std::time::Duration;
 pub enum StreamCmd {
     /// Publish one item of stream TOPIC/SOURCE (VALUE, or `-` for stdin):
     /// the payload goes to the recording node (--local), the header to
-    /// the topic on the node(s) of --addr.
+    /// the topic on the node(s) of --addr. Prints the item in a line
+    /// (--json: its header).
     Publish {
         /// The topic (one path segment: no `/`).
         topic: String,
@@ -41,8 +43,9 @@ pub enum StreamCmd {
         #[arg(long)]
         keep_bytes: Option<u64>,
     },
-    /// Print a topic's headers as they come (one JSON line each), in
-    /// per-source order; --from-time-us replays retained ones first.
+    /// Print a topic's headers as they come (one JSON line each, as
+    /// --json prints them anywhere), in per-source order; --from-time-us
+    /// replays retained ones first.
     Sub {
         /// The topic.
         topic: String,
@@ -70,8 +73,9 @@ pub enum QueueCmd {
         value: String,
     },
     /// Take items as consumer --consumer: each goes to one live
-    /// consumer; one whose lease runs out unacknowledged goes to another
-    /// (printed with its delivery count).
+    /// consumer; one whose lease runs out unacknowledged goes to another.
+    /// One JSON line per item: its id, its delivery count and its value
+    /// (`value_hex` when it is not UTF-8 text).
     Take {
         /// The queue's name.
         name: String,
@@ -129,7 +133,34 @@ fn header_json(h: &Header) -> serde_json::Value {
     j
 }
 
-pub fn run_stream(addr: &str, timeout_ms: u64, cmd: StreamCmd) -> Result<()> {
+/// A published item in a line: what, when, where its payload is.
+fn published(h: &Header) -> String {
+    let what = format!(
+        "published {}/{} seq {} at {} µs, {} bytes",
+        h.topic, h.source, h.seq, h.ts_us, h.size
+    );
+    match (&h.node, &h.key, h.version) {
+        (Some(node), Some(key), Some(v)) => {
+            format!("{what}, lazy: the payload is {key} version {v} on {node}")
+        }
+        _ => format!("{what}, eager: the payload travels in the header"),
+    }
+}
+
+/// The first bytes of a payload, cut at a character boundary when it is
+/// text (a hex dump of 32 bytes when it is not).
+fn head(p: &[u8]) -> &[u8] {
+    let mut end = p.len().min(32);
+    if let Err(e) = std::str::from_utf8(&p[..end]) {
+        if e.error_len().is_none() {
+            // A character cut at the end: stop before it.
+            end = e.valid_up_to();
+        }
+    }
+    &p[..end]
+}
+
+pub fn run_stream(addr: &str, timeout_ms: u64, json: bool, cmd: StreamCmd) -> Result<()> {
     runtime()?.block_on(async move {
         let broker = connect(addr, timeout_ms).await?;
         match cmd {
@@ -155,7 +186,11 @@ pub fn run_stream(addr: &str, timeout_ms: u64, cmd: StreamCmd) -> Result<()> {
                     eprintln!("routing break-even: {}", serde_json::to_string(be)?);
                 }
                 let h = p.publish(ts_us, value_arg(&value)?).await?;
-                println!("{}", header_json(&h));
+                if json {
+                    println!("{}", header_json(&h));
+                } else {
+                    println!("{}", published(&h));
+                }
                 Ok(())
             }
             StreamCmd::Sub {
@@ -175,7 +210,7 @@ pub fn run_stream(addr: &str, timeout_ms: u64, cmd: StreamCmd) -> Result<()> {
                         match fetcher.fetch(&h).await {
                             Ok(p) => {
                                 j["fetched"] = p.len().into();
-                                j["head"] = String::from_utf8_lossy(&p[..p.len().min(32)]).into();
+                                put_bytes(&mut j, "head", head(&p));
                             }
                             Err(e) => j["error"] = e.to_string().into(),
                         }
@@ -215,11 +250,11 @@ pub fn run_queue(addr: &str, timeout_ms: u64, cmd: QueueCmd) -> Result<()> {
                         .take(Duration::from_millis(wait_ms), Duration::from_millis(20))
                         .await?
                         .with_context(|| format!("no item in queue {name} within {wait_ms} ms"))?;
-                    let j = serde_json::json!({
+                    let mut j = serde_json::json!({
                         "id": d.id,
                         "delivery": d.delivery,
-                        "value": String::from_utf8_lossy(&d.value),
                     });
+                    put_bytes(&mut j, "value", &d.value);
                     let mut out = std::io::stdout().lock();
                     writeln!(out, "{j}")?;
                     out.flush()?;

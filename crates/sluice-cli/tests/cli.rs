@@ -310,7 +310,7 @@ fn watch_receives_trigger_puts_and_shell_runs_commands() {
     let e = n.fails(&["watch", "/vol", "--from-version", "1"]);
     assert!(e.contains("only persistent pools"), "{e}");
 
-    let script = b"put /vol/s 'hello shell'\nget /vol/s\nget /vol/missing\nbogus\n--json size /vol/s\nquit\nput /vol/never x\n";
+    let script = b"put /vol/s 'hello shell'\nget /vol/s\nget /vol/missing\nbogus\n--json size /vol/s\nhelp\nhelp get\nquit\nput /vol/never x\n";
     let o = n.sluice_stdin(&["shell"], Some(script));
     assert!(o.status.success());
     let out = String::from_utf8(o.stdout).unwrap();
@@ -322,6 +322,18 @@ fn watch_receives_trigger_puts_and_shell_runs_commands() {
     );
     assert!(out.contains("unrecognized subcommand 'bogus'"), "{out}");
     assert!(out.contains("\"size\": 11"), "{out}");
+    // The shell's help names its own usage (no program name: the words
+    // are typed at its prompt) and how to leave.
+    assert!(
+        out.contains("Usage: [--json] <COMMAND> [ARGS]...\n"),
+        "{out}"
+    );
+    assert!(
+        out.contains("quit (or exit, or end of input) leaves"),
+        "{out}"
+    );
+    assert!(out.contains("Usage: get [OPTIONS] <KEY>"), "{out}");
+    assert!(!out.contains("Usage: [OPTIONS]"), "{out}");
     assert!(
         n.fails(&["get", "/vol/never"]).contains("not found"),
         "quit stops the shell"

@@ -522,3 +522,89 @@ fn a_queue_on_a_persistent_pool_keeps_its_items_across_a_kill() {
     let e = n.fails(&["queue", "take", "durable", "--wait-ms", "200"]);
     assert!(e.contains("no item in queue durable"), "{e}");
 }
+
+/// The command line's streams and queues as a user runs them: `stream
+/// publish` says in a line what it published and where the payload stays
+/// (`--json`: the header), `stream sub --fetch` and `queue take` print
+/// JSON lines that keep a binary payload's bytes (hex), never replacing
+/// them with U+FFFD.
+#[test]
+fn the_command_lines_streams_and_queues_keep_every_byte() {
+    let (broker, edge) = (start_node(), start_node());
+    let local = ["--local", edge.addr.as_str()];
+    let line = broker.ok(&[&["stream", "publish", "room", "cam", "frame 1"][..], &local].concat());
+    assert_eq!(
+        line.trim_end(),
+        format!(
+            "published room/cam seq 0 at {} µs, 7 bytes, lazy: the payload is /edge/room/cam version 1 on {}",
+            line.split(" at ").nth(1).unwrap().split(' ').next().unwrap(),
+            edge.addr
+        ),
+        "{line}"
+    );
+    let line = broker.ok(&[
+        "stream",
+        "publish",
+        "room",
+        "mic",
+        "é",
+        "--routing",
+        "eager",
+    ]);
+    assert!(
+        line.ends_with("2 bytes, eager: the payload travels in the header\n"),
+        "{line}"
+    );
+    let h: serde_json::Value = serde_json::from_str(
+        &broker.ok(&[
+            &[
+                "--json", "stream", "publish", "room", "cam", "-", "--ts-us", "5",
+            ][..],
+            &local,
+        ]
+        .concat()),
+    )
+    .unwrap();
+    assert_eq!((h["seq"].as_u64(), h["ts_us"].as_u64()), (Some(1), Some(5)));
+    assert_eq!(h["node"], edge.addr.as_str());
+
+    // A binary payload (stdin) and a text one cut in a character.
+    let binary = broker.sluice_stdin(
+        &[&["stream", "publish", "room", "raw", "-"][..], &local].concat(),
+        Some(b"\xff\x00\x01"),
+    );
+    assert!(binary.status.success());
+    let long = "é".repeat(20);
+    broker.ok(&[&["stream", "publish", "room", "txt", &long][..], &local].concat());
+    let out = broker.ok(&[
+        "stream",
+        "sub",
+        "room",
+        "--from-time-us",
+        "0",
+        "--count",
+        "5",
+        "--fetch",
+    ]);
+    let items: Vec<serde_json::Value> = out
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let of = |source: &str| items.iter().find(|j| j["source"] == source).unwrap();
+    assert_eq!(of("cam")["head"], "frame 1");
+    assert_eq!(of("mic")["head"], "é");
+    assert_eq!(of("raw")["head_hex"], "ff0001", "{out}");
+    assert_eq!(of("raw")["fetched"], 3);
+    assert_eq!(of("txt")["head"], "é".repeat(16), "{out}");
+
+    let pushed = broker.sluice_stdin(&["queue", "push", "jobs", "-"], Some(b"\x80job"));
+    assert!(pushed.status.success());
+    broker.ok(&["queue", "push", "jobs", "plain"]);
+    let out = broker.ok(&["queue", "take", "jobs", "--count", "2", "--wait-ms", "5000"]);
+    let taken: Vec<serde_json::Value> = out
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(taken[0]["value_hex"], "806a6f62", "{out}");
+    assert_eq!(taken[1]["value"], "plain", "{out}");
+}
