@@ -123,12 +123,14 @@ fn default_addr() -> String {
 }
 
 /// The options that say how to reach a node, by their flags.
-const CLIENT_OPTIONS: [(&str, &str); 5] = [
+const CLIENT_OPTIONS: [(&str, &str); 7] = [
     ("addr", "--addr"),
     ("tls_ca", "--tls-ca"),
     ("tls_cert", "--tls-cert"),
     ("tls_key", "--tls-key"),
     ("token", "--token"),
+    ("timeout_ms", "--timeout-ms"),
+    ("raw", "--raw"),
 ];
 
 /// Client options typed on the command line of a command that runs or

@@ -1349,6 +1349,14 @@ fn damaged_history_refuses_to_start_and_fsck_reports_and_repairs_it() {
         e.contains(&seg.display().to_string()) && e.contains("corrupt at offset"),
         "{e}"
     );
+    // With the command that comes next, for this data directory.
+    assert!(
+        e.contains(&format!(
+            "`sluice fsck --data-dir {}` reports",
+            data.display()
+        )),
+        "{e}"
+    );
     assert_eq!(std::fs::read(&seg).unwrap(), bytes, "the node cut nothing");
     let fsck = |extra: &[&str]| {
         Command::new(BIN)
@@ -2237,6 +2245,17 @@ fn client_options_given_to_serve_are_refused() {
         .unwrap();
     assert!(
         String::from_utf8_lossy(&o.stderr).contains("`sluice fsck` takes no --addr"),
+        "{o:?}"
+    );
+    // Nor a client's timeout or output mode, which it ignored.
+    let o = Command::new(BIN)
+        .args(["fsck", "--raw", "--timeout-ms", "5", "--data-dir"])
+        .arg(dir.join("data"))
+        .output()
+        .unwrap();
+    assert!(
+        String::from_utf8_lossy(&o.stderr)
+            .contains("`sluice fsck` takes no --timeout-ms, --raw (options of the commands"),
         "{o:?}"
     );
     // `dev --addr` started its nodes on the ports of --base-port anyway

@@ -1550,7 +1550,9 @@ async fn a_member_with_a_damaged_log_is_restored_from_its_peers() {
     assert!(!status.success());
     let log = std::fs::read_to_string(c.dir.path().join(format!("node-{victim}.log"))).unwrap();
     assert!(
-        log.contains("corrupt at offset") && log.contains(&seg.display().to_string()),
+        log.contains("corrupt at offset")
+            && log.contains(&seg.display().to_string())
+            && log.contains(&format!("`sluice fsck --data-dir {}`", node_dir.display())),
         "{log}"
     );
     let fsck = |extra: &[&str]| {

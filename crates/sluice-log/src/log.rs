@@ -229,7 +229,7 @@ pub fn scan_segment(data: &Bytes, id: u64, newest: bool) -> Scan {
                     let reason = match e {
                         Decode::Short => "record runs past the end of a sealed segment".to_string(),
                         Decode::Bad(r) if newest => format!(
-                            "{r}; the record was written whole, so this is damage, not a torn write (see `sluice fsck`)"
+                            "{r}; the record was written whole, so this is damage, not a torn write"
                         ),
                         Decode::Bad(r) => r,
                     };

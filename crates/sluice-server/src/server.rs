@@ -28,8 +28,22 @@ pub enum ServerError {
     },
     #[error(transparent)]
     DataDirInUse(#[from] sluice_log::LockError),
-    #[error("cannot open the store in {dir}: {error}")]
+    #[error("cannot open the store in {dir}: {error}{}", fsck_hint(dir, error))]
     Store { dir: String, error: SluiceError },
+}
+
+/// What a user runs next when the store did not open because a log file
+/// is damaged: the exact `sluice fsck` command for this data directory.
+fn fsck_hint(dir: &str, error: &SluiceError) -> String {
+    let damaged =
+        matches!(error, SluiceError::Io { reason } if reason.contains(" is corrupt at offset "));
+    if !damaged {
+        return String::new();
+    }
+    format!(
+        "\n`sluice fsck --data-dir {dir}` reports every damaged file (a dry run) \
+         and how to repair them (\"Corruption and repair\" in the README)"
+    )
 }
 
 /// Applies retention in the background until the store is dropped.

@@ -403,7 +403,7 @@ impl LogStore {
                     return Err(std::io::Error::new(
                         std::io::ErrorKind::InvalidData,
                         format!(
-                            "consensus log {} is corrupt at offset {good} ({reason}); refusing to start. Repair this member from its peers: see `sluice fsck` and \"Corruption and repair\" in the README",
+                            "consensus log {} is corrupt at offset {good} ({reason}); refusing to start: this member is to be repaired from its peers",
                             path.display()
                         ),
                     ))
