@@ -47,11 +47,17 @@ impl Iterator for BlockingWatch<'_> {
 
 macro_rules! blocking {
     ($( $(#[$m:meta])* fn $name:ident(&self $(, $arg:ident : $ty:ty)*) -> $ret:ty; )*) => {
-        $( $(#[$m])* pub fn $name(&self $(, $arg: $ty)*) -> $ret { self.rt.block_on(self.client.$name($($arg),*)) } )*
+        $(
+            $(#[$m])*
+            #[doc = concat!("[`Client::", stringify!($name), "`], blocking until it answers.")]
+            pub fn $name(&self $(, $arg: $ty)*) -> $ret { self.rt.block_on(self.client.$name($($arg),*)) }
+        )*
     };
 }
 
 impl BlockingClient {
+    /// Connects to `addr` (`host:port`, or several comma-separated) with
+    /// default settings ([`Client::connect`]).
     pub fn connect(addr: &str) -> Result<Self> {
         Self::connect_with(ClientConfig {
             addr: addr.to_string(),
@@ -59,6 +65,8 @@ impl BlockingClient {
         })
     }
 
+    /// Connects with these settings ([`Client::connect_with`]), on a
+    /// runtime of one worker thread that this client owns.
     pub fn connect_with(cfg: ClientConfig) -> Result<Self> {
         let rt = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(1)
@@ -76,14 +84,17 @@ impl BlockingClient {
         &self.client
     }
 
+    /// What the node said about itself when the client connected.
     pub fn server_info(&self) -> &ServerInfo {
         self.client.server_info()
     }
 
+    /// [`Client::put`], blocking until it answers.
     pub fn put(&self, key: &str, value: impl Into<Bytes>) -> Result<PutResult> {
         self.rt.block_on(self.client.put(key, value))
     }
 
+    /// [`Client::put_if_version`], blocking until it answers.
     pub fn put_if_version(
         &self,
         key: &str,
@@ -94,10 +105,12 @@ impl BlockingClient {
             .block_on(self.client.put_if_version(key, value, expected_version))
     }
 
+    /// [`Client::put_and_forget`], blocking until it is sent.
     pub fn put_and_forget(&self, key: &str, value: impl Into<Bytes>) -> Result<()> {
         self.rt.block_on(self.client.put_and_forget(key, value))
     }
 
+    /// [`Client::trigger_put`], blocking until it answers.
     pub fn trigger_put(&self, key: &str, value: impl Into<Bytes>) -> Result<u64> {
         self.rt.block_on(self.client.trigger_put(key, value))
     }
@@ -113,6 +126,7 @@ impl BlockingClient {
             .block_on(self.client.trigger_put_traced(key, value, trace_id))
     }
 
+    /// [`Client::multi_get`], blocking until it answers.
     pub fn multi_get(&self, keys: &[&str]) -> Result<Vec<Result<Object>>> {
         self.rt.block_on(self.client.multi_get(keys))
     }
@@ -123,6 +137,8 @@ impl BlockingClient {
             .block_on(self.client.get_by_time_with(key, timestamp_us, 0, true))
     }
 
+    /// [`Client::watch`]: notifications of puts, trigger puts and removes
+    /// under `prefix`, from now on.
     pub fn watch(&self, prefix: &str) -> Result<BlockingWatch<'_>> {
         let watch = self.rt.block_on(self.client.watch(prefix))?;
         Ok(BlockingWatch {

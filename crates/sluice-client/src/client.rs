@@ -26,6 +26,8 @@ pub struct ClientConfig {
     pub addr: String,
     /// Connections kept open to the node; requests are spread across them.
     pub connections: usize,
+    /// How long one TCP (and TLS) connect with its handshake may take
+    /// (default 3 s).
     pub connect_timeout: Duration,
     /// How long a request may wait for its reply.
     pub request_timeout: Duration,
@@ -76,6 +78,8 @@ impl Default for ClientConfig {
 /// A watch notification.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Notification {
+    /// What happened: a put, a trigger put, a remove, a lambda's notify,
+    /// or `Lagged` (see `object`).
     pub kind: DeliveryKindWire,
     /// For `Lagged`, `object.meta.version` counts the notifications lost
     /// because this watcher fell behind, and the value is JSON: `dropped`,
@@ -356,6 +360,8 @@ impl Client {
         .await
     }
 
+    /// Connects with these settings: to the first seed of `cfg.addr` that
+    /// answers, then (in a cluster) learns the members and their shards.
     pub async fn connect_with(cfg: ClientConfig) -> Result<Client> {
         let (addr, first) = connect_seed(&cfg).await?;
         let n = cfg.connections.max(1);
@@ -1280,6 +1286,7 @@ impl Client {
         Ok(report)
     }
 
+    /// The pool at `path` (`NoPool` when there is none).
     pub async fn get_pool(&self, path: &str) -> Result<PoolMeta> {
         self.pool_call(Request::PoolGet {
             path: path.to_string(),
@@ -1295,6 +1302,8 @@ impl Client {
         .await
     }
 
+    /// Every pool, and with `include_deleted` those removed but not yet
+    /// purged.
     pub async fn list_pools(&self, include_deleted: bool) -> Result<Vec<PoolMeta>> {
         match self.call(&Request::PoolList { include_deleted }).await? {
             Response::Pools(p) => Ok(p),

@@ -26,6 +26,8 @@ pub(crate) enum Pending {
     Stream(mpsc::Sender<Response>, Arc<AtomicU64>),
 }
 
+/// A connection to one node: requests are pipelined on it and replies,
+/// which may come in any order, are matched by request id.
 pub struct Conn {
     writer: tokio::sync::Mutex<WriteHalf>,
     pending: Mutex<HashMap<u64, Pending>>,
@@ -53,6 +55,7 @@ pub struct Conn {
     /// Writes to the socket so far (`Conn::writes`).
     writes: AtomicU64,
     me: std::sync::Weak<Conn>,
+    /// What the node said about itself in the handshake.
     pub info: ServerInfo,
 }
 
@@ -219,6 +222,8 @@ impl Conn {
         Ok(conn)
     }
 
+    /// False once the connection failed or was closed; a client then
+    /// opens another.
     pub fn is_alive(&self) -> bool {
         self.alive.load(Ordering::Acquire)
     }
