@@ -484,7 +484,7 @@ pub fn run(a: DevArgs) -> Result<()> {
                         }
                         if let Ok(Some(st)) = c.try_wait() {
                             eprintln!(
-                                "sluice dev: node {i} exited ({st}); the others keep serving. Restart it with:\n  {}",
+                                "sluice dev: node {i} exited ({st}); the others keep serving. Restart it with (stopped with the others when this command ends):\n  {}",
                                 restart_hint(&exe, &a.dir, &layout, *i)
                             );
                             reported[k] = true;
@@ -494,6 +494,16 @@ pub fn run(a: DevArgs) -> Result<()> {
             }
         }
     });
+    stop_nodes(&a.dir, &mut children, &reported);
+    let _ = std::fs::remove_file(a.dir.join("endpoints"));
+    let _ = std::fs::remove_file(a.dir.join("metrics"));
+    Ok(())
+}
+
+/// Stops every node: the children still running (SIGTERM), then those
+/// that exited and were restarted by hand (`reported`: their exit was
+/// seen, and said how to restart them).
+fn stop_nodes(dir: &Path, children: &mut [(u32, Child)], reported: &[bool]) {
     eprintln!("sluice dev: stopping");
     for (k, (_, c)) in children.iter_mut().enumerate() {
         // A reaped child's pid may have been given to another process:
@@ -506,12 +516,46 @@ pub fn run(a: DevArgs) -> Result<()> {
             libc::kill(c.id() as libc::pid_t, libc::SIGTERM);
         }
     }
-    for (_, c) in &mut children {
+    for (_, c) in children.iter_mut() {
         let _ = c.wait();
     }
-    let _ = std::fs::remove_file(a.dir.join("endpoints"));
-    let _ = std::fs::remove_file(a.dir.join("metrics"));
-    Ok(())
+    let restarted: Vec<u32> = children
+        .iter()
+        .zip(reported)
+        .filter_map(|((i, _), r)| r.then_some(*i))
+        .collect();
+    stop_restarted(dir, &restarted);
+}
+
+/// Stops the nodes among `ids` that exited and were restarted by hand
+/// (the command `run` printed): not children of this command, they are
+/// found by the lock on their data directory, which names its holder.
+/// Without this they outlived `sluice dev`, holding their port and data.
+fn stop_restarted(dir: &Path, ids: &[u32]) {
+    let mut waiting = Vec::new();
+    for &i in ids {
+        let data = dir.join(format!("node-{i}"));
+        let Some(pid) = sluice_log::lock_holder(&data) else {
+            continue;
+        };
+        eprintln!("sluice dev: stopping node {i} (pid {pid}, restarted by hand)");
+        // SAFETY: signalling the process that holds node i's data
+        // directory lock now (a live holder: the pid is not stale).
+        unsafe {
+            libc::kill(pid as libc::pid_t, libc::SIGTERM);
+        }
+        waiting.push((i, data));
+    }
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    for (i, data) in waiting {
+        while sluice_log::lock_holder(&data).is_some() {
+            if std::time::Instant::now() > deadline {
+                eprintln!("sluice dev: node {i} is still running after 20 s");
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
 }
 
 /// Makes the kernel send the child of `cmd` SIGTERM when the thread that

@@ -1,7 +1,7 @@
 //! End-to-end tests of the real `sluice` binary: a node process and CLI
 //! processes talking to it over loopback.
 
-use std::io::{BufRead, BufReader, Write};
+use std::io::{BufRead, BufReader, Read, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::Duration;
@@ -1203,14 +1203,31 @@ fn dev_starts_a_three_node_cluster_and_ctrl_c_stops_it() {
         );
         std::thread::park_timeout(Duration::from_millis(100));
     }
-    let _ = again.kill();
-    let _ = again.wait();
     // SAFETY: signalling the child we spawned.
     unsafe {
         libc::kill(dev.id() as libc::pid_t, libc::SIGINT);
     }
     assert!(dev.wait().unwrap().success());
     wait_gone(&pids, "Ctrl-C");
+    // The node restarted by hand is stopped with the others (it outlived
+    // `sluice dev`, holding its port and data directory).
+    let mut rest = String::new();
+    err.read_to_string(&mut rest).unwrap();
+    assert!(
+        rest.contains(&format!(
+            "stopping node 0 (pid {}, restarted by hand)",
+            again.id()
+        )),
+        "{rest}"
+    );
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while again.try_wait().unwrap().is_none() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the node restarted by hand outlived sluice dev"
+        );
+        std::thread::park_timeout(Duration::from_millis(20));
+    }
     let _ = std::fs::remove_dir_all(&dir);
 }
 

@@ -35,7 +35,7 @@ mod record;
 pub mod versioned;
 
 pub use fs::{FaultFs, Faults, Fs, RealFs, SegmentFile};
-pub use lock::{DirLock, LockError, LOCK_FILE};
+pub use lock::{lock_holder, DirLock, LockError, LOCK_FILE};
 pub use log::{
     scan_segment, segment_files, Compacted, Location, Log, LogError, LogOptions, Problem,
     Recovered, Scan, SyncPolicy,

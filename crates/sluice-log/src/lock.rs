@@ -89,6 +89,27 @@ impl DirLock {
     }
 }
 
+/// The pid of the live process that holds `dir`'s lock, if one does (as
+/// its lock file names it). Takes nothing: a probe with a shared lock,
+/// dropped at once, fails only while an exclusive holder lives, so the
+/// pid read then is that holder's, never a stale one.
+pub fn lock_holder(dir: &Path) -> Option<u32> {
+    let mut file = File::open(dir.join(LOCK_FILE)).ok()?;
+    // SAFETY: flock on a file descriptor this function owns.
+    let rc = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_SH | libc::LOCK_NB) };
+    if rc == 0 || io::Error::last_os_error().raw_os_error() != Some(libc::EWOULDBLOCK) {
+        return None; // free (the probe's lock ends with `file`)
+    }
+    let mut text = String::new();
+    file.read_to_string(&mut text).ok()?;
+    text.strip_prefix("pid ")?
+        .split(':')
+        .next()?
+        .trim()
+        .parse()
+        .ok()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -108,7 +129,9 @@ mod tests {
             }
             other => panic!("expected Held, got {other:?}"),
         }
+        assert_eq!(lock_holder(&dir), Some(std::process::id()));
         drop(first);
+        assert_eq!(lock_holder(&dir), None, "free once dropped");
         let again = DirLock::acquire(&dir, "third").unwrap();
         assert_eq!(again.dir(), dir);
         let _ = std::fs::remove_dir_all(&dir);
