@@ -146,6 +146,8 @@ fn misplaced_client_option(cmd: &Cmd, m: &ArgMatches) -> Option<String> {
         Cmd::Demo(_) => "demo",
         Cmd::Fsck(_) => "fsck",
         Cmd::Top(_) => "top",
+        Cmd::Layout(_) => "layout",
+        Cmd::Place(_) => "place",
         _ => return None,
     };
     let (_, instead) = NODE_COMMANDS.iter().find(|(n, _)| *n == name)?;
@@ -162,10 +164,10 @@ fn misplaced_client_option(cmd: &Cmd, m: &ArgMatches) -> Option<String> {
     })
 }
 
-/// The commands that run or read a node themselves, or read its metrics
-/// endpoint, and refuse the client's options (`misplaced_client_option`):
+/// The commands that run or read a node themselves, read its metrics
+/// endpoint or talk to no node, and refuse the client's options (`misplaced_client_option`):
 /// each with where its own settings go instead.
-const NODE_COMMANDS: [(&str, &str); 5] = [
+const NODE_COMMANDS: [(&str, &str); 7] = [
     (
         "serve",
         "a node listens where --listen (or the config's `listen`) says, serves TLS from its config's [tls] section and is policed by `sluice policy`",
@@ -179,6 +181,14 @@ const NODE_COMMANDS: [(&str, &str); 5] = [
     (
         "top",
         "top reads the nodes' metrics endpoints (--metrics; by itself where `sluice dev --metrics-base` runs)",
+    ),
+    (
+        "layout",
+        "layout converts files and talks to no node",
+    ),
+    (
+        "place",
+        "place computes placements from its input file and talks to no node",
     ),
 ];
 
@@ -196,12 +206,23 @@ fn command() -> clap::Command {
         // A hidden copy in the subcommand: the global option is then not
         // added to it, and a value given there still reaches the top
         // level's matches, where it is refused.
-        cmd = cmd.mut_subcommand(name, |mut sub| {
-            for a in &client {
-                sub = sub.arg(a.clone().global(false).hide(true));
-            }
-            sub
-        });
+        cmd = cmd.mut_subcommand(name, |sub| with_hidden(sub, &client));
+    }
+    cmd
+}
+
+/// `cmd` and each of its subcommands (`layout import`) with hidden copies
+/// of `args`.
+fn with_hidden(mut cmd: clap::Command, args: &[clap::Arg]) -> clap::Command {
+    for a in args {
+        cmd = cmd.arg(a.clone().global(false).hide(true));
+    }
+    let names: Vec<String> = cmd
+        .get_subcommands()
+        .map(|s| s.get_name().to_string())
+        .collect();
+    for n in names {
+        cmd = cmd.mut_subcommand(n, |sub| with_hidden(sub, args));
     }
     cmd
 }

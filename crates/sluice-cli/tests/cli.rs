@@ -2264,6 +2264,19 @@ fn client_options_given_to_serve_are_refused() {
         String::from_utf8_lossy(&o.stderr).contains("`sluice fsck` takes no --addr"),
         "{o:?}"
     );
+    // Offline commands, which ignored them too.
+    for cmd in [&["layout", "import", "x.json"][..], &["place", "x.toml"]] {
+        let o = Command::new(BIN)
+            .args(cmd)
+            .args(["--addr", "127.0.0.1:1"])
+            .output()
+            .unwrap();
+        assert!(
+            String::from_utf8_lossy(&o.stderr)
+                .contains(&format!("`sluice {}` takes no --addr", cmd[0])),
+            "{o:?}"
+        );
+    }
     // Nor a client's timeout or output mode, which it ignored.
     let o = Command::new(BIN)
         .args(["fsck", "--raw", "--timeout-ms", "5", "--data-dir"])
