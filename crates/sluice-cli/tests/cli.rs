@@ -2352,3 +2352,67 @@ fn client_options_given_to_serve_are_refused() {
     );
     assert!(n.is_ok(), "{:?}", n.err());
 }
+
+/// A cluster node started on an emptied data directory starts empty. It
+/// served the volatile objects (with their versions and Raft state) of
+/// the node that had the directory before: volatile shards' logs live
+/// elsewhere (under /dev/shm by default, named after the data
+/// directory's path) and outlived it. A plain restart keeps them.
+#[test]
+fn a_node_on_an_emptied_data_directory_does_not_serve_its_predecessors_volatile_objects() {
+    let dir = temp_dir("pair");
+    let port = free_base(1);
+    std::fs::write(
+        dir.join("layout.toml"),
+        format!(
+            "version = 1\n[[nodes]]\nid = 0\naddress = \"127.0.0.1:{port}\"\n\
+             [[subgroups.volatile]]\nshards = [[0]]\n[[subgroups.persistent]]\nshards = [[0]]\n\
+             [[subgroups.trigger]]\nshards = [[0]]\n"
+        ),
+    )
+    .unwrap();
+    // The volatile logs outside the data directory, as under /dev/shm
+    // (whether the default goes there depends on its free space).
+    std::fs::write(
+        dir.join("node.toml"),
+        format!(
+            "[cluster]\nvolatile_dir = \"{}\"\n",
+            dir.join("volatile").display()
+        ),
+    )
+    .unwrap();
+    let args = [
+        "--config",
+        "node.toml",
+        "--cluster",
+        "layout.toml",
+        "--node-id",
+        "0",
+        "--data-dir",
+        "data",
+    ];
+    let start = || {
+        let mut n = spawn_node(&dir, &args).unwrap();
+        n.dir = dir.join("kept"); // the test removes what it wants
+        let deadline = std::time::Instant::now() + Duration::from_secs(20);
+        while !n.sluice(&["health"]).status.success() {
+            assert!(std::time::Instant::now() < deadline, "no leader");
+            std::thread::park_timeout(Duration::from_millis(20));
+        }
+        n
+    };
+    let n = start();
+    assert!(n.ok(&["put", "/vol/a", "old"]).contains("version 1"));
+    assert!(n.terminate().success());
+    let n = start();
+    assert_eq!(n.ok(&["get", "/vol/a"]), "old\n", "a restart keeps them");
+    assert!(n.terminate().success());
+
+    std::fs::remove_dir_all(dir.join("data")).unwrap();
+    let n = start();
+    let e = n.fails(&["get", "/vol/a"]);
+    assert!(e.contains("not found"), "{e}");
+    assert!(n.ok(&["put", "/vol/b", "new"]).contains("version 1"));
+    assert!(n.terminate().success());
+    let _ = std::fs::remove_dir_all(&dir);
+}

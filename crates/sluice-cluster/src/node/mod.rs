@@ -15,6 +15,7 @@
 mod admin;
 pub mod broadcast;
 mod core;
+mod dirs;
 mod failover;
 mod groups;
 mod meta;
@@ -246,7 +247,7 @@ impl ClusterNode {
             });
         }
         let key = cluster_key(&settings)?;
-        let volatile_root = volatile_root(&settings, &data_dir);
+        let volatile_root = dirs::volatile_root(&settings, &data_dir);
         let volatile_lock = sluice_log::DirLock::acquire(
             &volatile_root,
             &format!("sluice node {id}, data dir {}", data_dir.display()),
@@ -254,6 +255,7 @@ impl ClusterNode {
         .map_err(|e| SluiceError::Internal {
             reason: format!("volatile log directory: {e}"),
         })?;
+        dirs::pair(&volatile_root, &data_dir)?;
         let node = Arc::new(ClusterNode {
             id,
             volatile_root,
@@ -506,16 +508,6 @@ impl ClusterNode {
     }
 }
 
-/// Free bytes of the file system holding `p` (`None` when unknown).
-fn free_bytes(p: &std::path::Path) -> Option<u64> {
-    use std::os::unix::ffi::OsStrExt;
-    let c = std::ffi::CString::new(p.as_os_str().as_bytes()).ok()?;
-    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
-    // SAFETY: `c` is a valid NUL-terminated path; `st` is a valid out-pointer.
-    let rc = unsafe { libc::statvfs(c.as_ptr(), &mut st) };
-    (rc == 0).then(|| st.f_bavail as u64 * st.f_frsize as u64)
-}
-
 /// Lambdas' puts to replicated shards go through the shard's leader.
 impl sluice_compute::Writer for ClusterNode {
     fn put(
@@ -667,22 +659,6 @@ impl sluice_compute::Membership for ClusterNode {
     }
 }
 
-/// The directory of volatile shards' logs (see `ClusterSettings::volatile_dir`).
-fn volatile_root(settings: &ClusterSettings, data_dir: &std::path::Path) -> PathBuf {
-    if let Some(d) = &settings.volatile_dir {
-        return d.clone();
-    }
-    let shm = std::path::Path::new("/dev/shm");
-    if free_bytes(shm).is_some_and(|b| b >= 1 << 30) {
-        let abs = std::fs::canonicalize(data_dir).unwrap_or_else(|_| data_dir.to_path_buf());
-        return shm.join(format!(
-            "sluice-{:016x}",
-            sluice_types::fnv1a64(abs.to_string_lossy().as_bytes())
-        ));
-    }
-    data_dir.join("raft-volatile")
-}
-
 /// The key cluster peers authenticate with: `[cluster] key_file`, else
 /// `cluster.key` next to the layout file, created (32 random bytes, hex,
 /// mode 0600) by the first node that starts when missing. Every node of a
@@ -703,13 +679,8 @@ fn cluster_key(settings: &ClusterSettings) -> Result<String, SluiceError> {
         reason: format!("{what} the cluster key {}: {e}", path.display()),
     };
     if !path.exists() {
-        use std::io::Read;
         use std::os::unix::fs::OpenOptionsExt;
-        let mut raw = [0u8; 32];
-        std::fs::File::open("/dev/urandom")
-            .and_then(|mut f| f.read_exact(&mut raw))
-            .map_err(|e| err("making", e))?;
-        let hex: String = raw.iter().map(|b| format!("{b:02x}")).collect();
+        let hex = dirs::random_hex(32).map_err(|e| err("making", e))?;
         // Written aside, then linked into place: a node starting at the
         // same time reads a whole key or makes its own link fail.
         let tmp = path.with_extension(format!("key.{}", std::process::id()));
