@@ -40,9 +40,23 @@ pub struct ServeArgs {
     fault_injection: bool,
 }
 
+/// The log filter when `SLUICE_LOG` is unset or empty: Sluice at info,
+/// raft-rs's own lines at warn. Its info lines (three per election round
+/// per group: a node cut off from its peers wrote dozens a second) say
+/// what Sluice's own do once per change ("this node is now the leader",
+/// "following a new leader", "no leader: election in progress").
+pub const DEFAULT_LOG: &str = "info,raft=warn";
+
 pub fn init_tracing() {
-    let filter =
-        tracing_subscriber::EnvFilter::try_from_env("SLUICE_LOG").unwrap_or_else(|_| "info".into());
+    let filter = match std::env::var("SLUICE_LOG") {
+        Ok(f) if !f.trim().is_empty() => {
+            tracing_subscriber::EnvFilter::try_new(f).unwrap_or_else(|e| {
+                eprintln!("SLUICE_LOG: {e}; logging with {DEFAULT_LOG:?}");
+                DEFAULT_LOG.into()
+            })
+        }
+        _ => DEFAULT_LOG.into(),
+    };
     // Colour only on a terminal: a log file gets plain text.
     let _ = tracing_subscriber::fmt()
         .with_env_filter(filter)

@@ -807,6 +807,7 @@ fn spawn_dev_with(dir: &Path, base: u16, nodes: u16, args: &[&str]) -> Dev {
         .args(args)
         .args(["--metrics-base", &metrics_base.to_string(), "--dir"])
         .arg(dir.join("sluice-dev"))
+        .env_remove("SLUICE_LOG")
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
@@ -1020,6 +1021,15 @@ fn dev_starts_a_three_node_cluster_and_ctrl_c_stops_it() {
     let a0 = format!("127.0.0.1:{base}");
     let a2 = format!("127.0.0.1:{}", base + 2);
     cli(a0.clone(), &["put", "/vol/a", "x"]);
+    // By default a node logs its groups' leaders in its own words, and
+    // raft-rs's per-election lines not at all (three per round per group).
+    let node_log = std::fs::read_to_string(dir.join("sluice-dev/node-0.log")).unwrap();
+    assert!(
+        node_log.contains("this node is now the leader")
+            || node_log.contains("following a new leader"),
+        "{node_log}"
+    );
+    assert!(!node_log.contains(" raft: "), "{node_log}");
     assert_eq!(cli(a2.clone(), &["get", "--linearizable", "/vol/a"]), "x\n");
     let status = cli(a2, &["--json", "cluster", "status"]);
     let v: serde_json::Value = serde_json::from_str(&status).unwrap();

@@ -2813,3 +2813,56 @@ fn missing_marks(files: &[Vec<sluice_types::marks::Mark>], puts: usize) -> Resul
     }
     Ok(())
 }
+
+/// A node started with another cluster key (its layout copied without
+/// `cluster.key`, so it made its own) is told so in its own log, and
+/// the others log the refusal once, not once per consensus message: the
+/// node tried a new connection and handshake for each (about 50 a second,
+/// each a warning on the refusing node) and logged nothing itself.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_node_with_another_cluster_key_says_so_and_is_not_retried_per_message() {
+    let _serial = SERIAL.lock().await;
+    let mut c = Cluster::start();
+    c.ready().await;
+    c.kill(3);
+    let other = c.dir.path().join("other.key");
+    std::fs::write(&other, "00112233445566778899aabbccddeeff\n").unwrap();
+    let cfg = c.dir.path().join("node-3.toml");
+    let text = std::fs::read_to_string(&cfg).unwrap().replace(
+        "[cluster]\n",
+        &format!("[cluster]\nkey_file = \"{}\"\n", other.display()),
+    );
+    std::fs::write(&cfg, text).unwrap();
+    let dir = c.dir.path().to_path_buf();
+    let log =
+        |id: u32| std::fs::read_to_string(dir.join(format!("node-{id}.log"))).unwrap_or_default();
+    let refusals = |id: u32| log(id).matches("wrong cluster key refused").count();
+    let before = [refusals(1), refusals(2)];
+    c.spawn(3);
+    c.wait_for("node 3 to say its key was refused", || async {
+        log(3).contains("refused this node's cluster key")
+    })
+    .await;
+    // Node 3 keeps trying (its groups stand for election every few
+    // hundred ms): a window of two seconds holds dozens of tries.
+    let window = Instant::now() + Duration::from_secs(2);
+    while Instant::now() < window {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    for (i, id) in [1, 2].into_iter().enumerate() {
+        let n = refusals(id) - before[i];
+        assert!(
+            (1..=2).contains(&n),
+            "node {id} logged {n} refusals:\n{}",
+            c.logs()
+        );
+    }
+    assert!(
+        log(1).contains("node 3 has another key"),
+        "the refusal names the node and what to do:\n{}",
+        c.logs()
+    );
+    // The cluster itself serves on.
+    let client = c.client(1).await;
+    client.put("/vol/k", &b"v"[..]).await.unwrap();
+}

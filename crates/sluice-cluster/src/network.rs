@@ -55,7 +55,24 @@ pub struct Peers {
     /// Consensus messages of this many bytes or more take the bulk
     /// connection (`BULK_BYTES` unless set; 0: none does).
     bulk_bytes: std::sync::atomic::AtomicUsize,
+    /// Peers that refused this node's cluster key: when they last did
+    /// (no new connection is tried for `REFUSED_BACKOFF` after it) and
+    /// when it was last logged (`REFUSAL_LOG_EVERY`).
+    refused: Mutex<HashMap<u32, Refused>>,
 }
+
+struct Refused {
+    at: std::time::Instant,
+    logged: std::time::Instant,
+}
+
+/// After a peer refused this node's cluster key, how long no connection
+/// to it is tried (each try was a connection and a handshake per
+/// consensus message: dozens a second, each logged on both sides).
+const REFUSED_BACKOFF: Duration = Duration::from_secs(1);
+
+/// How often a refusal (or a refused peer) is logged at most.
+pub const REFUSAL_LOG_EVERY: Duration = Duration::from_secs(30);
 
 impl Peers {
     /// Sets the size from which consensus messages take the bulk
@@ -81,6 +98,56 @@ impl Peers {
             blocked: RwLock::default(),
             connect_timeout,
             on_lost: std::sync::OnceLock::new(),
+            refused: Mutex::default(),
+        }
+    }
+
+    /// Whether `target` refused this node's key less than
+    /// `REFUSED_BACKOFF` ago: then no new connection is tried yet.
+    fn refused_recently(&self, target: u32) -> Option<SluiceError> {
+        let refused = self.refused.lock();
+        let r = refused.get(&target)?;
+        (r.at.elapsed() < REFUSED_BACKOFF).then(|| SluiceError::Forbidden {
+            what: format!(
+                "a connection to node {target}: it refused this node's cluster key {} ms ago",
+                r.at.elapsed().as_millis()
+            ),
+        })
+    }
+
+    /// Notes that `target` (at `addr`) refused this node's key; logs it
+    /// once every `REFUSAL_LOG_EVERY`.
+    fn note_refusal(&self, target: u32, addr: &str) {
+        let now = std::time::Instant::now();
+        let mut refused = self.refused.lock();
+        let log = match refused.get_mut(&target) {
+            Some(r) => {
+                r.at = now;
+                let due = r.logged.elapsed() >= REFUSAL_LOG_EVERY;
+                if due {
+                    r.logged = now;
+                }
+                due
+            }
+            None => {
+                refused.insert(
+                    target,
+                    Refused {
+                        at: now,
+                        logged: now,
+                    },
+                );
+                true
+            }
+        };
+        if log {
+            tracing::warn!(
+                peer = target,
+                %addr,
+                "node {target} refused this node's cluster key: every node of a cluster needs the same key \
+                 (the file cluster.key next to the layout, or [cluster] key_file); copy it from a node \
+                 of the cluster and restart this one"
+            );
         }
     }
 
@@ -142,6 +209,9 @@ impl Peers {
                 return Ok(c.clone());
             }
         }
+        if let Some(e) = self.refused_recently(target) {
+            return Err(e);
+        }
         let sa: SocketAddr = addr.parse().map_err(|e| SluiceError::Connection {
             reason: format!("node {target} has a bad address {addr:?}: {e}"),
         })?;
@@ -158,8 +228,14 @@ impl Peers {
             node: self.me,
             key: self.key.clone(),
         };
-        match c.call(&auth, self.connect_timeout).await? {
-            Response::Ok => {}
+        let answer = c.call(&auth, self.connect_timeout).await;
+        if let Err(SluiceError::Forbidden { .. }) = &answer {
+            self.note_refusal(target, addr);
+        }
+        match answer? {
+            Response::Ok => {
+                self.refused.lock().remove(&target);
+            }
             other => {
                 return Err(SluiceError::protocol(format!(
                     "node {target} answered the peer handshake with {other:?}"

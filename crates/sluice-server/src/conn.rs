@@ -1140,11 +1140,16 @@ impl Conn {
                     self.peer = Some(node);
                     Response::Ok.encode(&mut self.out, rid);
                 } else {
-                    tracing::warn!(
-                        conn = self.id,
-                        claimed = node,
-                        "peer handshake with a wrong cluster key refused"
-                    );
+                    if cl.log_refused_peer(node) {
+                        tracing::warn!(
+                            conn = self.id,
+                            claimed = node,
+                            from = %self.addr,
+                            "peer handshake with a wrong cluster key refused: node {node} has another \
+                             key than this node's (cluster.key next to the layout, or [cluster] key_file); \
+                             copy this cluster's key to it (logged once every 30 s per node)"
+                        );
+                    }
                     Response::error(
                         &mut self.out,
                         rid,

@@ -216,6 +216,8 @@ pub struct ClusterNode {
     bcast: broadcast::Broadcasts,
     /// Peers whose death this node is acting on (`failover`).
     taking_over: parking_lot::Mutex<std::collections::HashSet<u32>>,
+    /// When a refused handshake of each claimed peer was last logged.
+    refusals_logged: parking_lot::Mutex<HashMap<u32, std::time::Instant>>,
     /// The metadata log index whose data flow graphs this node's engine
     /// runs (set by the server's graph reconciler; `dfgs_reconciled`).
     dfgs_reconciled: std::sync::atomic::AtomicU64,
@@ -287,6 +289,7 @@ impl ClusterNode {
             writer_seq: std::sync::atomic::AtomicU64::new(1),
             me: std::sync::OnceLock::new(),
             taking_over: Default::default(),
+            refusals_logged: Default::default(),
             dfgs_reconciled: Default::default(),
             bcast: Default::default(),
             rs_transport: Default::default(),
@@ -398,6 +401,20 @@ impl ClusterNode {
 
     /// Whether `key` is this cluster's key (constant time: a client
     /// cannot learn it byte by byte from timings).
+    /// Whether a refused peer handshake claiming to be `node` is to be
+    /// logged now: once every `REFUSAL_LOG_EVERY` per claimed node (a
+    /// node with another key tries again and again).
+    pub fn log_refused_peer(&self, node: u32) -> bool {
+        let mut last = self.refusals_logged.lock();
+        match last.get(&node) {
+            Some(t) if t.elapsed() < crate::network::REFUSAL_LOG_EVERY => false,
+            _ => {
+                last.insert(node, std::time::Instant::now());
+                true
+            }
+        }
+    }
+
     pub fn peer_key_matches(&self, key: &str) -> bool {
         let (a, b) = (self.key.as_bytes(), key.as_bytes());
         a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
