@@ -720,11 +720,25 @@ fn cluster_status(c: &BlockingClient) -> Result<Shown> {
                 ids.join(" ")
             }
         };
+        let refusing: Vec<String> = s["peers_refusing_key"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(t)
+            .collect();
         text.push(format!(
-            "{:<6} connections to peers: {} (bulk: {})",
+            "{:<6} connections to peers: {} (bulk: {}){}",
             t(&s["node"]),
             peers("small"),
-            peers("bulk")
+            peers("bulk"),
+            if refusing.is_empty() {
+                String::new()
+            } else {
+                format!(
+                    "; refused this node's cluster key: {} (copy the cluster's key here)",
+                    refusing.join(" ")
+                )
+            }
         ));
     }
     Ok(Shown::new(

@@ -2862,6 +2862,22 @@ async fn a_node_with_another_cluster_key_says_so_and_is_not_retried_per_message(
         "the refusal names the node and what to do:\n{}",
         c.logs()
     );
+    // Its status says so too.
+    let st = c.status(3).await;
+    assert_eq!(
+        st["peers_refusing_key"],
+        serde_json::json!([1, 2, 4, 5]),
+        "{st}"
+    );
+    let text = Command::new(BIN)
+        .args(["--addr", &c.addr(3), "cluster", "status"])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&text.stdout);
+    assert!(
+        text.contains("refused this node's cluster key: 1 2 4 5 (copy"),
+        "{text}"
+    );
     // The cluster itself serves on.
     let client = c.client(1).await;
     client.put("/vol/k", &b"v"[..]).await.unwrap();

@@ -183,6 +183,20 @@ impl Peers {
     }
 
     /// The open connections to peers: (peer, bulk), sorted.
+    /// The peers that refused this node's cluster key at their last
+    /// handshake (within the last `REFUSAL_LOG_EVERY`), by id.
+    pub fn refusing(&self) -> Vec<u32> {
+        let mut v: Vec<u32> = self
+            .refused
+            .lock()
+            .iter()
+            .filter(|(_, r)| r.at.elapsed() < REFUSAL_LOG_EVERY)
+            .map(|(id, _)| *id)
+            .collect();
+        v.sort_unstable();
+        v
+    }
+
     pub fn connections(&self) -> Vec<(u32, bool)> {
         let mut v: Vec<(u32, bool)> = self
             .conns

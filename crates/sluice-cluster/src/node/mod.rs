@@ -459,6 +459,7 @@ impl ClusterNode {
             "epoch": self.epoch(),
             "cut": self.peers.blocked(),
             "peer_connections": conns,
+            "peers_refusing_key": self.peers.refusing(),
             "groups": list,
         })
     }
