@@ -234,6 +234,31 @@ impl ServerConfig {
                 self.timeouts.frame_ms >= 1,
                 "timeouts.frame_ms must be at least 1",
             ),
+            // 0 was taken as 1 ms: a thousand heartbeats a second per group.
+            (
+                c.heartbeat_ms >= 1,
+                "cluster.heartbeat_ms must be at least 1",
+            ),
+            // A leader is replaced within election_max_ms: past a minute a
+            // cluster could wait that long without one (etcd caps its
+            // election timeout at 50 s).
+            (
+                c.election_max_ms <= 60_000,
+                "cluster.election_max_ms must be at most 60000 (a minute)",
+            ),
+            (
+                (1..=3_600_000).contains(&c.write_timeout_ms),
+                "cluster.write_timeout_ms must be between 1 and 3600000 (an hour)",
+            ),
+            (
+                c.catch_up_wait_ms <= 86_400_000,
+                "cluster.catch_up_wait_ms must be at most 86400000 (a day)",
+            ),
+            // 0 was taken as 1: a snapshot after every entry.
+            (
+                c.snapshot_every >= 1,
+                "cluster.snapshot_every must be at least 1",
+            ),
         ];
         for (ok, msg) in checks {
             if !ok {
@@ -277,6 +302,27 @@ mod tests {
         assert!(e.contains("layout.volatile[0]"), "{e}");
         let e = ServerConfig::from_toml("listen = \"nope\"\n").unwrap_err();
         assert!(e.contains("listen"), "{e}");
+        // Cluster timings that could not work: each named.
+        for (setting, field) in [
+            ("heartbeat_ms = 0", "cluster.heartbeat_ms"),
+            (
+                "election_min_ms = 900000000\nelection_max_ms = 900000001",
+                "cluster.election_max_ms",
+            ),
+            ("write_timeout_ms = 0", "cluster.write_timeout_ms"),
+            (
+                "write_timeout_ms = 9223372036854775807",
+                "cluster.write_timeout_ms",
+            ),
+            (
+                "catch_up_wait_ms = 9223372036854775807",
+                "cluster.catch_up_wait_ms",
+            ),
+            ("snapshot_every = 0", "cluster.snapshot_every"),
+        ] {
+            let e = ServerConfig::from_toml(&format!("[cluster]\n{setting}\n")).unwrap_err();
+            assert!(e.contains(field), "{setting}: {e}");
+        }
         // A setting of the openraft driver, gone with it.
         let e = ServerConfig::from_toml("[cluster]\ncommit_hold_us = 2000\n").unwrap_err();
         assert!(e.contains("commit_hold_us"), "{e}");
