@@ -6,6 +6,7 @@ mod bench;
 mod commands;
 mod demo;
 mod dev;
+mod dump;
 mod fsck;
 mod layout;
 mod place;
@@ -104,6 +105,13 @@ enum Cmd {
     /// Shared queues: competing consumers, each item to one of them.
     #[command(subcommand)]
     Queue(stream::QueueCmd),
+    /// Write a pool's objects (`/`: every pool's) to a file that `sluice
+    /// load` puts back: a logical backup, or a copy to another cluster.
+    Dump(dump::DumpArgs),
+    /// Put back what `sluice dump` wrote: the pools it names that are
+    /// missing, then every object (new versions; a dump cut short is
+    /// refused before anything is written).
+    Load(dump::LoadArgs),
     #[command(flatten)]
     Client(commands::ClientCmd),
 }
@@ -265,6 +273,11 @@ fn main() -> ExitCode {
         Cmd::Fsck(a) => fsck::run(a, cli.json),
         Cmd::Stream(c) => stream::run_stream(&addr, cli.timeout_ms, cli.json, c),
         Cmd::Queue(c) => stream::run_queue(&addr, cli.timeout_ms, c),
+        Cmd::Dump(a) => commands::connect(&addr, cli.timeout_ms)
+            .and_then(|c| dump::dump(&c, &addr, a, cli.json)),
+        Cmd::Load(a) => {
+            commands::connect(&addr, cli.timeout_ms).and_then(|c| dump::load(&c, a, cli.json))
+        }
         Cmd::Top(a) => top::run(a, cli.json),
         Cmd::Shell => shell::run(&addr, cli.timeout_ms, cli.json),
         Cmd::Client(c) => commands::run_once(&addr, cli.timeout_ms, cli.json, c),
