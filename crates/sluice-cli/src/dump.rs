@@ -96,6 +96,64 @@ fn spec_of(p: &PoolMeta) -> PoolSpec {
     }
 }
 
+/// Versions per history request (and values held in memory at once).
+const PAGE: u32 = 64;
+
+/// Every version of `key`, oldest first, with a page of values in memory
+/// at a time: the key's version numbers first (pages come newest first),
+/// then the values in windows of a page each, oldest first.
+fn dump_history(
+    c: &BlockingClient,
+    key: &str,
+    w: &mut dyn Write,
+    n: &mut Counts,
+    progress: &mut Progress,
+) -> Result<()> {
+    let mut versions = Vec::new();
+    let mut to = u64::MAX;
+    loop {
+        let page = c.history_page(key, false, 0, to, PAGE)?;
+        versions.extend(page.iter().map(|o| o.meta.version));
+        match page.last() {
+            Some(o) if page.len() == PAGE as usize && o.meta.version > 0 => to = o.meta.version - 1,
+            _ => break,
+        }
+    }
+    versions.reverse();
+    for window in versions.chunks(PAGE as usize) {
+        let (from, to) = (window[0], window[window.len() - 1]);
+        let mut page = c.history_page(key, false, from, to, PAGE)?;
+        page.reverse();
+        for o in &page {
+            write_object(w, o, n)?;
+            progress.tick(n);
+        }
+    }
+    Ok(())
+}
+
+/// An object's record: its line, then its value's bytes and a newline
+/// (a remove: the line alone).
+fn write_object(w: &mut dyn Write, o: &sluice_client::Object, n: &mut Counts) -> Result<()> {
+    let mut head = json!({
+        "key": &*o.key,
+        "version": o.meta.version,
+        "timestamp_us": o.meta.timestamp_us,
+    });
+    if o.meta.tombstone {
+        head["removed"] = true.into();
+        line(w, &head)?;
+    } else {
+        head["size"] = o.value.len().into();
+        line(w, &head)?;
+        w.write_all(&o.value)?;
+        w.write_all(b"\n")?;
+        n.bytes += o.value.len() as u64;
+    }
+    n.objects += 1;
+    Ok(())
+}
+
 fn line(w: &mut dyn Write, j: &serde_json::Value) -> Result<()> {
     serde_json::to_writer(&mut *w, j)?;
     w.write_all(b"\n")?;
@@ -138,37 +196,17 @@ pub fn dump(c: &BlockingClient, addr: &str, a: DumpArgs, json_out: bool) -> Resu
             continue; // stores nothing
         }
         for key in c.list_keys(&p.pathname, None)? {
-            let versions = if a.history && p.pool_type == PoolType::Persistent {
-                let mut v = c.history(&key, false, 0, u64::MAX, 256)?;
-                v.reverse(); // oldest first
-                v
-            } else {
-                match c.get(&key) {
-                    Ok(o) => vec![o],
-                    // Removed since it was listed.
-                    Err(sluice_client::SluiceError::NotFound { .. }) => continue,
-                    Err(e) => return Err(e.into()),
-                }
-            };
-            for o in versions {
-                let mut head = json!({
-                    "key": &*o.key,
-                    "version": o.meta.version,
-                    "timestamp_us": o.meta.timestamp_us,
-                });
-                if o.meta.tombstone {
-                    head["removed"] = true.into();
-                    line(&mut w, &head)?;
-                } else {
-                    head["size"] = o.value.len().into();
-                    line(&mut w, &head)?;
-                    w.write_all(&o.value)?;
-                    w.write_all(b"\n")?;
-                    n.bytes += o.value.len() as u64;
-                }
-                n.objects += 1;
-                progress.tick(&n);
+            if a.history && p.pool_type == PoolType::Persistent {
+                dump_history(c, &key, &mut w, &mut n, &mut progress)?;
+                continue;
             }
+            match c.get(&key) {
+                Ok(o) => write_object(&mut w, &o, &mut n)?,
+                // Removed since it was listed.
+                Err(sluice_client::SluiceError::NotFound { .. }) => continue,
+                Err(e) => return Err(e.into()),
+            }
+            progress.tick(&n);
         }
     }
     line(&mut w, &json!({ "end": &n }))?;

@@ -2452,21 +2452,36 @@ fn dump_and_load_copy_pools_with_their_history_and_refuse_a_cut_dump() {
     let o = a.sluice_stdin(&["put", "/p/bin", "--stdin"], Some(&binary));
     assert!(o.status.success(), "{o:?}");
     a.ok(&["put", "/vol/v", "vee"]);
+    // A key with more versions than a page of history (64), through the
+    // shell: one process (in a pool that keeps them all).
+    a.ok(&["pools", "create", "/h", "--type", "persistent"]);
+    let script: String = (0..150).map(|i| format!("put /h/many v{i}\n")).collect();
+    assert!(a
+        .sluice_stdin(&["shell"], Some(script.as_bytes()))
+        .status
+        .success());
 
     let all = dir.join("all.dump");
     let o = a.sluice(&["dump", "/", "--history", "--out", all.to_str().unwrap()]);
     assert!(o.status.success(), "{o:?}");
     let said = String::from_utf8_lossy(&o.stderr);
-    assert!(said.contains("6 objects"), "{said}");
+    assert!(said.contains("156 objects"), "{said}");
     // To standard output as well (piped here), the same records.
     let piped = a.sluice(&["dump", "/p"]);
     assert!(piped.stdout.starts_with(b"{\"created_us\""), "{piped:?}");
 
     let loaded = b.ok(&["load", all.to_str().unwrap()]);
     assert!(
-        loaded.contains("6 objects") && loaded.contains("created"),
+        loaded.contains("156 objects") && loaded.contains("created"),
         "{loaded}"
     );
+    let many = b.ok(&["history", "/h/many"]);
+    let values: Vec<String> = many
+        .lines()
+        .map(|l| l.rsplit('\t').next().unwrap().to_string())
+        .collect();
+    let want: Vec<String> = (0..150).rev().map(|i| format!("v{i}")).collect();
+    assert_eq!(values, want);
     let history = b.ok(&["history", "/p/k"]);
     let values: Vec<&str> = history
         .lines()

@@ -1407,7 +1407,9 @@ impl Client {
 
     /// Versions of `key` (persistent pools), newest first: versions
     /// `from..=to`, or timestamps `from..=to` when `by_time`. The node
-    /// replies in pages of at most `page` versions; this walks every page.
+    /// replies in pages of at most `page` versions; this walks every page
+    /// (each value held in memory: `history_page` takes one page at a
+    /// time).
     pub async fn history(
         &self,
         key: &str,
@@ -1416,36 +1418,12 @@ impl Client {
         to: u64,
         page: u32,
     ) -> Result<Vec<Object>> {
-        if from > to {
-            let what = if by_time {
-                "time range"
-            } else {
-                "version range"
-            };
-            return Err(SluiceError::invalid_argument(
-                format!("history {what} of key {key:?}"),
-                format!("it starts at {from}, after its end {to} (both bounds are inclusive)"),
-            ));
-        }
         let mut out = Vec::new();
         let mut to = to;
         loop {
-            let req = |shard| Request::History {
-                key: key.to_string(),
-                shard: Some(shard),
-                by_time,
-                from,
-                to,
-                limit: page.max(1),
-            };
-            let items = match self.routed(key, req).await? {
-                Response::Objects(items) => items,
-                other => return Err(unexpected(other)),
-            };
+            let items = self.history_page(key, by_time, from, to, page).await?;
             let n = items.len();
-            for i in items {
-                out.push(to_object(i?));
-            }
+            out.extend(items);
             let Some(last) = out.last() else { break };
             let next_to = if by_time {
                 last.meta.timestamp_us
@@ -1460,6 +1438,42 @@ impl Client {
             to = next_to - 1;
         }
         Ok(out)
+    }
+
+    /// One page of `history`: the newest at most `limit` versions of
+    /// `key` in `from..=to` (versions, or timestamps when `by_time`),
+    /// newest first. The next page ends just below the oldest returned.
+    pub async fn history_page(
+        &self,
+        key: &str,
+        by_time: bool,
+        from: u64,
+        to: u64,
+        limit: u32,
+    ) -> Result<Vec<Object>> {
+        if from > to {
+            let what = if by_time {
+                "time range"
+            } else {
+                "version range"
+            };
+            return Err(SluiceError::invalid_argument(
+                format!("history {what} of key {key:?}"),
+                format!("it starts at {from}, after its end {to} (both bounds are inclusive)"),
+            ));
+        }
+        let req = |shard| Request::History {
+            key: key.to_string(),
+            shard: Some(shard),
+            by_time,
+            from,
+            to,
+            limit: limit.max(1),
+        };
+        match self.routed(key, req).await? {
+            Response::Objects(items) => items.into_iter().map(|i| i.map(to_object)).collect(),
+            other => Err(unexpected(other)),
+        }
     }
 
     /// Keys of a persistent pool live at a version (or, `by_time`, at a
