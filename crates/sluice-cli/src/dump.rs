@@ -354,9 +354,10 @@ fn open_dump(file: &str) -> Result<Box<dyn BufRead>> {
     })
 }
 
-/// A pool the dump names: created when missing; one of another type is
-/// refused (its objects would land with another durability).
-fn ensure_pool(c: &BlockingClient, spec: PoolSpec) -> Result<bool> {
+/// Whether the pool the dump names exists here (`Ok(None)`: no) with
+/// the dump's type; one of another type is refused (its objects would
+/// land with another durability).
+fn check_type(c: &BlockingClient, spec: &PoolSpec) -> Result<Option<PoolMeta>> {
     match c.get_pool(&spec.pathname) {
         Ok(have) if Some(have.pool_type) != spec.pool_type => bail!(
             "pool {} is {:?} here but {:?} in the dump: remove it or load elsewhere",
@@ -364,23 +365,36 @@ fn ensure_pool(c: &BlockingClient, spec: PoolSpec) -> Result<bool> {
             have.pool_type,
             spec.pool_type.unwrap_or(have.pool_type)
         ),
-        Ok(_) => Ok(false),
-        Err(sluice_client::SluiceError::PoolNotFound { .. }) => {
+        Ok(have) => Ok(Some(have)),
+        Err(sluice_client::SluiceError::PoolNotFound { .. }) => Ok(None),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// A pool the dump names: created when missing (`Ok(true)`).
+fn ensure_pool(c: &BlockingClient, spec: PoolSpec) -> Result<bool> {
+    match check_type(c, &spec)? {
+        Some(_) => Ok(false),
+        None => {
             let path = spec.pathname.clone();
             c.create_pool(spec)
                 .with_context(|| format!("creating pool {path}"))?;
             Ok(true)
         }
-        Err(e) => Err(e.into()),
     }
 }
 
 pub fn load(c: &BlockingClient, a: LoadArgs, json_out: bool) -> Result<()> {
-    // A file is read through once first: a dump cut short or damaged is
-    // refused before anything is written.
+    // A file is read through once first: a dump cut short or damaged, or
+    // one with a pool this cluster has with another type, is refused
+    // before anything is written (from standard input, as they come).
     if a.file != "-" {
         let mut r = Reader::open(open_dump(&a.file)?, &a.file)?;
-        while r.next()?.is_some() {}
+        while let Some(rec) = r.next()? {
+            if let Record::Pool(spec) = rec {
+                check_type(c, &spec)?;
+            }
+        }
     }
     let mut r = Reader::open(open_dump(&a.file)?, &a.file)?;
     let (mut created, mut n) = (0u64, Counts::default());

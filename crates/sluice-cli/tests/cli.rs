@@ -2527,6 +2527,9 @@ fn dump_and_load_copy_pools_with_their_history_and_refuse_a_cut_dump() {
     std::fs::write(&typed, rename(&renamed, b"\"/q", b"\"/r")).unwrap();
     let e = b.fails(&["load", typed.to_str().unwrap()]);
     assert!(e.contains("pool /r is Volatile here but Persistent"), "{e}");
+    // ... before anything was written: the pools listed before /r in
+    // the dump got none of their objects again.
+    assert_eq!(b.ok(&["history", "/h/many"]).lines().count(), 150);
     let e = b.fails(&["load", all.parent().unwrap().to_str().unwrap()]);
     assert!(e.contains("not a dump") || e.contains("directory"), "{e}");
     let _ = std::fs::remove_dir_all(&dir);
