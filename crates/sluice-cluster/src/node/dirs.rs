@@ -71,9 +71,12 @@ fn write_pair(dir: &Path, id: &str) -> std::io::Result<()> {
 /// before, is emptied (but its lock file). Returns whether it was.
 ///
 /// A data directory and a root without ids are a node from before the
-/// pairing (or a first start): they are paired as they are. The data
-/// directory's id is written first, so a crash between the two writes
-/// leaves a root without an id, which is then paired, never emptied.
+/// pairing, paired as they are, when the data directory holds the other
+/// groups' logs (`raft/`, made when a cluster node first starts there);
+/// without them the data directory is new, and the root a removed one's.
+/// The data directory's id is written first, so a crash between the two
+/// writes leaves a root without an id, which is then paired, never
+/// emptied.
 pub(super) fn pair(root: &Path, data_dir: &Path) -> Result<bool, SluiceError> {
     let err = |what: &str, p: &Path, e: std::io::Error| SluiceError::Io {
         reason: format!("{what} {}: {e}", p.display()),
@@ -85,7 +88,8 @@ pub(super) fn pair(root: &Path, data_dir: &Path) -> Result<bool, SluiceError> {
         // A data directory without an id next to a root with one: the
         // data directory was made afresh.
         (None, Some(_)) => true,
-        (_, None) => false,
+        (None, None) => !data_dir.join("raft").exists(),
+        (Some(_), None) => false,
     };
     if stale {
         for e in std::fs::read_dir(root).map_err(|e| err("reading", root, e))? {
@@ -139,7 +143,9 @@ mod tests {
         std::fs::write(log.join("seg-00000001.log"), b"entries").unwrap();
         std::fs::write(root.join(sluice_log::LOCK_FILE), b"pid 1").unwrap();
 
-        // First start (or a node from before the pairing): kept, paired.
+        // A node from before the pairing (its data directory holds the
+        // other groups' logs): kept, paired.
+        std::fs::create_dir_all(data.join("raft/meta")).unwrap();
         assert!(!pair(&root, &data).unwrap());
         assert!(log.join("seg-00000001.log").exists());
         assert_eq!(read_pair(&root), read_pair(&data));
@@ -155,6 +161,15 @@ mod tests {
         assert!(!log.exists());
         assert!(root.join(sluice_log::LOCK_FILE).exists());
         assert_eq!(read_pair(&root), read_pair(&data));
+
+        // A new data directory next to a root from before the pairing:
+        // emptied (the root is a removed data directory's).
+        std::fs::create_dir_all(&log).unwrap();
+        std::fs::remove_file(root.join(PAIR_FILE)).unwrap();
+        std::fs::remove_dir_all(&data).unwrap();
+        std::fs::create_dir_all(&data).unwrap();
+        assert!(pair(&root, &data).unwrap());
+        assert!(!log.exists());
 
         // Another data directory's root: emptied too.
         std::fs::create_dir_all(&log).unwrap();
