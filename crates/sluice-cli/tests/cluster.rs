@@ -2882,3 +2882,52 @@ async fn a_node_with_another_cluster_key_says_so_and_is_not_retried_per_message(
     let client = c.client(1).await;
     client.put("/vol/k", &b"v"[..]).await.unwrap();
 }
+
+/// A shard that lost its majority: a write (and a read at the leader)
+/// fails once the request timeout passes with `Unavailable`, saying what
+/// each member answered and what it takes. It failed with the last try's
+/// error alone, "cannot connect to <one dead member>", as if that node
+/// were the problem rather than the lost majority.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_shard_without_a_majority_says_what_each_member_answered() {
+    let _serial = SERIAL.lock().await;
+    let mut c = Cluster::start();
+    c.ready().await;
+    let admin = c.client(1).await;
+    admin
+        .create_pool(PoolSpec {
+            pathname: "/one".into(),
+            pool_type: Some(PoolType::Volatile),
+            object_locations: [("/one/k".to_string(), 0)].into(), // nodes 1-3
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    admin.put("/one/k", &b"v"[..]).await.unwrap();
+    c.kill(2);
+    c.kill(3);
+    let client = Client::connect_with(ClientConfig {
+        addr: c.addr(1),
+        request_timeout: Duration::from_secs(2),
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    for e in [
+        client.put("/one/k", &b"w"[..]).await.unwrap_err(),
+        client.get_linearizable("/one/k").await.unwrap_err(),
+    ] {
+        let SluiceError::Unavailable { reason } = &e else {
+            panic!("{e:?}")
+        };
+        for said in [
+            "node 1: ",
+            "node 2: ",
+            "node 3: ",
+            "needs 2 of its 3 members",
+        ] {
+            assert!(reason.contains(said), "no {said:?} in: {reason}");
+        }
+        assert!(reason.contains("cannot connect"), "{reason}");
+    }
+}

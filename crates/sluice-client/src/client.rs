@@ -10,7 +10,7 @@ use sluice_types::{
 };
 use sluice_types::{PoolType, ReqId};
 use sluice_wire::{DeliveryKindWire, Request, Response, ServerInfo, WireObject};
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::net::ToSocketAddrs;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -342,6 +342,33 @@ fn to_object(o: WireObject) -> Object {
     }
 }
 
+/// The error of a request that found no leader (or no member able to
+/// answer) before its deadline: each member's last answer, and what it
+/// takes.
+fn no_leader_in_time(
+    shard: &str,
+    members: &[u32],
+    timeout: Duration,
+    answers: &BTreeMap<u32, String>,
+) -> SluiceError {
+    let said: Vec<String> = members
+        .iter()
+        .map(|m| match answers.get(m) {
+            Some(a) => format!("node {m}: {a}"),
+            None => format!("node {m}: not tried"),
+        })
+        .collect();
+    let majority = members.len() / 2 + 1;
+    let reason = format!(
+        "shard {shard} served no request within {} ms: {}. Writes and reads at the leader need a \
+         leader, which needs {majority} of its {} members up and connected",
+        timeout.as_millis(),
+        said.join("; "),
+        members.len()
+    );
+    SluiceError::Unavailable { reason }
+}
+
 fn fnv(s: &str) -> u64 {
     sluice_types::fnv1a64(s.as_bytes())
 }
@@ -553,7 +580,11 @@ impl Client {
         let state =
             parking_lot::Mutex::new((Attempts::new(members, self.inner.cfg.attempt_timeout), 0u32));
         let state = &state;
-        follow_leader(deadline, |_| {
+        // What each member last answered, for the error when no try
+        // reached a leader before the deadline.
+        let answers = parking_lot::Mutex::new(BTreeMap::<u32, String>::new());
+        let answers = &answers;
+        let res = follow_leader(deadline, |_| {
             let (target, per_try) = {
                 let (tries, timeouts) = &mut *state.lock();
                 tries.prepare();
@@ -589,7 +620,7 @@ impl Client {
             async move {
                 let target = match target {
                     Ok(t) => t,
-                    Err(e) => return (Err(e), Step::Done),
+                    Err(e) => return (Err((e, false)), Step::Done),
                 };
                 let res = match self.node_pool(target) {
                     Ok(p) => match tokio::time::timeout(per_try, p.call(req, per_try)).await {
@@ -601,6 +632,9 @@ impl Client {
                     },
                     Err(e) => Err(e),
                 };
+                if let Err(e) = &res {
+                    answers.lock().insert(target, e.to_string());
+                }
                 let (tries, timeouts) = &mut *state.lock();
                 let mut stale = false;
                 let retry = match &res {
@@ -672,10 +706,23 @@ impl Client {
                     true if tries.round_done() || stale => Step::Pause,
                     true => Step::Again,
                 };
-                (res, step)
+                (res.map_err(|e| (e, retry)), step)
             }
         })
-        .await
+        .await;
+        match res {
+            Ok(r) => Ok(r),
+            // Out of time, every try sent elsewhere: say what each member
+            // answered, not only the last one ("cannot connect to node 2"
+            // when the shard has lost its majority).
+            Err((_, true)) if answers.lock().len() > 1 => Err(no_leader_in_time(
+                name,
+                members,
+                self.inner.cfg.request_timeout,
+                &answers.lock(),
+            )),
+            Err((e, _)) => Err(e),
+        }
     }
 
     /// What the server announced at connect (limits, layout version).
