@@ -384,6 +384,73 @@ fn ensure_pool(c: &BlockingClient, spec: PoolSpec) -> Result<bool> {
     }
 }
 
+/// Puts (and removes) of a load in flight: up to `WINDOW` at once, at
+/// most one per key, so each key's versions are written in the dump's
+/// order while different keys overlap (one at a time, a load took a round
+/// trip per object).
+struct Window {
+    h: tokio::runtime::Handle,
+    client: sluice_client::Client,
+    tasks: std::collections::VecDeque<(
+        String,
+        tokio::task::JoinHandle<std::result::Result<(), sluice_client::SluiceError>>,
+    )>,
+    keys: std::collections::HashSet<String>,
+}
+
+/// Writes of a load in flight at once.
+const WINDOW: usize = 64;
+
+impl Window {
+    fn new(c: &BlockingClient) -> Self {
+        Window {
+            h: c.handle(),
+            client: c.async_client().clone(),
+            tasks: Default::default(),
+            keys: Default::default(),
+        }
+    }
+
+    /// Waits for the oldest write in flight.
+    fn wait_oldest(&mut self) -> Result<()> {
+        let Some((key, task)) = self.tasks.pop_front() else {
+            return Ok(());
+        };
+        self.keys.remove(&key);
+        let done = self.h.block_on(task).context("a write of the load")?;
+        done.with_context(|| format!("writing {key}"))
+    }
+
+    fn drain(&mut self) -> Result<()> {
+        while !self.tasks.is_empty() {
+            self.wait_oldest()?;
+        }
+        Ok(())
+    }
+
+    /// Puts `value` at `key` (`None`: removes it), after the key's write
+    /// in flight, if any.
+    fn write(&mut self, key: String, value: Option<bytes::Bytes>) -> Result<()> {
+        while self.keys.contains(&key) || self.tasks.len() >= WINDOW {
+            self.wait_oldest()?;
+        }
+        let client = self.client.clone();
+        let k = key.clone();
+        let task = self.h.spawn(async move {
+            match value {
+                Some(v) => client.put(&k, v).await.map(drop),
+                None => match client.remove(&k).await {
+                    Err(sluice_client::SluiceError::NotFound { .. }) => Ok(()),
+                    r => r.map(drop),
+                },
+            }
+        });
+        self.keys.insert(key.clone());
+        self.tasks.push_back((key, task));
+        Ok(())
+    }
+}
+
 pub fn load(c: &BlockingClient, a: LoadArgs, json_out: bool) -> Result<()> {
     // A file is read through once first: a dump cut short or damaged, or
     // one with a pool this cluster has with another type, is refused
@@ -399,31 +466,24 @@ pub fn load(c: &BlockingClient, a: LoadArgs, json_out: bool) -> Result<()> {
     let mut r = Reader::open(open_dump(&a.file)?, &a.file)?;
     let (mut created, mut n) = (0u64, Counts::default());
     let mut progress = Progress::new("loaded");
+    let mut window = Window::new(c);
     while let Some(rec) = r.next()? {
         match rec {
             Record::Pool(spec) => {
+                window.drain()?;
                 created += ensure_pool(c, spec)? as u64;
                 n.pools += 1;
             }
             Record::Object { key, value } => {
-                match value {
-                    Some(v) => {
-                        n.bytes += v.len() as u64;
-                        c.put(&key, v).with_context(|| format!("putting {key}"))?;
-                    }
-                    None => match c.remove(&key) {
-                        Ok(_) | Err(sluice_client::SluiceError::NotFound { .. }) => {}
-                        Err(e) => {
-                            return Err(anyhow::Error::new(e).context(format!("removing {key}")))
-                        }
-                    },
-                }
+                n.bytes += value.as_ref().map_or(0, |v| v.len() as u64);
+                window.write(key, value)?;
                 n.objects += 1;
                 progress.tick(&n);
             }
             Record::End => {}
         }
     }
+    window.drain()?;
     if json_out {
         println!("{}", json!({"loaded": &n, "pools_created": created}));
     } else {

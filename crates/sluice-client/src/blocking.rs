@@ -84,6 +84,13 @@ impl BlockingClient {
         &self.client
     }
 
+    /// The runtime this client's calls run on: for many calls at once,
+    /// spawn the `async_client`'s futures on it and wait for them with
+    /// `Handle::block_on` (as `sluice load` does).
+    pub fn handle(&self) -> tokio::runtime::Handle {
+        self.rt.handle().clone()
+    }
+
     /// What the node said about itself when the client connected.
     pub fn server_info(&self) -> &ServerInfo {
         self.client.server_info()
