@@ -58,12 +58,15 @@ fn read_pair(dir: &Path) -> Option<String> {
     Some(text.trim().to_string()).filter(|t| !t.is_empty())
 }
 
-/// Writes `dir`'s pair file whole (aside, then renamed into place).
+/// Writes `dir`'s pair file whole and durably (aside, synced, renamed
+/// into place, the directory synced: a data directory that lost its id
+/// in a power cut would take its root for another's).
 fn write_pair(dir: &Path, id: &str) -> std::io::Result<()> {
     let tmp = dir.join(format!("{PAIR_FILE}.tmp"));
     std::fs::write(&tmp, format!("{id}\n"))?;
     std::fs::File::open(&tmp)?.sync_all()?;
-    std::fs::rename(&tmp, dir.join(PAIR_FILE))
+    std::fs::rename(&tmp, dir.join(PAIR_FILE))?;
+    std::fs::File::open(dir)?.sync_all()
 }
 
 /// Pairs `root` (locked by the caller) with `data_dir`: a root that
