@@ -309,6 +309,59 @@ fn main() -> ExitCode {
 mod tests {
     use super::*;
 
+    /// Every `sluice ...` command line in the README's and ARCHITECTURE's
+    /// shell blocks parses as written (a renamed flag or command takes
+    /// the docs along), and none gives a command an option it refuses.
+    #[test]
+    fn the_docs_command_lines_parse() {
+        let mut checked = 0;
+        let mut wrong = Vec::new();
+        for (doc, text) in [
+            ("README.md", include_str!("../../../README.md")),
+            ("ARCHITECTURE.md", include_str!("../../../ARCHITECTURE.md")),
+        ] {
+            for block in text.split("```sh\n").skip(1) {
+                let block = block.split("```").next().unwrap();
+                let commands = block
+                    .lines()
+                    .flat_map(|l| l.split(" #").next().unwrap().split(';'));
+                for cmd in commands {
+                    // The command, without a trailing comment or `&`.
+                    let cmd = cmd.trim().trim_end_matches('&').trim();
+                    let Some(args) = cmd.strip_prefix("sluice ") else {
+                        continue;
+                    };
+                    // Lines that need a shell (variables, pipes,
+                    // redirections, placeholders) are left out.
+                    if args.contains(['$', '|', '<', '>', '`', '\\']) || args.contains("...") {
+                        continue;
+                    }
+                    let words = shell::split_words(args).unwrap();
+                    let m = command()
+                        .try_get_matches_from(std::iter::once("sluice".to_string()).chain(words));
+                    let m = match m {
+                        Ok(m) => m,
+                        Err(e) if e.kind() == clap::error::ErrorKind::DisplayHelp => continue,
+                        Err(e) => {
+                            let e = e.to_string();
+                            wrong.push(format!("{doc}: `{cmd}`: {}", e.lines().next().unwrap()));
+                            continue;
+                        }
+                    };
+                    let cli = Cli::from_arg_matches(&m).unwrap();
+                    if misplaced_client_option(&cli.cmd, &m).is_some() {
+                        wrong.push(format!(
+                            "{doc}: `{cmd}` gives a command an option it refuses"
+                        ));
+                    }
+                    checked += 1;
+                }
+            }
+        }
+        assert!(wrong.is_empty(), "{}", wrong.join("\n"));
+        assert!(checked > 80, "only {checked} command lines found");
+    }
+
     /// `serve --help` (and dev's, demo's, fsck's) listed --addr, --tls-*
     /// and --token, which those commands refuse: hidden there, shown on
     /// the client commands.
