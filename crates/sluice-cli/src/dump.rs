@@ -319,6 +319,14 @@ impl<R: BufRead> Reader<R> {
         let size = j["size"]
             .as_u64()
             .with_context(|| format!("line {}: an object without a size", self.line))?;
+        // No node takes a value of 4 GiB or more (the wire's bound): a
+        // larger size is damage, not a value to allocate.
+        if size >= u64::from(u32::MAX) {
+            bail!(
+                "line {}: the value of {key} claims {size} bytes: the dump is damaged",
+                self.line
+            );
+        }
         let mut value = vec![0u8; size as usize];
         let mut nl = [0u8; 1];
         std::io::Read::read_exact(&mut self.r, &mut value)

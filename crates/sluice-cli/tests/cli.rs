@@ -2530,6 +2530,14 @@ fn dump_and_load_copy_pools_with_their_history_and_refuse_a_cut_dump() {
     // ... before anything was written: the pools listed before /r in
     // the dump got none of their objects again.
     assert_eq!(b.ok(&["history", "/h/many"]).lines().count(), 150);
+    let huge = dir.join("huge.dump");
+    std::fs::write(
+        &huge,
+        "{\"sluice_dump\":1}\n{\"key\":\"/vol/x\",\"size\":18446744073709551615}\nx\n",
+    )
+    .unwrap();
+    let e = b.fails(&["load", huge.to_str().unwrap()]);
+    assert!(e.contains("damaged"), "{e}");
     let e = b.fails(&["load", all.parent().unwrap().to_str().unwrap()]);
     assert!(e.contains("not a dump") || e.contains("directory"), "{e}");
     let _ = std::fs::remove_dir_all(&dir);
