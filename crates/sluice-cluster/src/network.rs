@@ -182,7 +182,6 @@ impl Peers {
         v
     }
 
-    /// The open connections to peers: (peer, bulk), sorted.
     /// The peers that refused this node's cluster key at their last
     /// handshake (within the last `REFUSAL_LOG_EVERY`), by id.
     pub fn refusing(&self) -> Vec<u32> {
@@ -197,6 +196,7 @@ impl Peers {
         v
     }
 
+    /// The open connections to peers: (peer, bulk), sorted.
     pub fn connections(&self) -> Vec<(u32, bool)> {
         let mut v: Vec<(u32, bool)> = self
             .conns
