@@ -405,11 +405,18 @@ impl ClusterNode {
     /// logged now: once every `REFUSAL_LOG_EVERY` per claimed node (a
     /// node with another key tries again and again).
     pub fn log_refused_peer(&self, node: u32) -> bool {
+        // Claims of ids the layout does not have share one slot: anyone
+        // may send a handshake, and one per id would grow the map (and
+        // the log) without bound.
+        let slot = match self.layout.address_of(node) {
+            Some(_) => node,
+            None => u32::MAX,
+        };
         let mut last = self.refusals_logged.lock();
-        match last.get(&node) {
+        match last.get(&slot) {
             Some(t) if t.elapsed() < crate::network::REFUSAL_LOG_EVERY => false,
             _ => {
-                last.insert(node, std::time::Instant::now());
+                last.insert(slot, std::time::Instant::now());
                 true
             }
         }

@@ -307,3 +307,23 @@ async fn unfinished_broadcasts_are_bounded() {
     );
     node.shutdown().await;
 }
+
+/// Refused peer handshakes are logged once per `REFUSAL_LOG_EVERY` per
+/// node of the layout; claims of ids the layout does not have (anyone may
+/// send a handshake) share one slot, so neither the log nor the node's
+/// memory grows with the ids a client makes up.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn refused_handshakes_are_logged_in_bounded_slots() {
+    let d = tempfile::tempdir().unwrap();
+    let (layout, settings, store) = single_node(d.path());
+    let node = ClusterNode::start(1, layout, settings, d.path().to_path_buf(), store)
+        .await
+        .unwrap();
+    assert!(node.log_refused_peer(1));
+    assert!(!node.log_refused_peer(1), "again within the period");
+    assert!(node.log_refused_peer(7), "the first unknown id");
+    for id in 8..10_000 {
+        assert!(!node.log_refused_peer(id), "unknown id {id} logged again");
+    }
+    assert_eq!(node.refusals_logged.lock().len(), 2);
+}
