@@ -195,18 +195,36 @@ pub fn dump(c: &BlockingClient, addr: &str, a: DumpArgs, json_out: bool) -> Resu
         if p.pool_type == PoolType::Trigger {
             continue; // stores nothing
         }
-        for key in c.list_keys(&p.pathname, None)? {
-            if a.history && p.pool_type == PoolType::Persistent {
+        let keys = c.list_keys(&p.pathname, None)?;
+        if a.history && p.pool_type == PoolType::Persistent {
+            for key in keys {
                 dump_history(c, &key, &mut w, &mut n, &mut progress)?;
-                continue;
             }
-            match c.get(&key) {
-                Ok(o) => write_object(&mut w, &o, &mut n)?,
-                // Removed since it was listed.
-                Err(sluice_client::SluiceError::NotFound { .. }) => continue,
-                Err(e) => return Err(e.into()),
+            continue;
+        }
+        // The latest version of each key: `WINDOW` gets in flight, written
+        // in the order the keys were listed.
+        let (h, client) = (c.handle(), c.async_client().clone());
+        let mut gets = std::collections::VecDeque::new();
+        let mut keys = keys.into_iter();
+        loop {
+            while gets.len() < WINDOW {
+                let Some(key) = keys.next() else { break };
+                let client = client.clone();
+                gets.push_back(h.spawn(async move {
+                    match client.get(&key).await {
+                        Ok(o) => Ok(Some(o)),
+                        // Removed since it was listed.
+                        Err(sluice_client::SluiceError::NotFound { .. }) => Ok(None),
+                        Err(e) => Err(e),
+                    }
+                }));
             }
-            progress.tick(&n);
+            let Some(get) = gets.pop_front() else { break };
+            if let Some(o) = h.block_on(get).context("a read of the dump")?? {
+                write_object(&mut w, &o, &mut n)?;
+                progress.tick(&n);
+            }
         }
     }
     line(&mut w, &json!({ "end": &n }))?;
