@@ -2931,3 +2931,90 @@ async fn a_shard_without_a_majority_says_what_each_member_answered() {
         assert!(reason.contains("cannot connect"), "{reason}");
     }
 }
+
+/// Retention on a replicated persistent pool bounds its disk even when a
+/// key is written once and kept: the log segments set aside after a purge
+/// were deleted only once no kept version referred to them, so one old
+/// key's value held every segment after it (519 MB of log for 3 KB and
+/// 1 MB kept, in a hand run). What is left of such segments is punched
+/// down to the pages of the values still referred to, and those values
+/// stay readable on every member.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_value_kept_for_long_holds_only_its_own_pages_of_the_log() {
+    use std::os::unix::fs::MetadataExt;
+    let _serial = SERIAL.lock().await;
+    let (mut c, client) = Cluster::with_persistent_pool_and(
+        "/unused",
+        "[persistent]\ncompact_every_s = 1\nsegment_bytes = 65536\n",
+    )
+    .await;
+    client
+        .create_pool(PoolSpec {
+            pathname: "/p".into(),
+            pool_type: Some(PoolType::Persistent),
+            retention: Some(sluice_client::Retention {
+                keep_versions: Some(1),
+                ..Default::default()
+            }),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let pin: Vec<u8> = (0..3000u32).map(|i| (i * 7) as u8).collect();
+    client.put("/p/pin", pin.clone()).await.unwrap();
+    let big = Bytes::from(vec![5u8; 512 << 10]);
+    // Kept segments on disk: what the members set aside, and its blocks.
+    let kept = |id: u32| -> (usize, u64) {
+        let dir = c.dir.path().join(format!("node-{id}/raft/persistent-0-0"));
+        std::fs::read_dir(dir)
+            .unwrap()
+            .flatten()
+            .filter(|e| {
+                let n = e.file_name().to_string_lossy().to_string();
+                n.starts_with("kept-") || n.starts_with("values-")
+            })
+            .fold((0, 0), |(n, b), e| {
+                (n + 1, b + e.metadata().unwrap().blocks() * 512)
+            })
+    };
+    // Writes go on (each hundredth entry a snapshot, which reclaims) until
+    // every member has set segments aside and keeps little of them
+    // (retention compacts the histories every second meanwhile).
+    let bounded = || (1..=3).all(|id| matches!(kept(id), (n, b) if n > 0 && b < 4 << 20));
+    let deadline = Instant::now() + Duration::from_secs(90);
+    let mut written = 0;
+    while written < 200 || !bounded() {
+        assert!(
+            Instant::now() < deadline,
+            "after {written} puts of 512 KB, the members keep {:?} (files, bytes) set aside for 3 KB and 512 KB kept:\n{}",
+            (1..=3).map(kept).collect::<Vec<_>>(),
+            c.logs()
+        );
+        for _ in 0..20 {
+            client.put("/p/hot", big.clone()).await.unwrap();
+        }
+        written += 20;
+    }
+    for id in [1, 2, 3] {
+        let from = Client::connect(&c.addr(id)).await.unwrap();
+        let o = from.get("/p/pin").await.unwrap();
+        assert_eq!(o.value, pin, "node {id}");
+    }
+    // A punched segment is no log: fsck leaves it be, and a member
+    // restarted over it reads the value it holds.
+    c.kill(2);
+    let o = Command::new(BIN)
+        .args(["fsck", "--data-dir"])
+        .arg(c.dir.path().join("node-2"))
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stdout));
+    c.spawn(2);
+    c.wait_for("node 2 to serve the kept value again", || async {
+        match Client::connect(&c.addr(2)).await {
+            Ok(from) => from.get("/p/pin").await.is_ok_and(|o| o.value == pin),
+            Err(_) => false,
+        }
+    })
+    .await;
+}

@@ -687,6 +687,25 @@ impl Sm {
                                 tracing::warn!(shard = %shard, error = %e, "could not reclaim log segments")
                             }
                         }
+                        // What is left of the kept segments holds values
+                        // still referred to (a key written once and kept):
+                        // only their pages stay on disk.
+                        if let Some(live) = log.first_live_segment() {
+                            let punched = self
+                                .store
+                                .value_refs_below(shard, live)
+                                .map_err(|e| std::io::Error::other(e.to_string()))
+                                .and_then(|refs| log.punch_kept(&refs));
+                            match punched {
+                                Ok((0, _)) => {}
+                                Ok((files, freed)) => {
+                                    tracing::debug!(shard = %shard, files, freed, "punched kept log segments down to the values still referred to")
+                                }
+                                Err(e) => {
+                                    tracing::warn!(shard = %shard, error = %e, "could not punch kept log segments")
+                                }
+                            }
+                        }
                     }
                 }
                 whole(bincode::serialize(&p).map_err(sm_err)?)

@@ -191,6 +191,22 @@ impl History {
             .min()
     }
 
+    /// Where the values of the versions held that refer to a segment of
+    /// the other log below `segment` lie there (each record read once):
+    /// what of those segments must stay readable.
+    pub fn value_refs_below(&self, segment: u64) -> Result<Vec<ValueRef>, HistoryError> {
+        let mut out = Vec::new();
+        for e in self.chains.values().flatten() {
+            if e.value_segment.is_some_and(|s| s < segment) {
+                let r = self.log.read(e.loc)?;
+                if let Some(at) = ValueRef::decode(&r.value) {
+                    out.push(at);
+                }
+            }
+        }
+        Ok(out)
+    }
+
     /// Sets how `PutRef` values are read.
     pub fn set_resolver(&mut self, r: Resolver) {
         self.resolver = Some(r);

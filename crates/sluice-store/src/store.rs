@@ -1336,6 +1336,18 @@ impl Store {
         Ok(min)
     }
 
+    /// Where the values of a persistent shard's versions that refer to a
+    /// replication log segment below `segment` lie (`History::value_refs_below`).
+    pub fn value_refs_below(
+        &self,
+        shard: ShardId,
+        segment: u64,
+    ) -> Result<Vec<sluice_log::ValueRef>> {
+        let (_, h) = self.persistent_shard(shard)?;
+        let refs = h.lock().value_refs_below(segment).map_err(history_err)?;
+        Ok(refs)
+    }
+
     /// fsyncs a persistent shard's history: every segment written since
     /// the last sync, without holding the history (writes go on).
     pub fn persistent_sync(&self, shard: ShardId) -> Result<()> {

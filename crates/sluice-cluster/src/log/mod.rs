@@ -342,7 +342,9 @@ impl LogStore {
             _ => return Ok((0, 0)),
         };
         let (mut files, mut bytes) = (0, 0);
-        for (seq, path) in numbered(&dir, "kept-")? {
+        let mut kept = numbered(&dir, "kept-")?;
+        kept.extend(numbered(&dir, "values-")?);
+        for (seq, path) in kept {
             if min.is_none_or(|m| seq < m) {
                 bytes += std::fs::metadata(&path).map_or(0, |m| m.len());
                 std::fs::remove_file(&path)?;

@@ -39,17 +39,42 @@ impl Write for Positions<'_> {
     }
 }
 
+/// A kept segment once the bytes no version refers to were punched out
+/// of it (`LogStore::punch_kept`): no longer a log (its records are gone
+/// but for the values still referred to), so nothing scans it as one.
+pub(super) fn values_path(dir: &Path, seq: u64) -> PathBuf {
+    dir.join(format!("values-{seq:08}.log"))
+}
+
 /// Reads `at` from a keeping log's segment files in `dir` (the live
-/// segment or, once purged, the kept one).
+/// segment or, once purged, the kept one, or what punching left of it).
 pub fn read_value(dir: &Path, at: &sluice_store::ValueRef) -> std::io::Result<Bytes> {
     use std::os::unix::fs::FileExt;
-    let f = match File::open(seg_path(dir, at.segment)) {
-        Ok(f) => f,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-            File::open(kept_path(dir, at.segment))?
+    let mut f = None;
+    for path in [
+        seg_path(dir, at.segment),
+        kept_path(dir, at.segment),
+        values_path(dir, at.segment),
+    ] {
+        match File::open(&path) {
+            Ok(file) => {
+                f = Some(file);
+                break;
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(e),
         }
-        Err(e) => return Err(e),
-    };
+    }
+    let f = f.ok_or_else(|| {
+        std::io::Error::new(
+            std::io::ErrorKind::NotFound,
+            format!(
+                "segment {} of {} (live, kept or punched)",
+                at.segment,
+                dir.display()
+            ),
+        )
+    })?;
     let mut buf = vec![0u8; at.len as usize];
     f.read_exact_at(&mut buf, at.offset)?;
     Ok(Bytes::from(buf))
@@ -95,5 +120,72 @@ impl LogStore {
                 })
                 .collect(),
         )
+    }
+
+    /// The oldest segment of the live log (`None`: not a log on disk):
+    /// the kept segments are below it.
+    pub fn first_live_segment(&self) -> Option<u64> {
+        let dir = self.inner.lock().disk.as_ref()?.dir.clone();
+        numbered(&dir, "seg-").ok()?.first().map(|(s, _)| *s)
+    }
+
+    /// Punches out of every kept segment the bytes that none of `refs`
+    /// (every value a kept version still refers to there) covers, so a
+    /// version kept for long (a key written once) holds its value's pages,
+    /// not the whole segment. The file becomes `values-<n>.log`, read by
+    /// `read_value` alone. Returns (files punched, bytes freed on disk).
+    pub fn punch_kept(&self, refs: &[sluice_store::ValueRef]) -> std::io::Result<(usize, u64)> {
+        use std::os::unix::fs::MetadataExt;
+        use std::os::unix::io::AsRawFd;
+        const PAGE: u64 = 4096;
+        let dir = match &self.inner.lock().disk {
+            Some(d) if d.keep => d.dir.clone(),
+            _ => return Ok((0, 0)),
+        };
+        let mut files = numbered(&dir, "kept-")?;
+        files.extend(numbered(&dir, "values-")?);
+        let (mut punched, mut freed) = (0usize, 0u64);
+        for (seq, path) in files {
+            let mut keep: Vec<(u64, u64)> = refs
+                .iter()
+                .filter(|r| r.segment == seq)
+                .map(|r| (r.offset, r.offset + u64::from(r.len)))
+                .collect();
+            keep.sort_unstable();
+            // Renamed first: a crash while punching leaves a file nothing
+            // reads as a log (fsck would call a punched log damaged).
+            let target = values_path(&dir, seq);
+            if path != target {
+                std::fs::rename(&path, &target)?;
+            }
+            let f = OpenOptions::new().write(true).open(&target)?;
+            let before = f.metadata()?.blocks() * 512;
+            let len = f.metadata()?.len();
+            let mut at = 0u64;
+            for (start, end) in keep.into_iter().chain([(len, len)]) {
+                // The hole between what is kept, in whole pages.
+                let (a, b) = (at.div_ceil(PAGE) * PAGE, start / PAGE * PAGE);
+                if b > a {
+                    // SAFETY: fallocate on a descriptor this function owns.
+                    let rc = unsafe {
+                        libc::fallocate(
+                            f.as_raw_fd(),
+                            libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
+                            a as libc::off_t,
+                            (b - a) as libc::off_t,
+                        )
+                    };
+                    if rc != 0 {
+                        return Err(std::io::Error::last_os_error());
+                    }
+                }
+                at = at.max(end);
+            }
+            f.sync_all()?;
+            let after = f.metadata()?.blocks() * 512;
+            punched += 1;
+            freed += before.saturating_sub(after);
+        }
+        Ok((punched, freed))
     }
 }
