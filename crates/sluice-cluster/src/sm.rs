@@ -691,11 +691,16 @@ impl Sm {
                         // still referred to (a key written once and kept):
                         // only their pages stay on disk.
                         if let Some(live) = log.first_live_segment() {
+                            let io = |e: SluiceError| std::io::Error::other(e.to_string());
                             let punched = self
                                 .store
-                                .value_refs_below(shard, live)
-                                .map_err(|e| std::io::Error::other(e.to_string()))
-                                .and_then(|refs| log.punch_kept(&refs));
+                                .value_ref_counts_below(shard, live)
+                                .map_err(io)
+                                .and_then(|counts| {
+                                    log.punch_kept(&counts, |due| {
+                                        self.store.value_refs_in(shard, due).map_err(io)
+                                    })
+                                });
                             match punched {
                                 Ok((0, _)) => {}
                                 Ok((files, freed)) => {

@@ -191,13 +191,28 @@ impl History {
             .min()
     }
 
-    /// Where the values of the versions held that refer to a segment of
-    /// the other log below `segment` lie there (each record read once):
+    /// How many versions held refer to each segment of the other log
+    /// below `segment` (from memory: no record is read).
+    pub fn value_ref_counts_below(&self, segment: u64) -> std::collections::BTreeMap<u64, usize> {
+        let mut out = std::collections::BTreeMap::new();
+        for e in self.chains.values().flatten() {
+            if let Some(s) = e.value_segment.filter(|s| *s < segment) {
+                *out.entry(s).or_insert(0) += 1;
+            }
+        }
+        out
+    }
+
+    /// Where the values of the versions held that refer to one of
+    /// `segments` of the other log lie there (each such record read):
     /// what of those segments must stay readable.
-    pub fn value_refs_below(&self, segment: u64) -> Result<Vec<ValueRef>, HistoryError> {
+    pub fn value_refs_in(
+        &self,
+        segments: &std::collections::BTreeSet<u64>,
+    ) -> Result<Vec<ValueRef>, HistoryError> {
         let mut out = Vec::new();
         for e in self.chains.values().flatten() {
-            if e.value_segment.is_some_and(|s| s < segment) {
+            if e.value_segment.is_some_and(|s| segments.contains(&s)) {
                 let r = self.log.read(e.loc)?;
                 if let Some(at) = ValueRef::decode(&r.value) {
                     out.push(at);

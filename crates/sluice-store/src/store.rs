@@ -1336,15 +1336,28 @@ impl Store {
         Ok(min)
     }
 
-    /// Where the values of a persistent shard's versions that refer to a
-    /// replication log segment below `segment` lie (`History::value_refs_below`).
-    pub fn value_refs_below(
+    /// How many of a persistent shard's versions refer to each
+    /// replication log segment below `segment`
+    /// (`History::value_ref_counts_below`).
+    pub fn value_ref_counts_below(
         &self,
         shard: ShardId,
         segment: u64,
+    ) -> Result<std::collections::BTreeMap<u64, usize>> {
+        let (_, h) = self.persistent_shard(shard)?;
+        let counts = h.lock().value_ref_counts_below(segment);
+        Ok(counts)
+    }
+
+    /// Where the values of a persistent shard's versions that refer to
+    /// one of `segments` of the replication log lie (`History::value_refs_in`).
+    pub fn value_refs_in(
+        &self,
+        shard: ShardId,
+        segments: &std::collections::BTreeSet<u64>,
     ) -> Result<Vec<sluice_log::ValueRef>> {
         let (_, h) = self.persistent_shard(shard)?;
-        let refs = h.lock().value_refs_below(segment).map_err(history_err)?;
+        let refs = h.lock().value_refs_in(segments).map_err(history_err)?;
         Ok(refs)
     }
 

@@ -137,6 +137,9 @@ impl Kind {
 
 #[derive(Default)]
 struct Inner {
+    /// Kept segments punched (`punch_kept`): how many held versions
+    /// referred to each then (one is punched again once fewer do).
+    punched: std::collections::HashMap<u64, usize>,
     /// The newest entries (all of them when there is no disk).
     entries: BTreeMap<u64, Entry>,
     /// Bytes of `entries`.

@@ -129,21 +129,47 @@ impl LogStore {
         numbered(&dir, "seg-").ok()?.first().map(|(s, _)| *s)
     }
 
-    /// Punches out of every kept segment the bytes that none of `refs`
-    /// (every value a kept version still refers to there) covers, so a
-    /// version kept for long (a key written once) holds its value's pages,
-    /// not the whole segment. The file becomes `values-<n>.log`, read by
-    /// `read_value` alone. Returns (files punched, bytes freed on disk).
-    pub fn punch_kept(&self, refs: &[sluice_store::ValueRef]) -> std::io::Result<(usize, u64)> {
+    /// Punches out of kept segments the bytes no held version's value
+    /// covers, so a version kept for long (a key written once) holds its
+    /// value's pages, not the whole segment. `counts`: how many held
+    /// versions refer to each segment below the live log; a segment is
+    /// punched when it is newly kept, or once fewer versions refer to it
+    /// than at its last punch, so a shard that drops nothing reads each
+    /// segment's records once, not at every snapshot. `refs_of` gives where
+    /// the values in the segments to punch lie. The file becomes
+    /// `values-<n>.log`, read by `read_value` alone. Returns (files
+    /// punched, bytes freed on disk).
+    pub fn punch_kept(
+        &self,
+        counts: &BTreeMap<u64, usize>,
+        refs_of: impl FnOnce(
+            &std::collections::BTreeSet<u64>,
+        ) -> std::io::Result<Vec<sluice_store::ValueRef>>,
+    ) -> std::io::Result<(usize, u64)> {
         use std::os::unix::fs::MetadataExt;
         use std::os::unix::io::AsRawFd;
         const PAGE: u64 = 4096;
-        let dir = match &self.inner.lock().disk {
-            Some(d) if d.keep => d.dir.clone(),
-            _ => return Ok((0, 0)),
+        let (dir, done) = {
+            let g = self.inner.lock();
+            match &g.disk {
+                Some(d) if d.keep => (d.dir.clone(), g.punched.clone()),
+                _ => return Ok((0, 0)),
+            }
         };
         let mut files = numbered(&dir, "kept-")?;
         files.extend(numbered(&dir, "values-")?);
+        let now = |seq: &u64| counts.get(seq).copied().unwrap_or(0);
+        files.retain(|(seq, path)| {
+            let newly_kept = path
+                .file_name()
+                .is_some_and(|n| n.to_string_lossy().starts_with("kept-"));
+            newly_kept || done.get(seq).is_none_or(|c| now(seq) < *c)
+        });
+        if files.is_empty() {
+            return Ok((0, 0));
+        }
+        let due: std::collections::BTreeSet<u64> = files.iter().map(|(s, _)| *s).collect();
+        let refs = refs_of(&due)?;
         let (mut punched, mut freed) = (0usize, 0u64);
         for (seq, path) in files {
             let mut keep: Vec<(u64, u64)> = refs
@@ -185,6 +211,7 @@ impl LogStore {
             let after = f.metadata()?.blocks() * 512;
             punched += 1;
             freed += before.saturating_sub(after);
+            self.inner.lock().punched.insert(seq, now(&seq));
         }
         Ok((punched, freed))
     }
