@@ -94,12 +94,18 @@ pub(super) fn pair(root: &Path, data_dir: &Path) -> Result<bool, SluiceError> {
         (None, None) => !data_dir.join("raft").exists(),
         (Some(_), None) => false,
     };
+    // What the root holds besides its lock and id: nothing on a first
+    // start (then there is nothing to empty, and nothing to say).
+    let mut leftovers = Vec::new();
+    for e in std::fs::read_dir(root).map_err(|e| err("reading", root, e))? {
+        let e = e.map_err(|e| err("reading", root, e))?;
+        if e.file_name() != sluice_log::LOCK_FILE && e.file_name() != PAIR_FILE {
+            leftovers.push(e);
+        }
+    }
+    let stale = stale && !leftovers.is_empty();
     if stale {
-        for e in std::fs::read_dir(root).map_err(|e| err("reading", root, e))? {
-            let e = e.map_err(|e| err("reading", root, e))?;
-            if e.file_name() == sluice_log::LOCK_FILE {
-                continue;
-            }
+        for e in leftovers {
             let p = e.path();
             let removed = if e.file_type().is_ok_and(|t| t.is_dir()) {
                 std::fs::remove_dir_all(&p)
@@ -131,6 +137,22 @@ pub(super) fn pair(root: &Path, data_dir: &Path) -> Result<bool, SluiceError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A first start (a new data directory, a new root holding only its
+    /// lock) empties nothing and says nothing: it warned of "volatile logs
+    /// left by an earlier node" on every fresh node.
+    #[test]
+    fn a_first_start_empties_nothing() {
+        let base = tempfile::tempdir().unwrap();
+        let (data, root) = (base.path().join("data"), base.path().join("root"));
+        for d in [&data, &root] {
+            std::fs::create_dir_all(d).unwrap();
+        }
+        std::fs::write(root.join(sluice_log::LOCK_FILE), b"pid 1").unwrap();
+        assert!(!pair(&root, &data).unwrap());
+        assert_eq!(read_pair(&root), read_pair(&data));
+        assert!(read_pair(&root).is_some());
+    }
 
     /// A root paired with a data directory that was then removed and made
     /// again is emptied; with the same data directory it is kept.
