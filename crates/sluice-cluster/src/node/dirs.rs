@@ -138,17 +138,24 @@ pub(super) fn pair(root: &Path, data_dir: &Path) -> Result<bool, SluiceError> {
 mod tests {
     use super::*;
 
-    /// A first start (a new data directory, a new root holding only its
-    /// lock) empties nothing and says nothing: it warned of "volatile logs
-    /// left by an earlier node" on every fresh node.
-    #[test]
-    fn a_first_start_empties_nothing() {
+    /// A temporary directory holding a data directory and a volatile root
+    /// with its lock file, as a starting node has them.
+    fn data_and_root() -> (tempfile::TempDir, PathBuf, PathBuf) {
         let base = tempfile::tempdir().unwrap();
         let (data, root) = (base.path().join("data"), base.path().join("root"));
         for d in [&data, &root] {
             std::fs::create_dir_all(d).unwrap();
         }
         std::fs::write(root.join(sluice_log::LOCK_FILE), b"pid 1").unwrap();
+        (base, data, root)
+    }
+
+    /// A first start (a new data directory, a new root holding only its
+    /// lock) empties nothing and says nothing: it warned of "volatile logs
+    /// left by an earlier node" on every fresh node.
+    #[test]
+    fn a_first_start_empties_nothing() {
+        let (_base, data, root) = data_and_root();
         assert!(!pair(&root, &data).unwrap());
         assert_eq!(read_pair(&root), read_pair(&data));
         assert!(read_pair(&root).is_some());
@@ -158,15 +165,10 @@ mod tests {
     /// again is emptied; with the same data directory it is kept.
     #[test]
     fn a_root_left_by_a_removed_data_directory_is_emptied() {
-        let base = tempfile::tempdir().unwrap();
-        let (data, root) = (base.path().join("data"), base.path().join("root"));
-        for d in [&data, &root] {
-            std::fs::create_dir_all(d).unwrap();
-        }
+        let (_base, data, root) = data_and_root();
         let log = root.join("volatile-0-0");
         std::fs::create_dir_all(&log).unwrap();
         std::fs::write(log.join("seg-00000001.log"), b"entries").unwrap();
-        std::fs::write(root.join(sluice_log::LOCK_FILE), b"pid 1").unwrap();
 
         // A node from before the pairing (its data directory holds the
         // other groups' logs): kept, paired.
