@@ -35,5 +35,6 @@ fn _sluice(m: &Bound<'_, PyModule>) -> PyResult<()> {
     streams::register(m)?;
     errors::register(m)?;
     m.add("NO_VERSION", sluice_types::VERSION_NONE)?;
+    m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     Ok(())
 }

@@ -202,14 +202,22 @@ impl Watch {
                 None => Duration::from_millis(100),
             };
             let inner = self.inner.clone();
+            let mut closing = self.closing.subscribe();
             let got = crate::runtime::detach(py, || {
                 self.exec.block_on(async move {
                     let mut g = inner.lock().await;
                     let Some(w) = g.as_mut() else {
                         return Some(Ok(None));
                     };
-                    let n = tokio::time::timeout(slice, w.next()).await.ok()?;
-                    Some(ended(w, n))
+                    if *closing.borrow_and_update() {
+                        return Some(Ok(None));
+                    }
+                    // A close() waits for this lock: it ends the wait at
+                    // once, not at the end of the slice.
+                    tokio::select! {
+                        n = tokio::time::timeout(slice, w.next()) => Some(ended(w, n.ok()?)),
+                        _ = closing.changed() => Some(Ok(None)),
+                    }
                 })
             });
             match got {

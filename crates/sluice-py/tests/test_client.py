@@ -1,10 +1,12 @@
 """The blocking client against a real node: the Cascade-named API, values
 without copies, every error as its class, watch."""
 
+import asyncio
 import re
 import subprocess
 import sys
 import threading
+import time
 import uuid
 from pathlib import Path
 
@@ -252,6 +254,18 @@ def test_watch_iterator_and_callback(client):
     w.close()
 
 
+def test_closing_a_watch_that_a_thread_waits_on_is_prompt(client):
+    # A callback watch's thread waits in next(); close() waited for the
+    # end of that wait's 100 ms slice (0-100 ms per close).
+    took = []
+    for _ in range(10):
+        w = client.watch(f"/vol/{uuid.uuid4().hex}/", callback=lambda n: None)
+        t0 = time.monotonic()
+        w.close()
+        took.append(time.monotonic() - t0)
+    assert sum(took) < 0.15, took
+
+
 def test_a_callback_that_raises_is_logged_and_the_watch_goes_on(client, caplog):
     prefix = key()
     got = []
@@ -355,6 +369,33 @@ def test_a_closed_client_refuses_calls_with_a_clear_error(node):
         c.get(k)
     assert e.value.kind == "connection"
     c.close()  # closing again is harmless
+
+
+def test_the_package_has_a_version_and_its_objects_say_what_they_are(node):
+    root = Path(__file__).resolve().parents[3]
+    cargo = (root / "Cargo.toml").read_text()
+    assert f'version = "{sluice.__version__}"' in cargo
+    c = sluice.Client(node.addr)
+    assert repr(c) == f"<sluice.Client {node.addr}>"
+    w = c.watch("/vol/repr/")
+    assert repr(w) == "<sluice.Watch '/vol/repr/'>"
+    w.close()
+    c.close()
+    assert repr(c) == f"<sluice.Client {node.addr} (closed)>"
+
+    async def main():
+        a = await sluice.AsyncClient.connect(node.addr)
+        aw = await a.watch("/vol/repr/")
+        reprs = repr(a), repr(aw)
+        await aw.close()
+        a.close()
+        return reprs + (repr(a),)
+
+    assert asyncio.run(main()) == (
+        f"<sluice.AsyncClient {node.addr}>",
+        "<sluice.AsyncWatch '/vol/repr/'>",
+        f"<sluice.AsyncClient {node.addr} (closed)>",
+    )
 
 
 def test_persistent_pools_keep_versions_for_time_reads_and_history(client):

@@ -381,6 +381,55 @@ def test_arena_and_worker_limits_are_errors(client, vertex):
     assert "exceeds the worker's output arena" in st["last_error"], st
     client.trigger_put(f"{src}/small", b"ok")
     assert wait_for("a small value", lambda: get_or_none(client, f"{dst}/small")).value == b"OK"
-    for bad, field in [({"workers": 0}, "workers"), ({"arena_mb": 0}, "arena_mb"), ({"spin_us": -1}, "spin_us")]:
+    for bad, field in [
+        ({"workers": 0}, "workers"),
+        ({"arena_mb": 0}, "arena_mb"),
+        ({"spin_us": -1}, "spin_us"),
+        ({"call_timeout_s": 0}, "call_timeout_s"),
+        ({"start_timeout_s": 1.5}, "start_timeout_s"),
+    ]:
         with pytest.raises(sluice.InvalidDfg, match=field):
             client.dfg_apply(graph(gid, src, "Upper", dst, **bad))
+
+
+def test_a_call_past_its_timeout_is_stopped_and_the_next_call_runs(client, vertex):
+    src, dst, gid = vertex
+    client.dfg_apply(graph(gid, src, "SleepsFor", dst, call_timeout_s=1))
+    t0 = time.monotonic()
+    client.trigger_put(f"{src}/stuck", b"60")
+    st = wait_for("the stuck call to fail", lambda: (s := status(client, gid))["failures"] >= 1 and s)
+    # Stopped at its limit, not after the hour a call had before.
+    assert time.monotonic() - t0 < 15
+    assert "call_timeout_s" in st["last_error"] and "/stuck" in st["last_error"], st
+    # Another worker takes the next call.
+    client.trigger_put(f"{src}/quick", b"0")
+    assert wait_for("the next call's output", lambda: get_or_none(client, f"{dst}/quick")).value == b"done"
+    assert get_or_none(client, f"{dst}/stuck") is None
+
+
+def _lambda_dirs(node):
+    return sorted(p.name for p in Path("/dev/shm").glob(f"sluice-py-{node.proc.pid}-*"))
+
+
+@pytest.mark.skipif(not Path("/dev/shm").is_dir(), reason="no /dev/shm")
+def test_a_lambda_that_does_not_start_leaves_no_shared_memory(node, client, vertex):
+    src, dst, gid = vertex
+    before = _lambda_dirs(node)
+    for bad in [
+        graph(gid, src, "NoSuchClass", dst),
+        graph(gid, src, "NoHandler", dst, workers=2),
+        graph(gid, src, "Upper", dst, python="/nonexistent/python3"),
+    ]:
+        with pytest.raises(sluice.InvalidDfg):
+            client.dfg_apply(bad)
+    assert _lambda_dirs(node) == before
+
+
+def test_a_class_slower_to_load_than_its_start_timeout_fails_the_apply(client, vertex):
+    src, dst, gid = vertex
+    g = json.loads(graph(gid, src, "Echo", dst, start_timeout_s=1))
+    g["graphs"][0]["graph"][0]["user_defined_logic_config_list"][0]["module"] = "slow_import"
+    t0 = time.monotonic()
+    with pytest.raises(sluice.InvalidDfg, match="start_timeout_s"):
+        client.dfg_apply(json.dumps(g))
+    assert time.monotonic() - t0 < 4  # the import takes 4 s

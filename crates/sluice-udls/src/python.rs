@@ -75,9 +75,10 @@ const P_DONE: u32 = 2;
 const P_FAIL: u32 = 3;
 const P_CTX_CALL: u32 = 4;
 const F_INPUT_VALUE: u32 = 1;
-/// How long a worker may take to load its class, and one upcall.
-const START_LIMIT: Duration = Duration::from_secs(60);
-const CALL_LIMIT: Duration = Duration::from_secs(3600);
+/// How long a worker may take to load its class (`start_timeout_s`), and
+/// one upcall (`call_timeout_s`), unless the vertex's config says.
+const START_LIMIT_S: u64 = 60;
+const CALL_LIMIT_S: u64 = 3600;
 /// Default spin before blocking (see BENCHMARKS.md: Python lambdas).
 const DEFAULT_SPIN_US: u64 = 300;
 /// `stream_copy` applies from this size on: below it the bytes are better
@@ -201,6 +202,11 @@ pub struct PythonSpec {
     /// Bytes of shared memory the vertex lends for large trigger puts to
     /// be read into (`landing_mb`; 0: none).
     pub landing_bytes: usize,
+    /// How long a worker may take to load its class (`start_timeout_s`).
+    pub start_limit: Duration,
+    /// How long one upcall may take (`call_timeout_s`) before its worker
+    /// is stopped, the call failed and another worker started.
+    pub call_limit: Duration,
     /// Everything in the config, handed to the class's constructor.
     pub config: Value,
 }
@@ -254,6 +260,18 @@ impl PythonSpec {
             0..=4096,
             "from 0 (none) to 4096 (MiB per vertex)",
         )?;
+        let start_s = number(
+            "start_timeout_s",
+            START_LIMIT_S,
+            1..=86_400,
+            "seconds from 1 to 86400 (a worker loading its class)",
+        )?;
+        let call_s = number(
+            "call_timeout_s",
+            CALL_LIMIT_S,
+            1..=86_400,
+            "seconds from 1 to 86400 (one call of the lambda)",
+        )?;
         let pin_cuda = c.get("pin_cuda").and_then(Value::as_bool) == Some(true);
         // On by default for a region registered with CUDA: its values are
         // read by DMA (BENCHMARKS.md, "GPU": a quarter off the copy).
@@ -275,6 +293,8 @@ impl PythonSpec {
             stream_copy,
             pin_cuda,
             landing_bytes: (landing_mb as usize) << 20,
+            start_limit: Duration::from_secs(start_s),
+            call_limit: Duration::from_secs(call_s),
             config: c.clone(),
         })
     }
@@ -580,7 +600,7 @@ impl Proc {
             wait_ewma_us: 0.0,
         };
         // The worker says it is ready (its class loaded) with a DONE.
-        match p.next_response(START_LIMIT, None) {
+        match p.next_response(Instant::now(), spec.start_limit, None) {
             Ok(d) if d.kind == P_DONE => Ok(p),
             Ok(d) if d.kind == P_FAIL => {
                 Err(String::from_utf8_lossy(p.out(d.a)?).trim().to_string())
@@ -590,9 +610,15 @@ impl Proc {
         }
     }
 
-    /// The next response descriptor, waiting up to `limit` in total
-    /// (checking every 100 ms that the process lives).
-    fn next_response(&mut self, limit: Duration, key: Option<&str>) -> Result<Desc, String> {
+    /// The next response descriptor, waiting until `limit` after `since`
+    /// (when the worker started, or the call did), checking every 100 ms
+    /// that the process lives.
+    fn next_response(
+        &mut self,
+        since: Instant,
+        limit: Duration,
+        key: Option<&str>,
+    ) -> Result<Desc, String> {
         let doing = || match key {
             Some(k) => format!("handling key {k}"),
             None => "starting".to_string(),
@@ -631,9 +657,13 @@ impl Proc {
                         doing()
                     ));
                 }
-                if t0.elapsed() > limit {
+                if since.elapsed() > limit {
+                    let setting = match key {
+                        Some(_) => "call_timeout_s",
+                        None => "start_timeout_s",
+                    };
                     return Err(format!(
-                        "python worker (pid {}): no answer in {limit:?} while {}",
+                        "python worker (pid {}) still {} after {limit:?} (the vertex's {setting}); stopped",
                         self.child.id(),
                         doing()
                     ));
@@ -815,7 +845,7 @@ fn sweep_stale(base: &Path) -> usize {
 
 impl PythonUdl {
     pub fn from_config(c: &Value, ctx: &Context) -> Result<PythonUdl, String> {
-        let mut spec = PythonSpec::from_config(c)?;
+        let spec = PythonSpec::from_config(c)?;
         static SEQ: AtomicU64 = AtomicU64::new(0);
         let base = if Path::new("/dev/shm").is_dir() {
             PathBuf::from("/dev/shm")
@@ -836,6 +866,21 @@ impl PythonUdl {
             SEQ.fetch_add(1, Ordering::Relaxed)
         ));
         std::fs::create_dir_all(&dir).map_err(|e| format!("creating {}: {e}", dir.display()))?;
+        // A lambda that does not start (a class that does not load, a
+        // missing interpreter) leaves nothing: its workers are stopped
+        // (dropped in `start_in`) before the directory goes.
+        Self::start_in(spec, dir.clone(), c, ctx).inspect_err(|_| {
+            let _ = std::fs::remove_dir_all(&dir);
+        })
+    }
+
+    /// Starts the lambda's workers in `dir`, made for it.
+    fn start_in(
+        mut spec: PythonSpec,
+        dir: PathBuf,
+        c: &Value,
+        ctx: &Context,
+    ) -> Result<PythonUdl, String> {
         let owner = lock_owner(&dir)?;
         // Code shipped as an object: the module's source is the value of
         // `code_key` (so one `dfg apply` after a put upgrades every node).
@@ -891,6 +936,7 @@ impl PythonUdl {
         emit: &mut Emitter<'_>,
         ctx: &Context,
     ) -> Result<(), UdlError> {
+        let started = Instant::now();
         p.call_id += 1;
         let o = call.object;
         // A value read into the landing area is passed by its offset there.
@@ -937,7 +983,7 @@ impl PythonUdl {
             value: &o.value,
         };
         loop {
-            let d = match p.next_response(CALL_LIMIT, Some(call.key)) {
+            let d = match p.next_response(started, self.spec.call_limit, Some(call.key)) {
                 Ok(d) => d,
                 Err(e) => {
                     p.abandon(); // dead, or silent past the limit
@@ -1212,22 +1258,26 @@ mod tests {
             ..Desc::default()
         }
         .write(&mut p.map[at..at + DESC]);
-        let r = p.next_response(Duration::from_millis(150), None);
+        let r = p.next_response(Instant::now(), Duration::from_millis(150), None);
         assert!(r.is_err(), "an unpublished slot was taken: {r:?}");
         assert!(r.unwrap_err().contains("response ring's head 0"));
         assert_eq!(p.index(H_RESP_TAIL).load(Ordering::Acquire), 5);
         // Nor does a head past what the ring holds.
         p.index(H_RESP_HEAD)
             .store(5 + SLOTS as u64 + 1, Ordering::Release);
-        assert!(p.next_response(Duration::from_millis(150), None).is_err());
+        assert!(p
+            .next_response(Instant::now(), Duration::from_millis(150), None)
+            .is_err());
         assert_eq!(p.index(H_RESP_TAIL).load(Ordering::Acquire), 5);
         // Equal: nothing yet, the node waits (here until the limit).
         p.index(H_RESP_HEAD).store(5, Ordering::Release);
-        let r = p.next_response(Duration::from_millis(150), None);
-        assert!(r.is_err_and(|e| e.contains("no answer")));
+        let r = p.next_response(Instant::now(), Duration::from_millis(150), None);
+        assert!(r.is_err_and(|e| e.contains("still starting after")));
         // Published, it is taken.
         p.index(H_RESP_HEAD).store(6, Ordering::Release);
-        let d = p.next_response(Duration::from_millis(150), None).unwrap();
+        let d = p
+            .next_response(Instant::now(), Duration::from_millis(150), None)
+            .unwrap();
         assert_eq!((d.kind, d.call_id), (P_DONE, 1));
         assert_eq!(p.index(H_RESP_TAIL).load(Ordering::Acquire), 6);
         let _ = p.child.kill();

@@ -50,6 +50,7 @@ from ._sluice import (  # noqa: F401  (re-exported)
 from ._sluice import *  # noqa: F401,F403  (the exception classes)
 
 SluiceError = _sluice.SluiceError
+__version__: str = _sluice.__version__
 
 # While an AsyncClient with io="loop" has calls running, how often its
 # runtime is turned even when no socket is ready (for their timeouts and
@@ -164,8 +165,9 @@ class Watch:
     the subscription on the node.
     """
 
-    def __init__(self, inner: "_sluice.Watch") -> None:
+    def __init__(self, inner: "_sluice.Watch", prefix: str = "") -> None:
         self._w = inner
+        self._prefix = prefix
         #: Notifications whose callback raised (``watch(..., callback=f)``).
         self.callback_errors = 0
         #: Why a callback watch stopped, if not closed (its connection lost).
@@ -217,6 +219,10 @@ class Watch:
     def __enter__(self) -> "Watch":
         return self
 
+    def __repr__(self) -> str:
+        how = " (callback)" if self._callback else ""
+        return f"<sluice.Watch {self._prefix!r}{how}>"
+
     def __exit__(self, *exc: Any) -> None:
         self.close()
 
@@ -224,9 +230,10 @@ class Watch:
 class AsyncWatch:
     """``Watch`` for asyncio: ``async for n in await client.watch(prefix)``."""
 
-    def __init__(self, inner: "_sluice.Watch", client: "AsyncClient") -> None:
+    def __init__(self, inner: "_sluice.Watch", client: "AsyncClient", prefix: str = "") -> None:
         self._w = inner
         self._client = client
+        self._prefix = prefix
         # The extension's wait for the next notification, kept across a
         # caller's timeout or cancellation: the notification it takes is
         # the next caller's, never dropped with a cancelled future.
@@ -287,6 +294,9 @@ class AsyncWatch:
     async def __aenter__(self) -> "AsyncWatch":
         return self
 
+    def __repr__(self) -> str:
+        return f"<sluice.AsyncWatch {self._prefix!r}>"
+
     async def __aexit__(self, *exc: Any) -> None:
         await self.close()
 
@@ -334,8 +344,9 @@ class Client:
         value_part_bytes: Optional[int] = None,
         _driven: bool = False,
     ) -> None:
+        self._addr = addr or default_address()
         self._c = _sluice.Client(
-            addr or default_address(),
+            self._addr,
             timeout_s=timeout,
             connect_timeout_s=connect_timeout,
             connections=connections,
@@ -351,6 +362,10 @@ class Client:
     # -- context manager ------------------------------------------------
     def __enter__(self) -> "Client":
         return self
+
+    def __repr__(self) -> str:
+        closed = " (closed)" if self._c is _CLOSED else ""
+        return f"<sluice.Client {self._addr}{closed}>"
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
@@ -543,7 +558,7 @@ class Client:
         ``from_version``/``from_time_us`` first replay what a persistent
         pool stored since then. Every loss is reported as a
         ``lagged`` notification."""
-        w = Watch(self._c.watch(prefix, from_version=from_version, from_time_us=from_time_us))
+        w = Watch(self._c.watch(prefix, from_version=from_version, from_time_us=from_time_us), prefix)
         if callback is not None:
             w._callback = True
             threading.Thread(
@@ -744,6 +759,10 @@ class AsyncClient:
     async def __aenter__(self) -> "AsyncClient":
         return self
 
+    def __repr__(self) -> str:
+        closed = " (closed)" if self._c is _CLOSED else ""
+        return f"<sluice.AsyncClient {self._blocking._addr}{closed}>"
+
     async def __aexit__(self, *exc: Any) -> None:
         self.close()
 
@@ -824,7 +843,7 @@ class AsyncClient:
                 prefix, from_version=from_version, from_time_us=from_time_us, future=fut
             )
         )
-        return AsyncWatch(await fut, self)
+        return AsyncWatch(await fut, self, prefix)
 
 
 AsyncClient.put.__doc__ = Client.put.__doc__

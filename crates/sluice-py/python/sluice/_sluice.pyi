@@ -3,6 +3,7 @@
 from typing import Any, List, Optional, Tuple, overload
 
 NO_VERSION: int
+__version__: str
 _error_classes: List[str]
 
 class Value:

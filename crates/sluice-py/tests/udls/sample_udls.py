@@ -210,3 +210,14 @@ class Where:
         import hashlib
 
         emit(key[len(pathname):], f"{blob.ctypes.data % 4096}:{hashlib.sha256(blob).hexdigest()}:{blob.flags.writeable}")
+
+
+class SleepsFor:
+    """Sleeps as many seconds as its value says, then emits ``done``."""
+
+    def __init__(self, conf):
+        pass
+
+    def ocdpo_handler(self, key_suffix, blob, emit, **kw):
+        time.sleep(float(bytes(blob)))
+        emit(key_suffix, b"done")
