@@ -4,6 +4,7 @@ key, live upgrades."""
 
 import json
 import os
+import sys
 import threading
 import time
 import uuid
@@ -269,6 +270,14 @@ def test_a_class_that_does_not_load_fails_the_apply(client, vertex):
     # A module not found says where it was looked for.
     with pytest.raises(sluice.SluiceError, match=r"udls-typo'\] are not directories here"):
         client.dfg_apply(graph(gid, src, "Upper", dst, python_path=[UDLS + "-typo"]))
+    # A package the module imports and the worker's interpreter lacks: the
+    # message names the interpreter and how to pick another.
+    g = json.loads(graph(gid, src, "Echo", dst))
+    g["graphs"][0]["graph"][0]["user_defined_logic_config_list"][0]["module"] = "needs_missing"
+    with pytest.raises(sluice.InvalidDfg) as e:
+        client.dfg_apply(json.dumps(g))
+    assert "sluice_test_no_such_package" in str(e.value)
+    assert f"{sys.executable} does not have it" in str(e.value) and "SLUICE_PYTHON" in str(e.value)
     # Found at apply, not as a failure of every call.
     with pytest.raises(sluice.SluiceError, match="has no ocdpo_handler method"):
         client.dfg_apply(graph(gid, src, "NoHandler", dst))
@@ -433,3 +442,23 @@ def test_a_class_slower_to_load_than_its_start_timeout_fails_the_apply(client, v
     with pytest.raises(sluice.InvalidDfg, match="start_timeout_s"):
         client.dfg_apply(json.dumps(g))
     assert time.monotonic() - t0 < 4  # the import takes 4 s
+
+
+def test_a_lambdas_store_reads_refuse_what_they_cannot_read_as_the_client_does(client, vertex):
+    # A negative, fractional or text version or time was read as "the
+    # latest" (silently another object than the one asked for).
+    src, dst, gid = vertex
+    k = f"/vol/{gid}-checked"
+    client.put(k, b"v1")
+    client.put(k, b"v2")
+    client.dfg_apply(graph(gid, src, "ReadChecks", dst))
+    client.trigger_put(f"{src}/r", k)
+    out = json.loads(bytes(wait_for("the report", lambda: get_or_none(client, f"{dst}/r")).value))
+    assert out["negative"] == "ValueError: version=-1 is negative", out
+    assert out["float"] == "TypeError: version must be an int, not float", out
+    assert out["str"] == "TypeError: timestamp_us must be an int, not str", out
+    assert out["both"] == "ValueError: give version or timestamp_us, not both", out
+    assert out["raw"].startswith("StoreError invalid_argument: invalid version: -1 is not a whole number"), out
+    assert out["put_int"] == (
+        "TypeError: a value must be bytes-like (bytes, bytearray, memoryview, a NumPy array) or str, not int"
+    ), out

@@ -21,6 +21,7 @@ Protocol version 1; the layout is mirrored in `sluice-udls/src/python.rs`.
 import importlib
 import json
 import mmap
+import operator
 import os
 import select
 import struct
@@ -215,7 +216,13 @@ class Worker:
         """Copies `data` (bytes-like; a strided view in C order, as
         `tobytes()` gives it) into the output arena; its (offset, len)
         and the size to free."""
-        mv = memoryview(data)
+        try:
+            mv = memoryview(data)
+        except TypeError:
+            raise TypeError(
+                "a value must be bytes-like (bytes, bytearray, memoryview, a NumPy array) or str,"
+                f" not {type(data).__name__}"
+            ) from None
         if holds_objects(mv.format):
             raise TypeError(
                 "a value must be data, not Python objects: this buffer holds object references"
@@ -319,6 +326,21 @@ class Worker:
                 self.respond(P_FAIL, a=self.put_out(msg.encode()))
 
 
+def _unsigned(name, v):
+    """`v` as a whole number of at least 0 (None stays None), else the
+    error the client raises for it: a version or time the node cannot
+    read must not be taken for "the latest"."""
+    if v is None:
+        return None
+    try:
+        n = operator.index(v)
+    except TypeError:
+        raise TypeError(f"{name} must be an int, not {type(v).__name__}") from None
+    if n < 0:
+        raise ValueError(f"{name}={n!r} is negative")
+    return n
+
+
 class Context:
     """Store access for a lambda (on its node): get (latest, by version or
     time), put, trigger_put, list_keys. Values come back as memoryviews
@@ -328,6 +350,10 @@ class Context:
         self._w = worker
 
     def get(self, key, *, version=None, timestamp_us=None):
+        version, timestamp_us = _unsigned("version", version), _unsigned("timestamp_us", timestamp_us)
+        if version is not None and timestamp_us is not None:
+            # One of them would be ignored (as the client refuses it).
+            raise ValueError("give version or timestamp_us, not both")
         meta, value = self._w.store_call("get", {"key": key, "version": version, "timestamp_us": timestamp_us})
         return value, meta
 
@@ -370,6 +396,14 @@ def load(spec):
     try:
         module = importlib.import_module(spec["module"])
     except ModuleNotFoundError as e:
+        if e.name and e.name.split(".")[0] != spec["module"].split(".")[0]:
+            # Found, but it imports what this interpreter lacks (numpy,
+            # torch): the node's python3 is rarely the user's venv.
+            raise ModuleNotFoundError(
+                f"{e}: {spec['module']} imports it and {sys.executable} does not have it; install it"
+                ' there, or name an interpreter that has it ("python" in the vertex\'s config, or'
+                " SLUICE_PYTHON in the node's environment)"
+            ) from e
         paths = spec.get("python_path") or []
         missing = [p for p in paths if not os.path.isdir(p)]
         where = f"python_path {paths}" + (f", of which {missing} are not directories here (cwd {os.getcwd()})" if missing else "")

@@ -1114,10 +1114,27 @@ fn store_call(ctx: &Context, args: &Value, value: Bytes) -> (i32, Value, Bytes) 
     let key = args["key"].as_str().unwrap_or_default();
     let res: Result<(Value, Bytes), sluice_types::SluiceError> = match args["op"].as_str() {
         Some("get") => {
-            let got = match (args["version"].as_u64(), args["timestamp_us"].as_u64()) {
-                (Some(v), _) => ctx.get_version(key, v),
-                (None, Some(t)) => ctx.get_by_time(key, t),
-                (None, None) => ctx.get(key),
+            // Absent, or a whole number: anything else is refused, never
+            // read as "the latest" (the worker checks first; this is the
+            // node's own guard against a worker that does not).
+            let number = |name: &str| match &args[name] {
+                Value::Null => Ok(None),
+                v => v.as_u64().map(Some).ok_or_else(|| {
+                    sluice_types::SluiceError::invalid_argument(
+                        name,
+                        format!("{v} is not a whole number of at least 0"),
+                    )
+                }),
+            };
+            let got = match (number("version"), number("timestamp_us")) {
+                (Err(e), _) | (_, Err(e)) => Err(e),
+                (Ok(Some(_)), Ok(Some(_))) => Err(sluice_types::SluiceError::invalid_argument(
+                    "read",
+                    "give version or timestamp_us, not both",
+                )),
+                (Ok(Some(v)), _) => ctx.get_version(key, v),
+                (_, Ok(Some(t))) => ctx.get_by_time(key, t),
+                (Ok(None), Ok(None)) => ctx.get(key),
             };
             got.map(|o| {
                 (

@@ -221,3 +221,38 @@ class SleepsFor:
     def ocdpo_handler(self, key_suffix, blob, emit, **kw):
         time.sleep(float(bytes(blob)))
         emit(key_suffix, b"done")
+
+
+class ReadChecks:
+    """Reads the key its value names with arguments a read must refuse,
+    and emits what each one raised (JSON)."""
+
+    def __init__(self, conf):
+        pass
+
+    def ocdpo_handler(self, key_suffix, blob, emit, context, **kw):
+        key, out = bytes(blob).decode(), {}
+        tries = {
+            "negative": {"version": -1},
+            "float": {"version": 1.5},
+            "str": {"timestamp_us": "5"},
+            "both": {"version": 1, "timestamp_us": 1},
+        }
+        for name, args in tries.items():
+            try:
+                context.get(key, **args)
+                out[name] = "read"
+            except Exception as e:  # noqa: BLE001 (reported to the test)
+                out[name] = f"{type(e).__name__}: {e}"
+        # Past the worker's checks: the node's own.
+        try:
+            context._w.store_call("get", {"key": key, "version": -1, "timestamp_us": None})
+            out["raw"] = "read"
+        except Exception as e:  # noqa: BLE001
+            out["raw"] = f"{type(e).__name__} {getattr(e, 'kind', None)}: {e}"
+        try:
+            context.put(key + "-int", 5)
+            out["put_int"] = "stored"
+        except Exception as e:  # noqa: BLE001
+            out["put_int"] = f"{type(e).__name__}: {e}"
+        emit(key_suffix, json.dumps(out))
