@@ -462,3 +462,20 @@ def test_a_lambdas_store_reads_refuse_what_they_cannot_read_as_the_client_does(c
     assert out["put_int"] == (
         "TypeError: a value must be bytes-like (bytes, bytearray, memoryview, a NumPy array) or str, not int"
     ), out
+
+
+def test_an_emit_outside_its_call_is_refused_not_lost(client, vertex):
+    # A thread's emit after its call returned was taken by the worker, and
+    # the node dropped it as an answer to an earlier call (and never freed
+    # its room in the arena); one during the call wrote to the ring
+    # alongside the lambda's own writes.
+    src, dst, gid = vertex
+    client.dfg_apply(graph(gid, src, "ThreadEmits", dst))
+    client.trigger_put(f"{src}/start", b"start")
+    assert wait_for("the first call", lambda: get_or_none(client, f"{dst}/start")).value == b"started"
+    client.trigger_put(f"{src}/report", b"report")
+    out = json.loads(bytes(wait_for("the report", lambda: get_or_none(client, f"{dst}/report")).value))
+    assert out["during"].startswith("RuntimeError: emit() from another thread: "), out
+    assert out["after"].startswith("RuntimeError: emit() after its call returned: "), out
+    assert get_or_none(client, f"{dst}/during") is None and get_or_none(client, f"{dst}/after") is None
+    assert status(client, gid)["failures"] == 0

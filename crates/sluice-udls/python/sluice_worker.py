@@ -26,6 +26,7 @@ import os
 import select
 import struct
 import sys
+import threading
 import time
 import traceback
 
@@ -166,6 +167,24 @@ class Worker:
         self.gap_ewma = 0.0  # recent wait for a request, seconds
         self.parent = os.getppid()
         self.input_range = (0, 0)
+        # The thread that runs the lambda, and whether a call is running:
+        # emits and store calls belong to one call (the node reads them as
+        # that call's), so any other time they are refused.
+        self.runner = threading.get_ident()
+        self.in_call = False
+
+    def in_this_call(self, what):
+        """Refuses `what` (an emit, a store call) outside the running call:
+        from another thread (its writes to the ring would interleave with
+        the lambda's), or after the call returned (the node would take it
+        for a later call's, or drop it)."""
+        if self.in_call and threading.get_ident() == self.runner:
+            return
+        when = "after its call returned" if threading.get_ident() == self.runner or not self.in_call else "from another thread"
+        raise RuntimeError(
+            f"{what} {when}: emit and context calls are valid only on the thread that runs"
+            " ocdpo_handler, while it runs (to emit what a thread computed, wait for it in the handler)"
+        )
 
     # -- rings ---------------------------------------------------------------
     def next_request(self):
@@ -240,6 +259,7 @@ class Worker:
 
     # -- what a lambda can do ---------------------------------------------------
     def emit(self, key_suffix, value):
+        self.in_this_call("emit()")
         if isinstance(key_suffix, str):
             key_suffix = key_suffix.encode()
         if value is self.input:
@@ -253,6 +273,7 @@ class Worker:
         self.respond(P_EMIT, a=k, b=v)
 
     def store_call(self, op, args, value=None):
+        self.in_this_call(f"context.{op}()")
         a = self.put_out(json.dumps({"op": op, **args}).encode())
         b = self.put_out(value if value is not None else b"")
         self.respond(P_CTX_CALL, a=a, b=b)
@@ -292,6 +313,7 @@ class Worker:
             blob = value if np is None else np.frombuffer(value, dtype=np.uint8)
             self.input = blob
             self.input_range = (v_off, v_len)
+            self.in_call = True
             try:
                 self.udl.ocdpo_handler(
                     sender=sender,
@@ -309,6 +331,7 @@ class Worker:
                     context=self.context,
                     cuda_pinned=self.cuda_pinned,
                 )
+                self.in_call = False
                 self.input = None
                 del blob
                 try:
@@ -319,6 +342,7 @@ class Worker:
             except SystemExit:
                 raise
             except BaseException as e:  # noqa: BLE001 (reported to the node)
+                self.in_call = False
                 self.input = None
                 msg = f"{type(e).__name__}: {e}"
                 tb = traceback.format_exc(limit=8)

@@ -3,6 +3,7 @@ vertex's JSON config, `ocdpo_handler(**kwargs)`)."""
 
 import json
 import os
+import threading
 import time
 
 
@@ -256,3 +257,42 @@ class ReadChecks:
         except Exception as e:  # noqa: BLE001
             out["put_int"] = f"{type(e).__name__}: {e}"
         emit(key_suffix, json.dumps(out))
+
+
+class ThreadEmits:
+    """Emits from other threads: one during a call (joined before the call
+    returns), one after it returned (the next call reports what both
+    raised)."""
+
+    def __init__(self, conf):
+        self.errors = {}
+        self.gone = threading.Event()
+
+    def _try(self, name, emit):
+        try:
+            emit(f"/{name}", b"from a thread")
+            self.errors[name] = "emitted"
+        except Exception as e:  # noqa: BLE001 (reported to the test)
+            self.errors[name] = f"{type(e).__name__}: {e}"
+
+    def ocdpo_handler(self, key_suffix, blob, emit, **kw):
+        if bytes(blob) == b"start":
+            during = threading.Thread(target=self._try, args=("during", emit))
+            during.start()
+            during.join()
+
+            def later():
+                # Once this call returned (the worker's own flag), before
+                # the next one starts.
+                worker = emit.__self__
+                deadline = time.monotonic() + 30
+                while getattr(worker, "in_call", False) and time.monotonic() < deadline:
+                    time.sleep(0.001)
+                self._try("after", emit)
+                self.gone.set()
+
+            threading.Thread(target=later, daemon=True).start()
+            emit(key_suffix, b"started")
+        else:
+            self.gone.wait(30)
+            emit(key_suffix, json.dumps(self.errors))
