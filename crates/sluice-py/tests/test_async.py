@@ -48,6 +48,28 @@ def test_async_put_get_and_errors(node, io):
 
 
 @IO
+def test_a_client_used_from_another_event_loop_says_which_loop_it_belongs_to(node, io):
+    # asyncio said only "Event loop is closed" (the loop of an earlier
+    # asyncio.run) or "... attached to a different loop".
+    first = asyncio.new_event_loop()
+    c = first.run_until_complete(sluice.AsyncClient.connect(node.addr, io=io))
+    second = asyncio.new_event_loop()
+    try:
+        for method in (lambda: c.get("/vol/x"), lambda: c.put("/vol/x", b"v"), lambda: c.list_keys("/vol")):
+            with pytest.raises(RuntimeError, match="belongs to the event loop it was connected on, not to this one"):
+                second.run_until_complete(method())
+        first.run_until_complete(c.put(f"/vol/aio/{uuid.uuid4().hex}", b"v"))  # its own loop: fine
+        c.close()
+        first.close()
+        c2 = asyncio.run(sluice.AsyncClient.connect(node.addr, io=io))
+        with pytest.raises(RuntimeError, match="connected on, which is closed"):
+            second.run_until_complete(c2.get("/vol/x"))
+        c2.close()
+    finally:
+        second.close()
+
+
+@IO
 def test_closing_a_client_ends_its_calls_in_flight(node, io):
     # Nothing turns a closed client's runtime or completes its futures:
     # its calls in flight (and its watches') end at once with an error.

@@ -261,7 +261,7 @@ class AsyncWatch:
             raise RuntimeError("another task is already waiting in this watch's next()")
         fut = self._pending
         if fut is None:
-            fut = self._client._loop.create_future()
+            fut = self._client._future()
             # Read an error nobody awaits any more (the watch given up
             # on), so asyncio does not report it as never retrieved.
             fut.add_done_callback(lambda f: f.cancelled() or f.exception())
@@ -287,7 +287,7 @@ class AsyncWatch:
             # node is told, within the client's timeout).
             self._w.close()
             return
-        fut = self._client._loop.create_future()
+        fut = self._client._future()
         self._client._started(self._w.close(future=fut))
         await fut
 
@@ -648,7 +648,7 @@ class _DeferredCalls:
         client = self._client
 
         def call(*args: Any, **kwargs: Any) -> "asyncio.Future[Any]":
-            fut = client._loop.create_future()
+            fut = client._future()
             client._started(getattr(client._c, name)(*args, future=fut, **kwargs))
             return fut
 
@@ -692,6 +692,18 @@ class AsyncClient:
         self._deferred = _Deferred(self)
         self._fd, self._driven = self._c._completion_fd()
         loop.add_reader(self._fd, self._turn if self._driven else self._drain)
+
+    def _future(self) -> "asyncio.Future[Any]":
+        """A future for a call started now, on the loop this client belongs
+        to (from another loop asyncio would say only "Event loop is
+        closed" or "attached to a different loop")."""
+        if asyncio.get_running_loop() is not self._loop:
+            closed = ", which is closed" if self._loop.is_closed() else ""
+            raise RuntimeError(
+                f"this AsyncClient belongs to the event loop it was connected on{closed}, not to this"
+                " one: connect a client in this loop (await sluice.AsyncClient.connect(...))"
+            )
+        return self._loop.create_future()
 
     def _drain(self) -> None:
         self._c._drain()  # completes the futures of the calls that finished
@@ -787,7 +799,7 @@ class AsyncClient:
 
     async def put(self, key: str, value: Any, *, previous_version: Optional[int] = None) -> PutResult:
         # The hot path, spelled out (no generic wrapper).
-        fut = self._loop.create_future()
+        fut = self._future()
         try:
             due = self._c.put(key, value, previous_version, fut)  # by position: no keyword parsing
         except OverflowError:
@@ -808,7 +820,7 @@ class AsyncClient:
         stable: bool = True,
         linearizable: bool = False,
     ) -> Object:
-        fut = self._loop.create_future()
+        fut = self._future()
         due = self._c.get(
             key,
             version=_version(version),
@@ -821,7 +833,7 @@ class AsyncClient:
         return await fut
 
     async def multi_get(self, keys: Sequence[str]) -> List[Optional[Object]]:
-        fut = self._loop.create_future()
+        fut = self._future()
         self._started(self._c.multi_get(list(keys), future=fut))
         return await fut
 
@@ -837,7 +849,7 @@ class AsyncClient:
         for n, v in (("from_version", from_version), ("from_time_us", from_time_us)):
             if v is not None and v < 0:
                 raise ValueError(f"{n}={v!r} is negative")
-        fut = self._loop.create_future()
+        fut = self._future()
         self._started(
             self._c.watch(
                 prefix, from_version=from_version, from_time_us=from_time_us, future=fut
