@@ -398,6 +398,38 @@ def test_the_package_has_a_version_and_its_objects_say_what_they_are(node):
     )
 
 
+def test_a_pools_objects_stream_in_batches_in_parts_and_skip_keys_removed_since_the_listing(client, node):
+    # What PoolDataset yields (torch-free, so tested everywhere). It fetched
+    # one key per request, and a key removed between the listing and its
+    # get ended the epoch with NotFound.
+    from sluice._pool_iter import pool_objects
+
+    prefix = f"/vol/scan-{uuid.uuid4().hex[:8]}/"
+    want = {f"{prefix}{i:03}": bytes([i % 256]) * (i % 5) for i in range(150)}  # empty values too
+    for k, v in want.items():
+        client.put(k, v)
+    got = {k: bytes(v) for k, v in pool_objects(node.addr, "/vol", prefix)}
+    assert got == want
+    parts = [dict(pool_objects(node.addr, "/vol", prefix, part=(i, 3))) for i in range(3)]
+    assert sorted(k for p in parts for k in p) == sorted(want)
+    it = pool_objects(node.addr, "/vol", prefix, batch=1)
+    first, _ = next(it)
+    for k in want:
+        if k != first:
+            client.remove(k)
+    assert list(it) == []
+    # Persistent, as of a time: a key removed later is still there then.
+    pool = f"/pscan-{uuid.uuid4().hex[:8]}"
+    client.create_object_pool(pool, "persistent")
+    for i in range(3):
+        client.put(f"{pool}/{i}", b"v%d" % i)
+    t = time.time()
+    client.remove(f"{pool}/1")
+    assert {k: bytes(v) for k, v in pool_objects(node.addr, pool, timestamp=t)} == {
+        f"{pool}/{i}": b"v%d" % i for i in range(3)
+    }
+
+
 def test_persistent_pools_keep_versions_for_time_reads_and_history(client):
     pool = f"/pers-{uuid.uuid4().hex[:8]}"
     client.create_object_pool(pool, "persistent")

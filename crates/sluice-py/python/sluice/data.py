@@ -7,7 +7,8 @@ module without it raises ImportError with how to install it).
 
 Keys are listed once per epoch (as they were at ``timestamp`` of a
 persistent pool when given) and split across DataLoader workers; each
-worker opens its own client. Without ``transform`` an item is
+worker opens its own client and fetches 64 keys per request. A key
+removed after the listing is skipped. Without ``transform`` an item is
 ``(key, tensor)``, the tensor a uint8 view of the value (no copy).
 """
 
@@ -21,7 +22,7 @@ try:
 except ImportError as e:  # pragma: no cover - exercised where torch is absent
     raise ImportError("sluice.data needs PyTorch: pip install torch") from e
 
-import sluice
+from ._pool_iter import pool_objects
 
 
 class PoolDataset(IterableDataset):
@@ -42,14 +43,12 @@ class PoolDataset(IterableDataset):
         self.timestamp, self.transform = timestamp, transform
 
     def __iter__(self) -> Iterator[Any]:
-        c = sluice.Client(self.addr)
-        keys = c.list_keys_in_object_pool(self.pool, prefix=self.prefix, timestamp=self.timestamp)
         info = get_worker_info()
-        if info is not None:
-            keys = keys[info.id :: info.num_workers]
-        for k in keys:
-            obj = c.get(k, timestamp=self.timestamp) if self.timestamp is not None else c.get(k)
+        part = (0, 1) if info is None else (info.id, info.num_workers)
+        for k, value in pool_objects(self.addr, self.pool, self.prefix, timestamp=self.timestamp, part=part):
             if self.transform is not None:
-                yield self.transform(k, obj.value)
+                yield self.transform(k, value)
+            elif len(value) == 0:
+                yield k, torch.empty(0, dtype=torch.uint8)  # frombuffer refuses an empty buffer
             else:
-                yield k, torch.frombuffer(obj.value, dtype=torch.uint8)
+                yield k, torch.frombuffer(value, dtype=torch.uint8)

@@ -87,7 +87,9 @@ def deploy(c, python):
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description="Sluice's Python demo pipeline")
-    ap.add_argument("--addr", default=sluice.default_address())
+    ap.add_argument(
+        "--addr", default=sluice.default_address(), help="the node (default: $SLUICE_ADDR, else sluice dev's nodes, else 127.0.0.1:7420)"
+    )
     ap.add_argument("--images", type=int, default=450, help="held-out images to classify (at most 450)")
     ap.add_argument("--rate", type=float, default=200.0, help="images per second")
     ap.add_argument("--check", action="store_true", help="exit 1 unless the accuracy matches the offline one")
