@@ -71,8 +71,9 @@ class Node:
 
 @pytest.fixture(scope="session")
 def node():
+    # The data dir and its log (next to it) both in one directory removed after.
     d = Path(tempfile.mkdtemp(prefix="sluice-py-"))
-    n = Node(d)
+    n = Node(d / "data")
     yield n
     n.stop()
     shutil.rmtree(d, ignore_errors=True)

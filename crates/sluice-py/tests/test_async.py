@@ -3,6 +3,7 @@ tasks pipelined, errors raised in the awaiting task."""
 
 import asyncio
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -387,7 +388,7 @@ def test_a_driven_call_times_out_while_no_socket_is_ready():
     from conftest import Node
 
     d = Path(tempfile.mkdtemp(prefix="sluice-py-stop-"))
-    n = Node(d)
+    n = Node(d / "data")
     try:
 
         async def main():
@@ -415,6 +416,7 @@ def test_a_driven_call_times_out_while_no_socket_is_ready():
         run(main())
     finally:
         n.stop()
+        shutil.rmtree(d, ignore_errors=True)
 
 
 def test_the_default_io_follows_the_cores_this_process_may_use(node, monkeypatch):

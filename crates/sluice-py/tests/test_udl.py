@@ -4,6 +4,7 @@ key, live upgrades."""
 
 import json
 import os
+import re
 import sys
 import threading
 import time
@@ -479,3 +480,16 @@ def test_an_emit_outside_its_call_is_refused_not_lost(client, vertex):
     assert out["after"].startswith("RuntimeError: emit() after its call returned: "), out
     assert get_or_none(client, f"{dst}/during") is None and get_or_none(client, f"{dst}/after") is None
     assert status(client, gid)["failures"] == 0
+
+
+def test_what_a_lambda_prints_is_in_the_nodes_log_saying_whose(node, client, vertex):
+    # Workers wrote straight to the node's stdout and stderr: lines of
+    # every lambda mixed, none saying which lambda or worker wrote it.
+    src, dst, gid = vertex
+    client.dfg_apply(graph(gid, src, "Prints", dst))
+    mark = uuid.uuid4().hex
+    client.trigger_put(f"{src}/p", mark)
+    wait_for("the output", lambda: get_or_none(client, f"{dst}/p"))
+    out = re.compile(rf"INFO .*: to stdout: {mark} lambda=sample_udls\.Prints pid=\d+")
+    err = re.compile(rf"WARN .*: to stderr: {mark} lambda=sample_udls\.Prints pid=\d+")
+    wait_for("both lines in the log", lambda: out.search(node.log()) and err.search(node.log()))

@@ -47,7 +47,7 @@ use sluice_compute::{Context, Emitter, Udl, UdlError, Upcall};
 use std::io::Write as _;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command};
+use std::process::{Child, Command, Stdio};
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -324,6 +324,41 @@ fn signal(fd: &OwnedFd) {
     unsafe { libc::write(fd.as_raw_fd(), (&one as *const u64).cast(), 8) };
 }
 
+/// Logs each line a worker writes to `pipe` (its stdout at `level` info,
+/// its stderr at warn) with the lambda and the worker's pid, on a thread
+/// that ends with the worker (end of file). Lines are cut at 64 KiB.
+fn forward_output(
+    pipe: impl std::io::Read + Send + 'static,
+    lambda: String,
+    pid: u32,
+    level: tracing::Level,
+) {
+    use std::io::BufRead as _;
+    let spawned = std::thread::Builder::new()
+        .name(format!("sluice-py-out-{pid}"))
+        .spawn(move || {
+            let mut r = std::io::BufReader::new(pipe);
+            let mut line = Vec::new();
+            loop {
+                line.clear();
+                match std::io::Read::take(&mut r, 64 << 10).read_until(b'\n', &mut line) {
+                    Ok(0) | Err(_) => return,
+                    Ok(_) => {}
+                }
+                let text = String::from_utf8_lossy(&line);
+                let text = text.trim_end();
+                if level == tracing::Level::WARN {
+                    tracing::warn!(target: "sluice_udls::python::worker", lambda = %lambda, pid, "{text}");
+                } else {
+                    tracing::info!(target: "sluice_udls::python::worker", lambda = %lambda, pid, "{text}");
+                }
+            }
+        });
+    if let Err(e) = spawned {
+        tracing::warn!(error = %e, pid, "cannot start a thread for a python worker's output; it is dropped");
+    }
+}
+
 /// Waits up to `timeout` for `fd` to be signalled (and resets it).
 fn wait(fd: &OwnedFd, timeout: Duration) -> bool {
     let mut p = libc::pollfd {
@@ -584,9 +619,18 @@ impl Proc {
                 Ok(())
             });
         }
-        let child = cmd
+        cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
+        let mut child = cmd
             .spawn()
             .map_err(|e| format!("starting {} for a python UDL: {e}", spec.python))?;
+        // What the lambda prints goes to the node's log, saying whose.
+        let who = format!("{}.{}", spec.module, spec.entry_class);
+        if let Some(out) = child.stdout.take() {
+            forward_output(out, who.clone(), child.id(), tracing::Level::INFO);
+        }
+        if let Some(err) = child.stderr.take() {
+            forward_output(err, who, child.id(), tracing::Level::WARN);
+        }
         let mut p = Proc {
             child,
             map,

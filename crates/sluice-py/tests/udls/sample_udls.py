@@ -3,6 +3,7 @@ vertex's JSON config, `ocdpo_handler(**kwargs)`)."""
 
 import json
 import os
+import sys
 import threading
 import time
 
@@ -296,3 +297,15 @@ class ThreadEmits:
         else:
             self.gone.wait(30)
             emit(key_suffix, json.dumps(self.errors))
+
+
+class Prints:
+    """Prints its value to stdout and stderr."""
+
+    def __init__(self, conf):
+        pass
+
+    def ocdpo_handler(self, key_suffix, blob, emit, **kw):
+        print("to stdout:", bytes(blob).decode())
+        print("to stderr:", bytes(blob).decode(), file=sys.stderr)
+        emit(key_suffix, b"printed")
