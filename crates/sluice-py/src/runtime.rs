@@ -591,6 +591,38 @@ impl Exec {
     }
 }
 
+/// How often a blocking call looks for Python's signals (Ctrl-C).
+const SIGNAL_CHECK: Duration = Duration::from_millis(100);
+
+/// Runs `work` to its end with the GIL released, on `exec`'s runtime
+/// (else the shared one), waking every `SIGNAL_CHECK` to run Python's
+/// signal handlers: a call that waits long (a read at a future time, a
+/// slow or stopped node) ends at Ctrl-C with `KeyboardInterrupt`, the
+/// call dropped (as a cancelled asyncio call is). It waited for the
+/// call's own timeout.
+pub fn block_checking_signals<F>(
+    py: Python<'_>,
+    exec: Option<&Exec>,
+    work: F,
+) -> PyResult<F::Output>
+where
+    F: Future + Send,
+    F::Output: Send,
+{
+    let mut work = std::pin::pin!(work);
+    loop {
+        let slice = async { tokio::time::timeout(SIGNAL_CHECK, work.as_mut()).await };
+        let done = detach(py, || match exec {
+            Some(e) => e.block_on(slice),
+            None => rt().block_on(slice),
+        });
+        match done {
+            Ok(v) => return Ok(v),
+            Err(_) => py.check_signals()?,
+        }
+    }
+}
+
 /// Runs `work`: without `future`, to completion with the GIL released
 /// (other Python threads run meanwhile), returning its value; with an
 /// asyncio `future`, started on the client's runtime, its result queued
@@ -609,7 +641,7 @@ where
 {
     exec.check_process()?;
     let Some(fut) = future else {
-        return match detach(py, || exec.block_on(work)) {
+        return match block_checking_signals(py, Some(exec), work)? {
             Ok(v) => convert(py, v),
             Err(e) => Err(errors::to_py(e)),
         };

@@ -5,7 +5,7 @@
 
 use crate::client::Client;
 use crate::errors::to_py;
-use crate::runtime::{json_to_py, rt};
+use crate::runtime::json_to_py;
 use crate::value::{bytes_of, Value};
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
@@ -27,7 +27,7 @@ where
     T: Send,
 {
     crate::runtime::check_process(made_in)?;
-    crate::runtime::detach(py, || rt().block_on(f)).map_err(to_py)
+    crate::runtime::block_checking_signals(py, None, f)?.map_err(to_py)
 }
 
 /// A count or a time given as a Python int: a negative one said only

@@ -2,6 +2,7 @@
 without copies, every error as its class, watch."""
 
 import asyncio
+import os
 import re
 import subprocess
 import sys
@@ -264,6 +265,26 @@ def test_closing_a_watch_that_a_thread_waits_on_is_prompt(client):
         w.close()
         took.append(time.monotonic() - t0)
     assert sum(took) < 0.15, took
+
+
+def test_ctrl_c_ends_a_blocking_call_that_waits_long(node):
+    # A read at a time 20 s ahead waits for that time to be stable: Ctrl-C
+    # (SIGINT) waited for it too, or for the call's timeout.
+    c = sluice.Client(node.addr, timeout=60)
+    k = key()
+    c.put(k, b"v")
+    import signal
+
+    timer = threading.Timer(0.3, lambda: os.kill(os.getpid(), signal.SIGINT))
+    timer.start()
+    t0 = time.monotonic()
+    with pytest.raises(KeyboardInterrupt):
+        c.get(k, timestamp=time.time() + 20)
+    assert time.monotonic() - t0 < 5
+    timer.join()
+    # The dropped call left the client working.
+    assert c.get(k).value == b"v"
+    c.close()
 
 
 def test_a_callback_that_raises_is_logged_and_the_watch_goes_on(client, caplog):
