@@ -5,6 +5,7 @@ key, live upgrades."""
 import json
 import os
 import re
+import signal
 import sys
 import threading
 import time
@@ -493,3 +494,35 @@ def test_what_a_lambda_prints_is_in_the_nodes_log_saying_whose(node, client, ver
     out = re.compile(rf"INFO .*: to stdout: {mark} lambda=sample_udls\.Prints pid=\d+")
     err = re.compile(rf"WARN .*: to stderr: {mark} lambda=sample_udls\.Prints pid=\d+")
     wait_for("both lines in the log", lambda: out.search(node.log()) and err.search(node.log()))
+
+
+
+def _children(pid):
+    return [int(c) for t in Path(f"/proc/{pid}/task").iterdir() for c in (t / "children").read_text().split()]
+
+
+def _running(pid):
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+@pytest.mark.parametrize("how", ["SIGTERM", "SIGKILL"])
+def test_a_worker_stuck_in_a_call_ends_with_its_node(tmp_path, how):
+    # A worker looked for its node only between calls: one stuck in a call
+    # (a loop, a long sleep) outlived the node for as long as the call ran.
+    from conftest import Node
+
+    n = Node(tmp_path / "data")
+    try:
+        c = sluice.Client(n.addr, timeout=20)
+        c.dfg_apply(graph("stuck", "/trig/stuck", "Slow", "/vol/out", delay_s=600, started="/vol/started"))
+        workers = wait_for("the worker", lambda: _children(n.proc.pid))
+        c.trigger_put("/trig/stuck/k", b"x")
+        wait_for("the call to start", lambda: get_or_none(c, "/vol/started/stuck/k"))
+        os.kill(n.proc.pid, getattr(signal, how))
+        n.proc.wait(30)
+        wait_for("the worker to end", lambda: not any(_running(w) for w in workers), timeout=10)
+    finally:
+        n.stop()

@@ -444,7 +444,30 @@ def load(spec):
     return udl
 
 
+def exit_with_node():
+    """Ends this worker when the node that started it ends (a crash, a
+    SIGKILL, a shutdown), even while a call is stuck in a loop or a
+    sleep: a thread waits on the node's pidfd (else looks every second).
+    The loop's own check runs only between calls."""
+    # The node's pid, from the node: one that died before this line ran
+    # left this process another parent already.
+    parent = int(os.environ.get("SLUICE_NODE_PID") or os.getppid())
+
+    def wait():
+        try:
+            fd = os.pidfd_open(parent)
+            select.select([fd], [], [])
+        except (AttributeError, OSError):
+            while os.getppid() == parent:
+                time.sleep(1.0)
+        os._exit(0)
+
+    # Before the class loads: a node that dies while it loads ends it too.
+    threading.Thread(target=wait, name="sluice-node-watch", daemon=True).start()
+
+
 def main():
+    exit_with_node()
     region_path, to_worker, to_node = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
     spec = json.loads(os.environ["SLUICE_UDL_SPEC"])
     region = Region(region_path)

@@ -605,7 +605,8 @@ impl Proc {
         }
         cmd.env("SLUICE_UDL_SPEC", spec_json)
             .env("SLUICE_WORKER_SPIN_US", spec.spin.as_micros().to_string())
-            .env("PYTHONUNBUFFERED", "1");
+            .env("PYTHONUNBUFFERED", "1")
+            .env("SLUICE_NODE_PID", std::process::id().to_string());
         // SAFETY: between fork and exec only async-signal-safe fcntl calls:
         // the two eventfds stay open in the worker (they are CLOEXEC here).
         unsafe {
