@@ -526,3 +526,17 @@ def test_a_worker_stuck_in_a_call_ends_with_its_node(tmp_path, how):
         wait_for("the worker to end", lambda: not any(_running(w) for w in workers), timeout=10)
     finally:
         n.stop()
+
+
+def test_emits_of_large_values_fill_and_wrap_the_output_arena_without_waiting_forever(client, vertex):
+    # A value's room was taken after its key's: when the value did not fit
+    # before the arena's end nor before the key (not freed until the emit
+    # was sent), the worker waited for room forever (here: 1 MiB arena,
+    # 900 KB values after calls that left the arena's head mid-way).
+    src, dst, gid = vertex
+    client.dfg_apply(graph(gid, src, "EmitsMany", dst, arena_mb=1, call_timeout_s=20))
+    for n, size in [(1, 900_000), (2, 600_000), (2, 900_000), (5, 1_000_000), (3, 300_000)]:
+        client.trigger_put(f"{src}/{n}-{size}", f"{n},{size}")
+        last = wait_for(f"{n} values of {size} bytes", lambda: get_or_none(client, f"{dst}/{n}-{size}/{n - 1}"))
+        assert len(last.value) == size and bytes(last.value[:1]) == bytes([n - 1])
+    assert status(client, gid)["failures"] == 0

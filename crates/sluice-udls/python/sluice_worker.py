@@ -118,14 +118,21 @@ class Region:
         tail end when it does not fit), waiting for the node to free."""
         if n > self.out_len:
             raise ValueError(
-                f"an emitted value of {n} bytes exceeds the worker's output arena ({self.out_len} bytes)"
+                f"an emitted value of {n} bytes (with its key) exceeds the worker's output arena"
+                f" ({self.out_len} bytes: arena_mb)"
             )
-        start = self.out_head
+        head = self.out_head
+        start = head
         pos = start % self.out_len
         if pos + n > self.out_len:
             start += self.out_len - pos  # wrap: the gap is freed with this allocation
         end = start + n
-        while end - self.u64(H_OUT_FREE) > self.out_len:
+        # Room once the bytes not yet freed end far enough back, or once
+        # none are left (the skipped gap then holds nothing either).
+        while True:
+            free = self.u64(H_OUT_FREE)
+            if end - free <= self.out_len or free == head:
+                break
             time.sleep(0)
         self.out_head = end
         return self.out_off + start % self.out_len
@@ -233,8 +240,27 @@ class Worker:
 
     def put_out(self, data):
         """Copies `data` (bytes-like; a strided view in C order, as
-        `tobytes()` gives it) into the output arena; its (offset, len)
-        and the size to free."""
+        `tobytes()` gives it) into the output arena; its (offset, len)."""
+        return self.put_out_all(data)[0]
+
+    def put_out_all(self, *parts):
+        """Copies `parts` into one block of the output arena (an emit's key
+        and value, a store call's arguments and value), their (offset, len)
+        each. One block: the node frees a message's bytes only once it has
+        the message, so a value allocated apart from its key could wait for
+        room that only the key's own release would make."""
+        views = [self.out_view(d) for d in parts]
+        off = self.r.out_alloc(sum(mv.nbytes for mv in views))
+        ranges = []
+        for mv in views:
+            n = mv.nbytes
+            self.r.mv[off : off + n] = mv
+            ranges.append((off, n))
+            off += n
+        return ranges
+
+    def out_view(self, data):
+        """`data` as a flat view of bytes, refused when it is not data."""
         try:
             mv = memoryview(data)
         except TypeError:
@@ -252,10 +278,7 @@ class Worker:
             mv = memoryview(mv.tobytes())
         elif not isinstance(data, (bytes, bytearray)):
             mv = mv.cast("B")
-        n = mv.nbytes
-        off = self.r.out_alloc(n)
-        self.r.mv[off : off + n] = mv
-        return off, n
+        return mv
 
     # -- what a lambda can do ---------------------------------------------------
     def emit(self, key_suffix, value):
@@ -268,14 +291,12 @@ class Worker:
             return
         if isinstance(value, str):
             value = value.encode()
-        k = self.put_out(key_suffix)
-        v = self.put_out(value)
+        k, v = self.put_out_all(key_suffix, value)
         self.respond(P_EMIT, a=k, b=v)
 
     def store_call(self, op, args, value=None):
         self.in_this_call(f"context.{op}()")
-        a = self.put_out(json.dumps({"op": op, **args}).encode())
-        b = self.put_out(value if value is not None else b"")
+        a, b = self.put_out_all(json.dumps({"op": op, **args}).encode(), value if value is not None else b"")
         self.respond(P_CTX_CALL, a=a, b=b)
         # The node answers before anything else for this worker.
         while True:

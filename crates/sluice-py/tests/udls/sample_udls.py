@@ -309,3 +309,15 @@ class Prints:
         print("to stdout:", bytes(blob).decode())
         print("to stderr:", bytes(blob).decode(), file=sys.stderr)
         emit(key_suffix, b"printed")
+
+
+class EmitsMany:
+    """Its value is "N,SIZE": emits N values of SIZE bytes."""
+
+    def __init__(self, conf):
+        pass
+
+    def ocdpo_handler(self, key_suffix, blob, emit, **kw):
+        n, size = map(int, bytes(blob).split(b","))
+        for i in range(n):
+            emit(f"{key_suffix}/{i}", bytes([i % 256]) * size)
