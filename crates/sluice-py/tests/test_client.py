@@ -451,6 +451,21 @@ def test_a_pools_objects_stream_in_batches_in_parts_and_skip_keys_removed_since_
     }
 
 
+def test_client_options_of_the_wrong_kind_are_errors_naming_the_option(node):
+    # A text timeout said "argument 'timeout_s'" (the extension's name);
+    # connections=0 was taken as 1.
+    for kw, err, what in [
+        ({"timeout": "5"}, TypeError, "timeout must be a number of seconds, not str"),
+        ({"connect_timeout": None}, TypeError, "connect_timeout must be a number of seconds, not NoneType"),
+        ({"timeout": True}, TypeError, "timeout must be a number"),
+        ({"connections": 0}, ValueError, "connections=0"),
+        ({"connections": -1}, ValueError, "connections=-1 is negative"),
+    ]:
+        with pytest.raises(err, match=re.escape(what)):
+            sluice.Client(node.addr, **kw)
+    sluice.Client(node.addr, timeout=2, connect_timeout=0.5).close()
+
+
 def test_persistent_pools_keep_versions_for_time_reads_and_history(client):
     pool = f"/pers-{uuid.uuid4().hex[:8]}"
     client.create_object_pool(pool, "persistent")

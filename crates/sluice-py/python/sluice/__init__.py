@@ -344,6 +344,12 @@ class Client:
         value_part_bytes: Optional[int] = None,
         _driven: bool = False,
     ) -> None:
+        for n, v in (("timeout", timeout), ("connect_timeout", connect_timeout)):
+            if isinstance(v, bool) or not isinstance(v, (int, float)):
+                # The extension named its own argument ('timeout_s').
+                raise TypeError(f"{n} must be a number of seconds, not {type(v).__name__}")
+        if connections == 0:
+            raise ValueError("connections=0: a client needs at least 1")
         self._addr = addr or default_address()
         self._c = _sluice.Client(
             self._addr,
