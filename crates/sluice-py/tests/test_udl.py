@@ -419,6 +419,19 @@ def test_a_call_past_its_timeout_is_stopped_and_the_next_call_runs(client, verte
     assert get_or_none(client, f"{dst}/stuck") is None
 
 
+def test_a_call_that_emits_without_end_is_stopped_at_its_timeout(client, vertex):
+    # The limit was looked at only after 100 ms without an answer: a lambda
+    # emitting all the time was never stopped.
+    src, dst, gid = vertex
+    client.dfg_apply(graph(gid, src, "EmitsForever", dst, call_timeout_s=1))
+    t0 = time.monotonic()
+    client.trigger_put(f"{src}/loop", b"x")
+    st = wait_for("the endless call to fail", lambda: (s := status(client, gid))["failures"] >= 1 and s)
+    assert time.monotonic() - t0 < 15
+    assert "call_timeout_s" in st["last_error"], st
+    client.dfg_remove(gid)
+
+
 def _lambda_dirs(node):
     return sorted(p.name for p in Path("/dev/shm").glob(f"sluice-py-{node.proc.pid}-*"))
 

@@ -678,6 +678,19 @@ impl Proc {
         };
         let mut spin_until = t0 + spin;
         loop {
+            // Checked on every turn, not only after a quiet 100 ms: a
+            // lambda that emits without end answers all the time.
+            if since.elapsed() > limit {
+                let setting = match key {
+                    Some(_) => "call_timeout_s",
+                    None => "start_timeout_s",
+                };
+                return Err(format!(
+                    "python worker (pid {}) still {} after {limit:?} (the vertex's {setting}); stopped",
+                    self.child.id(),
+                    doing()
+                ));
+            }
             let tail = self.index(H_RESP_TAIL).load(Ordering::Acquire);
             if published(self.index(H_RESP_HEAD).load(Ordering::Acquire), tail)? {
                 let at = self.layout.resp + (tail as usize % SLOTS) * DESC;
@@ -699,17 +712,6 @@ impl Proc {
                         "python worker (pid {}) {} while {}",
                         self.child.id(),
                         exit_text(status),
-                        doing()
-                    ));
-                }
-                if since.elapsed() > limit {
-                    let setting = match key {
-                        Some(_) => "call_timeout_s",
-                        None => "start_timeout_s",
-                    };
-                    return Err(format!(
-                        "python worker (pid {}) still {} after {limit:?} (the vertex's {setting}); stopped",
-                        self.child.id(),
                         doing()
                     ));
                 }
@@ -1241,7 +1243,7 @@ impl Udl for PythonUdl {
         if let Err(e) = &r {
             // A dead worker is replaced for the next upcall.
             if !matches!(p.child.try_wait(), Ok(None)) {
-                tracing::warn!(key = call.key, error = %e, "python worker died; starting another");
+                tracing::warn!(key = call.key, error = %e, "python worker ended (died, or stopped: broken or past its call_timeout_s); starting another");
                 *g = None;
             }
         }

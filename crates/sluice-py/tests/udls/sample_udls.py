@@ -321,3 +321,14 @@ class EmitsMany:
         n, size = map(int, bytes(blob).split(b","))
         for i in range(n):
             emit(f"{key_suffix}/{i}", bytes([i % 256]) * size)
+
+
+class EmitsForever:
+    """Emits without end (a loop that never returns, but keeps answering)."""
+
+    def __init__(self, conf):
+        pass
+
+    def ocdpo_handler(self, key_suffix, blob, emit, **kw):
+        while True:
+            emit(key_suffix, b"again")
