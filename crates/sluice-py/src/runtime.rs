@@ -592,7 +592,7 @@ impl Exec {
 }
 
 /// How often a blocking call looks for Python's signals (Ctrl-C).
-const SIGNAL_CHECK: Duration = Duration::from_millis(100);
+pub(crate) const SIGNAL_CHECK: Duration = Duration::from_millis(100);
 
 /// Runs `work` to its end with the GIL released, on `exec`'s runtime
 /// (else the shared one), waking every `SIGNAL_CHECK` to run Python's

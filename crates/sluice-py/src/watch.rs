@@ -198,8 +198,8 @@ impl Watch {
             let slice = match deadline {
                 Some(d) => d
                     .saturating_duration_since(Instant::now())
-                    .min(Duration::from_millis(100)),
-                None => Duration::from_millis(100),
+                    .min(crate::runtime::SIGNAL_CHECK),
+                None => crate::runtime::SIGNAL_CHECK,
             };
             let inner = self.inner.clone();
             let mut closing = self.closing.subscribe();
