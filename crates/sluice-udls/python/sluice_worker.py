@@ -31,7 +31,7 @@ import time
 import traceback
 
 MAGIC = b"SLUICEPW"
-VERSION = 1
+VERSION = 2
 DESC = 128  # bytes per ring descriptor
 
 # Header offsets (see python.rs).
@@ -50,8 +50,10 @@ F_LANDED = 2
 
 # kind, flags, call_id, version, timestamp_us, worker_id, status,
 # a_off, a_len, b_off, b_len, c_off, c_len  (a/b/c: key, pool, value or
-# what the kind says), previous_version, previous_version_by_key, sender
-DESC_FMT = struct.Struct("<IIQQQIiQQQQQQQQI")
+# what the kind says), previous_version, previous_version_by_key, sender,
+# sent_ns (when the writer published it: time.monotonic_ns, the node's
+# CLOCK_MONOTONIC)
+DESC_FMT = struct.Struct("<IIQQQIiQQQQQQQQIQ")
 
 try:
     import numpy as np
@@ -59,6 +61,7 @@ except ImportError:  # the memoryview will do
     np = None
 
 SPIN_S = float(os.environ.get("SLUICE_WORKER_SPIN_US", "300")) / 1e6
+SPIN_NS = int(SPIN_S * 1e9)
 # After a wake that found no request (a large value still arriving at the
 # node, which woke this worker early): how long to poll for it, yielding
 # the CPU to whatever receives the value.
@@ -171,7 +174,7 @@ class Worker:
         self.udl = udl
         self.call_id = 0
         self.input = None  # the current upcall's value (memoryview)
-        self.gap_ewma = 0.0  # recent wait for a request, seconds
+        self.spin_hits = 1.0  # how often requests came within the spin budget lately
         self.parent = os.getppid()
         self.input_range = (0, 0)
         # The thread that runs the lambda, and whether a call is running:
@@ -194,13 +197,28 @@ class Worker:
         )
 
     # -- rings ---------------------------------------------------------------
+    def spin_budget(self):
+        """How long to spin for the next request (as the node does for
+        answers, `Proc::spin_budget`): the budget while at least half of the
+        recent requests came within it, else nothing. A request's wait
+        counts up to the node's stamp on it, not up to when this worker
+        saw it: blocked, it sees one only when its eventfd wakes it, and a
+        slow wake-up must not pass for requests far apart (that kept
+        workers blocking for good on a loaded machine)."""
+        return SPIN_S if self.spin_hits >= 0.5 else 0.0
+
+    def count_wait(self, t0_ns, sent_ns):
+        hit = sent_ns - t0_ns <= SPIN_NS
+        self.spin_hits = 0.8 * self.spin_hits + (0.2 if hit else 0.0)
+
     def next_request(self):
         r = self.r
         tail = r.u64(H_REQ_TAIL)
         t0 = time.perf_counter()
+        t0_ns = time.monotonic_ns()
         # Spin only while requests have been arriving within the budget
         # (when they are further apart, spinning only burns a core).
-        spin = SPIN_S if self.gap_ewma < SPIN_S else 0.0
+        spin = self.spin_budget()
         spin_until = t0 + spin
         yielding = False
         while r.u64(H_REQ_HEAD) == tail:
@@ -219,10 +237,10 @@ class Worker:
                 elif os.getppid() != self.parent:
                     sys.exit(0)
                 spin_until = time.perf_counter() + spin
-        self.gap_ewma = 0.8 * self.gap_ewma + 0.2 * (time.perf_counter() - t0)
         off = r.req_off + (tail % r.req_slots) * DESC
         d = DESC_FMT.unpack_from(r.m, off)
         r.set_u64(H_REQ_TAIL, tail + 1)
+        self.count_wait(t0_ns, d[16])
         return d
 
     def respond(self, kind, flags=0, status=0, a=(0, 0), b=(0, 0), c=(0, 0)):
@@ -233,7 +251,8 @@ class Worker:
         off = r.resp_off + (head % r.resp_slots) * DESC
         # `out_head` lets the node free what it has read of the arena.
         DESC_FMT.pack_into(
-            r.m, off, kind, flags, self.call_id, r.out_head, 0, 0, status, a[0], a[1], b[0], b[1], c[0], c[1], 0, 0, 0
+            r.m, off, kind, flags, self.call_id, r.out_head, 0, 0, status, a[0], a[1], b[0], b[1], c[0], c[1], 0, 0, 0,
+            time.monotonic_ns(),
         )
         r.set_u64(H_RESP_HEAD, head + 1)
         os.eventfd_write(self.to_node, 1)
@@ -323,7 +342,7 @@ class Worker:
                 return
             if kind != R_UPCALL:
                 continue
-            (_, flags, call_id, version, ts, worker_id, _, k_off, k_len, p_off, p_len, v_off, v_len, prev, prev_key, sender) = d
+            (_, flags, call_id, version, ts, worker_id, _, k_off, k_len, p_off, p_len, v_off, v_len, prev, prev_key, sender, _) = d
             self.call_id = call_id
             key = bytes(r.mv[k_off : k_off + k_len]).decode()
             pool, _, vertex = bytes(r.mv[p_off : p_off + p_len]).decode().partition("\0")

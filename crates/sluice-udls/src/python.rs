@@ -30,7 +30,10 @@
 //! value itself is a reference to the object the node already holds (no
 //! copy). After writing a descriptor each side bumps its ring's head and
 //! writes its eventfd (the syscall orders the writes for the other side);
-//! the worker spins briefly on its ring before blocking on the eventfd.
+//! each side spins on its ring for up to `spin_us` before blocking on its
+//! eventfd, while at least half of the recent messages came within that
+//! budget (each descriptor carries when it was sent, so a late wake-up is
+//! not taken for a late message).
 //!
 //! One upcall at a time per worker: the engine thread that runs it holds
 //! the worker, answers its store calls, and waits for it to finish,
@@ -57,7 +60,7 @@ use std::time::{Duration, Instant};
 const WORKER_PY: &str = include_str!("../python/sluice_worker.py");
 
 const MAGIC: &[u8; 8] = b"SLUICEPW";
-const VERSION: u32 = 1;
+const VERSION: u32 = 2;
 const HEADER: usize = 4096;
 const DESC: usize = 128;
 const SLOTS: usize = 64;
@@ -111,6 +114,8 @@ struct Desc {
     previous_version: u64,
     previous_version_by_key: u64,
     sender: u32,
+    /// When the writer published it (CLOCK_MONOTONIC, ns).
+    sent_ns: u64,
 }
 
 impl Desc {
@@ -130,6 +135,7 @@ impl Desc {
         let _ = w.write_all(&self.previous_version.to_le_bytes());
         let _ = w.write_all(&self.previous_version_by_key.to_le_bytes());
         let _ = w.write_all(&self.sender.to_le_bytes());
+        let _ = w.write_all(&self.sent_ns.to_le_bytes());
     }
 
     fn read(buf: &[u8]) -> Desc {
@@ -149,6 +155,7 @@ impl Desc {
             previous_version: u64_at(88),
             previous_version_by_key: u64_at(96),
             sender: u32_at(104),
+            sent_ns: u64_at(108),
         }
     }
 }
@@ -316,6 +323,18 @@ fn eventfd() -> std::io::Result<OwnedFd> {
     }
     // SAFETY: a fresh descriptor this function owns.
     Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// CLOCK_MONOTONIC in nanoseconds: the clock Python's `time.monotonic_ns`
+/// reads, so that both sides' stamps compare.
+fn monotonic_ns() -> u64 {
+    let mut t = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: one valid timespec to fill.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut t) };
+    t.tv_sec as u64 * 1_000_000_000 + t.tv_nsec as u64
 }
 
 fn signal(fd: &OwnedFd) {
@@ -520,9 +539,9 @@ struct Proc {
     call_id: u64,
     spin: Duration,
     stream_copy: bool,
-    /// Recent wait for a response (µs, moving average): spinning pays
-    /// only when answers come sooner than the spin budget.
-    wait_ewma_us: f64,
+    /// How often answers came within the spin budget lately (a moving
+    /// average of 1s and 0s): see `spin_budget`.
+    spin_hits: f64,
 }
 
 /// How a worker ended, for messages.
@@ -642,7 +661,7 @@ impl Proc {
             call_id: 0,
             spin: spec.spin,
             stream_copy: spec.stream_copy,
-            wait_ewma_us: 0.0,
+            spin_hits: 1.0,
         };
         // The worker says it is ready (its class loaded) with a DONE.
         match p.next_response(Instant::now(), spec.start_limit, None) {
@@ -669,13 +688,8 @@ impl Proc {
             None => "starting".to_string(),
         };
         let t0 = Instant::now();
-        // Spin only while answers have been coming within the budget (a
-        // lambda that computes for milliseconds would make it pure waste).
-        let spin = if self.wait_ewma_us < self.spin.as_micros() as f64 {
-            self.spin
-        } else {
-            Duration::ZERO
-        };
+        let t0_ns = monotonic_ns();
+        let spin = self.spin_budget();
         let mut spin_until = t0 + spin;
         loop {
             // Checked on every turn, not only after a quiet 100 ms: a
@@ -696,8 +710,7 @@ impl Proc {
                 let at = self.layout.resp + (tail as usize % SLOTS) * DESC;
                 let d = Desc::read(&self.map[at..at + DESC]);
                 self.index(H_RESP_TAIL).store(tail + 1, Ordering::Release);
-                let waited = t0.elapsed().as_micros() as f64;
-                self.wait_ewma_us = 0.8 * self.wait_ewma_us + 0.2 * waited;
+                self.count_wait(t0_ns, d.sent_ns);
                 return Ok(d);
             }
             if Instant::now() < spin_until {
@@ -719,7 +732,30 @@ impl Proc {
         }
     }
 
-    fn push(&mut self, d: Desc) {
+    /// How long to spin for the worker's next answer: the budget while
+    /// at least half of the recent answers came within it (else spinning
+    /// is mostly waste: a lambda computing for milliseconds), nothing
+    /// otherwise. An answer's wait counts from when the worker stamped it
+    /// (`sent_ns`), not from when this side saw it: blocked, it sees an
+    /// answer only once its eventfd wakes it, and a slow wake-up must not
+    /// pass for a slow worker (that kept a node blocking for good on a
+    /// loaded machine). A share, not a mean wait: one long call does not
+    /// stop the spinning for the quick ones after it.
+    fn spin_budget(&self) -> Duration {
+        if self.spin_hits >= 0.5 {
+            self.spin
+        } else {
+            Duration::ZERO
+        }
+    }
+
+    /// Counts an answer stamped `sent_ns` that was waited for from `t0_ns`.
+    fn count_wait(&mut self, t0_ns: u64, sent_ns: u64) {
+        let hit = sent_ns.saturating_sub(t0_ns) <= self.spin.as_nanos() as u64;
+        self.spin_hits = 0.8 * self.spin_hits + if hit { 0.2 } else { 0.0 };
+    }
+
+    fn push(&mut self, mut d: Desc) {
         let head = self.index(H_REQ_HEAD).load(Ordering::Acquire);
         // One upcall and its replies at a time: the ring does not fill,
         // but a stuck worker must not be overrun.
@@ -730,6 +766,7 @@ impl Proc {
             std::thread::yield_now();
         }
         let at = self.layout.req + (head as usize % SLOTS) * DESC;
+        d.sent_ns = monotonic_ns();
         d.write(&mut self.map[at..at + DESC]);
         self.index(H_REQ_HEAD).store(head + 1, Ordering::Release);
         signal(&self.to_worker);
@@ -1308,7 +1345,7 @@ mod tests {
             call_id: 1,
             spin: Duration::ZERO,
             stream_copy: false,
-            wait_ewma_us: 0.0,
+            spin_hits: 1.0,
         };
         // Five answers taken; the worker is writing its head for the
         // sixth (zeroed so far) and the slot holds an answer not yet
@@ -1344,6 +1381,84 @@ mod tests {
             .unwrap();
         assert_eq!((d.kind, d.call_id), (P_DONE, 1));
         assert_eq!(p.index(H_RESP_TAIL).load(Ordering::Acquire), 6);
+        let _ = p.child.kill();
+        let _ = p.child.wait();
+    }
+
+    /// A node that stopped spinning (its worker's answers came late)
+    /// spins again once they come soon again, however late it sees them:
+    /// blocked, it learns of an answer only when its eventfd wakes it,
+    /// and on a loaded machine that wake-up alone can take longer than
+    /// the spin budget. Measured up to when it saw the answer, that wait
+    /// kept the node blocking for good (each wait a slow wake-up longer
+    /// than the budget): `sluice bench python-udl` fell into a slow mode
+    /// for whole runs.
+    #[test]
+    fn answers_sent_soon_bring_spinning_back_however_late_they_are_seen() {
+        let layout = Layout::new(4096);
+        let dir = tempfile::tempdir().unwrap();
+        let budget = Duration::from_micros(300);
+        let mut p = Proc {
+            child: Command::new("sleep").arg("30").spawn().unwrap(),
+            map: memmap2::MmapMut::map_anon(layout.size).unwrap(),
+            layout,
+            to_worker: eventfd().unwrap(),
+            to_node: eventfd().unwrap(),
+            path: dir.path().join("worker-0.shm"),
+            call_id: 1,
+            spin: budget,
+            stream_copy: false,
+            spin_hits: 1.0,
+        };
+        let head = p.index(H_RESP_HEAD) as *const AtomicU64 as usize;
+        let fd = p.to_node.as_raw_fd();
+        // Answer `i`, stamped `sent` (now when None), published and
+        // signalled after `delay`.
+        let answer = |p: &mut Proc, i: u64, sent: Option<u64>, delay: Duration| {
+            let at = p.layout.resp + (i as usize % SLOTS) * DESC;
+            std::thread::scope(|s| {
+                s.spawn(|| {
+                    std::thread::sleep(delay);
+                    let d = Desc {
+                        kind: P_DONE,
+                        call_id: 1,
+                        sent_ns: sent.unwrap_or_else(monotonic_ns),
+                        ..Desc::default()
+                    };
+                    // SAFETY: the slot and head are the mapping's, which
+                    // outlives this scope; the node reads the slot only
+                    // once the head says it is written.
+                    let map = unsafe {
+                        std::slice::from_raw_parts_mut((head - H_RESP_HEAD + at) as *mut u8, DESC)
+                    };
+                    d.write(map);
+                    // SAFETY: the mapping's 8-aligned head, only ever
+                    // accessed as an atomic u64.
+                    unsafe { &*(head as *const AtomicU64) }.store(i + 1, Ordering::Release);
+                    let one: u64 = 1;
+                    // SAFETY: 8 bytes to the eventfd the node waits on.
+                    unsafe { libc::write(fd, (&one as *const u64).cast(), 8) };
+                });
+                let d = p
+                    .next_response(Instant::now(), Duration::from_secs(10), None)
+                    .unwrap();
+                assert_eq!(d.kind, P_DONE);
+            });
+        };
+        let mut i = 0;
+        // Answers that take 5 ms: spinning for them is waste.
+        while i < 6 {
+            answer(&mut p, i, None, Duration::from_millis(5));
+            i += 1;
+        }
+        assert_eq!(p.spin_budget(), Duration::ZERO, "answers beyond the budget");
+        // Answers sent at once, seen 2 ms later (a slow wake-up).
+        for _ in 0..4 {
+            let sent = monotonic_ns();
+            answer(&mut p, i, Some(sent), Duration::from_millis(2));
+            i += 1;
+        }
+        assert_eq!(p.spin_budget(), budget, "answers sent within the budget");
         let _ = p.child.kill();
         let _ = p.child.wait();
     }
