@@ -77,11 +77,13 @@ def test_requests_sent_soon_bring_spinning_back_however_late_they_are_seen(worke
     blocking for good: `sluice bench python-udl` fell into a slow mode
     (two eventfd wake-ups a call) for whole runs."""
     i = 0
-    for _ in range(6):  # requests 5 ms apart: spinning for them is waste
+    for _ in range(3):  # requests 5 ms apart: spinning for them is waste
         request(worker, i, 0.005)
         i += 1
     assert worker.spin_budget() == 0
-    for _ in range(4):  # sent at once, seen 2 ms later (a slow wake-up)
+    # Sent at once, seen 2 ms later (a slow wake-up): the worker spins
+    # again within a few (the average decays).
+    while worker.spin_budget() == 0 and i < 40:
         request(worker, i, 0.002, sent_ns=time.monotonic_ns())
         i += 1
     assert worker.spin_budget() == sw.SPIN_S > 0

@@ -61,7 +61,6 @@ except ImportError:  # the memoryview will do
     np = None
 
 SPIN_S = float(os.environ.get("SLUICE_WORKER_SPIN_US", "300")) / 1e6
-SPIN_NS = int(SPIN_S * 1e9)
 # After a wake that found no request (a large value still arriving at the
 # node, which woke this worker early): how long to poll for it, yielding
 # the CPU to whatever receives the value.
@@ -174,7 +173,7 @@ class Worker:
         self.udl = udl
         self.call_id = 0
         self.input = None  # the current upcall's value (memoryview)
-        self.spin_hits = 1.0  # how often requests came within the spin budget lately
+        self.gap_ewma = 0.0  # recent wait for a request by the node's stamps, seconds
         self.parent = os.getppid()
         self.input_range = (0, 0)
         # The thread that runs the lambda, and whether a call is running:
@@ -199,17 +198,16 @@ class Worker:
     # -- rings ---------------------------------------------------------------
     def spin_budget(self):
         """How long to spin for the next request (as the node does for
-        answers, `Proc::spin_budget`): the budget while at least half of the
-        recent requests came within it, else nothing. A request's wait
-        counts up to the node's stamp on it, not up to when this worker
-        saw it: blocked, it sees one only when its eventfd wakes it, and a
-        slow wake-up must not pass for requests far apart (that kept
-        workers blocking for good on a loaded machine)."""
-        return SPIN_S if self.spin_hits >= 0.5 else 0.0
+        answers, `Proc::spin_budget`): the budget while the recent requests
+        came within it on average, else nothing. A
+        request's wait counts up to the node's stamp on it, not up to when
+        this worker saw it: blocked, it sees one only when its eventfd
+        wakes it, and a slow wake-up must not pass for requests far apart
+        (that kept workers blocking for good on a loaded machine)."""
+        return SPIN_S if self.gap_ewma < SPIN_S else 0.0
 
     def count_wait(self, t0_ns, sent_ns):
-        hit = sent_ns - t0_ns <= SPIN_NS
-        self.spin_hits = 0.8 * self.spin_hits + (0.2 if hit else 0.0)
+        self.gap_ewma = 0.8 * self.gap_ewma + 0.2 * max(0, sent_ns - t0_ns) / 1e9
 
     def next_request(self):
         r = self.r

@@ -31,9 +31,9 @@
 //! copy). After writing a descriptor each side bumps its ring's head and
 //! writes its eventfd (the syscall orders the writes for the other side);
 //! each side spins on its ring for up to `spin_us` before blocking on its
-//! eventfd, while at least half of the recent messages came within that
-//! budget (each descriptor carries when it was sent, so a late wake-up is
-//! not taken for a late message).
+//! eventfd, while the recent messages came within that budget on average
+//! (each descriptor carries when it was sent, so a late wake-up is not
+//! taken for a late message).
 //!
 //! One upcall at a time per worker: the engine thread that runs it holds
 //! the worker, answers its store calls, and waits for it to finish,
@@ -539,9 +539,9 @@ struct Proc {
     call_id: u64,
     spin: Duration,
     stream_copy: bool,
-    /// How often answers came within the spin budget lately (a moving
-    /// average of 1s and 0s): see `spin_budget`.
-    spin_hits: f64,
+    /// Recent wait for an answer, by the worker's stamps (µs, moving
+    /// average): see `spin_budget`.
+    wait_ewma_us: f64,
 }
 
 /// How a worker ended, for messages.
@@ -661,7 +661,7 @@ impl Proc {
             call_id: 0,
             spin: spec.spin,
             stream_copy: spec.stream_copy,
-            spin_hits: 1.0,
+            wait_ewma_us: 0.0,
         };
         // The worker says it is ready (its class loaded) with a DONE.
         match p.next_response(Instant::now(), spec.start_limit, None) {
@@ -733,16 +733,18 @@ impl Proc {
     }
 
     /// How long to spin for the worker's next answer: the budget while
-    /// at least half of the recent answers came within it (else spinning
-    /// is mostly waste: a lambda computing for milliseconds), nothing
-    /// otherwise. An answer's wait counts from when the worker stamped it
-    /// (`sent_ns`), not from when this side saw it: blocked, it sees an
-    /// answer only once its eventfd wakes it, and a slow wake-up must not
-    /// pass for a slow worker (that kept a node blocking for good on a
-    /// loaded machine). A share, not a mean wait: one long call does not
-    /// stop the spinning for the quick ones after it.
+    /// the recent waits average less (else spinning is mostly waste: a
+    /// lambda computing for milliseconds), nothing otherwise. An answer's
+    /// wait counts up to when the worker stamped it (`sent_ns`), not to
+    /// when this side saw it: blocked, it sees an answer only once its
+    /// eventfd wakes it, and a slow wake-up must not pass for a slow
+    /// worker (that kept a node blocking for good on a loaded machine).
+    /// A mean, not a share of quick answers: a call's first answer after
+    /// a long computation and its quick last one alternate, and a share
+    /// near one half had the node spin for the slow ones and block for
+    /// the quick ones (BENCHMARKS.md, "A spin rule by the sender's stamp").
     fn spin_budget(&self) -> Duration {
-        if self.spin_hits >= 0.5 {
+        if self.wait_ewma_us < self.spin.as_micros() as f64 {
             self.spin
         } else {
             Duration::ZERO
@@ -751,8 +753,8 @@ impl Proc {
 
     /// Counts an answer stamped `sent_ns` that was waited for from `t0_ns`.
     fn count_wait(&mut self, t0_ns: u64, sent_ns: u64) {
-        let hit = sent_ns.saturating_sub(t0_ns) <= self.spin.as_nanos() as u64;
-        self.spin_hits = 0.8 * self.spin_hits + if hit { 0.2 } else { 0.0 };
+        let waited = sent_ns.saturating_sub(t0_ns) as f64 / 1000.0;
+        self.wait_ewma_us = 0.8 * self.wait_ewma_us + 0.2 * waited;
     }
 
     fn push(&mut self, mut d: Desc) {
@@ -1345,7 +1347,7 @@ mod tests {
             call_id: 1,
             spin: Duration::ZERO,
             stream_copy: false,
-            spin_hits: 1.0,
+            wait_ewma_us: 0.0,
         };
         // Five answers taken; the worker is writing its head for the
         // sixth (zeroed so far) and the slot holds an answer not yet
@@ -1408,7 +1410,7 @@ mod tests {
             call_id: 1,
             spin: budget,
             stream_copy: false,
-            spin_hits: 1.0,
+            wait_ewma_us: 0.0,
         };
         let head = p.index(H_RESP_HEAD) as *const AtomicU64 as usize;
         let fd = p.to_node.as_raw_fd();
@@ -1447,13 +1449,14 @@ mod tests {
         };
         let mut i = 0;
         // Answers that take 5 ms: spinning for them is waste.
-        while i < 6 {
+        while i < 3 {
             answer(&mut p, i, None, Duration::from_millis(5));
             i += 1;
         }
         assert_eq!(p.spin_budget(), Duration::ZERO, "answers beyond the budget");
-        // Answers sent at once, seen 2 ms later (a slow wake-up).
-        for _ in 0..4 {
+        // Answers sent at once, seen 2 ms later (a slow wake-up): the
+        // node spins again within a few (the average decays).
+        while p.spin_budget() == Duration::ZERO && i < 40 {
             let sent = monotonic_ns();
             answer(&mut p, i, Some(sent), Duration::from_millis(2));
             i += 1;
