@@ -82,7 +82,10 @@ pub enum ClientCmd {
         #[arg(long)]
         unstable: bool,
     },
-    /// Get several keys at once.
+    /// Get several keys at once. Each key is answered on its own line; a
+    /// key that does not exist says `not found` there, and any other error
+    /// (no pool covers the key, a permission) makes the exit code 1 once
+    /// every line is printed.
     Mget {
         /// The keys, any pools (each answered on its own line).
         #[arg(required = true)]
@@ -280,10 +283,14 @@ pub enum PoolsCmd {
     Create {
         /// The pool's path: keys under it belong to the pool (`/cams`).
         path: String,
+        /// The type, as --type (after the path, as Cascade's
+        /// `create_object_pool PATH TYPE` takes it).
+        #[arg(value_name = "TYPE", value_parser = POOL_TYPES, conflicts_with = "pool_type")]
+        type_after_path: Option<String>,
         /// volatile (latest version, in memory), persistent (every version,
         /// on disk) or trigger (stores nothing: lambdas and watchers only).
-        #[arg(long = "type", value_parser = ["volatile", "persistent", "trigger"])]
-        pool_type: String,
+        #[arg(long = "type", value_parser = POOL_TYPES, required_unless_present = "type_after_path")]
+        pool_type: Option<String>,
         /// Affinity set regex: keys whose matches are equal share a shard.
         #[arg(long)]
         affinity: Option<String>,
@@ -827,9 +834,8 @@ pub fn execute(
         cmd @ (ClientCmd::Get { .. } | ClientCmd::GetByTime { .. } | ClientCmd::Size { .. }) => {
             reads(c, cmd)?
         }
-        cmd @ (ClientCmd::Mget { .. } | ClientCmd::Ls { .. } | ClientCmd::History { .. }) => {
-            lists(c, cmd)?
-        }
+        ClientCmd::Mget { keys } => return mget(c, &keys, out),
+        cmd @ (ClientCmd::Ls { .. } | ClientCmd::History { .. }) => lists(c, cmd)?,
         ClientCmd::Stats => {
             let stats = c.stats()?;
             let text = stats_text(&stats);
@@ -1005,30 +1011,55 @@ fn reads(c: &BlockingClient, cmd: ClientCmd) -> Result<Shown> {
     })
 }
 
-/// Reads of many keys: several keys, the keys of a pool, a key's history.
+/// The pool types `pools create` takes.
+const POOL_TYPES: [&str; 3] = ["volatile", "persistent", "trigger"];
+
+/// `mget`: a line per key; then an error naming the keys that failed
+/// other than as absent (a script must not take an error line for a
+/// value).
+fn mget(c: &BlockingClient, keys: &[String], out: &mut Out) -> Result<()> {
+    let refs: Vec<&str> = keys.iter().map(String::as_str).collect();
+    let res = c.multi_get(&refs)?;
+    let items: Vec<_> = keys
+        .iter()
+        .zip(&res)
+        .map(|(k, r)| match r {
+            Ok(o) => object_json(o, true),
+            Err(e) => json!({"key": k, "error": e.to_string()}),
+        })
+        .collect();
+    let text = keys.iter().zip(&res).map(|(k, r)| match r {
+        Ok(o) => format!(
+            "{k}\tversion {}\t{}",
+            o.meta.version,
+            String::from_utf8_lossy(&shown(&o.value))
+        ),
+        Err(e) => format!("{k}\terror: {e}"),
+    });
+    out.show(Shown::new(serde_json::Value::Array(items), lines(text)))?;
+    let failed: Vec<&str> = keys
+        .iter()
+        .zip(&res)
+        .filter(|(_, r)| {
+            r.as_ref()
+                .is_err_and(|e| !matches!(e, sluice_client::SluiceError::NotFound { .. }))
+        })
+        .map(|(k, _)| k.as_str())
+        .collect();
+    if !failed.is_empty() {
+        bail!(
+            "{} of {} keys could not be read ({})",
+            failed.len(),
+            keys.len(),
+            failed.join(", ")
+        );
+    }
+    Ok(())
+}
+
+/// Reads of many keys: the keys of a pool, a key's history.
 fn lists(c: &BlockingClient, cmd: ClientCmd) -> Result<Shown> {
     Ok(match cmd {
-        ClientCmd::Mget { keys } => {
-            let refs: Vec<&str> = keys.iter().map(String::as_str).collect();
-            let res = c.multi_get(&refs)?;
-            let items: Vec<_> = keys
-                .iter()
-                .zip(&res)
-                .map(|(k, r)| match r {
-                    Ok(o) => object_json(o, true),
-                    Err(e) => json!({"key": k, "error": e.to_string()}),
-                })
-                .collect();
-            let text = keys.iter().zip(&res).map(|(k, r)| match r {
-                Ok(o) => format!(
-                    "{k}\tversion {}\t{}",
-                    o.meta.version,
-                    String::from_utf8_lossy(&shown(&o.value))
-                ),
-                Err(e) => format!("{k}\terror: {e}"),
-            });
-            Shown::new(serde_json::Value::Array(items), lines(text))
-        }
         ClientCmd::Ls {
             pool,
             prefix,
@@ -1482,6 +1513,7 @@ fn pools(c: &BlockingClient, cmd: PoolsCmd) -> Result<Shown> {
             keep_for_s,
             keep_bytes,
             path,
+            type_after_path,
             pool_type,
             affinity,
             subgroup,
@@ -1497,7 +1529,9 @@ fn pools(c: &BlockingClient, cmd: PoolsCmd) -> Result<Shown> {
                     .with_context(|| format!("--pin {pin:?}: shard {s:?} is not a number"))?;
                 locations.insert(k.to_string(), shard);
             }
-            let pool_type = PoolType::parse_for(&path, &pool_type)?;
+            // One of the two is there (clap requires it, and refuses both).
+            let given = type_after_path.or(pool_type).unwrap_or_default();
+            let pool_type = PoolType::parse_for(&path, &given)?;
             let p = c.create_pool(PoolSpec {
                 pathname: path,
                 pool_type: Some(pool_type),

@@ -110,6 +110,25 @@ fn conditional_put_remove_list_and_mget() {
             && m.contains("/vol/nope\terror: key \"/vol/nope\" not found"),
         "{m}"
     );
+    // A key no pool covers (a typo) is an error, not an absent key: every
+    // line is printed, and the exit code says that something failed (it
+    // was 0, so a script took the error line for a value).
+    let o = n.sluice(&["mget", "/vol/k2", "/vols/k2", "/vol/nope"]);
+    let (out, err) = (
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr),
+    );
+    assert!(!o.status.success(), "{out}");
+    assert!(
+        out.contains("/vol/k2\tversion")
+            && out.contains("/vols/k2\terror: no object pool covers key")
+            && out.contains("/vol/nope\terror: key \"/vol/nope\" not found"),
+        "{out}"
+    );
+    assert!(
+        err.contains("1 of 3 keys could not be read (/vols/k2)"),
+        "{err}"
+    );
     assert!(n.ok(&["rm", "/vol/k"]).contains("tombstone version 5"));
     let e = n.fails(&["get", "/vol/k"]);
     assert!(e.contains("not found"), "{e}");
@@ -175,6 +194,19 @@ fn pools_commands_and_errors() {
     assert!(e.contains("already exists"), "{e}");
     // Persistent pools are on by default.
     n.ok(&["pools", "create", "/p", "--type", "persistent"]);
+    // The type may come after the path, as Cascade's `create_object_pool
+    // PATH TYPE` takes it; once.
+    n.ok(&["pools", "create", "/p2", "trigger"]);
+    assert!(n.ok(&["pools", "show", "/p2"]).contains("trigger"));
+    let e = n.fails(&["pools", "create", "/p3", "volatile", "--type", "persistent"]);
+    assert!(e.contains("cannot be used with"), "{e}");
+    let e = n.fails(&["pools", "create", "/p3"]);
+    assert!(e.contains("--type"), "{e}");
+    let e = n.fails(&["pools", "create", "/p3", "persistant"]);
+    assert!(
+        e.contains("possible values: volatile, persistent, trigger"),
+        "{e}"
+    );
     n.ok(&["put", "/p/a", "one"]);
     n.ok(&["put", "/p/a", "two"]);
     assert_eq!(n.ok(&["get", "/p/a", "--version", "1"]).trim(), "one");
