@@ -1333,22 +1333,28 @@ mod tests {
     /// round the ring, and read the slot the worker was writing: a new
     /// answer's kind and call, its ranges still zero ("a range (0, 0)
     /// outside its arena" in `sluice bench python-udl`).
-    #[test]
-    fn a_head_behind_the_tail_publishes_nothing() {
+    /// A `Proc` over an anonymous mapping, its "worker" a `sleep` (the
+    /// test plays the worker's side of the rings).
+    fn test_proc(dir: &Path, spin: Duration) -> Proc {
         let layout = Layout::new(4096);
-        let dir = tempfile::tempdir().unwrap();
-        let mut p = Proc {
+        Proc {
             child: Command::new("sleep").arg("30").spawn().unwrap(),
             map: memmap2::MmapMut::map_anon(layout.size).unwrap(),
             layout,
             to_worker: eventfd().unwrap(),
             to_node: eventfd().unwrap(),
-            path: dir.path().join("worker-0.shm"),
+            path: dir.join("worker-0.shm"),
             call_id: 1,
-            spin: Duration::ZERO,
+            spin,
             stream_copy: false,
             wait_ewma_us: 0.0,
-        };
+        }
+    }
+
+    #[test]
+    fn a_head_behind_the_tail_publishes_nothing() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut p = test_proc(dir.path(), Duration::ZERO);
         // Five answers taken; the worker is writing its head for the
         // sixth (zeroed so far) and the slot holds an answer not yet
         // published.
@@ -1397,21 +1403,9 @@ mod tests {
     /// for whole runs.
     #[test]
     fn answers_sent_soon_bring_spinning_back_however_late_they_are_seen() {
-        let layout = Layout::new(4096);
         let dir = tempfile::tempdir().unwrap();
         let budget = Duration::from_micros(300);
-        let mut p = Proc {
-            child: Command::new("sleep").arg("30").spawn().unwrap(),
-            map: memmap2::MmapMut::map_anon(layout.size).unwrap(),
-            layout,
-            to_worker: eventfd().unwrap(),
-            to_node: eventfd().unwrap(),
-            path: dir.path().join("worker-0.shm"),
-            call_id: 1,
-            spin: budget,
-            stream_copy: false,
-            wait_ewma_us: 0.0,
-        };
+        let mut p = test_proc(dir.path(), budget);
         let head = p.index(H_RESP_HEAD) as *const AtomicU64 as usize;
         let fd = p.to_node.as_raw_fd();
         // Answer `i`, stamped `sent` (now when None), published and
