@@ -6,7 +6,7 @@ use crate::value::Object;
 use pyo3::prelude::*;
 use sluice_client::NotificationKind;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// One notification: what happened (`kind`: `put`, `trigger_put`,
 /// `remove`, `notify`, or `lagged`), and the object. A `lagged`
@@ -192,40 +192,14 @@ impl Watch {
                 notification,
             );
         }
-        // Blocking: wake every 100 ms for signals (Ctrl-C).
-        let deadline = wait.map(|w| Instant::now() + w);
-        loop {
-            let slice = match deadline {
-                Some(d) => d
-                    .saturating_duration_since(Instant::now())
-                    .min(crate::runtime::SIGNAL_CHECK),
-                None => crate::runtime::SIGNAL_CHECK,
-            };
-            let inner = self.inner.clone();
-            let mut closing = self.closing.subscribe();
-            let got = crate::runtime::detach(py, || {
-                self.exec.block_on(async move {
-                    let mut g = inner.lock().await;
-                    let Some(w) = g.as_mut() else {
-                        return Some(Ok(None));
-                    };
-                    if *closing.borrow_and_update() {
-                        return Some(Ok(None));
-                    }
-                    // A close() waits for this lock: it ends the wait at
-                    // once, not at the end of the slice.
-                    tokio::select! {
-                        n = tokio::time::timeout(slice, w.next()) => Some(ended(w, n.ok()?)),
-                        _ = closing.changed() => Some(Ok(None)),
-                    }
-                })
-            });
-            match got {
-                Some(n) => return notification(py, n.map_err(crate::errors::to_py)?),
-                None if deadline.is_some_and(|d| Instant::now() >= d) => return Ok(py.None()),
-                None => py.check_signals()?,
-            }
-        }
+        // Blocking: woken every SIGNAL_CHECK for signals (Ctrl-C), the
+        // wait going on across the slices; a close() ends it at once.
+        let n = crate::runtime::block_checking_signals(
+            py,
+            Some(&self.exec),
+            next(self.inner.clone(), wait, self.closing.subscribe()),
+        )?;
+        notification(py, n.map_err(crate::errors::to_py)?)
     }
 
     /// Ends the subscription on the node (blocking, or into an asyncio

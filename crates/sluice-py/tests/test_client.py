@@ -287,6 +287,26 @@ def test_ctrl_c_ends_a_blocking_call_that_waits_long(node):
     c.close()
 
 
+def test_ctrl_c_ends_a_watch_wait_and_the_watch_goes_on(client):
+    # A blocking next() on a watch with nothing coming: Ctrl-C ends it
+    # within a slice, and the watch still delivers what comes after.
+    import signal
+
+    prefix = f"/vol/{uuid.uuid4().hex}/"
+    w = client.watch(prefix)
+    timer = threading.Timer(0.3, lambda: os.kill(os.getpid(), signal.SIGINT))
+    timer.start()
+    t0 = time.monotonic()
+    with pytest.raises(KeyboardInterrupt):
+        w.next(timeout=30)
+    assert time.monotonic() - t0 < 5
+    timer.join()
+    client.put(prefix + "a", b"after")
+    n = w.next(timeout=10)
+    assert n is not None and n.object.key == prefix + "a"
+    w.close()
+
+
 def test_a_callback_that_raises_is_logged_and_the_watch_goes_on(client, caplog):
     prefix = key()
     got = []
