@@ -397,6 +397,7 @@ def test_arena_and_worker_limits_are_errors(client, vertex):
         ({"workers": 0}, "workers"),
         ({"arena_mb": 0}, "arena_mb"),
         ({"spin_us": -1}, "spin_us"),
+        ({"worker_spin_us": 200_000}, "worker_spin_us"),
         ({"call_timeout_s": 0}, "call_timeout_s"),
         ({"start_timeout_s": 1.5}, "start_timeout_s"),
     ]:

@@ -60,7 +60,7 @@ try:
 except ImportError:  # the memoryview will do
     np = None
 
-SPIN_S = float(os.environ.get("SLUICE_WORKER_SPIN_US", "300")) / 1e6
+SPIN_S = float(os.environ.get("SLUICE_WORKER_SPIN_US", "1000")) / 1e6  # the vertex's worker_spin_us
 # After a wake that found no request (a large value still arriving at the
 # node, which woke this worker early): how long to poll for it, yielding
 # the CPU to whatever receives the value.

@@ -31,7 +31,8 @@
 //! copy). After writing a descriptor each side bumps its ring's head and
 //! writes its eventfd (the syscall orders the writes for the other side);
 //! each side spins on its ring for up to `spin_us` before blocking on its
-//! eventfd, while the recent messages came within that budget on average
+//! eventfd (the node `spin_us`, a worker `worker_spin_us`), while the
+//! recent messages came within that budget on average
 //! (each descriptor carries when it was sent, so a late wake-up is not
 //! taken for a late message).
 //!
@@ -82,8 +83,13 @@ const F_INPUT_VALUE: u32 = 1;
 /// one upcall (`call_timeout_s`), unless the vertex's config says.
 const START_LIMIT_S: u64 = 60;
 const CALL_LIMIT_S: u64 = 3600;
-/// Default spin before blocking (see BENCHMARKS.md: Python lambdas).
+/// Default spin before blocking: the node's for answers, a worker's for
+/// requests (BENCHMARKS.md: Python lambdas, and "A spin rule by the
+/// sender's stamp": a closed loop's calls come 250-570 µs apart on a busy
+/// 2-core machine, and spinning through that keeps 2-worker scaling where
+/// the node spinning longer does not).
 const DEFAULT_SPIN_US: u64 = 300;
+const DEFAULT_WORKER_SPIN_US: u64 = 1000;
 /// `stream_copy` applies from this size on: below it the bytes are better
 /// left in the cache for the worker to read.
 const STREAM_MIN: usize = 64 << 10;
@@ -199,8 +205,12 @@ pub struct PythonSpec {
     pub entry_class: String,
     pub workers: usize,
     pub arena_bytes: usize,
-    /// How long each side polls its ring before blocking on its eventfd.
+    /// How long the node polls for a worker's answers before blocking on
+    /// its eventfd (`spin_us`).
     pub spin: Duration,
+    /// How long an idle worker polls for its next request before blocking
+    /// (`worker_spin_us`).
+    pub worker_spin: Duration,
     /// Values of `STREAM_MIN` bytes or more go into the region with
     /// non-temporal stores (`stream_copy`; see `copy_streaming`).
     pub stream_copy: bool,
@@ -261,6 +271,12 @@ impl PythonSpec {
             0..=100_000,
             "microseconds from 0 to 100000",
         )?;
+        let worker_spin_us = number(
+            "worker_spin_us",
+            DEFAULT_WORKER_SPIN_US,
+            0..=100_000,
+            "microseconds from 0 to 100000",
+        )?;
         let landing_mb = number(
             "landing_mb",
             DEFAULT_LANDING_MB,
@@ -297,6 +313,7 @@ impl PythonSpec {
             workers,
             arena_bytes: (arena_mb as usize) << 20,
             spin: Duration::from_micros(spin_us),
+            worker_spin: Duration::from_micros(worker_spin_us),
             stream_copy,
             pin_cuda,
             landing_bytes: (landing_mb as usize) << 20,
@@ -623,7 +640,10 @@ impl Proc {
             cmd.arg(dir.join(LANDING_FILE));
         }
         cmd.env("SLUICE_UDL_SPEC", spec_json)
-            .env("SLUICE_WORKER_SPIN_US", spec.spin.as_micros().to_string())
+            .env(
+                "SLUICE_WORKER_SPIN_US",
+                spec.worker_spin.as_micros().to_string(),
+            )
             .env("PYTHONUNBUFFERED", "1")
             .env("SLUICE_NODE_PID", std::process::id().to_string());
         // SAFETY: between fork and exec only async-signal-safe fcntl calls:
@@ -1534,6 +1554,29 @@ mod tests {
         }
         assert_eq!(a.free_ranges(), vec![(0, 1 << 20)]);
         assert!(a.lend(1 << 20, 0).is_some(), "one frame may take it all");
+    }
+
+    #[test]
+    fn the_node_and_its_workers_spin_for_budgets_of_their_own() {
+        let spec = |extra: Value| {
+            let mut c = json!({"module": "m", "entry_class": "C"});
+            c.as_object_mut()
+                .unwrap()
+                .extend(extra.as_object().unwrap().clone());
+            PythonSpec::from_config(&c)
+        };
+        let d = spec(json!({})).unwrap();
+        assert_eq!(
+            (d.spin, d.worker_spin),
+            (Duration::from_micros(300), Duration::from_micros(1000))
+        );
+        let s = spec(json!({"spin_us": 0, "worker_spin_us": 50})).unwrap();
+        assert_eq!(
+            (s.spin, s.worker_spin),
+            (Duration::ZERO, Duration::from_micros(50))
+        );
+        let e = spec(json!({"worker_spin_us": -1})).err().unwrap();
+        assert!(e.contains("worker_spin_us"), "{e}");
     }
 
     #[test]

@@ -48,6 +48,7 @@ def pct(xs, p):
 
 
 SPIN_US = None
+WORKER_SPIN_US = None
 
 
 def one_vertex_graph(gid, src, dst, udl, conf):
@@ -68,6 +69,8 @@ def deploy(c, code_dir, gid, src, dst, udl, cls=None, workers=1, **more):
         conf = {"python_path": [code_dir], "module": "bench_udls", "entry_class": cls, "workers": workers, **more}
         if SPIN_US is not None:
             conf["spin_us"] = SPIN_US
+        if WORKER_SPIN_US is not None:
+            conf["worker_spin_us"] = WORKER_SPIN_US
     c.dfg_apply(one_vertex_graph(gid, src, dst, udl, conf))
 
 
@@ -220,11 +223,13 @@ def main():
     ap.add_argument("--seconds", type=float, default=3.0)
     ap.add_argument("--ray", action="store_true", help="also measure a Ray actor call (needs ray)")
     ap.add_argument("--spin-us", type=int, help="the vertex's spin_us (default: the node's)")
+    ap.add_argument("--worker-spin-us", type=int, help="the vertex's worker_spin_us (default: the node's)")
     ap.add_argument("--skip-throughput", action="store_true")
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args()
-    global SPIN_US
+    global SPIN_US, WORKER_SPIN_US
     SPIN_US = a.spin_us
+    WORKER_SPIN_US = a.worker_spin_us
     c = sluice.Client(a.addr)
     code_dir = tempfile.mkdtemp(prefix="sluice-bench-udl-")
     with open(os.path.join(code_dir, "bench_udls.py"), "w") as f:
