@@ -1440,7 +1440,7 @@ fn dfg_lines(r: &Value, indent: bool, text: &mut Vec<String>) {
         ));
         for st in g["status"].as_array().into_iter().flatten() {
             text.push(format!(
-                "{pad}  {:<28} {:<8} calls {}{} emitted {} failures {} panics {} dropped {}{}",
+                "{pad}  {:<28} {:<8} calls {}{} emitted {} failures {} panics {} dropped {}{}{}",
                 st["vertex"].as_str().unwrap_or("?"),
                 st["udl"].as_str().unwrap_or("?"),
                 st["calls"],
@@ -1457,6 +1457,14 @@ fn dfg_lines(r: &Value, indent: bool, text: &mut Vec<String>) {
                 st["failures"],
                 st["panics"],
                 st["dropped"],
+                // A Python lambda's eventfd wake-ups (node, workers).
+                match (
+                    st["counters"]["wakeups"]["node"].as_u64(),
+                    st["counters"]["wakeups"]["worker"].as_u64(),
+                ) {
+                    (Some(n), Some(w)) => format!(" wake-ups node {n} workers {w}"),
+                    _ => String::new(),
+                },
                 st["last_error"]
                     .as_str()
                     .map(|e| format!("  last error: {e}"))
@@ -1609,8 +1617,21 @@ mod tests {
             text[1].clone()
         };
         assert!(list(2, 2).contains("calls 3 (expected early 2, landed 2) emitted 3"));
+        assert!(!list(0, 0).contains("wake-ups"), "a lambda without them");
         assert!(list(2, 0).contains("calls 3 (expected early 2) emitted 3"));
         assert!(list(0, 0).contains("calls 3 emitted 3"));
+        let r = json!([{"id": "g", "desc": "", "status": [{
+            "vertex": "/in", "udl": "python", "calls": 3, "emitted": 3, "failures": 0,
+            "panics": 0, "dropped": 0, "last_error": null,
+            "counters": {"wakeups": {"node": 4, "worker": 3}}
+        }]}]);
+        let mut text = Vec::new();
+        dfg_lines(&r, false, &mut text);
+        assert!(
+            text[1].ends_with("dropped 0 wake-ups node 4 workers 3"),
+            "{}",
+            text[1]
+        );
     }
 
     fn render(s: Shown, json: bool) -> String {

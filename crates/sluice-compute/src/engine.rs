@@ -592,7 +592,7 @@ impl Engine {
                     .iter()
                     .map(|e| {
                         let s = &e.stats;
-                        json!({
+                        let mut j = json!({
                             "vertex": e.vertex,
                             "udl": e.name,
                             "calls": s.calls.load(Ordering::Relaxed),
@@ -603,7 +603,11 @@ impl Engine {
                             "panics": s.panics.load(Ordering::Acquire),
                             "dropped": s.dropped.load(Ordering::Relaxed),
                             "last_error": *s.last_error.lock(),
-                        })
+                        });
+                        if let Some(c) = e.udl.counters() {
+                            j["counters"] = c;
+                        }
+                        j
                     })
                     .collect();
                 j["status"] = Value::Array(status);

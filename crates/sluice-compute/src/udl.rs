@@ -74,6 +74,13 @@ pub trait Udl: Send + Sync {
     fn landing(&self, _frame_len: usize, _value_at: usize) -> Option<crate::landing::Landing> {
         None
     }
+
+    /// Counters of this lambda's own, shown with the vertex's (`sluice dfg
+    /// list`): a JSON object, or `None` (the default) for none. Must not
+    /// block (a call may be running).
+    fn counters(&self) -> Option<serde_json::Value> {
+        None
+    }
 }
 
 /// Builds a UDL instance from its vertex config.

@@ -90,6 +90,23 @@ def test_a_python_lambda_emits(client, vertex):
     assert o.value == big
 
 
+def test_wakeups_of_a_python_vertex_are_counted(client, vertex):
+    # With no polling on either side, every call the worker waits for is
+    # one wake-up of the worker's (and the node's answers may be too);
+    # `dfg list` shows them with the vertex's counters.
+    src, dst, gid = vertex
+    client.dfg_apply(graph(gid, src, "Upper", dst, spin_us=0, worker_spin_us=0))
+    for i in range(5):
+        client.trigger_put(f"{src}/w{i}", b"x")
+        wait_for("the emitted object", lambda: get_or_none(client, f"{dst}/w{i}"))
+    st = wait_for("five calls", lambda: (s := status(client, gid))["calls"] >= 5 and s)
+    w = st["counters"]["wakeups"]
+    # One before each call; the node reads the count at a call's end, by
+    # which time the worker may already sleep for the next.
+    assert w["worker"] in (5, 6), st
+    assert 1 <= w["node"] <= 2 * 5 + 1, st  # an emit and a done a call, and the worker's start
+
+
 def test_a_python_lambda_uses_the_store(client, vertex):
     src, dst, gid = vertex
     side = f"/vol/side-{gid}"

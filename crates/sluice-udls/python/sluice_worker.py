@@ -36,6 +36,7 @@ DESC = 128  # bytes per ring descriptor
 
 # Header offsets (see python.rs).
 H_REQ_HEAD, H_REQ_TAIL, H_RESP_HEAD, H_RESP_TAIL, H_OUT_FREE = 128, 192, 256, 320, 448
+H_WORKER_SLEEPS = 512  # times this worker blocked for a request (the node reads it)
 
 # Request kinds.
 R_UPCALL, R_CTX_REPLY, R_STOP = 1, 2, 3
@@ -219,10 +220,14 @@ class Worker:
         spin = self.spin_budget()
         spin_until = t0 + spin
         yielding = False
+        slept = False
         while r.u64(H_REQ_HEAD) == tail:
             if yielding:
                 os.sched_yield()  # a value in transit: leave the CPU to its receiver
             if time.perf_counter() > spin_until:
+                if not slept:
+                    slept = True
+                    r.set_u64(H_WORKER_SLEEPS, r.u64(H_WORKER_SLEEPS) + 1)
                 # Block until the node signals; every second, check that
                 # the node still lives (a worker never outlives it).
                 if select.select([self.to_worker], [], [], 1.0)[0]:

@@ -70,6 +70,8 @@ const H_REQ_TAIL: usize = 192;
 const H_RESP_HEAD: usize = 256;
 const H_RESP_TAIL: usize = 320;
 const H_OUT_FREE: usize = 448;
+/// Times the worker blocked on its eventfd for a request (it counts).
+const H_WORKER_SLEEPS: usize = 512;
 
 const R_UPCALL: u32 = 1;
 const R_CTX_REPLY: u32 = 2;
@@ -559,6 +561,22 @@ struct Proc {
     /// Recent wait for an answer, by the worker's stamps (µs, moving
     /// average): see `spin_budget`.
     wait_ewma_us: f64,
+    /// The vertex's count of wake-ups, and how many of the worker's own
+    /// (`H_WORKER_SLEEPS`) it holds so far.
+    wakeups: Arc<Wakeups>,
+    worker_sleeps_seen: u64,
+}
+
+/// How often a Python vertex's sides blocked for each other instead of
+/// finding the message while polling (`sluice dfg list`): each block costs
+/// an eventfd wake-up, tens to hundreds of microseconds on a busy machine
+/// (`spin_us`, `worker_spin_us`).
+#[derive(Default)]
+struct Wakeups {
+    /// The node, waiting for a worker's answer.
+    node: AtomicU64,
+    /// Workers, waiting for a request.
+    worker: AtomicU64,
 }
 
 /// How a worker ended, for messages.
@@ -593,7 +611,12 @@ impl Proc {
         unsafe { &*(self.map.as_ptr().add(at) as *const AtomicU64) }
     }
 
-    fn start(spec: &PythonSpec, dir: &Path, n: usize) -> Result<Proc, String> {
+    fn start(
+        spec: &PythonSpec,
+        dir: &Path,
+        n: usize,
+        wakeups: Arc<Wakeups>,
+    ) -> Result<Proc, String> {
         let layout = Layout::new(spec.arena_bytes);
         let path = dir.join(format!("worker-{n}.shm"));
         let f = shared_file(&path, layout.size)?;
@@ -682,6 +705,8 @@ impl Proc {
             spin: spec.spin,
             stream_copy: spec.stream_copy,
             wait_ewma_us: 0.0,
+            wakeups,
+            worker_sleeps_seen: 0,
         };
         // The worker says it is ready (its class loaded) with a DONE.
         match p.next_response(Instant::now(), spec.start_limit, None) {
@@ -711,6 +736,7 @@ impl Proc {
         let t0_ns = monotonic_ns();
         let spin = self.spin_budget();
         let mut spin_until = t0 + spin;
+        let mut slept = false;
         loop {
             // Checked on every turn, not only after a quiet 100 ms: a
             // lambda that emits without end answers all the time.
@@ -736,6 +762,10 @@ impl Proc {
             if Instant::now() < spin_until {
                 std::hint::spin_loop();
                 continue;
+            }
+            if !slept {
+                slept = true;
+                self.wakeups.node.fetch_add(1, Ordering::Relaxed);
             }
             if wait(&self.to_node, Duration::from_millis(100)) {
                 spin_until = Instant::now() + spin;
@@ -775,6 +805,14 @@ impl Proc {
     fn count_wait(&mut self, t0_ns: u64, sent_ns: u64) {
         let waited = sent_ns.saturating_sub(t0_ns) as f64 / 1000.0;
         self.wait_ewma_us = 0.8 * self.wait_ewma_us + 0.2 * waited;
+    }
+
+    /// Adds the worker's blocks since the last look to the vertex's count.
+    fn count_worker_sleeps(&mut self) {
+        let n = self.index(H_WORKER_SLEEPS).load(Ordering::Acquire);
+        let new = n.saturating_sub(self.worker_sleeps_seen);
+        self.worker_sleeps_seen = n;
+        self.wakeups.worker.fetch_add(new, Ordering::Relaxed);
     }
 
     fn push(&mut self, mut d: Desc) {
@@ -887,6 +925,7 @@ pub struct PythonUdl {
     dir: PathBuf,
     landing: Option<Arc<LandingArea>>,
     procs: Vec<parking_lot::Mutex<Option<Proc>>>,
+    wakeups: Arc<Wakeups>,
     /// `OWNER_LOCK`, locked while this lambda lives.
     _owner: std::fs::File,
 }
@@ -1019,9 +1058,11 @@ impl PythonUdl {
             None
         };
         let mut procs = Vec::new();
+        let wakeups = Arc::new(Wakeups::default());
         for n in 0..spec.workers {
             // Start them now: a class that fails to load fails `dfg apply`.
-            procs.push(parking_lot::Mutex::new(Some(Proc::start(&spec, &dir, n)?)));
+            let p = Proc::start(&spec, &dir, n, wakeups.clone())?;
+            procs.push(parking_lot::Mutex::new(Some(p)));
         }
         tracing::info!(module = %spec.module, class = %spec.entry_class, workers = spec.workers, "python UDL started");
         Ok(PythonUdl {
@@ -1029,6 +1070,7 @@ impl PythonUdl {
             dir,
             landing,
             procs,
+            wakeups,
             _owner: owner,
         })
     }
@@ -1183,11 +1225,13 @@ fn answer(
         }
         P_DONE => {
             p.index(H_OUT_FREE).store(d.version, Ordering::Release);
+            p.count_worker_sleeps();
             Ok(Some(Ok(())))
         }
         P_FAIL => {
             let msg = String::from_utf8_lossy(p.out(d.a).map_err(Answer::Broken)?).into_owned();
             p.index(H_OUT_FREE).store(d.version, Ordering::Release);
+            p.count_worker_sleeps();
             Ok(Some(Err(UdlError::Failed(format!("python: {msg}")))))
         }
         other => Err(Answer::Broken(format!(
@@ -1293,8 +1337,13 @@ impl Udl for PythonUdl {
         let mut g = slot.lock();
         if g.is_none() {
             *g = Some(
-                Proc::start(&self.spec, &self.dir, call.worker_id % self.procs.len())
-                    .map_err(UdlError::Failed)?,
+                Proc::start(
+                    &self.spec,
+                    &self.dir,
+                    call.worker_id % self.procs.len(),
+                    self.wakeups.clone(),
+                )
+                .map_err(UdlError::Failed)?,
             );
         }
         let p = g.as_mut().expect("started above");
@@ -1319,6 +1368,13 @@ impl Udl for PythonUdl {
 
     /// Wakes the idle workers (one not in a call: its slot is free), so
     /// that they poll their ring, for a while, when the upcall comes.
+    fn counters(&self) -> Option<Value> {
+        Some(json!({"wakeups": {
+            "node": self.wakeups.node.load(Ordering::Relaxed),
+            "worker": self.wakeups.worker.load(Ordering::Relaxed),
+        }}))
+    }
+
     fn expect(&self) {
         for slot in &self.procs {
             if let Some(g) = slot.try_lock() {
@@ -1368,6 +1424,8 @@ mod tests {
             spin,
             stream_copy: false,
             wait_ewma_us: 0.0,
+            wakeups: Arc::default(),
+            worker_sleeps_seen: 0,
         }
     }
 

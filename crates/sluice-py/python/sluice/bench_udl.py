@@ -74,6 +74,15 @@ def deploy(c, code_dir, gid, src, dst, udl, cls=None, workers=1, **more):
     c.dfg_apply(one_vertex_graph(gid, src, dst, udl, conf))
 
 
+def wakeups(c, gid):
+    """The eventfd wake-ups of graph `gid`'s Python vertex so far (`dfg
+    list`'s counters): {"node": n, "worker": n}."""
+    for g in c.dfg_list():
+        if g["id"] == gid:
+            return dict(g["status"][0]["counters"]["wakeups"])
+    raise RuntimeError(f"no graph {gid}")
+
+
 def failures(c, tag, skip=None):
     """Calls of the benchmark's graphs (ids ending in `tag`, but not
     starting with `skip`) that failed, panicked or were dropped so far,
@@ -245,11 +254,16 @@ def main():
     result = {"stage_us": {}, "throughput": {}}
     for size in (10 * 1024, 1 << 20):
         stage_latencies(c, [pools["py"], pools["rs"]], size, 50)  # warm up
+        before = wakeups(c, f"bu-py-{tag}")
         py, rs = stage_latencies(c, [pools["py"], pools["rs"]], size, a.n)
+        after = wakeups(c, f"bu-py-{tag}")
         result["stage_us"][size] = {
             "python": {p: pct(py, p) for p in (50, 99, 99.9)},
             "relay": {p: pct(rs, p) for p in (50, 99, 99.9)},
             "added_p50_us": pct(py, 50) - pct(rs, 50),
+            # Eventfd wake-ups per call: a side that found the message
+            # while polling paid none.
+            "wakeups_per_call": {k: (after[k] - before[k]) / a.n for k in after},
         }
     # The same 1 MB stage with its values copied into the worker's arena
     # (no landing area), next to relay in a phase of its own: what reading
@@ -324,7 +338,11 @@ def main():
         for name in ("python", "relay"):
             s = r[name]
             print(f"  {name:14} {s[50]:8.1f} {s[99]:8.1f} {s[99.9]:8.1f}")
-        print(f"  python adds {r['added_p50_us']:.1f} µs at p50 over Rust's relay")
+        w = r["wakeups_per_call"]
+        print(
+            f"  python adds {r['added_p50_us']:.1f} µs at p50 over Rust's relay"
+            f" (wake-ups per call: node {w['node']:.2f}, worker {w['worker']:.2f})"
+        )
     cp = result["copied_1mb_us"]
     print(
         f"1 MB, the value copied into the worker's arena instead of landing (landing_mb 0), its own phase:"
