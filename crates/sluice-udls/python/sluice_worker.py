@@ -199,12 +199,13 @@ class Worker:
     # -- rings ---------------------------------------------------------------
     def spin_budget(self):
         """How long to spin for the next request (as the node does for
-        answers, `Proc::spin_budget`): the budget while the recent requests
-        came within it on average, else nothing. A
-        request's wait counts up to the node's stamp on it, not up to when
-        this worker saw it: blocked, it sees one only when its eventfd
-        wakes it, and a slow wake-up must not pass for requests far apart
-        (that kept workers blocking for good on a loaded machine)."""
+        answers, `Proc::spin_budget`): the budget (the vertex's
+        `worker_spin_us`) while the recent requests came within it on
+        average, else nothing. A request's wait counts up to the node's
+        stamp on it, not up to when this worker saw it: blocked, it sees one
+        only when its eventfd wakes it, and a slow wake-up must not pass for
+        requests far apart (that kept workers blocking for good on a loaded
+        machine)."""
         return SPIN_S if self.gap_ewma < SPIN_S else 0.0
 
     def count_wait(self, t0_ns, sent_ns):

@@ -30,11 +30,10 @@
 //! value itself is a reference to the object the node already holds (no
 //! copy). After writing a descriptor each side bumps its ring's head and
 //! writes its eventfd (the syscall orders the writes for the other side);
-//! each side spins on its ring for up to `spin_us` before blocking on its
-//! eventfd (the node `spin_us`, a worker `worker_spin_us`), while the
-//! recent messages came within that budget on average
-//! (each descriptor carries when it was sent, so a late wake-up is not
-//! taken for a late message).
+//! each side polls its ring (the node for `spin_us`, a worker for
+//! `worker_spin_us`) before blocking on its eventfd, while the recent
+//! messages came within that budget on average (each descriptor carries
+//! when it was sent, so a late wake-up is not taken for a late message).
 //!
 //! One upcall at a time per worker: the engine thread that runs it holds
 //! the worker, answers its store calls, and waits for it to finish,
