@@ -47,8 +47,8 @@ def pct(xs, p):
     return xs[min(len(xs) - 1, int(p / 100 * len(xs)))]
 
 
-SPIN_US = None
-WORKER_SPIN_US = None
+# The vertex settings given on the command line (spin_us, worker_spin_us).
+VERTEX_SETTINGS = {}
 
 
 def one_vertex_graph(gid, src, dst, udl, conf):
@@ -66,11 +66,7 @@ def one_vertex_graph(gid, src, dst, udl, conf):
 def deploy(c, code_dir, gid, src, dst, udl, cls=None, workers=1, **more):
     conf = {}
     if udl == "python":
-        conf = {"python_path": [code_dir], "module": "bench_udls", "entry_class": cls, "workers": workers, **more}
-        if SPIN_US is not None:
-            conf["spin_us"] = SPIN_US
-        if WORKER_SPIN_US is not None:
-            conf["worker_spin_us"] = WORKER_SPIN_US
+        conf = {"python_path": [code_dir], "module": "bench_udls", "entry_class": cls, "workers": workers, **VERTEX_SETTINGS, **more}
     c.dfg_apply(one_vertex_graph(gid, src, dst, udl, conf))
 
 
@@ -236,9 +232,9 @@ def main():
     ap.add_argument("--skip-throughput", action="store_true")
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args()
-    global SPIN_US, WORKER_SPIN_US
-    SPIN_US = a.spin_us
-    WORKER_SPIN_US = a.worker_spin_us
+    for name in ("spin_us", "worker_spin_us"):
+        if getattr(a, name) is not None:
+            VERTEX_SETTINGS[name] = getattr(a, name)
     c = sluice.Client(a.addr)
     code_dir = tempfile.mkdtemp(prefix="sluice-bench-udl-")
     with open(os.path.join(code_dir, "bench_udls.py"), "w") as f:
