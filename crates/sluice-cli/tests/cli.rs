@@ -2459,6 +2459,75 @@ fn a_node_on_an_emptied_data_directory_does_not_serve_its_predecessors_volatile_
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// A cluster node's volatile logs outlive it (a restart finds them there)
+/// but must not outlive its data directory: after a stopped node's data
+/// directory was removed they held their RAM under /dev/shm (56 MiB for a
+/// 20 MB shard) until the machine rebooted. The next node to start next to
+/// them removes them; those of a node that is only stopped stay.
+#[test]
+fn volatile_logs_of_a_removed_data_directory_are_removed_by_the_next_node() {
+    let dir = temp_dir("orphans");
+    let port = free_base(1);
+    std::fs::write(
+        dir.join("layout.toml"),
+        format!(
+            "version = 1\n[[nodes]]\nid = 0\naddress = \"127.0.0.1:{port}\"\n\
+             [[subgroups.volatile]]\nshards = [[0]]\n"
+        ),
+    )
+    .unwrap();
+    // Roots named as the default names them under /dev/shm, in a
+    // directory of this test's.
+    let root = |data: &str| dir.join("shm").join(format!("sluice-{:0>16}", data));
+    let start = |data: &str| {
+        let cfg = dir.join(format!("{data}.toml"));
+        let text = format!("[cluster]\nvolatile_dir = \"{}\"\n", root(data).display());
+        std::fs::write(&cfg, text).unwrap();
+        let args = [
+            "--config",
+            cfg.to_str().unwrap(),
+            "--cluster",
+            "layout.toml",
+            "--node-id",
+            "0",
+            "--data-dir",
+            data,
+        ];
+        let mut n = spawn_node(&dir, &args).unwrap();
+        n.dir = dir.join("kept"); // the test removes what it wants
+        let deadline = std::time::Instant::now() + Duration::from_secs(20);
+        while !n.sluice(&["health"]).status.success() {
+            assert!(std::time::Instant::now() < deadline, "no leader");
+            std::thread::park_timeout(Duration::from_millis(20));
+        }
+        n
+    };
+    let n = start("a");
+    let value = vec![b'v'; 1 << 20];
+    let o = n.sluice_stdin(&["put", "/vol/big", "--stdin"], Some(&value));
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert!(n.terminate().success());
+    let n = start("b");
+    assert!(n.terminate().success());
+    assert!(
+        root("a").join("volatile-0-0").exists(),
+        "a stopped node's logs stay"
+    );
+
+    std::fs::remove_dir_all(dir.join("a")).unwrap();
+    let n = start("b");
+    assert!(
+        !root("a").exists(),
+        "the removed data directory's logs are gone"
+    );
+    assert!(
+        root("b").join("volatile-0-0").exists(),
+        "the running node's stay"
+    );
+    assert!(n.terminate().success());
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// `sluice dump` and `sluice load`: a persistent pool with every version
 /// (a remove and a binary value among them) and a volatile pool go from
 /// one node to another; a dump cut short is refused before anything is

@@ -20,6 +20,11 @@ use std::path::{Path, PathBuf};
 /// shared id.
 pub(super) const PAIR_FILE: &str = "volatile.pair";
 
+/// The file in a volatile root naming the data directory it belongs to
+/// (its canonical path), so that a root whose data directory was removed
+/// can be told from one whose node is only stopped (`sweep_orphans`).
+pub(super) const OWNER_FILE: &str = "data_dir";
+
 /// The directory of volatile shards' logs (see `ClusterSettings::volatile_dir`).
 pub(super) fn volatile_root(settings: &ClusterSettings, data_dir: &Path) -> PathBuf {
     if let Some(d) = &settings.volatile_dir {
@@ -34,6 +39,91 @@ pub(super) fn volatile_root(settings: &ClusterSettings, data_dir: &Path) -> Path
         ));
     }
     data_dir.join("raft-volatile")
+}
+
+/// Is `name` a volatile root's as `volatile_root` names them by default
+/// (`sluice-` and 16 hex digits)?
+fn default_root_name(name: &str) -> bool {
+    name.strip_prefix("sluice-")
+        .is_some_and(|h| h.len() == 16 && h.bytes().all(|b| b.is_ascii_hexdigit()))
+}
+
+/// A volatile root `sweep_orphans` removed.
+#[derive(Debug)]
+pub(super) struct Orphan {
+    pub root: PathBuf,
+    /// The data directory it belonged to, gone.
+    pub data_dir: PathBuf,
+    /// What its files held (in RAM, under /dev/shm).
+    pub bytes: u64,
+}
+
+/// Removes the volatile roots next to `root` (when `root` has a default
+/// name) that belonged to data directories since removed: a root outlives
+/// its node by design (a restarted node finds its volatile logs there),
+/// so after `rm -rf` of a stopped or killed node's data directory its logs
+/// held their RAM (tens of MiB a shard, as much as the shard's objects)
+/// until the machine rebooted. Removed only when no process holds the
+/// root's lock and the data directory its `OWNER_FILE` names is gone;
+/// roots without that file (made before it existed) and those whose data
+/// directory still exists are left alone. Never fails: what it cannot
+/// remove is logged and kept.
+pub(super) fn sweep_orphans(root: &Path) -> Vec<Orphan> {
+    let mut swept = Vec::new();
+    let own = root.file_name().and_then(|n| n.to_str());
+    let (Some(base), true) = (root.parent(), own.is_some_and(default_root_name)) else {
+        return swept;
+    };
+    let Ok(entries) = std::fs::read_dir(base) else {
+        return swept;
+    };
+    for e in entries.flatten() {
+        let path = e.path();
+        let name = e.file_name();
+        if path == root || !name.to_str().is_some_and(default_root_name) {
+            continue;
+        }
+        // Held by a running node (or not a root): left alone. The lock is
+        // kept while its files go, so no node starts on them meanwhile.
+        let Ok(_lock) = sluice_log::DirLock::acquire(&path, "sluice node sweeping orphans") else {
+            continue;
+        };
+        let Some(data_dir) = std::fs::read_to_string(path.join(OWNER_FILE))
+            .ok()
+            .map(|t| PathBuf::from(t.trim_end_matches('\n')))
+            .filter(|d| d.is_absolute())
+        else {
+            continue;
+        };
+        if data_dir.exists() {
+            continue;
+        }
+        let bytes = bytes_in(&path);
+        match std::fs::remove_dir_all(&path) {
+            Ok(()) => swept.push(Orphan {
+                root: path,
+                data_dir,
+                bytes,
+            }),
+            Err(err) => tracing::warn!(root = %path.display(), %err,
+                "could not remove the volatile logs of a removed data directory"),
+        }
+    }
+    swept
+}
+
+/// Bytes the files under `dir` occupy (their blocks).
+fn bytes_in(dir: &Path) -> u64 {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::read_dir(dir).map_or(0, |rd| {
+        rd.flatten()
+            .map(|e| match e.metadata() {
+                Ok(m) if m.is_dir() => bytes_in(&e.path()),
+                Ok(m) => m.blocks() * 512,
+                Err(_) => 0,
+            })
+            .sum()
+    })
 }
 
 /// Free bytes of the file system holding `p` (`None` when unknown).
@@ -99,7 +189,8 @@ pub(super) fn pair(root: &Path, data_dir: &Path) -> Result<bool, SluiceError> {
     let mut leftovers = Vec::new();
     for e in std::fs::read_dir(root).map_err(|e| err("reading", root, e))? {
         let e = e.map_err(|e| err("reading", root, e))?;
-        if e.file_name() != sluice_log::LOCK_FILE && e.file_name() != PAIR_FILE {
+        let name = e.file_name();
+        if name != sluice_log::LOCK_FILE && name != PAIR_FILE && name != OWNER_FILE {
             leftovers.push(e);
         }
     }
@@ -130,6 +221,12 @@ pub(super) fn pair(root: &Path, data_dir: &Path) -> Result<bool, SluiceError> {
     };
     if theirs.as_deref() != Some(id.as_str()) {
         write_pair(root, &id).map_err(|e| err("writing", root, e))?;
+    }
+    let owner = std::fs::canonicalize(data_dir).map_err(|e| err("resolving", data_dir, e))?;
+    let owner = format!("{}\n", owner.display());
+    let path = root.join(OWNER_FILE);
+    if std::fs::read_to_string(&path).ok().as_deref() != Some(owner.as_str()) {
+        std::fs::write(&path, owner).map_err(|e| err("writing", &path, e))?;
     }
     Ok(stale)
 }
@@ -209,5 +306,69 @@ mod tests {
         std::fs::remove_file(root.join(PAIR_FILE)).unwrap();
         assert!(!pair(&root, &data).unwrap());
         assert_eq!(read_pair(&root), read_pair(&data));
+    }
+
+    /// A root paired with a data directory names it, so that it can be
+    /// found again once that directory is gone.
+    #[test]
+    fn a_paired_root_names_its_data_directory() {
+        let (_base, data, root) = data_and_root();
+        assert!(!pair(&root, &data).unwrap());
+        let owner = std::fs::read_to_string(root.join(OWNER_FILE)).unwrap();
+        assert_eq!(
+            owner.trim_end(),
+            std::fs::canonicalize(&data).unwrap().display().to_string()
+        );
+    }
+
+    /// Next to a default-named root, the roots whose data directory is
+    /// gone and whose lock is free are removed; a root held by a node, one
+    /// whose data directory exists, one that names none, anything not
+    /// named as a root, and roots next to a root named otherwise are kept.
+    #[test]
+    fn roots_of_removed_data_directories_are_swept_and_the_others_kept() {
+        let base = tempfile::tempdir().unwrap();
+        let shm = base.path().join("shm");
+        let root = |hex: &str, owner: Option<&Path>| {
+            let r = shm.join(format!("sluice-{hex}"));
+            std::fs::create_dir_all(r.join("volatile-0-0")).unwrap();
+            std::fs::write(r.join("volatile-0-0/seg-00000001.log"), vec![7u8; 64 << 10]).unwrap();
+            std::fs::write(r.join(sluice_log::LOCK_FILE), b"pid 1").unwrap();
+            if let Some(o) = owner {
+                std::fs::write(r.join(OWNER_FILE), format!("{}\n", o.display())).unwrap();
+            }
+            r
+        };
+        let gone = base.path().join("removed-data");
+        let here = base.path().join("data");
+        std::fs::create_dir_all(&here).unwrap();
+        let mine = root("000000000000000a", Some(&here));
+        let orphan = root("000000000000000b", Some(&gone));
+        let held = root("000000000000000c", Some(&gone));
+        let lock = sluice_log::DirLock::acquire(&held, "another node").unwrap();
+        let owned = root("000000000000000d", Some(&here));
+        let unnamed = root("000000000000000e", None);
+        let other = shm.join("sluice-py-1-2");
+        std::fs::create_dir_all(&other).unwrap();
+        std::fs::write(other.join(OWNER_FILE), format!("{}\n", gone.display())).unwrap();
+
+        // A root named otherwise (a `volatile_dir` of the operator's) sweeps nothing.
+        assert!(sweep_orphans(&shm.join("volatile")).is_empty());
+        assert!(orphan.exists());
+
+        let swept = sweep_orphans(&mine);
+        assert_eq!(swept.len(), 1, "{swept:?}");
+        assert_eq!(swept[0].root, orphan);
+        assert_eq!(swept[0].data_dir, gone);
+        assert!(swept[0].bytes >= 64 << 10, "{swept:?}");
+        assert!(!orphan.exists());
+        for kept in [&mine, &held, &owned, &unnamed, &other] {
+            assert!(kept.exists(), "{}", kept.display());
+        }
+        // Its holder gone, the held one goes too.
+        drop(lock);
+        let swept = sweep_orphans(&mine);
+        assert_eq!(swept.len(), 1, "{swept:?}");
+        assert!(!held.exists());
     }
 }

@@ -258,6 +258,14 @@ impl ClusterNode {
             reason: format!("volatile log directory: {e}"),
         })?;
         dirs::pair(&volatile_root, &data_dir)?;
+        for o in dirs::sweep_orphans(&volatile_root) {
+            tracing::warn!(
+                root = %o.root.display(),
+                data_dir = %o.data_dir.display(),
+                freed_mib = format!("{:.1}", o.bytes as f64 / (1u64 << 20) as f64),
+                "removed the volatile logs of a data directory that no longer exists"
+            );
+        }
         let node = Arc::new(ClusterNode {
             id,
             volatile_root,
