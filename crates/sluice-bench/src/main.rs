@@ -320,6 +320,10 @@ pub struct MemoryArgs {
     pub objects: u64,
     #[arg(long, default_value_t = 1024)]
     pub size: usize,
+    /// Then put this many new values per object to random keys (as a
+    /// cache is written) and measure again (0: skip).
+    #[arg(long, default_value_t = 0.0)]
+    pub overwrites: f64,
 }
 
 pub fn run(a: BenchArgs, json: bool) -> Result<()> {

@@ -162,50 +162,32 @@ pub fn memory(m: MemoryArgs, json: bool) -> Result<()> {
         .enable_all()
         .build()?;
     let before = rss_kib(node.pid())?;
-    let ops = Arc::new(AtomicU64::new(0));
     let t0 = Instant::now();
-    let clients = 4u64;
-    rt.block_on(async {
-        let _p = Progress::start(
-            format!("put {} x {}", m.objects, fmt_size(m.size)),
-            Duration::from_secs(30),
-            ops.clone(),
-        );
-        let mut tasks = Vec::new();
-        for c in 0..clients {
-            let client = Client::connect(&node.addr).await?;
-            let ops = ops.clone();
-            let (n, size) = (m.objects, m.size);
-            tasks.push(tokio::spawn(async move {
-                let value = Bytes::from(vec![b'm'; size]);
-                let mut i = c;
-                let mut inflight = tokio::task::JoinSet::new();
-                while i < n {
-                    let cl = client.clone();
-                    let v = value.clone();
-                    inflight.spawn(async move { cl.put(&format!("/vol/mem/{i:08}"), v).await });
-                    if inflight.len() >= 64 {
-                        if let Some(r) = inflight.join_next().await {
-                            r??;
-                        }
-                    }
-                    ops.fetch_add(1, Ordering::Relaxed);
-                    i += clients;
-                }
-                while let Some(r) = inflight.join_next().await {
-                    r??;
-                }
-                Ok::<_, anyhow::Error>(())
-            }));
-        }
-        for t in tasks {
-            t.await??;
-        }
-        Ok::<_, anyhow::Error>(())
-    })?;
+    let what = format!("put {} x {}", m.objects, fmt_size(m.size));
+    rt.block_on(put_keys(
+        &node.addr, &what, m.objects, m.objects, m.size, None,
+    ))?;
     let load_s = t0.elapsed().as_secs_f64();
     let after = rss_kib(node.pid())?;
     let per_obj = (after.saturating_sub(before) as f64 * 1024.0) / m.objects as f64;
+    // Then as a cache is written: each put a new value for a random key.
+    let overwritten = if m.overwrites > 0.0 {
+        let puts = (m.objects as f64 * m.overwrites) as u64;
+        let what = format!("overwrite {puts} x {}", fmt_size(m.size));
+        rt.block_on(put_keys(
+            &node.addr,
+            &what,
+            puts,
+            m.objects,
+            m.size,
+            Some(7),
+        ))?;
+        Some(rss_kib(node.pid())?)
+    } else {
+        None
+    };
+    let per_obj_after =
+        overwritten.map(|kib| (kib.saturating_sub(before) as f64 * 1024.0) / m.objects as f64);
     let v = serde_json::json!({
         "objects": m.objects,
         "value_bytes": m.size,
@@ -215,6 +197,9 @@ pub fn memory(m: MemoryArgs, json: bool) -> Result<()> {
         "bytes_per_object": per_obj,
         "overhead_bytes_per_object": per_obj - m.size as f64,
         "load_seconds": load_s,
+        "overwrites_per_object": m.overwrites,
+        "rss_after_overwrites_kib": overwritten,
+        "bytes_per_object_after_overwrites": per_obj_after,
     });
     if json {
         println!("{}", serde_json::to_string_pretty(&v)?);
@@ -229,6 +214,68 @@ pub fn memory(m: MemoryArgs, json: bool) -> Result<()> {
             per_obj - m.size as f64,
             load_s
         );
+        if let (Some(kib), Some(per)) = (overwritten, per_obj_after) {
+            println!(
+                "after {} overwrites per object (random keys): node RSS {:.3} GiB, {per:.0} B/object ({:.2}x the load's)",
+                m.overwrites,
+                kib as f64 / (1024.0 * 1024.0),
+                per / per_obj
+            );
+        }
+    }
+    Ok(())
+}
+
+/// `puts` puts of `size` bytes over 4 connections, 64 in flight each, to
+/// keys `/vol/mem/<i>` for i below `keys`: in order, or (`seed`) random.
+async fn put_keys(
+    addr: &str,
+    what: &str,
+    puts: u64,
+    keys: u64,
+    size: usize,
+    seed: Option<u64>,
+) -> Result<()> {
+    let ops = Arc::new(AtomicU64::new(0));
+    let _p = Progress::start(what.to_string(), Duration::from_secs(30), ops.clone());
+    let clients = 4u64;
+    let mut tasks = Vec::new();
+    for c in 0..clients {
+        let client = Client::connect(addr).await?;
+        let ops = ops.clone();
+        tasks.push(tokio::spawn(async move {
+            let value = Bytes::from(vec![b'm'; size]);
+            let mut rng = seed.map(|s| (s + c).wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1);
+            let mut inflight = tokio::task::JoinSet::new();
+            let mut n = c;
+            while n < puts {
+                let i = match rng.as_mut() {
+                    Some(x) => {
+                        *x ^= *x << 13;
+                        *x ^= *x >> 7;
+                        *x ^= *x << 17;
+                        *x % keys
+                    }
+                    None => n,
+                };
+                let (cl, v) = (client.clone(), value.clone());
+                inflight.spawn(async move { cl.put(&format!("/vol/mem/{i:08}"), v).await });
+                if inflight.len() >= 64 {
+                    if let Some(r) = inflight.join_next().await {
+                        r??;
+                    }
+                }
+                ops.fetch_add(1, Ordering::Relaxed);
+                n += clients;
+            }
+            while let Some(r) = inflight.join_next().await {
+                r??;
+            }
+            Ok::<_, anyhow::Error>(())
+        }));
+    }
+    for t in tasks {
+        t.await??;
     }
     Ok(())
 }

@@ -48,6 +48,39 @@ fn put_get_versions_and_chains() {
     assert!(e.to_string().contains("not been written yet"), "{e}");
 }
 
+/// Whether `part` lies inside `whole`'s bytes.
+fn within(part: &Bytes, whole: &Bytes) -> bool {
+    let (p, w) = (part.as_ptr() as usize, whole.as_ptr() as usize);
+    p >= w && p < w + whole.len()
+}
+
+/// A stored value must not keep the buffer it arrived in: a 1 KB value
+/// sliced from a connection's 64 KiB read chunk held the chunk (and with
+/// it the memory of every frame read next to it) for as long as it was
+/// stored, so a node's memory grew to 4x its objects' once most of them
+/// had been overwritten. A small value is copied; a large one, in a
+/// buffer of its own, is kept without a copy.
+#[test]
+fn a_small_stored_value_does_not_keep_the_buffer_it_came_in() {
+    let s = store_with_shards(1);
+    let chunk = Bytes::from(vec![7u8; 64 * 1024]);
+    s.put("/vol/small", chunk.slice(100..1124), None, None)
+        .unwrap();
+    let got = s.get("/vol/small", None, None).unwrap().value.clone();
+    assert_eq!(got.len(), 1024);
+    assert!(got.iter().all(|&x| x == 7));
+    assert!(
+        !within(&got, &chunk),
+        "the 1 KB value still points into the 64 KiB chunk"
+    );
+
+    let big = Bytes::from(vec![8u8; sluice_store::OWN_COPY_BELOW + 100]);
+    let value = big.slice(100..);
+    s.put("/vol/big", value.clone(), None, None).unwrap();
+    let got = s.get("/vol/big", None, None).unwrap().value.clone();
+    assert_eq!(got.as_ptr(), value.as_ptr(), "a large value is not copied");
+}
+
 #[test]
 fn conditional_put_reports_current_version() {
     let s = store_with_shards(1);

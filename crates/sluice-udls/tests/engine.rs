@@ -116,7 +116,9 @@ fn relay_chain_short_circuits_without_copying() {
         { "pathname": "/mid", "user_defined_logic_list": ["relay"], "destinations": [{ "/out": "put" }] }
     ])))
     .unwrap();
-    let value = Bytes::from(vec![7u8; 10_000]);
+    // From 64 KiB a stored value is kept as it came (a smaller one is
+    // copied once, into the store: `owned_if_small`).
+    let value = Bytes::from(vec![7u8; sluice_store::OWN_COPY_BELOW]);
     s.trigger_put("/in/a/b", value.clone(), None).unwrap();
     wait_for("the relayed object", || {
         s.get("/out/a/b", None, None).is_ok()
