@@ -324,6 +324,10 @@ pub struct MemoryArgs {
     /// cache is written) and measure again (0: skip).
     #[arg(long, default_value_t = 0.0)]
     pub overwrites: f64,
+    /// A volatile shard replicated on this many node processes (1: a
+    /// standalone node); the RSS reported is the largest member's.
+    #[arg(long, default_value_t = 1)]
+    pub replicas: u32,
 }
 
 pub fn run(a: BenchArgs, json: bool) -> Result<()> {

@@ -156,33 +156,43 @@ pub fn core(a: CoreArgs, json: bool) -> Result<()> {
 }
 
 pub fn memory(m: MemoryArgs, json: bool) -> Result<()> {
-    let node = ChildNode::start(&[])?;
+    // A standalone node, or a volatile shard of `replicas` node processes
+    // (the RSS is then the largest member's).
+    let (node, cluster) = if m.replicas > 1 {
+        (None, Some(crate::procs::Procs::start(m.replicas, 1)?))
+    } else {
+        (Some(ChildNode::start(&[])?), None)
+    };
+    let (addr, pids) = match (&node, &cluster) {
+        (Some(n), _) => (n.addr.clone(), vec![n.pid()]),
+        (_, Some(c)) => (c.addrs[0].clone(), c.pids()),
+        _ => unreachable!("one of the two was started"),
+    };
+    let rss = || -> Result<u64> {
+        pids.iter()
+            .map(|&p| rss_kib(p))
+            .try_fold(0, |m, r| Ok(m.max(r?)))
+    };
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
         .build()?;
-    let before = rss_kib(node.pid())?;
+    if cluster.is_some() {
+        rt.block_on(crate::procs::connect(&addr, Duration::from_secs(10)))?;
+    }
+    let before = rss()?;
     let t0 = Instant::now();
     let what = format!("put {} x {}", m.objects, fmt_size(m.size));
-    rt.block_on(put_keys(
-        &node.addr, &what, m.objects, m.objects, m.size, None,
-    ))?;
+    rt.block_on(put_keys(&addr, &what, m.objects, m.objects, m.size, None))?;
     let load_s = t0.elapsed().as_secs_f64();
-    let after = rss_kib(node.pid())?;
+    let after = rss()?;
     let per_obj = (after.saturating_sub(before) as f64 * 1024.0) / m.objects as f64;
     // Then as a cache is written: each put a new value for a random key.
     let overwritten = if m.overwrites > 0.0 {
         let puts = (m.objects as f64 * m.overwrites) as u64;
         let what = format!("overwrite {puts} x {}", fmt_size(m.size));
-        rt.block_on(put_keys(
-            &node.addr,
-            &what,
-            puts,
-            m.objects,
-            m.size,
-            Some(7),
-        ))?;
-        Some(rss_kib(node.pid())?)
+        rt.block_on(put_keys(&addr, &what, puts, m.objects, m.size, Some(7)))?;
+        Some(rss()?)
     } else {
         None
     };
@@ -190,6 +200,7 @@ pub fn memory(m: MemoryArgs, json: bool) -> Result<()> {
         overwritten.map(|kib| (kib.saturating_sub(before) as f64 * 1024.0) / m.objects as f64);
     let v = serde_json::json!({
         "objects": m.objects,
+        "replicas": m.replicas,
         "value_bytes": m.size,
         "rss_before_kib": before,
         "rss_after_kib": after,
