@@ -1147,7 +1147,10 @@ impl Client {
         }
     }
 
-    /// Keys of `pool` (optionally under `prefix`), gathered from every shard, sorted.
+    /// Keys of `pool` (optionally under `prefix`), gathered from every
+    /// shard, sorted. Each shard is read a page at a time (a node answers
+    /// at most `KEYS_PAGE_BYTES` of keys a request), so a pool of any size
+    /// can be listed.
     pub async fn list_keys(&self, pool: &str, prefix: Option<&str>) -> Result<Vec<String>> {
         let mut meta = self.inner.pools.load().table.get(pool).cloned();
         if meta.is_none() {
@@ -1161,28 +1164,59 @@ impl Client {
         };
         let mut calls = Vec::new();
         for shard in 0..meta.shard_count.max(1) {
-            let req = Request::ListKeys {
-                pool: pool.to_string(),
-                prefix: prefix.map(str::to_string),
-                shard: Some(shard),
-            };
-            let c = self.clone();
+            let (c, pool, prefix) = (self.clone(), pool.to_string(), prefix.map(str::to_string));
             let place = (meta.pool_type, meta.subgroup_index, shard);
             calls.push(tokio::spawn(async move {
-                c.placed_call(place, "", Class::Read, &req).await
+                c.paged_keys(
+                    |after| Request::ListKeys {
+                        pool: pool.clone(),
+                        prefix: prefix.clone(),
+                        shard: Some(shard),
+                        after,
+                    },
+                    Some(place),
+                )
+                .await
             }));
         }
         let mut keys = Vec::new();
         for c in calls {
-            match c.await.map_err(|e| SluiceError::Internal {
+            keys.extend(c.await.map_err(|e| SluiceError::Internal {
                 reason: e.to_string(),
-            })?? {
-                Response::Keys(k) => keys.extend(k),
-                other => return Err(unexpected(other)),
-            }
+            })??);
         }
         keys.sort_unstable();
         Ok(keys)
+    }
+
+    /// Every page of a listing: `req(after)` asks for the keys after the
+    /// last one received until the node says no more follow. `place`: the
+    /// shard to ask (else the connected node).
+    async fn paged_keys(
+        &self,
+        req: impl Fn(Option<String>) -> Request,
+        place: Option<(PoolType, u32, u32)>,
+    ) -> Result<Vec<String>> {
+        let mut keys: Vec<String> = Vec::new();
+        loop {
+            let r = req(keys.last().cloned());
+            let rep = match place {
+                Some(place) => self.placed_call(place, "", Class::Read, &r).await?,
+                None => self.call(&r).await?,
+            };
+            match rep {
+                Response::Keys { keys: page, more } => {
+                    // A page that adds nothing ends the listing (a node
+                    // that said more but sent none would loop forever).
+                    let progressed = !page.is_empty();
+                    keys.extend(page);
+                    if !more || !progressed {
+                        return Ok(keys);
+                    }
+                }
+                other => return Err(unexpected(other)),
+            }
+        }
     }
 
     /// The latest versions of several keys: one request per shard involved,
@@ -1532,18 +1566,17 @@ impl Client {
         by_time: bool,
         at: u64,
     ) -> Result<Vec<String>> {
-        match self
-            .call(&Request::ListKeysAt {
+        self.paged_keys(
+            |after| Request::ListKeysAt {
                 pool: pool.to_string(),
                 prefix: prefix.map(str::to_string),
                 by_time,
                 at,
-            })
-            .await?
-        {
-            Response::Keys(k) => Ok(k),
-            other => Err(unexpected(other)),
-        }
+                after,
+            },
+            None,
+        )
+        .await
     }
 
     /// Applies a data flow graph file (`dfgs.json` shape) on the node;

@@ -233,6 +233,7 @@ impl Rng {
                 pool: self.pick(&["/vol".to_string(), "/p".into(), "/trig".into(), "/".into()]),
                 prefix: self.coin().then(|| self.key()),
                 shard: self.shard(),
+                after: self.coin().then(|| self.key()),
             },
             13 => Request::MultiGet {
                 shard: self.shard(),
@@ -298,6 +299,7 @@ impl Rng {
                 prefix: self.coin().then(|| self.key()),
                 by_time: self.coin(),
                 at: self.u64(),
+                after: self.coin().then(|| self.key()),
             },
             23 => Request::DfgApply { text: self.json() },
             24 => Request::Cluster {

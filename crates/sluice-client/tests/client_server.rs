@@ -178,6 +178,40 @@ async fn routing_list_and_multi_get_across_shards() {
     s.stop().await;
 }
 
+/// A pool whose keys do not fit in one reply is listed a page at a time.
+/// Its keys went in one reply, and past the frame size a client accepts
+/// (8 MiB of metadata: about 180,000 keys of 40 bytes) the listing failed
+/// with "protocol error: server sent a bad frame".
+#[tokio::test]
+async fn a_pool_too_large_for_one_reply_is_listed_a_page_at_a_time() {
+    // One shard: a listing asks each shard for its keys.
+    let s = start(|c| c.layout.volatile = vec![1]).await;
+    let c = s.client().await;
+    // 40,000 keys of 250 bytes: 10 MB of key text.
+    let pad = "x".repeat(230);
+    let keys: Vec<String> = (0..40_000)
+        .map(|i| format!("/vol/big/{i:06}-{pad}"))
+        .collect();
+    for k in &keys {
+        c.put_and_forget(k, "v").await.unwrap();
+    }
+    c.put("/vol/other", "v").await.unwrap(); // after the others, on their connection
+    let listed = c.list_keys("/vol", Some("/vol/big/")).await.unwrap();
+    assert_eq!(listed.len(), keys.len());
+    assert!(listed == keys, "every key once, in order");
+    // With a prefix that takes none of them, and the whole pool.
+    assert!(c
+        .list_keys("/vol", Some("/vol/none"))
+        .await
+        .unwrap()
+        .is_empty());
+    assert_eq!(
+        c.list_keys("/vol", None).await.unwrap().len(),
+        keys.len() + 1
+    );
+    s.stop().await;
+}
+
 #[tokio::test]
 async fn persistent_pools_can_be_turned_off() {
     let s = start(|c| c.persistent.enabled = false).await;

@@ -25,6 +25,12 @@ const REPLAY_BYTES_MAX: usize = 256 << 20;
 /// Most versions one history reply carries (clients page for more).
 const HISTORY_PAGE_MAX: u32 = 1024;
 
+/// Most key text one listing reply carries (clients page for more). A
+/// pool's keys went in one reply, and past about 180,000 keys of 40
+/// bytes it was a frame larger than a client accepts (`max_meta_bytes`,
+/// 8 MiB): `ls` of a large pool failed with a protocol error.
+pub const KEYS_PAGE_BYTES: usize = 1 << 20;
+
 /// Read buffer growth step; a frame larger than this gets one exact
 /// reservation once its header is in.
 const READ_CHUNK: usize = 64 * 1024;
@@ -1423,7 +1429,8 @@ impl Conn {
         }
     }
 
-    /// Reads of many keys or versions: listings, multi-get, history.
+    /// Reads of many keys or versions: listings (a page of at most
+    /// `KEYS_PAGE_BYTES` of keys each), multi-get, history.
     fn exec_range_reads(&mut self, rid: u64, _no_reply: bool, req: Request) {
         let store = &*self.ctx.store;
         let out = &mut self.out;
@@ -1434,8 +1441,15 @@ impl Conn {
                 pool,
                 prefix,
                 shard,
-            } => match store.list_keys(&pool, prefix.as_deref(), shard) {
-                Ok(keys) => Response::Keys(keys).encode(out, rid),
+                after,
+            } => match store.list_keys_page(
+                &pool,
+                prefix.as_deref(),
+                shard,
+                after.as_deref(),
+                KEYS_PAGE_BYTES,
+            ) {
+                Ok((keys, more)) => Response::Keys { keys, more }.encode(out, rid),
                 Err(e) => reply_err(out, &e),
             },
             Request::MultiGet { shard, keys } => {
@@ -1489,6 +1503,7 @@ impl Conn {
                 prefix,
                 by_time,
                 at,
+                after,
             } => {
                 let r = if by_time {
                     store.list_keys_at_time(&pool, prefix.as_deref(), at)
@@ -1496,7 +1511,13 @@ impl Conn {
                     store.list_keys_at_version(&pool, prefix.as_deref(), at)
                 };
                 match r {
-                    Ok(keys) => Response::Keys(keys).encode(out, rid),
+                    Ok(mut keys) => {
+                        if let Some(a) = after {
+                            keys.retain(|k| *k > a);
+                        }
+                        let (keys, more) = sluice_store::keys_page(keys, KEYS_PAGE_BYTES);
+                        Response::Keys { keys, more }.encode(out, rid)
+                    }
                     Err(e) => reply_err(out, &e),
                 }
             }

@@ -209,10 +209,13 @@ pub enum Request {
         version: Option<u64>,
         timestamp_us: Option<u64>,
     },
+    /// A page of a pool's keys: the smallest after `after`, sorted (the
+    /// node bounds a page's size; `Response::Keys` says if more follow).
     ListKeys {
         pool: String,
         prefix: Option<String>,
         shard: Option<u32>,
+        after: Option<String>,
     },
     MultiGet {
         shard: Option<u32>,
@@ -266,12 +269,14 @@ pub enum Request {
         to: u64,
         limit: u32,
     },
-    /// Keys of a persistent pool live at a version (or a time).
+    /// Keys of a persistent pool live at a version (or a time), paged as
+    /// `ListKeys` is.
     ListKeysAt {
         pool: String,
         prefix: Option<String>,
         by_time: bool,
         at: u64,
+        after: Option<String>,
     },
     /// Node to node: a consensus message for replication group `group`,
     /// sent by node `from` (`kind` says which; `body` is its encoding).
@@ -303,7 +308,11 @@ pub enum Response {
     PutOk(PutResult),
     Object(WireObject),
     Size(u64),
-    Keys(Vec<String>),
+    /// A page of keys; `more`: ask again after the last one.
+    Keys {
+        keys: Vec<String>,
+        more: bool,
+    },
     Objects(Vec<Result<WireObject, SluiceError>>),
     Pool(PoolMeta),
     Pools(Vec<PoolMeta>),
@@ -660,11 +669,13 @@ impl Request {
                 prefix,
                 by_time,
                 at,
+                after,
             } => frame(out, opc, flags, request_id, None, |w| {
                 w.str(pool)
                     .opt_str(prefix.as_deref())
                     .u8(*by_time as u8)
-                    .u64(*at);
+                    .u64(*at)
+                    .opt_str(after.as_deref());
             }),
             Request::Put {
                 key,
@@ -759,10 +770,12 @@ impl Request {
                 pool,
                 prefix,
                 shard,
+                after,
             } => frame(out, opc, flags, request_id, None, |w| {
                 w.str(pool)
                     .opt_str(prefix.as_deref())
-                    .u32(shard_enc(*shard));
+                    .u32(shard_enc(*shard))
+                    .opt_str(after.as_deref());
             }),
             Request::MultiGet { shard, keys } => frame(out, opc, flags, request_id, None, |w| {
                 w.u32(shard_enc(*shard)).u32(keys.len() as u32);
@@ -839,6 +852,7 @@ impl Request {
                 prefix: r.opt_str()?,
                 by_time: r.bool()?,
                 at: r.u64()?,
+                after: if r.at_end() { None } else { r.opt_str()? },
             },
             op::PUT => Request::Put {
                 key: r.str()?,
@@ -906,6 +920,7 @@ impl Request {
                 pool: r.str()?,
                 prefix: r.opt_str()?,
                 shard: shard_dec(r.u32()?),
+                after: if r.at_end() { None } else { r.opt_str()? },
             },
             op::MULTI_GET => {
                 let shard = shard_dec(r.u32()?);
@@ -973,11 +988,12 @@ impl Response {
             Response::Size(n) => frame(out, op::SIZE, 0, request_id, None, |w| {
                 w.u64(*n);
             }),
-            Response::Keys(keys) => frame(out, op::KEYS, 0, request_id, None, |w| {
+            Response::Keys { keys, more } => frame(out, op::KEYS, 0, request_id, None, |w| {
                 w.u32(keys.len() as u32);
                 for k in keys {
                     w.str(k);
                 }
+                w.u8(*more as u8);
             }),
             Response::Objects(items) => {
                 let parts: Vec<MultiGetItem<'_>> = items
@@ -1068,7 +1084,8 @@ impl Response {
                 for _ in 0..n {
                     keys.push(r.str()?);
                 }
-                Response::Keys(keys)
+                let more = !r.at_end() && r.bool()?;
+                Response::Keys { keys, more }
             }
             op::OBJECTS => {
                 let n = r.u32()? as usize;

@@ -215,13 +215,18 @@ fn arb_request() -> impl Strategy<Value = Request> {
                 version,
                 timestamp_us
             }),
-        (arb_key(), proptest::option::of(arb_key()), arb_opt_shard()).prop_map(
-            |(pool, prefix, shard)| Request::ListKeys {
+        (
+            arb_key(),
+            proptest::option::of(arb_key()),
+            arb_opt_shard(),
+            proptest::option::of(arb_key())
+        )
+            .prop_map(|(pool, prefix, shard, after)| Request::ListKeys {
                 pool,
                 prefix,
-                shard
-            }
-        ),
+                shard,
+                after
+            }),
         (arb_opt_shard(), proptest::collection::vec(arb_key(), 0..8))
             .prop_map(|(shard, keys)| Request::MultiGet { shard, keys }),
         (arb_key(), proptest::option::of("[a-z_]{1,5}")).prop_map(|(p, re)| Request::PoolCreate {
@@ -267,13 +272,15 @@ fn arb_request() -> impl Strategy<Value = Request> {
             arb_key(),
             proptest::option::of(arb_key()),
             any::<bool>(),
-            any::<u64>()
+            any::<u64>(),
+            proptest::option::of(arb_key())
         )
-            .prop_map(|(pool, prefix, by_time, at)| Request::ListKeysAt {
+            .prop_map(|(pool, prefix, by_time, at, after)| Request::ListKeysAt {
                 pool,
                 prefix,
                 by_time,
-                at
+                at,
+                after
             }),
         "[a-z{}\\[\\]\":]{0,30}".prop_map(|text| Request::DfgApply { text }),
         "[a-z]{1,8}".prop_map(|id| Request::DfgRemove { id }),
@@ -303,7 +310,8 @@ fn arb_response() -> impl Strategy<Value = Response> {
         )),
         arb_object().prop_map(Response::Object),
         any::<u64>().prop_map(Response::Size),
-        proptest::collection::vec(arb_key(), 0..6).prop_map(Response::Keys),
+        (proptest::collection::vec(arb_key(), 0..6), any::<bool>())
+            .prop_map(|(keys, more)| Response::Keys { keys, more }),
         proptest::collection::vec(
             prop_oneof![
                 arb_object().prop_map(Ok),
@@ -688,6 +696,7 @@ fn regenerate_corpus() {
             pool: "/vol".into(),
             prefix: Some("/vol/a".into()),
             shard: None,
+            after: Some("/vol/a/b".into()),
         },
         Request::MultiGet {
             shard: Some(0),
