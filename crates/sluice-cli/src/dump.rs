@@ -98,10 +98,17 @@ fn spec_of(p: &PoolMeta) -> PoolSpec {
 
 /// Versions per history request (and values held in memory at once).
 const PAGE: u32 = 64;
+/// Value bytes held in memory at once (a node's replies are cut at
+/// 64 MiB of values too).
+const WINDOW_BYTES: usize = 64 << 20;
 
-/// Every version of `key`, oldest first, with a page of values in memory
-/// at a time: the key's version numbers first (pages come newest first),
-/// then the values in windows of a page each, oldest first.
+/// Every version of `key`, oldest first, with a window of values in
+/// memory at a time: the key's versions and their sizes first (pages come
+/// newest first), then the values in windows of at most a page or
+/// `WINDOW_BYTES` each, oldest first. A page or window the node cut short
+/// is asked for again below its oldest version: none is left out (pages
+/// shorter than asked for ended the walk, and would have lost versions
+/// once replies were cut by size).
 fn dump_history(
     c: &BlockingClient,
     key: &str,
@@ -112,22 +119,43 @@ fn dump_history(
     let mut versions = Vec::new();
     let mut to = u64::MAX;
     loop {
-        let page = c.history_page(key, false, 0, to, PAGE)?;
-        versions.extend(page.iter().map(|o| o.meta.version));
+        let (page, more) = c.history_page(key, false, 0, to, PAGE)?;
+        versions.extend(page.iter().map(|o| (o.meta.version, o.value.len())));
         match page.last() {
-            Some(o) if page.len() == PAGE as usize && o.meta.version > 0 => to = o.meta.version - 1,
+            Some(o) if more && o.meta.version > 0 => to = o.meta.version - 1,
             _ => break,
         }
     }
     versions.reverse();
-    for window in versions.chunks(PAGE as usize) {
-        let (from, to) = (window[0], window[window.len() - 1]);
-        let mut page = c.history_page(key, false, from, to, PAGE)?;
-        page.reverse();
-        for o in &page {
+    let mut start = 0;
+    while start < versions.len() {
+        // A window: up to a page of versions, within the byte budget.
+        let mut end = start + 1;
+        let mut bytes = versions[start].1;
+        while end < versions.len()
+            && end - start < PAGE as usize
+            && bytes + versions[end].1 <= WINDOW_BYTES
+        {
+            bytes += versions[end].1;
+            end += 1;
+        }
+        let (from, mut to) = (versions[start].0, versions[end - 1].0);
+        let mut window = Vec::new();
+        loop {
+            let (page, more) = c.history_page(key, false, from, to, PAGE)?;
+            let oldest = page.last().map(|o| o.meta.version);
+            window.extend(page);
+            match oldest {
+                Some(v) if more && v > from => to = v - 1,
+                _ => break,
+            }
+        }
+        window.reverse();
+        for o in &window {
             write_object(w, o, n)?;
             progress.tick(n);
         }
+        start = end;
     }
     Ok(())
 }

@@ -1126,7 +1126,7 @@ async fn node_history(c: &Cluster, id: u32, key: &str) -> Vec<Version> {
             limit: 1_000_000,
         };
         let r = raw.call(&req, Duration::from_secs(10)).await.unwrap();
-        let Response::Objects(items) = r else {
+        let Response::Objects { items, .. } = r else {
             panic!("node {id} history of {key}: {r:?}")
         };
         let before = out.len();

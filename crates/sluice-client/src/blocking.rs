@@ -192,7 +192,7 @@ impl BlockingClient {
         fn list_keys(&self, pool: &str, prefix: Option<&str>) -> Result<Vec<String>>;
         fn list_keys_at(&self, pool: &str, prefix: Option<&str>, by_time: bool, at: u64) -> Result<Vec<String>>;
         fn history(&self, key: &str, by_time: bool, from: u64, to: u64, page: u32) -> Result<Vec<Object>>;
-        fn history_page(&self, key: &str, by_time: bool, from: u64, to: u64, limit: u32) -> Result<Vec<Object>>;
+        fn history_page(&self, key: &str, by_time: bool, from: u64, to: u64, limit: u32) -> Result<(Vec<Object>, bool)>;
         fn refresh_pools(&self) -> Result<()>;
         fn get_linearizable(&self, key: &str) -> Result<Object>;
         fn refresh_cluster(&self) -> Result<()>;

@@ -1220,7 +1220,9 @@ impl Client {
     }
 
     /// The latest versions of several keys: one request per shard involved,
-    /// sent concurrently; one result per key, in the order given.
+    /// sent concurrently; one result per key, in the order given. A node
+    /// answers as many as fit in one reply (64 MiB of values) and the
+    /// rest are asked for again, so large values can be fetched together.
     pub async fn multi_get(&self, keys: &[&str]) -> Result<Vec<Result<Object>>> {
         let mut by_shard: HashMap<(PoolType, u32, u32), Vec<usize>> = HashMap::new();
         let mut out: Vec<Option<Result<Object>>> = vec![None; keys.len()];
@@ -1232,30 +1234,17 @@ impl Client {
         }
         let mut calls = Vec::new();
         for (place, idx) in by_shard {
-            let req = Request::MultiGet {
-                shard: Some(place.2),
-                keys: idx.iter().map(|i| keys[*i].to_string()).collect(),
-            };
+            let wanted: Vec<String> = idx.iter().map(|i| keys[*i].to_string()).collect();
             let c = self.clone();
             calls.push((
                 idx,
-                tokio::spawn(async move { c.placed_call(place, "", Class::Leader, &req).await }),
+                tokio::spawn(async move { c.multi_get_shard(place, wanted).await }),
             ));
         }
         for (idx, call) in calls {
-            let items = match call.await.map_err(|e| SluiceError::Internal {
+            let items = call.await.map_err(|e| SluiceError::Internal {
                 reason: e.to_string(),
-            })?? {
-                Response::Objects(items) => items,
-                other => return Err(unexpected(other)),
-            };
-            if items.len() != idx.len() {
-                return Err(SluiceError::protocol(format!(
-                    "multi-get asked for {} keys, got {}",
-                    idx.len(),
-                    items.len()
-                )));
-            }
+            })??;
             for (i, item) in idx.into_iter().zip(items) {
                 out[i] = Some(item.map(to_object));
             }
@@ -1270,6 +1259,38 @@ impl Client {
                 })
             })
             .collect())
+    }
+
+    /// `keys` of one shard, asking again for those a reply held back.
+    async fn multi_get_shard(
+        &self,
+        place: (PoolType, u32, u32),
+        keys: Vec<String>,
+    ) -> Result<Vec<Result<WireObject>>> {
+        let mut got = Vec::with_capacity(keys.len());
+        while got.len() < keys.len() {
+            let req = Request::MultiGet {
+                shard: Some(place.2),
+                keys: keys[got.len()..].to_vec(),
+            };
+            let asked = keys.len() - got.len();
+            match self.placed_call(place, "", Class::Leader, &req).await? {
+                Response::Objects { items, more }
+                    if items.len() == asked
+                        || (more && !items.is_empty() && items.len() < asked) =>
+                {
+                    got.extend(items)
+                }
+                Response::Objects { items, .. } => {
+                    return Err(SluiceError::protocol(format!(
+                        "multi-get asked for {asked} keys, got {}",
+                        items.len()
+                    )))
+                }
+                other => return Err(unexpected(other)),
+            }
+        }
+        Ok(got)
     }
 
     async fn pool_call(&self, req: Request) -> Result<PoolMeta> {
@@ -1502,8 +1523,7 @@ impl Client {
         let mut out = Vec::new();
         let mut to = to;
         loop {
-            let items = self.history_page(key, by_time, from, to, page).await?;
-            let n = items.len();
+            let (items, more) = self.history_page(key, by_time, from, to, page).await?;
             out.extend(items);
             let Some(last) = out.last() else { break };
             let next_to = if by_time {
@@ -1511,7 +1531,7 @@ impl Client {
             } else {
                 last.meta.version
             };
-            if (n as u32) < page.max(1) || next_to <= from || next_to == 0 {
+            if !more || next_to <= from || next_to == 0 {
                 break;
             }
             // Versions and (node-monotonic) timestamps are unique per
@@ -1523,7 +1543,9 @@ impl Client {
 
     /// One page of `history`: the newest at most `limit` versions of
     /// `key` in `from..=to` (versions, or timestamps when `by_time`),
-    /// newest first. The next page ends just below the oldest returned.
+    /// newest first, and whether older ones may follow (a page is also
+    /// cut at 64 MiB of values, and at the node's page limit, 1024). The
+    /// next page ends just below the oldest returned.
     pub async fn history_page(
         &self,
         key: &str,
@@ -1531,7 +1553,7 @@ impl Client {
         from: u64,
         to: u64,
         limit: u32,
-    ) -> Result<Vec<Object>> {
+    ) -> Result<(Vec<Object>, bool)> {
         if from > to {
             let what = if by_time {
                 "time range"
@@ -1552,7 +1574,13 @@ impl Client {
             limit: limit.max(1),
         };
         match self.routed(key, req).await? {
-            Response::Objects(items) => items.into_iter().map(|i| i.map(to_object)).collect(),
+            Response::Objects { items, more } => Ok((
+                items
+                    .into_iter()
+                    .map(|i| i.map(to_object))
+                    .collect::<Result<_>>()?,
+                more,
+            )),
             other => Err(unexpected(other)),
         }
     }

@@ -212,6 +212,56 @@ async fn a_pool_too_large_for_one_reply_is_listed_a_page_at_a_time() {
     s.stop().await;
 }
 
+/// Multi-gets and histories whose values together pass what one reply
+/// may carry come back whole, over several replies. They went in one
+/// reply each, and past the frame size a client accepts (128 MiB of
+/// values) `mget` and `history` failed with "server sent a bad frame".
+#[tokio::test]
+async fn large_values_are_fetched_together_over_several_replies() {
+    let s = start(|c| {
+        c.persistent.enabled = true;
+        c.persistent.sync = "never".into();
+        c.layout.persistent = vec![1];
+        c.layout.volatile = vec![1];
+    })
+    .await;
+    let c = s.client().await;
+    c.create_pool(PoolSpec {
+        pathname: "/durable".into(),
+        pool_type: Some(PoolType::Persistent),
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    // Three values of 60 MB: 180 MB together.
+    let values: Vec<Bytes> = (0..3u8)
+        .map(|i| Bytes::from(vec![b'a' + i; 60_000_000]))
+        .collect();
+    let mut want = Vec::new();
+    for (i, v) in values.iter().enumerate() {
+        c.put(&format!("/vol/m{i}"), v.clone()).await.unwrap();
+        want.push(c.put("/durable/h", v.clone()).await.unwrap().version);
+    }
+    let got = c
+        .multi_get(&["/vol/m0", "/vol/missing", "/vol/m1", "/vol/m2"])
+        .await
+        .unwrap();
+    assert_eq!(got.len(), 4);
+    assert!(matches!(got[1], Err(SluiceError::NotFound { .. })));
+    for (g, v) in [&got[0], &got[2], &got[3]].into_iter().zip(&values) {
+        assert!(g.as_ref().unwrap().value == v, "each value whole, in order");
+    }
+    let h = c
+        .history("/durable/h", false, 0, u64::MAX, 16)
+        .await
+        .unwrap();
+    let versions: Vec<u64> = h.iter().map(|o| o.meta.version).collect();
+    want.reverse();
+    assert_eq!(versions, want, "every version, newest first");
+    assert!(h[0].value == values[2] && h[2].value == values[0]);
+    s.stop().await;
+}
+
 #[tokio::test]
 async fn persistent_pools_can_be_turned_off() {
     let s = start(|c| c.persistent.enabled = false).await;

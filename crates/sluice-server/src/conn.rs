@@ -31,6 +31,32 @@ const HISTORY_PAGE_MAX: u32 = 1024;
 /// 8 MiB): `ls` of a large pool failed with a protocol error.
 pub const KEYS_PAGE_BYTES: usize = 1 << 20;
 
+/// Most value bytes one multi-get or history reply carries (at least one
+/// object, however large): the rest is left for the client to ask again.
+/// A reply of every value asked for could pass what a client accepts in
+/// one frame (`max_value_bytes`): an `mget` of 150 values of 1 MB failed
+/// with "server sent a bad frame".
+const REPLY_VALUE_BYTES: usize = 64 << 20;
+
+fn reply_budget(limits: &sluice_types::Limits) -> usize {
+    REPLY_VALUE_BYTES.min(limits.max_value_bytes as usize)
+}
+
+/// How many of the leading objects of these sizes fit in `budget` bytes
+/// (one at least, when there is one).
+fn within_budget(sizes: impl Iterator<Item = usize>, budget: usize) -> usize {
+    let mut used = 0usize;
+    let mut n = 0;
+    for size in sizes {
+        used = used.saturating_add(size);
+        if n > 0 && used > budget {
+            break;
+        }
+        n += 1;
+    }
+    n
+}
+
 /// Read buffer growth step; a frame larger than this gets one exact
 /// reservation once its header is in.
 const READ_CHUNK: usize = 64 * 1024;
@@ -1463,14 +1489,21 @@ impl Conn {
                     );
                 }
                 let results = store.multi_get(&keys, shard);
-                let items: Vec<_> = results
+                let budget = reply_budget(limits);
+                let n = within_budget(
+                    results
+                        .iter()
+                        .map(|r| r.as_ref().map_or(0, |o| o.value.len())),
+                    budget,
+                );
+                let items: Vec<_> = results[..n]
                     .iter()
                     .map(|r| match r {
                         Ok(o) => sluice_wire::MultiGetItem::Found(ObjRef::of(o)),
                         Err(e) => sluice_wire::MultiGetItem::Failed(e),
                     })
                     .collect();
-                encode_objects(out, rid, &items);
+                encode_objects(out, rid, &items, n < results.len());
             }
             // Control-plane writes fsync the pool table or load models: off the event loop.
             Request::History {
@@ -1489,11 +1522,15 @@ impl Conn {
                 let limit = limit.clamp(1, HISTORY_PAGE_MAX) as usize;
                 match store.history(&key, range, limit, shard) {
                     Ok(versions) => {
-                        let items: Vec<_> = versions
+                        let budget = reply_budget(limits);
+                        let n = within_budget(versions.iter().map(|o| o.value.len()), budget);
+                        let items: Vec<_> = versions[..n]
                             .iter()
                             .map(|o| sluice_wire::MultiGetItem::Found(ObjRef::of(o)))
                             .collect();
-                        encode_objects(out, rid, &items);
+                        // Older versions may follow a full or a cut page.
+                        let more = n < versions.len() || n == limit;
+                        encode_objects(out, rid, &items, more);
                     }
                     Err(e) => reply_err(out, &e),
                 }

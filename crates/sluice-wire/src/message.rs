@@ -313,7 +313,14 @@ pub enum Response {
         keys: Vec<String>,
         more: bool,
     },
-    Objects(Vec<Result<WireObject, SluiceError>>),
+    /// Multi-get results (one per key asked, in order) or a page of
+    /// history. `more`: the node held back the rest to bound the reply's
+    /// size: the results cover only the first keys asked (ask again for
+    /// the others), or older versions follow (ask below the oldest).
+    Objects {
+        items: Vec<Result<WireObject, SluiceError>>,
+        more: bool,
+    },
     Pool(PoolMeta),
     Pools(Vec<PoolMeta>),
     WatchOk {
@@ -995,7 +1002,7 @@ impl Response {
                 }
                 w.u8(*more as u8);
             }),
-            Response::Objects(items) => {
+            Response::Objects { items, more } => {
                 let parts: Vec<MultiGetItem<'_>> = items
                     .iter()
                     .map(|i| match i {
@@ -1003,7 +1010,7 @@ impl Response {
                         Err(e) => MultiGetItem::Failed(e),
                     })
                     .collect();
-                encode_objects(out, request_id, &parts);
+                encode_objects(out, request_id, &parts, *more);
             }
             Response::Pool(p) => frame(out, op::POOL, 0, request_id, None, |w| {
                 w.str(&json(p));
@@ -1115,7 +1122,8 @@ impl Response {
                         "multi-get value section has trailing bytes",
                     ));
                 }
-                Response::Objects(items)
+                let more = !r.at_end() && r.bool()?;
+                Response::Objects { items, more }
             }
             op::POOL => Response::Pool(from_json(&r.str()?)?),
             op::POOLS => Response::Pools(from_json(&r.str()?)?),
@@ -1143,7 +1151,7 @@ pub enum MultiGetItem<'a> {
 
 /// Encodes a multi-get reply: per item either the object or its error.
 /// Values follow in order, unencoded.
-pub fn encode_objects(out: &mut OutQueue, request_id: u64, items: &[MultiGetItem<'_>]) {
+pub fn encode_objects(out: &mut OutQueue, request_id: u64, items: &[MultiGetItem<'_>], more: bool) {
     let total: usize = items
         .iter()
         .map(|i| match i {
@@ -1169,6 +1177,7 @@ pub fn encode_objects(out: &mut OutQueue, request_id: u64, items: &[MultiGetItem
                 }
             }
         }
+        w.u8(more as u8);
     }
     let meta_len = buf.len() - start - HEADER_LEN;
     buf[start + 4..start + 8].copy_from_slice(&(meta_len as u32).to_le_bytes());

@@ -312,14 +312,17 @@ fn arb_response() -> impl Strategy<Value = Response> {
         any::<u64>().prop_map(Response::Size),
         (proptest::collection::vec(arb_key(), 0..6), any::<bool>())
             .prop_map(|(keys, more)| Response::Keys { keys, more }),
-        proptest::collection::vec(
-            prop_oneof![
-                arb_object().prop_map(Ok),
-                arb_key().prop_map(|key| Err(SluiceError::NotFound { key }))
-            ],
-            0..6
+        (
+            proptest::collection::vec(
+                prop_oneof![
+                    arb_object().prop_map(Ok),
+                    arb_key().prop_map(|key| Err(SluiceError::NotFound { key }))
+                ],
+                0..6
+            ),
+            any::<bool>()
         )
-        .prop_map(Response::Objects),
+            .prop_map(|(items, more)| Response::Objects { items, more }),
         any::<u64>().prop_map(|watch_id| Response::WatchOk { watch_id }),
         (
             arb_object(),
@@ -723,23 +726,26 @@ fn regenerate_corpus() {
         std::fs::write(dir.join(format!("req-{i:02}.bin")), q.to_bytes()).unwrap();
     }
     let mut q = OutQueue::new();
-    Response::Objects(vec![
-        Ok(WireObject {
-            key: "/vol/a".into(),
-            meta: ObjectMeta {
-                version: 1,
-                timestamp_us: 2,
-                previous_version: 0,
-                previous_version_by_key: u64::MAX,
-                tombstone: false,
-            },
-            value: Bytes::from_static(b"v"),
-            trace: None,
-        }),
-        Err(SluiceError::NotFound {
-            key: "/vol/b".into(),
-        }),
-    ])
+    Response::Objects {
+        items: vec![
+            Ok(WireObject {
+                key: "/vol/a".into(),
+                meta: ObjectMeta {
+                    version: 1,
+                    timestamp_us: 2,
+                    previous_version: 0,
+                    previous_version_by_key: u64::MAX,
+                    tombstone: false,
+                },
+                value: Bytes::from_static(b"v"),
+                trace: None,
+            }),
+            Err(SluiceError::NotFound {
+                key: "/vol/b".into(),
+            }),
+        ],
+        more: false,
+    }
     .encode(&mut q, 3);
     std::fs::write(dir.join("resp-objects.bin"), q.to_bytes()).unwrap();
 }
