@@ -1261,19 +1261,34 @@ impl Client {
             .collect())
     }
 
-    /// `keys` of one shard, asking again for those a reply held back.
+    /// `keys` of one shard, in requests no larger than a node takes,
+    /// asking again for those a reply held back.
     async fn multi_get_shard(
         &self,
         place: (PoolType, u32, u32),
         keys: Vec<String>,
     ) -> Result<Vec<Result<WireObject>>> {
+        let limits = &self.inner.info.limits;
         let mut got = Vec::with_capacity(keys.len());
         while got.len() < keys.len() {
+            // As many keys as one request may carry (a count and half
+            // the metadata a node accepts; one at least).
+            let (mut n, mut bytes) = (0, 0);
+            for k in &keys[got.len()..] {
+                bytes += k.len() + 8;
+                if n > 0
+                    && (n >= limits.max_multi_get_keys as usize
+                        || bytes > limits.max_meta_bytes as usize / 2)
+                {
+                    break;
+                }
+                n += 1;
+            }
             let req = Request::MultiGet {
                 shard: Some(place.2),
-                keys: keys[got.len()..].to_vec(),
+                keys: keys[got.len()..got.len() + n].to_vec(),
             };
-            let asked = keys.len() - got.len();
+            let asked = n;
             match self.placed_call(place, "", Class::Leader, &req).await? {
                 Response::Objects { items, more }
                     if items.len() == asked

@@ -262,6 +262,26 @@ async fn large_values_are_fetched_together_over_several_replies() {
     s.stop().await;
 }
 
+/// A multi-get of more keys than one request may carry is split: it
+/// failed with `TooManyKeys` past the node's `max_multi_get_keys`.
+#[tokio::test]
+async fn a_multi_get_of_more_keys_than_one_request_takes_is_split() {
+    let s = start(|c| c.layout.volatile = vec![1]).await;
+    let c = s.client().await;
+    let keys: Vec<String> = (0..10_000).map(|i| format!("/vol/mg/{i:05}")).collect();
+    for k in &keys {
+        c.put_and_forget(k, k.clone()).await.unwrap();
+    }
+    c.put("/vol/mg/done", "v").await.unwrap();
+    let asked: Vec<&str> = keys.iter().map(String::as_str).collect();
+    let got = c.multi_get(&asked).await.unwrap();
+    assert_eq!(got.len(), keys.len());
+    for (k, g) in keys.iter().zip(&got) {
+        assert_eq!(&g.as_ref().unwrap().value[..], k.as_bytes());
+    }
+    s.stop().await;
+}
+
 #[tokio::test]
 async fn persistent_pools_can_be_turned_off() {
     let s = start(|c| c.persistent.enabled = false).await;
