@@ -1,4 +1,5 @@
 use crate::config::ServerConfig;
+use crate::listing::What;
 use crate::recv_pool::LargeBuf;
 use crate::stats::ServerStats;
 use crate::watch::{Notice, WatchHub, WATCH_QUEUE_LEN};
@@ -25,11 +26,11 @@ const REPLAY_BYTES_MAX: usize = 256 << 20;
 /// Most versions one history reply carries (clients page for more).
 const HISTORY_PAGE_MAX: u32 = 1024;
 
-/// Most key text one listing reply carries (clients page for more). A
-/// pool's keys went in one reply, and past about 180,000 keys of 40
-/// bytes it was a frame larger than a client accepts (`max_meta_bytes`,
-/// 8 MiB): `ls` of a large pool failed with a protocol error.
-pub const KEYS_PAGE_BYTES: usize = 1 << 20;
+/// Most bytes of keys one listing reply carries (clients page for more):
+/// half the 8 MiB of metadata a client accepts. A pool's keys went in one
+/// reply, and past about 180,000 keys of 40 bytes it was a frame larger
+/// than that: `ls` of a large pool failed with a protocol error.
+pub const KEYS_PAGE_BYTES: usize = 4 << 20;
 
 /// Most value bytes one multi-get or history reply carries (at least one
 /// object, however large): the rest is left for the client to ask again.
@@ -119,6 +120,8 @@ struct Conn {
     parts: std::collections::HashMap<u64, Partial>,
     /// Bytes held in `parts`.
     parts_bytes: usize,
+    /// Listings in progress, each sorted once for all its pages.
+    listings: crate::listing::Listings,
     /// Set while re-running a request after a metadata catch-up (no second catch-up).
     retried_after_catch_up: bool,
     /// A HELLO waits for a metadata catch-up (`hello`).
@@ -186,6 +189,7 @@ pub async fn serve_conn<S: Stream>(
         bulk_turn_bytes: 0,
         parts: Default::default(),
         parts_bytes: 0,
+        listings: Default::default(),
         retried_after_catch_up: false,
         hello_deferred: false,
         timing: None,
@@ -1463,21 +1467,7 @@ impl Conn {
         let limits = &self.ctx.cfg.limits;
         let reply_err = |out: &mut OutQueue, e: &SluiceError| Response::error(out, rid, e);
         match req {
-            Request::ListKeys {
-                pool,
-                prefix,
-                shard,
-                after,
-            } => match store.list_keys_page(
-                &pool,
-                prefix.as_deref(),
-                shard,
-                after.as_deref(),
-                KEYS_PAGE_BYTES,
-            ) {
-                Ok((keys, more)) => Response::Keys { keys, more }.encode(out, rid),
-                Err(e) => reply_err(out, &e),
-            },
+            Request::ListKeys { .. } | Request::ListKeysAt { .. } => self.exec_listing(rid, req),
             Request::MultiGet { shard, keys } => {
                 if keys.len() > limits.max_multi_get_keys as usize {
                     return reply_err(
@@ -1535,6 +1525,43 @@ impl Conn {
                     Err(e) => reply_err(out, &e),
                 }
             }
+            other => self.misrouted(rid, &other),
+        }
+    }
+
+    /// A page of a listing (`ListKeys`, `ListKeysAt`): the connection's
+    /// `listings` sorts a listing's keys once, for all its pages.
+    fn exec_listing(&mut self, rid: u64, req: Request) {
+        let store = &*self.ctx.store;
+        let out = &mut self.out;
+        let reply_err = |out: &mut OutQueue, e: &SluiceError| Response::error(out, rid, e);
+        match req {
+            Request::ListKeys {
+                pool,
+                prefix,
+                shard,
+                after,
+            } => {
+                let what = What {
+                    pool,
+                    prefix,
+                    shard,
+                    at: None,
+                };
+                // A large pool's sort takes a while: off the event loop.
+                let all = || {
+                    off_event_loop(|| {
+                        store.list_keys(&what.pool, what.prefix.as_deref(), what.shard)
+                    })
+                };
+                match self
+                    .listings
+                    .page(what.clone(), after.as_deref(), KEYS_PAGE_BYTES, all)
+                {
+                    Ok((keys, more)) => Response::Keys { keys, more }.encode(out, rid),
+                    Err(e) => reply_err(out, &e),
+                }
+            }
             Request::ListKeysAt {
                 pool,
                 prefix,
@@ -1542,19 +1569,27 @@ impl Conn {
                 at,
                 after,
             } => {
-                let r = if by_time {
-                    store.list_keys_at_time(&pool, prefix.as_deref(), at)
-                } else {
-                    store.list_keys_at_version(&pool, prefix.as_deref(), at)
+                let what = What {
+                    pool,
+                    prefix,
+                    shard: None,
+                    at: Some((by_time, at)),
                 };
-                match r {
-                    Ok(mut keys) => {
-                        if let Some(a) = after {
-                            keys.retain(|k| *k > a);
+                let all = || {
+                    let (pool, prefix) = (&what.pool, what.prefix.as_deref());
+                    off_event_loop(|| {
+                        if by_time {
+                            store.list_keys_at_time(pool, prefix, at)
+                        } else {
+                            store.list_keys_at_version(pool, prefix, at)
                         }
-                        let (keys, more) = sluice_store::keys_page(keys, KEYS_PAGE_BYTES);
-                        Response::Keys { keys, more }.encode(out, rid)
-                    }
+                    })
+                };
+                match self
+                    .listings
+                    .page(what.clone(), after.as_deref(), KEYS_PAGE_BYTES, all)
+                {
+                    Ok((keys, more)) => Response::Keys { keys, more }.encode(out, rid),
                     Err(e) => reply_err(out, &e),
                 }
             }

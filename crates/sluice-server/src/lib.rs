@@ -16,6 +16,7 @@
 mod config;
 mod conn;
 pub mod fsck;
+mod listing;
 mod metrics;
 pub mod otel;
 pub mod policy;

@@ -19,6 +19,6 @@ pub use layout::{Layout, ShardId};
 pub use shard::Shard;
 pub use sluice_log::{Resolver as ValueResolver, ValueRef};
 pub use store::{
-    keys_page, owned_if_small, Delivery, DeliveryKind, DeliveryObserver, HistoryRange, Replay,
-    Store, StoreConfig, StoreStats, OWN_COPY_BELOW,
+    owned_if_small, Delivery, DeliveryKind, DeliveryObserver, HistoryRange, Replay, Store,
+    StoreConfig, StoreStats, OWN_COPY_BELOW,
 };

@@ -1041,23 +1041,6 @@ impl Store {
         prefix: Option<&str>,
         shard: Option<u32>,
     ) -> Result<Vec<String>> {
-        Ok(self
-            .list_keys_page(pool, prefix, shard, None, usize::MAX)?
-            .0)
-    }
-
-    /// A page of `list_keys`: the smallest keys after `after`, sorted,
-    /// as many as `max_bytes` of key text holds (at least one), and
-    /// whether more follow. Keys present for the whole listing are in
-    /// exactly one page; keys put or removed meanwhile may or may not be.
-    pub fn list_keys_page(
-        &self,
-        pool: &str,
-        prefix: Option<&str>,
-        shard: Option<u32>,
-        after: Option<&str>,
-        max_bytes: usize,
-    ) -> Result<(Vec<String>, bool)> {
         let res = (|| {
             let view = self.pools.load_full();
             let meta = match view.table.get(pool) {
@@ -1096,6 +1079,13 @@ impl Store {
                 Some(s) => vec![s],
                 None => (0..meta.shard_count).collect(),
             };
+            let inside = format!("{}/", pool.trim_end_matches('/'));
+            let nested = view
+                .table
+                .pools
+                .range(inside.clone()..)
+                .next()
+                .is_some_and(|(p, _)| p.starts_with(&inside));
             let mut out = Vec::new();
             for s in shards {
                 let id = ShardId {
@@ -1116,54 +1106,20 @@ impl Store {
                     if prefix.is_some_and(|p| !k.starts_with(p)) {
                         continue;
                     }
-                    if after.is_some_and(|a| &**k <= a) {
-                        continue;
-                    }
-                    // Skip keys that belong to a pool nested inside this one.
-                    if view.table.pool_of(k).map(|p| p.pathname.as_str()) != Some(pool) {
+                    // Skip keys that belong to a pool nested inside this
+                    // one (looked up only where there is one: per key, the
+                    // lookup was most of a large pool's listing).
+                    if nested && view.table.pool_of(k).map(|p| p.pathname.as_str()) != Some(pool) {
                         continue;
                     }
                     out.push(k.clone());
                 }
             }
-            let (page, more) = keys_page(out, max_bytes);
-            Ok((page.iter().map(|k| k.to_string()).collect(), more))
+            out.sort_unstable();
+            Ok(out.iter().map(|k| k.to_string()).collect())
         })();
         self.count_err(res)
     }
-}
-
-/// The smallest of `keys`, sorted, as many as `max_bytes` of key text
-/// holds (at least one), and whether any were left out. Selects before
-/// it sorts, so a page of a large pool costs a pass over it, not a sort
-/// of all of it.
-pub fn keys_page<K: AsRef<str> + Ord>(mut keys: Vec<K>, max_bytes: usize) -> (Vec<K>, bool) {
-    let (all, total) = (
-        keys.len(),
-        keys.iter().map(|k| k.as_ref().len()).sum::<usize>(),
-    );
-    if total <= max_bytes {
-        keys.sort_unstable();
-        return (keys, false);
-    }
-    // As many as the average key length says fit, then cut to the budget.
-    let fit = (max_bytes / (total / all).max(1)).clamp(1, all);
-    if fit < all {
-        keys.select_nth_unstable(fit);
-        keys.truncate(fit);
-    }
-    keys.sort_unstable();
-    let mut used = 0;
-    let n = keys
-        .iter()
-        .position(|k| {
-            used += k.as_ref().len();
-            used > max_bytes
-        })
-        .unwrap_or(keys.len())
-        .max(1);
-    keys.truncate(n);
-    (keys, n < all)
 }
 
 /// Pool types whose objects are stored (gets, puts, removes apply).

@@ -81,55 +81,6 @@ fn a_small_stored_value_does_not_keep_the_buffer_it_came_in() {
     assert_eq!(got.as_ptr(), value.as_ptr(), "a large value is not copied");
 }
 
-/// Listing pages: each the smallest keys after the last page's, sorted,
-/// within the byte budget (one key at least, however long), `more` until
-/// the last; every key in exactly one page, whatever the lengths.
-#[test]
-fn keys_are_listed_in_pages_that_cover_each_once() {
-    let s = store_with_shards(1);
-    let mut want = Vec::new();
-    for i in 0..500u32 {
-        // Lengths from 10 to 300 bytes, put in no order.
-        let k = format!(
-            "/vol/{:05}{}",
-            (i * 7919) % 500,
-            "y".repeat((i as usize * 37) % 290)
-        );
-        s.put(&k, b("v"), None, None).unwrap();
-        want.push(k);
-    }
-    want.sort();
-    for budget in [1, 100, 1000, 4096, 1 << 20] {
-        let (mut got, mut after, mut pages) = (Vec::new(), None::<String>, 0);
-        loop {
-            let (page, more) = s
-                .list_keys_page("/vol", None, None, after.as_deref(), budget)
-                .unwrap();
-            pages += 1;
-            assert!(!page.is_empty(), "budget {budget}: an empty page");
-            let bytes: usize = page.iter().map(String::len).sum();
-            assert!(
-                page.len() == 1 || bytes <= budget,
-                "budget {budget}: {bytes} bytes"
-            );
-            assert!(page.windows(2).all(|w| w[0] < w[1]), "sorted");
-            after = page.last().cloned();
-            got.extend(page);
-            if !more {
-                break;
-            }
-        }
-        assert_eq!(got, want, "budget {budget}");
-        if budget == 1 << 20 {
-            assert_eq!(pages, 1);
-        }
-    }
-    let (page, more) = s
-        .list_keys_page("/vol", None, None, want.last().map(String::as_str), 10)
-        .unwrap();
-    assert!(page.is_empty() && !more, "nothing after the last key");
-}
-
 #[test]
 fn conditional_put_reports_current_version() {
     let s = store_with_shards(1);

@@ -1000,7 +1000,11 @@ impl Response {
                 for k in keys {
                     w.str(k);
                 }
-                w.u8(*more as u8);
+                // Only when set: a client from before paging reads the
+                // replies it could read before.
+                if *more {
+                    w.u8(1);
+                }
             }),
             Response::Objects { items, more } => {
                 let parts: Vec<MultiGetItem<'_>> = items
@@ -1177,7 +1181,9 @@ pub fn encode_objects(out: &mut OutQueue, request_id: u64, items: &[MultiGetItem
                 }
             }
         }
-        w.u8(more as u8);
+        if more {
+            w.u8(1);
+        }
     }
     let meta_len = buf.len() - start - HEADER_LEN;
     buf[start + 4..start + 8].copy_from_slice(&(meta_len as u32).to_le_bytes());
