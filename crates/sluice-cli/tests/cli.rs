@@ -2395,6 +2395,30 @@ fn client_options_given_to_serve_are_refused() {
     assert!(n.is_ok(), "{:?}", n.err());
 }
 
+/// A layout of one cluster node on a free port in `dir/layout.toml`: a
+/// volatile shard on it, and the subgroups `more` adds.
+fn one_node_layout(dir: &Path, more: &str) {
+    let port = free_base(1);
+    let text = format!(
+        "version = 1\n[[nodes]]\nid = 0\naddress = \"127.0.0.1:{port}\"\n\
+         [[subgroups.volatile]]\nshards = [[0]]\n{more}"
+    );
+    std::fs::write(dir.join("layout.toml"), text).unwrap();
+}
+
+/// `sluice serve ARGS` in `dir`, once it has its shards' leaders; `dir`
+/// is the test's to remove.
+fn start_member(dir: &Path, args: &[&str]) -> Node {
+    let mut n = spawn_node(dir, args).unwrap();
+    n.dir = dir.join("kept");
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while !n.sluice(&["health"]).status.success() {
+        assert!(std::time::Instant::now() < deadline, "no leader");
+        std::thread::park_timeout(Duration::from_millis(20));
+    }
+    n
+}
+
 /// A cluster node started on an emptied data directory starts empty. It
 /// served the volatile objects (with their versions and Raft state) of
 /// the node that had the directory before: volatile shards' logs live
@@ -2403,16 +2427,10 @@ fn client_options_given_to_serve_are_refused() {
 #[test]
 fn a_node_on_an_emptied_data_directory_does_not_serve_its_predecessors_volatile_objects() {
     let dir = temp_dir("pair");
-    let port = free_base(1);
-    std::fs::write(
-        dir.join("layout.toml"),
-        format!(
-            "version = 1\n[[nodes]]\nid = 0\naddress = \"127.0.0.1:{port}\"\n\
-             [[subgroups.volatile]]\nshards = [[0]]\n[[subgroups.persistent]]\nshards = [[0]]\n\
-             [[subgroups.trigger]]\nshards = [[0]]\n"
-        ),
-    )
-    .unwrap();
+    one_node_layout(
+        &dir,
+        "[[subgroups.persistent]]\nshards = [[0]]\n[[subgroups.trigger]]\nshards = [[0]]\n",
+    );
     // The volatile logs outside the data directory, as under /dev/shm
     // (whether the default goes there depends on its free space).
     std::fs::write(
@@ -2433,16 +2451,7 @@ fn a_node_on_an_emptied_data_directory_does_not_serve_its_predecessors_volatile_
         "--data-dir",
         "data",
     ];
-    let start = || {
-        let mut n = spawn_node(&dir, &args).unwrap();
-        n.dir = dir.join("kept"); // the test removes what it wants
-        let deadline = std::time::Instant::now() + Duration::from_secs(20);
-        while !n.sluice(&["health"]).status.success() {
-            assert!(std::time::Instant::now() < deadline, "no leader");
-            std::thread::park_timeout(Duration::from_millis(20));
-        }
-        n
-    };
+    let start = || start_member(&dir, &args);
     let n = start();
     assert!(n.ok(&["put", "/vol/a", "old"]).contains("version 1"));
     assert!(n.terminate().success());
@@ -2467,15 +2476,7 @@ fn a_node_on_an_emptied_data_directory_does_not_serve_its_predecessors_volatile_
 #[test]
 fn volatile_logs_of_a_removed_data_directory_are_removed_by_the_next_node() {
     let dir = temp_dir("orphans");
-    let port = free_base(1);
-    std::fs::write(
-        dir.join("layout.toml"),
-        format!(
-            "version = 1\n[[nodes]]\nid = 0\naddress = \"127.0.0.1:{port}\"\n\
-             [[subgroups.volatile]]\nshards = [[0]]\n"
-        ),
-    )
-    .unwrap();
+    one_node_layout(&dir, "");
     // Roots named as the default names them under /dev/shm, in a
     // directory of this test's.
     let root = |data: &str| dir.join("shm").join(format!("sluice-{:0>16}", data));
@@ -2493,14 +2494,7 @@ fn volatile_logs_of_a_removed_data_directory_are_removed_by_the_next_node() {
             "--data-dir",
             data,
         ];
-        let mut n = spawn_node(&dir, &args).unwrap();
-        n.dir = dir.join("kept"); // the test removes what it wants
-        let deadline = std::time::Instant::now() + Duration::from_secs(20);
-        while !n.sluice(&["health"]).status.success() {
-            assert!(std::time::Instant::now() < deadline, "no leader");
-            std::thread::park_timeout(Duration::from_millis(20));
-        }
-        n
+        start_member(&dir, &args)
     };
     let n = start("a");
     let value = vec![b'v'; 1 << 20];

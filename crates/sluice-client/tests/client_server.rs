@@ -62,6 +62,31 @@ async fn start_with(
     }
 }
 
+/// A node with persistent pools on (`sync` their policy), one
+/// persistent shard and a persistent pool `/durable`, and a client;
+/// `tweak` changes the rest of its configuration.
+async fn with_durable_pool(
+    sync: &str,
+    tweak: impl FnOnce(&mut ServerConfig),
+) -> (TestServer, Client) {
+    let s = start(|c| {
+        c.persistent.enabled = true;
+        c.persistent.sync = sync.into();
+        c.layout.persistent = vec![1];
+        tweak(c);
+    })
+    .await;
+    let c = s.client().await;
+    c.create_pool(PoolSpec {
+        pathname: "/durable".into(),
+        pool_type: Some(PoolType::Persistent),
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    (s, c)
+}
+
 impl TestServer {
     async fn client(&self) -> Client {
         Client::connect(&self.addr.to_string()).await.unwrap()
@@ -218,21 +243,7 @@ async fn a_pool_too_large_for_one_reply_is_listed_a_page_at_a_time() {
 /// values) `mget` and `history` failed with "server sent a bad frame".
 #[tokio::test]
 async fn large_values_are_fetched_together_over_several_replies() {
-    let s = start(|c| {
-        c.persistent.enabled = true;
-        c.persistent.sync = "never".into();
-        c.layout.persistent = vec![1];
-        c.layout.volatile = vec![1];
-    })
-    .await;
-    let c = s.client().await;
-    c.create_pool(PoolSpec {
-        pathname: "/durable".into(),
-        pool_type: Some(PoolType::Persistent),
-        ..Default::default()
-    })
-    .await
-    .unwrap();
+    let (s, c) = with_durable_pool("never", |c| c.layout.volatile = vec![1]).await;
     // Three values of 60 MB: 180 MB together.
     let values: Vec<Bytes> = (0..3u8)
         .map(|i| Bytes::from(vec![b'a' + i; 60_000_000]))
@@ -846,20 +857,7 @@ async fn time_reads_of_the_future_wait_until_stable() {
 /// tokio cannot hand a blocked worker's tasks over) still work.
 #[tokio::test(flavor = "current_thread")]
 async fn persistent_puts_work_on_a_current_thread_runtime() {
-    let s = start(|c| {
-        c.persistent.enabled = true;
-        c.persistent.sync = "batch".into();
-        c.layout.persistent = vec![1];
-    })
-    .await;
-    let c = s.client().await;
-    c.create_pool(PoolSpec {
-        pathname: "/durable".into(),
-        pool_type: Some(PoolType::Persistent),
-        ..Default::default()
-    })
-    .await
-    .unwrap();
+    let (s, c) = with_durable_pool("batch", |_| {}).await;
     let a = c.put("/durable/x", "one").await.unwrap();
     c.put("/durable/x", "two").await.unwrap();
     assert_eq!(

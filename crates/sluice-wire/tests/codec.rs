@@ -728,18 +728,7 @@ fn regenerate_corpus() {
     let mut q = OutQueue::new();
     Response::Objects {
         items: vec![
-            Ok(WireObject {
-                key: "/vol/a".into(),
-                meta: ObjectMeta {
-                    version: 1,
-                    timestamp_us: 2,
-                    previous_version: 0,
-                    previous_version_by_key: u64::MAX,
-                    tombstone: false,
-                },
-                value: Bytes::from_static(b"v"),
-                trace: None,
-            }),
+            Ok(first_object(Bytes::from_static(b"v"))),
             Err(SluiceError::NotFound {
                 key: "/vol/b".into(),
             }),
@@ -750,12 +739,9 @@ fn regenerate_corpus() {
     std::fs::write(dir.join("resp-objects.bin"), q.to_bytes()).unwrap();
 }
 
-#[test]
-fn the_servers_reply_queue_sends_values_by_reference() {
-    use std::io::IoSlice;
-    let value = Bytes::from(vec![3u8; 100]);
-    let mut q = OutQueue::zero_copy();
-    Response::Object(WireObject {
+/// `/vol/a`'s first version holding `value`.
+fn first_object(value: Bytes) -> WireObject {
+    WireObject {
         key: "/vol/a".into(),
         meta: ObjectMeta {
             version: 1,
@@ -764,10 +750,17 @@ fn the_servers_reply_queue_sends_values_by_reference() {
             previous_version_by_key: u64::MAX,
             tombstone: false,
         },
-        value: value.clone(),
+        value,
         trace: None,
-    })
-    .encode(&mut q, 1);
+    }
+}
+
+#[test]
+fn the_servers_reply_queue_sends_values_by_reference() {
+    use std::io::IoSlice;
+    let value = Bytes::from(vec![3u8; 100]);
+    let mut q = OutQueue::zero_copy();
+    Response::Object(first_object(value.clone())).encode(&mut q, 1);
     let mut slots = [IoSlice::new(&[]); 8];
     let n = q.io_slices(&mut slots);
     assert_eq!(n, 2, "header+metadata, then the value itself");
