@@ -681,8 +681,12 @@ impl Request {
                 w.str(pool)
                     .opt_str(prefix.as_deref())
                     .u8(*by_time as u8)
-                    .u64(*at)
-                    .opt_str(after.as_deref());
+                    .u64(*at);
+                // Only when set: a listing's first page reads the same
+                // to a node from before paging.
+                if after.is_some() {
+                    w.opt_str(after.as_deref());
+                }
             }),
             Request::Put {
                 key,
@@ -781,8 +785,10 @@ impl Request {
             } => frame(out, opc, flags, request_id, None, |w| {
                 w.str(pool)
                     .opt_str(prefix.as_deref())
-                    .u32(shard_enc(*shard))
-                    .opt_str(after.as_deref());
+                    .u32(shard_enc(*shard));
+                if after.is_some() {
+                    w.opt_str(after.as_deref());
+                }
             }),
             Request::MultiGet { shard, keys } => frame(out, opc, flags, request_id, None, |w| {
                 w.u32(shard_enc(*shard)).u32(keys.len() as u32);
