@@ -284,6 +284,10 @@ fn main() -> ExitCode {
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
+        // The reader of our output went away (`sluice history K | head`):
+        // nothing to say, as `cat` says nothing; the shell's status for a
+        // pipe's writer ended by it.
+        Err(e) if broken_pipe(&e) => ExitCode::from(141),
         // Under --json an error is JSON too (on standard error): the
         // message, and the typed error when there is one (its `error`
         // field names the kind, e.g. "not_found").
@@ -303,6 +307,14 @@ fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// Whether `e` is a write to a pipe whose reader has gone.
+fn broken_pipe(e: &anyhow::Error) -> bool {
+    e.chain().any(|c| {
+        c.downcast_ref::<std::io::Error>()
+            .is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe)
+    })
 }
 
 #[cfg(test)]

@@ -2395,6 +2395,33 @@ fn client_options_given_to_serve_are_refused() {
     assert!(n.is_ok(), "{:?}", n.err());
 }
 
+/// A reader that stops early (`sluice get K | head -c 10`) ends the
+/// command quietly, as it ends `cat`: it printed "error: Broken pipe (os
+/// error 32)" and exited 1.
+#[test]
+fn a_reader_that_goes_away_ends_a_command_quietly() {
+    let n = start_node();
+    let value = vec![b'v'; 4 << 20];
+    let o = n.sluice_stdin(&["put", "/vol/big", "--stdin"], Some(&value));
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let mut c = Command::new(BIN)
+        .args(["--addr", &n.addr, "get", "/vol/big"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut first = [0u8; 10];
+    c.stdout.take().unwrap().read_exact(&mut first).unwrap(); // then closed
+    let out = c.wait_with_output().unwrap();
+    assert_eq!(&first, b"vvvvvvvvvv");
+    assert_eq!(out.status.code(), Some(141), "{out:?}");
+    assert!(
+        out.stderr.is_empty(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
 /// A layout of one cluster node on a free port in `dir/layout.toml`: a
 /// volatile shard on it, and the subgroups `more` adds.
 fn one_node_layout(dir: &Path, more: &str) {
