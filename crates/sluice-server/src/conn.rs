@@ -74,6 +74,8 @@ pub struct ConnCtx {
     pub policy: Arc<crate::policy::PolicyState>,
     /// Recycled buffers that large frames are read into.
     pub recv_pool: Arc<crate::recv_pool::RecvPool>,
+    /// What the connections' listings in progress may hold together.
+    pub listing_budget: crate::listing::Budget,
     pub conn_slots: Arc<Semaphore>,
     pub next_conn_id: AtomicU64,
     pub shutdown_tx: watch::Sender<bool>,
@@ -189,7 +191,7 @@ pub async fn serve_conn<S: Stream>(
         bulk_turn_bytes: 0,
         parts: Default::default(),
         parts_bytes: 0,
-        listings: Default::default(),
+        listings: crate::listing::Listings::new(ctx.listing_budget.clone()),
         retried_after_catch_up: false,
         hello_deferred: false,
         timing: None,
@@ -1551,7 +1553,7 @@ impl Conn {
                 // A large pool's sort takes a while: off the event loop.
                 let all = || {
                     off_event_loop(|| {
-                        store.list_keys(&what.pool, what.prefix.as_deref(), what.shard)
+                        store.list_keys_shared(&what.pool, what.prefix.as_deref(), what.shard)
                     })
                 };
                 match self
@@ -1578,11 +1580,12 @@ impl Conn {
                 let all = || {
                     let (pool, prefix) = (&what.pool, what.prefix.as_deref());
                     off_event_loop(|| {
-                        if by_time {
+                        let keys = if by_time {
                             store.list_keys_at_time(pool, prefix, at)
                         } else {
                             store.list_keys_at_version(pool, prefix, at)
-                        }
+                        }?;
+                        Ok(keys.into_iter().map(Arc::from).collect())
                     })
                 };
                 match self

@@ -10,7 +10,9 @@
 //!   the data path (the store's operations are non-blocking);
 //! - every per-connection resource is bounded (read buffer by the frame
 //!   limits, pipelined requests by `max_in_flight_per_conn`, watch queues by
-//!   `WATCH_QUEUE_LEN`), and breaking a bound costs only that connection;
+//!   `WATCH_QUEUE_LEN`, listings kept for their next pages by
+//!   `listing::OPEN_MAX` and, all connections' together, by the node's
+//!   `listing::Budget`), and breaking a bound costs only that connection;
 //! - nothing a client sends can panic the server.
 
 mod config;

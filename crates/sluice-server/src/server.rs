@@ -318,6 +318,7 @@ impl Server {
             stats: ServerStats::default(),
             policy,
             recv_pool: crate::recv_pool::RecvPool::new(RECV_POOL_BYTES),
+            listing_budget: crate::listing::Budget::new(crate::listing::BUDGET_BYTES),
             next_conn_id: AtomicU64::new(1),
             shutdown_tx,
             shutdown_rx,

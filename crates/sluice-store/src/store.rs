@@ -1041,6 +1041,18 @@ impl Store {
         prefix: Option<&str>,
         shard: Option<u32>,
     ) -> Result<Vec<String>> {
+        let keys = self.list_keys_shared(pool, prefix, shard)?;
+        Ok(keys.iter().map(|k| k.to_string()).collect())
+    }
+
+    /// `list_keys`, the keys shared with the store's maps (no copy of
+    /// their text: a listing kept for its next pages costs 16 bytes a key).
+    pub fn list_keys_shared(
+        &self,
+        pool: &str,
+        prefix: Option<&str>,
+        shard: Option<u32>,
+    ) -> Result<Vec<Arc<str>>> {
         let res = (|| {
             let view = self.pools.load_full();
             let meta = match view.table.get(pool) {
@@ -1116,7 +1128,7 @@ impl Store {
                 }
             }
             out.sort_unstable();
-            Ok(out.iter().map(|k| k.to_string()).collect())
+            Ok(out)
         })();
         self.count_err(res)
     }
