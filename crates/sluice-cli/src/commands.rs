@@ -1555,8 +1555,10 @@ fn pools(c: &BlockingClient, cmd: PoolsCmd) -> Result<Shown> {
         PoolsCmd::Purge { path } => {
             let r = c.purge_pool(&path)?;
             let text = format!(
-                "purged {path}: {} keys, {} versions deleted, {} bytes of history reclaimed; the path is free\n",
-                r.keys, r.versions, r.bytes
+                "purged {path}: {}, {} deleted, {} of history reclaimed; the path is free\n",
+                counted(r.keys, "key"),
+                counted(r.versions, "version"),
+                counted(r.bytes, "byte")
             );
             Ok(Shown::new(json!({"pool": path, "purged": r}), text))
         }
@@ -1716,5 +1718,14 @@ mod tests {
             &*escaped("é\x1b[31m".as_bytes()),
             "\"é\\x1b[31m\"".as_bytes()
         );
+    }
+}
+
+/// `n` and `what`, plural unless `n` is 1 ("1 key", "2 keys").
+fn counted(n: u64, what: &str) -> String {
+    if n == 1 {
+        format!("1 {what}")
+    } else {
+        format!("{n} {what}s")
     }
 }

@@ -243,6 +243,15 @@ fn pools_commands_and_errors() {
     n.ok(&["pools", "create", "/positions", "--type", "volatile"]);
     let e = n.fails(&["get", "/positions/little3_7_42"]);
     assert!(e.contains("not found"), "{e}");
+    // One of each is said as one ("1 keys" before).
+    n.ok(&["put", "/positions/one", "v"]);
+    n.ok(&["pools", "rm", "/positions"]);
+    let out = n.ok(&["pools", "purge", "/positions"]);
+    assert!(
+        out.contains("purged /positions: 1 key, 1 version deleted"),
+        "{out}"
+    );
+    n.ok(&["pools", "create", "/positions", "--type", "volatile"]);
     let e = n.fails(&["pools", "purge", "/positions"]);
     assert!(e.contains("remove it first"), "{e}");
     let e = n.fails(&["put", "/nowhere/x", "v"]);
