@@ -1601,6 +1601,15 @@ fn pools(c: &BlockingClient, cmd: PoolsCmd) -> Result<Shown> {
     }
 }
 
+/// `n` and `what`, plural unless `n` is 1 ("1 key", "2 keys").
+fn counted(n: u64, what: &str) -> String {
+    if n == 1 {
+        format!("1 {what}")
+    } else {
+        format!("{n} {what}s")
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::{dfg_lines, escaped, stats_text, Out, Shown};
@@ -1718,14 +1727,5 @@ mod tests {
             &*escaped("é\x1b[31m".as_bytes()),
             "\"é\\x1b[31m\"".as_bytes()
         );
-    }
-}
-
-/// `n` and `what`, plural unless `n` is 1 ("1 key", "2 keys").
-fn counted(n: u64, what: &str) -> String {
-    if n == 1 {
-        format!("1 {what}")
-    } else {
-        format!("{n} {what}s")
     }
 }
