@@ -3,8 +3,8 @@
 
 use anyhow::{Context, Result};
 use serde_json::json;
-use sluice_plan::place::eval::Survival;
-use sluice_plan::place::search::{optimize, reconfigure, PlaceResult, Reconfig};
+use sluice_plan::place::eval::{Scenarios, Survival};
+use sluice_plan::place::search::{kept_counts, optimize, reconfigure, PlaceResult, Reconfig};
 use sluice_plan::place::{input, Failures, PlaceProblem, Placement};
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
@@ -52,20 +52,55 @@ pub fn run(a: PlaceArgs, json_out: bool) -> Result<()> {
     let Some(from) = from else {
         show_plan(&p, &best, json_out);
         if let Some(dir) = &a.export {
-            export(dir, &p, &best.placement, a.base_addr)?;
+            export(dir, &p, &best.placement, a.base_addr, None)?;
         }
         return Ok(());
     };
     let cur = input::load(&from)?;
     let (current, lost) = remap(&cur, &p)?;
-    let target = a.min_probability.unwrap_or(best.survival.p);
+    // The current plan may survive more on these nodes than any plan of
+    // the smaller cluster's load-proportional counts (a failure leaves
+    // fewer slots, and the counts shrink to the floor): then the best the
+    // nodes allow is at least the current plan, and keeping its counts
+    // is how to get there.
+    let kept = kept_counts(&p, &current);
+    let before = Scenarios::of(&p).survival(&current).p;
+    let best_known = if kept.is_some() {
+        best.survival.p.max(before)
+    } else {
+        best.survival.p
+    };
+    let target = a.min_probability.unwrap_or(best_known);
     if !(0.0..=1.0).contains(&target) {
         anyhow::bail!("--min-probability {target}: between 0 and 1");
     }
-    let rc = reconfigure(&p, &best.counts, &current, target, budget)?;
-    show_reconfig(&p, &rc, &lost, json_out);
+    let by_load = reconfigure(&p, &best.counts, &current, target, budget);
+    let rc = match (by_load, kept.filter(|k| *k != best.counts)) {
+        (Ok(rc), _) if rc.reached() => rc,
+        (by_load, Some(k)) => {
+            let alt = reconfigure(&p, &k, &current, target, budget)?;
+            match by_load {
+                Ok(rc) if rc.survival.p >= alt.survival.p && !alt.reached() => rc,
+                _ => alt,
+            }
+        }
+        (by_load, None) => by_load?,
+    };
+    show_reconfig(&p, &rc, &best, &lost, json_out);
+    if !rc.reached() {
+        anyhow::bail!(
+            "no plan found reaches survival {target:.6} (the best found: {:.6}){}; nothing exported",
+            rc.survival.p,
+            if rc.exhausted {
+                ": no placement of these nodes' replica counts does"
+            } else {
+                ": the search stopped at its budget (a larger --budget-ms may find one)"
+            }
+        );
+    }
     if let Some(dir) = &a.export {
-        export(dir, &p, &rc.placement, a.base_addr)?;
+        let script = membership_script(&cur, &p, &current, &rc, &lost);
+        export(dir, &p, &rc.placement, a.base_addr, Some(script))?;
     }
     Ok(())
 }
@@ -218,15 +253,24 @@ fn show_plan(p: &PlaceProblem, r: &PlaceResult, json_out: bool) {
     print!("{out}");
 }
 
-fn show_reconfig(p: &PlaceProblem, r: &Reconfig, lost: &[(String, String)], json_out: bool) {
+fn show_reconfig(
+    p: &PlaceProblem,
+    r: &Reconfig,
+    best: &PlaceResult,
+    lost: &[(String, String)],
+    json_out: bool,
+) {
     let pair = |(e, n): &(usize, usize)| (p.parts[*e].name.clone(), p.nodes[*n].name.clone());
+    let kept = r.counts != best.counts;
     if json_out {
         println!(
             "{}",
             json!({"placement": placement_json(p, &r.placement), "replicas": r.counts,
                    "survival": survival_json(&r.survival), "before": survival_json(&r.before),
-                   "target": r.target, "moves": r.moves.iter().map(pair).collect::<Vec<_>>(),
+                   "target": r.target, "reached": r.reached(),
+                   "moves": r.moves.iter().map(pair).collect::<Vec<_>>(),
                    "drops": r.drops.iter().map(pair).collect::<Vec<_>>(), "lost": lost,
+                   "counts_kept": kept, "load_counts_best": best.survival.p,
                    "minimal": r.minimal, "states": r.states})
         );
         return;
@@ -245,22 +289,32 @@ fn show_reconfig(p: &PlaceProblem, r: &Reconfig, lost: &[(String, String)], json
     table(p, &r.placement, &mut out);
     let _ = writeln!(
         out,
-        "\nsurvival {:.6} (the current plan on these nodes: {:.6}, {:+.6}; target {:.6})",
+        "\nsurvival {:.6} (the current plan on these nodes: {:.6}, {:+.6}; target {:.6}{})",
         r.survival.p,
         r.before.p,
         r.survival.p - r.before.p,
-        r.target
+        r.target,
+        if r.reached() { "" } else { ": NOT reached" }
     );
-    let _ = writeln!(
-        out,
-        "{} replica(s) moved{}",
-        r.moves.len(),
-        if r.minimal {
-            " (the fewest any plan reaching the target needs)"
-        } else {
+    if kept {
+        let _ = writeln!(
+            out,
+            "replica counts kept from the current plan (raised to the floor): \
+             the load-proportional counts of these nodes reach at most {:.6}",
+            best.survival.p
+        );
+    }
+    let how = match (r.reached(), r.minimal, r.greedy) {
+        (true, true, _) => " (the fewest any plan reaching the target needs)",
+        (true, false, false) => {
+            " (the fewest found before the search's budget ran out; not proven the fewest)"
+        }
+        (_, _, true) if !r.exhausted => {
             " (search stopped at its budget: greedy from the current plan)"
         }
-    );
+        _ => " (greedy from the current plan: no plan reaches the target)",
+    };
+    let _ = writeln!(out, "{} replica(s) moved{how}", r.moves.len());
     for (e, n) in &r.moves {
         let _ = writeln!(out, "  + {} on {}", p.parts[*e].name, p.nodes[*n].name);
     }
@@ -270,10 +324,135 @@ fn show_reconfig(p: &PlaceProblem, r: &Reconfig, lost: &[(String, String)], json
     print!("{out}");
 }
 
+/// The membership changes that take a running cluster from the current
+/// plan (`cur`, its replicas remapped onto `p`'s nodes as `current`) to
+/// `rc`'s: `sluice cluster` commands, part by part (part `e` is volatile
+/// subgroup `e` of the exported layouts). A failed node's members go
+/// first (a dead member still counts in its shard's majority), then the
+/// new replicas, then the dropped ones. A shard without a majority of
+/// live members cannot change its membership, and says so.
+fn membership_script(
+    cur: &input::Loaded,
+    p: &PlaceProblem,
+    current: &Placement,
+    rc: &Reconfig,
+    lost: &[(String, String)],
+) -> String {
+    let mut out = String::from(
+        "# Written by `sluice place --from ... --export`: the membership changes that take\n\
+         # the running cluster from the current plan to this one. Run it against any live\n\
+         # node (`SLUICE_ADDR=host:port sh membership.sh`). Per part (volatile subgroup):\n\
+         # a failed node's member is removed first (a dead member still counts in its\n\
+         # shard's majority), then the new replicas are added (each catches up from the\n\
+         # shard's leader before it votes), then the dropped ones removed.\n\
+         set -e\n",
+    );
+    let same_parts = cur.problem.parts.len() == p.parts.len()
+        && cur
+            .problem
+            .parts
+            .iter()
+            .zip(&p.parts)
+            .all(|(a, b)| a.name == b.name);
+    if !same_parts {
+        out.push_str(
+            "# The parts changed (added, removed or reordered) since the current plan: the\n\
+             # running cluster's subgroups are not the new layout's, so it cannot be changed\n\
+             # live. Start the new layout (sluice dev --layout layout.toml) and load the\n\
+             # parts' objects into it (sluice dump / sluice load).\n",
+        );
+        return out;
+    }
+    // The id of a node gone: named in `failed`, or listed in the current
+    // plan's file but not in the new problem.
+    let gone_id = |name: &str| {
+        cur.gone
+            .iter()
+            .chain(&cur.problem.nodes)
+            .find(|n| n.name == name)
+            .map(|n| n.id)
+    };
+    let mut changes = 0;
+    for (e, part) in p.parts.iter().enumerate() {
+        let shard = format!("volatile/{e}/0");
+        let dead: Vec<&str> = lost
+            .iter()
+            .filter(|(x, _)| *x == part.name)
+            .map(|(_, n)| n.as_str())
+            .collect();
+        let live = current.holders[e].count_ones() as usize;
+        let ids_of = |changes: &[(usize, usize)]| -> Vec<u32> {
+            changes
+                .iter()
+                .filter(|m| m.0 == e)
+                .map(|m| p.nodes[m.1].id)
+                .collect()
+        };
+        let (adds, drops) = (ids_of(&rc.moves), ids_of(&rc.drops));
+        if dead.is_empty() && adds.is_empty() && drops.is_empty() {
+            continue;
+        }
+        let _ = writeln!(
+            out,
+            "\n# {} ({shard})",
+            part.name.replace(['\n', '\r'], " ")
+        );
+        if 2 * live <= live + dead.len() {
+            let _ = writeln!(
+                out,
+                "# {live} of its {} members alive: no majority, so its membership cannot change \
+                 live.\n# Its objects stay readable from the live members (a stable `get`); \
+                 bringing a failed\n# member back restores the majority, then run `sluice place \
+                 --from` again.",
+                live + dead.len()
+            );
+            continue;
+        }
+        for name in dead {
+            match gone_id(name) {
+                Some(id) => {
+                    let _ = writeln!(
+                        out,
+                        "sluice cluster remove-member {shard} {id}   # {name}, failed"
+                    );
+                }
+                None => {
+                    let _ = writeln!(
+                        out,
+                        "# {name} failed, its id unknown (deleted from the file, not named in `failed`):\n\
+                         # sluice cluster remove-member {shard} <its id>"
+                    );
+                }
+            }
+            changes += 1;
+        }
+        for id in adds {
+            let _ = writeln!(out, "sluice cluster add-member {shard} {id}");
+            changes += 1;
+        }
+        for id in drops {
+            let _ = writeln!(out, "sluice cluster remove-member {shard} {id}");
+            changes += 1;
+        }
+    }
+    if changes == 0 {
+        out.push_str("# Nothing to change.\n");
+    }
+    out
+}
+
 /// placement.toml, and a layout whose volatile subgroup `e` replicates
 /// part `e` on exactly its nodes, with the pools that put each part's
-/// objects there.
-fn export(dir: &Path, p: &PlaceProblem, pl: &Placement, base: std::net::SocketAddr) -> Result<()> {
+/// objects there; after `--from`, the membership changes as `membership.sh`.
+/// Each node keeps the id and address an earlier export gave it (the others
+/// get `base`'s port + their id).
+fn export(
+    dir: &Path,
+    p: &PlaceProblem,
+    pl: &Placement,
+    base: std::net::SocketAddr,
+    script: Option<String>,
+) -> Result<()> {
     // A part's pool is named after it, with characters a pool name had
     // better not hold replaced: two parts must not end up in one pool
     // (the second `pools create` would fail, and its objects would live
@@ -293,22 +472,38 @@ fn export(dir: &Path, p: &PlaceProblem, pl: &Placement, base: std::net::SocketAd
             );
         }
     }
-    if u32::from(base.port()) + p.nodes.len() as u32 > 65536 {
+    let mut p = p.clone();
+    for n in p.nodes.iter_mut().filter(|n| n.address.is_none()) {
+        let port = u32::from(base.port()) + n.id;
+        if port > 65535 {
+            anyhow::bail!(
+                "node {:?} (id {}) from port {} is past port 65535: give a lower --base-addr",
+                n.name,
+                n.id,
+                base.port()
+            );
+        }
+        n.address = Some(std::net::SocketAddr::new(base.ip(), port as u16).to_string());
+    }
+    let taken: Vec<&String> = p.nodes.iter().filter_map(|n| n.address.as_ref()).collect();
+    if let Some(a) = taken
+        .iter()
+        .enumerate()
+        .find_map(|(i, a)| taken[..i].contains(a).then_some(a))
+    {
         anyhow::bail!(
-            "{} nodes from port {} do not fit below port 65536: give a lower --base-addr",
-            p.nodes.len(),
-            base.port()
+            "two nodes would listen on {a}: give the others addresses in the file, or another --base-addr"
         );
     }
     std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
-    std::fs::write(dir.join("placement.toml"), input::to_toml(p, pl))?;
+    std::fs::write(dir.join("placement.toml"), input::to_toml(&p, pl))?;
     let mut layout = String::from("# Written by `sluice place --export`.\nversion = 1\n\n");
-    for (i, n) in p.nodes.iter().enumerate() {
+    for n in &p.nodes {
         let _ = writeln!(
             layout,
-            "[[nodes]]\nid = {i}\naddress = \"{}:{}\"\nname = {}{}\n",
-            base.ip(),
-            u32::from(base.port()) + i as u32,
+            "[[nodes]]\nid = {}\naddress = \"{}\"\nname = {}{}\n",
+            n.id,
+            n.address.as_deref().unwrap_or_default(),
             sluice_plan::export::toml_str(&n.name),
             n.domain
                 .as_deref()
@@ -323,7 +518,7 @@ fn export(dir: &Path, p: &PlaceProblem, pl: &Placement, base: std::net::SocketAd
     for (e, part) in p.parts.iter().enumerate() {
         let members: Vec<String> = (0..p.nodes.len())
             .filter(|n| pl.holders[e] & (1 << n) != 0)
-            .map(|n| n.to_string())
+            .map(|n| p.nodes[n].id.to_string())
             .collect();
         let _ = writeln!(
             layout,
@@ -344,5 +539,14 @@ fn export(dir: &Path, p: &PlaceProblem, pl: &Placement, base: std::net::SocketAd
         dir.join("placement.toml").display(),
         dir.join("layout.toml").display()
     );
+    if let Some(script) = script {
+        let at = dir.join("membership.sh");
+        std::fs::write(&at, script)?;
+        eprintln!(
+            "wrote {}: the membership changes that take the running cluster there (SLUICE_ADDR=host:port sh {})",
+            at.display(),
+            at.display()
+        );
+    }
     Ok(())
 }

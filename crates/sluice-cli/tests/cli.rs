@@ -985,10 +985,95 @@ fn a_placement_export_runs_under_dev() {
         listed.contains("/vol ") && !listed.contains("/trig"),
         "{listed}"
     );
+    // Node n4 fails; the plan after it, exported, runs on the live cluster:
+    // its layout keeps every other node's id and address (n5 was given
+    // n4's), and its membership.sh takes n4 out of the shards that keep a
+    // majority (it had no commands to run before).
+    cli_at(&addr, &["put", "/parts/expert-0/weights", "w0"]);
+    unsafe {
+        libc::kill(dev.pids[4].parse().unwrap(), libc::SIGKILL);
+    }
+    let placement = dir.join("deploy/placement.toml");
+    fail_n4(&placement);
+    let o = Command::new(BIN)
+        .args(["place", "--from", placement.to_str().unwrap(), "--export"])
+        .arg(dir.join("after"))
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let after = sluice_types::cluster::ClusterLayout::from_toml(
+        &std::fs::read_to_string(dir.join("after/layout.toml")).unwrap(),
+    )
+    .unwrap();
+    let n5 = after
+        .nodes
+        .iter()
+        .find(|n| n.id == 5)
+        .expect("n5 keeps id 5");
+    assert_eq!(n5.address.port(), base + 5, "n5 keeps its address");
+    assert!(after.nodes.iter().all(|n| n.id != 4), "n4 is gone");
+    let script = std::fs::read_to_string(dir.join("after/membership.sh")).unwrap();
+    let commands: Vec<&str> = script
+        .lines()
+        .filter(|l| l.starts_with("sluice "))
+        .collect();
+    assert!(
+        commands.contains(&"sluice cluster remove-member volatile/0/0 4   # n4, failed"),
+        "{script}"
+    );
+    assert!(
+        script.contains("# 1 of its 2 members alive: no majority"),
+        "expert-1 and expert-2 were on n4 and n5 alone: {script}"
+    );
+    for line in &commands {
+        let args: Vec<&str> = line
+            .split('#')
+            .next()
+            .unwrap()
+            .split_whitespace()
+            .skip(1)
+            .collect();
+        cli_at(&addr, &args);
+    }
+    let status: serde_json::Value =
+        serde_json::from_str(&cli_at(&addr, &["--json", "cluster", "status"])).unwrap();
+    let members: Vec<u64> = status["nodes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|n| {
+            n["groups"]
+                .as_array()
+                .is_some_and(|g| g.iter().any(|g| g["group"] == "volatile/0/0"))
+        })
+        .map(|n| n["node"].as_u64().unwrap_or(u64::MAX))
+        .collect();
+    assert_eq!(members, vec![2, 3, 5], "{status}");
+    cli_at(&addr, &["put", "/parts/expert-0/weights", "w0 again"]);
+    assert_eq!(
+        cli_at(&addr, &["get", "--linearizable", "/parts/expert-0/weights"]),
+        "w0 again\n"
+    );
     let _ = dev.child.kill();
     let _ = dev.child.wait();
     wait_gone(&dev.pids, "killing sluice dev");
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Edits the example's exported `placement.toml` as after node n4 failed
+/// (named in `failed`; the floor dropped to 1 so the rest fit): its text
+/// before.
+fn fail_n4(placement: &Path) -> String {
+    let text = std::fs::read_to_string(placement).unwrap();
+    std::fs::write(
+        placement,
+        format!(
+            "failed = [\"n4\"]\n{}",
+            text.replace("floor = 2", "floor = 1")
+        ),
+    )
+    .unwrap();
+    text
 }
 
 /// Waits (bounded) until none of `pids` runs any more (gone, or a zombie).
@@ -1654,15 +1739,7 @@ fn place_plans_exports_and_reconfigures() {
     );
     // Node n4 fails; the floor drops to 1 so the rest fit.
     let placement = dir.path().join("placement.toml");
-    let text = std::fs::read_to_string(&placement).unwrap();
-    std::fs::write(
-        &placement,
-        format!(
-            "failed = [\"n4\"]\n{}",
-            text.replace("floor = 2", "floor = 1")
-        ),
-    )
-    .unwrap();
+    let text = fail_n4(&placement);
     let o = Command::new(BIN)
         .args(["--json", "place", "--from", placement.to_str().unwrap()])
         .output()
@@ -1674,12 +1751,67 @@ fn place_plans_exports_and_reconfigures() {
         r["lost"].as_array().unwrap().len() >= 2,
         "n4's replicas: {r}"
     );
-    let moved = r["moves"].as_array().unwrap().len();
-    assert!(moved >= 1, "{r}");
+    // Never worse than the plan in place: the five nodes' load-proportional
+    // counts (5, 3, 2 and five parts of 1) survive no 3-of-5 failure, and
+    // the plan once moved five replicas to get there from the current
+    // plan's 0.4. The current counts are kept; nothing needs to move.
+    assert_eq!(r["load_counts_best"], 0.0, "{r}");
+    assert_eq!(r["survival"]["p"], r["before"]["p"], "{r}");
+    assert_eq!(r["before"]["p"], 0.4, "{r}");
+    assert_eq!(r["counts_kept"], true, "{r}");
+    assert_eq!(r["reached"], true, "{r}");
+    assert_eq!(r["moves"].as_array().unwrap().len(), 0, "{r}");
     // Not one part is placed on the failed node.
     for nodes in r["placement"].as_object().unwrap().values() {
         assert!(!nodes.as_array().unwrap().iter().any(|n| n == "n4"), "{r}");
     }
+    // A target no plan reaches: said, exit 1, nothing exported (it exited
+    // 0 with "search stopped at its budget" and wrote the plan).
+    let o = Command::new(BIN)
+        .args(["place", "--from", placement.to_str().unwrap()])
+        .args(["--min-probability", "0.9", "--export"])
+        .arg(dir.path().join("unreached"))
+        .output()
+        .unwrap();
+    let (out, err) = (
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr),
+    );
+    assert_eq!(o.status.code(), Some(1), "{out}{err}");
+    assert!(out.contains("target 0.900000: NOT reached"), "{out}");
+    assert!(
+        err.contains("no plan found reaches survival 0.900000 (the best found: 0.400000)"),
+        "{err}"
+    );
+    assert!(!dir.path().join("unreached").exists());
+    // Loads changed, no node gone: the counts follow the loads, and the
+    // export says how the running cluster gets there.
+    std::fs::write(
+        &placement,
+        text.replace(
+            "name = \"expert-7\"\nload = 50.0",
+            "name = \"expert-7\"\nload = 2000.0",
+        ),
+    )
+    .unwrap();
+    let o = Command::new(BIN)
+        .args(["place", "--from", placement.to_str().unwrap(), "--export"])
+        .arg(dir.path().join("rebalanced"))
+        .output()
+        .unwrap();
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        o.status.success(),
+        "{out}{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    assert!(out.contains("+ expert-7 on"), "{out}");
+    assert!(!out.contains("counts kept"), "{out}");
+    let script = std::fs::read_to_string(dir.path().join("rebalanced/membership.sh")).unwrap();
+    assert!(
+        script.contains("sluice cluster add-member volatile/7/0 "),
+        "{script}"
+    );
     // Bad input: a clear error naming the problem.
     let o = Command::new(BIN)
         .args([

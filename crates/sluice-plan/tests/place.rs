@@ -4,7 +4,7 @@
 
 use proptest::prelude::*;
 use sluice_plan::place::eval::Scenarios;
-use sluice_plan::place::search::{mro, nested, optimize, reconfigure};
+use sluice_plan::place::search::{kept_counts, mro, nested, optimize, reconfigure};
 use sluice_plan::place::{replica_counts, Failures, Node, Part, PlaceProblem, Placement};
 use std::time::Duration;
 
@@ -15,6 +15,8 @@ fn problem(nodes: usize, slots: usize, loads: &[f64], survivors: usize) -> Place
             .map(|i| Node {
                 name: format!("n{i}"),
                 domain: None,
+                id: i as u32,
+                address: None,
             })
             .collect(),
         slots,
@@ -297,4 +299,48 @@ fn a_plan_round_trips_through_its_file() {
     assert_eq!(gone.problem.nodes.len(), 3);
     let held_by_n0 = r.placement.holders.iter().filter(|m| *m & 1 != 0).count();
     assert_eq!(gone.lost.len(), held_by_n0);
+    // The others keep their ids (a layout runs them under those), the
+    // failed one is remembered with its own.
+    let ids: Vec<u32> = gone.problem.nodes.iter().map(|n| n.id).collect();
+    assert_eq!(ids, vec![1, 2, 3]);
+    assert_eq!(gone.gone.iter().map(|n| n.id).collect::<Vec<_>>(), vec![0]);
+}
+
+/// Node ids and addresses in a plan's file: kept through a round trip,
+/// refused when two nodes share one or an address is not one.
+#[test]
+fn node_ids_and_addresses_are_kept_and_checked() {
+    let mut p = problem(3, 2, &[1.0, 1.0], 2);
+    p.nodes[0].id = 7;
+    p.nodes[2].address = Some("10.0.0.3:7420".into());
+    let pl = optimize(&p, Duration::from_secs(5)).unwrap().placement;
+    let text = sluice_plan::place::input::to_toml(&p, &pl);
+    assert_eq!(
+        sluice_plan::place::input::parse(&text, "x")
+            .unwrap()
+            .problem,
+        p
+    );
+    let err = |t: String| {
+        sluice_plan::place::input::parse(&t, "x")
+            .unwrap_err()
+            .to_string()
+    };
+    let same_id = text.replacen("id = 7", "id = 1", 1);
+    assert!(err(same_id).contains("\"n0\" and \"n1\" have the same id 1"));
+    let bad = text.replace("10.0.0.3:7420", "node-3");
+    assert!(err(bad).contains("address \"node-3\" is not an IP address and port"));
+}
+
+/// The counts that keep a current placement: its replicas on the nodes
+/// left, raised to the floor; none when they overflow the slots.
+#[test]
+fn kept_counts_follow_the_current_placement() {
+    let mut p = problem(4, 2, &[1.0, 1.0, 1.0], 2);
+    let current = Placement {
+        holders: vec![0b0011, 0b1100, 0],
+    };
+    assert_eq!(kept_counts(&p, &current), Some(vec![2, 2, 1]));
+    p.floor = 3;
+    assert_eq!(kept_counts(&p, &current), None, "9 replicas, 8 slots");
 }

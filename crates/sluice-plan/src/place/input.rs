@@ -14,7 +14,10 @@
 //!
 //! A current plan (`--from`) is the same file with a `[placement]` table
 //! (part -> node names), as `sluice place --export` writes it; nodes gone
-//! are those no longer listed, or named in `failed = [...]`.
+//! are those no longer listed, or named in `failed = [...]`. The export
+//! also gives each node the `id` and `address` its layout runs it under;
+//! a node listed without an `id` has its place in the list (before any
+//! failed node is taken out), so plans after a failure keep the ids.
 
 use super::{Failures, Node, Part, PlaceProblem, Placement};
 use crate::error::{PlanError, Result};
@@ -33,7 +36,12 @@ struct FailuresIn {
 #[serde(deny_unknown_fields)]
 struct NodeIn {
     name: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
     domain: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    id: Option<u32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    address: Option<String>,
 }
 
 #[derive(Debug, Deserialize, Serialize)]
@@ -80,6 +88,8 @@ pub struct Loaded {
     pub current: Option<Placement>,
     /// (part, node name) of replicas on nodes no longer in the problem.
     pub lost: Vec<(String, String)>,
+    /// The nodes named in `failed`, with their ids.
+    pub gone: Vec<Node>,
 }
 
 pub fn parse(text: &str, file: &str) -> Result<Loaded> {
@@ -99,18 +109,23 @@ pub fn parse(text: &str, file: &str) -> Result<Loaded> {
         field: f.into(),
         reason: r,
     };
-    let mut nodes: Vec<Node> = match raw.nodes {
+    let nodes: Vec<Node> = match raw.nodes {
         NodesIn::Count(n) => (0..n)
             .map(|i| Node {
                 name: format!("n{i}"),
                 domain: None,
+                id: i as u32,
+                address: None,
             })
             .collect(),
         NodesIn::List(l) => l
             .into_iter()
-            .map(|n| Node {
+            .enumerate()
+            .map(|(i, n)| Node {
                 name: n.name,
                 domain: n.domain,
+                id: n.id.unwrap_or(i as u32),
+                address: n.address,
             })
             .collect(),
     };
@@ -118,13 +133,44 @@ pub fn parse(text: &str, file: &str) -> Result<Loaded> {
         if nodes[..i].iter().any(|m| m.name == n.name) {
             return Err(field("nodes", format!("node {:?} appears twice", n.name)));
         }
+        if let Some(m) = nodes[..i].iter().find(|m| m.id == n.id) {
+            return Err(field(
+                "nodes",
+                format!(
+                    "nodes {:?} and {:?} have the same id {}",
+                    m.name, n.name, n.id
+                ),
+            ));
+        }
+        if let Some(a) = &n.address {
+            if a.parse::<std::net::SocketAddr>().is_err() {
+                return Err(field(
+                    "nodes",
+                    format!(
+                        "node {:?}: address {a:?} is not an IP address and port",
+                        n.name
+                    ),
+                ));
+            }
+            if let Some(m) = nodes[..i].iter().find(|m| m.address.as_ref() == Some(a)) {
+                return Err(field(
+                    "nodes",
+                    format!(
+                        "nodes {:?} and {:?} have the same address {a}",
+                        m.name, n.name
+                    ),
+                ));
+            }
+        }
     }
     for f in &raw.failed {
         if !nodes.iter().any(|n| &n.name == f) {
             return Err(field("failed", format!("{f:?} is not a node")));
         }
     }
-    nodes.retain(|n| !raw.failed.contains(&n.name));
+    let (nodes, gone): (Vec<Node>, Vec<Node>) = nodes
+        .into_iter()
+        .partition(|n| !raw.failed.contains(&n.name));
     let failures =
         match (raw.failures.survivors, raw.failures.domains) {
             (Some(r), None) => Failures::Survivors(r),
@@ -185,6 +231,7 @@ pub fn parse(text: &str, file: &str) -> Result<Loaded> {
         problem,
         current,
         lost,
+        gone,
     })
 }
 
@@ -209,6 +256,8 @@ pub fn to_toml(p: &PlaceProblem, pl: &Placement) -> String {
                 .map(|n| NodeIn {
                     name: n.name.clone(),
                     domain: n.domain.clone(),
+                    id: Some(n.id),
+                    address: n.address.clone(),
                 })
                 .collect(),
         ),

@@ -37,6 +37,11 @@ pub enum Failures {
 pub struct Node {
     pub name: String,
     pub domain: Option<String>,
+    /// Its id in a Sluice layout: kept from plan to plan (a node that
+    /// fails does not renumber the others, which run under their ids).
+    pub id: u32,
+    /// Its address in a Sluice layout, once a plan has given it one.
+    pub address: Option<String>,
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -146,7 +151,8 @@ impl PlaceProblem {
         let need = self.parts.len() * self.floor.min(self.nodes.len());
         if need > self.nodes.len() * self.slots {
             return bad(format!(
-                "{} parts × floor {} need {need} replicas, but {} nodes × {} slots hold {}",
+                "{} parts × floor {} need {need} replicas, but {} nodes × {} slots hold {}: \
+                 lower `floor`, or give more nodes or `slots`",
                 self.parts.len(),
                 self.floor,
                 self.nodes.len(),

@@ -56,7 +56,40 @@ pub struct Reconfig {
     pub drops: Vec<(usize, usize)>,
     /// The search finished: no plan reaching the target moves fewer.
     pub minimal: bool,
+    /// The search ran to its end (within its budget): when it found no
+    /// plan reaching the target, none of these counts does.
+    pub exhausted: bool,
+    /// No plan reaching the target was found: the placement is the greedy
+    /// one from the current plan.
+    pub greedy: bool,
     pub states: u64,
+}
+
+impl Reconfig {
+    /// Whether the plan's survival reaches the target.
+    pub fn reached(&self) -> bool {
+        self.survival.p >= self.target - 1e-12
+    }
+}
+
+/// Replica counts that keep the `current` placement where it is: each
+/// part's replicas on the nodes left (its fixed count, where the input
+/// fixes one), raised to the floor; `None` when they do not fit the slots.
+/// After a failure these can survive more than the load-proportional
+/// counts of the smaller cluster, which must then not replace them.
+pub fn kept_counts(p: &PlaceProblem, current: &Placement) -> Option<Vec<usize>> {
+    let n = p.nodes.len();
+    let counts: Vec<usize> = p
+        .parts
+        .iter()
+        .zip(&current.holders)
+        .map(|(part, m)| {
+            part.replicas
+                .unwrap_or_else(|| (m.count_ones() as usize).max(p.floor))
+                .min(n)
+        })
+        .collect();
+    (counts.len() == p.parts.len() && counts.iter().sum::<usize>() <= n * p.slots).then_some(counts)
 }
 
 fn group_of(p: &PlaceProblem, n: usize) -> Option<&str> {
@@ -511,6 +544,7 @@ pub fn reconfigure(
     let mut best = Best { pl: None };
     go(&mut d, 0, 0, current, need, &mut best);
     let minimal = !d.out_of_time && best.pl.is_some();
+    let greedy = best.pl.is_none();
     let placement = match best.pl {
         Some((pl, _)) => pl,
         None => greedy_from(p, counts, current, &scen).ok_or_else(|| {
@@ -539,6 +573,8 @@ pub fn reconfigure(
         moves,
         drops,
         minimal,
+        exhausted: !d.out_of_time,
+        greedy,
         states: d.states,
     })
 }
