@@ -133,6 +133,31 @@ fn remap(cur: &input::Loaded, p: &PlaceProblem) -> Result<(Placement, Vec<(Strin
     Ok((pl, lost))
 }
 
+/// When no failure scenario keeps every part, the parts with the fewest
+/// replicas (the first lost) and the knob that gives them more.
+fn none_survive_hint(p: &PlaceProblem, pl: &Placement, survival: f64, out: &mut String) {
+    if survival > 0.0 {
+        return;
+    }
+    let Some(fewest) = pl.holders.iter().map(|m| m.count_ones()).min() else {
+        return;
+    };
+    let weakest: Vec<&str> = p
+        .parts
+        .iter()
+        .zip(&pl.holders)
+        .filter(|(_, m)| m.count_ones() == fewest)
+        .map(|(x, _)| x.name.as_str())
+        .collect();
+    let _ = writeln!(
+        out,
+        "no failure scenario keeps every part: the parts with the fewest replicas ({}: {fewest} each) \
+         are lost first; a higher `floor` gives every part more (the load-proportional counts \
+         leave the light parts at the floor)",
+        weakest.join(", ")
+    );
+}
+
 fn failures_text(p: &PlaceProblem) -> String {
     match p.failures {
         Failures::Survivors(r) => format!("{r} of {} nodes survive", p.nodes.len()),
@@ -239,6 +264,7 @@ fn show_plan(p: &PlaceProblem, r: &PlaceResult, json_out: bool) {
             )
         }
     );
+    none_survive_hint(p, &r.placement, r.survival.p, &mut out);
     let _ = writeln!(out, "baselines:");
     for (name, b) in &r.baselines {
         match b {
@@ -296,6 +322,7 @@ fn show_reconfig(
         r.target,
         if r.reached() { "" } else { ": NOT reached" }
     );
+    none_survive_hint(p, &r.placement, r.survival.p, &mut out);
     if kept {
         let _ = writeln!(
             out,
@@ -398,12 +425,16 @@ fn membership_script(
             part.name.replace(['\n', '\r'], " ")
         );
         if 2 * live <= live + dead.len() {
+            let readable = if live == 0 {
+                "# No member is alive: its objects are out of reach until a failed node comes back;"
+            } else {
+                "# Its objects stay readable from the live members (a stable `get`);"
+            };
             let _ = writeln!(
                 out,
                 "# {live} of its {} members alive: no majority, so its membership cannot change \
-                 live.\n# Its objects stay readable from the live members (a stable `get`); \
-                 bringing a failed\n# member back restores the majority, then run `sluice place \
-                 --from` again.",
+                 live.\n{readable}\n# bringing failed members back restores the majority, then \
+                 run `sluice place --from` again.",
                 live + dead.len()
             );
             continue;

@@ -1060,6 +1060,33 @@ fn a_placement_export_runs_under_dev() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// A plan that no failure scenario leaves whole says which parts go first
+/// and what gives them more (it printed a probability of 0 alone).
+#[test]
+fn a_plan_that_never_survives_says_what_to_raise() {
+    let dir = tempfile::tempdir().unwrap();
+    let problem = dir.path().join("p.toml");
+    std::fs::write(
+        &problem,
+        "slots = 1\nnodes = 2\n[failures]\nsurvivors = 1\n\
+         [[parts]]\nname = \"a\"\nload = 1.0\n[[parts]]\nname = \"b\"\nload = 1.0\n",
+    )
+    .unwrap();
+    let o = Command::new(BIN)
+        .args(["place", problem.to_str().unwrap()])
+        .output()
+        .unwrap();
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(o.status.success(), "{out}");
+    assert!(out.contains("probability 0.000000"), "{out}");
+    assert!(
+        out.contains(
+            "the parts with the fewest replicas (a, b: 1 each) are lost first; a higher `floor`"
+        ),
+        "{out}"
+    );
+}
+
 /// Edits the example's exported `placement.toml` as after node n4 failed
 /// (named in `failed`; the floor dropped to 1 so the rest fit): its text
 /// before.
