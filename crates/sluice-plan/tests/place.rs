@@ -311,7 +311,7 @@ fn a_plan_round_trips_through_its_file() {
 #[test]
 fn node_ids_and_addresses_are_kept_and_checked() {
     let mut p = problem(3, 2, &[1.0, 1.0], 2);
-    p.nodes[0].id = 7;
+    p.nodes[0].id = 3;
     p.nodes[2].address = Some("10.0.0.3:7420".into());
     let pl = optimize(&p, Duration::from_secs(5)).unwrap().placement;
     let text = sluice_plan::place::input::to_toml(&p, &pl);
@@ -321,12 +321,18 @@ fn node_ids_and_addresses_are_kept_and_checked() {
             .problem,
         p
     );
+    // A node added without an id, whose place in the list (3) n0 has,
+    // gets one above every id given.
+    let added = text.replacen("[failures]", "[[nodes]]\nname = \"n3\"\n\n[failures]", 1);
+    let with_new = sluice_plan::place::input::parse(&added, "x").unwrap();
+    let ids: Vec<u32> = with_new.problem.nodes.iter().map(|n| n.id).collect();
+    assert_eq!(ids, vec![3, 1, 2, 4]);
     let err = |t: String| {
         sluice_plan::place::input::parse(&t, "x")
             .unwrap_err()
             .to_string()
     };
-    let same_id = text.replacen("id = 7", "id = 1", 1);
+    let same_id = text.replacen("id = 3", "id = 1", 1);
     assert!(err(same_id).contains("\"n0\" and \"n1\" have the same id 1"));
     let bad = text.replace("10.0.0.3:7420", "node-3");
     assert!(err(bad).contains("address \"node-3\" is not an IP address and port"));

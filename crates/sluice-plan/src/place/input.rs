@@ -17,7 +17,8 @@
 //! are those no longer listed, or named in `failed = [...]`. The export
 //! also gives each node the `id` and `address` its layout runs it under;
 //! a node listed without an `id` has its place in the list (before any
-//! failed node is taken out), so plans after a failure keep the ids.
+//! failed node is taken out), so plans after a failure keep the ids, or,
+//! where another node has that id, one above every id given.
 
 use super::{Failures, Node, Part, PlaceProblem, Placement};
 use crate::error::{PlanError, Result};
@@ -118,16 +119,33 @@ pub fn parse(text: &str, file: &str) -> Result<Loaded> {
                 address: None,
             })
             .collect(),
-        NodesIn::List(l) => l
-            .into_iter()
-            .enumerate()
-            .map(|(i, n)| Node {
-                name: n.name,
-                domain: n.domain,
-                id: n.id.unwrap_or(i as u32),
-                address: n.address,
-            })
-            .collect(),
+        NodesIn::List(l) => {
+            // A node without an id takes its place in the list, or, where
+            // another node has that id, one above every id given (a node
+            // added to a plan whose others carry ids: never the id of a
+            // node deleted from the file, which the cluster may still have).
+            let mut taken: std::collections::BTreeSet<u32> =
+                l.iter().filter_map(|n| n.id).collect();
+            let mut out = Vec::with_capacity(l.len());
+            for (i, n) in l.into_iter().enumerate() {
+                let id = n.id.unwrap_or_else(|| {
+                    let id = if taken.contains(&(i as u32)) {
+                        taken.last().map_or(0, |m| m.saturating_add(1))
+                    } else {
+                        i as u32
+                    };
+                    taken.insert(id);
+                    id
+                });
+                out.push(Node {
+                    name: n.name,
+                    domain: n.domain,
+                    id,
+                    address: n.address,
+                });
+            }
+            out
+        }
     };
     for (i, n) in nodes.iter().enumerate() {
         if nodes[..i].iter().any(|m| m.name == n.name) {
