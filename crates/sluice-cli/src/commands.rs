@@ -1180,9 +1180,12 @@ fn notification(n: &sluice_client::Notification) -> Result<Shown> {
         _ => String::new(),
     };
     let text = if lost["where"] == "retention" {
+        let dropped = n.object.meta.version;
         format!(
-            "lost: {} versions{range} were dropped by the pool's retention before they could be replayed\n",
-            n.object.meta.version,
+            "lost: {}{range} {} dropped by the pool's retention before {} could be replayed\n",
+            counted(dropped, "version"),
+            if dropped == 1 { "was" } else { "were" },
+            if dropped == 1 { "it" } else { "they" },
         )
     } else {
         format!(
@@ -1602,7 +1605,7 @@ fn pools(c: &BlockingClient, cmd: PoolsCmd) -> Result<Shown> {
 }
 
 /// `n` and `what`, plural unless `n` is 1 ("1 key", "2 keys").
-fn counted(n: u64, what: &str) -> String {
+pub(crate) fn counted(n: u64, what: &str) -> String {
     if n == 1 {
         format!("1 {what}")
     } else {
@@ -1612,8 +1615,17 @@ fn counted(n: u64, what: &str) -> String {
 
 #[cfg(test)]
 mod tests {
-    use super::{dfg_lines, escaped, stats_text, Out, Shown};
+    use super::{counted, dfg_lines, escaped, stats_text, Out, Shown};
     use serde_json::json;
+
+    /// Counts in messages (dump, load, purge, fsck, stream publish): one
+    /// of a thing is said as one.
+    #[test]
+    fn one_of_a_thing_is_said_as_one() {
+        assert_eq!(counted(1, "pool"), "1 pool");
+        assert_eq!(counted(0, "byte"), "0 bytes");
+        assert_eq!(counted(7, "file"), "7 files");
+    }
 
     #[test]
     fn a_vertex_line_says_how_many_large_puts_came_early_and_landed() {

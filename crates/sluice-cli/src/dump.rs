@@ -21,6 +21,7 @@
 //! from a file. Versions and timestamps are the dumped ones, for
 //! reference: a load's puts get new ones from the shards they land on.
 
+use crate::commands::counted;
 use anyhow::{bail, Context, Result};
 use serde_json::json;
 use sluice_client::{BlockingClient, PoolMeta, PoolSpec, PoolType};
@@ -263,8 +264,10 @@ pub fn dump(c: &BlockingClient, addr: &str, a: DumpArgs, json_out: bool) -> Resu
         eprintln!("{}", json!({"dumped": &n, "to": to}));
     } else {
         eprintln!(
-            "dumped {} pools, {} objects ({} bytes) to {to}",
-            n.pools, n.objects, n.bytes
+            "dumped {}, {} ({}) to {to}",
+            counted(n.pools, "pool"),
+            counted(n.objects, "object"),
+            counted(n.bytes, "byte")
         );
     }
     Ok(())
@@ -542,8 +545,11 @@ pub fn load(c: &BlockingClient, a: LoadArgs, json_out: bool) -> Result<()> {
         println!("{}", json!({"loaded": &n, "pools_created": created}));
     } else {
         println!(
-            "loaded {} pools ({created} created), {} objects ({} bytes) from {}",
-            n.pools, n.objects, n.bytes, a.file
+            "loaded {} ({created} created), {} ({}) from {}",
+            counted(n.pools, "pool"),
+            counted(n.objects, "object"),
+            counted(n.bytes, "byte"),
+            a.file
         );
     }
     Ok(())

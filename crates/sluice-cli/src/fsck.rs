@@ -76,8 +76,8 @@ pub fn run(a: FsckArgs, json: bool) -> Result<()> {
             );
         }
         println!(
-            "{} files checked, {damaged} damaged (volatile logs live in RAM and are not checked)",
-            report.files.len()
+            "{} checked, {damaged} damaged (volatile logs live in RAM and are not checked)",
+            crate::commands::counted(report.files.len() as u64, "file")
         );
         match &repaired {
             Some(r) => {

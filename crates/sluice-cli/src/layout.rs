@@ -52,9 +52,9 @@ pub fn run(cmd: LayoutCmd, json_out: bool) -> Result<()> {
                 }
                 if let Some(p) = &out {
                     eprintln!(
-                        "wrote {} ({} nodes); start node N with: sluice serve --cluster {} --node-id N",
+                        "wrote {} ({}); start node N with: sluice serve --cluster {} --node-id N",
                         p.display(),
-                        i.layout.nodes.len(),
+                        crate::commands::counted(i.layout.nodes.len() as u64, "node"),
                         p.display()
                     );
                 }

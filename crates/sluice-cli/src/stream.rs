@@ -136,8 +136,12 @@ fn header_json(h: &Header) -> serde_json::Value {
 /// A published item in a line: what, when, where its payload is.
 fn published(h: &Header) -> String {
     let what = format!(
-        "published {}/{} seq {} at {} µs, {} bytes",
-        h.topic, h.source, h.seq, h.ts_us, h.size
+        "published {}/{} seq {} at {} µs, {}",
+        h.topic,
+        h.source,
+        h.seq,
+        h.ts_us,
+        crate::commands::counted(h.size, "byte")
     );
     match (&h.node, &h.key, h.version) {
         (Some(node), Some(key), Some(v)) => {

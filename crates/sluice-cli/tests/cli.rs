@@ -2759,6 +2759,9 @@ fn dump_and_load_copy_pools_with_their_history_and_refuse_a_cut_dump() {
     // To standard output as well (piped here), the same records.
     let piped = a.sluice(&["dump", "/p"]);
     assert!(piped.stdout.starts_with(b"{\"created_us\""), "{piped:?}");
+    // One pool is said as one ("dumped 1 pools" before).
+    let said = String::from_utf8_lossy(&piped.stderr);
+    assert!(said.starts_with("dumped 1 pool, "), "{said}");
 
     let loaded = b.ok(&["load", all.to_str().unwrap()]);
     assert!(
