@@ -427,8 +427,13 @@ fn membership_script(
         if 2 * live <= live + dead.len() {
             let readable = if live == 0 {
                 "# No member is alive: its objects are out of reach until a failed node comes back;"
+                    .to_string()
             } else {
-                "# Its objects stay readable from the live members (a stable `get`);"
+                format!(
+                    "# Its objects stay readable from the live members (a stable `get`; \
+                     `sluice dump /parts/{}` copies them out);",
+                    sluice_plan::export::path_segment(&part.name)
+                )
             };
             let _ = writeln!(
                 out,

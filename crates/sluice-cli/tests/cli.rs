@@ -990,6 +990,7 @@ fn a_placement_export_runs_under_dev() {
     // n4's), and its membership.sh takes n4 out of the shards that keep a
     // majority (it had no commands to run before).
     cli_at(&addr, &["put", "/parts/expert-0/weights", "w0"]);
+    cli_at(&addr, &["put", "/parts/expert-1/weights", "w1"]);
     unsafe {
         libc::kill(dev.pids[4].parse().unwrap(), libc::SIGKILL);
     }
@@ -1022,9 +1023,22 @@ fn a_placement_export_runs_under_dev() {
         "{script}"
     );
     assert!(
-        script.contains("# 1 of its 2 members alive: no majority"),
+        script.contains("# 1 of its 2 members alive: no majority")
+            && script.contains("`sluice dump /parts/expert-1` copies them out"),
         "expert-1 and expert-2 were on n4 and n5 alone: {script}"
     );
+    // As it says: the part's objects come out through its live member.
+    cli_at(
+        &addr,
+        &[
+            "dump",
+            "/parts/expert-1",
+            "--out",
+            dir.join("e1.dump").to_str().unwrap(),
+        ],
+    );
+    let dumped = std::fs::read_to_string(dir.join("e1.dump")).unwrap();
+    assert!(dumped.contains("/parts/expert-1/weights"), "{dumped}");
     for line in &commands {
         let args: Vec<&str> = line
             .split('#')
