@@ -39,8 +39,11 @@ fn dev_metrics() -> Option<Vec<String>> {
     (!addrs.is_empty()).then_some(addrs)
 }
 
-/// How long one scrape may take.
-const SCRAPE_TIMEOUT: Duration = Duration::from_secs(3);
+/// How long one scrape may take: the refresh interval, within these (a
+/// node answers in milliseconds; one that does not is shown as silent
+/// without holding the view back much longer than a refresh).
+const SCRAPE_TIMEOUT_MIN: Duration = Duration::from_secs(1);
+const SCRAPE_TIMEOUT_MAX: Duration = Duration::from_secs(3);
 
 pub fn run(mut a: TopArgs, json: bool) -> Result<()> {
     if a.interval_ms == 0 {
@@ -54,12 +57,13 @@ pub fn run(mut a: TopArgs, json: bool) -> Result<()> {
         })?;
     }
     let interval = Duration::from_millis(a.interval_ms);
+    let timeout = interval.clamp(SCRAPE_TIMEOUT_MIN, SCRAPE_TIMEOUT_MAX);
     let in_place = !a.once && !json && std::io::stdout().is_terminal();
-    let mut last = scrape_all(&a.metrics);
+    let mut last = scrape_all(&a.metrics, timeout);
     let mut at = Instant::now();
     loop {
         std::thread::sleep(interval.saturating_sub(at.elapsed()));
-        let now = scrape_all(&a.metrics);
+        let now = scrape_all(&a.metrics, timeout);
         let secs = at.elapsed().as_secs_f64();
         at = Instant::now();
         let views: Vec<Result<NodeView, String>> = a
@@ -95,15 +99,27 @@ pub fn run(mut a: TopArgs, json: bool) -> Result<()> {
     }
 }
 
-fn scrape_all(addrs: &[String]) -> Vec<Result<Vec<scrape::Sample>, String>> {
-    addrs
-        .iter()
-        .map(|a| {
-            scrape::fetch(a, SCRAPE_TIMEOUT)
-                .map(|t| scrape::parse(&t))
-                .map_err(|e| format!("{e:#}"))
-        })
-        .collect()
+/// Every node's scrape, side by side: a node that does not answer costs
+/// the view one timeout, not one per node behind it.
+fn scrape_all(addrs: &[String], timeout: Duration) -> Vec<Result<Vec<scrape::Sample>, String>> {
+    std::thread::scope(|s| {
+        let each: Vec<_> = addrs
+            .iter()
+            .map(|a| {
+                s.spawn(move || {
+                    scrape::fetch(a, timeout)
+                        .map(|t| scrape::parse(&t))
+                        .map_err(|e| format!("{e:#}"))
+                })
+            })
+            .collect();
+        each.into_iter()
+            .map(|h| {
+                h.join()
+                    .unwrap_or_else(|_| Err("the scrape panicked".to_string()))
+            })
+            .collect()
+    })
 }
 
 fn json_of(views: &[Result<NodeView, String>]) -> String {
@@ -204,4 +220,32 @@ fn render(views: &[Result<NodeView, String>], interval_ms: u64) -> String {
         }
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Two nodes that never answer cost one timeout, not two (scraped one
+    /// after the other, each paused node added its timeout to every
+    /// refresh: 6 s for `top --once` with one node stopped).
+    #[test]
+    fn silent_nodes_are_waited_for_side_by_side() {
+        let silent: Vec<std::net::TcpListener> = (0..2)
+            .map(|_| std::net::TcpListener::bind("127.0.0.1:0").unwrap())
+            .collect();
+        let addrs: Vec<String> = silent
+            .iter()
+            .map(|l| l.local_addr().unwrap().to_string())
+            .collect();
+        let t0 = Instant::now();
+        let got = scrape_all(&addrs, Duration::from_millis(800));
+        let took = t0.elapsed();
+        assert!(
+            got.iter()
+                .all(|r| r.as_ref().is_err_and(|e| e.contains("no answer"))),
+            "{got:?}"
+        );
+        assert!(took < Duration::from_millis(1500), "{took:?}");
+    }
 }

@@ -42,9 +42,17 @@ pub fn fetch(addr: &str, timeout: Duration) -> Result<String> {
         "GET /metrics HTTP/1.1\r\nHost: {addr}\r\nAccept: text/plain\r\nConnection: close\r\n\r\n"
     )?;
     let mut raw = Vec::new();
-    s.take(SCRAPE_BYTES_MAX)
-        .read_to_end(&mut raw)
-        .with_context(|| format!("reading /metrics from {addr}"))?;
+    if let Err(e) = s.take(SCRAPE_BYTES_MAX).read_to_end(&mut raw) {
+        if matches!(
+            e.kind(),
+            std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+        ) {
+            bail!(
+                "no answer to GET /metrics within {timeout:?} (is the node paused, stopped or overloaded?)"
+            );
+        }
+        return Err(e).with_context(|| format!("reading /metrics from {addr}"));
+    }
     let text = String::from_utf8_lossy(&raw);
     let (head, body) = text
         .split_once("\r\n\r\n")
@@ -167,6 +175,20 @@ mod tests {
         assert_eq!(s[2].label("le"), "+Inf");
         assert_eq!(s[3].label("v"), "say \"hi\"\\");
         assert_eq!(s[4].value, f64::INFINITY);
+    }
+
+    /// A node that accepts and never answers (paused: SIGSTOP) is said to
+    /// be silent, within the timeout (it was "Resource temporarily
+    /// unavailable (os error 11)").
+    #[test]
+    fn a_silent_endpoint_is_said_to_be_silent() {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = l.local_addr().unwrap().to_string();
+        let e = fetch(&addr, Duration::from_millis(200)).unwrap_err();
+        assert!(
+            format!("{e:#}").contains("no answer to GET /metrics within 200ms (is the node paused"),
+            "{e:#}"
+        );
     }
 
     #[test]
