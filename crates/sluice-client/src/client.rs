@@ -55,6 +55,13 @@ pub struct ClientConfig {
     /// (`Conn::set_coalesce_writes`): for a client whose requests start in
     /// bursts on a single-threaded runtime. Off by default.
     pub coalesce_writes: bool,
+    /// A connection with watches open that has read nothing for this long
+    /// asks the node for a ping, and is given up (its watches end with a
+    /// `Connection` error saying why) when nothing comes for as long
+    /// again: a node paused, hung or cut off without its connections
+    /// closing would otherwise leave a watch waiting forever. Zero: never.
+    /// Default 5 s.
+    pub watch_keepalive: Duration,
 }
 
 impl Default for ClientConfig {
@@ -71,6 +78,7 @@ impl Default for ClientConfig {
             token: None,
             value_part_bytes: None,
             coalesce_writes: false,
+            watch_keepalive: Duration::from_secs(5),
         }
     }
 }

@@ -28,6 +28,7 @@ pub(crate) struct NodePool {
     token: Option<String>,
     part_bytes: usize,
     coalesce: bool,
+    keepalive: Duration,
     /// Connections opened for watches once the pooled ones were full of
     /// them; each lives while a watch on it does.
     watch_conns: Mutex<Vec<std::sync::Weak<Conn>>>,
@@ -46,6 +47,7 @@ impl NodePool {
             token: cfg.token.clone(),
             part_bytes: cfg.value_part_bytes.unwrap_or(0),
             coalesce: cfg.coalesce_writes,
+            keepalive: cfg.watch_keepalive,
             watch_conns: Mutex::new(Vec::new()),
         }
     }
@@ -88,6 +90,7 @@ impl NodePool {
     fn tune(&self, c: &Conn) {
         c.set_value_part_bytes(self.part_bytes);
         c.set_coalesce_writes(self.coalesce);
+        c.set_watch_keepalive(self.keepalive);
     }
 
     pub(crate) fn fill(&self, i: usize, c: Arc<Conn>) {

@@ -54,6 +54,12 @@ pub struct Conn {
     flush_due: AtomicBool,
     /// Writes to the socket so far (`Conn::writes`).
     writes: AtomicU64,
+    /// Reads from the socket so far: the keepalive's sign of life.
+    reads: AtomicU64,
+    /// `set_watch_keepalive`, in milliseconds (0: off).
+    keepalive_ms: AtomicU64,
+    /// The keepalive task runs (started with the first watch).
+    keepalive_on: AtomicBool,
     me: std::sync::Weak<Conn>,
     /// What the node said about itself in the handshake.
     pub info: ServerInfo,
@@ -208,6 +214,9 @@ impl Conn {
             queued: Mutex::new(OutQueue::new()),
             flush_due: AtomicBool::new(false),
             writes: AtomicU64::new(0),
+            reads: AtomicU64::new(0),
+            keepalive_ms: AtomicU64::new(0),
+            keepalive_on: AtomicBool::new(false),
             me: me.clone(),
             info,
         });
@@ -279,6 +288,16 @@ impl Conn {
                 tracing::debug!(error = %std::io::Error::last_os_error(), "TCP_NOTSENT_LOWAT not set");
             }
         }
+    }
+
+    /// While watches are open, a connection silent for `every` sends a
+    /// ping, and one silent for `every` again is given up (see
+    /// `ClientConfig::watch_keepalive`); zero: never.
+    pub fn set_watch_keepalive(&self, every: Duration) {
+        self.keepalive_ms.store(
+            every.as_millis().min(u64::MAX as u128) as u64,
+            Ordering::Relaxed,
+        );
     }
 
     /// Writes the requests of one task turn together: instead of a
@@ -441,6 +460,10 @@ impl Conn {
             self.pending.lock().remove(&id);
             return Err(e);
         }
+        let every = self.keepalive_ms.load(Ordering::Relaxed);
+        if every > 0 && !self.keepalive_on.swap(true, Ordering::AcqRel) {
+            tokio::spawn(keepalive(self.me.clone(), Duration::from_millis(every)));
+        }
         Ok(id)
     }
 
@@ -475,6 +498,50 @@ impl Conn {
     }
 }
 
+/// While `weak`'s connection has watches open: a ping once it has read
+/// nothing for `every`, and the connection given up (its socket shut down,
+/// so the reader ends it and every watch on it) when nothing comes for
+/// `every` after that. Ends with the connection.
+async fn keepalive(weak: std::sync::Weak<Conn>, every: Duration) {
+    let Some(mut seen) = weak.upgrade().map(|c| c.reads.load(Ordering::Relaxed)) else {
+        return;
+    };
+    let mut pinged = false;
+    loop {
+        tokio::time::sleep(every).await;
+        let Some(conn) = weak.upgrade() else { return };
+        if !conn.is_alive() {
+            return;
+        }
+        let reads = conn.reads.load(Ordering::Relaxed);
+        let watching = conn
+            .pending
+            .lock()
+            .values()
+            .any(|p| matches!(p, Pending::Stream(..)));
+        if reads != seen || !watching {
+            (seen, pinged) = (reads, false);
+            continue;
+        }
+        if !pinged {
+            // Its answer is a read; nobody waits for it.
+            let id = conn.next_id.fetch_add(1, Ordering::Relaxed);
+            let me = conn.clone();
+            tokio::spawn(async move { me.send(&Request::Ping, id, 0).await });
+            pinged = true;
+            continue;
+        }
+        *conn.fatal.lock() = Some(conn_err(format!(
+            "the node sent nothing for {:?}, a keepalive ping included: it is paused, hung or \
+             cut off",
+            every * 2
+        )));
+        // SAFETY: the socket stays open while `conn` (which owns it) lives.
+        unsafe { libc::shutdown(conn.fd, libc::SHUT_RDWR) };
+        return;
+    }
+}
+
 async fn read_loop(
     weak: std::sync::Weak<Conn>,
     mut rd: ReadHalf,
@@ -484,6 +551,7 @@ async fn read_loop(
     'outer: loop {
         // Held only while frames are dispatched, never across a read.
         let Some(conn) = weak.upgrade() else { return };
+        conn.reads.fetch_add(1, Ordering::Relaxed);
         loop {
             let frame = match decoder.decode(&mut buf) {
                 Ok(Some(f)) => f,

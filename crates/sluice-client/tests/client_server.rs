@@ -393,6 +393,90 @@ async fn next_within_5s(w: &mut Watch) -> Notification {
         .expect("the watch is open")
 }
 
+/// Between a client and a node: forwards both ways until `cut` is set,
+/// then swallows everything while keeping the connections open (a node
+/// paused, or a link gone without a reset).
+struct BlackHole {
+    addr: SocketAddr,
+    cut: std::sync::Arc<std::sync::atomic::AtomicBool>,
+}
+
+async fn black_hole_to(target: SocketAddr) -> BlackHole {
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = l.local_addr().unwrap();
+    let cut = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let c = cut.clone();
+    tokio::spawn(async move {
+        while let Ok((inbound, _)) = l.accept().await {
+            let outbound = TcpStream::connect(target).await.unwrap();
+            let (ri, wi) = inbound.into_split();
+            let (ro, wo) = outbound.into_split();
+            tokio::spawn(pipe(ri, wo, c.clone()));
+            tokio::spawn(pipe(ro, wi, c.clone()));
+        }
+    });
+    BlackHole { addr, cut }
+}
+
+async fn pipe(
+    mut r: tokio::net::tcp::OwnedReadHalf,
+    mut w: tokio::net::tcp::OwnedWriteHalf,
+    cut: std::sync::Arc<std::sync::atomic::AtomicBool>,
+) {
+    let mut buf = vec![0; 64 * 1024];
+    loop {
+        let n = match r.read(&mut buf).await {
+            Ok(0) | Err(_) => return,
+            Ok(n) => n,
+        };
+        if cut.load(std::sync::atomic::Ordering::Relaxed) {
+            continue;
+        }
+        if w.write_all(&buf[..n]).await.is_err() {
+            return;
+        }
+    }
+}
+
+/// A watch through a node that goes silent without closing its
+/// connection (paused, hung, cut off) ends, saying why, after its
+/// keepalive goes unanswered; before, it waited forever. While the node
+/// answers, the keepalive's pings keep an idle watch open.
+#[tokio::test]
+async fn a_watch_through_a_silent_node_ends_saying_why() {
+    let s = start(|_| {}).await;
+    let hole = black_hole_to(s.addr).await;
+    let c = Client::connect_with(ClientConfig {
+        addr: hole.addr.to_string(),
+        watch_keepalive: Duration::from_millis(200),
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    let mut w = c.watch("/vol/k").await.unwrap();
+    c.put("/vol/k", "a").await.unwrap();
+    assert_eq!(&next_within_5s(&mut w).await.object.value[..], b"a");
+    // Five keepalives' worth of silence from the watch, the node answering
+    // its pings: still open.
+    assert!(
+        tokio::time::timeout(Duration::from_secs(1), w.next())
+            .await
+            .is_err(),
+        "an idle watch on a live node stays open"
+    );
+    assert!(w.lost().is_none());
+    hole.cut.store(true, std::sync::atomic::Ordering::Relaxed);
+    let end = tokio::time::timeout(Duration::from_secs(5), w.next())
+        .await
+        .expect("the watch ends within its keepalive's bound");
+    assert!(end.is_none());
+    let why = w.lost().expect("lost, not cancelled").to_string();
+    assert!(
+        why.contains("a keepalive ping included: it is paused, hung or cut off"),
+        "{why}"
+    );
+}
+
 #[tokio::test]
 async fn watch_sees_puts_triggers_removes_in_order() {
     let s = start(|_| {}).await;
