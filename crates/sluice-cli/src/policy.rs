@@ -228,7 +228,7 @@ pub fn policy(c: &BlockingClient, cmd: PolicyCmd) -> Result<Shown> {
             Shown::new(
                 r,
                 lines([format!(
-                    "policy {name} set (in force on every node within a second)"
+                    "policy {name} set (each node enforces it once it applies the change: within a second where it is up, when it is back where it is down or cut off)"
                 )]),
             )
         }
