@@ -437,7 +437,7 @@ impl Conn {
             Err(_) => {
                 self.pending.lock().remove(&id);
                 Err(SluiceError::Timeout {
-                    what: format!("request {id} ({:#04x})", req.opcode()),
+                    what: format!("a {} request (id {id})", req.name()),
                     after_ms: timeout.as_millis() as u64,
                 })
             }

@@ -465,7 +465,19 @@ async fn a_watch_through_a_silent_node_ends_saying_why() {
         "an idle watch on a live node stays open"
     );
     assert!(w.lost().is_none());
+    let other = Client::connect_with(ClientConfig {
+        addr: hole.addr.to_string(),
+        request_timeout: Duration::from_millis(500),
+        ..Default::default()
+    })
+    .await
+    .unwrap();
     hole.cut.store(true, std::sync::atomic::Ordering::Relaxed);
+    // A request meanwhile times out naming what it was (it said
+    // "request 3 (0x05)").
+    let e = other.get("/vol/k").await.unwrap_err().to_string();
+    assert!(e.starts_with("a get request (id "), "{e}");
+    assert!(e.ends_with("timed out after 500 ms"), "{e}");
     let end = tokio::time::timeout(Duration::from_secs(5), w.next())
         .await
         .expect("the watch ends within its keepalive's bound");
