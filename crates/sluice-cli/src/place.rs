@@ -399,6 +399,14 @@ fn membership_script(
             .find(|n| n.name == name)
             .map(|n| n.id)
     };
+    // The nodes the running cluster's layout has: the current plan's,
+    // but those added to its file since the export.
+    let known = |id: u32| {
+        cur.gone
+            .iter()
+            .chain(&cur.problem.nodes)
+            .any(|n| n.id == id && !cur.added.contains(&n.name))
+    };
     let mut changes = 0;
     for (e, part) in p.parts.iter().enumerate() {
         let shard = format!("volatile/{e}/0");
@@ -463,7 +471,17 @@ fn membership_script(
             changes += 1;
         }
         for id in adds {
-            let _ = writeln!(out, "sluice cluster add-member {shard} {id}");
+            if known(id) {
+                let _ = writeln!(out, "sluice cluster add-member {shard} {id}");
+            } else {
+                // A running cluster adds members only among the nodes of
+                // the layout it was started with.
+                let _ = writeln!(
+                    out,
+                    "# node {id} is new to the cluster: once every node runs the new layout.toml \
+                     (it lists node {id}), run:\n# sluice cluster add-member {shard} {id}"
+                );
+            }
             changes += 1;
         }
         for id in drops {

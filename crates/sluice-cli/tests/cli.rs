@@ -1853,6 +1853,41 @@ fn place_plans_exports_and_reconfigures() {
         script.contains("sluice cluster add-member volatile/7/0 "),
         "{script}"
     );
+    // n4 fails and n6 joins the plan (listed by hand, without an id): the
+    // replicas n4 held go to n6, which the running cluster's layout does
+    // not have yet, so the script says to roll the new layout out first
+    // (`add-member` of a node outside the layout is refused).
+    std::fs::write(
+        &placement,
+        format!(
+            "failed = [\"n4\"]\n{}",
+            text.replacen("[failures]", "[[nodes]]\nname = \"n6\"\n\n[failures]", 1)
+        ),
+    )
+    .unwrap();
+    let o = Command::new(BIN)
+        .args(["place", "--from", placement.to_str().unwrap(), "--export"])
+        .arg(dir.path().join("joined"))
+        .output()
+        .unwrap();
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        o.status.success(),
+        "{out}{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    assert!(out.contains(" on n6"), "{out}");
+    let script = std::fs::read_to_string(dir.path().join("joined/membership.sh")).unwrap();
+    assert!(
+        script.contains("# node 6 is new to the cluster: once every node runs the new layout.toml"),
+        "{script}"
+    );
+    assert!(
+        !script
+            .lines()
+            .any(|l| l.starts_with("sluice cluster add-member") && l.ends_with(" 6")),
+        "{script}"
+    );
     // Bad input: a clear error naming the problem.
     let o = Command::new(BIN)
         .args([

@@ -91,6 +91,10 @@ pub struct Loaded {
     pub lost: Vec<(String, String)>,
     /// The nodes named in `failed`, with their ids.
     pub gone: Vec<Node>,
+    /// Nodes listed without an id where others have one (as an export
+    /// writes them): added since the export, so not yet in the layout
+    /// the cluster runs.
+    pub added: Vec<String>,
 }
 
 pub fn parse(text: &str, file: &str) -> Result<Loaded> {
@@ -110,6 +114,9 @@ pub fn parse(text: &str, file: &str) -> Result<Loaded> {
         field: f.into(),
         reason: r,
     };
+    // Nodes listed without an id beside nodes with one: added to the
+    // plan by hand since its export, so not in the running layout yet.
+    let mut added = Vec::new();
     let nodes: Vec<Node> = match raw.nodes {
         NodesIn::Count(n) => (0..n)
             .map(|i| Node {
@@ -127,7 +134,11 @@ pub fn parse(text: &str, file: &str) -> Result<Loaded> {
             let mut taken: std::collections::BTreeSet<u32> =
                 l.iter().filter_map(|n| n.id).collect();
             let mut out = Vec::with_capacity(l.len());
+            let some_given = !taken.is_empty();
             for (i, n) in l.into_iter().enumerate() {
+                if n.id.is_none() && some_given {
+                    added.push(n.name.clone());
+                }
                 let id = n.id.unwrap_or_else(|| {
                     let id = if taken.contains(&(i as u32)) {
                         taken.last().map_or(0, |m| m.saturating_add(1))
@@ -250,6 +261,7 @@ pub fn parse(text: &str, file: &str) -> Result<Loaded> {
         current,
         lost,
         gone,
+        added,
     })
 }
 
