@@ -433,41 +433,21 @@ fn membership_script(
             part.name.replace(['\n', '\r'], " ")
         );
         if 2 * live <= live + dead.len() {
-            let readable = if live == 0 {
-                "# No member is alive: its objects are out of reach until a failed node comes back;"
-                    .to_string()
-            } else {
-                format!(
-                    "# Its objects stay readable from the live members (a stable `get`; \
-                     `sluice dump /parts/{}` copies them out);",
-                    sluice_plan::export::path_segment(&part.name)
-                )
-            };
-            let _ = writeln!(
-                out,
-                "# {live} of its {} members alive: no majority, so its membership cannot change \
-                 live.\n{readable}\n# bringing failed members back restores the majority, then \
-                 run `sluice place --from` again.",
-                live + dead.len()
-            );
+            no_majority(&mut out, &part.name, live, live + dead.len());
             continue;
         }
         for name in dead {
-            match gone_id(name) {
-                Some(id) => {
-                    let _ = writeln!(
-                        out,
-                        "sluice cluster remove-member {shard} {id}   # {name}, failed"
-                    );
-                }
-                None => {
-                    let _ = writeln!(
-                        out,
-                        "# {name} failed, its id unknown (deleted from the file, not named in `failed`):\n\
-                         # sluice cluster remove-member {shard} <its id>"
-                    );
-                }
-            }
+            let _ = match gone_id(name) {
+                Some(id) => writeln!(
+                    out,
+                    "sluice cluster remove-member {shard} {id}   # {name}, failed"
+                ),
+                None => writeln!(
+                    out,
+                    "# {name} failed, its id unknown (deleted from the file, not named in `failed`):\n\
+                     # sluice cluster remove-member {shard} <its id>"
+                ),
+            };
             changes += 1;
         }
         for id in adds {
@@ -493,6 +473,27 @@ fn membership_script(
         out.push_str("# Nothing to change.\n");
     }
     out
+}
+
+/// Why the shard of `part`, `live` of its `members` alive, cannot change
+/// its membership, and what is left to do.
+fn no_majority(out: &mut String, part: &str, live: usize, members: usize) {
+    let readable = if live == 0 {
+        "# No member is alive: its objects are out of reach until a failed node comes back;"
+            .to_string()
+    } else {
+        format!(
+            "# Its objects stay readable from the live members (a stable `get`; \
+             `sluice dump /parts/{}` copies them out);",
+            sluice_plan::export::path_segment(part)
+        )
+    };
+    let _ = writeln!(
+        out,
+        "# {live} of its {members} members alive: no majority, so its membership cannot change \
+         live.\n{readable}\n# bringing failed members back restores the majority, then \
+         run `sluice place --from` again."
+    );
 }
 
 /// placement.toml, and a layout whose volatile subgroup `e` replicates
