@@ -1625,6 +1625,34 @@ mod tests {
         assert_eq!(counted(1, "pool"), "1 pool");
         assert_eq!(counted(0, "byte"), "0 bytes");
         assert_eq!(counted(7, "file"), "7 files");
+        // A watch's notice of versions retention dropped before a replay.
+        let lost = |n: u64| {
+            let notice = sluice_client::Notification {
+                kind: sluice_wire::DeliveryKindWire::Lagged,
+                object: sluice_types::Object {
+                    key: "/p".into(),
+                    meta: sluice_types::ObjectMeta {
+                        version: n,
+                        timestamp_us: 0,
+                        previous_version: sluice_types::VERSION_NONE,
+                        previous_version_by_key: sluice_types::VERSION_NONE,
+                        tombstone: false,
+                    },
+                    value: r#"{"where":"retention"}"#.into(),
+                    trace: None,
+                },
+            };
+            String::from_utf8(super::notification(&notice).unwrap().text).unwrap()
+        };
+        assert_eq!(
+            lost(1),
+            "lost: 1 version was dropped by the pool's retention before it could be replayed\n"
+        );
+        assert!(
+            lost(3).starts_with("lost: 3 versions were dropped"),
+            "{}",
+            lost(3)
+        );
     }
 
     #[test]

@@ -297,7 +297,7 @@ fn show_reconfig(
                    "moves": r.moves.iter().map(pair).collect::<Vec<_>>(),
                    "drops": r.drops.iter().map(pair).collect::<Vec<_>>(), "lost": lost,
                    "counts_kept": kept, "load_counts_best": best.survival.p,
-                   "minimal": r.minimal, "states": r.states})
+                   "minimal": r.minimal(), "states": r.states})
         );
         return;
     }
@@ -331,14 +331,12 @@ fn show_reconfig(
             best.survival.p
         );
     }
-    let how = match (r.reached(), r.minimal, r.greedy) {
-        (true, true, _) => " (the fewest any plan reaching the target needs)",
+    let how = match (r.reached(), r.exhausted, r.greedy) {
+        (true, true, false) => " (the fewest any plan reaching the target needs)",
         (true, false, false) => {
             " (the fewest found before the search's budget ran out; not proven the fewest)"
         }
-        (_, _, true) if !r.exhausted => {
-            " (search stopped at its budget: greedy from the current plan)"
-        }
+        (_, false, true) => " (search stopped at its budget: greedy from the current plan)",
         _ => " (greedy from the current plan: no plan reaches the target)",
     };
     let _ = writeln!(out, "{} replica(s) moved{how}", r.moves.len());
@@ -390,23 +388,14 @@ fn membership_script(
         );
         return out;
     }
+    // Every node of the current plan's file, failed ones included.
+    let listed = || cur.gone.iter().chain(&cur.problem.nodes);
     // The id of a node gone: named in `failed`, or listed in the current
     // plan's file but not in the new problem.
-    let gone_id = |name: &str| {
-        cur.gone
-            .iter()
-            .chain(&cur.problem.nodes)
-            .find(|n| n.name == name)
-            .map(|n| n.id)
-    };
+    let gone_id = |name: &str| listed().find(|n| n.name == name).map(|n| n.id);
     // The nodes the running cluster's layout has: the current plan's,
     // but those added to its file since the export.
-    let known = |id: u32| {
-        cur.gone
-            .iter()
-            .chain(&cur.problem.nodes)
-            .any(|n| n.id == id && !cur.added.contains(&n.name))
-    };
+    let known = |id: u32| listed().any(|n| n.id == id && !cur.added.contains(&n.name));
     let mut changes = 0;
     for (e, part) in p.parts.iter().enumerate() {
         let shard = format!("volatile/{e}/0");

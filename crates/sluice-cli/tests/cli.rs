@@ -996,12 +996,7 @@ fn a_placement_export_runs_under_dev() {
     }
     let placement = dir.join("deploy/placement.toml");
     fail_n4(&placement);
-    let o = Command::new(BIN)
-        .args(["place", "--from", placement.to_str().unwrap(), "--export"])
-        .arg(dir.join("after"))
-        .output()
-        .unwrap();
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let (_, script) = place_from_export(&placement, &dir.join("after"));
     let after = sluice_types::cluster::ClusterLayout::from_toml(
         &std::fs::read_to_string(dir.join("after/layout.toml")).unwrap(),
     )
@@ -1013,7 +1008,6 @@ fn a_placement_export_runs_under_dev() {
         .expect("n5 keeps id 5");
     assert_eq!(n5.address.port(), base + 5, "n5 keeps its address");
     assert!(after.nodes.iter().all(|n| n.id != 4), "n4 is gone");
-    let script = std::fs::read_to_string(dir.join("after/membership.sh")).unwrap();
     let commands: Vec<&str> = script
         .lines()
         .filter(|l| l.starts_with("sluice "))
@@ -1099,6 +1093,24 @@ fn a_plan_that_never_survives_says_what_to_raise() {
         ),
         "{out}"
     );
+}
+
+/// `sluice place --from PLACEMENT --export DIR`, which must succeed: its
+/// standard output and the `membership.sh` it wrote.
+fn place_from_export(placement: &Path, dir: &Path) -> (String, String) {
+    let o = Command::new(BIN)
+        .args(["place", "--from", placement.to_str().unwrap(), "--export"])
+        .arg(dir)
+        .output()
+        .unwrap();
+    let out = String::from_utf8_lossy(&o.stdout).into_owned();
+    assert!(
+        o.status.success(),
+        "{out}{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    let script = std::fs::read_to_string(dir.join("membership.sh")).unwrap();
+    (out, script)
 }
 
 /// Edits the example's exported `placement.toml` as after node n4 failed
@@ -1835,20 +1847,9 @@ fn place_plans_exports_and_reconfigures() {
         ),
     )
     .unwrap();
-    let o = Command::new(BIN)
-        .args(["place", "--from", placement.to_str().unwrap(), "--export"])
-        .arg(dir.path().join("rebalanced"))
-        .output()
-        .unwrap();
-    let out = String::from_utf8_lossy(&o.stdout);
-    assert!(
-        o.status.success(),
-        "{out}{}",
-        String::from_utf8_lossy(&o.stderr)
-    );
+    let (out, script) = place_from_export(&placement, &dir.path().join("rebalanced"));
     assert!(out.contains("+ expert-7 on"), "{out}");
     assert!(!out.contains("counts kept"), "{out}");
-    let script = std::fs::read_to_string(dir.path().join("rebalanced/membership.sh")).unwrap();
     assert!(
         script.contains("sluice cluster add-member volatile/7/0 "),
         "{script}"
@@ -1865,19 +1866,8 @@ fn place_plans_exports_and_reconfigures() {
         ),
     )
     .unwrap();
-    let o = Command::new(BIN)
-        .args(["place", "--from", placement.to_str().unwrap(), "--export"])
-        .arg(dir.path().join("joined"))
-        .output()
-        .unwrap();
-    let out = String::from_utf8_lossy(&o.stdout);
-    assert!(
-        o.status.success(),
-        "{out}{}",
-        String::from_utf8_lossy(&o.stderr)
-    );
+    let (out, script) = place_from_export(&placement, &dir.path().join("joined"));
     assert!(out.contains(" on n6"), "{out}");
-    let script = std::fs::read_to_string(dir.path().join("joined/membership.sh")).unwrap();
     assert!(
         script.contains("# node 6 is new to the cluster: once every node runs the new layout.toml"),
         "{script}"

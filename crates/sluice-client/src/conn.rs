@@ -551,7 +551,9 @@ async fn read_loop(
     'outer: loop {
         // Held only while frames are dispatched, never across a read.
         let Some(conn) = weak.upgrade() else { return };
-        conn.reads.fetch_add(1, Ordering::Relaxed);
+        // This task is the only writer: no read-modify-write needed.
+        let reads = conn.reads.load(Ordering::Relaxed);
+        conn.reads.store(reads.wrapping_add(1), Ordering::Relaxed);
         loop {
             let frame = match decoder.decode(&mut buf) {
                 Ok(Some(f)) => f,

@@ -269,7 +269,7 @@ proptest! {
         };
         let target = optimize(&q, Duration::from_secs(10)).unwrap();
         let rc = reconfigure(&q, &target.counts, &current, target.survival.p, Duration::from_secs(10)).unwrap();
-        prop_assert!(rc.minimal);
+        prop_assert!(rc.minimal());
         prop_assert!(rc.placement.valid(&q, &target.counts));
         prop_assert!(rc.survival.p >= target.survival.p - 1e-12);
         let scen = Scenarios::of(&q);

@@ -54,8 +54,6 @@ pub struct Reconfig {
     pub moves: Vec<(usize, usize)>,
     /// (part, node) of every replica the new plan drops.
     pub drops: Vec<(usize, usize)>,
-    /// The search finished: no plan reaching the target moves fewer.
-    pub minimal: bool,
     /// The search ran to its end (within its budget): when it found no
     /// plan reaching the target, none of these counts does.
     pub exhausted: bool,
@@ -69,6 +67,12 @@ impl Reconfig {
     /// Whether the plan's survival reaches the target.
     pub fn reached(&self) -> bool {
         self.survival.p >= self.target - 1e-12
+    }
+
+    /// The search finished with a plan: no plan reaching the target moves
+    /// fewer.
+    pub fn minimal(&self) -> bool {
+        self.exhausted && !self.greedy
     }
 }
 
@@ -543,7 +547,6 @@ pub fn reconfigure(
     let mut d = Dfs::new(p, &scen, counts, deadline);
     let mut best = Best { pl: None };
     go(&mut d, 0, 0, current, need, &mut best);
-    let minimal = !d.out_of_time && best.pl.is_some();
     let greedy = best.pl.is_none();
     let placement = match best.pl {
         Some((pl, _)) => pl,
@@ -572,7 +575,6 @@ pub fn reconfigure(
         target,
         moves,
         drops,
-        minimal,
         exhausted: !d.out_of_time,
         greedy,
         states: d.states,
