@@ -243,6 +243,14 @@ pub enum ClusterCmd {
         /// The node whose links are restored.
         node: u32,
     },
+    /// Fault injection: from now until NODE restarts, every write to its
+    /// persistent shards' consensus logs fails as on a full disk (ENOSPC).
+    /// Its replicas of those shards stop (`cluster status`, `health` say
+    /// so); the other members go on.
+    DiskFull {
+        /// The node whose disk is to be full.
+        node: u32,
+    },
 }
 
 #[derive(clap::Subcommand, Debug)]
@@ -710,6 +718,13 @@ fn cluster_status(c: &BlockingClient) -> Result<Shown> {
                     lag.join(" ")
                 }
             ));
+            if let Some(why) = g["stopped"].as_str() {
+                text.push(format!(
+                    "{:<6} {} stopped: {why}; {STOPPED_ADVICE}",
+                    t(&s["node"]),
+                    t(&g["group"]),
+                ));
+            }
         }
         // Its connections to peers: "2 3 (bulk: 2 3)"; a node that has
         // sent nothing to a peer (a follower everywhere) has "none".
@@ -770,6 +785,7 @@ fn cluster(c: &BlockingClient, cmd: ClusterCmd) -> Result<Shown> {
         ),
         ClusterCmd::Cut { node, peers } => (json!({"op": "cut", "peers": peers}), Some(*node)),
         ClusterCmd::Heal { node } => (json!({"op": "heal"}), Some(*node)),
+        ClusterCmd::DiskFull { node } => (json!({"op": "disk_full"}), Some(*node)),
     };
     let r = c.cluster_command(command, node)?;
     let text = match &cmd {
@@ -788,6 +804,10 @@ fn cluster(c: &BlockingClient, cmd: ClusterCmd) -> Result<Shown> {
             cut if cut.is_empty() => format!("node {node}: every link open\n"),
             cut => format!("node {node}: links to {} cut\n", cut.join(", ")),
         },
+        ClusterCmd::DiskFull { node } => format!(
+            "node {node}: writes to its persistent shards' logs now fail as on a full disk \
+             (until it restarts)\n"
+        ),
         ClusterCmd::Status => String::new(),
     };
     Ok(Shown::new(r, text))
@@ -1477,18 +1497,22 @@ fn dfg_lines(r: &Value, indent: bool, text: &mut Vec<String>) {
     }
 }
 
-/// `health`: the node answers and every group it is in has a leader.
-/// An unhealthy node is an error (exit code 1); under `--json` its
-/// report is shown first.
+/// `health`: the node answers and every group it is in runs and has a
+/// leader. An unhealthy node is an error (exit code 1); under `--json`
+/// its report is shown first.
 fn health(c: &BlockingClient, out: &mut Out) -> Result<()> {
     let rtt = c.ping()?;
     let node = c.server_info().node_id;
     let mut leaderless = Vec::new();
+    let mut stopped = Vec::new();
     match c.cluster_command(json!({"op": "status"}), None) {
         Ok(st) => {
             for g in st["groups"].as_array().into_iter().flatten() {
-                if g["leader"].is_null() {
-                    leaderless.push(g["group"].as_str().unwrap_or("?").to_string());
+                let name = g["group"].as_str().unwrap_or("?").to_string();
+                if let Some(why) = g["stopped"].as_str() {
+                    stopped.push((name, why.to_string()));
+                } else if g["leader"].is_null() {
+                    leaderless.push(name);
                 }
             }
         }
@@ -1496,8 +1520,13 @@ fn health(c: &BlockingClient, out: &mut Out) -> Result<()> {
         Err(sluice_client::SluiceError::NotSupported { .. }) => {}
         Err(e) => return Err(e.into()),
     }
-    let healthy = leaderless.is_empty();
-    let report = json!({"node": node, "healthy": healthy, "rtt_us": rtt.as_micros() as u64, "groups_without_leader": leaderless});
+    let healthy = leaderless.is_empty() && stopped.is_empty();
+    let stopped_json: Vec<_> = stopped
+        .iter()
+        .map(|(g, why)| json!({"group": g, "reason": why}))
+        .collect();
+    let report = json!({"node": node, "healthy": healthy, "rtt_us": rtt.as_micros() as u64,
+        "groups_without_leader": leaderless, "groups_stopped": stopped_json});
     let text = if healthy {
         format!("healthy: node {node} answered in {} µs\n", rtt.as_micros())
     } else {
@@ -1505,14 +1534,34 @@ fn health(c: &BlockingClient, out: &mut Out) -> Result<()> {
         String::new()
     };
     out.show(Shown::new(report, text))?;
-    if !healthy {
-        bail!(
-            "node {node} answers, but these groups have no leader: {}",
+    let mut problems = Vec::new();
+    if !stopped.is_empty() {
+        let list: Vec<String> = stopped
+            .iter()
+            .map(|(g, why)| format!("{g} ({why})"))
+            .collect();
+        problems.push(format!(
+            "these groups have stopped on it: {}; {STOPPED_ADVICE}",
+            list.join(", ")
+        ));
+    }
+    if !leaderless.is_empty() {
+        problems.push(format!(
+            "these groups have no leader: {}",
             leaderless.join(", ")
-        );
+        ));
+    }
+    if !healthy {
+        bail!("node {node} answers, but {}", problems.join("; and "));
     }
     Ok(())
 }
+
+/// What to do about a group stopped on a node (its log or state machine
+/// failed to write: a full disk, an I/O error).
+const STOPPED_ADVICE: &str = "restart the node once the cause is fixed (free disk space, \
+     replace a failing disk): its copy catches up from the leader, and the other members \
+     go on meanwhile";
 
 fn pools(c: &BlockingClient, cmd: PoolsCmd) -> Result<Shown> {
     let one = |p: &PoolMeta| -> Result<Shown> {

@@ -35,7 +35,8 @@ pub struct ServeArgs {
     /// `[metrics] listen`; off by default).
     #[arg(long, value_name = "ADDR")]
     metrics: Option<SocketAddr>,
-    /// Accept `sluice cluster cut/heal` (dropping links to peers): tests only.
+    /// Accept `sluice cluster cut/heal/disk-full` (dropping links to peers, a
+    /// full disk): tests only.
     #[arg(long, hide = true)]
     fault_injection: bool,
 }

@@ -581,23 +581,34 @@ impl Sm {
         Ok(applied)
     }
 
-    fn apply_meta(&self, json: &str) -> Applied {
+    fn apply_meta(&self, json: &str) -> Result<Applied, StorageError> {
         let cmd: MetaCommand = match serde_json::from_str(json) {
             Ok(c) => c,
             Err(e) => {
-                return Applied::Meta(Err(Applied::err(&SluiceError::protocol(e.to_string()))))
+                return Ok(Applied::Meta(Err(Applied::err(&SluiceError::protocol(
+                    e.to_string(),
+                )))))
             }
         };
         let to_json = |r: Result<sluice_types::PoolMeta, SluiceError>| match r {
-            Ok(p) => Ok(serde_json::to_string(&p).unwrap_or_default()),
-            Err(e) => Err(Applied::err(&e)),
+            Ok(p) => Ok(Ok(serde_json::to_string(&p).unwrap_or_default())),
+            // This node could not write its pool table (ENOSPC, an I/O
+            // error); the other replicas may have: answering with an
+            // error would leave this node without the change for good
+            // (it went on with another pool table than the cluster's).
+            // The group stops here; a restart re-applies the log.
+            Err(e @ SluiceError::Io { .. }) => {
+                tracing::error!(error = %e, "the metadata cannot be applied; stopping this replica of the group");
+                Err(sm_err(e))
+            }
+            Err(e) => Ok(Err(Applied::err(&e))),
         };
         let res = match cmd {
             MetaCommand::PoolCreate { spec, created_us } => {
-                to_json(self.store.create_pool_at(&spec, created_us))
+                to_json(self.store.create_pool_at(&spec, created_us))?
             }
-            MetaCommand::PoolRemove { path } => to_json(self.store.remove_pool(&path)),
-            MetaCommand::PoolPurge { path } => to_json(self.store.drop_purged_pool(&path)),
+            MetaCommand::PoolRemove { path } => to_json(self.store.remove_pool(&path))?,
+            MetaCommand::PoolPurge { path } => to_json(self.store.drop_purged_pool(&path))?,
             MetaCommand::SetMembers { group, members } => {
                 self.meta.write().members.insert(group, members);
                 Ok("{}".to_string())
@@ -620,7 +631,7 @@ impl Sm {
         };
         self.meta.write().epoch += 1;
         self.meta.signal();
-        Applied::Meta(res)
+        Ok(Applied::Meta(res))
     }
 
     pub(crate) fn build(&self) -> Result<Snapshot, StorageError> {
@@ -838,7 +849,7 @@ impl Sm {
                     st.membership = StoredMembership::new(Some(e.log_id), m);
                     Applied::None
                 }
-                EntryPayload::Normal(Command::Meta(json)) => self.apply_meta(&json),
+                EntryPayload::Normal(Command::Meta(json)) => self.apply_meta(&json)?,
                 EntryPayload::Normal(Command::Tick { timestamp_us }) => {
                     st.last_ts = st.last_ts.max(timestamp_us);
                     if let Some(shard) = self.shard {

@@ -135,11 +135,14 @@ pub fn check(data_dir: &Path) -> Result<(Report, DirLock), FsckError> {
     }
     let raft = data_dir.join("raft");
     for dir in subdirs(&raft)? {
-        // Persistent groups fsync their log (preallocated, never recycled),
-        // so only they can tell damage from a torn append at the tail.
-        let synced = dir
-            .file_name()
-            .is_some_and(|n| n.to_string_lossy().starts_with("persistent-"));
+        // Persistent groups and the metadata group fsync their log
+        // (preallocated, never recycled: `sluice_cluster`'s
+        // `node::groups::synced`), so only they can tell damage from a
+        // torn append at the tail.
+        let synced = dir.file_name().is_some_and(|n| {
+            let n = n.to_string_lossy();
+            n.starts_with("persistent-") || n == "meta"
+        });
         let segs = sluice_cluster::log::segment_files(&dir).map_err(io("listing", &dir))?;
         let newest = segs
             .iter()

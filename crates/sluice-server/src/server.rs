@@ -28,16 +28,26 @@ pub enum ServerError {
     },
     #[error(transparent)]
     DataDirInUse(#[from] sluice_log::LockError),
-    #[error("cannot open the store in {dir}: {error}{}", fsck_hint(dir, error))]
+    #[error("cannot open the store in {dir}: {error}{}", open_hint(dir, error))]
     Store { dir: String, error: SluiceError },
 }
 
-/// What a user runs next when the store did not open because a log file
-/// is damaged: the exact `sluice fsck` command for this data directory.
-fn fsck_hint(dir: &str, error: &SluiceError) -> String {
-    let damaged =
-        matches!(error, SluiceError::Io { reason } if reason.contains(" is corrupt at offset "));
-    if !damaged {
+/// What a user does next when the store did not open: on a full disk,
+/// free space; when a log file is damaged, the exact `sluice fsck`
+/// command for this data directory.
+fn open_hint(dir: &str, error: &SluiceError) -> String {
+    let SluiceError::Io { reason } = error else {
+        return String::new();
+    };
+    // ENOSPC, as std words it.
+    if reason.contains("(os error 28)") {
+        return format!(
+            "\nthe disk holding {dir} is full: free space there (or move the data directory \
+             and point --data-dir at it) and start the node again; a write that failed for \
+             want of space was never acknowledged, and what was is kept"
+        );
+    }
+    if !reason.contains(" is corrupt at offset ") {
         return String::new();
     }
     format!(
@@ -500,4 +510,30 @@ fn spawn_dfg_reconciler(
             }
         }
     });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_store_that_did_not_open_says_what_to_do() {
+        let full = SluiceError::Io {
+            reason: "opening the consensus log in /d/raft/p: No space left on device (os error 28)"
+                .into(),
+        };
+        let hint = open_hint("/d", &full);
+        assert!(
+            hint.contains("the disk holding /d is full: free space"),
+            "{hint}"
+        );
+        let damaged = SluiceError::Io {
+            reason: "/d/p/seg-0.log is corrupt at offset 12".into(),
+        };
+        assert!(open_hint("/d", &damaged).contains("`sluice fsck --data-dir /d`"));
+        let other = SluiceError::Io {
+            reason: "Permission denied (os error 13)".into(),
+        };
+        assert_eq!(open_hint("/d", &other), "");
+    }
 }

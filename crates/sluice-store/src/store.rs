@@ -1766,17 +1766,19 @@ fn live(o: Arc<Object>, key: &str) -> Result<Arc<Object>> {
 /// Writes a file so a crash leaves either the old or the new contents.
 fn write_atomically(path: &std::path::Path, bytes: &[u8]) -> Result<()> {
     use std::io::Write;
-    let io = |what: &str, e: std::io::Error| SluiceError::Io {
-        reason: format!("{what} {}: {e}", path.display()),
+    // Each step names the file it failed on (the temporary one until the
+    // rename).
+    let io = |what: &str, file: &std::path::Path, e: std::io::Error| SluiceError::Io {
+        reason: format!("{what} {}: {e}", file.display()),
     };
     if let Some(dir) = path.parent() {
-        std::fs::create_dir_all(dir).map_err(|e| io("creating directory for", e))?;
+        std::fs::create_dir_all(dir).map_err(|e| io("creating directory for", path, e))?;
     }
     let tmp = path.with_extension("tmp");
-    let mut f = std::fs::File::create(&tmp).map_err(|e| io("creating", e))?;
-    f.write_all(bytes).map_err(|e| io("writing", e))?;
-    f.sync_all().map_err(|e| io("syncing", e))?;
-    std::fs::rename(&tmp, path).map_err(|e| io("renaming into", e))?;
+    let mut f = std::fs::File::create(&tmp).map_err(|e| io("creating", &tmp, e))?;
+    f.write_all(bytes).map_err(|e| io("writing", &tmp, e))?;
+    f.sync_all().map_err(|e| io("syncing", &tmp, e))?;
+    std::fs::rename(&tmp, path).map_err(|e| io("renaming it into", path, e))?;
     Ok(())
 }
 

@@ -374,7 +374,10 @@ impl Inner {
                 return false;
             }
             let spare = dir.join(format!("free-{:08}.log", s.seq));
-            if free.len() < d.spares && std::fs::rename(&path, &spare).is_ok() {
+            // A synced log's segments are never recycled: past their last
+            // record they hold zeros, which is how an open tells a torn
+            // append from damage (`scan_segment`).
+            if !d.sync && free.len() < d.spares && std::fs::rename(&path, &spare).is_ok() {
                 free.push((spare, s.map.take()));
             } else {
                 let _ = std::fs::remove_file(&path);

@@ -365,7 +365,7 @@ impl LogStore {
         let mapped = opts.mapped && !sync && !keep;
         std::fs::create_dir_all(dir)?;
         let mut seqs: Vec<u64> = numbered(dir, "seg-")?.into_iter().map(|(s, _)| s).collect();
-        let free: Vec<(PathBuf, Option<memmap2::MmapMut>)> = std::fs::read_dir(dir)?
+        let mut free: Vec<(PathBuf, Option<memmap2::MmapMut>)> = std::fs::read_dir(dir)?
             .flatten()
             .map(|e| e.path())
             .filter(|p| {
@@ -374,6 +374,14 @@ impl LogStore {
             })
             .map(|p| (p, None))
             .collect();
+        if sync {
+            // Spares of a log that was not synced before (the metadata
+            // group's, until 2026-12-07): a synced log recycles nothing
+            // (`drop_purged_segments`).
+            for (p, _) in free.drain(..) {
+                std::fs::remove_file(&p)?;
+            }
+        }
         let mut inner = Inner::default();
         // A newest segment without a single valid record is a roll that
         // did not finish (its head, which always holds the commit point,

@@ -40,6 +40,10 @@ pub(super) enum Admin {
         peers: Vec<u32>,
     },
     Heal,
+    /// Fault injection: every later write to this node's synced
+    /// (persistent) consensus logs fails as on a full disk (ENOSPC), until
+    /// the node restarts.
+    DiskFull,
     /// Internal: record a shard's members (sent to the metadata leader).
     SetMembers {
         group: u64,
@@ -138,7 +142,7 @@ impl ClusterNode {
             }
             Admin::AddMember { shard, node } => self.add_member(&shard, node).await,
             Admin::RemoveMember { shard, node } => self.remove_member(&shard, node).await,
-            Admin::Cut { .. } | Admin::Heal
+            Admin::Cut { .. } | Admin::Heal | Admin::DiskFull
                 if !self.settings.fault_injection =>
             {
                 Err(SluiceError::NotSupported {
@@ -198,6 +202,12 @@ impl ClusterNode {
                 self.peers.heal();
                 tracing::warn!("fault injection: links healed");
                 Ok(json!({"node": self.id, "cut": []}))
+            }
+            Admin::DiskFull => {
+                let mut f = self.disk_faults.lock().unwrap_or_else(|p| p.into_inner());
+                f.space_left = Some(0);
+                tracing::warn!("fault injection: the disk is full for the synced consensus logs");
+                Ok(json!({"node": self.id, "disk_full": true}))
             }
         }
     }

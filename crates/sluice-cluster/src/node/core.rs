@@ -47,9 +47,13 @@ impl Watch {
 }
 
 impl Core {
-    /// The leader this member knows of.
+    /// The leader this member knows of. A stopped member knows none: what
+    /// it last saw may be itself, and a request it took as that leader
+    /// would fail; told there is no leader here, clients and peers ask
+    /// the other members, who elect one.
     pub(crate) fn leader(&self) -> Option<u64> {
-        self.handle.borrow_status().leader
+        let st = self.handle.borrow_status();
+        st.leader.filter(|_| st.stopped.is_none())
     }
 
     pub(crate) fn watch(&self) -> Watch {

@@ -82,8 +82,7 @@ impl ClusterNode {
             tracing::debug!(shard = %s, "opening replication group");
         }
         let dir = self.group_dir(g);
-        let sync = shard_of_group(g).is_some_and(|s| s.pool_type == PoolType::Persistent)
-            && self.settings.sync_persistent;
+        let sync = synced(g, self.settings.sync_persistent);
         let io = |e: std::io::Error| SluiceError::Io {
             reason: format!("opening the consensus log in {}: {e}", dir.display()),
         };
@@ -98,7 +97,10 @@ impl ClusterNode {
                 sync,
                 keep,
                 mapped,
-                faults: None,
+                faults: self
+                    .settings
+                    .fault_injection
+                    .then(|| self.disk_faults.clone()),
             },
         )
         .map_err(io)?;
@@ -144,6 +146,21 @@ impl ClusterNode {
             "peer message of kind {kind}: not a raft-rs message or a broadcast chunk"
         )))
     }
+}
+
+/// Whether group `g`'s log and snapshot are fsync'd (with group commit):
+/// persistent shards', and the metadata group's (pools, graphs, policies,
+/// members: Raft's safety assumes a vote or an entry a member
+/// acknowledged survives its machine's crash, and these writes are rare),
+/// unless the node was told never to sync (`[persistent] sync = "never"`).
+/// Volatile shards' logs live in RAM: they survive a process's crash, not
+/// the machine's.
+pub(super) fn synced(g: u64, sync_persistent: bool) -> bool {
+    let persistent = match shard_of_group(g) {
+        Some(s) => s.pool_type == PoolType::Persistent,
+        None => g == META_GROUP,
+    };
+    persistent && sync_persistent
 }
 
 #[cfg(test)]

@@ -94,7 +94,8 @@ pub struct ClusterSettings {
     /// (anything but `never` syncs).
     #[serde(skip)]
     pub sync_persistent: bool,
-    /// Accept `cluster cut/heal` (dropping links to chosen peers). Tests only.
+    /// Accept `cluster cut/heal/disk-full` (dropping links to chosen peers,
+    /// failing synced log writes as on a full disk). Tests only.
     pub fault_injection: bool,
     /// The file holding the key cluster peers authenticate with. Default:
     /// `cluster.key` next to the layout file (made by the first node that
@@ -214,6 +215,9 @@ pub struct ClusterNode {
     me: std::sync::OnceLock<std::sync::Weak<ClusterNode>>,
     /// Broadcasts in progress here and the objects they delivered.
     bcast: broadcast::Broadcasts,
+    /// Faults every synced consensus log of this node injects (nodes
+    /// started with `fault_injection`): `Admin::DiskFull` fills the disk.
+    disk_faults: Arc<std::sync::Mutex<sluice_log::Faults>>,
     /// Peers whose death this node is acting on (`failover`).
     taking_over: parking_lot::Mutex<std::collections::HashSet<u32>>,
     /// When a refused handshake of each claimed peer was last logged.
@@ -300,6 +304,7 @@ impl ClusterNode {
             refusals_logged: Default::default(),
             dfgs_reconciled: Default::default(),
             bcast: Default::default(),
+            disk_faults: Arc::default(),
             rs_transport: Default::default(),
         });
         let _ = node.me.set(Arc::downgrade(&node));
@@ -491,11 +496,13 @@ impl ClusterNode {
         let handle = &x.core.handle;
         let st = handle.borrow_status().clone();
         let last = x.log.bounds().last;
-        // How far each follower's log is behind the leader's.
+        // How far each follower's log is behind the leader's. A stopped
+        // member knows neither its leader (`Core::leader`) nor this (what
+        // it last saw would mislead).
         let lag: BTreeMap<String, u64> = handle
             .matched()
             .into_iter()
-            .filter(|(n, _)| *n != me)
+            .filter(|(n, _)| *n != me && st.stopped.is_none())
             .map(|(n, matched)| (n.to_string(), last.saturating_sub(matched)))
             .collect();
         let m = &st.members;

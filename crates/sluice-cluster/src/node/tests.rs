@@ -25,6 +25,27 @@ fn the_cluster_key_is_made_once_next_to_the_layout_and_a_short_one_is_refused() 
         .to_string();
     assert!(e.contains("key_file"), "{e}");
 }
+/// The metadata group's log is fsync'd like a persistent shard's (it was
+/// not: a power loss could forget a vote or an acknowledged pool, graph,
+/// policy or membership change); volatile shards' are not.
+#[test]
+fn the_metadata_log_is_synced_with_persistent_shards() {
+    let shard = |pool_type| {
+        crate::types::group_of(ShardId {
+            pool_type,
+            subgroup: 0,
+            shard: 3,
+        })
+        .unwrap()
+    };
+    assert!(groups::synced(META_GROUP, true));
+    assert!(groups::synced(shard(PoolType::Persistent), true));
+    assert!(!groups::synced(shard(PoolType::Volatile), true));
+    // `[persistent] sync = "never"`: nothing is.
+    assert!(!groups::synced(META_GROUP, false));
+    assert!(!groups::synced(shard(PoolType::Persistent), false));
+}
+
 use crate::types::{BATCH_BYTES, BATCH_WRITES as BATCH_PUTS};
 use sluice_store::StoreConfig;
 use std::time::Instant;

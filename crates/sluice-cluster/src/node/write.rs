@@ -73,9 +73,12 @@ impl ClusterNode {
             // A storage error (a failed write or fsync of the log) stops
             // this replica's group for good: the other members elect a
             // leader and serve on; this node serves the shard again only
-            // after a restart re-reads and checks its files.
+            // after a restart re-reads and checks its files. A group
+            // stopped before the write came is no leader (`check_leader`):
+            // this one stopped with the write in flight, which the
+            // followers may still commit.
             Ok(Err(CoreError::Stopped(f))) => Err(unavailable(format!(
-                "shard {}: stopped on node {} ({f}); the other members serve it, and this node only after a restart (check its disk: `sluice fsck`)",
+                "shard {}: stopped on node {} ({f}) with this write in flight: its outcome is unknown (the other members may commit it: a client retries a put with its request id; check a pool, graph or policy change before making it again). The other members serve the shard, this node only after a restart (check its disk: `sluice fsck`)",
                 group_name(g.id),
                 self.id
             ))),
