@@ -2874,3 +2874,64 @@ fn dump_and_load_copy_pools_with_their_history_and_refuse_a_cut_dump() {
     assert!(e.contains("not a dump") || e.contains("directory"), "{e}");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// `[limits] max_memory_bytes`: a node filled to its limit refuses puts
+/// with `OutOfMemory` (it had no limit: filled past the machine's memory
+/// it was killed by the kernel, with every replica of its shards), keeps
+/// serving reads and removes, takes puts again once keys are removed,
+/// and `stats` shows its memory.
+#[test]
+fn a_node_at_its_memory_limit_refuses_writes_and_takes_them_after_removes() {
+    let dir = temp_dir("memory");
+    let cfg = dir.join("node.toml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "listen = \"127.0.0.1:0\"\ndata_dir = \"{}\"\n[limits]\nmax_memory_bytes = {}\n",
+            dir.join("data").display(),
+            48 << 20
+        ),
+    )
+    .unwrap();
+    let n = spawn_node(&dir, &["--config", cfg.to_str().unwrap()]).unwrap();
+    let value = dir.join("value");
+    std::fs::write(&value, vec![7u8; 1 << 20]).unwrap();
+    let file = value.to_str().unwrap();
+    let mut stored = 0;
+    let refusal = loop {
+        assert!(stored < 200, "no refusal after {stored} MB");
+        let o = n.sluice(&["put", &format!("/vol/k{stored}"), "--file", file]);
+        if !o.status.success() {
+            break String::from_utf8_lossy(&o.stderr).to_string();
+        }
+        stored += 1;
+    };
+    assert!(
+        stored >= 30
+            && refusal.contains("at its limit of 50331648 bytes")
+            && refusal.contains("reads and removes go on"),
+        "after {stored}: {refusal}"
+    );
+    // Reads go on; a removed key's memory takes the next put.
+    assert_eq!(n.ok(&["size", "/vol/k0"]).trim(), "1048576");
+    for i in 0..4 {
+        n.ok(&["rm", &format!("/vol/k{i}")]);
+    }
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while !n
+        .sluice(&["put", "/vol/after", "--file", file])
+        .status
+        .success()
+    {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "still refused after removes"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let stats = n.ok(&["stats"]);
+    assert!(
+        stats.contains("max bytes 50331648") && stats.contains("refused writes"),
+        "{stats}"
+    );
+}

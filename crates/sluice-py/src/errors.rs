@@ -59,6 +59,7 @@ kinds! {
     PayloadExpired = PayloadExpired: "A stream item's payload was dropped by the recording node's retention.",
     VersionConflict = VersionConflict: "A conditional write found another version.",
     ValueTooLarge = ValueTooLarge: "The value exceeds the node's limit.",
+    OutOfMemory = OutOfMemory: "The node is at its memory limit: writes that store a value are refused, reads and removes go on.",
     MetaTooLarge = MetaTooLarge: "The request's metadata exceeds the node's limit.",
     TooManyKeys = TooManyKeys: "Too many keys in one request.",
     TooManyInFlight = TooManyInFlight: "Too many requests in flight on one connection.",

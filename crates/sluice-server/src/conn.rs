@@ -1757,9 +1757,19 @@ impl Conn {
                     .shards()
                     .map(|sh| serde_json::json!({"shard": sh.id.to_string(), "keys": sh.len(), "last_version": sh.last_version()}))
                     .collect();
+                // Sampled only under a limit; read now otherwise.
+                let (resident, max_memory) = match store.memory.usage() {
+                    (_, 0) => (sluice_store::memory_in_use().unwrap_or(0), 0),
+                    usage => usage,
+                };
                 let v = serde_json::json!({
                     "node_id": self.ctx.cfg.node_id,
                     "store": store.stats.snapshot(),
+                    "memory": {
+                        "in_use_bytes": resident,
+                        "max_bytes": max_memory,
+                        "refused_writes": store.memory.refused.load(Ordering::Relaxed),
+                    },
                     "shards": shards,
                     "connections": {
                         "open": g(&s.connections_open),

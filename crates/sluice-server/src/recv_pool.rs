@@ -65,6 +65,9 @@ const ROUND: usize = 64 * 1024;
 pub struct RecvPool {
     free: Mutex<Free>,
     max_free_bytes: usize,
+    /// The free buffers' bytes, for the memory limit (they hold no data:
+    /// `sluice_store::MemoryLimit::reusable`).
+    free_bytes: Arc<std::sync::atomic::AtomicU64>,
 }
 
 /// The free buffers and their capacities' sum.
@@ -75,12 +78,22 @@ struct Free {
 }
 
 impl RecvPool {
-    /// A pool that keeps at most `max_free_bytes` of free buffers.
-    pub fn new(max_free_bytes: usize) -> Arc<RecvPool> {
+    /// A pool that keeps at most `max_free_bytes` of free buffers, their
+    /// total kept in `free_bytes`.
+    pub fn new(
+        max_free_bytes: usize,
+        free_bytes: Arc<std::sync::atomic::AtomicU64>,
+    ) -> Arc<RecvPool> {
         Arc::new(RecvPool {
             free: Mutex::default(),
             max_free_bytes,
+            free_bytes,
         })
+    }
+
+    fn count(&self, free: &Free) {
+        self.free_bytes
+            .store(free.bytes as u64, std::sync::atomic::Ordering::Relaxed);
     }
 
     /// An empty buffer with room for at least `need` bytes: a free one
@@ -95,6 +108,7 @@ impl RecvPool {
             Some(i) => {
                 let b = free.bufs.swap_remove(i);
                 free.bytes -= b.capacity();
+                self.count(&free);
                 b
             }
             None => Vec::with_capacity(need.div_ceil(ROUND) * ROUND),
@@ -116,6 +130,7 @@ impl RecvPool {
         if free.bytes + buf.capacity() <= self.max_free_bytes {
             free.bytes += buf.capacity();
             free.bufs.push(buf);
+            self.count(&free);
         }
     }
 
@@ -149,7 +164,7 @@ mod tests {
 
     #[test]
     fn a_buffer_comes_back_when_its_last_slice_is_dropped() {
-        let pool = RecvPool::new(8 << 20);
+        let pool = RecvPool::new(8 << 20, Arc::default());
         let mut b = pool.take(300_000);
         let cap = b.capacity();
         assert!(cap >= 300_000 && cap.is_multiple_of(ROUND));
@@ -173,7 +188,7 @@ mod tests {
 
     #[test]
     fn free_buffers_are_bounded_in_bytes() {
-        let pool = RecvPool::new(1 << 20);
+        let pool = RecvPool::new(1 << 20, Arc::default());
         let bufs: Vec<Vec<u8>> = (0..4).map(|_| pool.take(400_000)).collect();
         for b in bufs {
             drop(pool.wrap(b));

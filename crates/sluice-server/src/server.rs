@@ -161,6 +161,8 @@ impl Server {
                 cfg.persistent.sync_policy().map_err(ServerError::Config)?
             },
             persistent_segment_bytes: cfg.persistent.segment_bytes,
+            max_memory_bytes: cfg.limits.max_memory_bytes,
+            node_id: cfg.node_id,
         })
         .map_err(|error| ServerError::Store {
             dir: cfg.data_dir.display().to_string(),
@@ -318,6 +320,7 @@ impl Server {
         let (shutdown_tx, shutdown_rx) = watch::channel(false);
         // Free buffers of large frames kept for reuse (`recv_pool`).
         const RECV_POOL_BYTES: usize = 64 << 20;
+        let recv_pool = crate::recv_pool::RecvPool::new(RECV_POOL_BYTES, store.memory.reusable());
         let ctx = Arc::new(ConnCtx {
             conn_slots: Arc::new(Semaphore::new(cfg.limits.max_connections as usize)),
             cfg,
@@ -327,7 +330,7 @@ impl Server {
             engine,
             stats: ServerStats::default(),
             policy,
-            recv_pool: crate::recv_pool::RecvPool::new(RECV_POOL_BYTES),
+            recv_pool,
             listing_budget: crate::listing::Budget::new(crate::listing::BUDGET_BYTES),
             next_conn_id: AtomicU64::new(1),
             shutdown_tx,

@@ -33,6 +33,11 @@ pub struct StoreConfig {
     pub persistent_sync: sluice_log::SyncPolicy,
     /// Segment size of persistent shards' logs (they roll over past it).
     pub persistent_segment_bytes: u64,
+    /// Refuse writes that store a value once the process holds this many
+    /// bytes resident (`Limits::max_memory_bytes`; 0: no limit).
+    pub max_memory_bytes: u64,
+    /// This node's id (named by `OutOfMemory`).
+    pub node_id: u32,
 }
 
 impl Default for StoreConfig {
@@ -45,6 +50,8 @@ impl Default for StoreConfig {
             persistent_dir: None,
             persistent_sync: sluice_log::SyncPolicy::Always,
             persistent_segment_bytes: 64 << 20,
+            max_memory_bytes: 0,
+            node_id: 0,
         }
     }
 }
@@ -128,6 +135,8 @@ pub struct Store {
     shards: HashMap<ShardId, Arc<Shard>>,
     observers: ArcSwap<Vec<Arc<dyn DeliveryObserver>>>,
     pub stats: StoreStats,
+    /// `StoreConfig::max_memory_bytes`, checked by `admit`.
+    pub memory: crate::memory::MemoryLimit,
 }
 
 /// Where an operation on a key goes.
@@ -173,6 +182,7 @@ impl Store {
             shards,
             observers: ArcSwap::from_pointee(Vec::new()),
             stats: StoreStats::default(),
+            memory: crate::memory::MemoryLimit::new(cfg.node_id, cfg.max_memory_bytes),
             cfg,
         };
         let loaded = match &store.cfg.pool_table_path {
@@ -580,7 +590,19 @@ impl Store {
         trace: Option<Arc<Trace>>,
     ) -> Result<PutResult> {
         let r = self.route(key, shard)?;
+        if let Some(v) = &value {
+            self.admit(v.len())?;
+        }
         self.write_routed(&r, key, value, expected, trace, None, None)
+    }
+
+    /// Whether a write storing `adding` more bytes may go ahead under the
+    /// node's memory limit (`OutOfMemory` if not). Local writes check it
+    /// here; a replicated shard's leader checks it before it proposes (a
+    /// replica applying a committed write never refuses it: replicas
+    /// would differ).
+    pub fn admit(&self, adding: usize) -> Result<()> {
+        self.memory.admit(adding)
     }
 
     /// Applies a replicated write to `shard` with the timestamp the
@@ -685,6 +707,8 @@ impl Store {
         let op = if value.is_some() { "put" } else { "remove" };
         Self::require_type(r, key, op, STORED)?;
         let value = value.map(owned_if_small);
+        // Whether this write replaces a large value (see below).
+        let mut replaced_large = false;
         let (object, kind) = {
             let _w = r.shard.write_lock.lock();
             let map = r.shard.objects.pin();
@@ -760,6 +784,7 @@ impl Store {
             match &r.shard.commit {
                 Some(c) => c.state.lock().pending.push_back(object.clone()),
                 None => {
+                    replaced_large = prev.is_some_and(|o| o.value.len() >= FREE_PROMPTLY);
                     map.insert(key_arc, object.clone());
                     r.shard.visible_ts.store(timestamp_us, Ordering::Release);
                 }
@@ -774,6 +799,14 @@ impl Store {
         };
         if let Some(c) = &r.shard.commit {
             group_commit(&r.shard, c, object.meta.version)?;
+        }
+        if replaced_large {
+            // The map frees what a write replaced once this thread has
+            // retired a batch of 32 entries: up to 32 large values per
+            // thread outlived their removal, and a node at its memory
+            // limit stayed refused after keys were removed. Large ones
+            // start their reclamation now (a fence, once per large value).
+            papaya::Guard::flush(&r.shard.objects.guard());
         }
         let counter = if kind == DeliveryKind::Put {
             &self.stats.puts
@@ -1785,6 +1818,10 @@ fn write_atomically(path: &std::path::Path, bytes: &[u8]) -> Result<()> {
 /// Values below this size are copied into an allocation of their own
 /// when stored (`owned_if_small`).
 pub const OWN_COPY_BELOW: usize = 64 * 1024;
+
+/// A replaced or removed value this large is reclaimed at once rather
+/// than with the map's next batch (`write_routed`).
+const FREE_PROMPTLY: usize = 256 * 1024;
 
 /// A value as the store keeps it. A value that arrived in a connection's
 /// read buffer (a slice of a 64 KiB chunk shared with the frames next to

@@ -440,3 +440,38 @@ fn a_pool_created_again_at_a_removed_path_starts_empty() {
     let e = s.purge_pool("/nope").unwrap_err();
     assert!(matches!(e, SluiceError::PoolNotFound { .. }), "{e}");
 }
+
+/// A large value is freed when its key is overwritten or removed: the
+/// shard's map freed what writes replaced 32 entries per thread at a
+/// time, so up to 32 large values per thread outlived their keys (and a
+/// node at its memory limit stayed refused after keys were removed).
+#[test]
+fn a_large_value_is_freed_when_its_key_is_overwritten_or_removed() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    struct Owner(Vec<u8>, Arc<AtomicBool>);
+    impl AsRef<[u8]> for Owner {
+        fn as_ref(&self) -> &[u8] {
+            &self.0
+        }
+    }
+    impl Drop for Owner {
+        fn drop(&mut self) {
+            self.1.store(true, Ordering::SeqCst);
+        }
+    }
+    let s = store_with_shards(1);
+    let value = |freed: &Arc<AtomicBool>| Bytes::from_owner(Owner(vec![7; 1 << 20], freed.clone()));
+    let (first, second) = (
+        Arc::new(AtomicBool::new(false)),
+        Arc::new(AtomicBool::new(false)),
+    );
+    s.put("/vol/big", value(&first), None, None).unwrap();
+    s.put("/vol/big", value(&second), None, None).unwrap();
+    assert!(
+        first.load(Ordering::SeqCst),
+        "the overwritten value is freed"
+    );
+    assert!(!second.load(Ordering::SeqCst));
+    s.remove("/vol/big", None, None).unwrap();
+    assert!(second.load(Ordering::SeqCst), "the removed value is freed");
+}

@@ -22,6 +22,12 @@ pub struct Limits {
     pub max_multi_get_keys: u32,
     /// Watches (subscriptions) one connection may hold.
     pub max_watches_per_conn: u32,
+    /// Memory in use (the allocator's bytes in use and shared pages, as
+    /// Redis's `used_memory` counts it) past which the node refuses writes
+    /// that store a value, with `OutOfMemory`; reads and removes go on.
+    /// 0: no limit. Redis's `maxmemory` with `noeviction`: better than the
+    /// kernel's OOM killer taking every replica of a shard at once.
+    pub max_memory_bytes: u64,
 }
 
 impl Default for Limits {
@@ -34,6 +40,7 @@ impl Default for Limits {
             max_connections: 1024,
             max_multi_get_keys: 4096,
             max_watches_per_conn: 64,
+            max_memory_bytes: 0,
         }
     }
 }

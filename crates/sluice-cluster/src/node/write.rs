@@ -180,6 +180,12 @@ impl ClusterNode {
         trace: Option<Trace>,
     ) -> Result<PutResult, SluiceError> {
         let g = self.local(shard)?;
+        if let Some(v) = &value {
+            // The leader's memory limit, before the write is proposed: a
+            // replica never refuses a committed write (they would differ).
+            self.check_leader(&g)?;
+            self.store.admit(v.len())?;
+        }
         let cmd = Command::Write {
             key,
             value,

@@ -1,0 +1,193 @@
+//! The node's memory limit (`Limits::max_memory_bytes`, Redis's
+//! `maxmemory` with `noeviction`): the memory the process holds
+//! (`memory_in_use`), sampled by a thread of its own, against the limit; a write that stores a value
+//! is refused past it (`SluiceError::OutOfMemory`), reads and removes go
+//! on. Without it, a node filled past the machine's memory is killed by
+//! the kernel, and in a cluster every replica of a shard holds the same
+//! objects: they are killed together.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Weak};
+use std::time::Duration;
+
+use sluice_types::SluiceError;
+
+/// How often the memory in use is read (a put does not read it: that
+/// costs a file read and a walk of the allocator's arenas).
+const SAMPLE_EVERY: Duration = Duration::from_millis(20);
+
+/// A node's memory limit.
+pub struct MemoryLimit {
+    node: u32,
+    max: u64,
+    /// The bytes in use last sampled, less `reusable` (0 where they cannot
+    /// be read: no limit is enforced there).
+    resident: Arc<AtomicU64>,
+    /// Bytes the allocator counts in use that hold no data and serve the
+    /// next writes (the server's free receive buffers): not counted.
+    reusable: Arc<AtomicU64>,
+    /// Writes refused for memory.
+    pub refused: AtomicU64,
+}
+
+impl MemoryLimit {
+    /// A limit of `max` bytes (0: none) for node `node`; samples until
+    /// dropped.
+    pub fn new(node: u32, max: u64) -> MemoryLimit {
+        let resident = Arc::new(AtomicU64::new(0));
+        let reusable = Arc::new(AtomicU64::new(0));
+        if max > 0 {
+            match memory_in_use() {
+                Some(now) => {
+                    resident.store(now, Ordering::Relaxed);
+                    sample_until_dropped(Arc::downgrade(&resident), reusable.clone());
+                }
+                None => tracing::warn!(
+                    "limits.max_memory_bytes is set, but this system does not report the memory a process holds: no limit is enforced"
+                ),
+            }
+        }
+        MemoryLimit {
+            node,
+            max,
+            resident,
+            reusable,
+            refused: AtomicU64::new(0),
+        }
+    }
+
+    /// Where the owner of buffers kept for reuse keeps their total bytes
+    /// up to date (they are not counted against the limit).
+    pub fn reusable(&self) -> Arc<AtomicU64> {
+        self.reusable.clone()
+    }
+
+    /// Whether a write storing `adding` more bytes may go ahead.
+    pub fn admit(&self, adding: usize) -> Result<(), SluiceError> {
+        if self.max == 0 {
+            return Ok(());
+        }
+        let resident = self.resident.load(Ordering::Relaxed);
+        if resident.saturating_add(adding as u64) <= self.max {
+            return Ok(());
+        }
+        self.refused.fetch_add(1, Ordering::Relaxed);
+        Err(SluiceError::OutOfMemory {
+            node: self.node,
+            resident,
+            max: self.max,
+        })
+    }
+
+    /// (bytes in use last sampled, the limit); 0 for no limit.
+    pub fn usage(&self) -> (u64, u64) {
+        (self.resident.load(Ordering::Relaxed), self.max)
+    }
+}
+
+fn sample_until_dropped(resident: Weak<AtomicU64>, reusable: Arc<AtomicU64>) {
+    let spawned = std::thread::Builder::new()
+        .name("sluice-memory".into())
+        .spawn(move || loop {
+            std::thread::sleep(SAMPLE_EVERY);
+            let Some(r) = resident.upgrade() else { return };
+            if let Some(now) = memory_in_use() {
+                r.store(
+                    now.saturating_sub(reusable.load(Ordering::Relaxed)),
+                    Ordering::Relaxed,
+                );
+            }
+        });
+    if let Err(e) = spawned {
+        tracing::warn!(error = %e, "cannot start the memory sampling thread; limits.max_memory_bytes is checked against the memory at start only");
+    }
+}
+
+/// The memory this process holds for data, as Redis's `used_memory`
+/// counts it: what its allocator has handed out and not had back (glibc's
+/// `mallinfo2`: arena bytes in use and large chunks mapped on their own),
+/// plus its shared pages (a volatile shard's log in tmpfs, mapped). Not
+/// its resident set: memory freed by removing keys stays resident in the
+/// allocator's arenas, where the next writes reuse it, and a limit on the
+/// resident set would refuse them for good. Elsewhere than glibc, the
+/// resident anonymous and shared pages. `None` where neither is known.
+pub fn memory_in_use() -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok();
+    let shmem = status.as_deref().and_then(|s| status_kb(s, "RssShmem:"));
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    {
+        // SAFETY: a plain C call that takes no arguments and returns a
+        // struct by value; glibc walks its arenas under their locks.
+        let m = unsafe { libc::mallinfo2() };
+        Some(m.uordblks as u64 + m.hblkhd as u64 + shmem.unwrap_or(0))
+    }
+    #[cfg(not(all(target_os = "linux", target_env = "gnu")))]
+    {
+        Some(status_kb(status.as_deref()?, "RssAnon:")? + shmem.unwrap_or(0))
+    }
+}
+
+/// A `kB` field of `/proc/self/status`, in bytes.
+fn status_kb(status: &str, field: &str) -> Option<u64> {
+    let line = status.lines().find(|l| l.starts_with(field))?;
+    let kb: u64 = line[field.len()..]
+        .trim()
+        .trim_end_matches("kB")
+        .trim()
+        .parse()
+        .ok()?;
+    Some(kb * 1024)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// One test (tests run side by side in one process: another holding
+    /// memory meanwhile would move this one's baseline).
+    #[test]
+    fn writes_past_the_limit_are_refused_saying_so() {
+        let status = "Name:\tsluice\nVmRSS:\t  900 kB\nRssAnon:\t  300 kB\nRssShmem:\t  100 kB\n";
+        assert_eq!(status_kb(status, "RssAnon:"), Some(300 * 1024));
+        assert_eq!(status_kb(status, "RssFile:"), None);
+        let none = MemoryLimit::new(1, 0);
+        none.admit(usize::MAX).unwrap();
+        // Where the system says (Linux): this process's, which grows with
+        // what it holds, and the limit follows it.
+        let Some(now) = memory_in_use() else { return };
+        let l = MemoryLimit::new(7, now + (32 << 20));
+        l.admit(1 << 20).unwrap();
+        let e = l.admit(64 << 20).unwrap_err();
+        match &e {
+            SluiceError::OutOfMemory { node: 7, max, .. } => assert_eq!(*max, now + (32 << 20)),
+            other => panic!("{other:?}"),
+        }
+        let m = e.to_string();
+        assert!(
+            m.contains("limits.max_memory_bytes") && m.contains("reads and removes go on"),
+            "{m}"
+        );
+        assert_eq!(l.refused.load(Ordering::Relaxed), 1);
+        let held = std::hint::black_box(vec![1u8; 64 << 20]);
+        assert!(memory_in_use().unwrap() >= now + (60 << 20));
+        let until = |refused: bool, what: &str| {
+            let deadline = std::time::Instant::now() + Duration::from_secs(10);
+            while l.admit(0).is_err() != refused {
+                assert!(std::time::Instant::now() < deadline, "{what}");
+                std::thread::sleep(Duration::from_millis(5));
+            }
+        };
+        until(true, "the sampler never saw 64 MB more");
+        // Given back (a removed key's value), it counts no more: writes
+        // go on (a resident-set limit refused them for good, the
+        // allocator keeping the pages for the next ones).
+        drop(held);
+        until(false, "64 MB given back still counted");
+        // Buffers kept for reuse are not counted either.
+        let kept = std::hint::black_box(vec![1u8; 64 << 20]);
+        l.reusable().store(64 << 20, Ordering::Relaxed);
+        std::thread::sleep(SAMPLE_EVERY * 5);
+        l.admit(1 << 20).unwrap();
+        drop(kept);
+    }
+}
