@@ -3217,3 +3217,48 @@ async fn a_node_that_cannot_write_its_pool_table_stops_rather_than_differ() {
     })
     .await;
 }
+
+/// `[limits] max_memory_bytes` in a cluster: the shard's leader refuses a
+/// put past its limit before proposing it (`OutOfMemory` naming it), so
+/// no replica is asked to apply what one of them would refuse; reads go
+/// on, and every member holds every acknowledged put.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_leader_at_its_memory_limit_refuses_puts_before_proposing() {
+    let _serial = SERIAL.lock().await;
+    let c = Cluster::build(
+        3,
+        "",
+        ALL_THREE,
+        &format!("\n[limits]\nmax_memory_bytes = {}\n", 96 << 20),
+        false,
+    );
+    c.ready().await;
+    let client = c.client(1).await;
+    let value = Bytes::from(vec![7u8; 1 << 20]);
+    let mut acked = Vec::new();
+    let refusal = loop {
+        assert!(acked.len() < 400, "no refusal after {} MB", acked.len());
+        let key = format!("/vol/m{}", acked.len());
+        match client.put(&key, value.clone()).await {
+            Ok(p) => acked.push((key, p.version)),
+            Err(e) => break e,
+        }
+    };
+    let leader = c.leader(1, "volatile/0/0").await.unwrap();
+    match &refusal {
+        SluiceError::OutOfMemory { node, max, .. } => {
+            assert_eq!((*node, *max), (leader, 96 << 20), "{refusal}")
+        }
+        e => panic!("{e:?}"),
+    }
+    assert!(acked.len() >= 20, "{} puts before the refusal", acked.len());
+    assert_eq!(client.get(&acked[0].0).await.unwrap().value, value);
+    let last = acked.last().unwrap().1;
+    for id in 1..=3 {
+        c.wait_for(
+            &format!("node {id} to apply every acknowledged put"),
+            || async { c.applied_version(id, "volatile/0/0").await.unwrap_or(0) >= last },
+        )
+        .await;
+    }
+}
