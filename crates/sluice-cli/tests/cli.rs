@@ -1994,6 +1994,7 @@ fn metrics_endpoint_shows_requests_by_op_and_pool_and_udl_calls() {
         r#"sluice_udl_calls_total{graph="m",vertex="/trig/m",udl="relay"}"#,
         r#"sluice_udl_duration_seconds_count{graph="m",vertex="/trig/m",udl="relay"}"#,
         "sluice_connections_accepted_total",
+        "sluice_memory_in_use_bytes",
         "sluice_received_bytes_total",
         "sluice_sent_bytes_total",
     ];

@@ -1757,11 +1757,7 @@ impl Conn {
                     .shards()
                     .map(|sh| serde_json::json!({"shard": sh.id.to_string(), "keys": sh.len(), "last_version": sh.last_version()}))
                     .collect();
-                // Sampled only under a limit; read now otherwise.
-                let (resident, max_memory) = match store.memory.usage() {
-                    (_, 0) => (sluice_store::memory_in_use().unwrap_or(0), 0),
-                    usage => usage,
-                };
+                let (resident, max_memory) = store.memory.in_use_and_limit();
                 let v = serde_json::json!({
                     "node_id": self.ctx.cfg.node_id,
                     "store": store.stats.snapshot(),

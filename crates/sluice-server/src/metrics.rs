@@ -129,6 +129,18 @@ fn describe() {
         "Connections dropped in their TLS handshake (wrong CA, no client certificate, timeout)"
     );
     describe_gauge!("sluice_watches", "Open watches");
+    describe_gauge!(
+        "sluice_memory_in_use_bytes",
+        "Memory the node holds: the allocator's bytes in use plus shared pages (what limits.max_memory_bytes is checked against)"
+    );
+    describe_gauge!(
+        "sluice_memory_limit_bytes",
+        "limits.max_memory_bytes (0: no limit)"
+    );
+    describe_counter!(
+        "sluice_memory_refused_writes_total",
+        "Writes refused with OutOfMemory"
+    );
     describe_counter!("sluice_store_operations_total", "Store operations by kind");
     describe_counter!("sluice_store_errors_total", "Store operations that failed");
     describe_gauge!("sluice_shard_keys", "Keys per shard hosted here");
@@ -256,6 +268,10 @@ fn mirror(ctx: &Arc<ConnCtx>) {
     counter!("sluice_tls_handshake_failures_total").absolute(g(&s.tls_handshake_failures));
     gauge!("sluice_watches").set(ctx.watches.len() as f64);
     let store = &ctx.store;
+    let (in_use, limit) = store.memory.in_use_and_limit();
+    gauge!("sluice_memory_in_use_bytes").set(in_use as f64);
+    gauge!("sluice_memory_limit_bytes").set(limit as f64);
+    counter!("sluice_memory_refused_writes_total").absolute(g(&store.memory.refused));
     let st = &store.stats;
     for (op, a) in [
         ("put", &st.puts),

@@ -83,6 +83,15 @@ impl MemoryLimit {
     pub fn usage(&self) -> (u64, u64) {
         (self.resident.load(Ordering::Relaxed), self.max)
     }
+
+    /// (bytes in use, the limit), for reports: sampled under a limit,
+    /// read now without one (nothing samples then).
+    pub fn in_use_and_limit(&self) -> (u64, u64) {
+        match self.usage() {
+            (_, 0) => (memory_in_use().unwrap_or(0), 0),
+            usage => usage,
+        }
+    }
 }
 
 fn sample_until_dropped(resident: Weak<AtomicU64>, reusable: Arc<AtomicU64>) {
