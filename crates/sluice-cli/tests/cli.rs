@@ -1260,6 +1260,14 @@ fn dev_starts_a_three_node_cluster_and_ctrl_c_stops_it() {
     assert!(o.status.success(), "{o:?}");
     let v: serde_json::Value = serde_json::from_str(&top).unwrap();
     assert_eq!(v.as_array().map(Vec::len), Some(3), "{top}");
+    // Each node's memory in use (mirrored with its groups, seen above).
+    assert!(
+        v.as_array()
+            .unwrap()
+            .iter()
+            .all(|n| n["memory_bytes"].as_u64().is_some_and(|b| b > 0)),
+        "{top}"
+    );
     let o = Command::new(BIN)
         .current_dir(&dir)
         .args(["top", "--once", "--addr", "127.0.0.1:1"])

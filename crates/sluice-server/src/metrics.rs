@@ -129,18 +129,7 @@ fn describe() {
         "Connections dropped in their TLS handshake (wrong CA, no client certificate, timeout)"
     );
     describe_gauge!("sluice_watches", "Open watches");
-    describe_gauge!(
-        "sluice_memory_in_use_bytes",
-        "Memory the node holds: the allocator's bytes in use plus shared pages (what limits.max_memory_bytes is checked against)"
-    );
-    describe_gauge!(
-        "sluice_memory_limit_bytes",
-        "limits.max_memory_bytes (0: no limit)"
-    );
-    describe_counter!(
-        "sluice_memory_refused_writes_total",
-        "Writes refused with OutOfMemory"
-    );
+    describe_memory();
     describe_counter!("sluice_store_operations_total", "Store operations by kind");
     describe_counter!("sluice_store_errors_total", "Store operations that failed");
     describe_gauge!("sluice_shard_keys", "Keys per shard hosted here");
@@ -208,6 +197,23 @@ fn describe() {
     describe_gauge!(
         "sluice_raft_snapshot_bytes",
         "Size of the snapshot each group holds here"
+    );
+}
+
+/// The memory series' HELP lines (`describe`).
+fn describe_memory() {
+    use metrics::{describe_counter, describe_gauge};
+    describe_gauge!(
+        "sluice_memory_in_use_bytes",
+        "Memory the node holds: the allocator's bytes in use plus shared pages (what limits.max_memory_bytes is checked against)"
+    );
+    describe_gauge!(
+        "sluice_memory_limit_bytes",
+        "limits.max_memory_bytes (0: no limit)"
+    );
+    describe_counter!(
+        "sluice_memory_refused_writes_total",
+        "Writes refused with OutOfMemory"
     );
 }
 

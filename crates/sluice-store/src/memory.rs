@@ -39,6 +39,9 @@ impl MemoryLimit {
         if max > 0 {
             match memory_in_use() {
                 Some(now) => {
+                    if let Some(w) = limit_warning(max, now, physical_memory()) {
+                        tracing::warn!("{w}");
+                    }
                     resident.store(now, Ordering::Relaxed);
                     sample_until_dropped(Arc::downgrade(&resident), reusable.clone());
                 }
@@ -92,6 +95,34 @@ impl MemoryLimit {
             usage => usage,
         }
     }
+}
+
+/// What is wrong with a limit of `max` bytes for a node holding
+/// `in_use` at start on a machine of `physical` bytes, if anything.
+fn limit_warning(max: u64, in_use: u64, physical: Option<u64>) -> Option<String> {
+    if max <= in_use {
+        return Some(format!(
+            "limits.max_memory_bytes = {max} is below the {in_use} bytes the node holds at start: every write that stores a value will be refused"
+        ));
+    }
+    match physical {
+        Some(p) if max > p => Some(format!(
+            "limits.max_memory_bytes = {max} is above this machine's memory ({p} bytes): the kernel may kill the node before the limit refuses a write"
+        )),
+        _ => None,
+    }
+}
+
+/// The machine's physical memory.
+fn physical_memory() -> Option<u64> {
+    // SAFETY: sysconf only reads system configuration.
+    let (pages, page) = unsafe {
+        (
+            libc::sysconf(libc::_SC_PHYS_PAGES),
+            libc::sysconf(libc::_SC_PAGESIZE),
+        )
+    };
+    (pages > 0 && page > 0).then(|| pages as u64 * page as u64)
 }
 
 fn sample_until_dropped(resident: Weak<AtomicU64>, reusable: Arc<AtomicU64>) {
@@ -159,6 +190,11 @@ mod tests {
         let status = "Name:\tsluice\nVmRSS:\t  900 kB\nRssAnon:\t  300 kB\nRssShmem:\t  100 kB\n";
         assert_eq!(status_kb(status, "RssAnon:"), Some(300 * 1024));
         assert_eq!(status_kb(status, "RssFile:"), None);
+        // A limit that refuses everything, or that the kernel beats.
+        assert!(limit_warning(10, 20, Some(100)).unwrap().contains("below"));
+        assert!(limit_warning(200, 20, Some(100)).unwrap().contains("above"));
+        assert_eq!(limit_warning(50, 20, Some(100)), None);
+        assert!(physical_memory().is_some_and(|p| p > 1 << 20));
         let none = MemoryLimit::new(1, 0);
         none.admit(usize::MAX).unwrap();
         // Where the system says (Linux): this process's, which grows with

@@ -150,6 +150,20 @@ fn bytes_per_s(b: f64) -> String {
     }
 }
 
+/// A node's memory in use, of its limit where it has one, and the
+/// writes it refuses for it.
+fn memory(v: &NodeView) -> String {
+    let mib = |b: u64| format!("{:.0} MiB", b as f64 / f64::from(1 << 20));
+    let mut m = mib(v.memory_bytes);
+    if v.memory_limit > 0 {
+        m = format!("{m} of {}", mib(v.memory_limit));
+    }
+    if v.memory_refused_per_s > 0.0 {
+        m = format!("{m} (refusing {:.0} writes/s)", v.memory_refused_per_s);
+    }
+    m
+}
+
 fn rate_rows(out: &mut String, title: &str, rows: &[Rate]) {
     if rows.is_empty() {
         return;
@@ -191,11 +205,12 @@ fn render(views: &[Result<NodeView, String>], interval_ms: u64) -> String {
         };
         let _ = writeln!(
             out,
-            "{}  connections {}  in {}  out {}",
+            "{}  connections {}  in {}  out {}  memory {}",
             v.addr,
             v.connections,
             bytes_per_s(v.received_bytes_per_s),
-            bytes_per_s(v.sent_bytes_per_s)
+            bytes_per_s(v.sent_bytes_per_s),
+            memory(v)
         );
         let busy: Vec<Rate> = v.ops.iter().filter(|r| r.per_s > 0.0).cloned().collect();
         if busy.is_empty() {
@@ -225,6 +240,18 @@ fn render(views: &[Result<NodeView, String>], interval_ms: u64) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn memory_is_shown_with_its_limit_and_refusals() {
+        let mut v = NodeView {
+            memory_bytes: 50 << 20,
+            ..NodeView::default()
+        };
+        assert_eq!(memory(&v), "50 MiB");
+        v.memory_limit = 100 << 20;
+        v.memory_refused_per_s = 12.0;
+        assert_eq!(memory(&v), "50 MiB of 100 MiB (refusing 12 writes/s)");
+    }
 
     /// Two nodes that never answer cost one timeout, not two (scraped one
     /// after the other, each paused node added its timeout to every

@@ -43,6 +43,11 @@ pub struct NodeView {
     pub received_bytes_per_s: f64,
     pub sent_bytes_per_s: f64,
     pub connections: u64,
+    /// Memory in use, the node's limit (0: none) and writes refused for
+    /// it per second.
+    pub memory_bytes: u64,
+    pub memory_limit: u64,
+    pub memory_refused_per_s: f64,
     pub groups: Vec<Group>,
 }
 
@@ -171,6 +176,9 @@ pub fn node_view(addr: &str, before: &[Sample], after: &[Sample], secs: f64) -> 
         received_bytes_per_s: per_s("sluice_received_bytes_total"),
         sent_bytes_per_s: per_s("sluice_sent_bytes_total"),
         connections: value(after, "sluice_connections_open") as u64,
+        memory_bytes: value(after, "sluice_memory_in_use_bytes") as u64,
+        memory_limit: value(after, "sluice_memory_limit_bytes") as u64,
+        memory_refused_per_s: per_s("sluice_memory_refused_writes_total"),
         groups: groups(after),
     }
 }
@@ -213,6 +221,9 @@ mod tests {
              sluice_request_duration_seconds_count{{op=\"put\",pool=\"/vol\"}} {puts}\n\
              sluice_received_bytes_total {bytes}\n\
              sluice_connections_open 3\n\
+             sluice_memory_in_use_bytes 52428800\n\
+             sluice_memory_limit_bytes 104857600\n\
+             sluice_memory_refused_writes_total {bytes}\n\
              sluice_raft_role{{group=\"meta\",role=\"leader\"}} 1\n\
              sluice_raft_role{{group=\"meta\",role=\"follower\"}} 0\n\
              sluice_raft_term{{group=\"meta\"}} 4\n\
@@ -246,6 +257,8 @@ mod tests {
         assert_eq!(v.pools[0].name, "/vol");
         assert_eq!(v.received_bytes_per_s, 2000.0);
         assert_eq!(v.connections, 3);
+        assert_eq!((v.memory_bytes, v.memory_limit), (50 << 20, 100 << 20));
+        assert_eq!(v.memory_refused_per_s, 2000.0);
         assert_eq!(
             v.groups,
             vec![Group {
