@@ -1520,20 +1520,6 @@ fn health(c: &BlockingClient, out: &mut Out) -> Result<()> {
         Err(sluice_client::SluiceError::NotSupported { .. }) => {}
         Err(e) => return Err(e.into()),
     }
-    let healthy = leaderless.is_empty() && stopped.is_empty();
-    let stopped_json: Vec<_> = stopped
-        .iter()
-        .map(|(g, why)| json!({"group": g, "reason": why}))
-        .collect();
-    let report = json!({"node": node, "healthy": healthy, "rtt_us": rtt.as_micros() as u64,
-        "groups_without_leader": leaderless, "groups_stopped": stopped_json});
-    let text = if healthy {
-        format!("healthy: node {node} answered in {} µs\n", rtt.as_micros())
-    } else {
-        // The error says it.
-        String::new()
-    };
-    out.show(Shown::new(report, text))?;
     let mut problems = Vec::new();
     if !stopped.is_empty() {
         let list: Vec<String> = stopped
@@ -1551,6 +1537,20 @@ fn health(c: &BlockingClient, out: &mut Out) -> Result<()> {
             leaderless.join(", ")
         ));
     }
+    let healthy = problems.is_empty();
+    let stopped_json: Vec<_> = stopped
+        .iter()
+        .map(|(g, why)| json!({"group": g, "reason": why}))
+        .collect();
+    let report = json!({"node": node, "healthy": healthy, "rtt_us": rtt.as_micros() as u64,
+        "groups_without_leader": leaderless, "groups_stopped": stopped_json});
+    let text = if healthy {
+        format!("healthy: node {node} answered in {} µs\n", rtt.as_micros())
+    } else {
+        // The error says it.
+        String::new()
+    };
+    out.show(Shown::new(report, text))?;
     if !healthy {
         bail!("node {node} answers, but {}", problems.join("; and "));
     }

@@ -5,8 +5,8 @@
 
 use crate::rt::blocking;
 use crate::types::{
-    group_of, shard_of_group, Applied, Command, Entry, EntryPayload, LogId, MetaCommand,
-    SnapshotMeta, StorageError, StoredMembership,
+    group_name, group_of, shard_of_group, Applied, Command, Entry, EntryPayload, LogId,
+    MetaCommand, SnapshotMeta, StorageError, StoredMembership,
 };
 use bytes::Bytes;
 
@@ -327,6 +327,15 @@ fn sm_err(e: impl std::fmt::Display) -> StorageError {
     std::io::Error::other(format!("applying to the state machine: {e}"))
 }
 
+/// This replica's disk failed (ENOSPC, an I/O error) applying a committed
+/// entry (`what`): the other replicas' may not have, so answering with an
+/// error would make them differ. The group stops here instead; after a
+/// restart it rolls back to its snapshot and re-applies the log.
+fn stop_replica(group: u64, what: &str, e: &SluiceError) -> StorageError {
+    tracing::error!(group = %group_name(group), error = %e, "{what}; stopping this replica of the group");
+    sm_err(e)
+}
+
 impl Sm {
     /// Opens the state machine of `group`, restoring the snapshot kept in
     /// `dir` (if any) into the store.
@@ -551,13 +560,7 @@ impl Sm {
             self.store
                 .apply_write(shard, &key, value, expected, ts, trace.map(Arc::new), at);
         if let Err(e @ SluiceError::Io { .. }) = &res {
-            // This replica's disk failed (ENOSPC, I/O error) writing the
-            // history: the others may not have, so answering with an
-            // error would make replicas differ. The group stops here
-            // instead; after a restart it rolls back to its snapshot and
-            // re-applies the log.
-            tracing::error!(shard = %shard, error = %e, "persistent shard cannot apply; stopping this replica of the group");
-            return Err(sm_err(e));
+            return Err(stop_replica(self.group, "writing the history failed", e));
         }
         if res.is_ok() {
             st.last_ts = ts;
@@ -592,15 +595,13 @@ impl Sm {
         };
         let to_json = |r: Result<sluice_types::PoolMeta, SluiceError>| match r {
             Ok(p) => Ok(Ok(serde_json::to_string(&p).unwrap_or_default())),
-            // This node could not write its pool table (ENOSPC, an I/O
-            // error); the other replicas may have: answering with an
-            // error would leave this node without the change for good
-            // (it went on with another pool table than the cluster's).
-            // The group stops here; a restart re-applies the log.
-            Err(e @ SluiceError::Io { .. }) => {
-                tracing::error!(error = %e, "the metadata cannot be applied; stopping this replica of the group");
-                Err(sm_err(e))
-            }
+            // The pool table not written: with an error result this node
+            // went on without the change for good.
+            Err(e @ SluiceError::Io { .. }) => Err(stop_replica(
+                self.group,
+                "writing the pool table failed",
+                &e,
+            )),
             Err(e) => Ok(Err(Applied::err(&e))),
         };
         let res = match cmd {
@@ -861,10 +862,7 @@ impl Sm {
                     Some(shard) => match self.store.purge_shard(shard, &prefix, &except) {
                         Ok(r) => Applied::Purged(Ok(r)),
                         Err(e @ SluiceError::Io { .. }) => {
-                            // As for a write: this replica's disk failed,
-                            // the others' may not have; stop here.
-                            tracing::error!(shard = %shard, error = %e, "purging a shard failed; stopping this replica of the group");
-                            return Err(sm_err(e));
+                            return Err(stop_replica(self.group, "purging the shard failed", &e));
                         }
                         Err(e) => Applied::Purged(Err(Applied::err(&e))),
                     },

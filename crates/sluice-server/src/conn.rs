@@ -1757,12 +1757,12 @@ impl Conn {
                     .shards()
                     .map(|sh| serde_json::json!({"shard": sh.id.to_string(), "keys": sh.len(), "last_version": sh.last_version()}))
                     .collect();
-                let (resident, max_memory) = store.memory.in_use_and_limit();
+                let (in_use, max_memory) = store.memory.in_use_and_limit();
                 let v = serde_json::json!({
                     "node_id": self.ctx.cfg.node_id,
                     "store": store.stats.snapshot(),
                     "memory": {
-                        "in_use_bytes": resident,
+                        "in_use_bytes": in_use,
                         "max_bytes": max_memory,
                         "refused_writes": store.memory.refused.load(Ordering::Relaxed),
                     },

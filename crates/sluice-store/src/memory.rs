@@ -1,8 +1,8 @@
 //! The node's memory limit (`Limits::max_memory_bytes`, Redis's
 //! `maxmemory` with `noeviction`): the memory the process holds
-//! (`memory_in_use`), sampled by a thread of its own, against the limit; a write that stores a value
-//! is refused past it (`SluiceError::OutOfMemory`), reads and removes go
-//! on. Without it, a node filled past the machine's memory is killed by
+//! (`memory_in_use`), sampled by a thread of its own, against the limit;
+//! a write that stores a value is refused past it
+//! (`SluiceError::OutOfMemory`), reads and removes go on. Without it, a node filled past the machine's memory is killed by
 //! the kernel, and in a cluster every replica of a shard holds the same
 //! objects: they are killed together.
 
@@ -21,8 +21,8 @@ pub struct MemoryLimit {
     node: u32,
     max: u64,
     /// The bytes in use last sampled, less `reusable` (0 where they cannot
-    /// be read: no limit is enforced there).
-    resident: Arc<AtomicU64>,
+    /// be read: only a value larger than the limit is refused there).
+    in_use: Arc<AtomicU64>,
     /// Bytes the allocator counts in use that hold no data and serve the
     /// next writes (the server's free receive buffers): not counted.
     reusable: Arc<AtomicU64>,
@@ -34,7 +34,7 @@ impl MemoryLimit {
     /// A limit of `max` bytes (0: none) for node `node`; samples until
     /// dropped.
     pub fn new(node: u32, max: u64) -> MemoryLimit {
-        let resident = Arc::new(AtomicU64::new(0));
+        let in_use = Arc::new(AtomicU64::new(0));
         let reusable = Arc::new(AtomicU64::new(0));
         if max > 0 {
             match memory_in_use() {
@@ -42,18 +42,18 @@ impl MemoryLimit {
                     if let Some(w) = limit_warning(max, now, physical_memory()) {
                         tracing::warn!("{w}");
                     }
-                    resident.store(now, Ordering::Relaxed);
-                    sample_until_dropped(Arc::downgrade(&resident), reusable.clone());
+                    in_use.store(now, Ordering::Relaxed);
+                    sample_until_dropped(Arc::downgrade(&in_use), reusable.clone());
                 }
                 None => tracing::warn!(
-                    "limits.max_memory_bytes is set, but this system does not report the memory a process holds: no limit is enforced"
+                    "limits.max_memory_bytes is set, but this system does not report the memory a process holds: only values larger than the limit are refused"
                 ),
             }
         }
         MemoryLimit {
             node,
             max,
-            resident,
+            in_use,
             reusable,
             refused: AtomicU64::new(0),
         }
@@ -67,32 +67,32 @@ impl MemoryLimit {
 
     /// Whether a write storing `adding` more bytes may go ahead.
     pub fn admit(&self, adding: usize) -> Result<(), SluiceError> {
-        if self.max == 0 {
+        if !self.limited() {
             return Ok(());
         }
-        let resident = self.resident.load(Ordering::Relaxed);
-        if resident.saturating_add(adding as u64) <= self.max {
+        let in_use = self.in_use.load(Ordering::Relaxed);
+        if in_use.saturating_add(adding as u64) <= self.max {
             return Ok(());
         }
         self.refused.fetch_add(1, Ordering::Relaxed);
         Err(SluiceError::OutOfMemory {
             node: self.node,
-            resident,
+            in_use,
             max: self.max,
         })
     }
 
-    /// (bytes in use last sampled, the limit); 0 for no limit.
-    pub fn usage(&self) -> (u64, u64) {
-        (self.resident.load(Ordering::Relaxed), self.max)
+    /// Whether there is a limit (writes then go through `admit`).
+    pub fn limited(&self) -> bool {
+        self.max > 0
     }
 
-    /// (bytes in use, the limit), for reports: sampled under a limit,
-    /// read now without one (nothing samples then).
+    /// (bytes in use, the limit; 0 for none), for reports: sampled under
+    /// a limit, read now without one (nothing samples then).
     pub fn in_use_and_limit(&self) -> (u64, u64) {
-        match self.usage() {
-            (_, 0) => (memory_in_use().unwrap_or(0), 0),
-            usage => usage,
+        match self.max {
+            0 => (memory_in_use().unwrap_or(0), 0),
+            max => (self.in_use.load(Ordering::Relaxed), max),
         }
     }
 }
@@ -125,12 +125,12 @@ fn physical_memory() -> Option<u64> {
     (pages > 0 && page > 0).then(|| pages as u64 * page as u64)
 }
 
-fn sample_until_dropped(resident: Weak<AtomicU64>, reusable: Arc<AtomicU64>) {
+fn sample_until_dropped(in_use: Weak<AtomicU64>, reusable: Arc<AtomicU64>) {
     let spawned = std::thread::Builder::new()
         .name("sluice-memory".into())
         .spawn(move || loop {
             std::thread::sleep(SAMPLE_EVERY);
-            let Some(r) = resident.upgrade() else { return };
+            let Some(r) = in_use.upgrade() else { return };
             if let Some(now) = memory_in_use() {
                 r.store(
                     now.saturating_sub(reusable.load(Ordering::Relaxed)),

@@ -33,8 +33,9 @@ pub struct StoreConfig {
     pub persistent_sync: sluice_log::SyncPolicy,
     /// Segment size of persistent shards' logs (they roll over past it).
     pub persistent_segment_bytes: u64,
-    /// Refuse writes that store a value once the process holds this many
-    /// bytes resident (`Limits::max_memory_bytes`; 0: no limit).
+    /// Refuse writes that store a value once the node holds this many
+    /// bytes in memory (`Limits::max_memory_bytes`, see `memory_in_use`;
+    /// 0: no limit).
     pub max_memory_bytes: u64,
     /// This node's id (named by `OutOfMemory`).
     pub node_id: u32,
@@ -784,8 +785,7 @@ impl Store {
             match &r.shard.commit {
                 Some(c) => c.state.lock().pending.push_back(object.clone()),
                 None => {
-                    replaced_large = prev.is_some_and(|o| o.value.len() >= FREE_PROMPTLY);
-                    map.insert(key_arc, object.clone());
+                    replaced_large = large(map.insert(key_arc, object.clone()));
                     r.shard.visible_ts.store(timestamp_us, Ordering::Release);
                 }
             }
@@ -801,12 +801,7 @@ impl Store {
             group_commit(&r.shard, c, object.meta.version)?;
         }
         if replaced_large {
-            // The map frees what a write replaced once this thread has
-            // retired a batch of 32 entries: up to 32 large values per
-            // thread outlived their removal, and a node at its memory
-            // limit stayed refused after keys were removed. Large ones
-            // start their reclamation now (a fence, once per large value).
-            papaya::Guard::flush(&r.shard.objects.guard());
+            free_replaced(&r.shard);
         }
         let counter = if kind == DeliveryKind::Put {
             &self.stats.puts
@@ -1232,13 +1227,18 @@ fn group_commit(shard: &Shard, c: &crate::shard::GroupCommit, version: u64) -> R
         match res {
             Ok(()) => {
                 let map = shard.objects.pin();
+                let mut replaced_large = false;
                 while st.pending.front().is_some_and(|o| o.meta.version <= target) {
                     if let Some(o) = st.pending.pop_front() {
                         shard
                             .visible_ts
                             .fetch_max(o.meta.timestamp_us, Ordering::AcqRel);
-                        map.insert(o.key.clone(), o);
+                        replaced_large |= large(map.insert(o.key.clone(), o));
                     }
+                }
+                drop(map);
+                if replaced_large {
+                    free_replaced(shard);
                 }
                 st.durable = st.durable.max(target);
             }
@@ -1820,8 +1820,22 @@ fn write_atomically(path: &std::path::Path, bytes: &[u8]) -> Result<()> {
 pub const OWN_COPY_BELOW: usize = 64 * 1024;
 
 /// A replaced or removed value this large is reclaimed at once rather
-/// than with the map's next batch (`write_routed`).
+/// than with the map's next batch (`free_replaced`).
 const FREE_PROMPTLY: usize = 256 * 1024;
+
+/// Whether what a map insert replaced holds `FREE_PROMPTLY` bytes or more.
+fn large(replaced: Option<&Arc<Object>>) -> bool {
+    replaced.is_some_and(|o| o.value.len() >= FREE_PROMPTLY)
+}
+
+/// Starts reclaiming what this thread's writes replaced in `shard`'s map.
+/// The map frees replaced entries once a thread has retired a batch of
+/// 32: up to 32 large values per thread outlived their removal, and a
+/// node at its memory limit stayed refused after keys were removed. Called
+/// after a large value is replaced (a fence, once per large value).
+fn free_replaced(shard: &Shard) {
+    papaya::Guard::flush(&shard.objects.guard());
+}
 
 /// A value as the store keeps it. A value that arrived in a connection's
 /// read buffer (a slice of a 64 KiB chunk shared with the frames next to

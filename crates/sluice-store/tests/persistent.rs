@@ -500,3 +500,53 @@ fn one_shard_store(d: &std::path::Path, segment_bytes: u64) -> Store {
     })
     .unwrap()
 }
+
+/// As on a volatile pool (`a_large_value_is_freed_when_its_key_is_overwritten_or_removed`),
+/// under group commit too: the objects an fsync makes visible replace
+/// the latest ones there, and a large one replaced is freed at once.
+#[test]
+fn a_large_latest_value_is_freed_when_group_commit_replaces_it() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Arc;
+    struct Owner(Vec<u8>, Arc<AtomicBool>);
+    impl AsRef<[u8]> for Owner {
+        fn as_ref(&self) -> &[u8] {
+            &self.0
+        }
+    }
+    impl Drop for Owner {
+        fn drop(&mut self) {
+            self.1.store(true, Ordering::SeqCst);
+        }
+    }
+    let d = dir();
+    let s = Store::open(StoreConfig {
+        layout: Layout {
+            version: 1,
+            volatile: vec![1],
+            trigger: vec![1],
+            persistent: vec![1],
+        },
+        persistent_dir: Some(d.path().join("persistent")),
+        persistent_sync: sluice_log::SyncPolicy::Batch {
+            max_delay: std::time::Duration::ZERO,
+        },
+        ..Default::default()
+    })
+    .unwrap();
+    s.create_pool(&PoolSpec {
+        pathname: "/p".into(),
+        pool_type: Some(PoolType::Persistent),
+        ..Default::default()
+    })
+    .unwrap();
+    let freed = Arc::new(AtomicBool::new(false));
+    let big = Bytes::from_owner(Owner(vec![7; 1 << 20], freed.clone()));
+    s.put("/p/big", big, None, None).unwrap();
+    s.put("/p/big", Bytes::from(vec![8; 1 << 20]), None, None)
+        .unwrap();
+    assert!(
+        freed.load(Ordering::SeqCst),
+        "the replaced latest value is freed"
+    );
+}

@@ -78,8 +78,8 @@ pub enum SluiceError {
     },
     #[error("value of {size} bytes exceeds the limit of {max} bytes (server setting limits.max_value_bytes)")]
     ValueTooLarge { size: u64, max: u64 },
-    #[error("node {node} holds {resident} bytes in memory, at its limit of {max} bytes (server setting limits.max_memory_bytes): writes that store a value are refused until memory is freed (remove keys, purge pools, set a persistent pool's retention) or the limit is raised; reads and removes go on")]
-    OutOfMemory { node: u32, resident: u64, max: u64 },
+    #[error("node {node} holds {in_use} bytes in memory, at its limit of {max} bytes (server setting limits.max_memory_bytes): writes that store a value are refused until memory is freed (remove keys, purge pools, set a persistent pool's retention) or the limit is raised; reads and removes go on")]
+    OutOfMemory { node: u32, in_use: u64, max: u64 },
     #[error("request metadata of {size} bytes exceeds the limit of {max} bytes")]
     MetaTooLarge { size: u64, max: u64 },
     #[error("{count} keys in one multi-get exceed the limit of {max}")]

@@ -180,7 +180,7 @@ impl ClusterNode {
         trace: Option<Trace>,
     ) -> Result<PutResult, SluiceError> {
         let g = self.local(shard)?;
-        if let Some(v) = &value {
+        if let Some(v) = value.as_ref().filter(|_| self.store.memory.limited()) {
             // The leader's memory limit, before the write is proposed: a
             // replica never refuses a committed write (they would differ).
             self.check_leader(&g)?;
