@@ -2594,6 +2594,7 @@ async fn policies_change_live_on_every_node() {
     // manage pools, the admin may.
     let pool_rm = Request::PoolRemove {
         path: "/vol".into(),
+        req_id: None,
     };
     for id in 1..=3 {
         c.wait_for(&format!("access rules on node {id}"), || async {
@@ -3260,5 +3261,104 @@ async fn a_leader_at_its_memory_limit_refuses_puts_before_proposing() {
             || async { c.applied_version(id, "volatile/0/0").await.unwrap_or(0) >= last },
         )
         .await;
+    }
+}
+
+/// The metadata leader dies after a change committed, before the client
+/// had its reply: the client retries under the same request id at the
+/// next leader (`meta_call` does, on a connection error) and is answered
+/// as the change was, instead of "already exists" for a pool create (six
+/// of eight leader kills under a loop of creates did that) or "not found"
+/// for a purge. A token is shown once: a retried `auth create` says its
+/// token was lost and what to do, instead of handing out one that would
+/// not work. A change that is not a retry is refused as before.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_metadata_change_retried_after_its_leader_died_is_made_once() {
+    let _serial = SERIAL.lock().await;
+    let mut c = Cluster::start_nodes(3, ALL_THREE);
+    c.ready().await;
+    let client = c.client(1).await;
+    client
+        .create_pool(PoolSpec {
+            pathname: "/gone".into(),
+            pool_type: Some(PoolType::Volatile),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    for i in 0..5 {
+        client
+            .put(&format!("/gone/{i}"), Bytes::from_static(b"v"))
+            .await
+            .unwrap();
+    }
+    client.remove_pool("/gone").await.unwrap();
+    let id = |seq| Some(ReqId { client: 99, seq });
+    let create = Request::PoolCreate {
+        spec: PoolSpec {
+            pathname: "/once".into(),
+            pool_type: Some(PoolType::Volatile),
+            ..Default::default()
+        },
+        req_id: id(1),
+    };
+    let purge = Request::PoolPurge {
+        path: "/gone".into(),
+        req_id: id(2),
+    };
+    let auth = Request::Policy {
+        command: serde_json::json!({"op": "auth_create", "name": "bob"}).to_string(),
+        req_id: id(3),
+    };
+    let ask = |c: &Cluster, node: u32, req: Request| {
+        let addr = c.addrs[&node];
+        async move {
+            let conn = Conn::connect(addr, "test", Duration::from_secs(2)).await?;
+            conn.call(&req, Duration::from_secs(10)).await
+        }
+    };
+    let leader = c.leader(1, "meta").await.expect("a metadata leader");
+    let created = ask(&c, leader, create.clone()).await.unwrap();
+    assert!(
+        matches!(&created, Response::Pool(p) if p.pathname == "/once"),
+        "{created:?}"
+    );
+    let purged = ask(&c, leader, purge.clone()).await.unwrap();
+    let Response::Json(report) = &purged else {
+        panic!("purge: {purged:?}")
+    };
+    assert!(report.contains("\"keys\":5"), "{report}");
+    ask(&c, leader, auth.clone()).await.unwrap();
+
+    c.kill(leader);
+    let other = if leader == 1 { 2 } else { 1 };
+    c.wait_for("a new metadata leader", || async {
+        c.leader(other, "meta").await.is_some_and(|l| l != leader)
+    })
+    .await;
+    let next = c.leader(other, "meta").await.unwrap();
+    assert_eq!(ask(&c, next, create.clone()).await.unwrap(), created);
+    assert_eq!(ask(&c, next, purge).await.unwrap(), purged);
+    match ask(&c, next, auth).await {
+        Err(SluiceError::InvalidArgument { what, reason }) => {
+            assert!(
+                what.contains("bob") && reason.contains("sluice auth revoke bob"),
+                "{what}: {reason}"
+            )
+        }
+        other => panic!("a retried auth create: {other:?}"),
+    }
+    // Not a retry: refused as before.
+    let again = Request::PoolCreate {
+        spec: PoolSpec {
+            pathname: "/once".into(),
+            pool_type: Some(PoolType::Volatile),
+            ..Default::default()
+        },
+        req_id: id(4),
+    };
+    match ask(&c, next, again).await {
+        Err(SluiceError::PoolExists { pool }) => assert_eq!(pool, "/once"),
+        other => panic!("a second create of /once: {other:?}"),
     }
 }

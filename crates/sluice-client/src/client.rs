@@ -1329,7 +1329,11 @@ impl Client {
         }
     }
 
-    /// A replicated metadata change: to the metadata group's leader.
+    /// A replicated metadata change: to the metadata group's leader,
+    /// following leader hints and retrying while it is elected. The
+    /// request carries one request id for all its tries (the caller sets
+    /// it), so a change whose reply was lost is made once and its retry
+    /// answered as the first try was.
     async fn meta_call(&self, view: &ClusterView, req: &Request) -> Result<Response> {
         let deadline = Instant::now() + self.inner.cfg.request_timeout;
         follow_leader(deadline, |hint| {
@@ -1343,7 +1347,14 @@ impl Client {
                     Err(SluiceError::NotLeader {
                         leader: Some(l), ..
                     }) => Step::Follow(*l),
-                    Err(SluiceError::NotLeader { .. } | SluiceError::Connection { .. }) => {
+                    // A leader that died or stopped with the change in
+                    // flight: its outcome is unknown, and the retry (under
+                    // the same request id) is answered as it was.
+                    Err(
+                        SluiceError::NotLeader { .. }
+                        | SluiceError::Connection { .. }
+                        | SluiceError::Unavailable { .. },
+                    ) => {
                         view.leaders.lock().remove("meta");
                         Step::Pause
                     }
@@ -1374,7 +1385,8 @@ impl Client {
 
     /// Creates an object pool.
     pub async fn create_pool(&self, spec: PoolSpec) -> Result<PoolMeta> {
-        let p = self.pool_call(Request::PoolCreate { spec }).await?;
+        let req_id = self.next_req_id();
+        let p = self.pool_call(Request::PoolCreate { spec, req_id }).await?;
         self.refresh_pools().await?;
         Ok(p)
     }
@@ -1384,6 +1396,7 @@ impl Client {
         let p = self
             .pool_call(Request::PoolRemove {
                 path: path.to_string(),
+                req_id: self.next_req_id(),
             })
             .await?;
         self.refresh_pools().await?;
@@ -1396,6 +1409,7 @@ impl Client {
     pub async fn purge_pool(&self, path: &str) -> Result<sluice_types::PurgeReport> {
         let req = Request::PoolPurge {
             path: path.to_string(),
+            req_id: self.next_req_id(),
         };
         let r = match self.inner.cluster.load_full() {
             Some(view) => self.meta_call(&view, &req).await,
@@ -1732,6 +1746,7 @@ impl Client {
         let read_only = matches!(command["op"].as_str(), Some("ls" | "whoami"));
         let req = Request::Policy {
             command: command.to_string(),
+            req_id: if read_only { None } else { self.next_req_id() },
         };
         match self.inner.cluster.load_full() {
             Some(view) if !read_only => json_of(self.meta_call(&view, &req).await?),
@@ -1769,7 +1784,10 @@ impl Client {
     /// Removes a graph (from every node of a cluster); its in-flight
     /// upcalls finish.
     pub async fn dfg_remove(&self, id: &str) -> Result<()> {
-        let req = Request::DfgRemove { id: id.to_string() };
+        let req = Request::DfgRemove {
+            id: id.to_string(),
+            req_id: self.next_req_id(),
+        };
         let r = match self.inner.cluster.load_full() {
             Some(view) => self.meta_call(&view, &req).await?,
             None => self.call(&req).await?,

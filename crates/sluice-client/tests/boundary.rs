@@ -69,6 +69,12 @@ impl Rng {
     fn opt_u64(&mut self) -> Option<u64> {
         self.coin().then(|| self.u64())
     }
+    fn req_id(&mut self) -> Option<ReqId> {
+        self.coin().then(|| ReqId {
+            client: self.u64(),
+            seq: self.u64(),
+        })
+    }
     fn shard(&mut self) -> Option<u32> {
         match self.below(4) {
             0 => Some(0),
@@ -179,10 +185,7 @@ impl Rng {
                 expected: self.opt_u64(),
                 value: self.value(),
                 trace: self.trace(),
-                req_id: self.coin().then(|| ReqId {
-                    client: self.u64(),
-                    seq: self.u64(),
-                }),
+                req_id: self.req_id(),
             },
             5 | 6 => Request::TriggerPut {
                 key: self.key(),
@@ -264,12 +267,15 @@ impl Rng {
                     }),
                     ..Default::default()
                 },
+                req_id: self.req_id(),
             },
             15 => Request::PoolRemove {
                 path: self.pool_path(),
+                req_id: self.req_id(),
             },
             16 => Request::PoolPurge {
                 path: self.pool_path(),
+                req_id: self.req_id(),
             },
             17 => Request::PoolGet {
                 path: self.pool_path(),
@@ -307,6 +313,7 @@ impl Rng {
             },
             25 => Request::Policy {
                 command: self.json(),
+                req_id: self.req_id(),
             },
             26 => Request::Raft {
                 from: self.u32(),

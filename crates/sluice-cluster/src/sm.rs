@@ -6,7 +6,7 @@
 use crate::rt::blocking;
 use crate::types::{
     group_name, group_of, shard_of_group, Applied, Command, Entry, EntryPayload, LogId,
-    MetaCommand, SnapshotMeta, StorageError, StoredMembership,
+    MetaCommand, MetaEntry, SnapshotMeta, StorageError, StoredMembership,
 };
 use bytes::Bytes;
 
@@ -198,6 +198,10 @@ struct PersistentSnapshot {
 struct MetaSnapshot {
     table: PoolTable,
     state: MetaState,
+    /// Results of clients' metadata changes (absent in snapshots from
+    /// before they were kept).
+    #[serde(default)]
+    dedup: Vec<(u64, ClientWindow)>,
 }
 
 /// Where the current snapshot's data is.
@@ -476,6 +480,7 @@ impl Sm {
                 let snap: MetaSnapshot = serde_json::from_slice(data).map_err(sm_err)?;
                 self.store.replace_pool_table(snap.table).map_err(sm_err)?;
                 *self.meta.write() = snap.state;
+                st.dedup = snap.dedup.into_iter().collect();
                 self.meta.signal();
             }
         }
@@ -549,10 +554,8 @@ impl Sm {
             Some(v) if v.len() >= crate::log::MIN_REF => refs.pop_front(),
             _ => None,
         };
-        if let Some(ReqId { client, seq }) = req_id {
-            if let Some(r) = st.dedup.get(&client).and_then(|w| w.get(seq)) {
-                return Ok(r.clone());
-            }
+        if let Some(r) = req_id.and_then(|id| Self::result_of(st, id)) {
+            return Ok(r);
         }
         // Strictly increasing in log order, identical on every replica.
         let ts = timestamp_us.max(st.last_ts + 1);
@@ -566,33 +569,66 @@ impl Sm {
             st.last_ts = ts;
         }
         let applied = Applied::Put(res.map_err(|e| Applied::err(&e)));
-        if let Some(ReqId { client, seq }) = req_id {
-            let w = st.dedup.entry(client).or_default();
-            w.last_index = index;
-            w.push(seq, applied.clone(), DEDUP_PER_CLIENT);
-            if st.dedup.len() > DEDUP_CLIENTS {
-                if let Some(oldest) = st
-                    .dedup
-                    .iter()
-                    .min_by_key(|(_, w)| w.last_index)
-                    .map(|(c, _)| *c)
-                {
-                    st.dedup.remove(&oldest);
-                }
-            }
+        if let Some(id) = req_id {
+            Self::remember(st, id, index, &applied);
         }
         Ok(applied)
     }
 
-    fn apply_meta(&self, json: &str) -> Result<Applied, StorageError> {
-        let cmd: MetaCommand = match serde_json::from_str(json) {
-            Ok(c) => c,
+    /// The result kept for a client's request `id`, if it was applied.
+    fn result_of(st: &State, id: ReqId) -> Option<Applied> {
+        st.dedup.get(&id.client)?.get(id.seq).cloned()
+    }
+
+    /// Keeps `applied` as the result of the client's request `id`
+    /// (applied at log index `index`), forgetting the client that wrote
+    /// least recently beyond `DEDUP_CLIENTS`.
+    fn remember(st: &mut State, id: ReqId, index: u64, applied: &Applied) {
+        let w = st.dedup.entry(id.client).or_default();
+        w.last_index = index;
+        w.push(id.seq, applied.clone(), DEDUP_PER_CLIENT);
+        if st.dedup.len() > DEDUP_CLIENTS {
+            if let Some(oldest) = st
+                .dedup
+                .iter()
+                .min_by_key(|(_, w)| w.last_index)
+                .map(|(c, _)| *c)
+            {
+                st.dedup.remove(&oldest);
+            }
+        }
+    }
+
+    /// The result of a client's request `id` if this replica applied it:
+    /// a metadata change retried after its reply was lost is answered
+    /// from here before anything is prepared for it again.
+    pub fn applied_result(&self, id: ReqId) -> Option<Applied> {
+        Self::result_of(&self.st.lock(), id)
+    }
+
+    /// A metadata change; one that carries a request id already applied
+    /// (a client's retry) is answered with the first result, not made
+    /// again.
+    fn apply_meta(&self, st: &mut State, index: u64, json: &str) -> Result<Applied, StorageError> {
+        let entry: MetaEntry = match serde_json::from_str(json) {
+            Ok(e) => e,
             Err(e) => {
                 return Ok(Applied::Meta(Err(Applied::err(&SluiceError::protocol(
                     e.to_string(),
                 )))))
             }
         };
+        if let Some(r) = entry.req_id.and_then(|id| Self::result_of(st, id)) {
+            return Ok(r);
+        }
+        let applied = self.apply_meta_command(entry.cmd)?;
+        if let Some(id) = entry.req_id {
+            Self::remember(st, id, index, &applied);
+        }
+        Ok(applied)
+    }
+
+    fn apply_meta_command(&self, cmd: MetaCommand) -> Result<Applied, StorageError> {
         let to_json = |r: Result<sluice_types::PoolMeta, SluiceError>| match r {
             Ok(p) => Ok(Ok(serde_json::to_string(&p).unwrap_or_default())),
             // The pool table not written: with an error result this node
@@ -609,7 +645,13 @@ impl Sm {
                 to_json(self.store.create_pool_at(&spec, created_us))?
             }
             MetaCommand::PoolRemove { path } => to_json(self.store.remove_pool(&path))?,
-            MetaCommand::PoolPurge { path } => to_json(self.store.drop_purged_pool(&path))?,
+            MetaCommand::PoolPurge { path, report } => {
+                let r = to_json(self.store.drop_purged_pool(&path))?;
+                match (r, report) {
+                    (Ok(_), Some(report)) => Ok(serde_json::to_string(&report).unwrap_or_default()),
+                    (r, _) => r,
+                }
+            }
             MetaCommand::SetMembers { group, members } => {
                 self.meta.write().members.insert(group, members);
                 Ok("{}".to_string())
@@ -670,6 +712,7 @@ impl Sm {
                     serde_json::to_vec(&MetaSnapshot {
                         table: self.store.pool_table(),
                         state: self.meta.read().clone(),
+                        dedup: Self::dedup_copy(&st),
                     })
                     .map_err(sm_err)?,
                 ),
@@ -850,7 +893,9 @@ impl Sm {
                     st.membership = StoredMembership::new(Some(e.log_id), m);
                     Applied::None
                 }
-                EntryPayload::Normal(Command::Meta(json)) => self.apply_meta(&json)?,
+                EntryPayload::Normal(Command::Meta(json)) => {
+                    self.apply_meta(&mut st, e.log_id.index, &json)?
+                }
                 EntryPayload::Normal(Command::Tick { timestamp_us }) => {
                     st.last_ts = st.last_ts.max(timestamp_us);
                     if let Some(shard) = self.shard {
@@ -1047,5 +1092,86 @@ mod window_tests {
         assert_eq!(back.get(6), Some(&put(60)));
         assert_eq!(back.get(4), None);
         assert_eq!(back.seqs, w.seqs);
+    }
+}
+
+#[cfg(test)]
+mod meta_tests {
+    use super::*;
+    use crate::types::{CommittedLeaderId, META_GROUP};
+
+    fn meta_sm() -> Sm {
+        let store = Store::open(sluice_store::StoreConfig::default()).unwrap();
+        let cell = Arc::new(MetaCell::new(MetaState::default()));
+        Sm::open(META_GROUP, Arc::new(store), cell, None, false, None).unwrap()
+    }
+
+    fn entry(index: u64, json: String) -> Entry {
+        Entry {
+            log_id: LogId::new(CommittedLeaderId::new(1, 0), index),
+            payload: EntryPayload::Normal(Command::Meta(json)),
+        }
+    }
+
+    fn apply(sm: &Sm, index: u64, cmd: &MetaCommand, req_id: Option<ReqId>) -> Applied {
+        let json = serde_json::to_string(&MetaEntry {
+            cmd: cmd.clone(),
+            req_id,
+        })
+        .unwrap();
+        sm.apply_entries(std::iter::once(entry(index, json)))
+            .unwrap()
+            .remove(0)
+    }
+
+    /// A client's pool create whose reply was lost (its leader died) and
+    /// that it retried under the same request id is answered with the
+    /// first result, not "already exists"; on a replica that got the
+    /// state by snapshot too. A create that is not a retry is refused.
+    #[test]
+    fn a_retried_metadata_change_is_answered_with_its_first_result() {
+        let sm = meta_sm();
+        let create = MetaCommand::PoolCreate {
+            spec: sluice_types::PoolSpec {
+                pathname: "/p".into(),
+                pool_type: Some(sluice_types::PoolType::Volatile),
+                ..Default::default()
+            },
+            created_us: 1,
+        };
+        let id = ReqId { client: 7, seq: 1 };
+        let first = apply(&sm, 1, &create, Some(id));
+        let Applied::Meta(Ok(pool)) = &first else {
+            panic!("the create failed: {first:?}")
+        };
+        assert!(pool.contains("\"/p\""), "{pool}");
+        assert_eq!(apply(&sm, 2, &create, Some(id)), first, "the retry");
+        assert_eq!(sm.applied_result(id), Some(first.clone()));
+        match apply(&sm, 3, &create, Some(ReqId { client: 7, seq: 2 })) {
+            Applied::Meta(Err(e)) => assert!(e.contains("pool_exists"), "{e}"),
+            other => panic!("a second create of /p: {other:?}"),
+        }
+        // A replica that installs a snapshot answers the retry the same.
+        sm.build().unwrap();
+        let snap = sm.current_snapshot().unwrap().unwrap();
+        let other = meta_sm();
+        other.install(&snap.meta, snap.data.clone()).unwrap();
+        assert_eq!(apply(&other, 4, &create, Some(id)), first);
+        // An entry written before entries carried a request id.
+        let old = serde_json::to_string(&MetaCommand::PoolRemove { path: "/p".into() }).unwrap();
+        assert!(!old.contains("req_id"), "{old}");
+        let r = other
+            .apply_entries(std::iter::once(entry(5, old)))
+            .unwrap()
+            .remove(0);
+        assert!(matches!(r, Applied::Meta(Ok(_))), "{r:?}");
+        // A snapshot from before the results were kept.
+        let mut v: serde_json::Value = serde_json::from_slice(&snap.data).unwrap();
+        v.as_object_mut().unwrap().remove("dedup").unwrap();
+        let third = meta_sm();
+        third
+            .install(&snap.meta, serde_json::to_vec(&v).unwrap())
+            .unwrap();
+        assert_eq!(third.applied_result(id), None);
     }
 }

@@ -3,7 +3,7 @@
 use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 use sluice_store::ShardId;
-use sluice_types::{PoolType, PutResult, ReqId, SluiceError, Trace};
+use sluice_types::{PoolType, PurgeReport, PutResult, ReqId, SluiceError, Trace};
 
 /// One write to a replicated group's log.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -135,6 +135,19 @@ impl Command {
     }
 }
 
+/// A metadata change as the metadata log holds it (`Command::Meta`, as
+/// JSON): the change and, for one a client asked for, its request id, so
+/// that a retry of a change already made (its reply lost with its
+/// leader) is answered with the first result instead of being made
+/// again. Entries from before the id was kept decode with none.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MetaEntry {
+    #[serde(flatten)]
+    pub cmd: MetaCommand,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub req_id: Option<ReqId>,
+}
+
 /// A metadata change, applied by every node in log order.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "op", rename_all = "snake_case")]
@@ -149,6 +162,10 @@ pub enum MetaCommand {
     /// Drops a removed pool whose shards were purged (`PoolTable::purge`).
     PoolPurge {
         path: String,
+        /// What the shards' purges deleted: the change's result when
+        /// given (so a client's retry of the purge is answered with it).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        report: Option<PurgeReport>,
     },
     /// The members of a shard after a membership change (what clients
     /// route by).

@@ -1204,18 +1204,19 @@ impl Conn {
                     what: "a consensus message from a client connection".into(),
                 },
             ),
-            Request::PoolCreate { spec } => {
+            Request::PoolCreate { spec, req_id } => {
                 let created_us = store.clock().now_us();
+                let create = sluice_cluster::MetaCommand::PoolCreate { spec, created_us };
                 self.defer(rid, no_reply, async move {
                     Reply::Resp(
-                        cl.meta_write(sluice_cluster::MetaCommand::PoolCreate { spec, created_us })
+                        cl.meta_write_at(create, req_id)
                             .await
-                            .and_then(|j| pool_reply(&j)),
+                            .and_then(|(_, j)| pool_reply(&j)),
                     )
                 })
             }
-            Request::PoolPurge { path } => self.defer(rid, no_reply, async move {
-                Reply::Resp(cl.purge_pool(&path).await.and_then(|r| {
+            Request::PoolPurge { path, req_id } => self.defer(rid, no_reply, async move {
+                Reply::Resp(cl.purge_pool(&path, req_id).await.and_then(|r| {
                     serde_json::to_string(&r).map(Response::Json).map_err(|e| {
                         SluiceError::Internal {
                             reason: e.to_string(),
@@ -1232,9 +1233,9 @@ impl Conn {
                     Reply::Resp(dfg_apply_clustered(cl, engine, text).await)
                 })
             }
-            Request::DfgRemove { id } => self.defer(rid, no_reply, async move {
+            Request::DfgRemove { id, req_id } => self.defer(rid, no_reply, async move {
                 let r = cl
-                    .meta_write_at(sluice_cluster::MetaCommand::DfgRemove { id })
+                    .meta_write_at(sluice_cluster::MetaCommand::DfgRemove { id }, req_id)
                     .await;
                 if let Ok((index, _)) = &r {
                     // As for `dfg apply`: back once every node has let
@@ -1243,8 +1244,12 @@ impl Conn {
                 }
                 Reply::Resp(r.map(|_| Response::Ok))
             }),
-            Request::PoolRemove { path } => self.defer(rid, no_reply, async move {
-                Reply::Resp(cl.remove_pool(&path).await.and_then(|j| pool_reply(&j)))
+            Request::PoolRemove { path, req_id } => self.defer(rid, no_reply, async move {
+                Reply::Resp(
+                    cl.remove_pool(&path, req_id)
+                        .await
+                        .and_then(|j| pool_reply(&j)),
+                )
             }),
             Request::Raft {
                 from,
@@ -1606,11 +1611,11 @@ impl Conn {
         let out = &mut self.out;
         let reply_err = |out: &mut OutQueue, e: &SluiceError| Response::error(out, rid, e);
         match req {
-            Request::PoolCreate { spec } => match off_event_loop(|| store.create_pool(&spec)) {
+            Request::PoolCreate { spec, .. } => match off_event_loop(|| store.create_pool(&spec)) {
                 Ok(p) => Response::Pool(p).encode(out, rid),
                 Err(e) => reply_err(out, &e),
             },
-            Request::PoolRemove { path } => match off_event_loop(|| store.remove_pool(&path)) {
+            Request::PoolRemove { path, .. } => match off_event_loop(|| store.remove_pool(&path)) {
                 Ok(p) => Response::Pool(p).encode(out, rid),
                 Err(e) => reply_err(out, &e),
             },
@@ -1625,7 +1630,7 @@ impl Conn {
                 Ok(p) => Response::Pool(p).encode(out, rid),
                 Err(e) => reply_err(out, &e),
             },
-            Request::PoolPurge { path } => match off_event_loop(|| store.purge_pool(&path)) {
+            Request::PoolPurge { path, .. } => match off_event_loop(|| store.purge_pool(&path)) {
                 Ok(r) => {
                     Response::Json(serde_json::to_string(&r).unwrap_or_default()).encode(out, rid)
                 }
@@ -1639,7 +1644,7 @@ impl Conn {
     /// through the metadata group (a cluster) or kept by this node.
     fn exec_policy(&mut self, rid: u64, no_reply: bool, req: Request) {
         use crate::policy::commands::{prepare, Step};
-        let Request::Policy { command } = req else {
+        let Request::Policy { command, req_id } = req else {
             return;
         };
         let policy = self.ctx.policy.clone();
@@ -1664,13 +1669,23 @@ impl Conn {
             };
         };
         self.defer(rid, no_reply, async move {
+            let new_token = match &change {
+                sluice_types::policy::PolicyChange::AddToken { name, principal } => {
+                    Some((name.clone(), principal.token_sha256.clone()))
+                }
+                _ => None,
+            };
             let r = cl
-                .meta_write(sluice_cluster::MetaCommand::Policy { change })
+                .meta_write_at(sluice_cluster::MetaCommand::Policy { change }, req_id)
                 .await
-                .map(|_| {
+                .and_then(|_| {
                     // In force here at once; other nodes as they apply it.
-                    policy.install(cl.policies());
-                    Response::Json(reply.to_string())
+                    let now = cl.policies();
+                    policy.install(now.clone());
+                    if let Some((name, hash)) = new_token {
+                        token_made_here(&now, &name, &hash)?;
+                    }
+                    Ok(Response::Json(reply.to_string()))
                 });
             Reply::Resp(r)
         });
@@ -1746,7 +1761,7 @@ impl Conn {
                 }
             }
             Request::DfgList => Response::Json(self.ctx.engine.list().to_string()).encode(out, rid),
-            Request::DfgRemove { id } => match off_event_loop(|| self.ctx.engine.remove(&id)) {
+            Request::DfgRemove { id, .. } => match off_event_loop(|| self.ctx.engine.remove(&id)) {
                 Ok(()) => Response::Ok.encode(out, rid),
                 Err(e) => reply_err(out, &e),
             },
@@ -1860,9 +1875,12 @@ async fn dfg_apply_clustered(
         ));
     }
     let index = match cl
-        .meta_write_at(sluice_cluster::MetaCommand::DfgSet {
-            graphs: prepared.graphs,
-        })
+        .meta_write_at(
+            sluice_cluster::MetaCommand::DfgSet {
+                graphs: prepared.graphs,
+            },
+            None,
+        )
         .await
     {
         Ok((index, _)) => index,
@@ -1883,6 +1901,28 @@ async fn dfg_apply_clustered(
 /// How long `dfg apply` / `dfg rm` on a cluster wait for every node to
 /// run the change before they answer (naming the nodes still behind).
 const DFG_SETTLE: std::time::Duration = std::time::Duration::from_secs(3);
+
+/// After a cluster's `auth create`: whether the token now stored for
+/// `name` is the one this node made (and is about to show, once). When it
+/// is not, this call was a client's retry of a create that was made
+/// before, its reply (the only copy of its token) lost with its leader:
+/// the retry is answered as applied, but the token in this reply would not
+/// work, so it is refused, saying what to do.
+fn token_made_here(
+    now: &sluice_types::policy::Policies,
+    name: &str,
+    hash: &str,
+) -> Result<(), SluiceError> {
+    match now.tokens.get(name) {
+        Some(t) if t.token_sha256 != hash => Err(SluiceError::InvalidArgument {
+            what: format!("principal {name:?}"),
+            reason: format!(
+                "it got its token from an earlier try of this request, whose reply (the only copy of the token) was lost with the metadata leader: revoke it (`sluice auth revoke {name}`) and create it again"
+            ),
+        }),
+        _ => Ok(()),
+    }
+}
 
 fn pool_reply(json: &str) -> Result<Response, SluiceError> {
     serde_json::from_str(json)

@@ -221,15 +221,22 @@ pub enum Request {
         shard: Option<u32>,
         keys: Vec<String>,
     },
+    /// `req_id` (here and on the other metadata changes): set by a
+    /// cluster client, the same on each retry of one call, so that a
+    /// change whose reply was lost (its leader died) is made once and its
+    /// retry answered as the first attempt was.
     PoolCreate {
         spec: PoolSpec,
+        req_id: Option<ReqId>,
     },
     PoolRemove {
         path: String,
+        req_id: Option<ReqId>,
     },
     /// Deletes a removed pool's objects for good and frees its path.
     PoolPurge {
         path: String,
+        req_id: Option<ReqId>,
     },
     PoolList {
         include_deleted: bool,
@@ -257,6 +264,7 @@ pub enum Request {
     DfgList,
     DfgRemove {
         id: String,
+        req_id: Option<ReqId>,
     },
     /// Versions of a key, newest first: `by_time` selects timestamps
     /// instead of versions for `from..=to`; at most `limit` per reply (page
@@ -298,6 +306,7 @@ pub enum Request {
     /// tokens (a JSON command, `{"op": ...}`; answered with JSON).
     Policy {
         command: String,
+        req_id: Option<ReqId>,
     },
 }
 
@@ -464,6 +473,22 @@ fn read_req_id(r: &mut MetaReader) -> Result<Option<ReqId>, SluiceError> {
         client: r.u64()?,
         seq: r.u64()?,
     }))
+}
+
+/// An optional request id at the end of a metadata change: absent (not
+/// even its flag) without one, so a frame from a client that sends none
+/// is the one an earlier node decodes.
+fn write_trailing_req_id(w: &mut MetaWriter, id: &Option<ReqId>) {
+    if id.is_some() {
+        write_req_id(w, id);
+    }
+}
+
+fn read_trailing_req_id(r: &mut MetaReader) -> Result<Option<ReqId>, SluiceError> {
+    if r.at_end() {
+        return Ok(None);
+    }
+    read_req_id(r)
 }
 
 fn write_obj_meta(w: &mut MetaWriter, o: &ObjRef<'_>) {
@@ -653,8 +678,9 @@ impl Request {
             Request::DfgApply { text } => frame(out, opc, flags, request_id, None, |w| {
                 w.str(text);
             }),
-            Request::DfgRemove { id } => frame(out, opc, flags, request_id, None, |w| {
+            Request::DfgRemove { id, req_id } => frame(out, opc, flags, request_id, None, |w| {
                 w.str(id);
+                write_trailing_req_id(w, req_id);
             }),
             Request::History {
                 key,
@@ -748,11 +774,13 @@ impl Request {
             } => frame_parts(out, opc, flags, request_id, Some(body), more, |w| {
                 w.u32(*from).u64(*group).u8(*kind);
             }),
-            Request::Cluster { command } | Request::Policy { command } => {
-                frame(out, opc, flags, request_id, None, |w| {
-                    w.str(command);
-                })
-            }
+            Request::Cluster { command } => frame(out, opc, flags, request_id, None, |w| {
+                w.str(command);
+            }),
+            Request::Policy { command, req_id } => frame(out, opc, flags, request_id, None, |w| {
+                w.str(command);
+                write_trailing_req_id(w, req_id);
+            }),
             Request::GetByTime {
                 key,
                 shard,
@@ -796,12 +824,17 @@ impl Request {
                     w.str(k);
                 }
             }),
-            Request::PoolCreate { spec } => frame(out, opc, flags, request_id, None, |w| {
+            Request::PoolCreate { spec, req_id } => frame(out, opc, flags, request_id, None, |w| {
                 w.str(&json(spec));
+                write_trailing_req_id(w, req_id);
             }),
-            Request::PoolRemove { path }
-            | Request::PoolPurge { path }
-            | Request::PoolGet { path } => frame(out, opc, flags, request_id, None, |w| {
+            Request::PoolRemove { path, req_id } | Request::PoolPurge { path, req_id } => {
+                frame(out, opc, flags, request_id, None, |w| {
+                    w.str(path);
+                    write_trailing_req_id(w, req_id);
+                })
+            }
+            Request::PoolGet { path } => frame(out, opc, flags, request_id, None, |w| {
                 w.str(path);
             }),
             Request::PoolList { include_deleted } => {
@@ -851,7 +884,10 @@ impl Request {
             op::STATS => Request::Stats,
             op::DFG_APPLY => Request::DfgApply { text: r.str()? },
             op::DFG_LIST => Request::DfgList,
-            op::DFG_REMOVE => Request::DfgRemove { id: r.str()? },
+            op::DFG_REMOVE => Request::DfgRemove {
+                id: r.str()?,
+                req_id: read_trailing_req_id(&mut r)?,
+            },
             op::HISTORY => Request::History {
                 key: r.str()?,
                 shard: shard_dec(r.u32()?),
@@ -915,7 +951,10 @@ impl Request {
                 more: Vec::new(),
             },
             op::CLUSTER => Request::Cluster { command: r.str()? },
-            op::POLICY => Request::Policy { command: r.str()? },
+            op::POLICY => Request::Policy {
+                command: r.str()?,
+                req_id: read_trailing_req_id(&mut r)?,
+            },
             op::GET_BY_TIME => Request::GetByTime {
                 key: r.str()?,
                 shard: shard_dec(r.u32()?),
@@ -948,9 +987,16 @@ impl Request {
             }
             op::POOL_CREATE => Request::PoolCreate {
                 spec: from_json(&r.str()?)?,
+                req_id: read_trailing_req_id(&mut r)?,
             },
-            op::POOL_REMOVE => Request::PoolRemove { path: r.str()? },
-            op::POOL_PURGE => Request::PoolPurge { path: r.str()? },
+            op::POOL_REMOVE => Request::PoolRemove {
+                path: r.str()?,
+                req_id: read_trailing_req_id(&mut r)?,
+            },
+            op::POOL_PURGE => Request::PoolPurge {
+                path: r.str()?,
+                req_id: read_trailing_req_id(&mut r)?,
+            },
             op::POOL_LIST => Request::PoolList {
                 include_deleted: r.bool()?,
             },

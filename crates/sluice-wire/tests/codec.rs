@@ -186,7 +186,7 @@ fn arb_request() -> impl Strategy<Value = Request> {
             }
         ),
         ".{0,64}".prop_map(|command| Request::Cluster { command }),
-        ".{0,64}".prop_map(|command| Request::Policy { command }),
+        (".{0,64}", arb_req_id()).prop_map(|(command, req_id)| Request::Policy { command, req_id }),
         (
             arb_key(),
             arb_opt_shard(),
@@ -229,15 +229,18 @@ fn arb_request() -> impl Strategy<Value = Request> {
             }),
         (arb_opt_shard(), proptest::collection::vec(arb_key(), 0..8))
             .prop_map(|(shard, keys)| Request::MultiGet { shard, keys }),
-        (arb_key(), proptest::option::of("[a-z_]{1,5}")).prop_map(|(p, re)| Request::PoolCreate {
-            spec: PoolSpec {
-                pathname: p,
-                pool_type: Some(PoolType::Trigger),
-                affinity_set_regex: re,
-                ..Default::default()
+        (arb_key(), proptest::option::of("[a-z_]{1,5}"), arb_req_id()).prop_map(
+            |(p, re, req_id)| Request::PoolCreate {
+                spec: PoolSpec {
+                    pathname: p,
+                    pool_type: Some(PoolType::Trigger),
+                    affinity_set_regex: re,
+                    ..Default::default()
+                },
+                req_id,
             }
-        }),
-        arb_key().prop_map(|path| Request::PoolRemove { path }),
+        ),
+        (arb_key(), arb_req_id()).prop_map(|(path, req_id)| Request::PoolRemove { path, req_id }),
         any::<bool>().prop_map(|include_deleted| Request::PoolList { include_deleted }),
         arb_key().prop_map(|path| Request::PoolGet { path }),
         arb_key().prop_map(|key| Request::PoolOfKey { key }),
@@ -249,7 +252,7 @@ fn arb_request() -> impl Strategy<Value = Request> {
             ])
         )
             .prop_map(|(prefix, from)| Request::Watch { prefix, from }),
-        arb_key().prop_map(|path| Request::PoolPurge { path }),
+        (arb_key(), arb_req_id()).prop_map(|(path, req_id)| Request::PoolPurge { path, req_id }),
         any::<u64>().prop_map(|watch_id| Request::Unwatch { watch_id }),
         Just(Request::DfgList),
         (
@@ -283,8 +286,14 @@ fn arb_request() -> impl Strategy<Value = Request> {
                 after
             }),
         "[a-z{}\\[\\]\":]{0,30}".prop_map(|text| Request::DfgApply { text }),
-        "[a-z]{1,8}".prop_map(|id| Request::DfgRemove { id }),
+        ("[a-z]{1,8}", arb_req_id()).prop_map(|(id, req_id)| Request::DfgRemove { id, req_id }),
     ]
+}
+
+fn arb_req_id() -> impl Strategy<Value = Option<ReqId>> {
+    proptest::option::of(
+        (any::<u64>(), any::<u64>()).prop_map(|(client, seq)| ReqId { client, seq }),
+    )
 }
 
 fn arb_object() -> impl Strategy<Value = WireObject> {
@@ -711,6 +720,7 @@ fn regenerate_corpus() {
                 pool_type: Some(PoolType::Volatile),
                 ..Default::default()
             },
+            req_id: None,
         },
         Request::PoolList {
             include_deleted: true,

@@ -5,21 +5,47 @@
 use super::*;
 
 impl ClusterNode {
-    /// A replicated pool table change (through the metadata group).
+    /// A replicated metadata change (through the metadata group).
     pub async fn meta_write(&self, cmd: MetaCommand) -> Result<String, SluiceError> {
-        self.meta_write_at(cmd).await.map(|(_, r)| r)
+        self.meta_write_at(cmd, None).await.map(|(_, r)| r)
     }
 
-    /// `meta_write`, also returning the change's index in the metadata log.
-    pub async fn meta_write_at(&self, cmd: MetaCommand) -> Result<(u64, String), SluiceError> {
+    /// `meta_write` for a client's request `req_id` (a retry of a change
+    /// already made gets the first result), also returning the change's
+    /// index in the metadata log.
+    pub async fn meta_write_at(
+        &self,
+        cmd: MetaCommand,
+        req_id: Option<ReqId>,
+    ) -> Result<(u64, String), SluiceError> {
         let g = self.local_group(META_GROUP)?;
-        let json = serde_json::to_string(&cmd).map_err(|e| SluiceError::Internal {
-            reason: e.to_string(),
+        let json = serde_json::to_string(&MetaEntry { cmd, req_id }).map_err(|e| {
+            SluiceError::Internal {
+                reason: e.to_string(),
+            }
         })?;
         match self.propose_at(&g, Command::Meta(json)).await? {
             (index, Applied::Meta(r)) => r.map(|r| (index, r)).map_err(|e| Applied::decode_err(&e)),
             (_, other) => Err(SluiceError::Internal {
                 reason: format!("unexpected apply result {other:?}"),
+            }),
+        }
+    }
+
+    /// The result of a client's metadata change `req_id` if it was made
+    /// already (its reply lost with a leader, the client retrying): at the
+    /// metadata leader, after catching up with every change committed
+    /// before, so a change that committed is found. For changes whose
+    /// preparation would fail once they are made (a purge).
+    pub async fn meta_result_of(&self, req_id: ReqId) -> Result<Option<String>, SluiceError> {
+        self.check_meta_leader()?;
+        self.meta_catch_up().await?;
+        let g = self.local_group(META_GROUP)?;
+        match g.sm.applied_result(req_id) {
+            None => Ok(None),
+            Some(Applied::Meta(r)) => r.map(Some).map_err(|e| Applied::decode_err(&e)),
+            Some(other) => Err(SluiceError::Internal {
+                reason: format!("request {req_id:?}: a metadata result expected, found {other:?}"),
             }),
         }
     }
@@ -119,12 +145,19 @@ impl ClusterNode {
     /// stands even if a fence fails (a shard without a leader: its next
     /// leader catches up before it answers a write for an unknown or
     /// removed pool anyway); that is logged.
-    pub async fn remove_pool(&self, path: &str) -> Result<String, SluiceError> {
+    pub async fn remove_pool(
+        &self,
+        path: &str,
+        req_id: Option<ReqId>,
+    ) -> Result<String, SluiceError> {
         let pool = self.store.pool_table().get(path).cloned();
-        let r = self
-            .meta_write(MetaCommand::PoolRemove {
-                path: path.to_string(),
-            })
+        let (_, r) = self
+            .meta_write_at(
+                MetaCommand::PoolRemove {
+                    path: path.to_string(),
+                },
+                req_id,
+            )
             .await?;
         for shard in pool
             .map(|p| self.store.shards_of_pool(&p))
@@ -160,9 +193,22 @@ impl ClusterNode {
     /// Purges a removed pool everywhere: each of its shards deletes the
     /// pool's keys through its own log (every member, in log order), then
     /// the metadata group drops the pool and frees the path. Interrupted,
-    /// it can run again (the pool stays removed until the last step).
-    pub async fn purge_pool(&self, path: &str) -> Result<PurgeReport, SluiceError> {
+    /// it can run again (the pool stays removed until the last step). A
+    /// client's retry (`req_id`) of a purge that finished is answered with
+    /// its report.
+    pub async fn purge_pool(
+        &self,
+        path: &str,
+        req_id: Option<ReqId>,
+    ) -> Result<PurgeReport, SluiceError> {
         self.meta_catch_up().await?;
+        if let Some(id) = req_id {
+            if let Some(done) = self.meta_result_of(id).await? {
+                return serde_json::from_str(&done).map_err(|e| SluiceError::Internal {
+                    reason: format!("the report of purge {id:?} ({e}): {done}"),
+                });
+            }
+        }
         let (meta, except) = self.store.pool_table().purge_scope(path)?;
         let mut total = PurgeReport::default();
         for shard in self.store.shards_of_pool(&meta) {
@@ -170,9 +216,13 @@ impl ClusterNode {
                 total += self.purge_shard(g, path, &except).await?;
             }
         }
-        self.meta_write(MetaCommand::PoolPurge {
-            path: path.to_string(),
-        })
+        self.meta_write_at(
+            MetaCommand::PoolPurge {
+                path: path.to_string(),
+                report: Some(total),
+            },
+            req_id,
+        )
         .await?;
         tracing::info!(pool = %path, keys = total.keys, versions = total.versions, bytes = total.bytes, "pool purged");
         Ok(total)

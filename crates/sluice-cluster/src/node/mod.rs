@@ -32,7 +32,8 @@ use crate::log::{LogOptions, LogStore};
 use crate::network::Peers;
 use crate::sm::{MetaCell, MetaState, Sm};
 use crate::types::{
-    group_name, group_of, parse_shard, shard_of_group, Applied, Command, MetaCommand, META_GROUP,
+    group_name, group_of, parse_shard, shard_of_group, Applied, Command, MetaCommand, MetaEntry,
+    META_GROUP,
 };
 use parking_lot::RwLock;
 use serde::{Deserialize, Serialize};

@@ -78,7 +78,7 @@ impl ClusterNode {
             // this one stopped with the write in flight, which the
             // followers may still commit.
             Ok(Err(CoreError::Stopped(f))) => Err(unavailable(format!(
-                "shard {}: stopped on node {} ({f}) with this write in flight: its outcome is unknown (the other members may commit it: a client retries a put with its request id; check a pool, graph or policy change before making it again). The other members serve the shard, this node only after a restart (check its disk: `sluice fsck`)",
+                "shard {}: stopped on node {} ({f}) with this write in flight: its outcome is unknown (the other members may commit it: a client retries it under its request id). The other members serve the shard, this node only after a restart (check its disk: `sluice fsck`)",
                 group_name(g.id),
                 self.id
             ))),

@@ -47,8 +47,8 @@ pub fn needs(req: &Request) -> Need<'_> {
         Request::MultiGet { keys, .. } => Need::OnEach(Read, keys),
         Request::ListKeys { pool, .. } | Request::ListKeysAt { pool, .. } => Need::On(Read, pool),
         Request::Watch { prefix, .. } => Need::On(Watch, prefix),
-        Request::PoolCreate { spec } => Need::On(Admin, &spec.pathname),
-        Request::PoolRemove { path } | Request::PoolPurge { path } => Need::On(Admin, path),
+        Request::PoolCreate { spec, .. } => Need::On(Admin, &spec.pathname),
+        Request::PoolRemove { path, .. } | Request::PoolPurge { path, .. } => Need::On(Admin, path),
         Request::PoolList { .. } | Request::PoolGet { .. } | Request::PoolOfKey { .. } => {
             Need::Connected
         }
@@ -60,7 +60,7 @@ pub fn needs(req: &Request) -> Need<'_> {
             Some(op) if CLUSTER_READS.contains(&op.as_str()) => Need::Connected,
             _ => Need::On(Admin, ROOT),
         },
-        Request::Policy { command } => match op_of(command) {
+        Request::Policy { command, .. } => match op_of(command) {
             Some(op) if POLICY_READS.contains(&op.as_str()) => Need::Connected,
             _ => Need::On(Admin, ROOT),
         },

@@ -122,15 +122,22 @@ fn control_requests() -> Vec<(Request, Option<(Perm, &'static str)>)> {
                     pathname: "/p/new".into(),
                     ..Default::default()
                 },
+                req_id: None,
             },
             Some((Admin, "/p/new")),
         ),
         (
-            Request::PoolRemove { path: "/p".into() },
+            Request::PoolRemove {
+                path: "/p".into(),
+                req_id: None,
+            },
             Some((Admin, "/p")),
         ),
         (
-            Request::PoolPurge { path: "/p".into() },
+            Request::PoolPurge {
+                path: "/p".into(),
+                req_id: None,
+            },
             Some((Admin, "/p")),
         ),
         (
@@ -152,7 +159,13 @@ fn control_requests() -> Vec<(Request, Option<(Perm, &'static str)>)> {
         (Request::Stats, Some((Admin, "/"))),
         (Request::DfgApply { text: "{}".into() }, Some((Admin, "/"))),
         (Request::DfgList, Some((Admin, "/"))),
-        (Request::DfgRemove { id: "g".into() }, Some((Admin, "/"))),
+        (
+            Request::DfgRemove {
+                id: "g".into(),
+                req_id: None,
+            },
+            Some((Admin, "/")),
+        ),
         (
             Request::History {
                 key: key(),
@@ -200,12 +213,14 @@ fn control_requests() -> Vec<(Request, Option<(Perm, &'static str)>)> {
         (
             Request::Policy {
                 command: r#"{"op":"ls"}"#.into(),
+                req_id: None,
             },
             None,
         ),
         (
             Request::Policy {
                 command: r#"{"op":"rm","name":"x"}"#.into(),
+                req_id: None,
             },
             Some((Admin, "/")),
         ),
