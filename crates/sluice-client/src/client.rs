@@ -441,12 +441,12 @@ impl Client {
     }
 
     /// Reloads the cluster description (members, leaders) from the home
-    /// node; a single node has none.
+    /// node (another when it cannot be reached); a single node has none.
     pub async fn refresh_cluster(&self) -> Result<()> {
         let cmd = Request::Cluster {
             command: r#"{"op":"info"}"#.into(),
         };
-        match self.call(&cmd).await {
+        match self.any_node_call(&cmd, false).await {
             Ok(Response::Json(s)) => {
                 let view = ClusterView::parse(&s)?;
                 if let Some(old) = self.inner.cluster.load_full() {
@@ -762,23 +762,59 @@ impl Client {
             .await
     }
 
+    /// A request any node answers (the pool table, the cluster's
+    /// description): standalone, the node; in a cluster the metadata
+    /// leader first when `leader_first` and one is known (it has every
+    /// committed change), else the home node, and while those cannot be
+    /// reached each other node in turn (each try bounded by
+    /// `attempt_timeout`), so one node down, the home node or the leader
+    /// that just died, does not fail it. An answer, an error included
+    /// (`NoPool`), is final.
+    async fn any_node_call(&self, req: &Request, leader_first: bool) -> Result<Response> {
+        let Some(view) = self.inner.cluster.load_full() else {
+            return self.call(req).await;
+        };
+        let unreachable = |r: &Result<Response>| {
+            matches!(
+                r,
+                Err(SluiceError::Connection { .. }
+                    | SluiceError::Timeout { .. }
+                    | SluiceError::Unavailable { .. }
+                    | SluiceError::TooManyConnections { .. })
+            )
+        };
+        let per_try = self.inner.cfg.attempt_timeout;
+        let leader = view.leader("meta").filter(|_| leader_first);
+        let mut got = match leader.map(|l| self.node_pool(l)) {
+            Some(Ok(p)) => p.call(req, per_try).await,
+            _ => self.inner.home.call(req, per_try).await,
+        };
+        if leader.is_some() && unreachable(&got) {
+            got = self.inner.home.call(req, per_try).await;
+        }
+        let mut others: Vec<u32> = view.nodes.keys().copied().collect();
+        others.sort_unstable();
+        for n in others.into_iter().filter(|n| Some(*n) != leader) {
+            if !unreachable(&got) {
+                break;
+            }
+            got = match self.node_pool(n) {
+                Ok(p) => p.call(req, per_try).await,
+                Err(e) => Err(e),
+            };
+        }
+        got
+    }
+
     /// Reloads the cached pool table from the server (in a cluster, from
-    /// the metadata leader when known: it has every committed change).
+    /// the metadata leader when known: it has every committed change;
+    /// else, or when it does not answer, from the home node, then from
+    /// each other node in turn, so one node down does not fail it).
     pub async fn refresh_pools(&self) -> Result<()> {
         let req = Request::PoolList {
             include_deleted: true,
         };
-        let from_leader = match self.inner.cluster.load_full() {
-            Some(view) => match view.leader("meta").map(|l| self.node_pool(l)) {
-                Some(Ok(p)) => p.call(&req, self.inner.cfg.request_timeout).await.ok(),
-                _ => None,
-            },
-            None => None,
-        };
-        let reply = match from_leader {
-            Some(r) => r,
-            None => self.call(&req).await?,
-        };
+        let reply = self.any_node_call(&req, true).await?;
         let pools = match reply {
             Response::Pools(p) => p,
             other => return Err(unexpected(other)),
@@ -810,6 +846,10 @@ impl Client {
                         cache.routers[&p.pathname].shard_of(key),
                     ))
                 }
+                Err(e @ SluiceError::NoPool { .. }) if attempt == 1 => {
+                    drop(cache);
+                    return Box::pin(self.route_by_asking(key, e)).await;
+                }
                 Err(e) if attempt == 1 => return Err(e),
                 Err(_) => {
                     drop(cache);
@@ -821,6 +861,59 @@ impl Client {
             }
         }
         unreachable!("the loop returns on its second pass")
+    }
+
+    /// In a cluster, a key whose pool the refreshed table still lacks:
+    /// that table may come from a node that had not applied the pool yet
+    /// (the metadata leader had just died), so the cluster is asked (a
+    /// node catches up with the metadata leader before it says no) and a
+    /// pool it names is added to the table. Standalone, or when no pool
+    /// covers the key, `no_pool` is the answer.
+    async fn route_by_asking(
+        &self,
+        key: &str,
+        no_pool: SluiceError,
+    ) -> Result<(PoolType, u32, u32)> {
+        if self.inner.cluster.load().is_none() {
+            return Err(no_pool);
+        }
+        let req = Request::PoolOfKey {
+            key: key.to_string(),
+        };
+        let p = match self.any_node_call(&req, true).await {
+            Ok(Response::Pool(p)) if !p.deleted => p,
+            Ok(Response::Pool(_)) | Err(SluiceError::NoPool { .. }) => return Err(no_pool),
+            Ok(other) => return Err(unexpected(other)),
+            Err(e) => return Err(e),
+        };
+        let place = (
+            p.pool_type,
+            p.subgroup_index,
+            PoolRouter::new(p.clone()).shard_of(key),
+        );
+        self.cache_pool(&p.pathname, Some(p.clone()));
+        Ok(place)
+    }
+
+    /// Puts pool `path` into the cached pool table as `pool` describes it
+    /// (`None`: takes it out), the rest of the table as it was.
+    fn cache_pool(&self, path: &str, pool: Option<PoolMeta>) {
+        let cache = self.inner.pools.load();
+        let mut table = cache.table.clone();
+        let mut routers = cache.routers.clone();
+        match pool {
+            Some(p) => {
+                routers.insert(path.to_string(), PoolRouter::new(p.clone()));
+                table.pools.insert(path.to_string(), p);
+            }
+            None => {
+                routers.remove(path);
+                table.pools.remove(path);
+            }
+        }
+        self.inner
+            .pools
+            .store(Arc::new(PoolCache { table, routers }));
     }
 
     /// Routes `key`, runs `make(shard)`, and on a stale-routing error
@@ -1321,7 +1414,7 @@ impl Client {
             (Request::PoolCreate { .. } | Request::PoolRemove { .. }, Some(view)) => {
                 self.meta_call(&view, &req).await
             }
-            _ => self.call(&req).await,
+            _ => self.any_node_call(&req, true).await,
         };
         match r? {
             Response::Pool(p) => Ok(p),
@@ -1336,11 +1429,22 @@ impl Client {
     /// answered as the first try was.
     async fn meta_call(&self, view: &ClusterView, req: &Request) -> Result<Response> {
         let deadline = Instant::now() + self.inner.cfg.request_timeout;
+        // With no leader known: the home node first, then each node in
+        // turn (the home node may be the leader that died); one that is
+        // not the leader names it.
+        let mut ids: Vec<u32> = view.nodes.keys().copied().collect();
+        ids.sort_unstable();
+        let blind = std::sync::atomic::AtomicUsize::new(0);
         follow_leader(deadline, |hint| {
             if let Some(l) = hint {
                 view.set_leader("meta", l);
             }
-            let leader = view.leader("meta");
+            let leader =
+                view.leader("meta")
+                    .or_else(|| match blind.fetch_add(1, Ordering::Relaxed) {
+                        0 => None,
+                        k => ids.get((k - 1) % ids.len().max(1)).copied(),
+                    });
             async move {
                 let r = self.call_at(leader, req).await;
                 let step = match &r {
@@ -1387,7 +1491,7 @@ impl Client {
     pub async fn create_pool(&self, spec: PoolSpec) -> Result<PoolMeta> {
         let req_id = self.next_req_id();
         let p = self.pool_call(Request::PoolCreate { spec, req_id }).await?;
-        self.refresh_pools().await?;
+        self.cache_pool(&p.pathname, Some(p.clone()));
         Ok(p)
     }
 
@@ -1399,7 +1503,7 @@ impl Client {
                 req_id: self.next_req_id(),
             })
             .await?;
-        self.refresh_pools().await?;
+        self.cache_pool(&p.pathname, Some(p.clone()));
         Ok(p)
     }
 
@@ -1421,7 +1525,7 @@ impl Client {
             })?,
             other => return Err(unexpected(other)),
         };
-        self.refresh_pools().await?;
+        self.cache_pool(path, None);
         Ok(report)
     }
 
@@ -1444,7 +1548,10 @@ impl Client {
     /// Every pool, and with `include_deleted` those removed but not yet
     /// purged.
     pub async fn list_pools(&self, include_deleted: bool) -> Result<Vec<PoolMeta>> {
-        match self.call(&Request::PoolList { include_deleted }).await? {
+        match self
+            .any_node_call(&Request::PoolList { include_deleted }, true)
+            .await?
+        {
             Response::Pools(p) => Ok(p),
             other => Err(unexpected(other)),
         }

@@ -885,11 +885,18 @@ impl Conn {
         let Some(cl) = ctx.cluster.clone() else {
             return Some(req);
         };
+        let node = ctx.cfg.node_id;
         self.defer(rid, no_reply, async move {
-            if let Err(e) = cl.meta_catch_up().await {
-                tracing::info!(error = %e, "metadata catch-up failed; answering from what is known");
+            match cl.meta_catch_up().await {
+                Ok(()) => Reply::Retry(Box::new(req), no_reply),
+                // What is known here may lack the pool: saying "no pool"
+                // would deny one that exists. The client retries this.
+                Err(e) => Reply::Resp(Err(SluiceError::Unavailable {
+                    reason: format!(
+                        "node {node} cannot tell whether a pool covers this request: its pool table may be behind and the metadata leader did not answer ({e})"
+                    ),
+                })),
             }
-            Reply::Retry(Box::new(req), no_reply)
         });
         None
     }
@@ -974,6 +981,17 @@ impl Conn {
         req: &Request,
     ) -> Route {
         let store = &self.ctx.store;
+        // A client that did not find a key's pool (or a pool) in the
+        // table it has asks here: a pool this node has not applied yet
+        // must not be denied (caught up with first, as for a key below).
+        let missing = match req {
+            Request::PoolOfKey { key } => store.pool_of_key(key).is_err(),
+            Request::PoolGet { path } => store.get_pool(path).is_err(),
+            _ => false,
+        };
+        if missing && !self.retried_after_catch_up {
+            return Route::CatchUp;
+        }
         let keyed = match req {
             Request::Put { key, shard, .. }
             | Request::Remove { key, shard, .. }

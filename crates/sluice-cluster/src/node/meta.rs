@@ -308,7 +308,22 @@ impl ClusterNode {
         let g = self.local_group(META_GROUP)?;
         let leader = g.core.leader().map(|l| l as u32);
         let index = match leader {
-            Some(l) if l == self.id => return Ok(()),
+            // A leader knows every committed change only once it has
+            // committed an entry of its own term (a new leader may hold
+            // changes its predecessor committed and it did not apply yet):
+            // the read index waits for that, and for their apply.
+            Some(l) if l == self.id => {
+                return match tokio::time::timeout(t, g.core.read_index()).await {
+                    Ok(Ok(())) => Ok(()),
+                    Ok(Err(CoreError::NotLeader(leader))) => Err(self.not_leader(g.id, leader)),
+                    Ok(Err(CoreError::Stopped(e) | CoreError::Other(e))) => {
+                        Err(unavailable(format!("metadata catch-up: {e}")))
+                    }
+                    Err(_) => Err(unavailable(
+                        "metadata catch-up: the leader's read index timed out".into(),
+                    )),
+                }
+            }
             Some(l) => {
                 let addr = self
                     .layout
