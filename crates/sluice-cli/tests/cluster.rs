@@ -3160,7 +3160,7 @@ async fn a_member_on_a_full_disk_stops_says_why_and_catches_up_after_a_restart()
 }
 
 /// A node that cannot write its pool table (here a directory where its
-/// temporary file goes: a full or failing disk does the same) stops its
+/// log of changes goes: a full or failing disk does the same) stops its
 /// replica of the metadata group and says why; it went on with an error
 /// for that entry and without the pool, for good, while every other node
 /// had it. A restart, the fault gone, applies it.
@@ -3174,7 +3174,13 @@ async fn a_node_that_cannot_write_its_pool_table_stops_rather_than_differ() {
     // would fail the request too (the others having made the pool).
     let leader = c.leader(1, "meta").await.unwrap();
     let n = if leader == 5 { 4 } else { 5 };
-    let blocker = c.dir.path().join(format!("node-{n}")).join("pools.tmp");
+    // Its pool table log made a directory (the log as it was kept aside).
+    let blocker = c.dir.path().join(format!("node-{n}")).join("pools.log");
+    let aside = blocker.with_extension("aside");
+    let had_log = blocker.exists();
+    if had_log {
+        std::fs::rename(&blocker, &aside).unwrap();
+    }
     std::fs::create_dir_all(&blocker).unwrap();
     client
         .create_pool(PoolSpec {
@@ -3194,12 +3200,15 @@ async fn a_node_that_cannot_write_its_pool_table_stops_rather_than_differ() {
         .unwrap();
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(
-        !o.status.success() && err.contains("meta (") && err.contains("pools.tmp"),
+        !o.status.success() && err.contains("meta (") && err.contains("pools.log"),
         "{err}"
     );
     // The others have the pool and go on.
     c.client(2).await.put("/unwritten/a", "x").await.unwrap();
     std::fs::remove_dir(&blocker).unwrap();
+    if had_log {
+        std::fs::rename(&aside, &blocker).unwrap();
+    }
     c.kill(n);
     c.spawn(n);
     c.wait_for("the node to learn the pool", || async {

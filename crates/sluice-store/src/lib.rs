@@ -13,6 +13,7 @@
 mod clock;
 mod layout;
 mod memory;
+mod pool_file;
 mod shard;
 mod store;
 

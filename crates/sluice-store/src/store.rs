@@ -125,6 +125,17 @@ impl PoolView {
             .collect();
         PoolView { table, routers }
     }
+
+    /// This view with `table`, which differs from it in pool `path` only:
+    /// the other pools' routers are kept (no regex compiled again).
+    fn with_change(&self, table: PoolTable, path: &str) -> Self {
+        let mut routers = self.routers.clone();
+        match table.pools.get(path) {
+            Some(p) => routers.insert(path.to_string(), Arc::new(PoolRouter::new(p.clone()))),
+            None => routers.remove(path),
+        };
+        PoolView { table, routers }
+    }
 }
 
 /// A node's store: the pool table and the shards it hosts.
@@ -133,6 +144,8 @@ pub struct Store {
     clock: Clock,
     pools: ArcSwap<PoolView>,
     pool_write: Mutex<()>,
+    /// Where the pool table is kept (`StoreConfig::pool_table_path`).
+    pool_file: Option<crate::pool_file::PoolFile>,
     shards: HashMap<ShardId, Arc<Shard>>,
     observers: ArcSwap<Vec<Arc<dyn DeliveryObserver>>>,
     pub stats: StoreStats,
@@ -180,21 +193,18 @@ impl Store {
             clock,
             pools: ArcSwap::from_pointee(PoolView::new(PoolTable::default())),
             pool_write: Mutex::new(()),
+            pool_file: cfg
+                .pool_table_path
+                .as_deref()
+                .map(crate::pool_file::PoolFile::new),
             shards,
             observers: ArcSwap::from_pointee(Vec::new()),
             stats: StoreStats::default(),
             memory: crate::memory::MemoryLimit::new(cfg.node_id, cfg.max_memory_bytes),
             cfg,
         };
-        let loaded = match &store.cfg.pool_table_path {
-            Some(p) if p.exists() => {
-                let text = std::fs::read_to_string(p).map_err(|e| SluiceError::Io {
-                    reason: format!("reading pool table {}: {e}", p.display()),
-                })?;
-                let table: PoolTable =
-                    serde_json::from_str(&text).map_err(|e| SluiceError::Io {
-                        reason: format!("pool table {} is corrupt: {e}", p.display()),
-                    })?;
+        let loaded = match store.pool_file.as_ref().map(|f| f.load()).transpose()? {
+            Some(Some(table)) => {
                 store.pools.store(Arc::new(PoolView::new(table)));
                 true
             }
@@ -295,7 +305,7 @@ impl Store {
         let _g = self.pool_write.lock();
         let mut table = self.pools.load().table.clone();
         let meta = change(&mut table)?;
-        self.commit_pools(table)?;
+        self.commit_pools(table, Some(&meta.pathname))?;
         Ok(meta)
     }
 
@@ -388,16 +398,17 @@ impl Store {
         Ok(report)
     }
 
-    fn commit_pools(&self, table: PoolTable) -> Result<()> {
-        if let Some(path) = &self.cfg.pool_table_path {
-            write_atomically(
-                path,
-                &serde_json::to_vec_pretty(&table).map_err(|e| SluiceError::Internal {
-                    reason: e.to_string(),
-                })?,
-            )?;
+    /// Makes `table` durable and current; `changed`: the one pool it
+    /// changed (`None`: possibly any, written whole).
+    fn commit_pools(&self, table: PoolTable, changed: Option<&str>) -> Result<()> {
+        if let Some(f) = &self.pool_file {
+            f.commit(&table, changed)?;
         }
-        self.pools.store(Arc::new(PoolView::new(table)));
+        let view = match changed {
+            Some(path) => self.pools.load().with_change(table, path),
+            None => PoolView::new(table),
+        };
+        self.pools.store(Arc::new(view));
         Ok(())
     }
 
@@ -405,7 +416,7 @@ impl Store {
     /// the replicated metadata).
     pub fn replace_pool_table(&self, table: PoolTable) -> Result<()> {
         let _g = self.pool_write.lock();
-        self.commit_pools(table)
+        self.commit_pools(table, None)
     }
 
     pub fn list_pools(&self, include_deleted: bool) -> Vec<PoolMeta> {
@@ -1797,7 +1808,7 @@ fn live(o: Arc<Object>, key: &str) -> Result<Arc<Object>> {
 }
 
 /// Writes a file so a crash leaves either the old or the new contents.
-fn write_atomically(path: &std::path::Path, bytes: &[u8]) -> Result<()> {
+pub(crate) fn write_atomically(path: &std::path::Path, bytes: &[u8]) -> Result<()> {
     use std::io::Write;
     // Each step names the file it failed on (the temporary one until the
     // rename).
