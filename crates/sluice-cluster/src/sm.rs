@@ -31,6 +31,12 @@ use std::sync::Arc;
 const DEDUP_PER_CLIENT: usize = 1024;
 /// Clients remembered per shard (the least recently writing one goes).
 const DEDUP_CLIENTS: usize = 10_000;
+/// The same for the metadata group, whose results are larger (a pool's
+/// description) and whose changes a client makes one after another (its
+/// retries concern its last few), kept in every metadata snapshot: at
+/// most about 10 MB of results.
+const META_DEDUP_PER_CLIENT: usize = 32;
+const META_DEDUP_CLIENTS: usize = 1_000;
 
 /// What every node knows from the metadata group: shard members (what
 /// clients route by) and the epoch, bumped by every metadata change.
@@ -570,7 +576,7 @@ impl Sm {
         }
         let applied = Applied::Put(res.map_err(|e| Applied::err(&e)));
         if let Some(id) = req_id {
-            Self::remember(st, id, index, &applied);
+            Self::remember(st, (id, index), &applied, (DEDUP_PER_CLIENT, DEDUP_CLIENTS));
         }
         Ok(applied)
     }
@@ -582,12 +588,17 @@ impl Sm {
 
     /// Keeps `applied` as the result of the client's request `id`
     /// (applied at log index `index`), forgetting the client that wrote
-    /// least recently beyond `DEDUP_CLIENTS`.
-    fn remember(st: &mut State, id: ReqId, index: u64, applied: &Applied) {
+    /// least recently beyond `clients`; `per_client` results each.
+    fn remember(
+        st: &mut State,
+        (id, index): (ReqId, u64),
+        applied: &Applied,
+        (per_client, clients): (usize, usize),
+    ) {
         let w = st.dedup.entry(id.client).or_default();
         w.last_index = index;
-        w.push(id.seq, applied.clone(), DEDUP_PER_CLIENT);
-        if st.dedup.len() > DEDUP_CLIENTS {
+        w.push(id.seq, applied.clone(), per_client);
+        if st.dedup.len() > clients {
             if let Some(oldest) = st
                 .dedup
                 .iter()
@@ -623,7 +634,12 @@ impl Sm {
         }
         let applied = self.apply_meta_command(entry.cmd)?;
         if let Some(id) = entry.req_id {
-            Self::remember(st, id, index, &applied);
+            Self::remember(
+                st,
+                (id, index),
+                &applied,
+                (META_DEDUP_PER_CLIENT, META_DEDUP_CLIENTS),
+            );
         }
         Ok(applied)
     }
@@ -1173,5 +1189,35 @@ mod meta_tests {
             .install(&snap.meta, serde_json::to_vec(&v).unwrap())
             .unwrap();
         assert_eq!(third.applied_result(id), None);
+    }
+
+    /// The metadata group keeps few results per client and few clients
+    /// (every metadata snapshot holds them): the oldest go first.
+    #[test]
+    fn the_metadata_results_kept_are_bounded() {
+        let sm = meta_sm();
+        let remove = |i: u64| MetaCommand::PoolRemove {
+            path: format!("/none{i}"),
+        };
+        let mut index = 0;
+        let mut next = || {
+            index += 1;
+            index
+        };
+        let client = |c: u64, seq: u64| Some(ReqId { client: c, seq });
+        for seq in 0..(META_DEDUP_PER_CLIENT as u64 + 8) {
+            apply(&sm, next(), &remove(seq), client(1, seq));
+        }
+        assert!(sm.applied_result(ReqId { client: 1, seq: 7 }).is_none());
+        assert!(sm.applied_result(ReqId { client: 1, seq: 8 }).is_some());
+        for c in 2..=(META_DEDUP_CLIENTS as u64 + 1) {
+            apply(&sm, next(), &remove(c), client(c, 0));
+        }
+        let st = sm.st.lock();
+        assert_eq!(st.dedup.len(), META_DEDUP_CLIENTS);
+        assert!(
+            !st.dedup.contains_key(&1),
+            "the client that wrote least recently went"
+        );
     }
 }
