@@ -101,7 +101,7 @@ impl PoolFile {
                     return Err(io(
                         &format!("the pool table log is damaged at line {}:", lines + 1),
                         &self.log_path,
-                        e,
+                        format!("{e} (each line is one pool change, oldest first: with a copy kept, cut the file before that line to start without the changes from there on)"),
                     ))
                 }
             }
