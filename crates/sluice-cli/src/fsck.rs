@@ -108,5 +108,6 @@ fn kind(k: LogKind) -> &'static str {
     match k {
         LogKind::History => "history",
         LogKind::Consensus => "consensus log",
+        LogKind::PoolTable => "pool table log",
     }
 }

@@ -1522,6 +1522,22 @@ fn a_second_server_on_the_same_data_dir_is_refused() {
     let _ = std::fs::remove_dir_all(&data);
 }
 
+/// `sluice fsck --data-dir DATA EXTRA...`.
+fn fsck_at(data: &std::path::Path, extra: &[&str]) -> std::process::Output {
+    Command::new(BIN)
+        .args(["fsck", "--data-dir", data.to_str().unwrap()])
+        .args(extra)
+        .output()
+        .unwrap()
+}
+
+/// A dry run of fsck on a damaged directory: a non-zero exit; its report.
+fn fsck_dry_run_finds_damage(data: &std::path::Path) -> String {
+    let o = fsck_at(data, &[]);
+    assert!(!o.status.success(), "damage is a non-zero exit");
+    String::from_utf8_lossy(&o.stdout).to_string()
+}
+
 /// Issue #14: a flipped byte in the last (acknowledged, fsync'd) record of
 /// a persistent history is damage: the node refuses to start naming file
 /// and offset, `sluice fsck` reports it without changing anything, and
@@ -1572,16 +1588,8 @@ fn damaged_history_refuses_to_start_and_fsck_reports_and_repairs_it() {
         "{e}"
     );
     assert_eq!(std::fs::read(&seg).unwrap(), bytes, "the node cut nothing");
-    let fsck = |extra: &[&str]| {
-        Command::new(BIN)
-            .args(["fsck", "--data-dir", data.to_str().unwrap()])
-            .args(extra)
-            .output()
-            .unwrap()
-    };
-    let o = fsck(&[]);
-    assert!(!o.status.success(), "damage is a non-zero exit");
-    let out = String::from_utf8_lossy(&o.stdout);
+    let fsck = |extra: &[&str]| fsck_at(&data, extra);
+    let out = fsck_dry_run_finds_damage(&data);
     assert!(
         out.contains("CORRUPT at offset") && out.contains("dry run"),
         "{out}"
@@ -2943,4 +2951,71 @@ fn a_node_at_its_memory_limit_refuses_writes_and_takes_them_after_removes() {
         stats.contains("max bytes 50331648") && stats.contains("refused writes"),
         "{stats}"
     );
+}
+
+/// A damaged line in the pool table's log (`pools.log`, a line per pool
+/// change): the node refuses to start naming the file and line and what
+/// to run, `sluice fsck` reports it (it did not read the pool table), and
+/// `--repair` cuts the log before that line, keeping the rest as
+/// evidence; the node then starts with the changes before it.
+#[test]
+fn a_damaged_pool_table_log_is_reported_and_repaired_by_fsck() {
+    let data = temp_dir("fsck-pools");
+    let args = [
+        "--listen",
+        "127.0.0.1:0",
+        "--data-dir",
+        data.to_str().unwrap(),
+    ];
+    let n = spawn_node(&temp_dir("fsck-pools-node"), &args).unwrap();
+    for p in ["/p1", "/p2", "/p3"] {
+        n.ok(&["pools", "create", p, "--type", "volatile"]);
+    }
+    assert!(n.terminate().success());
+    let log = data.join("pools.log");
+    let text = std::fs::read_to_string(&log).unwrap();
+    let lines: Vec<&str> = text.lines().collect();
+    // The line of /p2's creation, made unreadable.
+    let k = lines
+        .iter()
+        .position(|l| l.contains("\"/p2\""))
+        .expect("/p2 in the log");
+    let kept: String = lines[..k].iter().map(|l| format!("{l}\n")).collect();
+    let damaged = format!(
+        "{kept}{{x{}\n{}\n",
+        &lines[k][1..],
+        lines[k + 1..].join("\n")
+    );
+    let line = format!("line {}", k + 1);
+    std::fs::write(&log, &damaged).unwrap();
+    let e = serve_must_fail(&data, &args);
+    assert!(
+        e.contains("pools.log") && e.contains(&line) && e.contains("sluice fsck --repair"),
+        "{e}"
+    );
+    let fsck = |extra: &[&str]| fsck_at(&data, extra);
+    let out = fsck_dry_run_finds_damage(&data);
+    assert!(
+        out.contains("pool table log") && out.contains("CORRUPT") && out.contains(&line),
+        "{out}"
+    );
+    assert_eq!(
+        std::fs::read_to_string(&log).unwrap(),
+        damaged,
+        "a dry run changes nothing"
+    );
+    let o = fsck(&["--repair"]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        out.contains(&format!("after its first {k} lines")) && out.contains("lost"),
+        "{out}"
+    );
+    assert_eq!(std::fs::read_to_string(&log).unwrap(), kept);
+    assert!(fsck(&[]).status.success(), "clean after the repair");
+    let n = spawn_node(&temp_dir("fsck-pools-node"), &args).unwrap();
+    let pools = n.ok(&["pools", "ls"]);
+    assert!(pools.contains("/p1") && !pools.contains("/p2"), "{pools}");
+    drop(n);
+    let _ = std::fs::remove_dir_all(&data);
 }

@@ -1,9 +1,11 @@
 //! `sluice fsck`: checks every log file of a stopped node's data
-//! directory (persistent histories and consensus logs) and, when asked,
-//! repairs what it found, keeping everything it removes as evidence.
+//! directory (persistent histories, consensus logs and the pool table's
+//! log) and, when asked, repairs what it found, keeping everything it
+//! removes as evidence.
 //!
 //! What counts as a torn tail and what as damage is the logs' own rule
-//! (`sluice_log::scan_segment`, `sluice_cluster::log::scan_segment`): a
+//! (`sluice_log::scan_segment`, `sluice_cluster::log::scan_segment`,
+//! `sluice_store::scan_pool_log`): a
 //! torn tail is cut by the node itself at its next start; damage makes the
 //! node refuse to start. Volatile shards' logs live in RAM (`/dev/shm`)
 //! and are not checked.
@@ -18,6 +20,8 @@ pub enum LogKind {
     History,
     /// A replication group's consensus log (`raft/<group>`).
     Consensus,
+    /// The pool table's log of changes (`pools.log`).
+    PoolTable,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -201,6 +205,7 @@ pub fn check(data_dir: &Path) -> Result<(Report, DirLock), FsckError> {
             });
         }
     }
+    files.extend(check_pool_log(data_dir)?);
     Ok((
         Report {
             data_dir: data_dir.to_path_buf(),
@@ -209,6 +214,50 @@ pub fn check(data_dir: &Path) -> Result<(Report, DirLock), FsckError> {
         },
         lock,
     ))
+}
+
+/// The pool table's log (`pools.log`), if there is one, read as the
+/// node reads it at start.
+fn check_pool_log(data_dir: &Path) -> Result<Option<FileReport>, FsckError> {
+    let pool_log = data_dir.join("pools.log");
+    if !pool_log.is_file() {
+        return Ok(None);
+    }
+    let data = std::fs::read(&pool_log).map_err(io("reading", &pool_log))?;
+    let scan = sluice_store::scan_pool_log(&data);
+    Ok(Some(FileReport {
+        file: pool_log,
+        log_dir: data_dir.to_path_buf(),
+        kind: LogKind::PoolTable,
+        records: scan.lines,
+        bytes: data.len() as u64,
+        status: match scan.problem {
+            None => FileStatus::Ok,
+            Some(sluice_store::PoolLogProblem::Torn { bytes }) => FileStatus::TornTail {
+                offset: scan.good as u64,
+                bytes: bytes as u64,
+            },
+            Some(sluice_store::PoolLogProblem::Corrupt {
+                line,
+                offset,
+                reason,
+            }) => FileStatus::Corrupt {
+                offset: offset as u64,
+                reason: format!("line {line}: {reason}"),
+            },
+        },
+    }))
+}
+
+/// Cuts `file` to its first `len` bytes, synced.
+fn truncate(file: &Path, len: u64) -> Result<(), FsckError> {
+    let f = std::fs::OpenOptions::new()
+        .write(true)
+        .open(file)
+        .map_err(io("opening", file))?;
+    f.set_len(len)
+        .and_then(|()| f.sync_all())
+        .map_err(io("truncating", file))
 }
 
 /// What a repair did.
@@ -238,7 +287,8 @@ pub fn repair(report: &Report, member_removed: bool) -> Result<Repair, FsckError
     if damaged.is_empty() {
         return Ok(out);
     }
-    if report.cluster && !member_removed {
+    let shards_damaged = damaged.iter().any(|f| f.kind != LogKind::PoolTable);
+    if report.cluster && !member_removed && shards_damaged {
         return Err(FsckError::Refused(
             "this node is a cluster member: its damaged shards must be restored from their peers. First remove it from each damaged shard on a running node (sluice cluster remove-member <shard> <node>), then run fsck --repair --member-removed, start the node, and add it back (sluice cluster add-member <shard> <node>)".into(),
         ));
@@ -251,6 +301,10 @@ pub fn repair(report: &Report, member_removed: bool) -> Result<Repair, FsckError
     out.evidence_dir = Some(evidence.clone());
     let mut done: Vec<&Path> = Vec::new();
     for f in damaged {
+        if f.kind == LogKind::PoolTable {
+            cut_pool_log(report, f, &evidence, &mut out)?;
+            continue;
+        }
         if done.contains(&f.log_dir.as_path()) {
             continue;
         }
@@ -297,6 +351,37 @@ fn shard_dirs(report: &Report, log_dir: &Path) -> Vec<PathBuf> {
     .collect()
 }
 
+/// Cuts the pool table's log before its damaged line, the rest kept in
+/// `evidence`. A cluster member loses nothing by it: its pool table is
+/// rebuilt from the metadata group's snapshot and log when it starts.
+fn cut_pool_log(
+    report: &Report,
+    f: &FileReport,
+    evidence: &Path,
+    out: &mut Repair,
+) -> Result<(), FsckError> {
+    let FileStatus::Corrupt { offset, .. } = f.status else {
+        return Ok(());
+    };
+    let data = std::fs::read(&f.file).map_err(io("reading", &f.file))?;
+    let cut = evidence.join(format!("pools.log.from-{offset}"));
+    std::fs::write(&cut, &data[offset as usize..]).map_err(io("writing", &cut))?;
+    truncate(&f.file, offset)?;
+    let lost = if report.cluster {
+        "this member gets those changes back from the metadata group when it starts"
+    } else {
+        "the pool changes from there on (pools created, removed or purged then) are lost: check `sluice pools ls` once the node runs"
+    };
+    out.actions.push(format!(
+        "cut {} after its first {} lines ({} bytes moved to {}); {lost}",
+        f.file.display(),
+        f.records,
+        data.len() as u64 - offset,
+        cut.display()
+    ));
+    Ok(())
+}
+
 /// Cuts a standalone history at `offset` of the damaged file: the bytes
 /// from there and every later segment go to `evidence`.
 fn cut_history(
@@ -331,13 +416,7 @@ fn cut_history(
         // Not even the header is intact: the segment goes whole.
         std::fs::remove_file(&f.file).map_err(io("removing", &f.file))?;
     } else {
-        let file = std::fs::OpenOptions::new()
-            .write(true)
-            .open(&f.file)
-            .map_err(io("opening", &f.file))?;
-        file.set_len(offset)
-            .and_then(|()| file.sync_all())
-            .map_err(io("truncating", &f.file))?;
+        truncate(&f.file, offset)?;
     }
     out.actions.push(format!(
         "cut {} at offset {offset} ({} bytes moved to {}); the shard keeps its first {last_good} records, later ones are lost",

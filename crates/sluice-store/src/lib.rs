@@ -20,6 +20,7 @@ mod store;
 pub use clock::Clock;
 pub use layout::{Layout, ShardId};
 pub use memory::{memory_in_use, MemoryLimit};
+pub use pool_file::{scan_pool_log, PoolLogProblem, PoolLogScan};
 pub use shard::Shard;
 pub use sluice_log::{Resolver as ValueResolver, ValueRef};
 pub use store::{

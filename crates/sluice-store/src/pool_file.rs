@@ -34,6 +34,78 @@ struct Change {
     pool: Option<PoolMeta>,
 }
 
+/// What `scan_pool_log` found in a pool table log.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PoolLogScan {
+    /// Whole lines read, all good.
+    pub lines: usize,
+    /// Where the good lines end.
+    pub good: usize,
+    pub problem: Option<PoolLogProblem>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum PoolLogProblem {
+    /// A last line cut short (never acknowledged): a node drops it.
+    Torn { bytes: usize },
+    /// A whole line (1-based `line`, at byte `offset`) that is not a
+    /// change: a node refuses to start.
+    Corrupt {
+        line: usize,
+        offset: usize,
+        reason: String,
+    },
+}
+
+/// Checks a pool table log (`pools.log`) as a node reads it at start.
+pub fn scan_pool_log(bytes: &[u8]) -> PoolLogScan {
+    scan(bytes).1
+}
+
+fn scan(bytes: &[u8]) -> (Vec<Change>, PoolLogScan) {
+    let mut changes = Vec::new();
+    let mut at = 0usize;
+    while at < bytes.len() {
+        let end = bytes[at..].iter().position(|b| *b == b'\n');
+        let line = &bytes[at..at + end.unwrap_or(bytes.len() - at)];
+        let problem = match (serde_json::from_slice::<Change>(line), end) {
+            (Ok(c), Some(end)) => {
+                changes.push(c);
+                at += end + 1;
+                continue;
+            }
+            // The last line, cut short by a crash before it was synced
+            // (so never acknowledged).
+            (_, None) => PoolLogProblem::Torn {
+                bytes: bytes.len() - at,
+            },
+            (Err(e), Some(_)) => PoolLogProblem::Corrupt {
+                line: changes.len() + 1,
+                offset: at,
+                reason: e.to_string(),
+            },
+        };
+        let lines = changes.len();
+        return (
+            changes,
+            PoolLogScan {
+                lines,
+                good: at,
+                problem: Some(problem),
+            },
+        );
+    }
+    let lines = changes.len();
+    (
+        changes,
+        PoolLogScan {
+            lines,
+            good: at,
+            problem: None,
+        },
+    )
+}
+
 pub(crate) struct PoolFile {
     path: PathBuf,
     log_path: PathBuf,
@@ -76,36 +148,25 @@ impl PoolFile {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(table),
             Err(e) => return Err(io("reading pool table log", &self.log_path, e)),
         };
-        let (mut lines, mut good_len, mut at) = (0usize, 0usize, 0usize);
-        while at < bytes.len() {
-            let end = bytes[at..].iter().position(|b| *b == b'\n');
-            let line = &bytes[at..at + end.unwrap_or(bytes.len() - at)];
-            match (serde_json::from_slice::<Change>(line), end) {
-                (Ok(c), Some(end)) => {
-                    let t = table.get_or_insert_with(PoolTable::default);
-                    if c.version > t.version {
-                        match c.pool {
-                            Some(p) => t.pools.insert(c.path, p),
-                            None => t.pools.remove(&c.path),
-                        };
-                        t.version = c.version;
-                    }
-                    lines += 1;
-                    at += end + 1;
-                    good_len = at;
-                }
-                // The last line, cut short by a crash before it was
-                // synced (so never acknowledged): dropped.
-                (_, None) => break,
-                (Err(e), Some(_)) => {
-                    return Err(io(
-                        &format!("the pool table log is damaged at line {}:", lines + 1),
-                        &self.log_path,
-                        format!("{e} (each line is one pool change, oldest first: with a copy kept, cut the file before that line to start without the changes from there on)"),
-                    ))
-                }
+        let (changes, scan) = scan(&bytes);
+        if let Some(PoolLogProblem::Corrupt { line, reason, .. }) = scan.problem {
+            return Err(io(
+                &format!("the pool table log is damaged at line {line}:"),
+                &self.log_path,
+                format!("{reason} (each line is one pool change, oldest first: `sluice fsck --repair` cuts the file before that line, keeping the rest as evidence)"),
+            ));
+        }
+        for c in changes {
+            let t = table.get_or_insert_with(PoolTable::default);
+            if c.version > t.version {
+                match c.pool {
+                    Some(p) => t.pools.insert(c.path, p),
+                    None => t.pools.remove(&c.path),
+                };
+                t.version = c.version;
             }
         }
+        let (lines, good_len) = (scan.lines, scan.good);
         if good_len < bytes.len() {
             tracing::warn!(file = %self.log_path.display(), bytes = bytes.len() - good_len, "dropped a pool table change cut short by a crash (never acknowledged)");
             let f = std::fs::OpenOptions::new()
