@@ -652,3 +652,14 @@ def test_large_values_in_parts_arrive_whole(node):
         c.put("/vol/parts/small", b"s")
         assert bytes(c.get("/vol/parts/big").value) == big
         assert bytes(c.get("/vol/parts/small").value) == b"s"
+
+
+def test_a_policy_command_is_an_op_with_fields_or_a_whole_command(client):
+    """``policy("whoami")``, or the command whole as JSON text or a dict
+    (JSON text was taken as the name of an op: "unknown variant")."""
+    me = client.policy("whoami")
+    assert client.policy('{"op": "whoami"}') == me
+    assert client.policy({"op": "whoami"}) == me
+    assert client.policy({"op": "ls"}) == client.policy("ls")
+    with pytest.raises(ValueError, match="not valid JSON"):
+        client.policy('{"op": "whoami"')

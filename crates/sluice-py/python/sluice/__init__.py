@@ -37,7 +37,7 @@ import logging
 import os
 import threading
 import warnings
-from typing import Any, AsyncIterator, Callable, Iterator, List, Optional, Sequence
+from typing import Any, AsyncIterator, Callable, Iterator, List, Optional, Sequence, Union
 
 from . import _sluice
 from ._sluice import (  # noqa: F401  (re-exported)
@@ -591,13 +591,24 @@ class Client:
         node, ``error`` None when received), ``order``, ``crossings``."""
         return self._c.broadcast(key, to, fanout)
 
-    def policy(self, op: str, **fields: Any) -> dict:
+    def policy(self, op: Union[str, dict], **fields: Any) -> dict:
         """A policy command, as ``sluice policy`` and ``sluice auth`` send
         them: ``policy("ls")``, ``policy("whoami")``,
         ``policy("auth_create", name="alice", roles=["ops"])`` (the reply
         holds the token, shown once), ``policy("set", name=..., rule={...})``,
-        ``policy("rm", name=...)``, ``policy("auth_revoke", name=...)``."""
-        return self._c.policy(json.dumps({"op": op, **fields}))
+        ``policy("rm", name=...)``, ``policy("auth_revoke", name=...)``.
+        ``op`` may also be a whole command, as a dict or JSON text
+        (``{"op": "set", "name": ..., "rule": {...}}``)."""
+        if isinstance(op, dict):
+            command = {**op, **fields}
+        elif op.lstrip().startswith("{"):
+            try:
+                command = {**json.loads(op), **fields}
+            except ValueError as e:
+                raise ValueError(f"policy command {op!r} is not valid JSON: {e}") from None
+        else:
+            command = {"op": op, **fields}
+        return self._c.policy(json.dumps(command))
 
     def dfg_apply(self, text: str) -> dict:
         """Applies data flow graphs (a ``dfgs.json`` document, as text).
