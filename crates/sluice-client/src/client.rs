@@ -784,24 +784,31 @@ impl Client {
             )
         };
         let per_try = self.inner.cfg.attempt_timeout;
-        let leader = view.leader("meta").filter(|_| leader_first);
-        let mut got = match leader.map(|l| self.node_pool(l)) {
-            Some(Ok(p)) => p.call(req, per_try).await,
-            _ => self.inner.home.call(req, per_try).await,
-        };
-        if leader.is_some() && unreachable(&got) {
-            got = self.inner.home.call(req, per_try).await;
-        }
+        let home = self.inner.info.node_id;
+        let leader = view.leader("meta").filter(|l| leader_first && *l != home);
         let mut others: Vec<u32> = view.nodes.keys().copied().collect();
         others.sort_unstable();
-        for n in others.into_iter().filter(|n| Some(*n) != leader) {
+        others.retain(|n| *n != home && Some(*n) != leader);
+        // Each node once, in that order (`None`: the home node).
+        let order = leader
+            .map(Some)
+            .into_iter()
+            .chain([None])
+            .chain(others.into_iter().map(Some));
+        let mut got = Err(SluiceError::Connection {
+            reason: "no node to ask".into(),
+        });
+        for node in order {
+            got = match node {
+                None => self.inner.home.call(req, per_try).await,
+                Some(n) => match self.node_pool(n) {
+                    Ok(p) => p.call(req, per_try).await,
+                    Err(e) => Err(e),
+                },
+            };
             if !unreachable(&got) {
                 break;
             }
-            got = match self.node_pool(n) {
-                Ok(p) => p.call(req, per_try).await,
-                Err(e) => Err(e),
-            };
         }
         got
     }
@@ -886,6 +893,8 @@ impl Client {
             Ok(other) => return Err(unexpected(other)),
             Err(e) => return Err(e),
         };
+        // Routed here (a rare path: the router is built again in the
+        // cache, which a concurrent refresh may replace meanwhile).
         let place = (
             p.pool_type,
             p.subgroup_index,
@@ -1434,17 +1443,18 @@ impl Client {
         // not the leader names it.
         let mut ids: Vec<u32> = view.nodes.keys().copied().collect();
         ids.sort_unstable();
-        let blind = std::sync::atomic::AtomicUsize::new(0);
+        let mut blind = 0usize;
         follow_leader(deadline, |hint| {
             if let Some(l) = hint {
                 view.set_leader("meta", l);
             }
-            let leader =
-                view.leader("meta")
-                    .or_else(|| match blind.fetch_add(1, Ordering::Relaxed) {
-                        0 => None,
-                        k => ids.get((k - 1) % ids.len().max(1)).copied(),
-                    });
+            let leader = view.leader("meta").or_else(|| {
+                blind += 1;
+                match blind {
+                    1 => None,
+                    k => ids.get((k - 2) % ids.len().max(1)).copied(),
+                }
+            });
             async move {
                 let r = self.call_at(leader, req).await;
                 let step = match &r {

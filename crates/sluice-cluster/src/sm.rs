@@ -576,7 +576,7 @@ impl Sm {
         }
         let applied = Applied::Put(res.map_err(|e| Applied::err(&e)));
         if let Some(id) = req_id {
-            Self::remember(st, (id, index), &applied, (DEDUP_PER_CLIENT, DEDUP_CLIENTS));
+            self.remember(st, id, index, &applied);
         }
         Ok(applied)
     }
@@ -588,13 +588,12 @@ impl Sm {
 
     /// Keeps `applied` as the result of the client's request `id`
     /// (applied at log index `index`), forgetting the client that wrote
-    /// least recently beyond `clients`; `per_client` results each.
-    fn remember(
-        st: &mut State,
-        (id, index): (ReqId, u64),
-        applied: &Applied,
-        (per_client, clients): (usize, usize),
-    ) {
+    /// least recently beyond this group's bound.
+    fn remember(&self, st: &mut State, id: ReqId, index: u64, applied: &Applied) {
+        let (per_client, clients) = match self.shard {
+            Some(_) => (DEDUP_PER_CLIENT, DEDUP_CLIENTS),
+            None => (META_DEDUP_PER_CLIENT, META_DEDUP_CLIENTS),
+        };
         let w = st.dedup.entry(id.client).or_default();
         w.last_index = index;
         w.push(id.seq, applied.clone(), per_client);
@@ -634,12 +633,7 @@ impl Sm {
         }
         let applied = self.apply_meta_command(entry.cmd)?;
         if let Some(id) = entry.req_id {
-            Self::remember(
-                st,
-                (id, index),
-                &applied,
-                (META_DEDUP_PER_CLIENT, META_DEDUP_CLIENTS),
-            );
+            self.remember(st, id, index, &applied);
         }
         Ok(applied)
     }

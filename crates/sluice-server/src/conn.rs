@@ -1699,11 +1699,10 @@ impl Conn {
                 .and_then(|_| {
                     // In force here at once; other nodes as they apply it.
                     let now = cl.policies();
-                    policy.install(now.clone());
-                    if let Some((name, hash)) = new_token {
-                        token_made_here(&now, &name, &hash)?;
-                    }
-                    Ok(Response::Json(reply.to_string()))
+                    let made = new_token
+                        .map_or(Ok(()), |(name, hash)| token_made_here(&now, &name, &hash));
+                    policy.install(now);
+                    made.map(|()| Response::Json(reply.to_string()))
                 });
             Reply::Resp(r)
         });

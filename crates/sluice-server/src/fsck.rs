@@ -5,9 +5,8 @@
 //!
 //! What counts as a torn tail and what as damage is the logs' own rule
 //! (`sluice_log::scan_segment`, `sluice_cluster::log::scan_segment`,
-//! `sluice_store::scan_pool_log`): a
-//! torn tail is cut by the node itself at its next start; damage makes the
-//! node refuse to start. Volatile shards' logs live in RAM (`/dev/shm`)
+//! `sluice_store::scan_pool_log`): a torn tail is cut by the node itself
+//! at its next start; damage makes the node refuse to start. Volatile shards' logs live in RAM (`/dev/shm`)
 //! and are not checked.
 
 use sluice_log::{DirLock, Problem};
@@ -249,6 +248,19 @@ fn check_pool_log(data_dir: &Path) -> Result<Option<FileReport>, FsckError> {
     }))
 }
 
+/// Keeps `data` (the contents of `file`) from `offset` on in `dir` as
+/// `<file name>.from-<offset>`, synced; returns where.
+fn keep_from(file: &Path, data: &[u8], offset: u64, dir: &Path) -> Result<PathBuf, FsckError> {
+    use std::io::Write;
+    let name = file.file_name().unwrap_or_default().to_string_lossy();
+    let kept = dir.join(format!("{name}.from-{offset}"));
+    let mut w = std::fs::File::create(&kept).map_err(io("creating", &kept))?;
+    w.write_all(&data[offset as usize..])
+        .and_then(|()| w.sync_all())
+        .map_err(io("writing", &kept))?;
+    Ok(kept)
+}
+
 /// Cuts `file` to its first `len` bytes, synced.
 fn truncate(file: &Path, len: u64) -> Result<(), FsckError> {
     let f = std::fs::OpenOptions::new()
@@ -280,7 +292,11 @@ pub struct Repair {
 ///   once the member was removed from the shard (`sluice cluster
 ///   remove-member`): a member that forgot its log could otherwise vote a
 ///   stale leader in and lose acknowledged writes, so `member_removed`
-///   must say it was.
+///   must say it was;
+/// - the pool table's log is cut before its damaged line (the pool
+///   changes from there on are lost to a standalone node; a cluster member
+///   rebuilds its pool table from the metadata group when it starts, so it
+///   needs no `member_removed` for it).
 pub fn repair(report: &Report, member_removed: bool) -> Result<Repair, FsckError> {
     let damaged: Vec<&FileReport> = report.damaged().collect();
     let mut out = Repair::default();
@@ -364,8 +380,7 @@ fn cut_pool_log(
         return Ok(());
     };
     let data = std::fs::read(&f.file).map_err(io("reading", &f.file))?;
-    let cut = evidence.join(format!("pools.log.from-{offset}"));
-    std::fs::write(&cut, &data[offset as usize..]).map_err(io("writing", &cut))?;
+    let cut = keep_from(&f.file, &data, offset, evidence)?;
     truncate(&f.file, offset)?;
     let lost = if report.cluster {
         "this member gets those changes back from the metadata group when it starts"
@@ -391,21 +406,10 @@ fn cut_history(
     evidence: &Path,
     out: &mut Repair,
 ) -> Result<(), FsckError> {
-    use std::io::Write;
     let data = std::fs::read(&f.file).map_err(io("reading", &f.file))?;
-    let name = f
-        .file
-        .file_name()
-        .unwrap_or_default()
-        .to_string_lossy()
-        .to_string();
     let sub = evidence.join(f.log_dir.file_name().unwrap_or_default());
     std::fs::create_dir_all(&sub).map_err(io("creating", &sub))?;
-    let cut = sub.join(format!("{name}.from-{offset}"));
-    let mut w = std::fs::File::create(&cut).map_err(io("creating", &cut))?;
-    w.write_all(&data[offset as usize..])
-        .and_then(|()| w.sync_all())
-        .map_err(io("writing", &cut))?;
+    let cut = keep_from(&f.file, &data, offset, &sub)?;
     let last_good = report
         .files
         .iter()

@@ -3,10 +3,10 @@
 //! as it is after the change, or its removal, with the table's version),
 //! so a change costs one appended line and one `fdatasync`, not the whole
 //! table rewritten (with thousands of pools that took milliseconds per
-//! create, on every node of a cluster). Once the log holds as many lines
-//! as the table has pools (and at least `MIN_LINES_BEFORE_REWRITE`) the
-//! table is written whole again (temporary file, fsync, rename) and the
-//! log emptied. Loading reads the table, then applies the log's lines
+//! create, on every node of a cluster). Once the log holds half as many
+//! lines as the table has pools (and at least `MIN_LINES_BEFORE_REWRITE`)
+//! the table is written whole again (temporary file, fsync, rename) and
+//! the log emptied: O(1) disk work per change, amortized. Loading reads the table, then applies the log's lines
 //! newer than it (a crash between the rename and the emptying leaves lines
 //! the table already holds: skipped by version). A last line cut short by
 //! a crash was never acknowledged: it is dropped (and cut from the file);
@@ -21,8 +21,8 @@ use std::path::{Path, PathBuf};
 
 type Result<T> = std::result::Result<T, SluiceError>;
 
-/// The log is folded into the table once it has this many lines, or as
-/// many as the table has pools if that is more.
+/// The log is folded into the table once it has this many lines, or
+/// half as many as the table has pools if that is more.
 const MIN_LINES_BEFORE_REWRITE: usize = 256;
 
 /// One change: pool `path` after it (`None`: no longer in the table),
@@ -62,13 +62,14 @@ pub fn scan_pool_log(bytes: &[u8]) -> PoolLogScan {
     scan(bytes).1
 }
 
+/// The log's changes up to its first problem, and what was found.
 fn scan(bytes: &[u8]) -> (Vec<Change>, PoolLogScan) {
     let mut changes = Vec::new();
-    let mut at = 0usize;
+    let (mut at, mut problem) = (0usize, None);
     while at < bytes.len() {
         let end = bytes[at..].iter().position(|b| *b == b'\n');
         let line = &bytes[at..at + end.unwrap_or(bytes.len() - at)];
-        let problem = match (serde_json::from_slice::<Change>(line), end) {
+        match (serde_json::from_slice::<Change>(line), end) {
             (Ok(c), Some(end)) => {
                 changes.push(c);
                 at += end + 1;
@@ -76,43 +77,43 @@ fn scan(bytes: &[u8]) -> (Vec<Change>, PoolLogScan) {
             }
             // The last line, cut short by a crash before it was synced
             // (so never acknowledged).
-            (_, None) => PoolLogProblem::Torn {
-                bytes: bytes.len() - at,
-            },
-            (Err(e), Some(_)) => PoolLogProblem::Corrupt {
-                line: changes.len() + 1,
-                offset: at,
-                reason: e.to_string(),
-            },
-        };
-        let lines = changes.len();
-        return (
-            changes,
-            PoolLogScan {
-                lines,
-                good: at,
-                problem: Some(problem),
-            },
-        );
+            (_, None) => {
+                problem = Some(PoolLogProblem::Torn {
+                    bytes: bytes.len() - at,
+                })
+            }
+            (Err(e), Some(_)) => {
+                problem = Some(PoolLogProblem::Corrupt {
+                    line: changes.len() + 1,
+                    offset: at,
+                    reason: e.to_string(),
+                })
+            }
+        }
+        break;
     }
-    let lines = changes.len();
-    (
-        changes,
-        PoolLogScan {
-            lines,
-            good: at,
-            problem: None,
-        },
-    )
+    let scan = PoolLogScan {
+        lines: changes.len(),
+        good: at,
+        problem,
+    };
+    (changes, scan)
 }
 
 pub(crate) struct PoolFile {
     path: PathBuf,
     log_path: PathBuf,
-    /// Whether the table file exists (the first commit writes it whole,
-    /// so a data directory always has one), and the lines in the log.
     /// The log is opened for each change (no descriptor outlives a fold).
-    log: Mutex<(bool, usize)>,
+    log: Mutex<LogState>,
+}
+
+#[derive(Default)]
+struct LogState {
+    /// Whether the table file exists (the first commit writes it whole,
+    /// so a data directory always has one).
+    table_written: bool,
+    /// Lines in the log.
+    lines: usize,
 }
 
 fn io(what: &str, file: &Path, e: impl std::fmt::Display) -> SluiceError {
@@ -127,7 +128,7 @@ impl PoolFile {
         PoolFile {
             path: path.to_path_buf(),
             log_path: path.with_extension("log"),
-            log: Mutex::new((false, 0)),
+            log: Mutex::default(),
         }
     }
 
@@ -142,7 +143,7 @@ impl PoolFile {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
             Err(e) => return Err(io("reading pool table", &self.path, e)),
         };
-        self.log.lock().0 = table.is_some();
+        self.log.lock().table_written = table.is_some();
         let bytes = match std::fs::read(&self.log_path) {
             Ok(b) => b,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(table),
@@ -177,7 +178,7 @@ impl PoolFile {
                 .and_then(|()| f.sync_all())
                 .map_err(|e| io("cutting", &self.log_path, e))?;
         }
-        self.log.lock().1 = lines;
+        self.log.lock().lines = lines;
         Ok(table)
     }
 
@@ -185,7 +186,8 @@ impl PoolFile {
     /// changed since the table last committed (`None`: written whole).
     pub(crate) fn commit(&self, table: &PoolTable, changed: Option<&str>) -> Result<()> {
         let mut log = self.log.lock();
-        let fold = !log.0 || (log.1 + 1) >= MIN_LINES_BEFORE_REWRITE.max(table.pools.len() / 2);
+        let fold = !log.table_written
+            || log.lines + 1 >= MIN_LINES_BEFORE_REWRITE.max(table.pools.len() / 2);
         match changed {
             Some(path) if !fold => {
                 let mut line = serde_json::to_vec(&Change {
@@ -212,7 +214,7 @@ impl PoolFile {
                     let _ = f.set_len(before);
                     return Err(io("appending to", &self.log_path, e));
                 }
-                log.1 += 1;
+                log.lines += 1;
             }
             _ => {
                 let bytes =
@@ -220,15 +222,15 @@ impl PoolFile {
                         reason: e.to_string(),
                     })?;
                 crate::store::write_atomically(&self.path, &bytes)?;
-                log.0 = true;
+                log.table_written = true;
                 // Emptied only once the table holding its lines is in
                 // place (a crash in between: lines skipped by version).
-                if log.1 > 0 || self.log_path.exists() {
+                if log.lines > 0 || self.log_path.exists() {
                     File::create(&self.log_path)
                         .and_then(|f| f.sync_all())
                         .map_err(|e| io("emptying", &self.log_path, e))?;
                 }
-                log.1 = 0;
+                log.lines = 0;
             }
         }
         Ok(())

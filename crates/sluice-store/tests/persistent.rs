@@ -5,6 +5,8 @@ use bytes::Bytes;
 use sluice_store::{HistoryRange, Layout, Store, StoreConfig};
 use sluice_types::{PoolSpec, PoolType, SluiceError, VERSION_NONE};
 
+mod common;
+
 /// A fresh directory, removed when dropped.
 fn dir() -> tempfile::TempDir {
     tempfile::tempdir().unwrap()
@@ -506,19 +508,7 @@ fn one_shard_store(d: &std::path::Path, segment_bytes: u64) -> Store {
 /// the latest ones there, and a large one replaced is freed at once.
 #[test]
 fn a_large_latest_value_is_freed_when_group_commit_replaces_it() {
-    use std::sync::atomic::{AtomicBool, Ordering};
-    use std::sync::Arc;
-    struct Owner(Vec<u8>, Arc<AtomicBool>);
-    impl AsRef<[u8]> for Owner {
-        fn as_ref(&self) -> &[u8] {
-            &self.0
-        }
-    }
-    impl Drop for Owner {
-        fn drop(&mut self) {
-            self.1.store(true, Ordering::SeqCst);
-        }
-    }
+    use std::sync::atomic::Ordering;
     let d = dir();
     let s = Store::open(StoreConfig {
         layout: Layout {
@@ -540,8 +530,7 @@ fn a_large_latest_value_is_freed_when_group_commit_replaces_it() {
         ..Default::default()
     })
     .unwrap();
-    let freed = Arc::new(AtomicBool::new(false));
-    let big = Bytes::from_owner(Owner(vec![7; 1 << 20], freed.clone()));
+    let (big, freed) = common::watched_value();
     s.put("/p/big", big, None, None).unwrap();
     s.put("/p/big", Bytes::from(vec![8; 1 << 20]), None, None)
         .unwrap();

@@ -5,6 +5,8 @@ use sluice_types::{PoolSpec, PoolType, SluiceError, VERSION_NONE};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
+mod common;
+
 fn store_with_shards(shards: u32) -> Store {
     Store::open(StoreConfig {
         layout: Layout {
@@ -283,6 +285,48 @@ fn pool_table_survives_reopen() {
     assert!(e.to_string().contains("corrupt"), "{e}");
 }
 
+/// A pool change whose log line cannot be written (a full disk: the log
+/// here is `/dev/full`) is refused naming the file, and the table stays
+/// as it was, in memory and on disk; once the disk has room the change
+/// goes through and loads back.
+#[cfg(target_os = "linux")]
+#[test]
+fn a_pool_change_the_disk_refuses_is_not_made() {
+    if !std::path::Path::new("/dev/full").exists() {
+        return; // no full device to stand for a full disk here
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = StoreConfig {
+        pool_table_path: Some(dir.path().join("pools.json")),
+        ..Default::default()
+    };
+    let spec = |p: &str| PoolSpec {
+        pathname: p.into(),
+        pool_type: Some(PoolType::Volatile),
+        ..Default::default()
+    };
+    let log = dir.path().join("pools.log");
+    {
+        let s = Store::open(cfg.clone()).unwrap();
+        s.create_pool(&spec("/a")).unwrap();
+        let kept = std::fs::read(&log).unwrap();
+        std::fs::rename(&log, dir.path().join("aside")).unwrap();
+        std::os::unix::fs::symlink("/dev/full", &log).unwrap();
+        let e = s.create_pool(&spec("/b")).unwrap_err();
+        assert!(
+            matches!(&e, SluiceError::Io { reason } if reason.contains("appending to") && reason.contains("pools.log")),
+            "{e}"
+        );
+        assert!(s.get_pool("/b").is_err(), "not made in memory");
+        std::fs::remove_file(&log).unwrap();
+        std::fs::rename(dir.path().join("aside"), &log).unwrap();
+        assert_eq!(std::fs::read(&log).unwrap(), kept, "nor on disk");
+        s.create_pool(&spec("/b")).unwrap();
+    }
+    let s = Store::open(cfg).unwrap();
+    assert!(s.get_pool("/a").is_ok() && s.get_pool("/b").is_ok());
+}
+
 #[test]
 fn readers_never_see_torn_versions_under_concurrent_writes() {
     let s = Arc::new(store_with_shards(1));
@@ -447,26 +491,11 @@ fn a_pool_created_again_at_a_removed_path_starts_empty() {
 /// node at its memory limit stayed refused after keys were removed).
 #[test]
 fn a_large_value_is_freed_when_its_key_is_overwritten_or_removed() {
-    use std::sync::atomic::{AtomicBool, Ordering};
-    struct Owner(Vec<u8>, Arc<AtomicBool>);
-    impl AsRef<[u8]> for Owner {
-        fn as_ref(&self) -> &[u8] {
-            &self.0
-        }
-    }
-    impl Drop for Owner {
-        fn drop(&mut self) {
-            self.1.store(true, Ordering::SeqCst);
-        }
-    }
+    use std::sync::atomic::Ordering;
     let s = store_with_shards(1);
-    let value = |freed: &Arc<AtomicBool>| Bytes::from_owner(Owner(vec![7; 1 << 20], freed.clone()));
-    let (first, second) = (
-        Arc::new(AtomicBool::new(false)),
-        Arc::new(AtomicBool::new(false)),
-    );
-    s.put("/vol/big", value(&first), None, None).unwrap();
-    s.put("/vol/big", value(&second), None, None).unwrap();
+    let ((one, first), (two, second)) = (common::watched_value(), common::watched_value());
+    s.put("/vol/big", one, None, None).unwrap();
+    s.put("/vol/big", two, None, None).unwrap();
     assert!(
         first.load(Ordering::SeqCst),
         "the overwritten value is freed"

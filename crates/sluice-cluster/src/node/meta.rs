@@ -32,14 +32,11 @@ impl ClusterNode {
         }
     }
 
-    /// The result of a client's metadata change `req_id` if it was made
-    /// already (its reply lost with a leader, the client retrying): at the
-    /// metadata leader, after catching up with every change committed
-    /// before, so a change that committed is found. For changes whose
-    /// preparation would fail once they are made (a purge).
-    pub async fn meta_result_of(&self, req_id: ReqId) -> Result<Option<String>, SluiceError> {
-        self.check_meta_leader()?;
-        self.meta_catch_up().await?;
+    /// The result of a client's metadata change `req_id` if this node
+    /// applied it (its reply lost with a leader, the client retrying):
+    /// after a `meta_catch_up`, a change that committed is found. For
+    /// changes whose preparation would fail once they are made (a purge).
+    fn meta_result_of(&self, req_id: ReqId) -> Result<Option<String>, SluiceError> {
         let g = self.local_group(META_GROUP)?;
         match g.sm.applied_result(req_id) {
             None => Ok(None),
@@ -203,7 +200,7 @@ impl ClusterNode {
     ) -> Result<PurgeReport, SluiceError> {
         self.meta_catch_up().await?;
         if let Some(id) = req_id {
-            if let Some(done) = self.meta_result_of(id).await? {
+            if let Some(done) = self.meta_result_of(id)? {
                 return serde_json::from_str(&done).map_err(|e| SluiceError::Internal {
                     reason: format!("the report of purge {id:?} ({e}): {done}"),
                 });
