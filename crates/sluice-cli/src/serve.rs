@@ -197,10 +197,22 @@ pub fn run(a: ServeArgs) -> Result<()> {
             data_dir.display()
         );
         let _ = std::io::stdout().flush();
+        let cluster = server.cluster();
         server
             .run(async move {
                 let which = stop.recv().await;
                 tracing::info!("{which} received");
+                // A leader hands its groups over first (while this node
+                // still serves and points clients at the new leaders); a
+                // second signal stops it without waiting for that.
+                if let Some(c) = cluster {
+                    tokio::select! {
+                        n = c.hand_over_leadership() => if n > 0 {
+                            tracing::info!(groups = n, "leadership handed over; stopping");
+                        },
+                        which = stop.recv() => tracing::info!("{which} received again: stopping without handing leadership over"),
+                    }
+                }
             })
             .await;
         tracing::info!("stopped");

@@ -179,6 +179,18 @@ impl Cluster {
         }
     }
 
+    /// Stops node `id` as an operator does (SIGTERM) and waits for it to
+    /// exit.
+    fn stop(&mut self, id: u32) {
+        if let Some(mut c) = self.procs.remove(&id) {
+            // SAFETY: a plain kill(2) of our own child, which has not been
+            // reaped (its pid is still ours).
+            assert_eq!(unsafe { libc::kill(c.id() as i32, libc::SIGTERM) }, 0);
+            let status = c.wait().unwrap();
+            assert!(status.success(), "node {id} exited with {status}");
+        }
+    }
+
     /// A cluster with a persistent shard on nodes 1-3 and a persistent
     /// pool at `path`, ready; with a client whose home is node 4.
     async fn with_persistent_pool(path: &str) -> (Cluster, Client) {
@@ -3516,4 +3528,60 @@ async fn a_node_behind_on_pools_says_it_cannot_tell_rather_than_no_pool() {
         Err(SluiceError::NoPool { .. }) => {}
         other => panic!("a key without a pool: {other:?}"),
     }
+}
+
+/// A node stopped with SIGTERM (a rolling restart, an upgrade) first hands
+/// the leadership of each group it leads to another member, so clients
+/// are pointed at the new leader before it exits. It kept leading to the
+/// end: writes then waited for the survivors to notice it was gone (an
+/// election after the timers, or fast failover's probe). With fast
+/// failover off, the survivors name a new leader of every group it led at
+/// the moment it has exited, and writes go on through them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stopped_leader_hands_its_groups_over_before_it_exits() {
+    let _serial = SERIAL.lock().await;
+    let mut c = Cluster::start_nodes_with(3, ALL_THREE, "fast_failover = false\n");
+    c.ready().await;
+    let client = c.client(1).await;
+    client.put("/vol/roll/1", "before").await.unwrap();
+    let leader = c.leader(1, "volatile/0/0").await.unwrap();
+    let observer = (1..=3).find(|i| *i != leader).unwrap();
+    // Every group the leaving node leads (the volatile shard's at least).
+    let st = c.status(leader).await;
+    let led: Vec<String> = st["groups"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|g| g["role"] == "leader")
+        .map(|g| g["group"].as_str().unwrap().to_string())
+        .collect();
+    assert!(led.iter().any(|g| g == "volatile/0/0"), "{st}");
+    c.stop(leader);
+    // Asked at once (an election would take 500 ms or more).
+    for g in &led {
+        let now = group_status(&c, observer, g).await["leader"].as_u64();
+        assert!(
+            now.is_some_and(|l| l != u64::from(leader)),
+            "{g}: node {observer} names leader {now:?} right after node {leader} stopped\n{}",
+            c.logs()
+        );
+    }
+    let log = std::fs::read_to_string(c.dir.path().join(format!("node-{leader}.log"))).unwrap();
+    assert!(
+        log.contains("leadership handed over before stopping"),
+        "{log}"
+    );
+    client.put("/vol/roll/2", "after").await.unwrap();
+    // It rejoins as a follower and catches up.
+    c.spawn(leader);
+    c.ready().await;
+    c.wait_for("the restarted node to catch up", || async {
+        c.applied_version(leader, "volatile/0/0").await.unwrap_or(0)
+            >= c.applied_version(observer, "volatile/0/0")
+                .await
+                .unwrap_or(0)
+    })
+    .await;
+    let again = c.client(leader).await;
+    assert_eq!(&again.get("/vol/roll/2").await.unwrap().value[..], b"after");
 }

@@ -357,13 +357,22 @@ impl Server {
         &self.ctx.engine
     }
 
+    /// The cluster this node is a member of, if any.
+    pub fn cluster(&self) -> Option<Arc<sluice_cluster::ClusterNode>> {
+        self.ctx.cluster.clone()
+    }
+
     /// Serves until `shutdown` completes, then stops accepting, tells every
     /// connection to finish the requests it has read, and waits for them
-    /// (at most `timeouts.shutdown_grace_ms`).
+    /// (at most `timeouts.shutdown_grace_ms`); a cluster member then stops
+    /// its groups. (`sluice serve` hands its leaderships over inside
+    /// `shutdown`, so this node serves, with hints to the new leaders,
+    /// until that is done.)
     pub async fn run(self, shutdown: impl Future<Output = ()>) {
         let _data_lock = self.data_lock;
         let ctx = self.ctx;
-        let at = self.listener.local_addr().unwrap_or(ctx.cfg.listen);
+        let listener = self.listener;
+        let at = listener.local_addr().unwrap_or(ctx.cfg.listen);
         if !at.ip().is_loopback() && self.tls.is_none() {
             tracing::warn!(
                 addr = %at,
@@ -375,7 +384,7 @@ impl Server {
         loop {
             tokio::select! {
                 _ = &mut shutdown => break,
-                accepted = self.listener.accept() => {
+                accepted = listener.accept() => {
                     let (mut sock, peer) = match accepted {
                         Ok(x) => x,
                         Err(e) => {
@@ -435,6 +444,11 @@ impl Server {
                 Some(_) = conns.join_next(), if !conns.is_empty() => {}
             }
         }
+        // Closed now, not when the connections have drained: a client
+        // connecting meanwhile is refused and tries another node (the
+        // kernel would complete its handshake into a queue nobody reads,
+        // and its first request would wait for its timeout).
+        drop(listener);
         tracing::info!(open = conns.len(), "shutting down: draining connections");
         let _ = ctx.shutdown_tx.send(true);
         let grace = Duration::from_millis(ctx.cfg.timeouts.shutdown_grace_ms);
@@ -446,6 +460,9 @@ impl Server {
                 "connections still open after the grace period; closing them"
             );
             conns.abort_all();
+        }
+        if let Some(c) = &ctx.cluster {
+            c.shutdown().await;
         }
     }
 }

@@ -219,7 +219,8 @@ impl ClusterNode {
                 ));
             }
             if n == me && members.voters.contains(&n) {
-                return Err(self.hand_over(g, handle).await);
+                let led = self.hand_over(g, handle).await?;
+                return Err(self.not_leader(g.id, Some(led)));
             }
             handle
                 .change_members(MemberChange::Remove(n))
@@ -229,39 +230,99 @@ impl ClusterNode {
         Ok(handle.borrow_status().members.voters.clone())
     }
 
-    /// Hands this leader's leadership of `g` to the voter whose log is
-    /// furthest along; the `NotLeader` to answer with, naming the new
-    /// leader once one is known.
-    async fn hand_over(&self, g: &Group, handle: &GroupHandle) -> SluiceError {
+    /// Hands this leader's leadership of `g` to another voter, the one
+    /// whose log is furthest along first (raft-rs's leader transfer: the
+    /// voter is brought up to date, then stands at once); the new leader
+    /// once one is known. A voter whose process is gone (nothing listens
+    /// at its address: the whole cluster may be stopping) is passed over
+    /// for the next, so a stop does not wait out the transfer's timeout.
+    async fn hand_over(&self, g: &Group, handle: &GroupHandle) -> Result<u64, SluiceError> {
         let me = u64::from(self.id);
-        let voters = handle.borrow_status().members.voters.clone();
-        let next = handle
-            .matched()
-            .into_iter()
-            .filter(|(n, _)| *n != me && voters.contains(n))
-            .max_by_key(|(_, m)| *m)
-            .map(|(n, _)| n);
-        let Some(to) = next else {
-            return unavailable(format!(
+        // (A leader that has just taken over knows no follower's progress
+        // yet: every voter is a candidate.)
+        let matched = handle.matched();
+        let mut next: Vec<(u64, u64)> = handle
+            .borrow_status()
+            .members
+            .voters
+            .iter()
+            .filter(|n| **n != me)
+            .map(|n| (*n, matched.get(n).copied().unwrap_or(0)))
+            .collect();
+        next.sort_by_key(|(n, m)| (std::cmp::Reverse(*m), *n));
+        if next.is_empty() {
+            return Err(unavailable(format!(
                 "{} has no other voter to hand its leadership to",
                 group_name(g.id)
-            ));
-        };
-        tracing::info!(group = %group_name(g.id), to, "handing leadership over before this node leaves the group");
-        handle.transfer_leader(to);
-        let mut rx = handle.status();
-        let wait = Duration::from_millis(2 * self.settings.election_max_ms);
-        let led = tokio::time::timeout(wait, rx.wait_for(|s| !s.is_leader && s.leader.is_some()))
-            .await
-            .ok()
-            .and_then(|r| r.ok().map(|s| s.leader));
-        match led {
-            Some(leader) => self.not_leader(g.id, leader),
-            None => unavailable(format!(
-                "{}: leadership was not handed over within {} ms; try again",
-                group_name(g.id),
-                wait.as_millis()
-            )),
+            )));
         }
+        let wait = Duration::from_millis(2 * self.settings.election_max_ms);
+        let deadline = tokio::time::Instant::now() + wait;
+        let mut rx = handle.status();
+        for (to, _) in next {
+            tracing::info!(group = %group_name(g.id), to, "handing leadership over");
+            handle.transfer_leader(to);
+            let gone = async {
+                let Some(addr) = u32::try_from(to)
+                    .ok()
+                    .and_then(|n| self.layout.address_of(n))
+                else {
+                    return std::future::pending().await;
+                };
+                while super::failover::probe(addr).await != super::failover::Probe::Gone {
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+            };
+            let led = rx.wait_for(|s| !s.is_leader && s.leader.is_some());
+            tokio::select! {
+                r = tokio::time::timeout_at(deadline, led) => match r {
+                    Ok(Ok(s)) => return s.leader.ok_or_else(|| unavailable("no leader".into())),
+                    Ok(Err(_)) => return Err(unavailable(format!("{} stopped", group_name(g.id)))),
+                    Err(_) => {
+                        return Err(unavailable(format!(
+                            "{}: leadership was not handed over within {} ms; try again",
+                            group_name(g.id),
+                            wait.as_millis()
+                        )))
+                    }
+                },
+                _ = gone => tracing::info!(group = %group_name(g.id), to, "that member is gone; trying the next"),
+            }
+        }
+        Err(unavailable(format!(
+            "{}: every other voter has stopped (nothing listens at its address)",
+            group_name(g.id)
+        )))
+    }
+
+    /// Before this node stops (SIGTERM, Ctrl-C): hands the leadership of
+    /// every group it leads to another voter, all at once, as etcd's
+    /// members do on a graceful stop. Clients then find the new leader by
+    /// the hints they are given instead of waiting for an election after
+    /// the process is gone (the failover of a dead leader, `failover`), so
+    /// a rolling restart does not pause writes. A group with no other
+    /// voter, or a stopped one, stays as it is. Returns the groups handed
+    /// over; each failure is logged and the stop goes on.
+    pub async fn hand_over_leadership(&self) -> usize {
+        let led: Vec<Arc<Group>> = self
+            .groups
+            .read()
+            .values()
+            .filter(|g| {
+                let st = g.core.handle.borrow_status();
+                st.is_leader && st.stopped.is_none() && st.members.voters.len() > 1
+            })
+            .cloned()
+            .collect();
+        let tries = led.iter().map(|g| async move {
+            let r = self.hand_over(g, &g.core.handle).await;
+            match &r {
+                Ok(to) => tracing::info!(group = %group_name(g.id), to, "leadership handed over before stopping"),
+                Err(e) => tracing::warn!(group = %group_name(g.id), error = %e, "stopping while still the leader"),
+            }
+            r.is_ok()
+        });
+        let handed = futures_util::future::join_all(tries).await;
+        handed.into_iter().filter(|ok| *ok).count()
     }
 }

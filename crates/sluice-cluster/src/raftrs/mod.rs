@@ -622,6 +622,8 @@ pub fn start(
         pending: HashMap::new(),
         proposals: BTreeMap::new(),
         writes: Vec::new(),
+        transferring: Vec::new(),
+        transferring_since: None,
         status: status_tx,
         was_leader: false,
         inbox: tx.downgrade(),
@@ -684,6 +686,13 @@ struct Driver {
     /// Writes proposed since the last turn: proposed together as one
     /// entry (`Command::Batch`) when the turn ends.
     writes: Vec<(crate::types::BatchedWrite, Reply)>,
+    /// Proposals made while this leader hands its leadership over (raft-rs
+    /// drops them meanwhile): proposed once the transfer is given up, or
+    /// refused naming the new leader once it is done (`after_transfer`),
+    /// so their clients go straight there.
+    transferring: Vec<(Command, Waiting)>,
+    /// When the oldest of `transferring` came.
+    transferring_since: Option<std::time::Instant>,
     status: std::sync::Arc<watch::Sender<GroupStatus>>,
     was_leader: bool,
     /// A synced log: appends are fsync'd by its writer thread while this
@@ -788,6 +797,7 @@ impl Driver {
     /// that ready committed this leader's first entry of its term and
     /// read asks were waiting for it.
     fn turn(&mut self) -> Result<(), String> {
+        self.after_transfer();
         self.propose_writes();
         self.ask_reads();
         self.on_ready()?;
@@ -944,8 +954,37 @@ impl Driver {
                 self.pending.insert(index, (term, cmd));
                 self.proposals.insert(index, (term, waiting));
             }
-            // A leader transferring its leadership drops proposals.
+            // A leader transferring its leadership drops proposals: they
+            // wait for the outcome.
+            Err(_) if self.raw.raft.lead_transferee.is_some() => {
+                self.transferring_since
+                    .get_or_insert_with(std::time::Instant::now);
+                self.transferring.push((cmd, waiting))
+            }
             Err(_) => waiting.fail(not_leader),
+        }
+    }
+
+    /// Once a leadership transfer is over: what was proposed meanwhile is
+    /// proposed now, or refused with the new leader's name. (The member
+    /// named stands for election first, so this one may know no leader
+    /// for a moment: the proposals wait for it, at most the longest
+    /// election timeout; then they are refused with no leader named and
+    /// their clients ask the other members.)
+    fn after_transfer(&mut self) {
+        let r = &self.raw.raft;
+        let waited = self
+            .transferring_since
+            .is_some_and(|t| t.elapsed() * LIVE_TIMEOUTS as u32 >= self.live_for);
+        if self.transferring.is_empty()
+            || r.lead_transferee.is_some()
+            || (r.leader_id == raft::INVALID_ID && !waited)
+        {
+            return;
+        }
+        self.transferring_since = None;
+        for (cmd, waiting) in std::mem::take(&mut self.transferring) {
+            self.propose_entry(cmd, waiting);
         }
     }
 
@@ -1413,6 +1452,9 @@ impl Driver {
         for (_, reply) in std::mem::take(&mut self.writes) {
             let _ = reply.send(Err(err(self.group)));
         }
+        for (_, waiting) in std::mem::take(&mut self.transferring) {
+            waiting.fail(err(self.group));
+        }
         let reads = std::mem::take(&mut self.reads).into_values().flatten();
         for reply in reads.chain(std::mem::take(&mut self.asked_reads)) {
             let _ = reply.send(Err(err(self.group)));
@@ -1708,7 +1750,11 @@ impl Driver {
         };
         if self.was_leader && !is_leader {
             let leader = now.leader;
+            // Proposals held for a transfer were never proposed: they
+            // wait for the new leader's name (`after_transfer`).
+            let held = std::mem::take(&mut self.transferring);
             self.fail_all(|group| DriverError::LeaderChanged { group, leader });
+            self.transferring = held;
         }
         self.was_leader = is_leader;
         let seen = {

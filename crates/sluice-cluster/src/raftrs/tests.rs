@@ -571,6 +571,63 @@ async fn leadership_moves_to_the_member_named() {
     }
 }
 
+/// Writes proposed while a leader hands its leadership over (raft-rs drops
+/// proposals meanwhile) wait for the transfer's outcome: refused naming
+/// the new leader once it leads, or committed by the old one when the
+/// transfer is given up. They were refused at once naming the old leader
+/// itself (a hint a client cannot use), so clients went round the other
+/// members and paused during a graceful stop's hand-over.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn writes_made_during_a_leadership_transfer_wait_for_its_outcome() {
+    let (_dir, net, ms) = started().await;
+    let old = leader(&ms, &[0, 1, 2]).await;
+    let to = (old + 1) % 3;
+    let h = ms[&old].handle.clone();
+    let during = write_during_a_transfer(&net, &h, to, "/v/y").await;
+    net.cut.lock().remove(&to);
+    assert_eq!(during.await.unwrap_err(), not_leader(to));
+    until(ms[&to].handle.status(), "the named member leads", |s| {
+        s.is_leader
+    })
+    .await;
+
+    // A transfer that cannot finish (its member stays cut off) is given
+    // up after an election timeout; what was proposed meanwhile is then
+    // committed.
+    let old = to;
+    let to = (old + 1) % 3;
+    let h = ms[&old].handle.clone();
+    let during = write_during_a_transfer(&net, &h, to, "/v/w").await;
+    let (index, _) = during.await.unwrap();
+    assert!(h.borrow_status().is_leader);
+    net.cut.lock().remove(&to);
+    for m in ms.values() {
+        caught_up(m, index).await;
+        assert_eq!(value_of(&m.store, "/v/w").as_deref(), Some(&b"/v/w"[..]));
+        assert_eq!(value_of(&m.store, "/v/y"), None);
+    }
+}
+
+/// Leader `h` transfers its leadership to `to`, which is behind (cut off
+/// while a write commits), so the transfer is in progress until the link
+/// is healed; then a write of `key` to `h`, sent and waiting.
+async fn write_during_a_transfer<'a>(
+    net: &Net,
+    h: &'a GroupHandle,
+    to: u64,
+    key: &str,
+) -> impl std::future::Future<Output = Result<(u64, Applied), DriverError>> + 'a {
+    use futures_util::FutureExt;
+    net.cut.lock().insert(to);
+    h.propose(put(&format!("{key}-before"), b"x"))
+        .await
+        .unwrap();
+    h.transfer_leader(to);
+    let mut during = Box::pin(h.propose(put(key, key.as_bytes())));
+    assert!((&mut during).now_or_never().is_none(), "sent, and waiting");
+    during
+}
+
 /// A batch's waiters each get their write's result; a result that does
 /// not fit the proposal (not one per write) fails every waiter with an
 /// error that says so, and nobody is left waiting.
