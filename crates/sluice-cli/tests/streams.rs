@@ -333,6 +333,62 @@ fn competing_consumers_each_item_once() {
     });
 }
 
+/// An item another consumer took since this one listed the backlog costs
+/// one read, not a claim written and cleaned up (five requests, two of
+/// them writes), and a consumer that finds an item held by another skips
+/// ahead in its list instead of trying the next oldest: three consumers
+/// drained a backlog no faster than one, the third taking almost nothing,
+/// as all went for the same oldest items. A consumer alone still takes
+/// the oldest item first.
+#[test]
+fn consumers_skip_items_taken_meanwhile_with_a_read_and_spread_out() {
+    let n = start_node();
+    rt().block_on(async {
+        let c = Client::connect(&n.addr).await.unwrap();
+        let open = |name: &'static str| {
+            let c = c.clone();
+            async move {
+                SharedQueue::open(c, "skip", name, Duration::from_secs(30))
+                    .await
+                    .unwrap()
+            }
+        };
+        let mut p = open("p").await;
+        for i in 0..20 {
+            p.push(format!("{i}")).await.unwrap();
+        }
+        let (mut a, mut b) = (open("w0").await, open("w1").await);
+        let first_a = a.try_take().await.unwrap().unwrap();
+        assert_eq!(&first_a.value[..], b"0", "the oldest first");
+        let first_b = b.try_take().await.unwrap().unwrap();
+        assert_eq!(b.missed, 1, "the oldest was held by a");
+        assert_ne!(&first_b.value[..], b"1", "b skipped ahead");
+        a.ack(&first_a).await.unwrap();
+        b.ack(&first_b).await.unwrap();
+        // b takes everything else; a's listing is then all stale.
+        while let Some(d) = b.try_take().await.unwrap() {
+            b.ack(&d).await.unwrap();
+        }
+        let writes = |s: serde_json::Value| -> u64 {
+            s["shards"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|s| s["last_version"].as_u64().unwrap_or(0))
+                .sum()
+        };
+        let before = writes(c.stats().await.unwrap());
+        assert!(a.try_take().await.unwrap().is_none());
+        assert_eq!(
+            writes(c.stats().await.unwrap()),
+            before,
+            "no claim was written for an item already gone"
+        );
+        assert_eq!(a.missed, 19);
+        assert_eq!(a.backlog().await.unwrap(), 0);
+    });
+}
+
 /// The operators as DFG vertices on a node: `stream_aggregate` emits a
 /// complete tuple, then a partial one (a source missing) once a later item
 /// closes the window; `stream_rate` ticks on the stream's own clock.

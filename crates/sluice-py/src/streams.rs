@@ -539,6 +539,11 @@ impl SharedQueue {
     fn redelivered(&self) -> u64 {
         self.inner.blocking_lock().redelivered
     }
+
+    #[getter]
+    fn missed(&self) -> u64 {
+        self.inner.blocking_lock().missed
+    }
 }
 
 type PyItem = Arc<Py<PyAny>>;

@@ -198,6 +198,25 @@ def test_error_classes_carry_the_cli_message(client):
         assert issubclass(getattr(sluice, name), sluice.SluiceError)
 
 
+def test_the_package_top_level_holds_its_own_classes_and_the_exceptions():
+    """`sluice.SharedQueue` was the extension's class (a star import put it
+    there), which took only the extension's client: given a
+    `sluice.Client` it failed with "'Client' object is not an instance of
+    'Client'". The stream classes are `sluice.streams`'; at the top level
+    are the package's own names and every exception class."""
+    import sluice.streams
+    from sluice import _sluice
+
+    for name, v in vars(_sluice).items():
+        if isinstance(v, type) and issubclass(v, BaseException):
+            assert getattr(sluice, name) is v, name
+    for name in ["SharedQueue", "StreamProducer", "StreamSubscriber", "RateConsumer", "Aligner", "Ticker"]:
+        assert not hasattr(sluice, name), name
+        assert hasattr(sluice.streams, name.replace("Stream", "")), name
+    for name in sluice.__all__:
+        assert hasattr(sluice, name), name
+
+
 def test_connection_error_is_typed():
     with pytest.raises(sluice.ConnectionError):
         sluice.Client("127.0.0.1:1", connect_timeout=0.5)

@@ -11,7 +11,10 @@
 //! taken over learns it), then removes the item and the claim. A claim
 //! whose lease ended is taken over the same way (conditional on its
 //! version), with the delivery count + 1: a consumer that died mid-item
-//! causes a redelivery, visible as `delivery > 1`. In a cluster the pool's
+//! causes a redelivery, visible as `delivery > 1`. A consumer tries the
+//! items it listed oldest first; finding one held by another, it skips a
+//! stretch of its own length (by its name), so competing consumers spread
+//! over the backlog. In a cluster the pool's
 //! shards are replicated and conditional puts linearizable, so this holds
 //! across nodes. Leases compare wall clocks: consumers' clocks must agree
 //! to well within a lease.
@@ -35,6 +38,19 @@ struct Claim {
     done: bool,
 }
 
+/// What a try to take one item found.
+enum Claimed {
+    Taken(Delivery),
+    /// Acknowledged (or being cleaned up) since the listing.
+    Gone,
+    /// Another consumer holds it (its lease runs, or it won the claim).
+    Held,
+}
+
+/// The longest stretch of its list a consumer skips after finding an item
+/// held by another.
+const SPREAD: usize = 16;
+
 /// An item a consumer took.
 #[derive(Clone, Debug)]
 pub struct Delivery {
@@ -55,6 +71,9 @@ pub struct SharedQueue {
     candidates: VecDeque<String>,
     /// Items this consumer took over after another's lease ran out.
     pub redelivered: u64,
+    /// Items this consumer tried to take that another had taken (held, or
+    /// acknowledged and gone) since it listed them.
+    pub missed: u64,
 }
 
 impl SharedQueue {
@@ -91,6 +110,7 @@ impl SharedQueue {
             seq: 0,
             candidates: VecDeque::new(),
             redelivered: 0,
+            missed: 0,
         })
     }
 
@@ -148,8 +168,20 @@ impl SharedQueue {
             self.candidates = self.item_ids().await?.into();
         }
         while let Some(id) = self.candidates.pop_front() {
-            if let Some(d) = self.try_claim(&id).await? {
-                return Ok(Some(d));
+            match self.try_claim(&id).await? {
+                Claimed::Taken(d) => return Ok(Some(d)),
+                Claimed::Gone => {}
+                // Another consumer holds it: skip a stretch of the list as
+                // long as this consumer's own (by its name), so competing
+                // consumers spread over the backlog instead of all going
+                // for the next oldest item (they took turns losing the
+                // same items, and three drained a backlog no faster than
+                // one). A consumer alone never meets one, and takes the
+                // oldest item first.
+                Claimed::Held => {
+                    let skip = skip_of(&self.consumer).min(self.candidates.len());
+                    self.candidates.rotate_left(skip);
+                }
             }
         }
         Ok(None)
@@ -180,26 +212,52 @@ impl SharedQueue {
         Bytes::from(serde_json::to_vec(&c).expect("a claim serializes"))
     }
 
-    async fn try_claim(&mut self, id: &str) -> Result<Option<Delivery>> {
-        let claim_key = self.key("claims", id);
-        let (expected, delivery) = match self.client.get(&claim_key).await {
-            Err(SluiceError::NotFound { .. }) => (VERSION_NONE, 1),
+    async fn try_claim(&mut self, id: &str) -> Result<Claimed> {
+        // The item and its claim in one request: an item acknowledged
+        // since the listing is gone and skipped at that (a claim was
+        // written first, then the item found missing and both cleaned up:
+        // five requests). Once claimed, the item is checked again: it may
+        // have been acknowledged between that read and the claim. (Items
+        // never change, so the value read first is the item's.)
+        let (item_key, claim_key) = (self.key("items", id), self.key("claims", id));
+        let mut both = self.client.multi_get(&[&item_key, &claim_key]).await?;
+        let claim = both.pop().unwrap_or_else(|| Err(missing(&claim_key)));
+        let item = both.pop().unwrap_or_else(|| Err(missing(&item_key)));
+        let claim = match claim {
+            Err(SluiceError::NotFound { .. }) => None,
             Err(e) => return Err(e),
             Ok(o) => {
                 let c: Claim = serde_json::from_slice(&o.value).map_err(|e| {
                     SluiceError::invalid_argument("queue claim", format!("{claim_key}: {e}"))
                 })?;
-                if c.done {
+                Some((c, o.meta.version))
+            }
+        };
+        let value = match item {
+            Ok(o) => o.value,
+            Err(SluiceError::NotFound { .. }) => {
+                self.missed += 1;
+                if let Some((_, version)) = claim.filter(|(c, _)| c.done) {
                     // Acknowledged by a consumer that did not finish
                     // cleaning up: finish for it.
-                    self.cleanup(id, o.meta.version).await?;
-                    return Ok(None);
+                    self.cleanup(id, version).await?;
                 }
-                if c.until_us > sluice_client::wall_us() {
-                    return Ok(None);
-                }
-                (o.meta.version, c.delivery + 1)
+                return Ok(Claimed::Gone);
             }
+            Err(e) => return Err(e),
+        };
+        let (expected, delivery) = match claim {
+            None => (VERSION_NONE, 1),
+            // Acknowledged, the item's removal not yet seen here.
+            Some((c, version)) if c.done => {
+                self.cleanup(id, version).await?;
+                return Ok(Claimed::Gone);
+            }
+            Some((c, _)) if c.until_us > sluice_client::wall_us() => {
+                self.missed += 1;
+                return Ok(Claimed::Held);
+            }
+            Some((c, version)) => (version, c.delivery + 1),
         };
         let claimed = match self
             .client
@@ -207,25 +265,29 @@ impl SharedQueue {
             .await
         {
             Ok(r) => r,
-            Err(SluiceError::VersionConflict { .. }) => return Ok(None),
+            Err(SluiceError::VersionConflict { .. }) => {
+                self.missed += 1;
+                return Ok(Claimed::Held);
+            }
             Err(e) => return Err(e),
         };
-        match self.client.get(&self.key("items", id)).await {
-            Ok(o) => {
+        match self.client.get_size(&item_key, None, None).await {
+            Ok(_) => {
                 if delivery > 1 {
                     self.redelivered += 1;
                     tracing::info!(queue = %self.name, id, delivery, "shared queue: redelivered after a lease ran out");
                 }
-                Ok(Some(Delivery {
+                Ok(Claimed::Taken(Delivery {
                     id: id.to_string(),
-                    value: o.value,
+                    value,
                     delivery,
                     claim_version: claimed.version,
                 }))
             }
             Err(SluiceError::NotFound { .. }) => {
+                self.missed += 1;
                 self.cleanup(id, claimed.version).await?;
-                Ok(None)
+                Ok(Claimed::Gone)
             }
             Err(e) => Err(e),
         }
@@ -275,4 +337,19 @@ impl SharedQueue {
         d.claim_version = r.version;
         Ok(())
     }
+}
+
+/// How far consumer `name` skips in its list after finding an item held
+/// by another: 1 to `SPREAD`, by a stable hash of its name (FNV-1a), so
+/// consumers skip by different amounts.
+fn skip_of(name: &str) -> usize {
+    let h = name.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+    });
+    1 + (h % SPREAD as u64) as usize
+}
+
+/// A multi-get's answer that lacks one of the keys asked for.
+fn missing(key: &str) -> SluiceError {
+    SluiceError::protocol(format!("a multi-get answered without {key}"))
 }

@@ -47,7 +47,21 @@ from ._sluice import (  # noqa: F401  (re-exported)
     PutResult,
     Value,
 )
-from ._sluice import *  # noqa: F401,F403  (the exception classes)
+
+# The exception classes, one per error kind (sluice.NotFound, ...). Only
+# they: the extension's other classes are reached through this package's
+# wrappers (sluice.streams for streams and shared queues). A star import
+# put the extension's own SharedQueue, StreamProducer and others here too,
+# which took only the extension's client: `sluice.SharedQueue(client, ...)`
+# with a `sluice.Client` failed with "'Client' object is not an instance
+# of 'Client'".
+globals().update(
+    {
+        _n: _v
+        for _n, _v in vars(_sluice).items()
+        if isinstance(_v, type) and issubclass(_v, BaseException)
+    }
+)
 
 SluiceError = _sluice.SluiceError
 __version__: str = _sluice.__version__

@@ -236,6 +236,7 @@ class SharedQueue:
     def ack(self, delivery: Delivery) -> None: ...
     def backlog(self) -> int: ...
     redelivered: int
+    missed: int
 
 ValueSlot = Optional[Tuple[str, str, int, Any]]
 

@@ -186,4 +186,11 @@ class SharedQueue:
 
     @property
     def redelivered(self) -> int:
+        """Items this consumer took over after another's lease ran out."""
         return self._q.redelivered
+
+    @property
+    def missed(self) -> int:
+        """Items this consumer tried to take that another had taken since
+        it listed them (contention among competing consumers)."""
+        return self._q.missed
