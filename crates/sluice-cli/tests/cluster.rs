@@ -3584,4 +3584,32 @@ async fn a_stopped_leader_hands_its_groups_over_before_it_exits() {
     .await;
     let again = c.client(leader).await;
     assert_eq!(&again.get("/vol/roll/2").await.unwrap().value[..], b"after");
+
+    // A member cut off (alive, unreachable: it never takes over) is given
+    // up after an election timeout for the next. It is the one the leader
+    // tries first: the least behind, then the lower-numbered.
+    let next = c.leader(observer, "volatile/0/0").await.unwrap();
+    let lag = group_status(&c, next, "volatile/0/0").await["lag"].clone();
+    let mut followers: Vec<(u64, u32)> = (1..=3)
+        .filter(|i| *i != next)
+        .map(|i| (lag[i.to_string()].as_u64().unwrap_or(u64::MAX), i))
+        .collect();
+    followers.sort();
+    let (cut_off, other) = (followers[0].1, followers[1].1);
+    c.client(cut_off)
+        .await
+        .cluster_command(
+            serde_json::json!({"op": "cut", "peers": [next, other]}),
+            Some(cut_off),
+        )
+        .await
+        .unwrap();
+    c.stop(next);
+    let now = group_status(&c, other, "volatile/0/0").await["leader"].as_u64();
+    assert_eq!(
+        now,
+        Some(u64::from(other)),
+        "node {other} right after node {next} stopped, node {cut_off} cut off\n{}",
+        c.logs()
+    );
 }

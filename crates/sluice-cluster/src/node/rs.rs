@@ -235,7 +235,8 @@ impl ClusterNode {
     /// voter is brought up to date, then stands at once); the new leader
     /// once one is known. A voter whose process is gone (nothing listens
     /// at its address: the whole cluster may be stopping) is passed over
-    /// for the next, so a stop does not wait out the transfer's timeout.
+    /// for the next at once, one that does not take over within an
+    /// election timeout (cut off) after it; all within two.
     async fn hand_over(&self, g: &Group, handle: &GroupHandle) -> Result<u64, SluiceError> {
         let me = u64::from(self.id);
         // (A leader that has just taken over knows no follower's progress
@@ -259,6 +260,7 @@ impl ClusterNode {
         let wait = Duration::from_millis(2 * self.settings.election_max_ms);
         let deadline = tokio::time::Instant::now() + wait;
         let mut rx = handle.status();
+        let mut all_gone = true;
         for (to, _) in next {
             tracing::info!(group = %group_name(g.id), to, "handing leadership over");
             handle.transfer_leader(to);
@@ -273,21 +275,34 @@ impl ClusterNode {
                     tokio::time::sleep(Duration::from_millis(20)).await;
                 }
             };
+            // raft-rs gives a transfer up after an election timeout (a
+            // member alive but cut off never stands): then the next.
+            let this_one = deadline.min(
+                tokio::time::Instant::now() + Duration::from_millis(self.settings.election_max_ms),
+            );
             let led = rx.wait_for(|s| !s.is_leader && s.leader.is_some());
             tokio::select! {
-                r = tokio::time::timeout_at(deadline, led) => match r {
+                r = tokio::time::timeout_at(this_one, led) => match r {
                     Ok(Ok(s)) => return s.leader.ok_or_else(|| unavailable("no leader".into())),
                     Ok(Err(_)) => return Err(unavailable(format!("{} stopped", group_name(g.id)))),
+                    Err(_) if this_one < deadline => {
+                        all_gone = false;
+                        tracing::info!(group = %group_name(g.id), to, "that member did not take over; trying the next")
+                    }
                     Err(_) => {
-                        return Err(unavailable(format!(
-                            "{}: leadership was not handed over within {} ms; try again",
-                            group_name(g.id),
-                            wait.as_millis()
-                        )))
+                        all_gone = false;
+                        break;
                     }
                 },
                 _ = gone => tracing::info!(group = %group_name(g.id), to, "that member is gone; trying the next"),
             }
+        }
+        if !all_gone {
+            return Err(unavailable(format!(
+                "{}: leadership was not handed over within {} ms; try again",
+                group_name(g.id),
+                wait.as_millis()
+            )));
         }
         Err(unavailable(format!(
             "{}: every other voter has stopped (nothing listens at its address)",
