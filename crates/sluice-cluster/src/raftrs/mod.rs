@@ -973,9 +973,10 @@ impl Driver {
     /// their clients ask the other members.)
     fn after_transfer(&mut self) {
         let r = &self.raw.raft;
+        let longest_election = self.live_for / LIVE_TIMEOUTS as u32;
         let waited = self
             .transferring_since
-            .is_some_and(|t| t.elapsed() * LIVE_TIMEOUTS as u32 >= self.live_for);
+            .is_some_and(|t| t.elapsed() >= longest_election);
         if self.transferring.is_empty()
             || r.lead_transferee.is_some()
             || (r.leader_id == raft::INVALID_ID && !waited)
