@@ -655,6 +655,27 @@ fn listed(v: &serde_json::Value) -> Vec<String> {
         .collect()
 }
 
+/// A group's followers' lag in entries, as `cluster status` shows it:
+/// "2:0 3:15" (none but on a leader), "3:15(down)" for one the leader
+/// counts as down (it takes no share of the lambdas dispatched to one
+/// member).
+fn lag_column(g: &serde_json::Value) -> Vec<String> {
+    let down = |node: &str| {
+        g["down"]
+            .as_array()
+            .is_some_and(|d| d.iter().any(|n| n.as_u64() == node.parse().ok()))
+    };
+    g["lag"]
+        .as_object()
+        .into_iter()
+        .flatten()
+        .map(|(node, n)| {
+            let mark = if down(node) { "(down)" } else { "" };
+            format!("{node}:{n}{mark}")
+        })
+        .collect()
+}
+
 /// `cluster status`: every node's groups, asked of each node.
 fn cluster_status(c: &BlockingClient) -> Result<Shown> {
     let info = c.cluster_command(json!({"op": "info"}), None)?;
@@ -695,13 +716,7 @@ fn cluster_status(c: &BlockingClient) -> Result<Shown> {
             continue;
         }
         for g in s["groups"].as_array().into_iter().flatten() {
-            // Followers' lag in entries: "2:0 3:15" (none but on a leader).
-            let lag: Vec<String> = g["lag"]
-                .as_object()
-                .into_iter()
-                .flatten()
-                .map(|(node, n)| format!("{node}:{n}"))
-                .collect();
+            let lag = lag_column(g);
             text.push(format!(
                 "{:<6} {:<16} {:<21} {:>5} {:>7} {:>9} {:>9} {:>9}  {}",
                 t(&s["node"]),
@@ -1664,8 +1679,16 @@ pub(crate) fn counted(n: u64, what: &str) -> String {
 
 #[cfg(test)]
 mod tests {
-    use super::{counted, dfg_lines, escaped, stats_text, Out, Shown};
+    use super::{counted, dfg_lines, escaped, lag_column, stats_text, Out, Shown};
     use serde_json::json;
+
+    /// `cluster status` marks a follower the leader counts as down.
+    #[test]
+    fn the_lag_column_marks_members_counted_down() {
+        let g = json!({"lag": {"2": 0, "3": 15}, "down": [3]});
+        assert_eq!(lag_column(&g), ["2:0", "3:15(down)"]);
+        assert!(lag_column(&json!({"lag": {}, "down": []})).is_empty());
+    }
 
     /// Counts in messages (dump, load, purge, fsck, stream publish): one
     /// of a thing is said as one.

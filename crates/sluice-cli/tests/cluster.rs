@@ -3613,3 +3613,114 @@ async fn a_stopped_leader_hands_its_groups_over_before_it_exits() {
         c.logs()
     );
 }
+
+/// The lambdas run by the nodes (`one`-dispatched relays), in all.
+async fn upcalls_on(c: &Cluster, ids: &[u32]) -> u64 {
+    let mut sum = 0;
+    for id in ids {
+        let s = c.client(*id).await.stats().await.unwrap();
+        sum += s["compute"]["upcalls"].as_u64().unwrap_or(0);
+    }
+    sum
+}
+
+/// Whether `leader` counts `node` as down in the volatile shard.
+async fn counts_down(c: &Cluster, leader: u32, node: u32) -> bool {
+    let d = group_status(c, leader, "volatile/0/0").await["down"].clone();
+    d.as_array()
+        .is_some_and(|d| d.contains(&serde_json::json!(node)))
+}
+
+/// Puts `/vol/in/{i}` for `i` in `range` and waits for each relay's output.
+async fn relayed(c: &Cluster, client: &Client, range: std::ops::Range<usize>) {
+    for i in range.clone() {
+        client
+            .put(&format!("/vol/in/{i}"), format!("v{i}"))
+            .await
+            .unwrap();
+    }
+    for i in range {
+        let key = format!("/vol/out/{i}");
+        c.wait_for(&format!("{key}: its lambda ran"), || async {
+            client.get(&key).await.is_ok()
+        })
+        .await;
+    }
+}
+
+/// A lambda dispatched to one member of a replicated shard runs for every
+/// put while a member is down: the leader names the members it counts as
+/// down in the entries it proposes, and the others split their keys. (In
+/// a three-node `sluice dev` with a member killed, 11 of 30 puts never
+/// ran their lambda until it came back.) Once back and caught up it takes
+/// its share again, and runs none of what it missed twice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_member_down_takes_no_lambda_runs_with_it() {
+    let _serial = SERIAL.lock().await;
+    let mut c = Cluster::start_nodes(3, ALL_THREE);
+    c.ready().await;
+    let dfg = serde_json::json!([{ "id": "relay", "graph": [
+        { "pathname": "/vol/in", "user_defined_logic_list": ["relay"],
+          "destinations": [{ "/vol/out": "put" }] }
+    ]}])
+    .to_string();
+    let r = c.client(1).await.dfg_apply(&dfg).await.unwrap();
+    assert_eq!(r["pending_nodes"], serde_json::json!([]), "{r}");
+    let leader = c.leader(1, "volatile/0/0").await.unwrap();
+    let down = (1..=3).find(|i| *i != leader).unwrap();
+    let up: Vec<u32> = (1..=3).filter(|i| *i != down).collect();
+    c.kill(down);
+    c.wait_for("the leader to count the killed member as down", || {
+        counts_down(&c, leader, down)
+    })
+    .await;
+    let client = c.client(leader).await;
+    let n = 30;
+    relayed(&c, &client, 0..n).await;
+    assert_eq!(upcalls_on(&c, &up).await, n as u64, "each put ran once");
+
+    // Back: it catches up on entries that name it down (it runs none of
+    // them), then takes its share of what follows.
+    c.spawn(down);
+    c.wait_for("the member to catch up and count again", || async {
+        !counts_down(&c, leader, down).await
+            && c.applied_version(down, "volatile/0/0").await
+                >= c.applied_version(leader, "volatile/0/0").await
+    })
+    .await;
+    relayed(&c, &client, n..2 * n).await;
+    let all = [1, 2, 3];
+    c.wait_for("every lambda run counted", || async {
+        upcalls_on(&c, &all).await >= 2 * n as u64
+    })
+    .await;
+    let on_it = c.client(down).await.stats().await.unwrap()["compute"]["upcalls"]
+        .as_u64()
+        .unwrap_or(0);
+    assert_eq!(upcalls_on(&c, &all).await, 2 * n as u64, "none ran twice");
+    assert!(
+        on_it > 0 && on_it < n as u64,
+        "the member back took a share of the second puts only: {on_it}"
+    );
+
+    // The leader killed: the next one counts it as down (its process is
+    // gone), and the two left split every put.
+    let alive: Vec<u32> = all.into_iter().filter(|i| *i != leader).collect();
+    let before = upcalls_on(&c, &alive).await;
+    c.kill(leader);
+    let next = || async {
+        c.leader(alive[0], "volatile/0/0")
+            .await
+            .filter(|l| *l != leader)
+    };
+    c.wait_for("a new leader that counts the old one as down", || async {
+        match next().await {
+            Some(l) => counts_down(&c, l, leader).await,
+            None => false,
+        }
+    })
+    .await;
+    let client = c.client(next().await.unwrap()).await;
+    relayed(&c, &client, 2 * n..3 * n).await;
+    assert_eq!(upcalls_on(&c, &alive).await, before + n as u64);
+}

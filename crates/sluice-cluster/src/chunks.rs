@@ -173,8 +173,7 @@ fn values_of(c: &crate::types::Command) -> impl Iterator<Item = &Bytes> {
     use crate::types::Command;
     let (one, batch) = match c {
         Command::Write { value, .. } => (value.as_ref(), &[][..]),
-        Command::Batch(ws) => (None, &ws[..]),
-        _ => (None, &[][..]),
+        other => (None, other.batched()),
     };
     one.into_iter()
         .chain(batch.iter().filter_map(|w| w.value.as_ref()))

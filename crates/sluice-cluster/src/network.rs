@@ -376,9 +376,19 @@ pub(crate) mod borrowed {
         // fields: one borrowed mirror serves a write and a batch element.
         Write(#[serde(borrow)] WriteRef<'a>),
         Meta(String),
-        Tick { timestamp_us: u64 },
+        Tick {
+            timestamp_us: u64,
+        },
         Batch(#[serde(borrow)] Vec<WriteRef<'a>>),
-        Purge { prefix: String, except: Vec<String> },
+        Purge {
+            prefix: String,
+            except: Vec<String>,
+        },
+        Without {
+            down: Vec<u32>,
+            #[serde(borrow)]
+            writes: Vec<WriteRef<'a>>,
+        },
     }
 
     #[derive(Deserialize)]
@@ -417,6 +427,10 @@ pub(crate) mod borrowed {
                 }
                 CommandRef::Write(w) => w.into_write(frame).into(),
                 CommandRef::Purge { prefix, except } => Command::Purge { prefix, except },
+                CommandRef::Without { down, writes } => Command::Without {
+                    down,
+                    writes: writes.into_iter().map(|w| w.into_write(frame)).collect(),
+                },
             }
         }
     }
@@ -587,6 +601,20 @@ mod tests {
                         },
                     ])),
                 },
+                Entry {
+                    log_id: lid(11),
+                    payload: EntryPayload::Normal(Command::Without {
+                        down: vec![3],
+                        writes: vec![crate::types::BatchedWrite {
+                            key: "/p/d".into(),
+                            value: Some(value.clone()),
+                            expected: None,
+                            timestamp_us: 14,
+                            req_id: None,
+                            trace: None,
+                        }],
+                    }),
+                },
             ],
             commit: Some(lid(6)),
         };
@@ -619,5 +647,11 @@ mod tests {
             range.contains(&(v.as_ptr() as usize)),
             "a batched value is a slice of the frame too"
         );
+        let EntryPayload::Normal(Command::Without { down, writes }) = &entries[6].payload else {
+            panic!()
+        };
+        assert_eq!(down, &[3]);
+        let Some(v) = &writes[0].value else { panic!() };
+        assert!(range.contains(&(v.as_ptr() as usize)));
     }
 }

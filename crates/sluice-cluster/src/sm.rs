@@ -252,6 +252,11 @@ pub struct Sm {
     st: Arc<Mutex<State>>,
     /// Serialises writing the snapshot file (built here or received).
     save_lock: Arc<Mutex<()>>,
+    /// While a `Command::Without` is applied, the members it names as
+    /// down (empty otherwise): lambdas dispatched to one member read it
+    /// (`ClusterNode::position`, called as each write is delivered, on
+    /// the thread applying it).
+    down: Arc<Mutex<Vec<u32>>>,
 }
 
 /// Writes the bytes of `bincode::serialize(&(meta, data))` (a
@@ -380,6 +385,7 @@ impl Sm {
             sync,
             st: Arc::default(),
             save_lock: Arc::default(),
+            down: Arc::default(),
         };
         if let Some(d) = &sm.dir {
             let path = d.join("snapshot");
@@ -533,6 +539,27 @@ impl Sm {
             let _ = std::fs::rename(&old, &tmp);
         }
         Ok(())
+    }
+
+    /// The members named down by the `Command::Without` being applied
+    /// now (none outside one), to `f`.
+    pub(crate) fn with_down<R>(&self, f: impl FnOnce(&[u32]) -> R) -> R {
+        f(&self.down.lock())
+    }
+
+    fn apply_batch(
+        &self,
+        st: &mut State,
+        index: u64,
+        shard: ShardId,
+        writes: Vec<crate::types::BatchedWrite>,
+        refs: &mut std::collections::VecDeque<sluice_store::ValueRef>,
+    ) -> Result<Applied, StorageError> {
+        let mut out = Vec::with_capacity(writes.len());
+        for w in writes {
+            out.push(self.apply_write(st, index, shard, w.into(), refs)?);
+        }
+        Ok(Applied::Batch(out))
     }
 
     fn apply_write(
@@ -925,17 +952,16 @@ impl Sm {
                 },
                 EntryPayload::Normal(Command::Batch(cmds)) => match self.shard {
                     Some(shard) => {
-                        let mut out = Vec::with_capacity(cmds.len());
-                        for w in cmds {
-                            out.push(self.apply_write(
-                                &mut st,
-                                e.log_id.index,
-                                shard,
-                                w.into(),
-                                &mut refs,
-                            )?);
-                        }
-                        Applied::Batch(out)
+                        self.apply_batch(&mut st, e.log_id.index, shard, cmds, &mut refs)?
+                    }
+                    None => Applied::None,
+                },
+                EntryPayload::Normal(Command::Without { down, writes }) => match self.shard {
+                    Some(shard) => {
+                        *self.down.lock() = down;
+                        let r = self.apply_batch(&mut st, e.log_id.index, shard, writes, &mut refs);
+                        self.down.lock().clear();
+                        r?
                     }
                     None => Applied::None,
                 },

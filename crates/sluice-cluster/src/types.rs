@@ -38,6 +38,18 @@ pub enum Command {
     /// under one of `except` (pools inside it), with all their versions
     /// (`Store::purge_shard`).
     Purge { prefix: String, except: Vec<String> },
+    /// Writes (one or more, applied as a `Batch`) proposed while the
+    /// leader counted these members of the shard as down (not heard from
+    /// within an election timeout, or their process gone, or not yet
+    /// caught up): a lambda dispatched to one member (`one`) runs on one
+    /// of the others, so a member that is down does not take its share
+    /// of the shard's keys with it. Proposed only while some member is
+    /// down: a log without one is written as before. (Last: a variant's
+    /// tag is its place, and logs written before it decode as they were.)
+    Without {
+        down: Vec<u32>,
+        writes: Vec<BatchedWrite>,
+    },
 }
 
 /// A short description for logs (keys and sizes, never values).
@@ -52,6 +64,9 @@ impl std::fmt::Display for Command {
             Command::Tick { timestamp_us } => write!(f, "tick {timestamp_us}"),
             Command::Batch(ws) => write!(f, "batch of {} writes", ws.len()),
             Command::Purge { prefix, .. } => write!(f, "purge {prefix}"),
+            Command::Without { down, writes } => {
+                write!(f, "batch of {} writes without {down:?}", writes.len())
+            }
         }
     }
 }
@@ -112,6 +127,15 @@ impl From<BatchedWrite> for Command {
 }
 
 impl Command {
+    /// The writes of a batch (of either kind), borrowed; none for a lone
+    /// write and any other command.
+    pub fn batched(&self) -> &[BatchedWrite] {
+        match self {
+            Command::Batch(ws) | Command::Without { writes: ws, .. } => ws,
+            _ => &[],
+        }
+    }
+
     /// A write as a batch element (`None` for anything but a write).
     pub fn into_batched(self) -> Option<BatchedWrite> {
         match self {

@@ -20,14 +20,16 @@ use std::time::Instant;
 /// Which member of a shard this node is, for the `one` shard dispatcher.
 /// A single node is member 0 of 1 for every shard.
 pub trait Membership: Send + Sync {
-    /// (this node's index among the shard's members, member count).
-    fn position(&self, shard: ShardId) -> (usize, usize);
+    /// (this node's index among the shard's members that split its keys,
+    /// their count) for the write being delivered now; `None` when this
+    /// node takes no share of it (the write's leader counted it as down).
+    fn position(&self, shard: ShardId) -> Option<(usize, usize)>;
 }
 
 struct SingleNode;
 impl Membership for SingleNode {
-    fn position(&self, _: ShardId) -> (usize, usize) {
-        (0, 1)
+    fn position(&self, _: ShardId) -> Option<(usize, usize)> {
+        Some((0, 1))
     }
 }
 
@@ -745,7 +747,9 @@ impl DeliveryObserver for Engine {
             // member runs it. A stored put is applied on every replica:
             // `one` picks a single member per key.
             if entry.dispatcher == ShardDispatcher::One && d.kind != DeliveryKind::TriggerPut {
-                let (me, n) = self.membership.position(d.shard);
+                let Some((me, n)) = self.membership.position(d.shard) else {
+                    continue;
+                };
                 if n > 1 && (fnv1a64(d.object.key.as_bytes()) % n as u64) as usize != me {
                     continue;
                 }

@@ -348,30 +348,39 @@ fn an_arriving_trigger_put_is_announced_to_the_lambdas_it_will_fire() {
     assert_eq!(e.stats()["upcalls"], 0);
 }
 
+/// An engine of one worker whose `record` lambda records into `rec`,
+/// this member of its shards as `m` says, running the graph `vertices`.
+fn recorded_as(
+    s: &Arc<Store>,
+    rec: &Arc<Recorder>,
+    m: Arc<dyn Membership>,
+    vertices: serde_json::Value,
+) -> Arc<Engine> {
+    let e = engine_with(s, registry_with(rec), 1, 1024, Some(m));
+    e.apply(&graph("dispatch", vertices)).unwrap();
+    e
+}
+
 struct SecondOfTwo;
 impl Membership for SecondOfTwo {
-    fn position(&self, _: ShardId) -> (usize, usize) {
-        (1, 2)
+    fn position(&self, _: ShardId) -> Option<(usize, usize)> {
+        Some((1, 2))
     }
 }
 
 #[test]
 fn shard_dispatcher_one_runs_on_one_member_all_on_every_member() {
-    let s = store();
-    let rec = Arc::new(Recorder::default());
-    let e = engine_with(
+    let (s, rec) = (store(), Arc::new(Recorder::default()));
+    let _e = recorded_as(
         &s,
-        registry_with(&rec),
-        1,
-        1024,
-        Some(Arc::new(SecondOfTwo)),
+        &rec,
+        Arc::new(SecondOfTwo),
+        json!([
+            { "pathname": "/out/one", "user_defined_logic_list": ["record"], "shard_dispatcher_list": ["one"] },
+            { "pathname": "/in/one", "user_defined_logic_list": ["record"], "shard_dispatcher_list": ["one"] },
+            { "pathname": "/in/all", "user_defined_logic_list": ["record"], "shard_dispatcher_list": ["all"] }
+        ]),
     );
-    e.apply(&graph("disp", json!([
-        { "pathname": "/out/one", "user_defined_logic_list": ["record"], "shard_dispatcher_list": ["one"] },
-        { "pathname": "/in/one", "user_defined_logic_list": ["record"], "shard_dispatcher_list": ["one"] },
-        { "pathname": "/in/all", "user_defined_logic_list": ["record"], "shard_dispatcher_list": ["all"] }
-    ])))
-    .unwrap();
     let mut mine = 0;
     for i in 0..100 {
         // A stored put is applied on every member of the shard: `one`
@@ -397,6 +406,45 @@ fn shard_dispatcher_one_runs_on_one_member_all_on_every_member() {
         mine > 20 && mine < 80,
         "member 1 of 2 runs about half: {mine}"
     );
+}
+
+/// A member the write's leader counted as down takes no share of the
+/// stored puts dispatched to one member (the others split them); trigger
+/// puts sent to it, and `all` lambdas, still run there.
+struct CountedDown;
+impl Membership for CountedDown {
+    fn position(&self, _: ShardId) -> Option<(usize, usize)> {
+        None
+    }
+}
+
+#[test]
+fn a_member_counted_down_runs_none_of_the_stored_puts_dispatched_to_one() {
+    let (s, rec) = (store(), Arc::new(Recorder::default()));
+    let _e = recorded_as(
+        &s,
+        &rec,
+        Arc::new(CountedDown),
+        json!([
+            { "pathname": "/out/one", "user_defined_logic_list": ["record"], "shard_dispatcher_list": ["one"] },
+            { "pathname": "/out/all", "user_defined_logic_list": ["record"], "shard_dispatcher_list": ["all"] },
+            { "pathname": "/in/one", "user_defined_logic_list": ["record"], "shard_dispatcher_list": ["one"] }
+        ]),
+    );
+    for i in 0..20 {
+        s.put(&format!("/out/one/{i}"), Bytes::from("x"), None, None)
+            .unwrap();
+        s.put(&format!("/out/all/{i}"), Bytes::from("x"), None, None)
+            .unwrap();
+        s.trigger_put(&format!("/in/one/{i}"), Bytes::from("x"), None)
+            .unwrap();
+    }
+    wait_for("upcalls", || rec.calls.lock().len() == 40);
+    let calls = rec.calls.lock();
+    let count = |p: &str| calls.iter().filter(|c| c.0.starts_with(p)).count();
+    assert_eq!(count("/out/all/"), 20);
+    assert_eq!(count("/in/one/"), 20);
+    assert_eq!(count("/out/one/"), 0);
 }
 
 #[test]

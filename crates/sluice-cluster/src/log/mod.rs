@@ -623,7 +623,8 @@ fn approx_size(e: &Entry) -> u64 {
             crate::types::Command::Write { key, value, .. } => {
                 (key.len() + value.as_ref().map_or(0, |v| v.len()) + 64) as u64
             }
-            crate::types::Command::Batch(ws) => ws
+            c @ (crate::types::Command::Batch(_) | crate::types::Command::Without { .. }) => c
+                .batched()
                 .iter()
                 .map(|w| (w.key.len() + w.value.as_ref().map_or(0, |v| v.len()) + 64) as u64)
                 .sum(),

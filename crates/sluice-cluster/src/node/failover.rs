@@ -22,6 +22,11 @@
 //!    numbered one retrying (the first design), a lowest survivor that
 //!    was behind kept the others from winning until the timers ran out.
 //!
+//! Any member found gone this way (a follower too) is also told to the
+//! drivers of the groups it is a member of: a leader then counts it as
+//! down at once for the lambdas dispatched to one member
+//! (`raftrs/down.rs`), rather than after an election timeout of silence.
+//!
 //! Safety does not depend on any of this: a vote is still granted only to
 //! a candidate whose log is at least as up to date, once per term. A leader
 //! that is alive but unreachable (a partition, a paused process) keeps its
@@ -90,19 +95,26 @@ pub(super) async fn probe(addr: std::net::SocketAddr) -> Probe {
 
 impl ClusterNode {
     /// A connection with node `peer` (one it opened and authenticated, or
-    /// one this node opened to it) closed. If `peer` led groups this node
-    /// votes in and its process is gone, those groups elect a new leader
-    /// now (see the module's documentation).
+    /// one this node opened to it) closed. If its process is gone, the
+    /// groups it is a member of hear so (a leader leaves it out of the
+    /// lambdas dispatched to one member: `raftrs/down.rs`), and those it
+    /// led, where this node votes, elect a new leader now (see the
+    /// module's documentation).
     pub fn peer_connection_lost(self: &Arc<Self>, peer: u32) {
         if !self.settings.fast_failover {
             return;
         }
         let dead = u64::from(peer);
         let me = u64::from(self.id);
-        let led: Vec<Arc<Group>> = self
+        let shared: Vec<Arc<Group>> = self
             .groups
             .read()
             .values()
+            .filter(|g| g.core.has_member(dead))
+            .cloned()
+            .collect();
+        let led: Vec<Arc<Group>> = shared
+            .iter()
             .filter(|g| g.core.leader() == Some(dead) && g.core.voters().contains(&me))
             .cloned()
             .collect();
@@ -110,25 +122,32 @@ impl ClusterNode {
             return;
         };
         // Both directions' connections close together: act once.
-        if led.is_empty() || !self.taking_over.lock().insert(peer) {
+        if shared.is_empty() || !self.taking_over.lock().insert(peer) {
             return;
         }
         let node = self.clone();
         self.runtime.spawn(async move {
             if let Probe::MaybeAlive(why) = probe(addr).await {
-                tracing::info!(
-                    peer,
-                    probe = %why,
-                    "a connection with the leader closed, but its process may be alive: the election timers decide"
-                );
+                if !led.is_empty() {
+                    tracing::info!(
+                        peer,
+                        probe = %why,
+                        "a connection with the leader closed, but its process may be alive: the election timers decide"
+                    );
+                }
                 node.taking_over.lock().remove(&peer);
                 return;
             }
-            tracing::info!(
-                peer,
-                groups = led.len(),
-                "the leader's process is gone (nothing listens at its address): electing a new leader now"
-            );
+            for g in &shared {
+                g.core.handle.peer_gone(dead);
+            }
+            if !led.is_empty() {
+                tracing::info!(
+                    peer,
+                    groups = led.len(),
+                    "the leader's process is gone (nothing listens at its address): electing a new leader now"
+                );
+            }
             let tasks: Vec<_> = led
                 .into_iter()
                 .map(|g| tokio::spawn(take_over(g, dead, me)))

@@ -536,6 +536,9 @@ impl ClusterNode {
             "last_log_index": last,
             "commit_index": st.commit,
             "lag": lag,
+            // On a leader: members it counts as down, which take no share
+            // of the lambdas dispatched to one member (`raftrs/down.rs`).
+            "down": st.down,
             "peer_messages_dropped": handle.peer_messages_dropped(),
         })
     }
@@ -686,16 +689,28 @@ impl sluice_compute::Reader for ClusterNode {
 }
 
 /// Which member runs a lambda dispatched to one member (`one`): members
-/// split keys by hash, so each key's upcall runs once per shard.
+/// split keys by hash, so each key's upcall runs once per shard; those
+/// the write's leader counted as down take no share (`raftrs/down.rs`).
 impl sluice_compute::Membership for ClusterNode {
-    fn position(&self, shard: ShardId) -> (usize, usize) {
-        let members = match group_of(shard) {
+    fn position(&self, shard: ShardId) -> Option<(usize, usize)> {
+        let g = group_of(shard);
+        let members = match g {
             Some(g) => self.members_of(g),
             None => self.trigger_members(shard),
         };
-        match members.iter().position(|m| *m == self.id) {
-            Some(i) => (i, members.len()),
-            None => (0, 1),
+        if !members.contains(&self.id) {
+            return Some((0, 1));
+        }
+        let split = |down: &[u32]| {
+            let mut up = members.iter().filter(|m| !down.contains(m));
+            let n = up.clone().count();
+            up.position(|m| *m == self.id).map(|i| (i, n))
+        };
+        // Called as a write is delivered, on the thread applying it: the
+        // state machine holds the entry's list of members down meanwhile.
+        match g.and_then(|g| self.groups.read().get(&g).cloned()) {
+            Some(group) => group.sm.with_down(split),
+            None => split(&[]),
         }
     }
 }

@@ -40,6 +40,7 @@
 //! peer connections (`transport`), a group's queue of them bounded
 //! (`Inbox`). Every replication group runs on it (`node/rs.rs`).
 
+mod down;
 mod logger;
 mod storage;
 #[cfg(test)]
@@ -199,6 +200,9 @@ pub struct GroupStatus {
     pub stopped: Option<String>,
     /// The configuration this member has applied (Sluice node ids).
     pub members: Members,
+    /// On a leader, the members it counts as down for lambdas dispatched
+    /// to one member (`down.rs`), Sluice node ids.
+    pub down: Vec<u32>,
 }
 
 /// A group's configuration: the members that vote, and the learners
@@ -321,6 +325,9 @@ enum Input {
     Persisted(u64, Result<(), String>),
     /// Shut the group down (the node stops).
     Stop,
+    /// Member (Sluice node id) found gone: its connection closed and
+    /// nothing listens at its address (`peer_gone`).
+    Gone(u64),
     /// A snapshot built off the task is saved, up to this entry (or it
     /// failed).
     Snapshotted(Result<Option<LogId>, String>),
@@ -500,6 +507,13 @@ impl GroupHandle {
         let _ = self.tx.send(Input::Campaign);
     }
 
+    /// Member `node`'s process is gone (its connection closed and nothing
+    /// listens at its address): a leader counts it as down until it hears
+    /// from it again (`down.rs`).
+    pub fn peer_gone(&self, node: u64) {
+        let _ = self.tx.send(Input::Gone(node));
+    }
+
     /// Asks this member, if it leads, to hand leadership to member `to`
     /// (raft's leadership transfer: once `to`'s log has caught up it is
     /// told to start an election at once; proposals meanwhile are refused
@@ -637,6 +651,8 @@ pub fn start(
         snapshotting: false,
         snapshots_sent: HashMap::new(),
         heard: HashMap::new(),
+        gone: HashMap::new(),
+        down: Vec::new(),
         live_for: settings.tick * (settings.election_ticks.1 * LIVE_TIMEOUTS) as u32,
         snapshot_every: settings.snapshot_every.max(1),
         snapshot_bytes: settings.snapshot_bytes,
@@ -717,6 +733,11 @@ struct Driver {
     snapshots_sent: HashMap<u64, std::time::Instant>,
     /// When each peer was last heard from (any message).
     heard: HashMap<u64, std::time::Instant>,
+    /// When each peer's process was last found gone (`Input::Gone`).
+    gone: HashMap<u64, std::time::Instant>,
+    /// The members counted as down as of the last turn (`down.rs`): the
+    /// writes proposed now name them.
+    down: Vec<u32>,
     /// A follower heard from within this long is live (`LIVE_TIMEOUTS`
     /// of the longest election timeout).
     live_for: Duration,
@@ -877,6 +898,10 @@ impl Driver {
                 self.persisted(n);
             }
             Input::Stop => return Err(SHUT_DOWN.into()),
+            Input::Gone(node) => {
+                self.note_gone(node);
+                self.down = self.down_members();
+            }
             Input::Snapshotted(res) => self.snapshotted(res),
             Input::Change(change, reply) => {
                 self.propose_writes();
@@ -947,6 +972,7 @@ impl Driver {
             waiting.fail(not_leader);
             return;
         }
+        let (cmd, waiting) = self.without_down(cmd, waiting);
         match self.raw.propose(Vec::new(), vec![DATA_COMMAND]) {
             Ok(()) => {
                 let index = self.raw.raft.raft_log.last_index();
@@ -1748,7 +1774,9 @@ impl Driver {
             stopped: None,
             // Published as it changes (`publish_members`).
             members: Members::default(),
+            down: self.down_members(),
         };
+        self.down.clone_from(&now.down);
         if self.was_leader && !is_leader {
             let leader = now.leader;
             // Proposals held for a transfer were never proposed: they
@@ -1766,8 +1794,15 @@ impl Driver {
             crate::types::report_leadership(self.group, me, now.term, now.leader);
         }
         self.status.send_if_modified(|s| {
-            let changed = (s.leader, s.term, s.is_leader, s.commit, s.applied)
-                != (now.leader, now.term, now.is_leader, now.commit, now.applied)
+            let changed = (s.leader, s.term, s.is_leader, s.commit, s.applied, &s.down)
+                != (
+                    now.leader,
+                    now.term,
+                    now.is_leader,
+                    now.commit,
+                    now.applied,
+                    &now.down,
+                )
                 || s.stopped.is_some();
             let members = std::mem::take(&mut s.members);
             *s = GroupStatus { members, ..now };

@@ -571,6 +571,91 @@ async fn leadership_moves_to_the_member_named() {
     }
 }
 
+/// Waits (up to 20 s) until leader `h` counts no member as down and every
+/// member's log matches its own up to `index` (a member back from a cut
+/// is probed, and counted down meanwhile, once its first append fails).
+async fn all_counted(h: &GroupHandle, index: u64) {
+    let t0 = std::time::Instant::now();
+    loop {
+        let matched = h.matched();
+        if h.status().borrow().down.is_empty()
+            && matched.len() == 3
+            && matched.values().all(|m| *m >= index)
+        {
+            return;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(20),
+            "still counted down: {:?}, matched {matched:?}",
+            h.status().borrow()
+        );
+        let mut rx = h.status();
+        let _ = tokio::time::timeout(Duration::from_millis(20), rx.changed()).await;
+    }
+}
+
+/// The command of the entry at `index` in a member's log.
+fn command_at(m: &Member, index: u64) -> Command {
+    let e = m.log.entries_in(index, index + 1, u64::MAX).unwrap();
+    match &e[0].payload {
+        EntryPayload::Normal(c) => c.clone(),
+        other => panic!("entry {index}: {other:?}"),
+    }
+}
+
+/// A leader names the members it counts as down in the writes it
+/// proposes (`down.rs`): one found gone at once (its process: no wait
+/// for a timeout), one not heard from within an election timeout; heard
+/// from again and replicating, it is not named any more.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leader_names_the_members_it_counts_down_in_its_writes() {
+    let (_dir, net, ms) = started().await;
+    let l = leader(&ms, &[0, 1, 2]).await;
+    let (f, other) = ((l + 1) % 3, (l + 2) % 3);
+    let h = &ms[&l].handle;
+    // A new leader counts its followers once they answer its first
+    // appends (raft-rs probes each at first).
+    let (i, _) = h.propose(put("/v/d0", b"0")).await.unwrap();
+    all_counted(h, i).await;
+    let (i, _) = h.propose(put("/v/d0", b"0")).await.unwrap();
+    assert!(matches!(command_at(&ms[&l], i), Command::Write { .. }));
+    // Found gone: the next write names it, with no wait.
+    net.cut.lock().insert(f);
+    h.peer_gone(f);
+    let (i, r) = h.propose(put("/v/d1", b"1")).await.unwrap();
+    assert!(version((i, r)) > 0, "a lone write is answered as one");
+    match command_at(&ms[&l], i) {
+        Command::Without { down, writes } => {
+            assert_eq!(down, vec![f as u32]);
+            assert_eq!(writes.len(), 1);
+        }
+        c => panic!("{c:?}"),
+    }
+    assert_eq!(h.status().borrow().down, vec![f as u32]);
+    // Healed: heard from and replicating again, it is not named.
+    net.cut.lock().clear();
+    all_counted(h, i).await;
+    let (i, _) = h.propose(put("/v/d2", b"2")).await.unwrap();
+    assert!(matches!(command_at(&ms[&l], i), Command::Write { .. }));
+    // Silent (cut off, nothing said of its process): down once not heard
+    // from within an election timeout.
+    net.cut.lock().insert(other);
+    until(h.status(), "the silent member counted down", |s| {
+        s.down == vec![other as u32]
+    })
+    .await;
+    let (i, _) = h.propose(put("/v/d3", b"3")).await.unwrap();
+    assert!(matches!(command_at(&ms[&l], i), Command::Without { .. }));
+    net.cut.lock().clear();
+    for m in ms.values() {
+        caught_up(m, i).await;
+        for k in ["/v/d0", "/v/d1", "/v/d2", "/v/d3"] {
+            assert!(value_of(&m.store, k).is_some(), "{k}");
+        }
+        m.sm.with_down(|d| assert!(d.is_empty(), "cleared after the entry"));
+    }
+}
+
 /// Writes proposed while a leader hands its leadership over (raft-rs drops
 /// proposals meanwhile) wait for the transfer's outcome: refused naming
 /// the new leader once it leads, or committed by the old one when the
