@@ -3724,3 +3724,42 @@ async fn a_member_down_takes_no_lambda_runs_with_it() {
     relayed(&c, &client, 2 * n..3 * n).await;
     assert_eq!(upcalls_on(&c, &alive).await, before + n as u64);
 }
+
+/// A lambda's trigger puts to a trigger shard of other nodes go on to
+/// another member when the one a key hashes to is down, as a client's
+/// do. (With one of the shard's two members killed, the lambda failed
+/// for every key hashing to it: half of a two-stage pipeline's items
+/// were lost, each counted as the first stage's failure.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_lambdas_trigger_puts_go_on_to_another_member() {
+    let _serial = SERIAL.lock().await;
+    let mut c = Cluster::start_nodes(
+        5,
+        "[[subgroups.volatile]]\nshards = [[1, 2, 3]]\n[[subgroups.trigger]]\nshards = [[4, 5]]\n",
+    );
+    c.ready().await;
+    let dfg = serde_json::json!([{ "id": "two", "graph": [
+        { "pathname": "/vol/in", "user_defined_logic_list": ["relay"],
+          "destinations": [{ "/trig/mid": "trigger_put" }] },
+        { "pathname": "/trig/mid", "user_defined_logic_list": ["relay"],
+          "destinations": [{ "/vol/out": "put" }] }
+    ]}])
+    .to_string();
+    let r = c.client(1).await.dfg_apply(&dfg).await.unwrap();
+    assert_eq!(r["pending_nodes"], serde_json::json!([]), "{r}");
+    c.kill(4);
+    let client = c.client(1).await;
+    relayed(&c, &client, 0..20).await;
+    // Every call of both stages counted, none failed.
+    let mut calls = 0;
+    for (node, l) in c.client(1).await.dfg_list_nodes().await.unwrap() {
+        let Ok(l) = l else { continue };
+        for g in l.as_array().unwrap() {
+            for v in g["status"].as_array().into_iter().flatten() {
+                calls += v["calls"].as_u64().unwrap();
+                assert_eq!(v["failures"], 0, "node {node}: {v}");
+            }
+        }
+    }
+    assert_eq!(calls, 40);
+}

@@ -221,6 +221,9 @@ pub struct ClusterNode {
     disk_faults: Arc<std::sync::Mutex<sluice_log::Faults>>,
     /// Peers whose death this node is acting on (`failover`).
     taking_over: parking_lot::Mutex<std::collections::HashSet<u32>>,
+    /// Members of trigger shards a forwarded trigger put could not reach,
+    /// and when (`forward_trigger_put`: tried last for a while).
+    unreached: parking_lot::Mutex<HashMap<u32, std::time::Instant>>,
     /// When a refused handshake of each claimed peer was last logged.
     refusals_logged: parking_lot::Mutex<HashMap<u32, std::time::Instant>>,
     /// The metadata log index whose data flow graphs this node's engine
@@ -302,6 +305,7 @@ impl ClusterNode {
             writer_seq: std::sync::atomic::AtomicU64::new(1),
             me: std::sync::OnceLock::new(),
             taking_over: Default::default(),
+            unreached: Default::default(),
             refusals_logged: Default::default(),
             dfgs_reconciled: Default::default(),
             bcast: Default::default(),
@@ -589,9 +593,6 @@ impl sluice_compute::Writer for ClusterNode {
         if members.is_empty() || members.contains(&self.id) {
             return None;
         }
-        // The same member for the same key (its upcalls stay in order).
-        let m = members[(sluice_types::fnv1a64(key.as_bytes()) % members.len() as u64) as usize];
-        let addr = self.layout.address_of(m)?.to_string();
         let req = sluice_wire::Request::TriggerPut {
             key: key.to_string(),
             shard: Some(shard.shard),
@@ -599,16 +600,7 @@ impl sluice_compute::Writer for ClusterNode {
             trace: trace.map(|t| (*t).clone()),
             origin,
         };
-        let t = Duration::from_millis(self.settings.write_timeout_ms);
-        let fut = async move {
-            match self.peers.request(m, &addr, &req, t).await? {
-                sluice_wire::Response::PutOk(p) => Ok(p.timestamp_us),
-                sluice_wire::Response::Error(e) => Err(e),
-                other => Err(SluiceError::protocol(format!(
-                    "unexpected reply to a forwarded trigger put: {other:?}"
-                ))),
-            }
-        };
+        let fut = self.forward_trigger_put(&members, key, &req);
         Some(self.block_for_upcall("a forwarded trigger put", fut))
     }
 }

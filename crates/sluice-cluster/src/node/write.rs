@@ -1,5 +1,6 @@
 //! The write path: puts batched per group (one log entry and one fsync
-//! for many), proposals, and forwarding to the leader.
+//! for many), proposals, forwarding to the leader, and lambdas' trigger
+//! puts forwarded to a trigger shard of other nodes.
 
 use super::*;
 use sluice_types::retry::{follow_leader, Step};
@@ -317,5 +318,90 @@ impl ClusterNode {
             }
         })
         .await
+    }
+}
+
+/// A member a forwarded trigger put could not reach is tried last for
+/// this long (then first again for its keys, one put finding out).
+const UNREACHED_FOR: Duration = Duration::from_secs(1);
+
+impl ClusterNode {
+    /// A lambda's trigger put to a trigger shard of other nodes: to the
+    /// member its key hashes to (a key's upcalls stay in order there),
+    /// and, when that one cannot be reached (nothing listens, the link is
+    /// cut, no answer in time), to the next, as a client's trigger put
+    /// goes on to another member; members that could not be reached in
+    /// the last `UNREACHED_FOR` go last. An answer (an error included,
+    /// say a full upcall queue) is final. Before, a member down failed
+    /// every forwarded trigger put whose key hashed to it: with one of a
+    /// shard's two members killed, half of a pipeline's items were lost.
+    pub(super) async fn forward_trigger_put(
+        &self,
+        members: &[u32],
+        key: &str,
+        req: &sluice_wire::Request,
+    ) -> Result<u64, SluiceError> {
+        let n = members.len();
+        let first = (sluice_types::fnv1a64(key.as_bytes()) % n as u64) as usize;
+        let mut order: Vec<u32> = (0..n).map(|i| members[(first + i) % n]).collect();
+        {
+            let now = std::time::Instant::now();
+            let unreached = self.unreached.lock();
+            let recently = |m: &u32| {
+                unreached
+                    .get(m)
+                    .is_some_and(|t| now.duration_since(*t) < UNREACHED_FOR)
+            };
+            order.sort_by_key(recently); // stable: hash order otherwise
+        }
+        let t = Duration::from_millis(self.settings.write_timeout_ms);
+        let deadline = tokio::time::Instant::now() + t;
+        let per_try = (t / n as u32).max(Duration::from_millis(100));
+        let mut last = None;
+        for m in order {
+            let Some(addr) = self.layout.address_of(m).map(|a| a.to_string()) else {
+                continue;
+            };
+            let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+            if left.is_zero() {
+                break;
+            }
+            let try_for = per_try.min(left);
+            let r = tokio::time::timeout(try_for, self.peers.request(m, &addr, req, try_for)).await;
+            match r {
+                Ok(Ok(sluice_wire::Response::PutOk(p))) => {
+                    self.unreached.lock().remove(&m);
+                    return Ok(p.timestamp_us);
+                }
+                Ok(Ok(sluice_wire::Response::Error(e))) => return Err(e),
+                Ok(Ok(other)) => {
+                    return Err(SluiceError::protocol(format!(
+                        "unexpected reply to a forwarded trigger put: {other:?}"
+                    )))
+                }
+                // Not delivered, or no answer: the next member.
+                Ok(Err(
+                    e @ (SluiceError::Connection { .. }
+                    | SluiceError::Timeout { .. }
+                    | SluiceError::Unavailable { .. }),
+                )) => last = Some(e),
+                Err(_) => {
+                    last = Some(SluiceError::Timeout {
+                        what: format!("a trigger put forwarded to node {m}"),
+                        after_ms: try_for.as_millis() as u64,
+                    })
+                }
+                Ok(Err(e)) => return Err(e),
+            }
+            tracing::debug!(
+                node = m,
+                key,
+                "forwarded trigger put: member not reached, trying the next"
+            );
+            self.unreached.lock().insert(m, std::time::Instant::now());
+        }
+        Err(last.unwrap_or_else(|| SluiceError::Unavailable {
+            reason: format!("no member of the trigger shard of {key:?} has an address"),
+        }))
     }
 }
