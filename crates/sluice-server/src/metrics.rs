@@ -186,6 +186,10 @@ fn describe() {
         "sluice_raft_follower_lag_entries",
         "On a leader: entries each follower has yet to match"
     );
+    describe_gauge!(
+        "sluice_raft_members_down",
+        "On a leader: members it counts as down (their share of one-dispatched lambdas runs on the others)"
+    );
     describe_counter!(
         "sluice_raft_snapshots_built_total",
         "Snapshots built per group"
@@ -350,6 +354,8 @@ fn mirror_raft(status: &serde_json::Value) {
             .absolute(u("snapshots_installed"));
         gauge!("sluice_raft_snapshot_bytes", "group" => group.clone())
             .set(u("snapshot_bytes") as f64);
+        gauge!("sluice_raft_members_down", "group" => group.clone())
+            .set(grp["down"].as_array().map_or(0, Vec::len) as f64);
         if let Some(lag) = grp["lag"].as_object() {
             for (peer, entries) in lag {
                 gauge!("sluice_raft_follower_lag_entries", "group" => group.clone(), "peer" => peer.clone())
@@ -373,7 +379,7 @@ mod tests {
                 {"group": "meta", "role": "leader", "term": 7, "last_log_index": 120,
                  "applied_index": 118, "snapshots_built": 2, "snapshots_installed": 0,
                  "snapshot_bytes": 4096,
-                 "lag": {"2": 0, "3": 5}},
+                 "lag": {"2": 0, "3": 5}, "down": [3]},
                 {"group": "volatile/0/0", "role": "follower", "term": 3,
                  "last_log_index": 40, "applied_index": 40, "lag": {}}
             ]
@@ -389,6 +395,8 @@ mod tests {
             r#"sluice_raft_apply_lag_entries{group="meta"} 2"#,
             r#"sluice_raft_apply_lag_entries{group="volatile/0/0"} 0"#,
             r#"sluice_raft_follower_lag_entries{group="meta",peer="3"} 5"#,
+            r#"sluice_raft_members_down{group="meta"} 1"#,
+            r#"sluice_raft_members_down{group="volatile/0/0"} 0"#,
             r#"sluice_raft_snapshots_built_total{group="meta"} 2"#,
             r#"sluice_raft_snapshot_bytes{group="meta"} 4096"#,
             r#"sluice_raft_snapshot_bytes{group="volatile/0/0"} 0"#,
