@@ -322,8 +322,15 @@ impl ClusterNode {
 }
 
 /// A member a forwarded trigger put could not reach is tried last for
-/// this long (then first again for its keys, one put finding out).
-const UNREACHED_FOR: Duration = Duration::from_secs(1);
+/// this long (then first again for its keys, one put finding out): a
+/// member paused or behind a dead link costs one try this often, not one
+/// per put.
+const UNREACHED_FOR: Duration = Duration::from_secs(5);
+
+/// The longest one try of a forwarded trigger put waits for its answer
+/// (a member answers once it has queued the call: a client's
+/// `attempt_timeout` too).
+const FORWARD_TRY: Duration = Duration::from_secs(1);
 
 impl ClusterNode {
     /// A lambda's trigger put to a trigger shard of other nodes: to the
@@ -356,7 +363,7 @@ impl ClusterNode {
         }
         let t = Duration::from_millis(self.settings.write_timeout_ms);
         let deadline = tokio::time::Instant::now() + t;
-        let per_try = (t / n as u32).max(Duration::from_millis(100));
+        let per_try = (t / n as u32).clamp(Duration::from_millis(100), FORWARD_TRY);
         let mut last = None;
         for m in order {
             let Some(addr) = self.layout.address_of(m).map(|a| a.to_string()) else {
