@@ -1514,16 +1514,21 @@ fn dfg_lines(r: &Value, indent: bool, text: &mut Vec<String>) {
 
 /// `health`: the node answers and every group it is in runs and has a
 /// leader. An unhealthy node is an error (exit code 1); under `--json`
-/// its report is shown first.
+/// its report is shown first. Members that the groups this node leads
+/// count as down are named (the node is healthy: the others serve).
 fn health(c: &BlockingClient, out: &mut Out) -> Result<()> {
     let rtt = c.ping()?;
     let node = c.server_info().node_id;
     let mut leaderless = Vec::new();
     let mut stopped = Vec::new();
+    let mut down = serde_json::Map::new();
     match c.cluster_command(json!({"op": "status"}), None) {
         Ok(st) => {
             for g in st["groups"].as_array().into_iter().flatten() {
                 let name = g["group"].as_str().unwrap_or("?").to_string();
+                if g["down"].as_array().is_some_and(|d| !d.is_empty()) {
+                    down.insert(name.clone(), g["down"].clone());
+                }
                 if let Some(why) = g["stopped"].as_str() {
                     stopped.push((name, why.to_string()));
                 } else if g["leader"].is_null() {
@@ -1558,9 +1563,22 @@ fn health(c: &BlockingClient, out: &mut Out) -> Result<()> {
         .map(|(g, why)| json!({"group": g, "reason": why}))
         .collect();
     let report = json!({"node": node, "healthy": healthy, "rtt_us": rtt.as_micros() as u64,
-        "groups_without_leader": leaderless, "groups_stopped": stopped_json});
+        "groups_without_leader": leaderless, "groups_stopped": stopped_json,
+        "members_down": down});
     let text = if healthy {
-        format!("healthy: node {node} answered in {} µs\n", rtt.as_micros())
+        let down: Vec<String> = down.iter().map(|(g, d)| format!("{g} {d}")).collect();
+        let note = if down.is_empty() {
+            String::new()
+        } else {
+            format!(
+                "; as their leader it counts these members down (the others serve, and take their share of lambdas): {}",
+                down.join(", ")
+            )
+        };
+        format!(
+            "healthy: node {node} answered in {} µs{note}\n",
+            rtt.as_micros()
+        )
     } else {
         // The error says it.
         String::new()

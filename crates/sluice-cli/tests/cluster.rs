@@ -3674,6 +3674,16 @@ async fn a_member_down_takes_no_lambda_runs_with_it() {
         counts_down(&c, leader, down)
     })
     .await;
+    // `health` on the leader names it (and stays healthy: the others serve).
+    let out = Command::new(BIN)
+        .arg("--addr")
+        .arg(c.addr(leader))
+        .arg("health")
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{text}");
+    assert!(text.contains(&format!("volatile/0/0 [{down}]")), "{text}");
     let client = c.client(leader).await;
     let n = 30;
     relayed(&c, &client, 0..n).await;
