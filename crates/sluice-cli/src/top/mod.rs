@@ -222,14 +222,14 @@ fn render(views: &[Result<NodeView, String>], interval_ms: u64) -> String {
         if !v.groups.is_empty() {
             let _ = writeln!(
                 out,
-                "  {:<36} {:>22} {:>6} {:>10} {:>13}",
-                "raft group", "role", "term", "apply lag", "follower lag"
+                "  {:<36} {:>22} {:>6} {:>10} {:>13} {:>5}",
+                "raft group", "role", "term", "apply lag", "follower lag", "down"
             );
             for g in &v.groups {
                 let _ = writeln!(
                     out,
-                    "  {:<36} {:>22} {:>6} {:>10} {:>13}",
-                    g.group, g.role, g.term, g.apply_lag, g.max_follower_lag
+                    "  {:<36} {:>22} {:>6} {:>10} {:>13} {:>5}",
+                    g.group, g.role, g.term, g.apply_lag, g.max_follower_lag, g.members_down
                 );
             }
         }

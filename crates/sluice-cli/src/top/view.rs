@@ -29,6 +29,8 @@ pub struct Group {
     pub apply_lag: u64,
     /// On a leader: the follower furthest behind, in entries.
     pub max_follower_lag: u64,
+    /// On a leader: the members it counts as down.
+    pub members_down: u64,
 }
 
 /// One node's view.
@@ -201,6 +203,7 @@ fn groups(samples: &[Sample]) -> Vec<Group> {
             "sluice_raft_follower_lag_entries" => {
                 e.max_follower_lag = e.max_follower_lag.max(s.value as u64)
             }
+            "sluice_raft_members_down" => e.members_down = s.value as u64,
             _ => {}
         }
     }
@@ -228,7 +231,8 @@ mod tests {
              sluice_raft_role{{group=\"meta\",role=\"follower\"}} 0\n\
              sluice_raft_term{{group=\"meta\"}} 4\n\
              sluice_raft_follower_lag_entries{{group=\"meta\",peer=\"2\"}} 3\n\
-             sluice_raft_follower_lag_entries{{group=\"meta\",peer=\"3\"}} 9\n",
+             sluice_raft_follower_lag_entries{{group=\"meta\",peer=\"3\"}} 9\n\
+             sluice_raft_members_down{{group=\"meta\"}} 1\n",
             fast + slow
         ))
     }
@@ -266,7 +270,8 @@ mod tests {
                 role: "leader".into(),
                 term: 4,
                 apply_lag: 0,
-                max_follower_lag: 9
+                max_follower_lag: 9,
+                members_down: 1
             }]
         );
     }
