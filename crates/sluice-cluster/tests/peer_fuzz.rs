@@ -85,7 +85,7 @@ fn seeds() -> Vec<(String, u8, Vec<u8>)> {
     ];
     append
         .entries
-        .extend((7..12).map(|i| entry(i, EntryType::EntryNormal, vec![1])));
+        .extend((7..13).map(|i| entry(i, EntryType::EntryNormal, vec![1])));
     let commands = vec![
         write("/vol/a", Some(vec![5; 100]), 10).into(),
         Command::Meta(r#"{"op":"pool_remove","path":"/x"}"#.into()),
@@ -97,6 +97,10 @@ fn seeds() -> Vec<(String, u8, Vec<u8>)> {
         Command::Purge {
             prefix: "/p".into(),
             except: vec!["/p/q".into()],
+        },
+        Command::Without {
+            down: vec![3],
+            writes: vec![write("/p/d", Some(vec![2; 30]), 14)],
         },
     ];
     let mut snapshot = msg(MessageType::MsgSnapshot);
