@@ -154,6 +154,7 @@ pub fn run(a: ServeArgs) -> Result<()> {
         let node_id = cfg.node_id;
         let clustered = cfg.cluster.layout.is_some();
         let self_tls = crate::tls::of_node(&cfg)?;
+        let grace = std::time::Duration::from_millis(cfg.timeouts.shutdown_grace_ms);
         let server = Server::bind(cfg).await?;
         if let Some(text) = dfgs {
             // A file that cannot apply fails the start, on a cluster too
@@ -197,27 +198,62 @@ pub fn run(a: ServeArgs) -> Result<()> {
             data_dir.display()
         );
         let _ = std::io::stdout().flush();
-        let cluster = server.cluster();
+        let (cluster, engine) = (server.cluster(), server.engine().clone());
         server
             .run(async move {
                 let which = stop.recv().await;
                 tracing::info!("{which} received");
-                // A leader hands its groups over first (while this node
-                // still serves and points clients at the new leaders); a
-                // second signal stops it without waiting for that.
-                if let Some(c) = cluster {
-                    tokio::select! {
-                        n = c.hand_over_leadership() => if n > 0 {
-                            tracing::info!(groups = n, "leadership handed over; stopping");
-                        },
-                        which = stop.recv() => tracing::info!("{which} received again: stopping without handing leadership over"),
-                    }
+                // A second signal stops it at once.
+                tokio::select! {
+                    () = before_stop(cluster, engine, grace) => {},
+                    which = stop.recv() => tracing::info!("{which} received again: stopping at once"),
                 }
             })
             .await;
         tracing::info!("stopped");
         Ok(())
     })
+}
+
+/// What a node does on SIGINT/SIGTERM before it stops serving, while it
+/// still serves (and points clients at the new leaders): a leader hands
+/// its groups over; a member tells its shards' leaders it is stopping, so
+/// the others take its share of the lambdas from then on, and applies
+/// what they had; then the lambdas queued or running here finish (a stop
+/// dropped them: acknowledged puts whose lambda never ran). The last two
+/// take at most `grace` each (`timeouts.shutdown_grace_ms`).
+async fn before_stop(
+    cluster: Option<std::sync::Arc<sluice_server::ClusterNode>>,
+    engine: std::sync::Arc<sluice_server::Engine>,
+    grace: std::time::Duration,
+) {
+    if let Some(c) = &cluster {
+        let n = c.hand_over_leadership().await;
+        if n > 0 {
+            tracing::info!(groups = n, "leadership handed over; stopping");
+        }
+        c.leave_lambdas(grace).await;
+    }
+    let deadline = tokio::time::Instant::now() + grace;
+    let pending = engine.pending();
+    if pending > 0 {
+        tracing::info!(
+            pending,
+            "letting the lambdas queued here run before stopping"
+        );
+    }
+    // Polled: a stop is rare, and the engine's workers are plain threads.
+    while engine.pending() > 0 && tokio::time::Instant::now() < deadline {
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    }
+    let left = engine.pending();
+    if left > 0 {
+        tracing::warn!(
+            left,
+            grace_ms = grace.as_millis() as u64,
+            "stopping with lambdas still queued (timeouts.shutdown_grace_ms)"
+        );
+    }
 }
 
 /// Applies `--dfgs` to the cluster through this node once it can: the

@@ -15,7 +15,7 @@ use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 mod common;
-use common::free_base;
+use common::{free_base, python3_present};
 
 const BIN: &str = env!("CARGO_BIN_EXE_sluice");
 const WAIT: Duration = Duration::from_secs(30);
@@ -189,13 +189,6 @@ fn calls(c: &BlockingClient, vertex: &str) -> u64 {
 
 fn value_of(c: &BlockingClient, key: &str) -> Option<Vec<u8>> {
     c.get(key).ok().map(|o| o.value.to_vec())
-}
-
-fn python3_present() -> bool {
-    Command::new("python3")
-        .arg("--version")
-        .output()
-        .is_ok_and(|o| o.status.success())
 }
 
 /// Applies a fixture through node `via`, returning the CLI's output.

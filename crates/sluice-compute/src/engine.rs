@@ -166,6 +166,9 @@ struct Stats {
     /// Upcalls waiting in each worker's queue (raised before a job is
     /// sent, lowered when a worker takes it or the send fails).
     queued: Vec<AtomicU64>,
+    /// Upcalls being run (raised before a taken job leaves `queued`,
+    /// lowered once it is done): with `queued`, what a stop waits for.
+    running: AtomicU64,
 }
 
 /// The compute engine of a node: a store observer that dispatches
@@ -205,6 +208,7 @@ impl Engine {
         };
         let ctx = Arc::new(Context::new(Arc::downgrade(store), publisher, cfg.node_id));
         let stats = Arc::new(Stats {
+            running: AtomicU64::new(0),
             queued: (0..n).map(|_| AtomicU64::new(0)).collect(),
             ..Stats::default()
         });
@@ -709,6 +713,21 @@ impl Engine {
         landing
     }
 
+    /// Upcalls queued or running on this node's workers now: a node that
+    /// stops waits for none to be left (`sluice serve`'s drain), so the
+    /// lambdas of puts it applied run before it exits.
+    pub fn pending(&self) -> u64 {
+        // Queued first: a worker raises `running` before it lowers
+        // `queued`, so a job moving between the two is seen in one.
+        let queued: u64 = self
+            .stats
+            .queued
+            .iter()
+            .map(|q| q.load(Ordering::SeqCst))
+            .sum();
+        queued + self.stats.running.load(Ordering::SeqCst)
+    }
+
     /// Clears the dispatch-overhead histograms (benchmarks call this
     /// between phases).
     pub fn reset_dispatch_stats(&self) {
@@ -798,7 +817,8 @@ fn worker_loop(
     node_id: u32,
 ) {
     while let Ok(job) = rx.recv() {
-        stats.queued[id].fetch_sub(1, Ordering::Relaxed);
+        stats.running.fetch_add(1, Ordering::SeqCst);
+        stats.queued[id].fetch_sub(1, Ordering::SeqCst);
         let waited = job.enqueued_at.elapsed().as_nanos() as u64;
         let _ = dispatch_ns[id].lock().record(waited.max(1));
         let started_us = Clock::wall_us();
@@ -879,6 +899,7 @@ fn worker_loop(
                 tracing::error!(key = %job.object.key, vertex = %e.vertex, udl = %e.name, panic = %msg, "UDL panicked; worker continues");
             }
         }
+        stats.running.fetch_sub(1, Ordering::SeqCst);
     }
 }
 

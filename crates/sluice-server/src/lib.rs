@@ -32,5 +32,6 @@ pub use config::{
     DEFAULT_PORT,
 };
 pub use server::{Server, ServerError};
+pub use sluice_cluster::ClusterNode;
 pub use sluice_compute::{Engine, Registry};
 pub use watch::WATCH_QUEUE_LEN;

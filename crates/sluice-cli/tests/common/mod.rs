@@ -11,6 +11,14 @@ use std::time::Duration;
 
 pub const BIN: &str = env!("CARGO_BIN_EXE_sluice");
 
+/// Whether `python3` runs here (the Python lambdas' tests skip without it).
+pub fn python3_present() -> bool {
+    Command::new("python3")
+        .arg("--version")
+        .output()
+        .is_ok_and(|o| o.status.success())
+}
+
 /// A base port with `n` free consecutive ports after it on 127.0.0.1
 /// (bound then released; the nodes bind them next). Each call draws
 /// another candidate, so tests running together do not pick the same.

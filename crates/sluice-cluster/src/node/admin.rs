@@ -65,6 +65,12 @@ pub(super) enum Admin {
     MetaFence {
         group: u64,
     },
+    /// Internal: member `node` of `group` is stopping (sent to its
+    /// leader, `leave_lambdas`); answers the last log index.
+    Leaving {
+        group: u64,
+        node: u64,
+    },
     /// Internal: replicate a purge of a removed pool's keys in `group`
     /// (sent to its leader); answers what it deleted there.
     PurgeShard {
@@ -93,6 +99,7 @@ impl ClusterNode {
                     | Admin::MetaReadIndex
                     | Admin::MetaFence { .. }
                     | Admin::PurgeShard { .. }
+                    | Admin::Leaving { .. }
             )
         {
             return Err(SluiceError::Forbidden {
@@ -175,6 +182,11 @@ impl ClusterNode {
                 // raft-rs tells the followers of the commit at once: the
                 // member that asked waits to apply the frontier.
                 let index = self.tick(&g, timestamp_us).await?;
+                Ok(json!({ "index": index }))
+            }
+            Admin::Leaving { group, node } => {
+                let g = self.local_group(group)?;
+                let index = self.mark_leaving(&g, node).await?;
                 Ok(json!({ "index": index }))
             }
             Admin::MetaFence { group } => {

@@ -340,4 +340,64 @@ impl ClusterNode {
         let handed = futures_util::future::join_all(tries).await;
         handed.into_iter().filter(|ok| *ok).count()
     }
+
+    /// Before this node stops, after `hand_over_leadership`: tells the
+    /// leader of every data shard it is a member of that it is stopping
+    /// (from the leader's next write on, the others take its share of the
+    /// lambdas dispatched to one member: `raftrs/down.rs`), and applies
+    /// every write the leader had by then, so the lambdas of the writes
+    /// that still name it are queued here; the caller then waits for them
+    /// to run (`Engine::pending`). A stop dropped the lambdas queued on
+    /// it, for good (a put applied here before is not run again after a
+    /// restart). At most `within`; returns the shards done, and logs the
+    /// others.
+    pub async fn leave_lambdas(&self, within: Duration) -> usize {
+        let me = u64::from(self.id);
+        let shards: Vec<Arc<Group>> = self
+            .groups
+            .read()
+            .values()
+            .filter(|g| {
+                let st = g.core.handle.borrow_status();
+                g.id != META_GROUP && st.stopped.is_none() && st.members.voters.len() > 1
+            })
+            .cloned()
+            .collect();
+        let leave = shards.iter().map(|g| async move {
+            let req = sluice_wire::Request::Cluster {
+                command: json!({"op": "leaving", "group": g.id, "node": me}).to_string(),
+            };
+            let index = self
+                .at_leader(g.id, || self.mark_leaving(g, me), &req, |r| match r {
+                    sluice_wire::Response::Json(j) => serde_json::from_str::<serde_json::Value>(&j)
+                        .ok()
+                        .and_then(|v| v["index"].as_u64())
+                        .ok_or_else(|| SluiceError::protocol(format!("bad reply to leaving: {j}"))),
+                    other => Err(SluiceError::protocol(format!(
+                        "unexpected reply to leaving: {other:?}"
+                    ))),
+                })
+                .await;
+            let r = match index {
+                Ok(i) => g.core.wait_applied(i, within, "applying before stopping").await,
+                Err(e) => Err(e.to_string()),
+            };
+            if let Err(e) = &r {
+                tracing::warn!(group = %group_name(g.id), error = %e, "stopping without the shard's leader counting this node out of its lambdas");
+            }
+            r.is_ok()
+        });
+        let left = tokio::time::timeout(within, futures_util::future::join_all(leave)).await;
+        left.map_or(0, |l| l.into_iter().filter(|ok| *ok).count())
+    }
+
+    /// Leader side of `leave_lambdas`: member `node` is stopping; the last
+    /// log index.
+    pub(super) async fn mark_leaving(&self, g: &Group, node: u64) -> Result<u64, SluiceError> {
+        match g.core.handle.leaving(node).await {
+            Ok(index) => Ok(index),
+            Err(DriverError::NotLeader { leader, .. }) => Err(self.not_leader(g.id, leader)),
+            Err(e) => Err(unavailable(format!("{}: {e}", group_name(g.id)))),
+        }
+    }
 }

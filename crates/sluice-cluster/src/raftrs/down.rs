@@ -16,7 +16,8 @@
 //! Down: not heard from within the longest election timeout, or its
 //! process found gone since it was last heard from (a closed connection
 //! and nothing listening at its address: `ClusterNode::peer_connection_lost`),
-//! or not replicating (raft-rs's progress probing for where its log
+//! or stopping (it said so: `ClusterNode::leave_lambdas`; until its
+//! process is found gone, or `LEAVING_FOR`), or not replicating (raft-rs's progress probing for where its log
 //! matches, or sending it a snapshot: it may be far behind, and its share
 //! would wait for it to catch up). A member back and caught up counts
 //! again from the next entry on.
@@ -28,10 +29,15 @@
 //! and died before its lambda ran does not run it again (at most once,
 //! as in Cascade).
 
-use super::{node_of, Driver, Waiting, LIVE_TIMEOUTS};
+use super::{node_of, Driver, DriverError, Waiting, LIVE_TIMEOUTS};
 use crate::types::Command;
 use raft::{ProgressState, StateRole};
-use std::time::Instant;
+use std::time::{Duration, Instant};
+
+/// A member that said it is stopping counts as down at most this long
+/// (its process found gone ends it sooner; with fast failover off, a
+/// member restarted meanwhile takes its share again after this).
+const LEAVING_FOR: Duration = Duration::from_secs(60);
 
 impl Driver {
     /// On a leader, the other members counted as down now (Sluice node
@@ -46,7 +52,11 @@ impl Driver {
             let heard = self.heard.get(id);
             let recently = heard.is_some_and(|t| now.duration_since(*t) <= within);
             let gone_since = matches!((self.gone.get(id), heard), (Some(g), Some(h)) if g >= h);
-            recently && !gone_since && state == ProgressState::Replicate
+            let leaving = self
+                .leaving
+                .get(id)
+                .is_some_and(|t| now.duration_since(*t) < LEAVING_FOR);
+            recently && !gone_since && !leaving && state == ProgressState::Replicate
         };
         let mut down: Vec<u32> = self
             .raw
@@ -63,7 +73,23 @@ impl Driver {
     /// Member `node`'s process was found gone (its connection closed and
     /// nothing listens at its address): down until heard from again.
     pub(super) fn note_gone(&mut self, node: u64) {
-        self.gone.insert(super::raft_id(node), Instant::now());
+        let id = super::raft_id(node);
+        self.gone.insert(id, Instant::now());
+        // Stopped: once back, it is heard from again and counts.
+        self.leaving.remove(&id);
+    }
+
+    /// Member `node` said it is stopping: on a leader, down from the next
+    /// write on; the last log index, which it applies before it stops.
+    pub(super) fn note_leaving(&mut self, node: u64) -> Result<u64, DriverError> {
+        if self.raw.raft.state != StateRole::Leader {
+            return Err(DriverError::NotLeader {
+                group: self.group,
+                leader: self.leader(),
+            });
+        }
+        self.leaving.insert(super::raft_id(node), Instant::now());
+        Ok(self.raw.raft.raft_log.last_index())
     }
 
     /// Writes (a lone one or a batch) proposed while members are down go

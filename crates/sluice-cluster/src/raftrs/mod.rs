@@ -328,6 +328,9 @@ enum Input {
     /// Member (Sluice node id) found gone: its connection closed and
     /// nothing listens at its address (`peer_gone`).
     Gone(u64),
+    /// Member (Sluice node id) is stopping (`leaving`): answered with the
+    /// last log index on a leader.
+    Leaving(u64, ReadReply),
     /// A snapshot built off the task is saved, up to this entry (or it
     /// failed).
     Snapshotted(Result<Option<LogId>, String>),
@@ -514,6 +517,18 @@ impl GroupHandle {
         let _ = self.tx.send(Input::Gone(node));
     }
 
+    /// Member `node` is stopping: a leader counts it as down from its next
+    /// write on (`down.rs`) and answers its last log index (what the
+    /// member applies before it stops, so it runs the lambdas of every
+    /// write that names it); a follower answers `NotLeader`.
+    pub async fn leaving(&self, node: u64) -> Result<u64, DriverError> {
+        let (tx, rx) = oneshot::channel();
+        self.tx
+            .send(Input::Leaving(node, tx))
+            .map_err(|_| self.stopped())?;
+        rx.await.map_err(|_| self.stopped())?
+    }
+
     /// Asks this member, if it leads, to hand leadership to member `to`
     /// (raft's leadership transfer: once `to`'s log has caught up it is
     /// told to start an election at once; proposals meanwhile are refused
@@ -652,6 +667,7 @@ pub fn start(
         snapshots_sent: HashMap::new(),
         heard: HashMap::new(),
         gone: HashMap::new(),
+        leaving: HashMap::new(),
         down: Vec::new(),
         live_for: settings.tick * (settings.election_ticks.1 * LIVE_TIMEOUTS) as u32,
         snapshot_every: settings.snapshot_every.max(1),
@@ -735,6 +751,8 @@ struct Driver {
     heard: HashMap<u64, std::time::Instant>,
     /// When each peer's process was last found gone (`Input::Gone`).
     gone: HashMap<u64, std::time::Instant>,
+    /// Peers that said they are stopping, and when (`Input::Leaving`).
+    leaving: HashMap<u64, std::time::Instant>,
     /// The members counted as down as of the last turn (`down.rs`): the
     /// writes proposed now name them.
     down: Vec<u32>,
@@ -901,6 +919,11 @@ impl Driver {
             Input::Gone(node) => {
                 self.note_gone(node);
                 self.down = self.down_members();
+            }
+            Input::Leaving(node, reply) => {
+                let r = self.note_leaving(node);
+                self.down = self.down_members();
+                let _ = reply.send(r);
             }
             Input::Snapshotted(res) => self.snapshotted(res),
             Input::Change(change, reply) => {
