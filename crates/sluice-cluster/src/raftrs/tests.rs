@@ -656,6 +656,32 @@ async fn a_leader_names_the_members_it_counts_down_in_its_writes() {
     }
 }
 
+/// A member that says it is stopping is named down from the leader's next
+/// write on (its last index answered, for the member to apply first); a
+/// follower asked refuses, naming the leader; once the member's process
+/// is found gone and it is heard from again, it counts again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_stopping_is_named_down_from_the_leaders_next_write() {
+    let (_dir, _net, ms) = started().await;
+    let l = leader(&ms, &[0, 1, 2]).await;
+    let (f, other) = ((l + 1) % 3, (l + 2) % 3);
+    let h = &ms[&l].handle;
+    let (i, _) = h.propose(put("/v/s0", b"0")).await.unwrap();
+    all_counted(h, i).await;
+    assert_eq!(ms[&other].handle.leaving(f).await, Err(not_leader(l)));
+    let last = h.leaving(f).await.unwrap();
+    assert!(last >= i);
+    let (i, _) = h.propose(put("/v/s1", b"1")).await.unwrap();
+    assert!(i > last);
+    match command_at(&ms[&l], i) {
+        Command::Without { down, .. } => assert_eq!(down, vec![f as u32]),
+        c => panic!("{c:?}"),
+    }
+    // Gone (it stopped), then heard from (restarted): it counts again.
+    h.peer_gone(f);
+    all_counted(h, i).await;
+}
+
 /// Writes proposed while a leader hands its leadership over (raft-rs drops
 /// proposals meanwhile) wait for the transfer's outcome: refused naming
 /// the new leader once it leads, or committed by the old one when the
