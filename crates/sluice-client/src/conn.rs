@@ -246,6 +246,23 @@ impl Conn {
         async move { rx.wait_for(|c| *c).await.is_ok() }
     }
 
+    /// Registers the waiter of request `id`, unless the connection has
+    /// died: checked after the insert, because the reader marks the
+    /// connection dead before it fails the waiters, so a waiter that
+    /// registers as the connection ends is failed by one or the other.
+    /// (Checked only before, a call whose check passed just before the
+    /// server closed, and which inserted just after the reader had failed
+    /// the waiters, waited for its whole timeout: a put during a node's
+    /// graceful stop took the client's 1 s `attempt_timeout`.)
+    fn register(&self, id: u64, waiter: Pending) -> Result<()> {
+        self.pending.lock().insert(id, waiter);
+        if !self.is_alive() {
+            self.pending.lock().remove(&id);
+            return Err(self.dead_error());
+        }
+        Ok(())
+    }
+
     /// The connection is dead: every waiter fails now rather than at its
     /// timeout.
     fn fail_waiters(&self) {
@@ -426,7 +443,7 @@ impl Conn {
             .map_err(|_| conn_err("connection closed"))?;
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let (tx, rx) = oneshot::channel();
-        self.pending.lock().insert(id, Pending::Once(tx));
+        self.register(id, Pending::Once(tx))?;
         if let Err(e) = self.send(req, id, 0).await {
             self.pending.lock().remove(&id);
             return Err(e);
@@ -455,7 +472,7 @@ impl Conn {
             return Err(self.dead_error());
         }
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
-        self.pending.lock().insert(id, Pending::Stream(tx, dropped));
+        self.register(id, Pending::Stream(tx, dropped))?;
         if let Err(e) = self.send(req, id, 0).await {
             self.pending.lock().remove(&id);
             return Err(e);
@@ -617,4 +634,44 @@ async fn read_loop(
     let Some(conn) = weak.upgrade() else { return };
     conn.closed.send_replace(true);
     conn.fail_waiters();
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A waiter that registers just after the reader failed the waiters
+    /// of a connection that ended (the server closed it between a call's
+    /// first check and its insert) fails at once, and is not left to wait
+    /// for its timeout.
+    #[tokio::test]
+    async fn a_waiter_registered_as_the_connection_ends_fails_at_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let cfg = sluice_server::ServerConfig {
+            listen: "127.0.0.1:0".parse().unwrap(),
+            data_dir: dir.path().to_path_buf(),
+            ..Default::default()
+        };
+        let server = sluice_server::Server::bind(cfg).await.unwrap();
+        let addr = server.local_addr();
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let serving = tokio::spawn(server.run(async {
+            let _ = stopped.await;
+        }));
+        let c = Conn::connect(addr, "test", Duration::from_secs(5))
+            .await
+            .unwrap();
+        assert!(c.is_alive());
+        // What the reader does when it reads the end of the connection.
+        c.fail_waiters();
+        let (tx, _rx) = oneshot::channel();
+        let r = c.register(1, Pending::Once(tx));
+        assert!(matches!(r, Err(SluiceError::Connection { .. })), "{r:?}");
+        assert!(c.pending.lock().is_empty(), "no waiter left behind");
+        let (tx, _rx) = mpsc::channel(1);
+        let r = c.register(2, Pending::Stream(tx, Arc::default()));
+        assert!(r.is_err() && c.pending.lock().is_empty());
+        let _ = stop.send(());
+        serving.await.unwrap();
+    }
 }
