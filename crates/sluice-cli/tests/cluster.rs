@@ -3676,16 +3676,27 @@ async fn a_member_down_takes_no_lambda_runs_with_it() {
         counts_down(&c, leader, down)
     })
     .await;
-    // `health` on the leader names it (and stays healthy: the others serve).
-    let out = Command::new(BIN)
-        .arg("--addr")
-        .arg(c.addr(leader))
-        .arg("health")
-        .output()
-        .unwrap();
+    // `health` on the leader names it, and is healthy once every group
+    // the killed member led has elected another leader.
+    let health = || {
+        Command::new(BIN)
+            .arg("--addr")
+            .arg(c.addr(leader))
+            .arg("health")
+            .output()
+            .unwrap()
+    };
+    c.wait_for("health to pass on the leader", || async {
+        health().status.success()
+    })
+    .await;
+    let out = health();
     let text = String::from_utf8_lossy(&out.stdout);
-    assert!(out.status.success(), "{text}");
-    assert!(text.contains(&format!("volatile/0/0 [{down}]")), "{text}");
+    assert!(
+        text.contains(&format!("volatile/0/0 [{down}]")),
+        "{text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let client = c.client(leader).await;
     let n = 30;
     relayed(&c, &client, 0..n).await;
