@@ -700,7 +700,8 @@ impl sluice_compute::Membership for ClusterNode {
         };
         // Called as a write is delivered, on the thread applying it: the
         // state machine holds the entry's list of members down meanwhile.
-        match g.and_then(|g| self.groups.read().get(&g).cloned()) {
+        let groups = self.groups.read();
+        match g.and_then(|g| groups.get(&g)) {
             Some(group) => group.sm.with_down(split),
             None => split(&[]),
         }

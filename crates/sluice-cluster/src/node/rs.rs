@@ -310,6 +310,23 @@ impl ClusterNode {
         )))
     }
 
+    /// The groups running here with another voter that `keep` takes
+    /// (given the group and its status): those a stop acts on.
+    fn running_groups(
+        &self,
+        keep: impl Fn(&Group, &crate::raftrs::GroupStatus) -> bool,
+    ) -> Vec<Arc<Group>> {
+        self.groups
+            .read()
+            .values()
+            .filter(|g| {
+                let st = g.core.handle.borrow_status();
+                st.stopped.is_none() && st.members.voters.len() > 1 && keep(g, &st)
+            })
+            .cloned()
+            .collect()
+    }
+
     /// Before this node stops (SIGTERM, Ctrl-C): hands the leadership of
     /// every group it leads to another voter, all at once, as etcd's
     /// members do on a graceful stop. Clients then find the new leader by
@@ -319,16 +336,7 @@ impl ClusterNode {
     /// voter, or a stopped one, stays as it is. Returns the groups handed
     /// over; each failure is logged and the stop goes on.
     pub async fn hand_over_leadership(&self) -> usize {
-        let led: Vec<Arc<Group>> = self
-            .groups
-            .read()
-            .values()
-            .filter(|g| {
-                let st = g.core.handle.borrow_status();
-                st.is_leader && st.stopped.is_none() && st.members.voters.len() > 1
-            })
-            .cloned()
-            .collect();
+        let led = self.running_groups(|_, st| st.is_leader);
         let tries = led.iter().map(|g| async move {
             let r = self.hand_over(g, &g.core.handle).await;
             match &r {
@@ -353,16 +361,7 @@ impl ClusterNode {
     /// others.
     pub async fn leave_lambdas(&self, within: Duration) -> usize {
         let me = u64::from(self.id);
-        let shards: Vec<Arc<Group>> = self
-            .groups
-            .read()
-            .values()
-            .filter(|g| {
-                let st = g.core.handle.borrow_status();
-                g.id != META_GROUP && st.stopped.is_none() && st.members.voters.len() > 1
-            })
-            .cloned()
-            .collect();
+        let shards = self.running_groups(|g, _| g.id != META_GROUP);
         let leave = shards.iter().map(|g| async move {
             let req = sluice_wire::Request::Cluster {
                 command: json!({"op": "leaving", "group": g.id, "node": me}).to_string(),
