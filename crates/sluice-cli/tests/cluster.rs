@@ -3849,3 +3849,34 @@ async fn a_stopped_member_runs_the_lambdas_queued_on_it_first() {
         "{log}"
     );
 }
+
+/// A member stopping while cut off from its shards' leaders cannot tell
+/// them: it says so in its log and still exits, within its grace period
+/// per step (not at the mercy of a leader it cannot reach).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_member_cut_off_from_its_leaders_still_stops() {
+    let _serial = SERIAL.lock().await;
+    let mut c = Cluster::start_nodes_with(3, ALL_THREE, "fast_failover = false\n");
+    c.ready().await;
+    let leader = c.leader(1, "volatile/0/0").await.unwrap();
+    let cut = (1..=3).find(|i| *i != leader).unwrap();
+    let others: Vec<u32> = (1..=3).filter(|i| *i != cut).collect();
+    // Cut off from every other node: it leads nothing it could hand over
+    // and reaches no leader.
+    c.client(cut)
+        .await
+        .cluster_command(serde_json::json!({"op": "cut", "peers": others}), Some(cut))
+        .await
+        .unwrap();
+    let t0 = Instant::now();
+    c.stop(cut);
+    let took = t0.elapsed();
+    let log = std::fs::read_to_string(c.dir.path().join(format!("node-{cut}.log"))).unwrap();
+    assert!(
+        log.contains("stopping without the shard's leader counting this node out"),
+        "{log}"
+    );
+    // The leave is bounded by the grace period (5 s), the hand-over by
+    // its own (nothing to hand over here).
+    assert!(took < Duration::from_secs(20), "{took:?}");
+}
