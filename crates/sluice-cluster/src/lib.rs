@@ -15,6 +15,7 @@
 //! - [`raftrs`]: the consensus driver, on raft-rs (issue #20): every
 //!   replication group (ARCHITECTURE.md, "Consensus library").
 
+pub mod applied;
 pub mod chunks;
 pub mod log;
 pub mod marks;

@@ -24,6 +24,7 @@ use sluice_types::cluster::ClusterLayout;
 use sluice_types::{Object, ObjectMeta, PoolTable, PutResult, ReqId, SluiceError};
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::path::PathBuf;
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 /// Results remembered per client, so a retried write is answered, not
@@ -231,6 +232,9 @@ struct State {
     current: Option<(SnapshotMeta, SnapData)>,
     snapshots_built: u64,
     snapshots_installed: u64,
+    /// A data shard's last entry handed to apply, kept across restarts
+    /// (`crate::applied`); none without a directory.
+    mark: Option<crate::applied::AppliedMark>,
 }
 
 /// One group's state machine. Clones share state (the driver builds
@@ -257,6 +261,13 @@ pub struct Sm {
     /// (`ClusterNode::position`, called as each write is delivered, on
     /// the thread applying it).
     down: Arc<Mutex<Vec<u32>>>,
+    /// The last entry this member had applied before it restarted (0:
+    /// none): applied again now, its writes are not delivered again, and
+    /// stable reads wait until it is (`crate::applied`).
+    applied_before: u64,
+    /// `applied_before` until this member has applied it again, then 0
+    /// (read without the state's lock on every stable read).
+    again_until: Arc<std::sync::atomic::AtomicU64>,
 }
 
 /// Writes the bytes of `bincode::serialize(&(meta, data))` (a
@@ -386,6 +397,8 @@ impl Sm {
             st: Arc::default(),
             save_lock: Arc::default(),
             down: Arc::default(),
+            applied_before: 0,
+            again_until: Arc::default(),
         };
         if let Some(d) = &sm.dir {
             let path = d.join("snapshot");
@@ -400,7 +413,7 @@ impl Sm {
                     let data = sm.held(data);
                     st.current = Some((meta, data));
                 }
-                return Ok(sm);
+                return sm.resume(covered.as_ref());
             }
         }
         if let (true, Some(shard)) = (sm.persistent, sm.shard) {
@@ -411,7 +424,47 @@ impl Sm {
                 tracing::info!(shard = %shard, removed, "history rolled back to the start; the consensus log re-applies it");
             }
         }
-        Ok(sm)
+        sm.resume(covered.as_ref())
+    }
+
+    /// A data shard's member with a directory: opens its applied mark
+    /// and, where the log holds the entry it names (and the snapshot does
+    /// not cover it), applies up to there again without delivering, taking
+    /// it as committed (`crate::applied`).
+    fn resume(mut self, log: Option<&crate::log::LogStore>) -> Result<Sm, StorageError> {
+        let (Some(shard), Some(dir), Some(log)) = (self.shard, &self.dir, log) else {
+            return Ok(self);
+        };
+        let (mark, before) = crate::applied::AppliedMark::open(dir).map_err(sm_err)?;
+        let mut st = self.st.lock();
+        st.mark = Some(mark);
+        let from = st.last_applied.map_or(0, |l| l.index);
+        match before {
+            Some(b) if b.index > from => {
+                let held = log.log_id_at(b.index).map(|l| l.leader_id.term);
+                if held == Some(b.leader_id.term) {
+                    log.save_commit(b.index)?;
+                    self.applied_before = b.index;
+                    self.again_until.store(b.index, Ordering::Relaxed);
+                    tracing::info!(shard = %shard, from, to = b.index, "applying again what was applied before the restart, without running its lambdas again");
+                } else {
+                    tracing::warn!(shard = %shard, index = b.index, term = b.leader_id.term, log_term = ?held, "the log no longer holds the last entry applied before the restart; writes applied again are delivered again");
+                }
+            }
+            _ => {}
+        }
+        drop(st);
+        Ok(self)
+    }
+
+    /// While a restarted member applies again what it had applied before
+    /// (its stable reads would see less than it served then): (applied,
+    /// applied before the restart).
+    pub fn applying_again(&self) -> Option<(u64, u64)> {
+        match self.again_until.load(Ordering::Relaxed) {
+            0 => None,
+            until => Some((self.applied_index(), until)),
+        }
     }
 
     /// The windows to encode in a snapshot (taken under the state's
@@ -592,9 +645,15 @@ impl Sm {
         }
         // Strictly increasing in log order, identical on every replica.
         let ts = timestamp_us.max(st.last_ts + 1);
+        let how = sluice_store::Replicated {
+            timestamp_us: ts,
+            trace: trace.map(Arc::new),
+            at,
+            // Delivered when first applied, before a restart.
+            deliver: index > self.applied_before,
+        };
         let res: Result<PutResult, SluiceError> =
-            self.store
-                .apply_write(shard, &key, value, expected, ts, trace.map(Arc::new), at);
+            self.store.apply_write(shard, &key, value, expected, how);
         if let Err(e @ SluiceError::Io { .. }) = &res {
             return Err(stop_replica(self.group, "writing the history failed", e));
         }
@@ -911,6 +970,13 @@ impl Sm {
         let mut out = Vec::new();
         for e in entries {
             st.last_applied = Some(e.log_id);
+            if let Some(m) = st
+                .mark
+                .as_mut()
+                .filter(|_| e.log_id.index > self.applied_before)
+            {
+                m.set(e.log_id);
+            }
             crate::marks::mark(
                 sluice_types::marks::Point::Apply,
                 self.group,
@@ -974,7 +1040,17 @@ impl Sm {
             };
             out.push(r);
         }
+        self.note_applied(&st);
         Ok(out)
+    }
+
+    /// Ends `applying_again` once this member has applied what it had
+    /// before its restart (by entries, or a snapshot installed past it).
+    fn note_applied(&self, st: &State) {
+        let applied = st.last_applied.map_or(0, |l| l.index);
+        if self.applied_before > 0 && applied >= self.applied_before {
+            self.again_until.store(0, Ordering::Relaxed);
+        }
     }
 
     /// Installs a snapshot received from the leader.
@@ -992,6 +1068,7 @@ impl Sm {
         self.save(meta, &[std::io::IoSlice::new(&data)])?;
         st.current = Some((meta.clone(), self.held(data)));
         st.snapshots_installed += 1;
+        self.note_applied(&st);
         tracing::info!(group = %crate::types::group_name(self.group), last_log_id = ?meta.last_log_id, "installed a snapshot from the leader");
         Ok(())
     }

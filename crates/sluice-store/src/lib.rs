@@ -24,6 +24,6 @@ pub use pool_file::{scan_pool_log, PoolLogProblem, PoolLogScan};
 pub use shard::Shard;
 pub use sluice_log::{Resolver as ValueResolver, ValueRef};
 pub use store::{
-    owned_if_small, Delivery, DeliveryKind, DeliveryObserver, HistoryRange, Replay, Store,
-    StoreConfig, StoreStats, OWN_COPY_BELOW,
+    owned_if_small, Delivery, DeliveryKind, DeliveryObserver, HistoryRange, Replay, Replicated,
+    Store, StoreConfig, StoreStats, OWN_COPY_BELOW,
 };

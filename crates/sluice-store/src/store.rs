@@ -85,6 +85,37 @@ pub trait DeliveryObserver: Send + Sync {
     fn on_delivery(&self, delivery: &Delivery<'_>) -> Result<()>;
 }
 
+/// What the replication log decided for a write a member applies
+/// (`Store::apply_write`).
+pub struct Replicated {
+    /// The timestamp every replica gives it.
+    pub timestamp_us: u64,
+    pub trace: Option<Arc<Trace>>,
+    /// Where the replication log holds the value on disk, if it does; a
+    /// persistent shard's history then records only the reference (see
+    /// `set_value_resolver`).
+    pub at: Option<sluice_log::ValueRef>,
+    /// Whether observers (lambdas, watchers) see it: not when a restarted
+    /// member applies again a write it had applied before it stopped.
+    pub deliver: bool,
+}
+
+/// How `write_routed` stores a write: a local one (`LOCAL`) or one a
+/// replication log decided.
+struct Applying {
+    timestamp_us: Option<u64>,
+    at: Option<sluice_log::ValueRef>,
+    deliver: bool,
+}
+
+impl Applying {
+    const LOCAL: Applying = Applying {
+        timestamp_us: None,
+        at: None,
+        deliver: true,
+    };
+}
+
 /// Operation counters.
 #[derive(Debug, Default)]
 pub struct StoreStats {
@@ -605,7 +636,7 @@ impl Store {
         if let Some(v) = &value {
             self.admit(v.len())?;
         }
-        self.write_routed(&r, key, value, expected, trace, None, None)
+        self.write_routed(&r, key, value, expected, trace, Applying::LOCAL)
     }
 
     /// Whether a write storing `adding` more bytes may go ahead under the
@@ -620,20 +651,22 @@ impl Store {
     /// Applies a replicated write to `shard` with the timestamp the
     /// replication log chose for it, so every replica stores the same
     /// version and timestamp. The pool is looked up by key (deleted pools
-    /// included); the shard is taken as given. `at`: where the replication
-    /// log holds the value on disk, if it does; a persistent shard's
-    /// history then records only the reference (see `set_value_resolver`).
-    #[allow(clippy::too_many_arguments)]
+    /// included); the shard is taken as given. See `Replicated` for the
+    /// rest.
     pub fn apply_write(
         &self,
         shard: ShardId,
         key: &str,
         value: Option<Bytes>,
         expected: Option<u64>,
-        timestamp_us: u64,
-        trace: Option<Arc<Trace>>,
-        at: Option<sluice_log::ValueRef>,
+        how: Replicated,
     ) -> Result<PutResult> {
+        let Replicated {
+            timestamp_us,
+            trace,
+            at,
+            deliver,
+        } = how;
         validate_key(key, self.cfg.max_key_bytes)?;
         let view = self.pools.load();
         // The pool table is replicated separately (another log): a member
@@ -669,7 +702,12 @@ impl Store {
             shard: self.shard_or_err(shard)?.clone(),
         };
         self.clock.observe(timestamp_us);
-        let res = self.write_routed(&r, key, value, expected, trace, Some(timestamp_us), at);
+        let how = Applying {
+            timestamp_us: Some(timestamp_us),
+            at,
+            deliver,
+        };
+        let res = self.write_routed(&r, key, value, expected, trace, how);
         self.count_err(res)
     }
 
@@ -705,7 +743,6 @@ impl Store {
         Ok(())
     }
 
-    #[allow(clippy::too_many_arguments)]
     fn write_routed(
         &self,
         r: &Routed,
@@ -713,9 +750,13 @@ impl Store {
         value: Option<Bytes>,
         expected: Option<u64>,
         trace: Option<Arc<Trace>>,
-        timestamp_us: Option<u64>,
-        at: Option<sluice_log::ValueRef>,
+        how: Applying,
     ) -> Result<PutResult> {
+        let Applying {
+            timestamp_us,
+            at,
+            deliver,
+        } = how;
         let op = if value.is_some() { "put" } else { "remove" };
         Self::require_type(r, key, op, STORED)?;
         let value = value.map(owned_if_small);
@@ -821,7 +862,12 @@ impl Store {
         };
         counter.fetch_add(1, Ordering::Relaxed);
         tracing::trace!(key, version = object.meta.version, op, "applied");
-        if let Err(e) = self.deliver(r, &object, kind) {
+        // Not delivered: a write a restarted member applies again.
+        let delivered = match deliver {
+            true => self.deliver(r, &object, kind),
+            false => Ok(()),
+        };
+        if let Err(e) = delivered {
             // The put is stored; a lambda that could not be queued is
             // counted by the dispatcher.
             tracing::debug!(key, error = %e, "delivery after put failed");

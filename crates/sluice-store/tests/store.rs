@@ -24,6 +24,16 @@ fn b(s: &str) -> Bytes {
     Bytes::copy_from_slice(s.as_bytes())
 }
 
+/// A replicated write at `timestamp_us`, delivered to observers.
+fn at(timestamp_us: u64) -> sluice_store::Replicated {
+    sluice_store::Replicated {
+        timestamp_us,
+        trace: None,
+        at: None,
+        deliver: true,
+    }
+}
+
 #[test]
 fn put_get_versions_and_chains() {
     let s = store_with_shards(1);
@@ -413,18 +423,10 @@ fn replicated_writes_apply_the_same_with_or_without_the_pool() {
         .unwrap();
     for s in [&behind, &ahead] {
         let r1 = s
-            .apply_write(shard, "/late/k", Some(b("v1")), None, 100, None, None)
+            .apply_write(shard, "/late/k", Some(b("v1")), None, at(100))
             .unwrap();
         let r2 = s
-            .apply_write(
-                shard,
-                "/late/k",
-                Some(b("v2")),
-                Some(r1.version),
-                90,
-                None,
-                None,
-            )
+            .apply_write(shard, "/late/k", Some(b("v2")), Some(r1.version), at(90))
             .unwrap();
         assert_eq!((r1.version, r2.version), (1, 2));
         assert_eq!(
@@ -437,6 +439,46 @@ fn replicated_writes_apply_the_same_with_or_without_the_pool() {
         assert_eq!(objs[0].value, b("v2"));
         assert_eq!(objs[0].meta.previous_version_by_key, 1);
     }
+}
+
+/// A write a restarted member applies again (it had applied it before it
+/// stopped) is stored but not delivered: its lambdas ran then, and must not
+/// run twice.
+#[test]
+fn a_replicated_write_applied_again_is_stored_but_not_delivered() {
+    let s = store_with_shards(1);
+    let rec = Arc::new(Recorder::default());
+    s.add_observer(rec.clone());
+    let shard = sluice_store::ShardId {
+        pool_type: PoolType::Volatile,
+        subgroup: 0,
+        shard: 0,
+    };
+    let again = sluice_store::Replicated {
+        deliver: false,
+        ..at(100)
+    };
+    s.apply_write(shard, "/vol/a", Some(b("1")), None, again)
+        .unwrap();
+    s.apply_write(
+        shard,
+        "/vol/a",
+        None,
+        None,
+        sluice_store::Replicated {
+            deliver: false,
+            ..at(101)
+        },
+    )
+    .unwrap();
+    s.apply_write(shard, "/vol/b", Some(b("2")), None, at(102))
+        .unwrap();
+    assert_eq!(s.shard_objects(shard).len(), 2, "both writes stored");
+    assert_eq!(
+        *rec.0.lock().unwrap(),
+        vec![("/vol/b".to_string(), DeliveryKind::Put, 3)],
+        "only the new write is delivered"
+    );
 }
 
 /// The defect: `pools rm` then `pools create` on the same path revived the

@@ -6,13 +6,22 @@ use super::*;
 
 impl ClusterNode {
     /// A stable read may be served here: this node is a member of the
-    /// shard and has applied at least `min_version` (the newest version
-    /// the client's session has seen).
+    /// shard, has applied at least `min_version` (the newest version the
+    /// client's session has seen), and is not applying again what it had
+    /// applied before a restart.
     pub fn check_read(&self, shard: ShardId, min_version: Option<u64>) -> Result<(), SluiceError> {
         if !self.replicates(shard) {
             return Ok(());
         }
-        self.local(shard)?;
+        let g = self.local(shard)?;
+        if let Some((applied, before)) = g.sm.applying_again() {
+            // Restarted and still applying what it had applied before: a
+            // read here would see less than one it answered then.
+            return Err(unavailable(format!(
+                "shard {shard} on node {}: applying again the log it had applied before it restarted (entry {applied} of {before}); another member or the leader answers",
+                self.id
+            )));
+        }
         if let Some(want) = min_version {
             let applied = self.store.shard(shard).map_or(0, |s| s.last_version());
             if applied < want {

@@ -366,20 +366,33 @@ impl ClusterNode {
             let req = sluice_wire::Request::Cluster {
                 command: json!({"op": "leaving", "group": g.id, "node": me}).to_string(),
             };
-            let index = self
-                .at_leader(g.id, || self.mark_leaving(g, me), &req, |r| match r {
-                    sluice_wire::Response::Json(j) => serde_json::from_str::<serde_json::Value>(&j)
-                        .ok()
-                        .and_then(|v| v["index"].as_u64())
-                        .ok_or_else(|| SluiceError::protocol(format!("bad reply to leaving: {j}"))),
-                    other => Err(SluiceError::protocol(format!(
-                        "unexpected reply to leaving: {other:?}"
-                    ))),
-                })
-                .await;
-            let r = match index {
-                Ok(i) => g.core.wait_applied(i, within, "applying before stopping").await,
-                Err(e) => Err(e.to_string()),
+            let leave = async {
+                let index = self
+                    .at_leader(g.id, || self.mark_leaving(g, me), &req, |r| match r {
+                        sluice_wire::Response::Json(j) => {
+                            serde_json::from_str::<serde_json::Value>(&j)
+                                .ok()
+                                .and_then(|v| v["index"].as_u64())
+                                .ok_or_else(|| {
+                                    SluiceError::protocol(format!("bad reply to leaving: {j}"))
+                                })
+                        }
+                        other => Err(SluiceError::protocol(format!(
+                            "unexpected reply to leaving: {other:?}"
+                        ))),
+                    })
+                    .await
+                    .map_err(|e| e.to_string())?;
+                g.core
+                    .wait_applied(index, within, "applying before stopping")
+                    .await
+            };
+            // The others stopping too (a whole cluster stopped at once):
+            // no leader to tell and nothing more committed, so nothing to
+            // wait for.
+            let r = tokio::select! {
+                r = leave => r,
+                () = self.majority_gone(g) => Err("the shard's other members have stopped too".into()),
             };
             if let Err(e) = &r {
                 tracing::warn!(group = %group_name(g.id), error = %e, "stopping without the shard's leader counting this node out of its lambdas");
@@ -388,6 +401,33 @@ impl ClusterNode {
         });
         let left = tokio::time::timeout(within, futures_util::future::join_all(leave)).await;
         left.map_or(0, |l| l.into_iter().filter(|ok| *ok).count())
+    }
+
+    /// Ends once too few of the group's voters listen for it to commit
+    /// (this node counted as one of them), probed every 20 ms.
+    async fn majority_gone(&self, g: &Group) {
+        let voters = g.core.handle.borrow_status().members.voters.clone();
+        let others: Vec<std::net::SocketAddr> = voters
+            .iter()
+            .filter(|n| **n != u64::from(self.id))
+            .filter_map(|n| {
+                u32::try_from(*n)
+                    .ok()
+                    .and_then(|n| self.layout.address_of(n))
+            })
+            .collect();
+        loop {
+            let probes = others.iter().map(|a| super::failover::probe(*a));
+            let gone = futures_util::future::join_all(probes).await;
+            let alive = gone
+                .iter()
+                .filter(|p| !matches!(p, super::failover::Probe::Gone))
+                .count();
+            if 2 * (alive + 1) <= voters.len() {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
     }
 
     /// Leader side of `leave_lambdas`: member `node` is stopping; the last
