@@ -676,6 +676,17 @@ fn lag_column(g: &serde_json::Value) -> Vec<String> {
         .collect()
 }
 
+/// The role column of `cluster status`: "follower", or "follower(no
+/// state)" for a member that started with nothing and holds its vote back
+/// until it has caught up from the leader.
+fn role_column(g: &serde_json::Value) -> String {
+    let role = g["role"].as_str().unwrap_or("-");
+    match g["state_lost"].as_bool() {
+        Some(true) => format!("{role}(no state)"),
+        _ => role.to_string(),
+    }
+}
+
 /// `cluster status`: every node's groups, asked of each node.
 fn cluster_status(c: &BlockingClient) -> Result<Shown> {
     let info = c.cluster_command(json!({"op": "info"}), None)?;
@@ -721,7 +732,7 @@ fn cluster_status(c: &BlockingClient) -> Result<Shown> {
                 "{:<6} {:<16} {:<21} {:>5} {:>7} {:>9} {:>9} {:>9}  {}",
                 t(&s["node"]),
                 t(&g["group"]),
-                t(&g["role"]),
+                role_column(g),
                 t(&g["term"]),
                 t(&g["leader"]),
                 t(&g["last_log_index"]),
@@ -1697,7 +1708,7 @@ pub(crate) fn counted(n: u64, what: &str) -> String {
 
 #[cfg(test)]
 mod tests {
-    use super::{counted, dfg_lines, escaped, lag_column, stats_text, Out, Shown};
+    use super::{counted, dfg_lines, escaped, lag_column, role_column, stats_text, Out, Shown};
     use serde_json::json;
 
     /// `cluster status` marks a follower the leader counts as down.
@@ -1706,6 +1717,17 @@ mod tests {
         let g = json!({"lag": {"2": 0, "3": 15}, "down": [3]});
         assert_eq!(lag_column(&g), ["2:0", "3:15(down)"]);
         assert!(lag_column(&json!({"lag": {}, "down": []})).is_empty());
+    }
+
+    #[test]
+    fn the_role_column_marks_a_member_that_started_with_nothing() {
+        let g = json!({"role": "candidate", "state_lost": true});
+        assert_eq!(role_column(&g), "candidate(no state)");
+        assert_eq!(
+            role_column(&json!({"role": "leader", "state_lost": false})),
+            "leader"
+        );
+        assert_eq!(role_column(&json!({"role": "leader"})), "leader");
     }
 
     /// Counts in messages (dump, load, purge, fsck, stream publish): one

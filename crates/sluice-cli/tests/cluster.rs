@@ -4023,3 +4023,139 @@ async fn a_whole_cluster_restarted_runs_no_lambda_twice_and_reads_what_it_had() 
         }
     }
 }
+
+/// A member whose machine rebooted lost its volatile shards' state (their
+/// logs live in `/dev/shm`) and must not vote until it has caught up from
+/// a leader: its votes could elect a member that lacks writes it had
+/// acknowledged. (Before: a put acknowledged by the leader and this
+/// member, the third member cut off; this member rebooted and the leader
+/// cut off in turn; the third member, asking the empty one, was elected
+/// without the put, and once the old leader came back the put was gone
+/// everywhere.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_member_that_lost_its_state_elects_no_leader_without_its_writes() {
+    let _serial = SERIAL.lock().await;
+    let mut c = Cluster::start_nodes(3, ALL_THREE);
+    c.ready().await;
+    let a = c.leader(1, "volatile/0/0").await.unwrap();
+    let others: Vec<u32> = (1..=3).filter(|i| *i != a).collect();
+    let (b, lagging) = (others[0], others[1]);
+    // Cuts `node`'s links to `peers`; none: heals them all.
+    let cut = |c: &Cluster, node: u32, peers: Vec<u32>| {
+        let addr = c.addr(node);
+        async move {
+            let command = match peers.is_empty() {
+                true => serde_json::json!({"op": "heal"}),
+                false => serde_json::json!({"op": "cut", "peers": peers}),
+            };
+            let client = Client::connect(&addr).await.unwrap();
+            client.cluster_command(command, Some(node)).await.unwrap();
+        }
+    };
+    cut(&c, lagging, vec![a, b]).await;
+    let client = c.client(a).await;
+    client.put("/vol/acked", "acked").await.unwrap();
+    drop(client);
+    // b's machine reboots: the process dies and /dev/shm is emptied. The
+    // leader is cut off before b is back (else it would catch b up).
+    c.kill(b);
+    let root = c.dir.path().join(format!("node-{b}")).join("raft-volatile");
+    std::fs::remove_dir_all(&root).unwrap();
+    cut(&c, a, vec![b, lagging]).await;
+    c.spawn(b);
+    cut(&c, lagging, vec![]).await;
+    c.wait_for(
+        "b to hold its vote back, or b and the lagging member to elect",
+        || async {
+            let st = group_status(&c, b, "volatile/0/0").await;
+            st["state_lost"] == true
+                || [b, lagging]
+                    .iter()
+                    .any(|n| st["leader"].as_u64() == Some(u64::from(*n)))
+        },
+    )
+    .await;
+    let led = group_status(&c, b, "volatile/0/0").await["leader"].as_u64();
+    cut(&c, a, vec![]).await;
+    let client = c.client(lagging).await;
+    let deadline = Instant::now() + WAIT;
+    let got = loop {
+        let r = client.get_linearizable("/vol/acked").await;
+        let electing = matches!(
+            r,
+            Err(SluiceError::Unavailable { .. }
+                | SluiceError::NotLeader { .. }
+                | SluiceError::Timeout { .. })
+        );
+        if !electing || Instant::now() > deadline {
+            break r.map(|o| o.value);
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert_eq!(
+        got.as_ref().ok(),
+        Some(&Bytes::from_static(b"acked")),
+        "the acknowledged put after node {b} lost its state (leader while node {a} was cut off: {led:?}): {got:?}\n{}",
+        c.logs()
+    );
+    drop(client);
+
+    // Two of three reboot: they vote but do not stand, so the one that
+    // kept the log is elected (not an empty one, which would drop it).
+    let (keeper, rebooted) = (a, [b, lagging]);
+    for n in rebooted {
+        c.kill(n);
+        let root = c.dir.path().join(format!("node-{n}")).join("raft-volatile");
+        std::fs::remove_dir_all(&root).unwrap();
+    }
+    rebooted.iter().for_each(|n| c.spawn(*n));
+    c.ready().await;
+    assert_eq!(c.leader(keeper, "volatile/0/0").await, Some(keeper));
+    let client = c.client(keeper).await;
+    let got = client.get_linearizable("/vol/acked").await.map(|o| o.value);
+    assert_eq!(
+        got.as_ref().ok(),
+        Some(&Bytes::from_static(b"acked")),
+        "{got:?}"
+    );
+    drop(client);
+
+    // All three reboot (a power cut): the shard's volatile data is gone
+    // with every copy of it, and it starts afresh rather than wait.
+    for n in [a, b, lagging] {
+        c.kill(n);
+        let root = c.dir.path().join(format!("node-{n}")).join("raft-volatile");
+        std::fs::remove_dir_all(&root).unwrap();
+    }
+    [a, b, lagging].iter().for_each(|n| c.spawn(*n));
+    c.ready().await;
+    let client = c.client(a).await;
+    assert!(matches!(
+        client.get_linearizable("/vol/acked").await,
+        Err(SluiceError::NotFound { .. })
+    ));
+    client.put("/vol/after", "v").await.unwrap();
+    drop(client);
+
+    // A node's whole data directory wiped (an operator's reset), its
+    // groups' leaders in place: they count entries it no longer has and
+    // send them again. (Before, their next heartbeat named a commit point
+    // past its empty log, and raft-rs stopped its metadata group.)
+    let meta_leader = c.leader(a, "meta").await;
+    let wiped = (1..=3).find(|n| Some(*n) != meta_leader).unwrap();
+    c.kill(wiped);
+    std::fs::remove_dir_all(c.dir.path().join(format!("node-{wiped}"))).unwrap();
+    c.spawn(wiped);
+    c.wait_for("the wiped node to catch up on every group", || async {
+        let s = c.status(wiped).await;
+        s["groups"].as_array().is_some_and(|gs| {
+            gs.iter().all(|g| {
+                g["stopped"].is_null() && g["role"] == "follower" && g["state_lost"] == false
+            })
+        })
+    })
+    .await;
+    let client = c.client(wiped).await;
+    let got = client.get("/vol/after").await.map(|o| o.value);
+    assert_eq!(got.ok(), Some(Bytes::from_static(b"v")));
+}

@@ -71,6 +71,12 @@ pub(super) enum Admin {
         group: u64,
         node: u64,
     },
+    /// Internal: how far this member has committed `group` (0: nothing,
+    /// or it holds back its vote, having started with nothing), asked by
+    /// a member that started with nothing (`watch_lost_state`).
+    Held {
+        group: u64,
+    },
     /// Internal: replicate a purge of a removed pool's keys in `group`
     /// (sent to its leader); answers what it deleted there.
     PurgeShard {
@@ -100,6 +106,7 @@ impl ClusterNode {
                     | Admin::MetaFence { .. }
                     | Admin::PurgeShard { .. }
                     | Admin::Leaving { .. }
+                    | Admin::Held { .. }
             )
         {
             return Err(SluiceError::Forbidden {
@@ -188,6 +195,15 @@ impl ClusterNode {
                 let g = self.local_group(group)?;
                 let index = self.mark_leaving(&g, node).await?;
                 Ok(json!({ "index": index }))
+            }
+            Admin::Held { group } => {
+                let g = self.local_group(group)?;
+                let st = g.core.handle.borrow_status();
+                let committed = match st.lost {
+                    crate::raftrs::LostState::No => st.commit,
+                    _ => 0,
+                };
+                Ok(json!({ "committed": committed }))
             }
             Admin::MetaFence { group } => {
                 let g = self.local_group(group)?;

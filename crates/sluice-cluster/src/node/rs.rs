@@ -43,6 +43,7 @@ impl ClusterNode {
             election_ticks: (min, ticks(self.settings.election_max_ms).max(min + 1)),
             snapshot_every: self.settings.snapshot_every,
             snapshot_bytes: self.snapshot_limit(g),
+            guard_lost_state: true,
             ..Default::default()
         }
     }
@@ -73,7 +74,77 @@ impl ClusterNode {
         .map_err(|e| SluiceError::Internal {
             reason: format!("starting replication group {}: {e}", group_name(g)),
         })?;
-        Ok(Group::new(g, Core { handle }, sm, log))
+        let lost = handle.borrow_status().lost != raftrs::LostState::No;
+        let group = Group::new(g, Core { handle }, sm, log);
+        if let (true, Some(node)) = (lost, self.me.get().and_then(std::sync::Weak::upgrade)) {
+            let watched = group.clone();
+            tokio::spawn(async move { node.watch_lost_state(&watched).await });
+        }
+        Ok(group)
+    }
+
+    /// A group that started with nothing holds back its vote
+    /// (`raftrs/lost.rs`): asks the other voters every 100 ms what they
+    /// hold, and lets it vote (and stand) once a majority holds nothing
+    /// too, until it has caught up from a leader or stopped.
+    async fn watch_lost_state(&self, g: &Group) {
+        use raftrs::LostState;
+        let me = u64::from(self.id);
+        loop {
+            let (lost, voters) = {
+                let st = g.core.handle.borrow_status();
+                if st.stopped.is_some() {
+                    return;
+                }
+                (st.lost, st.members.voters.clone())
+            };
+            if lost == LostState::No {
+                return;
+            }
+            let asks = voters
+                .iter()
+                .filter(|n| **n != me)
+                .map(|n| self.held_by(g.id, *n));
+            let held = futures_util::future::join_all(asks).await;
+            let empty = 1 + held.iter().filter(|h| **h == Some(0)).count();
+            let holding = held.iter().filter(|h| h.is_some_and(|c| c > 0)).count();
+            if 2 * empty > voters.len() {
+                let to = if holding == 0 {
+                    LostState::No
+                } else {
+                    LostState::VoteOnly
+                };
+                tracing::info!(group = %group_name(g.id), empty, holding, voters = voters.len(), to = to.as_str(), "a majority of the members started with no state too");
+                g.core.handle.lost_state(to);
+                if to == LostState::No {
+                    return;
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    /// How far member `node` has committed group `g` (0: it holds
+    /// nothing, or holds back as this one does), or `None` if it did not
+    /// answer within 500 ms.
+    async fn held_by(&self, g: u64, node: u64) -> Option<u64> {
+        let addr = u32::try_from(node)
+            .ok()
+            .and_then(|n| self.layout.address_of(n))?;
+        let req = sluice_wire::Request::Cluster {
+            command: json!({"op": "held", "group": g}).to_string(),
+        };
+        let t = Duration::from_millis(500);
+        match self
+            .peers
+            .request(node as u32, &addr.to_string(), &req, t)
+            .await
+        {
+            Ok(sluice_wire::Response::Json(j)) => serde_json::from_str::<serde_json::Value>(&j)
+                .ok()
+                .and_then(|v| v["committed"].as_u64()),
+            _ => None,
+        }
     }
 
     /// A raft-rs message from node `from` (`raftrs::transport`): decoded

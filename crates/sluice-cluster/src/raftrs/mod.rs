@@ -42,6 +42,7 @@
 
 mod down;
 mod logger;
+mod lost;
 mod storage;
 #[cfg(test)]
 mod tests;
@@ -60,6 +61,7 @@ use std::time::Duration;
 use storage::RaftLog;
 use tokio::sync::{mpsc, oneshot, watch};
 
+pub use lost::LostState;
 pub use raft::eraftpb::Message as RaftMessage;
 
 /// An entry's data in raft-rs's log: our log holds its command.
@@ -133,6 +135,10 @@ pub struct DriverSettings {
     /// shard's log lives in memory, and its recycled segments need no
     /// fresh pages.
     pub snapshot_min_bytes: u64,
+    /// A member that starts with nothing neither votes nor stands until
+    /// it has caught up or is told to (`lost.rs`). A node sets it; off,
+    /// such a member votes at once.
+    pub guard_lost_state: bool,
 }
 
 impl Default for DriverSettings {
@@ -148,6 +154,7 @@ impl Default for DriverSettings {
             snapshot_every: 10_000,
             snapshot_bytes: 256 << 20,
             snapshot_min_bytes: 32 << 20,
+            guard_lost_state: false,
         }
     }
 }
@@ -203,6 +210,9 @@ pub struct GroupStatus {
     /// On a leader, the members it counts as down for lambdas dispatched
     /// to one member (`down.rs`), Sluice node ids.
     pub down: Vec<u32>,
+    /// A member that started with nothing and holds back its vote
+    /// (`lost.rs`).
+    pub lost: LostState,
 }
 
 /// A group's configuration: the members that vote, and the learners
@@ -336,6 +346,8 @@ enum Input {
     Snapshotted(Result<Option<LogId>, String>),
     /// A step of a membership change (answered once applied here).
     Change(MemberChange, Reply),
+    /// The node's verdict on a member that started with nothing.
+    Lost(LostState),
 }
 
 impl Input {
@@ -510,6 +522,12 @@ impl GroupHandle {
         let _ = self.tx.send(Input::Campaign);
     }
 
+    /// A member that started with nothing may vote (`VoteOnly`), or vote
+    /// and stand (`No`): see `lost.rs`.
+    pub fn lost_state(&self, to: LostState) {
+        let _ = self.tx.send(Input::Lost(to));
+    }
+
     /// Member `node`'s process is gone (its connection closed and nothing
     /// listens at its address): a leader counts it as down until it hears
     /// from it again (`down.rs`).
@@ -630,17 +648,33 @@ pub fn start(
     };
     let raw = RawNode::new(&cfg, store, &logger::for_group(group))
         .map_err(|e| stopped(format!("starting raft: {e}")))?;
+    let snap_index = sm.snapshot_index();
+    let snapshot_size = sm.snapshot_bytes();
+    // Nothing at all, where a member must have had something: it may have
+    // lost it (`lost.rs`).
+    let lost = match settings.guard_lost_state
+        && log.hard_state() == (0, 0)
+        && log.bounds().last == 0
+        && snap_index == 0
+        && members.voters.contains(&me)
+        && members.voters.len() > 1
+    {
+        true => LostState::Hold,
+        false => LostState::No,
+    };
+    if lost == LostState::Hold {
+        tracing::info!(group = %crate::types::group_name(group), "started with no state: votes once caught up from a leader, or once a majority of the members are found to have none either");
+    }
     let (tx, rx) = mpsc::unbounded_channel();
     let (status_tx, status) = watch::channel(GroupStatus {
         members,
+        lost,
         ..Default::default()
     });
     let status_tx = std::sync::Arc::new(status_tx);
     let on_panic = status_tx.clone();
     let matched = Matched::default();
     let inbox = Arc::new(Inbox::new(INBOX_MESSAGES, INBOX_BYTES));
-    let snap_index = sm.snapshot_index();
-    let snapshot_size = sm.snapshot_bytes();
     let driver = Driver {
         group,
         raw,
@@ -669,6 +703,7 @@ pub fn start(
         gone: HashMap::new(),
         leaving: HashMap::new(),
         down: Vec::new(),
+        lost,
         live_for: settings.tick * (settings.election_ticks.1 * LIVE_TIMEOUTS) as u32,
         snapshot_every: settings.snapshot_every.max(1),
         snapshot_bytes: settings.snapshot_bytes,
@@ -756,6 +791,8 @@ struct Driver {
     /// The members counted as down as of the last turn (`down.rs`): the
     /// writes proposed now name them.
     down: Vec<u32>,
+    /// Started with nothing: holds back its vote (`lost.rs`).
+    lost: LostState,
     /// A follower heard from within this long is live (`LIVE_TIMEOUTS`
     /// of the longest election timeout).
     live_for: Duration,
@@ -809,7 +846,10 @@ impl Driver {
                     res
                 }
                 _ = ticks.tick() => {
-                    self.raw.tick();
+                    // Holding back: no election of its own.
+                    if self.lost == LostState::No {
+                        self.raw.tick();
+                    }
                     self.check_snapshots_sent();
                     self.publish_matched();
                     Ok(())
@@ -891,6 +931,7 @@ impl Driver {
                 self.peers_inbox.release(bytes);
                 self.step(*msg, commands)
             }
+            Input::Campaign if self.lost != LostState::No => {}
             Input::Campaign => {
                 if let Err(e) = self.raw.campaign() {
                     tracing::debug!(group = self.group, error = %e, "campaign refused");
@@ -930,6 +971,7 @@ impl Driver {
                 self.propose_writes();
                 self.propose_change(change, reply);
             }
+            Input::Lost(to) => self.set_lost(to),
         }
         Ok(())
     }
@@ -1187,7 +1229,14 @@ impl Driver {
 
     /// A peer's message: its commands are held for the entries they
     /// belong to, then raft-rs steps it.
-    fn step(&mut self, msg: RaftMessage, commands: Vec<Command>) {
+    fn step(&mut self, mut msg: RaftMessage, commands: Vec<Command>) {
+        if self.held_back(&msg) {
+            return;
+        }
+        if let Some(tell) = self.behind_heartbeat(&mut msg) {
+            self.send(vec![tell]);
+        }
+        self.forgotten(&msg);
         // raft-rs panics on an append whose entries do not follow its
         // index one by one: a peer's message must not stop this node.
         let contiguous = msg
@@ -1786,6 +1835,7 @@ impl Driver {
     /// proposals it still held (another leader may or may not commit
     /// them: their outcome is unknown) and its read asks.
     fn publish(&mut self) {
+        self.check_caught_up();
         let r = &self.raw.raft;
         let is_leader = r.state == StateRole::Leader;
         let now = GroupStatus {
@@ -1798,6 +1848,7 @@ impl Driver {
             // Published as it changes (`publish_members`).
             members: Members::default(),
             down: self.down_members(),
+            lost: self.lost,
         };
         self.down.clone_from(&now.down);
         if self.was_leader && !is_leader {
@@ -1817,16 +1868,23 @@ impl Driver {
             crate::types::report_leadership(self.group, me, now.term, now.leader);
         }
         self.status.send_if_modified(|s| {
-            let changed = (s.leader, s.term, s.is_leader, s.commit, s.applied, &s.down)
-                != (
-                    now.leader,
-                    now.term,
-                    now.is_leader,
-                    now.commit,
-                    now.applied,
-                    &now.down,
-                )
-                || s.stopped.is_some();
+            let changed = (
+                s.leader,
+                s.term,
+                s.is_leader,
+                s.commit,
+                s.applied,
+                &s.down,
+                s.lost,
+            ) != (
+                now.leader,
+                now.term,
+                now.is_leader,
+                now.commit,
+                now.applied,
+                &now.down,
+                now.lost,
+            ) || s.stopped.is_some();
             let members = std::mem::take(&mut s.members);
             *s = GroupStatus { members, ..now };
             changed
