@@ -1533,6 +1533,9 @@ fn health(c: &BlockingClient, out: &mut Out) -> Result<()> {
     let mut leaderless = Vec::new();
     let mut stopped = Vec::new();
     let mut down = serde_json::Map::new();
+    // Leaderless groups this node holds its vote back in, having come back
+    // with no state (`raftrs/lost.rs`).
+    let mut held_back = Vec::new();
     match c.cluster_command(json!({"op": "status"}), None) {
         Ok(st) => {
             for g in st["groups"].as_array().into_iter().flatten() {
@@ -1543,6 +1546,9 @@ fn health(c: &BlockingClient, out: &mut Out) -> Result<()> {
                 if let Some(why) = g["stopped"].as_str() {
                     stopped.push((name, why.to_string()));
                 } else if g["leader"].is_null() {
+                    if g["state_lost"] == true {
+                        held_back.push(name.clone());
+                    }
                     leaderless.push(name);
                 }
             }
@@ -1568,6 +1574,12 @@ fn health(c: &BlockingClient, out: &mut Out) -> Result<()> {
             leaderless.join(", ")
         ));
     }
+    if !held_back.is_empty() {
+        problems.push(format!(
+            "this node came back with no state in {} and holds its vote until a leader catches it up: that needs a majority of their members, with their state, up and connected",
+            held_back.join(", ")
+        ));
+    }
     let healthy = problems.is_empty();
     let stopped_json: Vec<_> = stopped
         .iter()
@@ -1575,6 +1587,7 @@ fn health(c: &BlockingClient, out: &mut Out) -> Result<()> {
         .collect();
     let report = json!({"node": node, "healthy": healthy, "rtt_us": rtt.as_micros() as u64,
         "groups_without_leader": leaderless, "groups_stopped": stopped_json,
+        "groups_holding_vote_back": held_back,
         "members_down": down});
     let text = if healthy {
         let down: Vec<String> = down.iter().map(|(g, d)| format!("{g} {d}")).collect();

@@ -4076,6 +4076,19 @@ async fn a_member_that_lost_its_state_elects_no_leader_without_its_writes() {
     )
     .await;
     let led = group_status(&c, b, "volatile/0/0").await["leader"].as_u64();
+    if led.is_none() {
+        // `health` says why the shard has no leader here.
+        let out = Command::new(BIN)
+            .args(["--addr", &c.addr(b), "health"])
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success());
+        assert!(
+            text.contains("came back with no state in volatile/0/0"),
+            "{text}"
+        );
+    }
     cut(&c, a, vec![]).await;
     let client = c.client(lagging).await;
     let deadline = Instant::now() + WAIT;
