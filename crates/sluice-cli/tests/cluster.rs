@@ -4148,6 +4148,37 @@ async fn a_member_that_lost_its_state_elects_no_leader_without_its_writes() {
         Err(SluiceError::NotFound { .. })
     ));
     client.put("/vol/after", "v").await.unwrap();
+    let dfg = serde_json::json!([{ "id": "relay", "graph": [
+        { "pathname": "/vol/in", "user_defined_logic_list": ["relay"],
+          "destinations": [{ "/vol/out": "put" }] }
+    ]}])
+    .to_string();
+    client.dfg_apply(&dfg).await.unwrap();
+    let n = 20;
+    relayed(&c, &client, 0..n).await;
+    drop(client);
+
+    // One member rebooted, its shard's leader in place: it catches up on
+    // the log without running its share of those relays again (before,
+    // about a third of them ran a second time); a new put runs once.
+    let vol_leader = c.leader(a, "volatile/0/0").await;
+    let r = (1..=3).find(|n| Some(*n) != vol_leader).unwrap();
+    c.kill(r);
+    let root = c.dir.path().join(format!("node-{r}")).join("raft-volatile");
+    std::fs::remove_dir_all(&root).unwrap();
+    c.spawn(r);
+    c.wait_for("the rebooted member to catch up", || async {
+        let g = group_status(&c, r, "volatile/0/0").await;
+        g["role"] == "follower" && g["state_lost"] == false
+    })
+    .await;
+    let client = c.client(r).await;
+    relayed(&c, &client, n..n + 1).await;
+    let again = upcalls_on(&c, &[r]).await;
+    assert!(
+        again <= 1,
+        "node {r} ran {again} lambdas after it came back"
+    );
     drop(client);
 
     // A node's whole data directory wiped (an operator's reset), its

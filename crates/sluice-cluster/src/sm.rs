@@ -264,7 +264,9 @@ pub struct Sm {
     /// The last entry this member had applied before it restarted (0:
     /// none): applied again now, its writes are not delivered again, and
     /// stable reads wait until it is (`crate::applied`).
-    applied_before: u64,
+    /// Shared by the clones (the driver sets it for a member that started
+    /// with nothing: `quiet_through`).
+    applied_before: Arc<std::sync::atomic::AtomicU64>,
     /// `applied_before` until this member has applied it again, then 0
     /// (read without the state's lock on every stable read).
     again_until: Arc<std::sync::atomic::AtomicU64>,
@@ -397,7 +399,7 @@ impl Sm {
             st: Arc::default(),
             save_lock: Arc::default(),
             down: Arc::default(),
-            applied_before: 0,
+            applied_before: Arc::default(),
             again_until: Arc::default(),
         };
         if let Some(d) = &sm.dir {
@@ -431,7 +433,7 @@ impl Sm {
     /// and, where the log holds the entry it names (and the snapshot does
     /// not cover it), applies up to there again without delivering, taking
     /// it as committed (`crate::applied`).
-    fn resume(mut self, log: Option<&crate::log::LogStore>) -> Result<Sm, StorageError> {
+    fn resume(self, log: Option<&crate::log::LogStore>) -> Result<Sm, StorageError> {
         let (Some(shard), Some(dir), Some(log)) = (self.shard, &self.dir, log) else {
             return Ok(self);
         };
@@ -444,7 +446,7 @@ impl Sm {
                 let held = log.log_id_at(b.index).map(|l| l.leader_id.term);
                 if held == Some(b.leader_id.term) {
                     log.save_commit(b.index)?;
-                    self.applied_before = b.index;
+                    self.applied_before.store(b.index, Ordering::Relaxed);
                     self.again_until.store(b.index, Ordering::Relaxed);
                     tracing::info!(shard = %shard, from, to = b.index, "applying again what was applied before the restart, without running its lambdas again");
                 } else {
@@ -460,6 +462,21 @@ impl Sm {
     /// While a restarted member applies again what it had applied before
     /// (its stable reads would see less than it served then): (applied,
     /// applied before the restart).
+    /// A member that started with nothing (`raftrs/lost.rs`) learns the
+    /// leader's commit point: it may have applied everything up to there
+    /// before it lost its state (its lambdas ran then), so it applies up
+    /// to there without delivering, and serves no stable read until it
+    /// has.
+    pub(crate) fn quiet_through(&self, index: u64) {
+        let st = self.st.lock();
+        let applied = st.last_applied.map_or(0, |l| l.index);
+        if index > self.applied_before.load(Ordering::Relaxed) && index > applied {
+            self.applied_before.store(index, Ordering::Relaxed);
+            self.again_until.store(index, Ordering::Relaxed);
+            tracing::info!(group = %crate::types::group_name(self.group), applied, through = index, "started with no state: applies the log up to the leader's commit point without running its lambdas again");
+        }
+    }
+
     pub fn applying_again(&self) -> Option<(u64, u64)> {
         match self.again_until.load(Ordering::Relaxed) {
             0 => None,
@@ -650,7 +667,7 @@ impl Sm {
             trace: trace.map(Arc::new),
             at,
             // Delivered when first applied, before a restart.
-            deliver: index > self.applied_before,
+            deliver: index > self.applied_before.load(Ordering::Relaxed),
         };
         let res: Result<PutResult, SluiceError> =
             self.store.apply_write(shard, &key, value, expected, how);
@@ -968,13 +985,10 @@ impl Sm {
         // at `last_applied`, never half a batch.
         let mut st = self.st.lock();
         let mut out = Vec::new();
+        let before = self.applied_before.load(Ordering::Relaxed);
         for e in entries {
             st.last_applied = Some(e.log_id);
-            if let Some(m) = st
-                .mark
-                .as_mut()
-                .filter(|_| e.log_id.index > self.applied_before)
-            {
+            if let Some(m) = st.mark.as_mut().filter(|_| e.log_id.index > before) {
                 m.set(e.log_id);
             }
             crate::marks::mark(
@@ -1048,7 +1062,8 @@ impl Sm {
     /// before its restart (by entries, or a snapshot installed past it).
     fn note_applied(&self, st: &State) {
         let applied = st.last_applied.map_or(0, |l| l.index);
-        if self.applied_before > 0 && applied >= self.applied_before {
+        let before = self.applied_before.load(Ordering::Relaxed);
+        if before > 0 && applied >= before {
             self.again_until.store(0, Ordering::Relaxed);
         }
     }

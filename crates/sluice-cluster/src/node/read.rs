@@ -14,6 +14,14 @@ impl ClusterNode {
             return Ok(());
         }
         let g = self.local(shard)?;
+        if g.core.handle.borrow_status().lost != crate::raftrs::LostState::No {
+            // Back with nothing, and not caught up yet: it would answer
+            // "not found" for what the others hold.
+            return Err(unavailable(format!(
+                "shard {shard} on node {}: came back with no state and has not caught up from the leader yet; another member or the leader answers",
+                self.id
+            )));
+        }
         if let Some((applied, before)) = g.sm.applying_again() {
             // Restarted and still applying what it had applied before: a
             // read here would see less than one it answered then.

@@ -110,6 +110,22 @@ impl Driver {
         }
     }
 
+    /// The first append from a leader to a member that started with
+    /// nothing names the commit point it catches up to: it may have
+    /// applied up to there before (its lambdas ran then), so it applies up
+    /// to there without delivering (`Sm::quiet_through`). (A volatile
+    /// member rebooted re-ran its share of every write still in its
+    /// leader's log.)
+    pub(super) fn first_append(&mut self, msg: &RaftMessage) {
+        if self.quiet_pending
+            && msg.get_msg_type() == MessageType::MsgAppend
+            && msg.term >= self.raw.raft.term
+        {
+            self.quiet_pending = false;
+            self.sm.quiet_through(msg.commit);
+        }
+    }
+
     /// After a turn: holding back ends once this member has caught up
     /// from a leader (its commit point is an entry of the current term).
     pub(super) fn check_caught_up(&mut self) {

@@ -704,6 +704,7 @@ pub fn start(
         leaving: HashMap::new(),
         down: Vec::new(),
         lost,
+        quiet_pending: lost == LostState::Hold,
         live_for: settings.tick * (settings.election_ticks.1 * LIVE_TIMEOUTS) as u32,
         snapshot_every: settings.snapshot_every.max(1),
         snapshot_bytes: settings.snapshot_bytes,
@@ -793,6 +794,8 @@ struct Driver {
     down: Vec<u32>,
     /// Started with nothing: holds back its vote (`lost.rs`).
     lost: LostState,
+    /// Started with nothing and no leader's append seen yet (`lost.rs`).
+    quiet_pending: bool,
     /// A follower heard from within this long is live (`LIVE_TIMEOUTS`
     /// of the longest election timeout).
     live_for: Duration,
@@ -1237,6 +1240,7 @@ impl Driver {
             self.send(vec![tell]);
         }
         self.forgotten(&msg);
+        self.first_append(&msg);
         // raft-rs panics on an append whose entries do not follow its
         // index one by one: a peer's message must not stop this node.
         let contiguous = msg
