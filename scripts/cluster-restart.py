@@ -10,13 +10,18 @@ once (or one), says how long they took to exit, starts them again with
 health` passes, puts without an output, the lambda runs each node made after
 the restart before any new put, outputs written more than once (persistent
 pools: their history), and whether 100 new puts each get their output.
+With `--reboot` the stopped nodes' volatile logs are removed too, as a
+machine's reboot empties `/dev/shm` (the volatile pool's data then lives
+only on the nodes left running, or nowhere).
 
     python scripts/cluster-restart.py --sluice target/release/sluice --stop kill
     python scripts/cluster-restart.py --stop term --pool vol --nodes 1
+    python scripts/cluster-restart.py --pool vol --nodes 1 --reboot
 """
 import argparse
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -32,6 +37,8 @@ def main() -> int:
     ap.add_argument("--stop", choices=["kill", "term"], default="kill")
     ap.add_argument("--pool", choices=["per", "vol"], default="per")
     ap.add_argument("--nodes", default="all", help="all, or one node id (0-2)")
+    ap.add_argument("--reboot", action="store_true",
+                    help="also remove the stopped nodes' volatile logs (a reboot)")
     ap.add_argument("--dir", default="/tmp/sluice-cluster-restart")
     ap.add_argument("--base-port", type=int, default=8050)
     a = ap.parse_args()
@@ -101,9 +108,15 @@ def run(a, sl: str, d: str, addrs: str, env: dict, restarted: list) -> int:
         while os.path.exists(f"/proc/{pid}") and open(f"/proc/{pid}/stat").read().split()[2] != "Z":
             time.sleep(0.01)
     gone = time.time() - t0
+    if a.reboot:
+        for i in victims:
+            conf = open(f"{d}/node-{i}.toml").read()
+            vdir = conf.split('volatile_dir = "')[1].split('"')[0]
+            shutil.rmtree(vdir)
     stop.set()
     t.join()
-    print(f"{a.stop} nodes {victims}: gone after {gone:.2f} s; {len(acked)} puts acknowledged")
+    print(f"{a.stop} nodes {victims}{' (rebooted)' if a.reboot else ''}: gone after {gone:.2f} s; "
+          f"{len(acked)} puts acknowledged")
     for i in victims:
         restarted.append(subprocess.Popen(
             [sl, "serve", "--config", f"{d}/node-{i}.toml", "--cluster", f"{d}/layout.toml",
