@@ -1468,3 +1468,39 @@ async fn a_follower_behind_takes_its_backlog_a_turn_at_a_time() {
     );
     stop_all(&net, ms).await;
 }
+
+/// A member that lost its log (a volatile shard's, after a reboot) and
+/// started again while its leader kept leading: the leader's heartbeat
+/// named a commit point past the empty log, raft-rs panicked on it and
+/// the group stopped, again at every restart. It now takes the commit
+/// point back to its log's end and says where that is; the leader sends
+/// it the entries again (`lost.rs`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_that_lost_its_log_is_sent_it_again() {
+    let (dir, net, mut ms) = started().await;
+    let l = leader(&ms, &[0, 1, 2]).await;
+    let mut last = 0;
+    for i in 0..20u8 {
+        let key = format!("/v/l{i}");
+        last = ms[&l].handle.propose(put(&key, &[i; 100])).await.unwrap().0;
+    }
+    let f = (0..3).find(|n| *n != l).unwrap();
+    caught_up(&ms[&f], last).await;
+    let gone = ms.remove(&f).unwrap();
+    let rx = gone.handle.status();
+    net.members.lock().remove(&f);
+    drop(gone);
+    until(rx, "the member shuts down", |s| s.stopped.is_some()).await;
+    std::fs::remove_dir_all(dir.path().join(f.to_string())).unwrap();
+    let back = member_with(&net, dir.path(), f, mapped(), &test_settings());
+    let st = until(back.handle.status(), "the member to catch up", |s| {
+        s.stopped.is_some() || s.applied >= last
+    })
+    .await;
+    assert_eq!(st.stopped, None);
+    assert_eq!(
+        value_of(&back.store, "/v/l19").as_deref(),
+        Some(&[19u8; 100][..])
+    );
+    assert!(ms[&l].handle.status().borrow().is_leader);
+}
