@@ -190,6 +190,10 @@ fn describe() {
         "sluice_raft_members_down",
         "On a leader: members it counts as down (their share of one-dispatched lambdas runs on the others)"
     );
+    describe_gauge!(
+        "sluice_raft_state_lost",
+        "1 while this member, back with no state (a reboot, a wiped data directory), holds its vote back until a leader catches it up"
+    );
     describe_counter!(
         "sluice_raft_snapshots_built_total",
         "Snapshots built per group"
@@ -356,6 +360,8 @@ fn mirror_raft(status: &serde_json::Value) {
             .set(u("snapshot_bytes") as f64);
         gauge!("sluice_raft_members_down", "group" => group.clone())
             .set(grp["down"].as_array().map_or(0, Vec::len) as f64);
+        gauge!("sluice_raft_state_lost", "group" => group.clone())
+            .set(if grp["state_lost"] == true { 1.0 } else { 0.0 });
         if let Some(lag) = grp["lag"].as_object() {
             for (peer, entries) in lag {
                 gauge!("sluice_raft_follower_lag_entries", "group" => group.clone(), "peer" => peer.clone())
@@ -381,7 +387,7 @@ mod tests {
                  "snapshot_bytes": 4096,
                  "lag": {"2": 0, "3": 5}, "down": [3]},
                 {"group": "volatile/0/0", "role": "follower", "term": 3,
-                 "last_log_index": 40, "applied_index": 40, "lag": {}}
+                 "last_log_index": 40, "applied_index": 40, "lag": {}, "state_lost": true}
             ]
         });
         metrics::with_local_recorder(&recorder, || mirror_raft(&status));
@@ -397,6 +403,8 @@ mod tests {
             r#"sluice_raft_follower_lag_entries{group="meta",peer="3"} 5"#,
             r#"sluice_raft_members_down{group="meta"} 1"#,
             r#"sluice_raft_members_down{group="volatile/0/0"} 0"#,
+            r#"sluice_raft_state_lost{group="volatile/0/0"} 1"#,
+            r#"sluice_raft_state_lost{group="meta"} 0"#,
             r#"sluice_raft_snapshots_built_total{group="meta"} 2"#,
             r#"sluice_raft_snapshot_bytes{group="meta"} 4096"#,
             r#"sluice_raft_snapshot_bytes{group="volatile/0/0"} 0"#,
