@@ -165,6 +165,12 @@ fn describe() {
         "sluice_udl_duration_seconds",
         "Time in each UDL's handler per call"
     );
+    describe_raft();
+}
+
+/// The Raft groups' series' HELP lines (`describe`).
+fn describe_raft() {
+    use metrics::{describe_counter, describe_gauge};
     describe_gauge!(
         "sluice_raft_role",
         "1 for the role each Raft group hosted here has"
