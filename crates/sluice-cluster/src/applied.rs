@@ -1,6 +1,8 @@
-//! How far a member of a data shard had applied its log before it
-//! stopped: the last entry it handed to its state machine, kept in the
-//! group's directory (`applied`) across restarts.
+//! How far a member of a group had applied its log before it stopped:
+//! the last entry it handed to its state machine, kept in the group's
+//! directory (`applied`) across restarts. (For the metadata group only
+//! the commit point matters: a restarted node has its pools and graphs
+//! back at once, and the graphs run before its shards take new writes.)
 //!
 //! A restarted member applies its log again, from its snapshot (from the
 //! start of a persistent shard's history without one). Those writes had

@@ -9,6 +9,8 @@
 //! - [`log`]: each group's log (memory + an append-only file);
 //! - [`chunks`]: encodings that reference large values instead of copying them;
 //! - [`sm`]: applying commands to the store, deduplication, snapshots;
+//! - [`applied`]: how far a member had applied its log before a restart
+//!   (applied again without delivering);
 //! - [`network`]: the peer transport, with fault injection;
 //! - [`marks`]: optional timestamps of a write's way through a shard (`sluice bench cluster --breakdown`);
 //! - [`node`]: [`ClusterNode`], the write and read paths and administration;

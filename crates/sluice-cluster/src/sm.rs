@@ -39,6 +39,10 @@ const DEDUP_CLIENTS: usize = 10_000;
 const META_DEDUP_PER_CLIENT: usize = 32;
 const META_DEDUP_CLIENTS: usize = 1_000;
 
+/// `Sm::applying_again`'s bound while a member that started with nothing
+/// has not heard from a leader (`Sm::hold_reads`).
+pub const READS_HELD: u64 = u64::MAX;
+
 /// What every node knows from the metadata group: shard members (what
 /// clients route by) and the epoch, bumped by every metadata change.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -232,7 +236,7 @@ struct State {
     current: Option<(SnapshotMeta, SnapData)>,
     snapshots_built: u64,
     snapshots_installed: u64,
-    /// A data shard's last entry handed to apply, kept across restarts
+    /// A group's last entry handed to apply, kept across restarts
     /// (`crate::applied`); none without a directory.
     mark: Option<crate::applied::AppliedMark>,
 }
@@ -267,8 +271,10 @@ pub struct Sm {
     /// Shared by the clones (the driver sets it for a member that started
     /// with nothing: `quiet_through`).
     applied_before: Arc<std::sync::atomic::AtomicU64>,
-    /// `applied_before` until this member has applied it again, then 0
-    /// (read without the state's lock on every stable read).
+    /// `applied_before` until this member has applied it again, then 0;
+    /// `READS_HELD` while a member that started with nothing has not
+    /// heard from a leader (read without the state's lock on every stable
+    /// read).
     again_until: Arc<std::sync::atomic::AtomicU64>,
 }
 
@@ -429,14 +435,18 @@ impl Sm {
         sm.resume(covered.as_ref())
     }
 
-    /// A data shard's member with a directory: opens its applied mark
-    /// and, where the log holds the entry it names (and the snapshot does
-    /// not cover it), applies up to there again without delivering, taking
-    /// it as committed (`crate::applied`).
+    /// A member with a directory: opens its applied mark and, where the
+    /// log holds the entry it names (and the snapshot does not cover it),
+    /// applies up to there again without delivering, taking it as
+    /// committed (`crate::applied`). The metadata group too: a restarted
+    /// node has its pools and graphs back at once, not once a metadata
+    /// leader tells it the commit point (its shards' writes meanwhile ran
+    /// no lambda here: the graphs were not loaded yet).
     fn resume(self, log: Option<&crate::log::LogStore>) -> Result<Sm, StorageError> {
-        let (Some(shard), Some(dir), Some(log)) = (self.shard, &self.dir, log) else {
+        let (Some(dir), Some(log)) = (&self.dir, log) else {
             return Ok(self);
         };
+        let group = crate::types::group_name(self.group);
         let (mark, before) = crate::applied::AppliedMark::open(dir).map_err(sm_err)?;
         let mut st = self.st.lock();
         st.mark = Some(mark);
@@ -448,9 +458,9 @@ impl Sm {
                     log.save_commit(b.index)?;
                     self.applied_before.store(b.index, Ordering::Relaxed);
                     self.again_until.store(b.index, Ordering::Relaxed);
-                    tracing::info!(shard = %shard, from, to = b.index, "applying again what was applied before the restart, without running its lambdas again");
+                    tracing::info!(%group, from, to = b.index, "applying again what was applied before the restart, without running its lambdas again");
                 } else {
-                    tracing::warn!(shard = %shard, index = b.index, term = b.leader_id.term, log_term = ?held, "the log no longer holds the last entry applied before the restart; writes applied again are delivered again");
+                    tracing::warn!(%group, index = b.index, term = b.leader_id.term, log_term = ?held, "the log no longer holds the last entry applied before the restart; writes applied again are delivered again");
                 }
             }
             _ => {}
@@ -459,14 +469,26 @@ impl Sm {
         Ok(self)
     }
 
-    /// While a restarted member applies again what it had applied before
-    /// (its stable reads would see less than it served then): (applied,
-    /// applied before the restart).
-    /// A member that started with nothing (`raftrs/lost.rs`) learns the
-    /// leader's commit point: it may have applied everything up to there
-    /// before it lost its state (its lambdas ran then), so it applies up
-    /// to there without delivering, and serves no stable read until it
-    /// has.
+    /// A member that started with nothing (`raftrs/lost.rs`) serves no
+    /// stable read until it hears from a leader (`quiet_through`) or is
+    /// told to go on afresh (`release_reads`): it would say "not found"
+    /// for what the others hold.
+    pub(crate) fn hold_reads(&self) {
+        self.again_until.store(READS_HELD, Ordering::Relaxed);
+    }
+
+    /// Reads held by `hold_reads` go on (a new group, or one whose every
+    /// member lost its state: there is nothing to catch up on).
+    pub(crate) fn release_reads(&self) {
+        let _ =
+            self.again_until
+                .compare_exchange(READS_HELD, 0, Ordering::Relaxed, Ordering::Relaxed);
+    }
+
+    /// A member that started with nothing learns the leader's commit
+    /// point: it may have applied everything up to there before it lost
+    /// its state (its lambdas ran then), so it applies up to there without
+    /// delivering, and serves no stable read until it has.
     pub(crate) fn quiet_through(&self, index: u64) {
         let st = self.st.lock();
         let applied = st.last_applied.map_or(0, |l| l.index);
@@ -474,9 +496,15 @@ impl Sm {
             self.applied_before.store(index, Ordering::Relaxed);
             self.again_until.store(index, Ordering::Relaxed);
             tracing::info!(group = %crate::types::group_name(self.group), applied, through = index, "started with no state: applies the log up to the leader's commit point without running its lambdas again");
+        } else {
+            self.release_reads();
         }
     }
 
+    /// While a restarted member applies again what it had applied before
+    /// (its stable reads would see less than it served then): (applied,
+    /// applied before the restart; `READS_HELD` for one that started with
+    /// nothing and has not heard from a leader yet).
     pub fn applying_again(&self) -> Option<(u64, u64)> {
         match self.again_until.load(Ordering::Relaxed) {
             0 => None,
@@ -664,13 +692,13 @@ impl Sm {
         let ts = timestamp_us.max(st.last_ts + 1);
         let how = sluice_store::Replicated {
             timestamp_us: ts,
-            trace: trace.map(Arc::new),
             at,
             // Delivered when first applied, before a restart.
             deliver: index > self.applied_before.load(Ordering::Relaxed),
         };
         let res: Result<PutResult, SluiceError> =
-            self.store.apply_write(shard, &key, value, expected, how);
+            self.store
+                .apply_write(shard, &key, value, expected, trace.map(Arc::new), how);
         if let Err(e @ SluiceError::Io { .. }) = &res {
             return Err(stop_replica(self.group, "writing the history failed", e));
         }

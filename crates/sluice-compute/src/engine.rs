@@ -208,7 +208,6 @@ impl Engine {
         };
         let ctx = Arc::new(Context::new(Arc::downgrade(store), publisher, cfg.node_id));
         let stats = Arc::new(Stats {
-            running: AtomicU64::new(0),
             queued: (0..n).map(|_| AtomicU64::new(0)).collect(),
             ..Stats::default()
         });

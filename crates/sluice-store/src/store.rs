@@ -90,7 +90,6 @@ pub trait DeliveryObserver: Send + Sync {
 pub struct Replicated {
     /// The timestamp every replica gives it.
     pub timestamp_us: u64,
-    pub trace: Option<Arc<Trace>>,
     /// Where the replication log holds the value on disk, if it does; a
     /// persistent shard's history then records only the reference (see
     /// `set_value_resolver`).
@@ -98,22 +97,6 @@ pub struct Replicated {
     /// Whether observers (lambdas, watchers) see it: not when a restarted
     /// member applies again a write it had applied before it stopped.
     pub deliver: bool,
-}
-
-/// How `write_routed` stores a write: a local one (`LOCAL`) or one a
-/// replication log decided.
-struct Applying {
-    timestamp_us: Option<u64>,
-    at: Option<sluice_log::ValueRef>,
-    deliver: bool,
-}
-
-impl Applying {
-    const LOCAL: Applying = Applying {
-        timestamp_us: None,
-        at: None,
-        deliver: true,
-    };
 }
 
 /// Operation counters.
@@ -636,7 +619,7 @@ impl Store {
         if let Some(v) = &value {
             self.admit(v.len())?;
         }
-        self.write_routed(&r, key, value, expected, trace, Applying::LOCAL)
+        self.write_routed(&r, key, value, expected, trace, None)
     }
 
     /// Whether a write storing `adding` more bytes may go ahead under the
@@ -659,14 +642,9 @@ impl Store {
         key: &str,
         value: Option<Bytes>,
         expected: Option<u64>,
+        trace: Option<Arc<Trace>>,
         how: Replicated,
     ) -> Result<PutResult> {
-        let Replicated {
-            timestamp_us,
-            trace,
-            at,
-            deliver,
-        } = how;
         validate_key(key, self.cfg.max_key_bytes)?;
         let view = self.pools.load();
         // The pool table is replicated separately (another log): a member
@@ -701,13 +679,8 @@ impl Store {
             router,
             shard: self.shard_or_err(shard)?.clone(),
         };
-        self.clock.observe(timestamp_us);
-        let how = Applying {
-            timestamp_us: Some(timestamp_us),
-            at,
-            deliver,
-        };
-        let res = self.write_routed(&r, key, value, expected, trace, how);
+        self.clock.observe(how.timestamp_us);
+        let res = self.write_routed(&r, key, value, expected, trace, Some(how));
         self.count_err(res)
     }
 
@@ -750,13 +723,13 @@ impl Store {
         value: Option<Bytes>,
         expected: Option<u64>,
         trace: Option<Arc<Trace>>,
-        how: Applying,
+        replicated: Option<Replicated>,
     ) -> Result<PutResult> {
-        let Applying {
-            timestamp_us,
-            at,
-            deliver,
-        } = how;
+        // A local write: this node's clock, delivered.
+        let (timestamp_us, at, deliver) = match replicated {
+            Some(r) => (Some(r.timestamp_us), r.at, r.deliver),
+            None => (None, None, true),
+        };
         let op = if value.is_some() { "put" } else { "remove" };
         Self::require_type(r, key, op, STORED)?;
         let value = value.map(owned_if_small);

@@ -28,7 +28,6 @@ fn b(s: &str) -> Bytes {
 fn at(timestamp_us: u64) -> sluice_store::Replicated {
     sluice_store::Replicated {
         timestamp_us,
-        trace: None,
         at: None,
         deliver: true,
     }
@@ -423,10 +422,17 @@ fn replicated_writes_apply_the_same_with_or_without_the_pool() {
         .unwrap();
     for s in [&behind, &ahead] {
         let r1 = s
-            .apply_write(shard, "/late/k", Some(b("v1")), None, at(100))
+            .apply_write(shard, "/late/k", Some(b("v1")), None, None, at(100))
             .unwrap();
         let r2 = s
-            .apply_write(shard, "/late/k", Some(b("v2")), Some(r1.version), at(90))
+            .apply_write(
+                shard,
+                "/late/k",
+                Some(b("v2")),
+                Some(r1.version),
+                None,
+                at(90),
+            )
             .unwrap();
         assert_eq!((r1.version, r2.version), (1, 2));
         assert_eq!(
@@ -458,11 +464,12 @@ fn a_replicated_write_applied_again_is_stored_but_not_delivered() {
         deliver: false,
         ..at(100)
     };
-    s.apply_write(shard, "/vol/a", Some(b("1")), None, again)
+    s.apply_write(shard, "/vol/a", Some(b("1")), None, None, again)
         .unwrap();
     s.apply_write(
         shard,
         "/vol/a",
+        None,
         None,
         None,
         sluice_store::Replicated {
@@ -471,7 +478,7 @@ fn a_replicated_write_applied_again_is_stored_but_not_delivered() {
         },
     )
     .unwrap();
-    s.apply_write(shard, "/vol/b", Some(b("2")), None, at(102))
+    s.apply_write(shard, "/vol/b", Some(b("2")), None, None, at(102))
         .unwrap();
     assert_eq!(s.shard_objects(shard).len(), 2, "both writes stored");
     assert_eq!(

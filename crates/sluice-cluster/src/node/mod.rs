@@ -544,7 +544,8 @@ impl ClusterNode {
             // of the lambdas dispatched to one member (`raftrs/down.rs`).
             "down": st.down,
             // Started with nothing, it holds back its vote until caught up
-            // (`raftrs/lost.rs`): "hold", "vote_only"; absent otherwise.
+            // (`raftrs/lost.rs`): `lost_state` "hold" or "vote_only" then,
+            // "no" otherwise.
             "state_lost": st.lost != crate::raftrs::LostState::No,
             "lost_state": st.lost.as_str(),
             "peer_messages_dropped": handle.peer_messages_dropped(),

@@ -14,9 +14,9 @@ impl ClusterNode {
             return Ok(());
         }
         let g = self.local(shard)?;
-        if g.core.handle.borrow_status().lost != crate::raftrs::LostState::No {
-            // Back with nothing, and not caught up yet: it would answer
-            // "not found" for what the others hold.
+        if let Some((_, crate::sm::READS_HELD)) = g.sm.applying_again() {
+            // Back with nothing, and no leader heard from yet: it would
+            // answer "not found" for what the others hold.
             return Err(unavailable(format!(
                 "shard {shard} on node {}: came back with no state and has not caught up from the leader yet; another member or the leader answers",
                 self.id

@@ -128,18 +128,13 @@ impl ClusterNode {
     /// nothing, or holds back as this one does), or `None` if it did not
     /// answer within 500 ms.
     async fn held_by(&self, g: u64, node: u64) -> Option<u64> {
-        let addr = u32::try_from(node)
-            .ok()
-            .and_then(|n| self.layout.address_of(n))?;
+        let node = u32::try_from(node).ok()?;
+        let addr = self.layout.address_of(node)?;
         let req = sluice_wire::Request::Cluster {
             command: json!({"op": "held", "group": g}).to_string(),
         };
         let t = Duration::from_millis(500);
-        match self
-            .peers
-            .request(node as u32, &addr.to_string(), &req, t)
-            .await
-        {
+        match self.peers.request(node, &addr.to_string(), &req, t).await {
             Ok(sluice_wire::Response::Json(j)) => serde_json::from_str::<serde_json::Value>(&j)
                 .ok()
                 .and_then(|v| v["committed"].as_u64()),

@@ -31,16 +31,17 @@
 
 use super::{Driver, MessageType, RaftMessage};
 
-/// Whether a member that started with nothing may vote and stand.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+/// Whether a member that started with nothing may vote and stand, from
+/// the least held back to the most.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord)]
 pub enum LostState {
     /// It had state, has caught up, or was told to go on.
     #[default]
     No,
-    /// Neither votes nor stands.
-    Hold,
     /// Votes, does not stand.
     VoteOnly,
+    /// Neither votes nor stands.
+    Hold,
 }
 
 impl LostState {
@@ -136,18 +137,20 @@ impl Driver {
         if log.committed > 0 && log.term(log.committed).ok() == Some(self.raw.raft.term) {
             tracing::info!(group = %crate::types::group_name(self.group), commit = log.committed, "started with no state; caught up from the leader, votes again");
             self.lost = LostState::No;
+            // Caught up from a snapshot alone: no append said how far.
+            self.sm.release_reads();
         }
     }
 
     /// The node's verdict (`GroupHandle::lost_state`): only ever less held
     /// back than now.
     pub(super) fn set_lost(&mut self, to: LostState) {
-        let now = self.lost;
-        if now == LostState::Hold && to != LostState::Hold
-            || now == LostState::VoteOnly && to == LostState::No
-        {
+        if to < self.lost {
             tracing::info!(group = %crate::types::group_name(self.group), to = to.as_str(), "started with no state, as a majority of the members did");
             self.lost = to;
+            if to == LostState::No {
+                self.sm.release_reads();
+            }
         }
     }
 }

@@ -38,7 +38,9 @@
 //! configuration in each change's context, applied as single changes:
 //! `apply_members`); messages on the peer wire (`wire`) through the node's
 //! peer connections (`transport`), a group's queue of them bounded
-//! (`Inbox`). Every replication group runs on it (`node/rs.rs`).
+//! (`Inbox`). Every replication group runs on it (`node/rs.rs`). Which
+//! members a leader counts as down for lambdas: `down`; a member that
+//! starts with nothing (or lost entries it had acknowledged): `lost`.
 
 mod down;
 mod logger;
@@ -663,6 +665,7 @@ pub fn start(
         false => LostState::No,
     };
     if lost == LostState::Hold {
+        sm.hold_reads();
         tracing::info!(group = %crate::types::group_name(group), "started with no state: votes once caught up from a leader, or once a majority of the members are found to have none either");
     }
     let (tx, rx) = mpsc::unbounded_channel();
@@ -1236,11 +1239,6 @@ impl Driver {
         if self.held_back(&msg) {
             return;
         }
-        if let Some(tell) = self.behind_heartbeat(&mut msg) {
-            self.send(vec![tell]);
-        }
-        self.forgotten(&msg);
-        self.first_append(&msg);
         // raft-rs panics on an append whose entries do not follow its
         // index one by one: a peer's message must not stop this node.
         let contiguous = msg
@@ -1283,6 +1281,11 @@ impl Driver {
             }
         }
         self.heard.insert(msg.from, std::time::Instant::now());
+        if let Some(tell) = self.behind_heartbeat(&mut msg) {
+            self.send(vec![tell]);
+        }
+        self.forgotten(&msg);
+        self.first_append(&msg);
         if let Err(e) = self.raw.step(msg) {
             tracing::debug!(group = self.group, error = %e, "message not stepped");
         }
