@@ -8,7 +8,7 @@ use std::time::Duration;
 
 mod common;
 
-use common::{free_base, spawn_node, start_node, temp_dir, Node, BIN};
+use common::{free_base, spawn_node, spawn_node_with, start_node, temp_dir, Node, BIN};
 
 impl Node {
     fn terminate(mut self) -> std::process::ExitStatus {
@@ -3018,4 +3018,78 @@ fn a_damaged_pool_table_log_is_reported_and_repaired_by_fsck() {
     assert!(pools.contains("/p1") && !pools.contains("/p2"), "{pools}");
     drop(n);
     let _ = std::fs::remove_dir_all(&data);
+}
+
+/// A node's clients can no longer take the file descriptors it needs
+/// itself. With `ulimit -n` at 1,024 (a systemd service's soft limit) and
+/// `max_connections` at 1,024, a fleet of clients left the node unable to
+/// start a log segment: every put to a persistent pool failed with "Too
+/// many open files" (and in a cluster the member's Raft group stopped for
+/// good), and the next client hung until its handshake timed out. Now the
+/// node keeps a reserve (half of a limit this small) and refuses clients
+/// beyond the rest with a typed "at its limit of N connections".
+#[test]
+fn clients_cannot_take_the_descriptors_a_node_needs() {
+    let dir = temp_dir("fds");
+    let cfg = dir.join("node.toml");
+    // Small segments: the puts below start new ones.
+    std::fs::write(&cfg, "[persistent]\nsegment_bytes = 65536\n").unwrap();
+    let data = dir.join("data");
+    let node = spawn_node_with(
+        &dir,
+        &[
+            "--config",
+            cfg.to_str().unwrap(),
+            "--listen",
+            "127.0.0.1:0",
+            "--data-dir",
+            data.to_str().unwrap(),
+        ],
+        &[],
+        Some(128),
+    )
+    .unwrap();
+    node.ok(&["pools", "create", "/per", "persistent"]);
+    let mut clients = Vec::new();
+    let refused = loop {
+        match sluice_client::BlockingClient::connect(&node.addr) {
+            Ok(c) => {
+                c.put(&format!("/per/c{}", clients.len()), "v").unwrap();
+                clients.push(c);
+                assert!(clients.len() <= 128, "every client was let in");
+            }
+            Err(e) => break e,
+        }
+    };
+    assert_eq!(clients.len(), 64, "a reserve of 64 of 128 descriptors");
+    assert!(
+        matches!(
+            refused,
+            sluice_client::SluiceError::TooManyConnections { max: 64 }
+        ),
+        "{refused}"
+    );
+    assert_eq!(
+        clients[0].server_info().limits.max_connections,
+        64,
+        "announced"
+    );
+    // The node still starts log segments (each put below is one).
+    for i in 0..24u8 {
+        clients[0]
+            .put(&format!("/per/big{i}"), vec![i; 64 << 10])
+            .unwrap();
+    }
+    for i in 0..24u8 {
+        let o = clients[1].get(&format!("/per/big{i}")).unwrap();
+        assert_eq!(o.value[..], vec![i; 64 << 10][..]);
+    }
+    // And it said why it takes no more, as it started.
+    assert!(
+        node.before
+            .iter()
+            .any(|l| l.contains("accepting at most 64 client connections")),
+        "no warning about the connection limit: {:?}",
+        node.before
+    );
 }

@@ -138,6 +138,9 @@ pub struct Faults {
     pub fail_sync: bool,
     /// Make every fsync take at least this long (a slow disk).
     pub sync_delay: Option<std::time::Duration>,
+    /// Fail opening (creating) files with this OS error, as a process out
+    /// of descriptors does (EMFILE, 24).
+    pub fail_open: Option<i32>,
     pub written: u64,
 }
 
@@ -204,6 +207,9 @@ impl Fs for FaultFs {
         RealFs.read_at(path, offset, len)
     }
     fn open_append(&self, path: &Path) -> io::Result<Box<dyn SegmentFile>> {
+        if let Some(errno) = lock(&self.faults).fail_open {
+            return Err(io::Error::from_raw_os_error(errno));
+        }
         Ok(Box::new(FaultFile {
             inner: RealFs.open_append(path)?,
             faults: self.faults.clone(),

@@ -17,6 +17,7 @@
 
 mod config;
 mod conn;
+pub mod fds;
 pub mod fsck;
 mod listing;
 mod metrics;

@@ -100,6 +100,9 @@ impl Server {
         registry: Registry,
     ) -> Result<Server, ServerError> {
         cfg.validate().map_err(ServerError::Config)?;
+        // Before the logs open: room for them, and for peers, whatever
+        // the clients take.
+        crate::fds::limit();
         // Before anything in the directory is read: a second server on the
         // same data would recover it and then overwrite the first one's
         // acknowledged writes.
@@ -234,6 +237,9 @@ impl Server {
         cluster: Option<Arc<sluice_cluster::ClusterNode>>,
     ) -> Result<Server, ServerError> {
         cfg.validate().map_err(ServerError::Config)?;
+        let mut cfg = cfg;
+        // Clients never take the descriptors the node needs itself.
+        cfg.limits.max_connections = crate::fds::cap_connections(cfg.limits.max_connections);
         let mut registry = registry;
         for (alias, udl) in &cfg.udl_aliases {
             if registry.resolve(udl).is_none() {
@@ -380,6 +386,7 @@ impl Server {
             );
         }
         let mut conns = tokio::task::JoinSet::new();
+        let (mut accept_failures, mut last_accept_warning) = (0u64, None);
         tokio::pin!(shutdown);
         loop {
             tokio::select! {
@@ -388,8 +395,15 @@ impl Server {
                     let (mut sock, peer) = match accepted {
                         Ok(x) => x,
                         Err(e) => {
-                            // EMFILE and friends: back off instead of spinning.
-                            tracing::warn!(error = %e, "accept failed");
+                            // EMFILE and friends: back off instead of
+                            // spinning, and say so every few seconds, not
+                            // twenty times a second.
+                            accept_failures += 1;
+                            if last_accept_warning.is_none_or(|t: std::time::Instant| t.elapsed() >= Duration::from_secs(5)) {
+                                tracing::warn!(error = %e, failures = accept_failures, "accept failed; connecting clients wait in the listen queue");
+                                last_accept_warning = Some(std::time::Instant::now());
+                                accept_failures = 0;
+                            }
                             tokio::time::sleep(Duration::from_millis(50)).await;
                             continue;
                         }

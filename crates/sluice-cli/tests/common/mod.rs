@@ -59,6 +59,8 @@ pub struct Node {
     pub addr: String,
     pub dir: PathBuf,
     pub lines: mpsc::Receiver<String>,
+    /// What it printed before it listened.
+    pub before: Vec<String>,
 }
 
 /// A fresh directory that outlives this call (node processes and the
@@ -79,16 +81,42 @@ pub fn spawn_node(cwd: &Path, args: &[&str]) -> Result<Node, String> {
 
 /// `spawn_node` with these environment variables set.
 pub fn spawn_node_env(cwd: &Path, args: &[&str], env: &[(&str, &str)]) -> Result<Node, String> {
-    let mut child = Command::new(BIN)
-        .arg("serve")
+    spawn_node_with(cwd, args, env, None)
+}
+
+/// `spawn_node_env` in a process that may open at most `nofile` files
+/// (soft and hard limit: `ulimit -n`), when given.
+pub fn spawn_node_with(
+    cwd: &Path,
+    args: &[&str],
+    env: &[(&str, &str)],
+    nofile: Option<u64>,
+) -> Result<Node, String> {
+    let mut cmd = Command::new(BIN);
+    cmd.arg("serve")
         .args(args)
         .current_dir(cwd)
         .env("SLUICE_LOG", "info")
         .envs(env.iter().copied())
         .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+        .stderr(Stdio::piped());
+    if let Some(n) = nofile {
+        use std::os::unix::process::CommandExt;
+        // SAFETY: only setrlimit, async-signal-safe, runs in the child.
+        unsafe {
+            cmd.pre_exec(move || {
+                let r = libc::rlimit {
+                    rlim_cur: n as libc::rlim_t,
+                    rlim_max: n as libc::rlim_t,
+                };
+                if libc::setrlimit(libc::RLIMIT_NOFILE, &r) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+    }
+    let mut child = cmd.spawn().unwrap();
     let (tx, rx) = mpsc::channel();
     let out = child.stdout.take().unwrap();
     let tx2 = tx.clone();
@@ -120,6 +148,7 @@ pub fn spawn_node_env(cwd: &Path, args: &[&str], env: &[(&str, &str)]) -> Result
                     addr,
                     dir: cwd.to_path_buf(),
                     lines: rx,
+                    before: seen,
                 });
             }
             Ok(l) => seen.push(l),

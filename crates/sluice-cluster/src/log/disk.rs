@@ -130,6 +130,19 @@ pub(super) struct Disk {
     /// (this side never writes a synced log's files itself).
     pub(super) shared: Arc<File>,
     pub(super) bytes: u64,
+    /// Rolls put off in a row for want of descriptors or memory.
+    pub(super) roll_deferred: u64,
+    /// Faults to inject (tests): `fail_open` fails the next segment's open.
+    pub(super) faults: Option<Arc<std::sync::Mutex<sluice_log::Faults>>>,
+}
+
+/// An error that leaves nothing changed and may pass: out of descriptors
+/// (the process's or the system's) or of kernel memory.
+pub(super) fn transient(e: &std::io::Error) -> bool {
+    matches!(
+        e.raw_os_error(),
+        Some(libc::EMFILE | libc::ENFILE | libc::ENOMEM)
+    )
 }
 
 /// Extends `file` to `len` bytes of zeros, written (not a sparse hole:
@@ -178,6 +191,7 @@ impl Inner {
         done: Option<Done>,
     ) -> Result<Vec<Loc>, StorageError> {
         if self.disk.as_ref().is_some_and(|d| d.bytes >= SEGMENT_BYTES) {
+            // Deferred (out of descriptors): this segment takes the records.
             self.roll()?;
         }
         let Some(d) = &mut self.disk else {
@@ -246,12 +260,64 @@ impl Inner {
     }
 
     /// Seals the active segment and starts the next one with the current
-    /// vote, commit point and purge point.
-    pub(super) fn roll(&mut self) -> Result<(), StorageError> {
+    /// vote, commit point and purge point. `Ok(false)`: the next segment's
+    /// file could not be opened for want of descriptors or memory
+    /// (`transient`); nothing changed, and the log writes on in the
+    /// segment it has (a segment may exceed `SEGMENT_BYTES`: it is read
+    /// by offset) until a later append rolls it.
+    pub(super) fn roll(&mut self) -> Result<bool, StorageError> {
         let Some(d) = &mut self.disk else {
-            return Ok(());
+            return Ok(true);
         };
         let seq = d.seq + 1;
+        let path = seg_path(&d.dir, seq);
+        let spare = {
+            let mut free = d.free.lock();
+            // A mapped file first (its pages are there and mapped).
+            let i = free.iter().rposition(|(_, m)| m.is_some());
+            i.or(free.len().checked_sub(1)).map(|i| free.swap_remove(i))
+        };
+        // The next file first, opened under the name it has (a spare's is
+        // changed below): until then nothing is sealed or renamed.
+        let opened = (|| {
+            if let Some(errno) = d.faults.as_ref().and_then(|f| f.lock().ok()?.fail_open) {
+                return Err(std::io::Error::from_raw_os_error(errno));
+            }
+            let f = OpenOptions::new()
+                .create(true)
+                .truncate(false) // a recycled file: overwritten in place
+                .read(true) // mapped logs map it shared
+                .write(true)
+                .open(spare.as_ref().map_or(&path, |(old, _)| old))?;
+            let new = f.try_clone()?;
+            Ok((f, new))
+        })();
+        let (mut f, new) = match opened {
+            Ok(x) => x,
+            Err(e) => {
+                if let Some(s) = spare {
+                    d.free.lock().push(s);
+                }
+                if !transient(&e) {
+                    return Err(io_err(e));
+                }
+                d.roll_deferred += 1;
+                if d.roll_deferred == 1 || d.roll_deferred % 10_000 == 0 {
+                    tracing::warn!(
+                        dir = %d.dir.display(),
+                        error = %e,
+                        segment_mib = d.bytes >> 20,
+                        tries = d.roll_deferred,
+                        "could not start the log's next segment: writing on in this one, and trying again at the next append"
+                    );
+                }
+                return Ok(false);
+            }
+        };
+        if d.roll_deferred > 0 {
+            tracing::info!(dir = %d.dir.display(), tries = d.roll_deferred, segment_mib = d.bytes >> 20, "started the log's next segment");
+            d.roll_deferred = 0;
+        }
         let mut head = segment_header(seq).to_vec();
         if let Some(v) = self.vote {
             encode(&Record::Vote(v), &mut head, seq)?;
@@ -271,13 +337,6 @@ impl Inner {
             // file may hold stale bytes beyond it).
             d.file.set_len(d.bytes).map_err(io_err)?;
         }
-        let path = seg_path(&d.dir, seq);
-        let spare = {
-            let mut free = d.free.lock();
-            // A mapped file first (its pages are there and mapped).
-            let i = free.iter().rposition(|(_, m)| m.is_some());
-            i.or(free.len().checked_sub(1)).map(|i| free.swap_remove(i))
-        };
         let reuse = match spare {
             Some((old, m)) => {
                 std::fs::rename(&old, &path).map_err(io_err)?;
@@ -285,13 +344,6 @@ impl Inner {
             }
             None => None,
         };
-        let mut f = OpenOptions::new()
-            .create(true)
-            .truncate(false) // a recycled file: overwritten in place
-            .read(true) // mapped logs map it shared
-            .write(true)
-            .open(&path)
-            .map_err(io_err)?;
         if d.sync {
             // The new name must survive a crash; its contents are synced
             // with the records that follow.
@@ -306,7 +358,7 @@ impl Inner {
                 tracing::debug!(error = %e, "posix_fallocate of a new log segment failed");
             }
         }
-        let new = Arc::new(f.try_clone().map_err(io_err)?);
+        let new = Arc::new(new);
         let map = match queued {
             Some(tx) => {
                 tx.send(IoJob::Roll {
@@ -346,7 +398,7 @@ impl Inner {
         d.seq = seq;
         d.bytes = head.len() as u64;
         d.prepare_ahead();
-        Ok(())
+        Ok(true)
     }
 
     /// Deletes sealed segments whose entries are all purged.

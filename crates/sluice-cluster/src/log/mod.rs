@@ -489,7 +489,10 @@ impl LogStore {
             let w = written.clone();
             std::thread::Builder::new()
                 .name("sluice-log-writer".into())
-                .spawn(move || writer(rx, w, faults))?;
+                .spawn({
+                    let faults = faults.clone();
+                    move || writer(rx, w, faults)
+                })?;
             inner.writer = Some((tx, written));
         }
         inner.disk = Some(Disk {
@@ -509,6 +512,8 @@ impl LogStore {
             preparing: Arc::default(),
             sync,
             bytes,
+            roll_deferred: 0,
+            faults,
         });
         inner.drop_purged_segments();
         Ok(LogStore {

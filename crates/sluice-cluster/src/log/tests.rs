@@ -1075,3 +1075,77 @@ fn records_keep_their_encoding() {
     let back: crate::types::SnapshotMeta = bincode::deserialize(&b).unwrap();
     assert_eq!(back, meta);
 }
+
+/// Out of descriptors (a node whose clients took them all): a roll that
+/// cannot open the next segment leaves the log writing on in the one it
+/// has, past its usual size, instead of failing the append (which stopped
+/// the member's Raft group for good); the next append after descriptors
+/// are back rolls, and every entry survives a reopen. Mapped, plain and
+/// synced logs alike.
+#[test]
+fn a_roll_without_descriptors_writes_on_in_the_current_segment() {
+    for (name, opts) in [
+        (
+            "mapped",
+            LogOptions {
+                mapped: true,
+                ..LogOptions::default()
+            },
+        ),
+        ("plain", LogOptions::default()),
+        (
+            "synced",
+            LogOptions {
+                sync: true,
+                ..LogOptions::default()
+            },
+        ),
+    ] {
+        let d = tempfile::tempdir().unwrap();
+        let faults = Arc::new(std::sync::Mutex::new(sluice_log::Faults::default()));
+        let opts = LogOptions {
+            faults: Some(faults.clone()),
+            ..opts
+        };
+        let value = |i: u64| vec![i as u8; 1 << 20];
+        let check = |g: &Inner, i: u64| {
+            let e = g.entry(i).unwrap().unwrap();
+            let EntryPayload::Normal(Command::Write { value: Some(v), .. }) = e.payload else {
+                panic!("{name}: entry {i} is not the write");
+            };
+            assert_eq!(v[..], value(i)[..], "{name}: entry {i}");
+        };
+        {
+            let s = LogStore::open_with(d.path(), opts.clone()).unwrap();
+            let mut g = s.inner.lock();
+            append(&mut g, (1..=40).map(|i| entry(1, i, 1 << 20)).collect());
+            let seq = g.disk.as_ref().unwrap().seq;
+            assert!(seq >= 2, "{name}: rolled before ({seq})");
+            faults.lock().unwrap().fail_open = Some(libc::EMFILE);
+            // More than a segment and its mapping's slack.
+            append(&mut g, (41..=120).map(|i| entry(1, i, 1 << 20)).collect());
+            let disk = g.disk.as_ref().unwrap();
+            assert_eq!(disk.seq, seq, "{name}: no roll without descriptors");
+            assert!(disk.bytes > MAP_BYTES, "{name}: {} bytes", disk.bytes);
+            assert!(disk.roll_deferred > 0, "{name}");
+            faults.lock().unwrap().fail_open = None;
+            append(&mut g, (121..=124).map(|i| entry(1, i, 1 << 20)).collect());
+            let disk = g.disk.as_ref().unwrap();
+            assert_eq!(disk.seq, seq + 1, "{name}: rolled once it could");
+            assert_eq!(disk.roll_deferred, 0, "{name}");
+            for i in [40, 41, 100, 120, 124] {
+                check(&g, i);
+            }
+        }
+        let s = LogStore::open_with(d.path(), opts).unwrap();
+        let g = s.inner.lock();
+        assert_eq!(
+            g.index.keys().copied().collect::<Vec<_>>(),
+            (1..=124).collect::<Vec<_>>(),
+            "{name}: every entry after a reopen"
+        );
+        for i in [1, 41, 77, 120, 124] {
+            check(&g, i);
+        }
+    }
+}
