@@ -4203,3 +4203,79 @@ async fn a_member_that_lost_its_state_elects_no_leader_without_its_writes() {
     let got = client.get("/vol/after").await.map(|o| o.value);
     assert_eq!(got.ok(), Some(Bytes::from_static(b"v")));
 }
+
+/// Clients filling every node's connection slots shut a member out of its
+/// shard: restarted meanwhile, it sends its votes and acknowledgements on
+/// connections of its own, which the full nodes refused ("at its limit of
+/// N connections") as they refuse clients, so once the leader died the
+/// two left elected no one. A node now takes its peers' connections past
+/// the client limit (each must name itself a node in its HELLO and prove
+/// it with the cluster key next), and clients beyond it are still refused.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_member_restarted_while_clients_fill_its_peers_still_gets_through() {
+    let _serial = SERIAL.lock().await;
+    let mut c = Cluster::start_nodes_with(3, ALL_THREE, "[limits]\nmax_connections = 12\n");
+    c.ready().await;
+    let g = "volatile/0/0";
+    let leader = c.leader(1, g).await.unwrap();
+    let restarted = (1..=3).find(|i| *i != leader).unwrap();
+    let other = (1..=3).find(|i| *i != leader && *i != restarted).unwrap();
+    let client = c.client(other).await;
+    client.put("/vol/before", "1").await.unwrap();
+    c.kill(leader);
+    c.kill(restarted);
+    // The one left full of clients (the slots of the dead members'
+    // connections to it taken too).
+    let mut fill = Vec::new();
+    loop {
+        match Conn::connect(c.addrs[&other], "filler", Duration::from_secs(2)).await {
+            Ok(conn) => fill.push(conn),
+            Err(SluiceError::TooManyConnections { max: 12 }) => break,
+            Err(e) => panic!("node {other}: {e}"),
+        }
+        assert!(fill.len() <= 12, "node {other} took every client");
+    }
+    c.spawn(restarted);
+    // The two left elect a leader, which needs the restarted member's own
+    // connection to the full one.
+    c.wait_for("a leader of the two left", || async {
+        matches!(c.leader(other, g).await, Some(l) if l != leader)
+    })
+    .await;
+    // A client leaves: room for this one's connection to the leader.
+    fill.pop();
+    client.put("/vol/after", "2").await.unwrap();
+    assert_eq!(
+        client.get_linearizable("/vol/before").await.unwrap().value[..],
+        b"1"[..]
+    );
+    c.wait_for("the restarted member to apply the put", || async {
+        c.applied_version(restarted, g).await >= c.applied_version(other, g).await
+    })
+    .await;
+    // Still refusing clients past the limit (the slot freed above may
+    // be taken or not, as the client's connections went).
+    let mut late = 0;
+    loop {
+        match Conn::connect(c.addrs[&other], "late", Duration::from_secs(2)).await {
+            Ok(conn) => fill.push(conn),
+            Err(SluiceError::TooManyConnections { max: 12 }) => break,
+            Err(e) => panic!("node {other}: {e}"),
+        }
+        late += 1;
+        assert!(late <= 1, "node {other} took more clients than its limit");
+    }
+    // A client naming itself a node gets in only to prove it is one.
+    let e = Conn::connect(c.addrs[&other], "sluice-node-9", Duration::from_secs(2))
+        .await
+        .unwrap()
+        .call(&Request::Ping, Duration::from_secs(2))
+        .await
+        .err()
+        .unwrap();
+    assert!(
+        matches!(e, SluiceError::TooManyConnections { max: 12 }),
+        "{e}"
+    );
+    drop(fill);
+}

@@ -28,5 +28,6 @@ pub mod rt;
 pub mod sm;
 pub mod types;
 
+pub use network::PEER_CLIENT_PREFIX;
 pub use node::{ClusterNode, ClusterSettings};
 pub use types::{group_name, group_of, parse_shard, MetaCommand};

@@ -15,6 +15,11 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
+/// How a node names itself in the HELLO of its connections to peers
+/// (then its id): a node full of clients still takes these, and they must
+/// authenticate next (`Request::PeerAuth`).
+pub const PEER_CLIENT_PREFIX: &str = "sluice-node-";
+
 /// Message kinds in `Request::Raft`.
 pub mod kind {
     /// A chunk of a broadcast (`node::broadcast`), not a consensus message.
@@ -231,7 +236,7 @@ impl Peers {
         })?;
         let c = Conn::connect_with(
             sa,
-            &format!("sluice-node-{}", self.me),
+            &format!("{PEER_CLIENT_PREFIX}{}", self.me),
             self.connect_timeout,
             self.tls.as_ref(),
             None,

@@ -77,6 +77,9 @@ pub struct ConnCtx {
     /// What the connections' listings in progress may hold together.
     pub listing_budget: crate::listing::Budget,
     pub conn_slots: Arc<Semaphore>,
+    /// A cluster node's room for its peers' connections once clients
+    /// fill `conn_slots`.
+    pub peer_slots: Arc<Semaphore>,
     pub next_conn_id: AtomicU64,
     pub shutdown_tx: watch::Sender<bool>,
     pub shutdown_rx: watch::Receiver<bool>,
@@ -101,6 +104,11 @@ struct Conn {
     deferred_tx: mpsc::Sender<Deferred>,
     deferred_in_flight: Arc<std::sync::atomic::AtomicUsize>,
     handshaken: bool,
+    /// Accepted past `limits.max_connections` as a peer's (a cluster
+    /// node's connections are never refused for its clients' sake): it
+    /// must say it is a node in its HELLO and prove it with `PeerAuth`
+    /// next, or it is told the node is full and closed.
+    peers_only: bool,
     /// The node this connection authenticated as (`Request::PeerAuth`):
     /// only then may it carry consensus messages and internal operations.
     peer: Option<u32>,
@@ -167,6 +175,7 @@ pub async fn serve_conn<S: Stream>(
     mut sock: S,
     peer: SocketAddr,
     cert_name: Option<String>,
+    peers_only: bool,
 ) {
     let id = ctx.next_conn_id.fetch_add(1, Ordering::Relaxed);
     let (notify_tx, mut notify_rx) = mpsc::channel(WATCH_QUEUE_LEN);
@@ -181,6 +190,7 @@ pub async fn serve_conn<S: Stream>(
         deferred_tx,
         deferred_in_flight: Arc::default(),
         handshaken: false,
+        peers_only,
         peer: None,
         addr: peer,
         cert_name,
@@ -296,7 +306,9 @@ impl Conn {
             self.make_room(&mut rbuf, &mut large);
             // A partial frame must complete promptly; an idle connection may wait.
             let now = tokio::time::Instant::now();
-            let deadline = if !self.handshaken {
+            // A connection taken for a peer holds its slot only as long as
+            // a handshake may take, until it proves it is one.
+            let deadline = if !self.handshaken || (self.peers_only && self.peer.is_none()) {
                 Some((started + handshake).saturating_duration_since(now))
             } else if let Some(fs) = frame_started {
                 Some((fs + frame_to).saturating_duration_since(now))
@@ -748,6 +760,11 @@ impl Conn {
             }
             return self.hello(rid, req);
         }
+        // Taken beyond the client limit for a peer: a node proves it is
+        // one at once, anything else is told the node is full.
+        if self.peers_only && self.peer.is_none() && !matches!(req, Request::PeerAuth { .. }) {
+            return Err(Close::Fatal(rid, Box::new(self.full())));
+        }
         // Nodes (peers that proved the cluster key) are not policed.
         let req = if self.peer.is_none() {
             match self.admit(rid, no_reply, req) {
@@ -771,6 +788,13 @@ impl Conn {
         Ok(())
     }
 
+    /// What a client beyond the connection limit is told.
+    fn full(&self) -> SluiceError {
+        SluiceError::TooManyConnections {
+            max: self.ctx.cfg.limits.max_connections,
+        }
+    }
+
     /// The handshake: checks the protocol version and who the client is.
     /// A token this node does not know may be one the cluster created an
     /// instant ago through another node: the node then catches up with the
@@ -789,6 +813,9 @@ impl Conn {
                 )),
             ));
         };
+        if self.peers_only && !client_name.starts_with(sluice_cluster::PEER_CLIENT_PREFIX) {
+            return Err(Close::Fatal(rid, Box::new(self.full())));
+        }
         if *protocol_version != PROTOCOL_VERSION {
             return Err(Close::Fatal(
                 rid, Box::new(SluiceError::protocol(format!(

@@ -84,6 +84,11 @@ pub struct Server {
     data_lock: Option<sluice_log::DirLock>,
 }
 
+/// Connections a cluster node takes from its peers beyond
+/// `limits.max_connections` (each peer opens two: requests and bulk):
+/// part of the descriptors `fds::RESERVED` keeps.
+const PEER_SLOTS: usize = 64;
+
 impl Server {
     /// Opens the store in `cfg.data_dir` and binds the listener. With
     /// `cluster.layout` set, the node joins that cluster: its shard layout
@@ -329,6 +334,7 @@ impl Server {
         let recv_pool = crate::recv_pool::RecvPool::new(RECV_POOL_BYTES, store.memory.reusable());
         let ctx = Arc::new(ConnCtx {
             conn_slots: Arc::new(Semaphore::new(cfg.limits.max_connections as usize)),
+            peer_slots: Arc::new(Semaphore::new(PEER_SLOTS)),
             cfg,
             store,
             cluster,
@@ -409,15 +415,27 @@ impl Server {
                         }
                     };
                     let _ = sock.set_nodelay(true);
-                    match ctx.conn_slots.clone().try_acquire_owned() {
-                        Ok(permit) => {
+                    // Full for clients, a cluster node still takes its
+                    // peers' connections (a member restarted meanwhile
+                    // sends its votes and acknowledgements on connections
+                    // of its own): up to `PEER_SLOTS` more, each of which
+                    // must prove it is a node first.
+                    let slot = match ctx.conn_slots.clone().try_acquire_owned() {
+                        Ok(p) => Some((p, false)),
+                        Err(_) if ctx.cluster.is_some() => {
+                            ctx.peer_slots.clone().try_acquire_owned().ok().map(|p| (p, true))
+                        }
+                        Err(_) => None,
+                    };
+                    match slot {
+                        Some((permit, peers_only)) => {
                             ctx.stats.connections_accepted.fetch_add(1, Ordering::Relaxed);
                             let ctx = ctx.clone();
                             let tls = self.tls.clone();
                             conns.spawn(async move {
                                 ctx.stats.connections_open.fetch_add(1, Ordering::Relaxed);
                                 match tls {
-                                    None => serve_conn(ctx.clone(), sock, peer, None).await,
+                                    None => serve_conn(ctx.clone(), sock, peer, None, peers_only).await,
                                     Some(config) => {
                                         let limit = Duration::from_millis(ctx.cfg.timeouts.handshake_ms);
                                         match tokio::time::timeout(limit, sluice_tls::accept(config, sock)).await {
@@ -426,7 +444,7 @@ impl Server {
                                                     .peer_certificates()
                                                     .and_then(|c| c.first())
                                                     .and_then(sluice_tls::principal_of);
-                                                serve_conn(ctx.clone(), tls, peer, cert_name).await
+                                                serve_conn(ctx.clone(), tls, peer, cert_name, peers_only).await
                                             }
                                             Ok(Err(e)) => {
                                                 ctx.stats.tls_handshake_failures.fetch_add(1, Ordering::Relaxed);
@@ -443,7 +461,7 @@ impl Server {
                                 drop(permit);
                             });
                         }
-                        Err(_) => {
+                        None => {
                             ctx.stats.connections_rejected.fetch_add(1, Ordering::Relaxed);
                             let max = ctx.cfg.limits.max_connections;
                             tokio::spawn(async move {
