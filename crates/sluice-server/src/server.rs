@@ -84,6 +84,20 @@ pub struct Server {
     data_lock: Option<sluice_log::DirLock>,
 }
 
+/// The registry with the config's `udl_aliases`, each naming a UDL it has.
+fn with_aliases(mut registry: Registry, cfg: &ServerConfig) -> Result<Registry, String> {
+    for (alias, udl) in &cfg.udl_aliases {
+        if registry.resolve(udl).is_none() {
+            return Err(format!(
+                "udl_aliases: {alias:?} names UDL {udl:?}, which this node does not have (it has {})",
+                registry.names().join(", ")
+            ));
+        }
+        registry.alias(alias, udl);
+    }
+    Ok(registry)
+}
+
 /// Connections a cluster node takes from its peers beyond
 /// `limits.max_connections` (each peer opens two: requests and bulk):
 /// part of the descriptors `fds::RESERVED` keeps.
@@ -245,16 +259,7 @@ impl Server {
         let mut cfg = cfg;
         // Clients never take the descriptors the node needs itself.
         cfg.limits.max_connections = crate::fds::cap_connections(cfg.limits.max_connections);
-        let mut registry = registry;
-        for (alias, udl) in &cfg.udl_aliases {
-            if registry.resolve(udl).is_none() {
-                return Err(ServerError::Config(format!(
-                    "udl_aliases: {alias:?} names UDL {udl:?}, which this node does not have (it has {})",
-                    registry.names().join(", ")
-                )));
-            }
-            registry.alias(alias, udl);
-        }
+        let registry = with_aliases(registry, &cfg).map_err(ServerError::Config)?;
         let listener = TcpListener::bind(cfg.listen)
             .await
             .map_err(|error| ServerError::Bind {
