@@ -144,6 +144,16 @@ pub struct Faults {
     pub written: u64,
 }
 
+/// An error that leaves nothing changed and may pass: out of descriptors
+/// (the process's or the system's) or of kernel memory. A log that cannot
+/// open its next segment for one of these writes on in the one it has.
+pub fn transient(e: &io::Error) -> bool {
+    matches!(
+        e.raw_os_error(),
+        Some(libc::EMFILE | libc::ENFILE | libc::ENOMEM)
+    )
+}
+
 /// A [`Fs`] over the real file system that injects [`Faults`].
 #[derive(Clone, Default)]
 pub struct FaultFs {

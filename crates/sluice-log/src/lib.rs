@@ -34,7 +34,7 @@ mod log;
 mod record;
 pub mod versioned;
 
-pub use fs::{FaultFs, Faults, Fs, RealFs, SegmentFile};
+pub use fs::{transient, FaultFs, Faults, Fs, RealFs, SegmentFile};
 pub use lock::{lock_holder, DirLock, LockError, LOCK_FILE};
 pub use log::{
     scan_segment, segment_files, Compacted, Location, Log, LogError, LogOptions, Problem,

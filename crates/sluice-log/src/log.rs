@@ -123,6 +123,8 @@ pub struct Log {
     /// Sealed segments with appends not yet fsync'd (`sync_on_roll` off).
     unsynced_sealed: Vec<u64>,
     poisoned: Option<String>,
+    /// Rolls put off in a row for want of descriptors or memory.
+    roll_deferred: u64,
     buf: BytesMut,
     /// Memory maps of sealed segments, made on first read.
     maps: std::sync::Mutex<std::collections::HashMap<u64, Bytes>>,
@@ -382,21 +384,42 @@ impl Log {
             unsynced_since: None,
             unsynced_sealed: Vec::new(),
             poisoned: None,
+            roll_deferred: 0,
             buf: BytesMut::new(),
             maps: Default::default(),
         };
         Ok((log, rec))
     }
 
+    /// Starts the next segment. The new file is opened first: a process
+    /// out of descriptors or memory (`transient`) changes nothing, and the
+    /// log writes on in the active segment, past its usual size, trying
+    /// again at the next append.
     fn roll(&mut self) -> Result<()> {
+        let id = self.active_id + 1;
+        let path = seg_path(&self.dir, id);
+        let mut f = match self.fs.open_append(&path) {
+            Ok(f) => f,
+            Err(e) if crate::fs::transient(&e) => {
+                self.roll_deferred += 1;
+                if self.roll_deferred == 1 || self.roll_deferred.is_multiple_of(10_000) {
+                    tracing::warn!(
+                        file = %path.display(),
+                        error = %e,
+                        tries = self.roll_deferred,
+                        "could not start the log's next segment: writing on in this one, and trying again at the next append"
+                    );
+                }
+                return Ok(());
+            }
+            Err(e) => return Err(io("creating", &path)(e)),
+        };
+        self.roll_deferred = 0;
         if self.opts.sync_on_roll {
             self.sync()?;
         } else if self.unsynced_since.take().is_some() {
             self.unsynced_sealed.push(self.active_id);
         }
-        let id = self.active_id + 1;
-        let path = seg_path(&self.dir, id);
-        let mut f = self.fs.open_append(&path).map_err(io("creating", &path))?;
         f.append(&header(id)).map_err(io("writing", &path))?;
         f.sync().map_err(io("syncing", &path))?;
         self.fs

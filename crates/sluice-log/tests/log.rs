@@ -363,3 +363,43 @@ fn without_sync_on_roll_sealed_segments_stay_pending_until_synced() {
     assert_eq!(again, vec![log.active_segment()]);
     let _ = std::fs::remove_dir_all(d);
 }
+
+/// Out of descriptors (a node whose clients took them all): a roll that
+/// cannot open the next segment writes on in the active one instead of
+/// failing the append; the first append after descriptors are back
+/// rolls, and every record survives a reopen.
+#[test]
+fn a_roll_without_descriptors_writes_on_in_the_active_segment() {
+    let _d_dir = dir("emfile");
+    let d = _d_dir.path();
+    let fs = FaultFs::default();
+    let opts = LogOptions {
+        segment_bytes_max: 4096,
+        sync: SyncPolicy::Always,
+        ..Default::default()
+    };
+    let (mut log, _) = open(d, Arc::new(fs.clone()), opts.clone());
+    let mut locs = Vec::new();
+    for v in 1..=50u64 {
+        locs.extend(log.append(&[rec(v, "/p/k", &[v as u8; 100])]).unwrap());
+    }
+    let before = segments(d).len();
+    fs.faults.lock().unwrap().fail_open = Some(24); // EMFILE
+    for v in 51..=150u64 {
+        locs.extend(log.append(&[rec(v, "/p/k", &[v as u8; 100])]).unwrap());
+    }
+    assert_eq!(
+        segments(d).len(),
+        before,
+        "no new segment without descriptors"
+    );
+    fs.faults.lock().unwrap().fail_open = None;
+    locs.extend(log.append(&[rec(151, "/p/k", &[151; 100])]).unwrap());
+    assert_eq!(segments(d).len(), before + 1, "rolled once it could");
+    assert_eq!(log.read(locs[99]).unwrap(), rec(100, "/p/k", &[100u8; 100]));
+    drop(log);
+    let (_, r) = open(d, Arc::new(RealFs), opts);
+    let versions: Vec<u64> = r.records.iter().map(|(_, x)| x.version).collect();
+    assert_eq!(versions, (1..=151).collect::<Vec<_>>());
+    assert!(r.truncated_tail.is_none());
+}

@@ -136,15 +136,6 @@ pub(super) struct Disk {
     pub(super) faults: Option<Arc<std::sync::Mutex<sluice_log::Faults>>>,
 }
 
-/// An error that leaves nothing changed and may pass: out of descriptors
-/// (the process's or the system's) or of kernel memory.
-pub(super) fn transient(e: &std::io::Error) -> bool {
-    matches!(
-        e.raw_os_error(),
-        Some(libc::EMFILE | libc::ENFILE | libc::ENOMEM)
-    )
-}
-
 /// Extends `file` to `len` bytes of zeros, written (not a sparse hole:
 /// the blocks must exist) and synced.
 pub(super) fn preallocate(file: &File, len: u64) -> std::io::Result<()> {
@@ -298,11 +289,11 @@ impl Inner {
                 if let Some(s) = spare {
                     d.free.lock().push(s);
                 }
-                if !transient(&e) {
+                if !sluice_log::transient(&e) {
                     return Err(io_err(e));
                 }
                 d.roll_deferred += 1;
-                if d.roll_deferred == 1 || d.roll_deferred % 10_000 == 0 {
+                if d.roll_deferred == 1 || d.roll_deferred.is_multiple_of(10_000) {
                     tracing::warn!(
                         dir = %d.dir.display(),
                         error = %e,
