@@ -8,7 +8,10 @@ use std::time::Duration;
 
 mod common;
 
-use common::{free_base, spawn_node, spawn_node_with, start_node, temp_dir, Node, BIN};
+use common::{
+    free_base, python3_present, spawn_node, spawn_node_cmd, spawn_node_with, start_node, temp_dir,
+    Node, BIN,
+};
 
 impl Node {
     fn terminate(mut self) -> std::process::ExitStatus {
@@ -3092,4 +3095,81 @@ fn clients_cannot_take_the_descriptors_a_node_needs() {
         "no warning about the connection limit: {:?}",
         node.before
     );
+}
+
+/// A container's /dev/shm is 64 MB unless it is given more, and a Python
+/// lambda's shared memory lives there (a vertex's landing area alone is
+/// 64 MiB): once large values had filled it, the next write to a page of
+/// it killed the node with SIGBUS. Now the node reserves what it writes
+/// first, and without room the lambda's call fails, saying what to do.
+/// Runs the node in a mount namespace of its own whose /dev/shm is a
+/// 48 MB tmpfs (skipped where that is not allowed, or without python3).
+#[test]
+fn a_full_dev_shm_fails_a_lambdas_call_not_the_node() {
+    let allowed = Command::new("unshare")
+        .args(["-m", "--propagation", "private", "sh", "-c"])
+        .arg("mount -t tmpfs -o size=1m tmpfs /dev/shm")
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if !allowed || !python3_present() {
+        eprintln!("no mount namespace (or no python3) here: skipped");
+        return;
+    }
+    let dir = temp_dir("shm");
+    let udls = dir.join("udls");
+    std::fs::create_dir_all(&udls).unwrap();
+    std::fs::write(
+        udls.join("echo.py"),
+        "class Echo:\n    def __init__(self, conf):\n        pass\n\n    \
+         def ocdpo_handler(self, key_suffix, blob, emit, context, **kw):\n        \
+         emit(key_suffix, bytes(blob))\n",
+    )
+    .unwrap();
+    let mut cmd = Command::new("unshare");
+    cmd.args(["-m", "--propagation", "private", "sh", "-c"])
+        .arg("mount -t tmpfs -o size=48m tmpfs /dev/shm && exec \"$0\" serve \"$@\"")
+        .arg(BIN)
+        .args(["--listen", "127.0.0.1:0", "--data-dir"])
+        .arg(dir.join("data"));
+    let mut node = spawn_node_cmd(&dir, cmd).unwrap();
+    let dfg = serde_json::json!([{ "id": "echo", "graph": [
+        { "pathname": "/trig/in", "user_defined_logic_list": ["python"],
+          "user_defined_logic_config_list": [{ "python_path": [udls.to_str().unwrap()],
+              "module": "echo", "entry_class": "Echo", "workers": 1 }],
+          "destinations": [{ "/vol/out": "put" }] }
+    ]}]);
+    let graph = dir.join("graph.json");
+    std::fs::write(&graph, dfg.to_string()).unwrap();
+    node.ok(&["dfg", "apply", graph.to_str().unwrap()]);
+    let value = dir.join("value");
+    std::fs::write(&value, vec![7u8; 12 << 20]).unwrap();
+    for i in 0..8 {
+        node.ok(&[
+            "trigger",
+            &format!("/trig/in/{i}"),
+            "--file",
+            value.to_str().unwrap(),
+        ]);
+    }
+    // Every call done (ran or failed), the node alive through them.
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    let listed = loop {
+        let o = node.ok(&["dfg", "ls", "--json"]);
+        let v: serde_json::Value = serde_json::from_str(&o).unwrap();
+        if v[0]["status"][0]["calls"].as_u64() == Some(8) {
+            break v;
+        }
+        assert!(std::time::Instant::now() < deadline, "calls not done: {v}");
+        assert!(node.child.try_wait().unwrap().is_none(), "the node died");
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let st = &listed[0]["status"][0];
+    assert!(
+        st["failures"].as_u64().unwrap() > 0,
+        "48 MB held every value: {listed}"
+    );
+    let last = st["last_error"].to_string();
+    assert!(last.contains("--shm-size"), "{last}");
+    assert!(node.child.try_wait().unwrap().is_none(), "the node died");
+    node.ok(&["put", "/vol/after", "still here"]);
 }

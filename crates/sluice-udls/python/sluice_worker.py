@@ -85,7 +85,11 @@ class Region:
         fd = os.open(path, os.O_RDWR)
         size = os.fstat(fd).st_size
         self.m = mmap.mmap(fd, size)
-        os.close(fd)
+        # Kept to reserve the output arena's pages before writing them
+        # (`out_alloc`): the file is sparse, in tmpfs, and a write to a page
+        # /dev/shm has no room for is a SIGBUS.
+        self.fd = fd
+        self.out_reserved = 0  # bytes of the output arena reserved
         self.mv = memoryview(self.m)
         if bytes(self.mv[0:8]) != MAGIC:
             raise SystemExit(f"{path}: not a Sluice worker region")
@@ -130,6 +134,7 @@ class Region:
         if pos + n > self.out_len:
             start += self.out_len - pos  # wrap: the gap is freed with this allocation
         end = start + n
+        self.out_reserve(start % self.out_len + n)
         # Room once the bytes not yet freed end far enough back, or once
         # none are left (the skipped gap then holds nothing either).
         while True:
@@ -139,6 +144,23 @@ class Region:
             time.sleep(0)
         self.out_head = end
         return self.out_off + start % self.out_len
+
+    def out_reserve(self, top):
+        """Reserves the output arena's pages below `top` (bytes into it), a
+        MiB at a time: a full /dev/shm is then an error for this emit, not a
+        SIGBUS that kills the worker."""
+        if top <= self.out_reserved:
+            return
+        want = min(self.out_len, (top + (1 << 20) - 1) & ~((1 << 20) - 1))
+        try:
+            os.posix_fallocate(self.fd, self.out_off + self.out_reserved, want - self.out_reserved)
+        except OSError as e:
+            raise MemoryError(
+                f"no room for the Python lambda's shared memory in /dev/shm ({e.strerror}): a"
+                " container's /dev/shm is 64 MB unless it is given more (`docker run"
+                " --shm-size=1g`); or lower the vertex's arena_mb, landing_mb or workers"
+            ) from None
+        self.out_reserved = want
 
 
 def holds_objects(fmt):

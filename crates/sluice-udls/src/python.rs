@@ -429,6 +429,48 @@ fn shared_file(path: &Path, size: usize) -> Result<std::fs::File, String> {
     Ok(f)
 }
 
+/// Shared memory is reserved this much at a time (`reserve`).
+const RESERVE_STEP: usize = 1 << 20;
+
+/// Reserves the pages of a shared file below `end` (rounded up to
+/// `RESERVE_STEP`, at most `size`), from `*reserved` on. The files are
+/// sparse, in tmpfs (`/dev/shm`): without this, the first write to a page
+/// the file system has no room for is a SIGBUS, which killed the node (a
+/// container's /dev/shm is 64 MB unless given more, and a vertex's landing
+/// area alone is 64 MiB). Written ranges are reserved first, so a full
+/// /dev/shm is an error for the call instead.
+fn reserve(
+    file: &std::fs::File,
+    reserved: &mut usize,
+    end: usize,
+    size: usize,
+) -> Result<(), String> {
+    if end <= *reserved {
+        return Ok(());
+    }
+    let end = end.next_multiple_of(RESERVE_STEP).min(size).max(end);
+    #[cfg(test)]
+    if let Some(e) = tests::RESERVE_FAILS.with(|f| f.get()) {
+        return Err(shm_full(std::io::Error::from_raw_os_error(e)));
+    }
+    // SAFETY: posix_fallocate on a descriptor `file` owns, within i64.
+    let r = unsafe {
+        libc::posix_fallocate(file.as_raw_fd(), *reserved as i64, (end - *reserved) as i64)
+    };
+    if r != 0 {
+        return Err(shm_full(std::io::Error::from_raw_os_error(r)));
+    }
+    *reserved = end;
+    Ok(())
+}
+
+/// What a Python lambda's shared memory without room says.
+fn shm_full(e: std::io::Error) -> String {
+    format!(
+        "no room for the Python lambda's shared memory in /dev/shm ({e}): a container's /dev/shm is 64 MB unless it is given more (`docker run --shm-size=1g`, Kubernetes: an emptyDir with medium Memory); or lower the vertex's \"arena_mb\", \"landing_mb\" or \"workers\""
+    )
+}
+
 /// `dst.copy_from_slice(src)` with non-temporal stores on x86_64: the
 /// bytes go to memory rather than into this core's cache, so a device
 /// that reads them by DMA (a GPU copying an object from a pinned region)
@@ -470,8 +512,12 @@ fn copy_streaming(dst: &mut [u8], src: &[u8]) {
 /// range is out.
 struct LandingArea {
     map: memmap2::MmapRaw,
-    /// Free ranges (start, len): sorted, disjoint, never adjacent.
-    free: parking_lot::Mutex<Vec<(usize, usize)>>,
+    /// Free ranges (start, len): sorted, disjoint, never adjacent; and
+    /// how far the file's pages are reserved (`reserve`).
+    free: parking_lot::Mutex<(Vec<(usize, usize)>, usize)>,
+    file: std::fs::File,
+    /// A range not lent for want of room in /dev/shm was said once.
+    said_full: std::sync::atomic::AtomicBool,
 }
 
 impl LandingArea {
@@ -481,7 +527,9 @@ impl LandingArea {
             .map_err(|e| format!("mapping {}: {e}", path.display()))?;
         Ok(Arc::new(LandingArea {
             map,
-            free: parking_lot::Mutex::new(vec![(0, size)]),
+            free: parking_lot::Mutex::new((vec![(0, size)], 0)),
+            file: f,
+            said_full: Default::default(),
         }))
     }
 
@@ -490,11 +538,20 @@ impl LandingArea {
     fn lend(self: &Arc<Self>, frame_len: usize, value_at: usize) -> Option<Landing> {
         let base = NonNull::new(self.map.as_mut_ptr())?;
         let start = {
-            let mut free = self.free.lock();
+            let mut g = self.free.lock();
+            let (free, reserved) = &mut *g;
             let (i, start) = free.iter().enumerate().find_map(|(i, &(s, l))| {
                 let skip = (64 - (s + value_at) % 64) % 64;
                 (skip + frame_len <= l).then_some((i, s + skip))
             })?;
+            // No room in /dev/shm: the value is copied into the arena
+            // instead, as when the area is full.
+            if let Err(e) = reserve(&self.file, reserved, start + frame_len, self.map.len()) {
+                if !self.said_full.swap(true, Ordering::Relaxed) {
+                    tracing::warn!("large values go through the workers' arenas: {e}");
+                }
+                return None;
+            }
             let (s, l) = free[i];
             let mut rest = Vec::with_capacity(2);
             if start > s {
@@ -518,7 +575,8 @@ impl LandingArea {
     }
 
     fn give_back(&self, start: usize, len: usize) {
-        let mut free = self.free.lock();
+        let mut g = self.free.lock();
+        let free = &mut g.0;
         let i = free.partition_point(|&(s, _)| s < start);
         free.insert(i, (start, len));
         // Merge with the next range, then with the previous one.
@@ -542,7 +600,7 @@ impl LandingArea {
 
     #[cfg(test)]
     fn free_ranges(&self) -> Vec<(usize, usize)> {
-        self.free.lock().clone()
+        self.free.lock().0.clone()
     }
 }
 
@@ -550,6 +608,11 @@ impl LandingArea {
 struct Proc {
     child: Child,
     map: memmap2::MmapMut,
+    /// The region's file, and how far its pages are reserved for what
+    /// this side writes (the header, the rings, the input arena:
+    /// `reserve`; the worker reserves its output arena itself).
+    file: std::fs::File,
+    reserved: usize,
     layout: Layout,
     to_worker: OwnedFd,
     to_node: OwnedFd,
@@ -619,6 +682,8 @@ impl Proc {
         let layout = Layout::new(spec.arena_bytes);
         let path = dir.join(format!("worker-{n}.shm"));
         let f = shared_file(&path, layout.size)?;
+        let mut reserved = 0;
+        reserve(&f, &mut reserved, layout.input, layout.size)?;
         // SAFETY: a file this node created for this worker alone, never
         // truncated while mapped.
         let mut map = unsafe { memmap2::MmapMut::map_mut(&f) }
@@ -696,6 +761,8 @@ impl Proc {
         let mut p = Proc {
             child,
             map,
+            file: f,
+            reserved,
             layout,
             to_worker,
             to_node,
@@ -873,6 +940,12 @@ impl Proc {
                     self.layout.input_len
                 ));
             }
+            reserve(
+                &self.file,
+                &mut self.reserved,
+                at + p.len(),
+                self.layout.size,
+            )?;
             let dst = &mut self.map[at..at + p.len()];
             if self.stream_copy && p.len() >= STREAM_MIN {
                 copy_streaming(dst, p);
@@ -1399,6 +1472,35 @@ mod tests {
     use super::*;
     use bytes::BufMut;
 
+    thread_local! {
+        /// Makes `reserve` fail with this OS error (a full /dev/shm).
+        pub(super) static RESERVE_FAILS: std::cell::Cell<Option<i32>> =
+            const { std::cell::Cell::new(None) };
+    }
+
+    /// A full /dev/shm (a container's 64 MB) killed the node with SIGBUS
+    /// once a large value landed past its room: ranges are reserved
+    /// before they are written now, and without room a landing is not
+    /// lent (the value goes through the arena) and a value that does not
+    /// fit the arena's room fails its call, saying what to do.
+    #[test]
+    fn without_room_in_dev_shm_nothing_is_written_and_the_call_says_why() {
+        let dir = tempfile::tempdir().unwrap();
+        let area = LandingArea::create(&dir.path().join(LANDING_FILE), 8 << 20).unwrap();
+        RESERVE_FAILS.with(|f| f.set(Some(libc::ENOSPC)));
+        assert!(area.lend(3 << 20, 100).is_none(), "lent without room");
+        assert_eq!(area.free_ranges(), vec![(0, 8 << 20)], "nothing taken");
+        let mut p = test_proc(dir.path(), Duration::ZERO);
+        let e = p.put_input(0, &[(&[7u8; 1000], true)]).unwrap_err();
+        assert!(e.contains("/dev/shm") && e.contains("--shm-size"), "{e}");
+        RESERVE_FAILS.with(|f| f.set(None));
+        let lent = area.lend(3 << 20, 100).expect("lent once there is room");
+        drop(lent);
+        let (parts, _) = p.put_input(0, &[(&[7u8; 1000], true)]).unwrap();
+        assert_eq!(parts.len(), 1);
+        assert!(p.reserved >= p.layout.input + 1000, "{}", p.reserved);
+    }
+
     /// A response ring whose head reads behind its tail publishes
     /// nothing: the call fails as a broken worker. Workers wrote their
     /// head with `struct.pack_into`, which zeroes the field and then
@@ -1415,6 +1517,8 @@ mod tests {
         Proc {
             child: Command::new("sleep").arg("30").spawn().unwrap(),
             map: memmap2::MmapMut::map_anon(layout.size).unwrap(),
+            file: shared_file(&dir.join("worker-0.shm"), layout.size).unwrap(),
+            reserved: 0,
             layout,
             to_worker: eventfd().unwrap(),
             to_node: eventfd().unwrap(),

@@ -93,13 +93,7 @@ pub fn spawn_node_with(
     nofile: Option<u64>,
 ) -> Result<Node, String> {
     let mut cmd = Command::new(BIN);
-    cmd.arg("serve")
-        .args(args)
-        .current_dir(cwd)
-        .env("SLUICE_LOG", "info")
-        .envs(env.iter().copied())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
+    cmd.arg("serve").args(args).envs(env.iter().copied());
     if let Some(n) = nofile {
         use std::os::unix::process::CommandExt;
         // SAFETY: only setrlimit, async-signal-safe, runs in the child.
@@ -116,6 +110,16 @@ pub fn spawn_node_with(
             });
         }
     }
+    spawn_node_cmd(cwd, cmd)
+}
+
+/// Starts `cmd`, a command that runs `sluice serve` (or execs it), in
+/// `cwd`, and waits (bounded) for its "listening on" line.
+pub fn spawn_node_cmd(cwd: &Path, mut cmd: Command) -> Result<Node, String> {
+    cmd.current_dir(cwd)
+        .env("SLUICE_LOG", "info")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
     let mut child = cmd.spawn().unwrap();
     let (tx, rx) = mpsc::channel();
     let out = child.stdout.take().unwrap();
