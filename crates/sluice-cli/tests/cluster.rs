@@ -4242,9 +4242,18 @@ async fn a_member_restarted_while_clients_fill_its_peers_still_gets_through() {
         matches!(c.leader(other, g).await, Some(l) if l != leader)
     })
     .await;
-    // A client leaves: room for this one's connection to the leader.
-    fill.pop();
-    client.put("/vol/after", "2").await.unwrap();
+    // Clients leave until there is room for this one's connection to the
+    // leader (a peer's new connection may take a freed slot first).
+    let mut left = 0;
+    loop {
+        fill.pop().expect("room for the client");
+        left += 1;
+        match client.put("/vol/after", "2").await {
+            Ok(_) => break,
+            Err(SluiceError::TooManyConnections { .. }) => continue,
+            Err(e) => panic!("{e}"),
+        }
+    }
     assert_eq!(
         client.get_linearizable("/vol/before").await.unwrap().value[..],
         b"1"[..]
@@ -4263,7 +4272,10 @@ async fn a_member_restarted_while_clients_fill_its_peers_still_gets_through() {
             Err(e) => panic!("node {other}: {e}"),
         }
         late += 1;
-        assert!(late <= 1, "node {other} took more clients than its limit");
+        assert!(
+            late <= left,
+            "node {other} took more clients than its limit"
+        );
     }
     // A client naming itself a node gets in only to prove it is one.
     let e = Conn::connect(c.addrs[&other], "sluice-node-9", Duration::from_secs(2))

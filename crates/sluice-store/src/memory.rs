@@ -37,10 +37,15 @@ impl MemoryLimit {
     pub fn new(node: u32, max: u64) -> MemoryLimit {
         let in_use = Arc::new(AtomicU64::new(0));
         let reusable = Arc::new(AtomicU64::new(0));
+        if max == 0 {
+            if let Some(w) = no_limit_warning(memory_ceiling()) {
+                tracing::warn!("{w}");
+            }
+        }
         if max > 0 {
             match memory_in_use() {
                 Some(now) => {
-                    if let Some(w) = limit_warning(max, now, physical_memory()) {
+                    if let Some(w) = limit_warning(max, now, memory_ceiling()) {
                         tracing::warn!("{w}");
                     }
                     in_use.store(now, Ordering::Relaxed);
@@ -99,19 +104,107 @@ impl MemoryLimit {
 }
 
 /// What is wrong with a limit of `max` bytes for a node holding
-/// `in_use` at start on a machine of `physical` bytes, if anything.
-fn limit_warning(max: u64, in_use: u64, physical: Option<u64>) -> Option<String> {
+/// `in_use` at start under `ceiling` (`memory_ceiling`), if anything.
+fn limit_warning(max: u64, in_use: u64, ceiling: Option<Ceiling>) -> Option<String> {
     if max <= in_use {
         return Some(format!(
             "limits.max_memory_bytes = {max} is below the {in_use} bytes the node holds at start: every write that stores a value will be refused"
         ));
     }
-    match physical {
-        Some(p) if max > p => Some(format!(
-            "limits.max_memory_bytes = {max} is above this machine's memory ({p} bytes): the kernel may kill the node before the limit refuses a write"
+    match ceiling {
+        Some(c) if max > c.bytes => Some(format!(
+            "limits.max_memory_bytes = {max} is above {} ({} bytes): the kernel may kill the node before the limit refuses a write",
+            c.what(),
+            c.bytes
         )),
         _ => None,
     }
+}
+
+/// Without a limit of its own, a node under a control group's (a
+/// container's `--memory`, a Kubernetes limit, a unit's `MemoryMax`) is
+/// killed by the kernel when its objects reach it: said at start.
+fn no_limit_warning(ceiling: Option<Ceiling>) -> Option<String> {
+    let c = ceiling.filter(|c| c.cgroup)?;
+    Some(format!(
+        "this node may use {} bytes ({}) and limits.max_memory_bytes is not set: once its objects fill that, the kernel kills it (and the replicas of a shard hold the same objects); set limits.max_memory_bytes below it (e.g. {}) to have writes refused instead",
+        c.bytes,
+        c.what(),
+        c.bytes / 10 * 8
+    ))
+}
+
+/// The memory the node may use, and whether a control group's limit
+/// (below the machine's memory) sets it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Ceiling {
+    bytes: u64,
+    cgroup: bool,
+}
+
+impl Ceiling {
+    fn what(&self) -> &'static str {
+        if self.cgroup {
+            "the memory limit of its control group (a container's or a unit's)"
+        } else {
+            "this machine's memory"
+        }
+    }
+}
+
+/// The machine's memory, or its control group's limit where lower.
+fn memory_ceiling() -> Option<Ceiling> {
+    let physical = physical_memory();
+    let own = std::fs::read_to_string("/proc/self/cgroup").ok();
+    let group = own.and_then(|c| cgroup_limit(std::path::Path::new("/sys/fs/cgroup"), &c));
+    match (physical, group) {
+        (Some(p), Some(g)) if g < p => Some(Ceiling {
+            bytes: g,
+            cgroup: true,
+        }),
+        (None, Some(g)) => Some(Ceiling {
+            bytes: g,
+            cgroup: true,
+        }),
+        (p, _) => p.map(|bytes| Ceiling {
+            bytes,
+            cgroup: false,
+        }),
+    }
+}
+
+/// The lowest memory limit on this process's control group and its
+/// ancestors under `root` (the cgroup file system), from the process's
+/// `/proc/self/cgroup` text: v2's `memory.max`, v1's
+/// `memory.limit_in_bytes` (its "no limit" is a number near 2^63).
+fn cgroup_limit(root: &std::path::Path, proc_cgroup: &str) -> Option<u64> {
+    let mut lowest: Option<u64> = None;
+    for line in proc_cgroup.lines() {
+        let mut f = line.splitn(3, ':');
+        let (Some(_), Some(controllers), Some(path)) = (f.next(), f.next(), f.next()) else {
+            continue;
+        };
+        let (base, file) = if controllers.is_empty() {
+            (root.to_path_buf(), "memory.max")
+        } else if controllers.split(',').any(|c| c == "memory") {
+            (root.join("memory"), "memory.limit_in_bytes")
+        } else {
+            continue;
+        };
+        // The group and each ancestor (inside a container: its root).
+        let mut at = Some(std::path::Path::new(path.trim_start_matches('/')));
+        while let Some(p) = at {
+            if let Ok(text) = std::fs::read_to_string(base.join(p).join(file)) {
+                if let Ok(n) = text.trim().parse::<u64>() {
+                    if n < 1 << 60 {
+                        lowest = Some(lowest.map_or(n, |l| l.min(n)));
+                    }
+                }
+            }
+            at = p.parent();
+        }
+    }
+    lowest
 }
 
 /// The machine's physical memory.
@@ -184,6 +277,35 @@ fn status_kb(status: &str, field: &str) -> Option<u64> {
 mod tests {
     use super::*;
 
+    /// A container's memory limit (cgroup v2 and v1, set on the group or
+    /// an ancestor) is what the node may use; v1's "no limit" is none.
+    #[test]
+    fn a_control_groups_memory_limit_is_found() {
+        let root = tempfile::tempdir().unwrap();
+        let put = |rel: &str, text: &str| {
+            let p = root.path().join(rel);
+            std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+            std::fs::write(p, text).unwrap();
+        };
+        put("system.slice/memory.max", "2147483648\n");
+        put("system.slice/sluice.service/memory.max", "max\n");
+        assert_eq!(
+            cgroup_limit(root.path(), "0::/system.slice/sluice.service\n"),
+            Some(2 << 30)
+        );
+        put("memory/docker/abc/memory.limit_in_bytes", "1073741824\n");
+        put("memory/memory.limit_in_bytes", "9223372036854771712\n");
+        assert_eq!(
+            cgroup_limit(
+                root.path(),
+                "12:cpu,cpuacct:/docker/abc\n4:memory:/docker/abc\n"
+            ),
+            Some(1 << 30)
+        );
+        assert_eq!(cgroup_limit(root.path(), "4:memory:/\n"), None);
+        assert_eq!(cgroup_limit(root.path(), "0::/elsewhere\n"), None);
+    }
+
     /// One test (tests run side by side in one process: another holding
     /// memory meanwhile would move this one's baseline).
     #[test]
@@ -192,9 +314,24 @@ mod tests {
         assert_eq!(status_kb(status, "RssAnon:"), Some(300 * 1024));
         assert_eq!(status_kb(status, "RssFile:"), None);
         // A limit that refuses everything, or that the kernel beats.
-        assert!(limit_warning(10, 20, Some(100)).unwrap().contains("below"));
-        assert!(limit_warning(200, 20, Some(100)).unwrap().contains("above"));
-        assert_eq!(limit_warning(50, 20, Some(100)), None);
+        let machine = Some(Ceiling {
+            bytes: 100,
+            cgroup: false,
+        });
+        assert!(limit_warning(10, 20, machine).unwrap().contains("below"));
+        assert!(limit_warning(200, 20, machine)
+            .unwrap()
+            .contains("above this machine's memory"));
+        assert_eq!(limit_warning(50, 20, machine), None);
+        let group = Some(Ceiling {
+            bytes: 100,
+            cgroup: true,
+        });
+        assert!(limit_warning(200, 20, group)
+            .unwrap()
+            .contains("control group"));
+        assert_eq!(no_limit_warning(machine), None);
+        assert!(no_limit_warning(group).unwrap().contains("e.g. 80"));
         assert!(physical_memory().is_some_and(|p| p > 1 << 20));
         let none = MemoryLimit::new(1, 0);
         none.admit(usize::MAX).unwrap();
