@@ -24,6 +24,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 #[serde(deny_unknown_fields)]
 pub struct NodeSpec {
     pub id: u32,
+    #[serde(deserialize_with = "ip_and_port")]
     pub address: SocketAddr,
     /// A name for people (e.g. the worker a plan chose).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -31,6 +32,21 @@ pub struct NodeSpec {
     /// Topology and other labels (`tier`, `zone`, `rack`, ...).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub labels: BTreeMap<String, String>,
+}
+
+/// A node's address: an IP address and a port. A host name says so
+/// (the TOML parser's "invalid socket address syntax" did not).
+fn ip_and_port<'de, D: serde::Deserializer<'de>>(d: D) -> Result<SocketAddr, D::Error> {
+    if !d.is_human_readable() {
+        // Binary encodings (bincode) carry it as serde encodes it.
+        return SocketAddr::deserialize(d);
+    }
+    let s = String::deserialize(d)?;
+    s.parse().map_err(|_| {
+        serde::de::Error::custom(format!(
+            "address {s:?}: expected an IP address and a port (10.0.0.7:7420, [fd00::7]:7420); host names are not resolved, so give each node's IP address"
+        ))
+    })
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -282,6 +298,23 @@ impl Selector {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_host_name_for_an_address_says_what_is_expected() {
+        let e = ClusterLayout::from_text(
+            "[[nodes]]\nid = 1\naddress = \"sluice-0.sluice:7420\"\n[[subgroups.volatile]]\nshards = [[1]]\n",
+        )
+        .unwrap_err();
+        assert!(e.contains("host names are not resolved"), "{e}");
+        let spec = NodeSpec {
+            id: 1,
+            address: "10.0.0.7:7420".parse().unwrap(),
+            name: None,
+            labels: BTreeMap::new(),
+        };
+        let json = serde_json::to_string(&spec).unwrap();
+        assert_eq!(serde_json::from_str::<NodeSpec>(&json).unwrap(), spec);
+    }
 
     const GOOD: &str = r#"
 [[nodes]]
