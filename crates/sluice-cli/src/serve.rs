@@ -108,13 +108,16 @@ pub fn load_config(a: &ServeArgs) -> Result<ServerConfig> {
             .with_context(|| format!("reading cluster layout {}", p.display()))?;
         let l = sluice_types::cluster::ClusterLayout::from_text(&text)
             .map_err(|e| anyhow::anyhow!("cluster layout {}: {e}", p.display()))?;
-        cfg.listen = l.address_of(cfg.node_id).ok_or_else(|| {
-            anyhow::anyhow!(
-                "node {} is not in the [[nodes]] of {}",
-                cfg.node_id,
-                p.display()
-            )
-        })?;
+        cfg.listen = l
+            .address_of(cfg.node_id)
+            .ok_or_else(|| {
+                anyhow::anyhow!(
+                    "node {} is not in the [[nodes]] of {}",
+                    cfg.node_id,
+                    p.display()
+                )
+            })?
+            .listen_addr();
     }
     cfg.validate()
         .map_err(|e| anyhow::anyhow!("invalid configuration: {e}"))?;

@@ -267,7 +267,18 @@ fn cascade_layout_and_every_dfgs_shape_run_on_a_cluster() {
     let mut nodes = Nodes {
         dir,
         layout,
-        addrs: imported.nodes.iter().map(|n| (n.id, n.address)).collect(),
+        addrs: imported
+            .nodes
+            .iter()
+            .map(|n| {
+                (
+                    n.id,
+                    n.address
+                        .ip()
+                        .expect("an imported layout names IP addresses"),
+                )
+            })
+            .collect(),
         procs: BTreeMap::new(),
     };
     for id in [0, 1, 2] {

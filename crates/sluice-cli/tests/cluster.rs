@@ -119,6 +119,15 @@ impl Cluster {
     /// Nodes 1..=n; the layout's top-level settings `top` (TOML), then
     /// its nodes and `subgroups`; `[cluster]` settings `cluster`.
     fn build(n: u32, top: &str, subgroups: &str, cluster: &str, marked: bool) -> Cluster {
+        let mut c = Cluster::write(n, top, subgroups, cluster, marked);
+        for id in 1..=n {
+            c.spawn(id);
+        }
+        c
+    }
+
+    /// `build`'s files, no node started.
+    fn write(n: u32, top: &str, subgroups: &str, cluster: &str, marked: bool) -> Cluster {
         let dir = tempfile::tempdir().unwrap();
         let addrs: BTreeMap<u32, SocketAddr> = (1..=n)
             .map(|i| (i, free_addr([127, 0, 0, i as u8])))
@@ -140,17 +149,13 @@ impl Cluster {
             std::fs::write(dir.path().join(format!("node-{id}.toml")), cfg).unwrap();
         }
         let marks = marked.then(|| dir.path().join("marks"));
-        let mut c = Cluster {
+        Cluster {
             dir,
             addrs,
             procs: HashMap::new(),
             pollers: tokio::sync::Mutex::default(),
             marks,
-        };
-        for id in 1..=n {
-            c.spawn(id);
         }
-        c
     }
 
     fn spawn(&mut self, id: u32) {
@@ -4290,4 +4295,57 @@ async fn a_member_restarted_while_clients_fill_its_peers_still_gets_through() {
         "{e}"
     );
     drop(fill);
+}
+
+/// A layout may name its nodes by host name (a Kubernetes StatefulSet's
+/// `sluice-0.sluice`, a Compose service): it was refused ("invalid socket
+/// address syntax"). A name is looked up at each connection a client or
+/// peer makes, and a node named so listens on every IPv4 interface at
+/// its port. Three nodes named `localhost:<port>`: leaders, a put read
+/// back on another node, the leader killed and a new one taking writes.
+#[tokio::test(flavor = "multi_thread")]
+async fn nodes_named_by_host_name_form_a_cluster_and_fail_over() {
+    let _serial = SERIAL.lock().await;
+    let mut c = Cluster::write(3, "", ALL_THREE, "", false);
+    let layout = c.dir.path().join("layout.toml");
+    let mut text = std::fs::read_to_string(&layout).unwrap();
+    for (id, a) in &c.addrs {
+        text = text.replace(&a.to_string(), &format!("localhost:{}", a.port()));
+        let cfg = c.dir.path().join(format!("node-{id}.toml"));
+        let own = std::fs::read_to_string(&cfg).unwrap();
+        let own: String = own
+            .lines()
+            .filter(|l| !l.starts_with("listen = "))
+            .map(|l| format!("{l}\n"))
+            .collect();
+        std::fs::write(&cfg, own).unwrap();
+    }
+    assert!(text.contains("address = \"localhost:"), "{text}");
+    std::fs::write(&layout, text).unwrap();
+    for id in 1..=3 {
+        c.spawn(id);
+    }
+    c.ready().await;
+    let ports: BTreeMap<u32, u16> = c.addrs.iter().map(|(id, a)| (*id, a.port())).collect();
+    let named = |id: u32| format!("localhost:{}", ports[&id]);
+    let client = Client::connect(&named(1)).await.unwrap();
+    client.put("/vol/named", "1").await.unwrap();
+    let other = Client::connect(&named(2)).await.unwrap();
+    assert_eq!(
+        other.get_linearizable("/vol/named").await.unwrap().value[..],
+        b"1"[..]
+    );
+    let leader = c.leader(1, "volatile/0/0").await.unwrap();
+    c.kill(leader);
+    let left = (1..=3).find(|i| *i != leader).unwrap();
+    c.wait_for("a new leader", || async {
+        matches!(c.leader(left, "volatile/0/0").await, Some(l) if l != leader)
+    })
+    .await;
+    let client = Client::connect(&named(left)).await.unwrap();
+    client.put("/vol/named", "2").await.unwrap();
+    assert_eq!(
+        client.get_linearizable("/vol/named").await.unwrap().value[..],
+        b"2"[..]
+    );
 }

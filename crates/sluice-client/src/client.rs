@@ -2,6 +2,7 @@ use crate::cluster::{Attempts, ClusterView, Hint, NodePool, ShardView};
 use crate::conn::Conn;
 use arc_swap::{ArcSwap, ArcSwapOption};
 use bytes::Bytes;
+use sluice_types::cluster::NodeAddr;
 use sluice_types::cluster::{MemberSelection, Selector};
 use sluice_types::retry::{follow_leader, Step};
 use sluice_types::{
@@ -260,7 +261,7 @@ fn with_default_port(seed: &str) -> String {
 /// Connects to the first of the config's seed addresses (`addr` is one
 /// `host:port` or several, comma-separated, like etcdctl's `--endpoints`)
 /// that answers; the cluster view learned from it names every other node.
-async fn connect_seed(cfg: &ClientConfig) -> Result<(std::net::SocketAddr, Arc<Conn>)> {
+async fn connect_seed(cfg: &ClientConfig) -> Result<(NodeAddr, Arc<Conn>)> {
     let seeds: Vec<&str> = cfg
         .addr
         .split(',')
@@ -304,8 +305,11 @@ async fn connect_seed(cfg: &ClientConfig) -> Result<(std::net::SocketAddr, Arc<C
                 continue;
             }
         };
-        match Conn::connect_with(
+        // Reconnects look a name up again; TLS checks the name.
+        let named: NodeAddr = seed.parse().unwrap_or_else(|_| addr.into());
+        match Conn::connect_to(
             addr,
+            named.host_name(),
             &cfg.client_name,
             cfg.connect_timeout,
             cfg.tls.as_ref(),
@@ -313,7 +317,7 @@ async fn connect_seed(cfg: &ClientConfig) -> Result<(std::net::SocketAddr, Arc<C
         )
         .await
         {
-            Ok(c) => return Ok((addr, c)),
+            Ok(c) => return Ok((named, c)),
             // A node that answered and refused who we are speaks for the
             // cluster (a node that does not know a token checks with the
             // metadata leader before it refuses one).
@@ -400,14 +404,15 @@ impl Client {
     pub async fn connect_with(cfg: ClientConfig) -> Result<Client> {
         let (addr, first) = connect_seed(&cfg).await?;
         let n = cfg.connections.max(1);
-        let home = NodePool::new(addr, n, &cfg);
+        let home = NodePool::new(addr.clone(), n, &cfg);
         let info = first.info.clone();
         home.fill(0, first);
         for i in 1..home.len() {
             home.fill(
                 i,
-                Conn::connect_with(
-                    addr,
+                Conn::connect_to(
+                    crate::cluster::resolve(&addr).await?,
+                    addr.host_name(),
                     &cfg.client_name,
                     cfg.connect_timeout,
                     cfg.tls.as_ref(),
@@ -525,7 +530,7 @@ impl Client {
         let view = self.inner.cluster.load_full();
         let addr = view
             .as_ref()
-            .and_then(|v| v.nodes.get(&node).copied())
+            .and_then(|v| v.nodes.get(&node).cloned())
             .ok_or_else(|| SluiceError::Connection {
                 reason: format!("node {node} is not in the cluster layout"),
             })?;

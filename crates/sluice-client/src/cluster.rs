@@ -6,7 +6,7 @@ use crate::conn::Conn;
 use arc_swap::ArcSwapOption;
 use parking_lot::Mutex;
 use serde::Deserialize;
-use sluice_types::cluster::NodeSpec;
+use sluice_types::cluster::{NodeAddr, NodeSpec};
 use sluice_types::{PoolType, Result, SluiceError};
 use sluice_wire::{Request, Response};
 use std::collections::HashMap;
@@ -18,7 +18,8 @@ use std::time::Duration;
 /// Connections to one node: `n` pipelined connections used round-robin,
 /// each reconnected on demand.
 pub(crate) struct NodePool {
-    pub(crate) addr: SocketAddr,
+    /// Looked up at each connection made (a name may move).
+    pub(crate) addr: NodeAddr,
     slots: Vec<ArcSwapOption<Conn>>,
     reconnect: tokio::sync::Mutex<()>,
     rr: AtomicUsize,
@@ -34,8 +35,35 @@ pub(crate) struct NodePool {
     watch_conns: Mutex<Vec<std::sync::Weak<Conn>>>,
 }
 
+/// The address a node's `host:port` stands for now: an IP address as it
+/// is, a name looked up (each connection made: a Kubernetes pod that
+/// came back at another IP address is found there).
+pub async fn resolve(addr: &NodeAddr) -> Result<SocketAddr> {
+    if let Some(a) = addr.ip() {
+        return Ok(a);
+    }
+    match tokio::net::lookup_host(addr.as_str()).await {
+        // IPv4 first: a node named by a host name listens on every IPv4
+        // interface (`NodeAddr::listen_addr`), and `localhost` is often
+        // ::1 first.
+        Ok(found) => {
+            let mut found: Vec<SocketAddr> = found.collect();
+            found.sort_by_key(|a| !a.is_ipv4());
+            found
+                .first()
+                .copied()
+                .ok_or_else(|| SluiceError::Connection {
+                    reason: format!("{addr} resolves to no address"),
+                })
+        }
+        Err(e) => Err(SluiceError::Connection {
+            reason: format!("looking up {addr}: {e}"),
+        }),
+    }
+}
+
 impl NodePool {
-    pub(crate) fn new(addr: SocketAddr, n: usize, cfg: &crate::ClientConfig) -> Self {
+    pub(crate) fn new(addr: NodeAddr, n: usize, cfg: &crate::ClientConfig) -> Self {
         NodePool {
             addr,
             slots: (0..n.max(1)).map(|_| ArcSwapOption::empty()).collect(),
@@ -74,8 +102,9 @@ impl NodePool {
     }
 
     async fn open(&self) -> Result<Arc<Conn>> {
-        let c = Conn::connect_with(
-            self.addr,
+        let c = Conn::connect_to(
+            resolve(&self.addr).await?,
+            self.addr.host_name(),
             &self.name,
             self.connect_timeout,
             self.tls.as_ref(),
@@ -157,7 +186,7 @@ pub(crate) struct ShardView {
 /// A snapshot of the cluster as some node described it.
 pub(crate) struct ClusterView {
     pub(crate) epoch: u64,
-    pub(crate) nodes: HashMap<u32, SocketAddr>,
+    pub(crate) nodes: HashMap<u32, NodeAddr>,
     /// Every shard (replicated and trigger): its name (`volatile/0/1`)
     /// and members, built once so routing a request allocates nothing.
     shards: HashMap<(PoolType, u32, u32), ShardView>,
@@ -211,7 +240,7 @@ impl ClusterView {
         }
         Ok(ClusterView {
             epoch: i.epoch,
-            nodes: i.nodes.iter().map(|n| (n.id, n.address)).collect(),
+            nodes: i.nodes.iter().map(|n| (n.id, n.address.clone())).collect(),
             shards,
             leaders: Mutex::new(leaders),
             seen: Mutex::default(),

@@ -120,6 +120,19 @@ impl Conn {
         tls: Option<&sluice_tls::ClientTls>,
         token: Option<&str>,
     ) -> Result<Arc<Conn>> {
+        Self::connect_to(addr, None, name, connect_timeout, tls, token).await
+    }
+
+    /// `connect_with` to a node known by a host name (`host`, which
+    /// resolved to `addr`): with TLS its certificate must name that host.
+    pub async fn connect_to(
+        addr: SocketAddr,
+        host: Option<&str>,
+        name: &str,
+        connect_timeout: Duration,
+        tls: Option<&sluice_tls::ClientTls>,
+        token: Option<&str>,
+    ) -> Result<Arc<Conn>> {
         let sock = within(
             connect_timeout,
             || format!("connecting to {addr}"),
@@ -139,7 +152,8 @@ impl Conn {
                 (Box::new(r), Box::new(w))
             }
             Some(t) => {
-                let server = sluice_tls::ClientTls::server_name(&addr.ip().to_string())
+                let ip = addr.ip().to_string();
+                let server = sluice_tls::ClientTls::server_name(host.unwrap_or(&ip))
                     .map_err(|e| conn_err(e.to_string()))?;
                 let handshake = sluice_tls::connect(t.config.clone(), server, sock);
                 let s = within(connect_timeout, || format!("TLS handshake with {addr}"), handshake)

@@ -75,6 +75,7 @@ mod conn;
 
 pub use blocking::{BlockingClient, BlockingWatch};
 pub use client::{Client, ClientConfig, Notification, Watch};
+pub use cluster::resolve;
 /// One pipelined connection to one node (what `Client` pools; nodes use it
 /// to talk to each other).
 pub use conn::{Conn, MAX_QUEUED_BYTES};

@@ -11,7 +11,6 @@ use sluice_client::Conn;
 use sluice_types::SluiceError;
 use sluice_wire::{Request, Response};
 use std::collections::{HashMap, HashSet};
-use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -231,11 +230,16 @@ impl Peers {
         if let Some(e) = self.refused_recently(target) {
             return Err(e);
         }
-        let sa: SocketAddr = addr.parse().map_err(|e| SluiceError::Connection {
-            reason: format!("node {target} has a bad address {addr:?}: {e}"),
-        })?;
-        let c = Conn::connect_with(
+        let node_addr: sluice_types::cluster::NodeAddr =
+            addr.parse().map_err(|e| SluiceError::Connection {
+                reason: format!("node {target} has a bad address: {e}"),
+            })?;
+        // Looked up at each connection: a node that came back at another
+        // IP address under its name is found there.
+        let sa = sluice_client::resolve(&node_addr).await?;
+        let c = Conn::connect_to(
             sa,
+            node_addr.host_name(),
             &format!("{PEER_CLIENT_PREFIX}{}", self.me),
             self.connect_timeout,
             self.tls.as_ref(),

@@ -135,7 +135,7 @@ pub fn import(text: &str, base: SocketAddr) -> Result<Imported, String> {
             .map_err(|_| format!("node {id}: port {} + {id} is past 65535", base.port()))?;
         layout.nodes.push(NodeSpec {
             id,
-            address: SocketAddr::new(base.ip(), port),
+            address: SocketAddr::new(base.ip(), port).into(),
             name: None,
             labels: Default::default(),
         });

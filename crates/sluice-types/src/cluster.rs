@@ -20,33 +20,112 @@ use std::collections::{BTreeMap, HashSet};
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
 
+/// Where a node listens: `host:port`, the host an IP address
+/// (`10.0.0.7`, `[fd00::7]`) or a name (`sluice-0.sluice`, a Compose
+/// service). Clients and peers look a name up each time they connect
+/// (`sluice_client::resolve`; nothing here does I/O), so a node that comes
+/// back at another IP address (a Kubernetes pod restarted) is found there.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct NodeAddr(String);
+
+impl NodeAddr {
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+
+    pub fn port(&self) -> u16 {
+        // Checked when made.
+        self.0
+            .rsplit_once(':')
+            .and_then(|(_, p)| p.parse().ok())
+            .unwrap_or(0)
+    }
+
+    /// The host, when it is a name (not an IP address): what a TLS
+    /// certificate must name.
+    pub fn host_name(&self) -> Option<&str> {
+        match self.ip() {
+            Some(_) => None,
+            None => self.0.rsplit_once(':').map(|(h, _)| h),
+        }
+    }
+
+    /// The address written as an IP address, if it is one.
+    pub fn ip(&self) -> Option<SocketAddr> {
+        self.0.parse().ok()
+    }
+
+    /// What a node with this address listens on (without `--listen`):
+    /// the IP address itself; for a name, every IPv4 interface at its
+    /// port (the name is another machine's to give: a Kubernetes
+    /// Service, a Compose network).
+    pub fn listen_addr(&self) -> SocketAddr {
+        self.ip()
+            .unwrap_or_else(|| SocketAddr::from(([0, 0, 0, 0], self.port())))
+    }
+}
+
+impl std::str::FromStr for NodeAddr {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        let bad = || {
+            format!("address {s:?}: expected a host and a port (10.0.0.7:7420, [fd00::7]:7420, sluice-0.sluice:7420)")
+        };
+        if s.parse::<SocketAddr>().is_ok() {
+            return Ok(NodeAddr(s.to_string()));
+        }
+        let (host, port) = s.rsplit_once(':').ok_or_else(bad)?;
+        port.parse::<u16>().map_err(|_| bad())?;
+        let name_ok = !host.is_empty()
+            && host.len() <= 253
+            && host
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'.' || b == b'_');
+        if !name_ok {
+            return Err(bad());
+        }
+        Ok(NodeAddr(s.to_string()))
+    }
+}
+
+impl From<SocketAddr> for NodeAddr {
+    fn from(a: SocketAddr) -> Self {
+        NodeAddr(a.to_string())
+    }
+}
+
+impl std::fmt::Display for NodeAddr {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl Serialize for NodeAddr {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&self.0)
+    }
+}
+
+impl<'de> Deserialize<'de> for NodeAddr {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        String::deserialize(d)?
+            .parse()
+            .map_err(serde::de::Error::custom)
+    }
+}
+
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct NodeSpec {
     pub id: u32,
-    #[serde(deserialize_with = "ip_and_port")]
-    pub address: SocketAddr,
+    pub address: NodeAddr,
     /// A name for people (e.g. the worker a plan chose).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub name: Option<String>,
     /// Topology and other labels (`tier`, `zone`, `rack`, ...).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub labels: BTreeMap<String, String>,
-}
-
-/// A node's address: an IP address and a port. A host name says so
-/// (the TOML parser's "invalid socket address syntax" did not).
-fn ip_and_port<'de, D: serde::Deserializer<'de>>(d: D) -> Result<SocketAddr, D::Error> {
-    if !d.is_human_readable() {
-        // Binary encodings (bincode) carry it as serde encodes it.
-        return SocketAddr::deserialize(d);
-    }
-    let s = String::deserialize(d)?;
-    s.parse().map_err(|_| {
-        serde::de::Error::custom(format!(
-            "address {s:?}: expected an IP address and a port (10.0.0.7:7420, [fd00::7]:7420); host names are not resolved, so give each node's IP address"
-        ))
-    })
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -149,7 +228,7 @@ impl ClusterLayout {
             if !ids.insert(n.id) {
                 return Err(format!("nodes[{i}]: node id {} appears twice", n.id));
             }
-            if !addrs.insert(n.address) {
+            if !addrs.insert(n.address.clone()) {
                 return Err(format!(
                     "nodes[{i}]: address {} is used by two nodes",
                     n.address
@@ -187,8 +266,11 @@ impl ClusterLayout {
         Ok(())
     }
 
-    pub fn address_of(&self, id: u32) -> Option<SocketAddr> {
-        self.nodes.iter().find(|n| n.id == id).map(|n| n.address)
+    pub fn address_of(&self, id: u32) -> Option<NodeAddr> {
+        self.nodes
+            .iter()
+            .find(|n| n.id == id)
+            .map(|n| n.address.clone())
     }
 
     /// Shards per subgroup, by pool type name, for the store's layout.
@@ -300,20 +382,42 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_host_name_for_an_address_says_what_is_expected() {
+    fn node_addresses_are_ip_addresses_or_host_names_with_a_port() {
+        for ok in [
+            "10.0.0.7:7420",
+            "[fd00::7]:7420",
+            "sluice-0.sluice:7420",
+            "localhost:1",
+        ] {
+            let a: NodeAddr = ok.parse().unwrap();
+            assert_eq!(a.to_string(), ok);
+        }
+        assert_eq!(
+            "sluice-0.sluice:7421".parse::<NodeAddr>().unwrap().port(),
+            7421
+        );
+        for bad in ["sluice-0", ":7420", "host:port", "a b:1", "host:70000"] {
+            let e = bad.parse::<NodeAddr>().unwrap_err();
+            assert!(e.contains("expected a host and a port"), "{bad}: {e}");
+        }
         let e = ClusterLayout::from_text(
-            "[[nodes]]\nid = 1\naddress = \"sluice-0.sluice:7420\"\n[[subgroups.volatile]]\nshards = [[1]]\n",
+            "[[nodes]]\nid = 1\naddress = \"sluice-0\"\n[[subgroups.volatile]]\nshards = [[1]]\n",
         )
         .unwrap_err();
-        assert!(e.contains("host names are not resolved"), "{e}");
-        let spec = NodeSpec {
-            id: 1,
-            address: "10.0.0.7:7420".parse().unwrap(),
-            name: None,
-            labels: BTreeMap::new(),
-        };
-        let json = serde_json::to_string(&spec).unwrap();
-        assert_eq!(serde_json::from_str::<NodeSpec>(&json).unwrap(), spec);
+        assert!(e.contains("expected a host and a port"), "{e}");
+        let l = ClusterLayout::from_text(
+            "[[nodes]]\nid = 1\naddress = \"localhost:7420\"\n[[subgroups.volatile]]\nshards = [[1]]\n",
+        )
+        .unwrap();
+        assert_eq!(l.nodes[0].address.host_name(), Some("localhost"));
+        assert_eq!(l.nodes[0].address.listen_addr().to_string(), "0.0.0.0:7420");
+        let ip: NodeAddr = "10.0.0.7:7420".parse().unwrap();
+        assert_eq!(
+            (ip.host_name(), ip.listen_addr().to_string()),
+            (None, "10.0.0.7:7420".into())
+        );
+        let json = serde_json::to_string(&l.nodes[0]).unwrap();
+        assert_eq!(serde_json::from_str::<NodeSpec>(&json).unwrap(), l.nodes[0]);
     }
 
     const GOOD: &str = r#"

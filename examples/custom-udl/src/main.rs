@@ -39,7 +39,8 @@ async fn main() -> Result<()> {
             let l = sluice_types_layout(&text)?;
             cfg.listen = l
                 .address_of(cfg.node_id)
-                .ok_or_else(|| anyhow::anyhow!("node {} is not in {}", cfg.node_id, p.display()))?;
+                .ok_or_else(|| anyhow::anyhow!("node {} is not in {}", cfg.node_id, p.display()))?
+                .listen_addr();
         }
         (None, None) => {}
     }

@@ -66,9 +66,15 @@ pub(super) enum Probe {
 /// listening socket's queue (a node that lives waits for the client's
 /// handshake). A connection that stays open, or an attempt that times
 /// out, says the peer may be alive.
-pub(super) async fn probe(addr: std::net::SocketAddr) -> Probe {
+pub(super) async fn probe(addr: &sluice_types::cluster::NodeAddr) -> Probe {
     use std::io::ErrorKind::{ConnectionAborted, ConnectionRefused, ConnectionReset};
     use tokio::io::AsyncReadExt;
+    // A name that does not resolve (now) tells nothing for sure: the
+    // election timers decide.
+    let addr = match sluice_client::resolve(addr).await {
+        Ok(a) => a,
+        Err(e) => return Probe::MaybeAlive(e.to_string()),
+    };
     let mut sock =
         match tokio::time::timeout(PROBE_TIMEOUT, tokio::net::TcpStream::connect(addr)).await {
             Ok(Ok(sock)) => sock,
@@ -127,7 +133,7 @@ impl ClusterNode {
         }
         let node = self.clone();
         self.runtime.spawn(async move {
-            if let Probe::MaybeAlive(why) = probe(addr).await {
+            if let Probe::MaybeAlive(why) = probe(&addr).await {
                 if !led.is_empty() {
                     tracing::info!(
                         peer,
@@ -235,7 +241,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_refused_connection_means_the_process_is_gone() {
-        assert_eq!(probe(vacant()).await, Probe::Gone);
+        assert_eq!(probe(&vacant().into()).await, Probe::Gone);
     }
 
     /// The probe connects, then its connection is closed before a byte
@@ -245,7 +251,7 @@ mod tests {
         let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let addr = l.local_addr().unwrap();
         l.set_nonblocking(true).unwrap();
-        let p = tokio::spawn(probe(addr));
+        let p = tokio::spawn(async move { probe(&addr.into()).await });
         let deadline = Instant::now() + Duration::from_secs(5);
         let accepted = loop {
             match l.accept() {
@@ -291,7 +297,7 @@ mod tests {
         let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = l.local_addr().unwrap();
         let hold = tokio::spawn(async move { l.accept().await.unwrap() });
-        let r = probe(addr).await;
+        let r = probe(&addr.into()).await;
         assert!(
             matches!(r, Probe::MaybeAlive(ref why) if why.contains("stayed open")),
             "{r:?}"
@@ -308,7 +314,7 @@ mod tests {
             s.write_all(b"x").await.unwrap();
             s
         });
-        let r = probe(addr).await;
+        let r = probe(&addr.into()).await;
         assert!(
             matches!(r, Probe::MaybeAlive(ref why) if why.contains("byte")),
             "{r:?}"

@@ -251,7 +251,7 @@ impl ClusterNode {
                     probed = true;
                     let addr = self.layout.address_of(node);
                     if let Some(a) = addr {
-                        if super::failover::probe(a).await == super::failover::Probe::Gone {
+                        if super::failover::probe(&a).await == super::failover::Probe::Gone {
                             return Err(unavailable(format!(
                                 "node {node} is not running (nothing listens at {a}); it was added to {shard} as a learner and catches up once it starts: run add-member again then to make it a voter"
                             )));
@@ -337,7 +337,7 @@ impl ClusterNode {
                 else {
                     return std::future::pending().await;
                 };
-                while super::failover::probe(addr).await != super::failover::Probe::Gone {
+                while super::failover::probe(&addr).await != super::failover::Probe::Gone {
                     tokio::time::sleep(Duration::from_millis(20)).await;
                 }
             };
@@ -473,7 +473,7 @@ impl ClusterNode {
     /// (this node counted as one of them), probed every 20 ms.
     async fn majority_gone(&self, g: &Group) {
         let voters = g.core.handle.borrow_status().members.voters.clone();
-        let others: Vec<std::net::SocketAddr> = voters
+        let others: Vec<sluice_types::cluster::NodeAddr> = voters
             .iter()
             .filter(|n| **n != u64::from(self.id))
             .filter_map(|n| {
@@ -483,7 +483,7 @@ impl ClusterNode {
             })
             .collect();
         loop {
-            let probes = others.iter().map(|a| super::failover::probe(*a));
+            let probes = others.iter().map(super::failover::probe);
             let gone = futures_util::future::join_all(probes).await;
             let alive = gone
                 .iter()
