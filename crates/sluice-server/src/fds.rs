@@ -14,8 +14,17 @@ use std::sync::OnceLock;
 
 /// Descriptors kept for the node's own use: its logs (a few per Raft
 /// group), peers (two connections each way per peer), lambda workers,
-/// snapshots being written and sent. Taken from small limits at most half.
+/// snapshots being written and sent; more in a cluster whose peers'
+/// connections need more (`reserve`). Taken from small limits at most
+/// half.
 pub const RESERVED: u64 = 256;
+
+/// What a node keeps when it takes `peer_slots` connections from peers
+/// past its clients' limit: `RESERVED`, or more where the peers' share
+/// of it (64) is too little.
+pub fn reserve(peer_slots: usize) -> u64 {
+    RESERVED + (peer_slots as u64).saturating_sub(64)
+}
 
 /// The process's descriptor limit, after raising it once (the first call).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -85,15 +94,15 @@ fn raise() -> Option<FdLimit> {
 /// The client connections a node with this limit accepts when
 /// `max_connections` asks for that many: the limit less the reserve (at
 /// most half of a small limit), at least one.
-pub fn client_connections(max_connections: u32, soft: u64) -> u32 {
-    let reserve = RESERVED.min(soft / 2);
+pub fn client_connections(max_connections: u32, soft: u64, reserve: u64) -> u32 {
+    let reserve = reserve.min(soft / 2);
     let room = soft.saturating_sub(reserve).max(1);
     (max_connections as u64).min(room) as u32
 }
 
 /// Raises the limit and caps `max_connections` to what it leaves for
 /// clients, saying so when either changes something.
-pub fn cap_connections(max_connections: u32) -> u32 {
+pub fn cap_connections(max_connections: u32, reserve: u64) -> u32 {
     let Some(l) = limit() else {
         return max_connections;
     };
@@ -104,14 +113,14 @@ pub fn cap_connections(max_connections: u32) -> u32 {
             "raised the open file limit (ulimit -n) to the hard limit"
         );
     }
-    let n = client_connections(max_connections, l.soft);
+    let n = client_connections(max_connections, l.soft, reserve);
     if n < max_connections {
         tracing::warn!(
             "limits.max_connections = {max_connections}, but this process may open only {} files (ulimit -n; hard limit {}), and the node keeps {} of them for its logs, peers and lambda workers: accepting at most {n} client connections. Raise the limit (`ulimit -n`, or LimitNOFILE= in a systemd unit) to {} for all of them",
             l.soft,
             l.hard,
             l.soft - n as u64,
-            max_connections as u64 + RESERVED,
+            max_connections as u64 + reserve,
         );
     }
     n
@@ -124,14 +133,20 @@ mod tests {
     #[test]
     fn clients_get_what_the_limit_leaves_after_the_reserve() {
         // Plenty: the configured number.
-        assert_eq!(client_connections(1024, 1 << 20), 1024);
-        assert_eq!(client_connections(1024, 1024 + RESERVED), 1024);
+        let r = reserve(64);
+        assert_eq!(r, RESERVED);
+        assert_eq!(client_connections(1024, 1 << 20, r), 1024);
+        assert_eq!(client_connections(1024, 1024 + RESERVED, r), 1024);
         // A systemd service's soft 1,024 that could not be raised.
-        assert_eq!(client_connections(1024, 1024), 1024 - RESERVED as u32);
+        assert_eq!(client_connections(1024, 1024, r), 1024 - RESERVED as u32);
         // A small limit: half of it for the node.
-        assert_eq!(client_connections(1024, 100), 50);
-        assert_eq!(client_connections(10, 100), 10);
-        assert_eq!(client_connections(1024, 1), 1);
+        assert_eq!(client_connections(1024, 100, r), 50);
+        assert_eq!(client_connections(10, 100, r), 10);
+        assert_eq!(client_connections(1024, 1, r), 1);
+        // A cluster of 100 nodes: room for 4 connections from each peer.
+        let big = reserve(4 * 99);
+        assert_eq!(big, RESERVED + 4 * 99 - 64);
+        assert_eq!(client_connections(4096, 4096, big), 4096 - big as u32);
     }
 
     #[test]

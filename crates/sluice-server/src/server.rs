@@ -84,6 +84,14 @@ pub struct Server {
     data_lock: Option<sluice_log::DirLock>,
 }
 
+/// The connections a node takes from its peers past the client limit:
+/// four per peer (two, and room to reconnect while the old ones close),
+/// at least `PEER_SLOTS` (a standalone node uses none of them).
+fn peer_slots(cluster: Option<&sluice_cluster::ClusterNode>) -> usize {
+    let peers = cluster.map_or(0, |c| c.node_count().saturating_sub(1));
+    (4 * peers).max(PEER_SLOTS)
+}
+
 /// The registry with the config's `udl_aliases`, each naming a UDL it has.
 fn with_aliases(mut registry: Registry, cfg: &ServerConfig) -> Result<Registry, String> {
     for (alias, udl) in &cfg.udl_aliases {
@@ -99,8 +107,9 @@ fn with_aliases(mut registry: Registry, cfg: &ServerConfig) -> Result<Registry, 
 }
 
 /// Connections a cluster node takes from its peers beyond
-/// `limits.max_connections` (each peer opens two: requests and bulk):
-/// part of the descriptors `fds::RESERVED` keeps.
+/// `limits.max_connections` at least (each peer opens two: requests and
+/// bulk; four per peer in a larger cluster): kept from clients by
+/// `fds::reserve`.
 const PEER_SLOTS: usize = 64;
 
 impl Server {
@@ -257,8 +266,12 @@ impl Server {
     ) -> Result<Server, ServerError> {
         cfg.validate().map_err(ServerError::Config)?;
         let mut cfg = cfg;
-        // Clients never take the descriptors the node needs itself.
-        cfg.limits.max_connections = crate::fds::cap_connections(cfg.limits.max_connections);
+        // Clients never take the descriptors the node needs itself, its
+        // peers' connections included.
+        let peer_slots = peer_slots(cluster.as_deref());
+        let reserve = crate::fds::reserve(peer_slots);
+        cfg.limits.max_connections =
+            crate::fds::cap_connections(cfg.limits.max_connections, reserve);
         let registry = with_aliases(registry, &cfg).map_err(ServerError::Config)?;
         let listener = TcpListener::bind(cfg.listen)
             .await
@@ -339,7 +352,7 @@ impl Server {
         let recv_pool = crate::recv_pool::RecvPool::new(RECV_POOL_BYTES, store.memory.reusable());
         let ctx = Arc::new(ConnCtx {
             conn_slots: Arc::new(Semaphore::new(cfg.limits.max_connections as usize)),
-            peer_slots: Arc::new(Semaphore::new(PEER_SLOTS)),
+            peer_slots: Arc::new(Semaphore::new(peer_slots)),
             cfg,
             store,
             cluster,
@@ -423,7 +436,7 @@ impl Server {
                     // Full for clients, a cluster node still takes its
                     // peers' connections (a member restarted meanwhile
                     // sends its votes and acknowledgements on connections
-                    // of its own): up to `PEER_SLOTS` more, each of which
+                    // of its own): up to `peer_slots` more, each of which
                     // must prove it is a node first.
                     let slot = match ctx.conn_slots.clone().try_acquire_owned() {
                         Ok(p) => Some((p, false)),

@@ -411,6 +411,11 @@ impl ClusterNode {
         g.core.leader()
     }
 
+    /// How many nodes the layout names (this one included).
+    pub fn node_count(&self) -> usize {
+        self.layout.nodes.len()
+    }
+
     /// The metadata epoch: bumped by every replicated pool or membership
     /// change this node has applied.
     pub fn epoch(&self) -> u64 {
