@@ -86,10 +86,11 @@ pub struct Server {
 
 /// The connections a node takes from its peers past the client limit:
 /// four per peer (two, and room to reconnect while the old ones close),
-/// at least `PEER_SLOTS` (a standalone node uses none of them).
+/// at least `PEER_SLOTS`; none for a standalone node.
 fn peer_slots(cluster: Option<&sluice_cluster::ClusterNode>) -> usize {
-    let peers = cluster.map_or(0, |c| c.node_count().saturating_sub(1));
-    (4 * peers).max(PEER_SLOTS)
+    cluster.map_or(0, |c| {
+        (4 * c.node_count().saturating_sub(1)).max(PEER_SLOTS)
+    })
 }
 
 /// The registry with the config's `udl_aliases`, each naming a UDL it has.
@@ -440,10 +441,8 @@ impl Server {
                     // must prove it is a node first.
                     let slot = match ctx.conn_slots.clone().try_acquire_owned() {
                         Ok(p) => Some((p, false)),
-                        Err(_) if ctx.cluster.is_some() => {
-                            ctx.peer_slots.clone().try_acquire_owned().ok().map(|p| (p, true))
-                        }
-                        Err(_) => None,
+                        // (None on a standalone node: it has no peers.)
+                        Err(_) => ctx.peer_slots.clone().try_acquire_owned().ok().map(|p| (p, true)),
                     };
                     match slot {
                         Some((permit, peers_only)) => {
