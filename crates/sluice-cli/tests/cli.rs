@@ -994,6 +994,32 @@ fn a_placement_export_runs_under_dev() {
     // majority (it had no commands to run before).
     cli_at(&addr, &["put", "/parts/expert-0/weights", "w0"]);
     cli_at(&addr, &["put", "/parts/expert-1/weights", "w1"]);
+    // n5 applied what it holds before n4 dies: a follower learns that an
+    // entry is committed from its leader's next message, and with its
+    // shard's other member gone it could never learn it after.
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        let st: serde_json::Value = serde_json::from_str(&cli_at(
+            &format!("127.0.0.1:{}", base + 5),
+            &["cluster", "status", "--json"],
+        ))
+        .unwrap();
+        let caught_up = st["nodes"].as_array().into_iter().flatten().any(|n| {
+            n["node"] == 5
+                && n["groups"].as_array().is_some_and(|gs| {
+                    gs.iter()
+                        .all(|g| g["applied_index"].as_u64() >= g["last_log_index"].as_u64())
+                })
+        });
+        if caught_up {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "n5 never applied its log: {st}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
     unsafe {
         libc::kill(dev.pids[4].parse().unwrap(), libc::SIGKILL);
     }
