@@ -2903,6 +2903,37 @@ async fn a_node_with_another_cluster_key_says_so_and_is_not_retried_per_message(
     client.put("/vol/k", &b"v"[..]).await.unwrap();
 }
 
+/// A put whose try outlasts the client's bound on one try
+/// (`attempt_timeout`, 1 s by default: a large value to a busy leader) is
+/// cut off while its frame is being written, and tried again on the same
+/// connection. The cut frame still goes out whole, so the leader never
+/// reads the next try's bytes as the rest of its value, and the retry
+/// (the same request id) gets the first try's result. Tries of 1 ms here.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_large_put_that_outlasts_its_try_is_stored_whole() {
+    let _serial = SERIAL.lock().await;
+    let c = Cluster::start_nodes(3, ALL_THREE);
+    c.ready().await;
+    let l = c.leader(1, "volatile/0/0").await.unwrap();
+    let client = Client::connect_with(ClientConfig {
+        addr: c.addr(l),
+        attempt_timeout: Duration::from_millis(1),
+        request_timeout: Duration::from_secs(30),
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    let big = Bytes::from(vec![b'x'; 24 << 20]);
+    let put = client.put("/vol/big", big.clone()).await;
+    assert!(put.is_ok(), "{put:?}\n{}", c.logs());
+    let small = client.put("/vol/small", &b"s"[..]).await;
+    assert!(small.is_ok(), "{small:?}\n{}", c.logs());
+    let got = client.get_linearizable("/vol/big").await.unwrap();
+    assert_eq!(got.meta.version, put.unwrap().version);
+    assert_eq!(got.value.len(), big.len());
+    assert!(got.value == big, "the put's value was changed on its way");
+}
+
 /// A shard that lost its majority: a write (and a read at the leader)
 /// fails once the request timeout passes with `Unavailable`, saying what
 /// each member answered and what it takes. It failed with the last try's

@@ -26,10 +26,97 @@ pub(crate) enum Pending {
     Stream(mpsc::Sender<Response>, Arc<AtomicU64>),
 }
 
+/// The socket's write half, and the bytes of frames a writer began and
+/// did not finish: its caller dropped the request's future (a
+/// `tokio::time::timeout` around it, a `select!`, the client's own bound
+/// on a try). The next write sends them first, or a task the dropped
+/// writer spawned. Half a frame followed by another request's bytes is
+/// read by the node as the first frame's rest: a put whose caller gave
+/// up was stored with the next put's bytes in its value.
+struct Writer {
+    half: WriteHalf,
+    left: OutQueue,
+    /// Bytes went to the socket since its last flush (TLS holds records
+    /// until flushed).
+    unflushed: bool,
+}
+
+/// Armed while a write is under way: dropped armed (the write's future
+/// was dropped), it has a task send what is left.
+struct FinishOnDrop<'a> {
+    conn: &'a Conn,
+    armed: bool,
+}
+
+impl Drop for FinishOnDrop<'_> {
+    fn drop(&mut self) {
+        if !self.armed {
+            return;
+        }
+        if let Some(me) = self.conn.me.upgrade() {
+            self.conn.rt.spawn(async move {
+                let mut w = me.writer.lock().await;
+                if me.write_out(&mut w, OutQueue::new()).await.is_err() {
+                    drop(w);
+                    me.fail_waiters();
+                }
+            });
+        }
+    }
+}
+
+/// Takes request `id` out of the connection's waiting requests when
+/// dropped armed (a call ended without its reply: an error, a timeout, or
+/// its future dropped, which before left its entry there for good when
+/// the request never went out).
+struct Unregister<'a> {
+    conn: &'a Conn,
+    id: u64,
+    armed: bool,
+}
+
+impl Drop for Unregister<'_> {
+    fn drop(&mut self) {
+        if self.armed {
+            self.conn.pending.lock().remove(&self.id);
+        }
+    }
+}
+
+/// A value going out in parts, the next part from `at`: dropped before
+/// the last part was handed to the writer (its caller gave up), it has a
+/// task send the rest, so the node is not left holding the parts of a
+/// request that never ends.
+struct PartedSend<'a> {
+    conn: &'a Conn,
+    req: &'a Request,
+    id: u64,
+    flags: u8,
+    part: usize,
+    at: usize,
+    done: bool,
+}
+
+impl Drop for PartedSend<'_> {
+    fn drop(&mut self) {
+        if self.done || self.at == 0 {
+            return;
+        }
+        if let Some(me) = self.conn.me.upgrade() {
+            let (req, id, flags, part, at) =
+                (self.req.clone(), self.id, self.flags, self.part, self.at);
+            self.conn.rt.spawn(async move {
+                // Its errors end the connection for every waiter.
+                let _ = me.send_parts(&req, id, flags, part, at).await;
+            });
+        }
+    }
+}
+
 /// A connection to one node: requests are pipelined on it and replies,
 /// which may come in any order, are matched by request id.
 pub struct Conn {
-    writer: tokio::sync::Mutex<WriteHalf>,
+    writer: tokio::sync::Mutex<Writer>,
     pending: Mutex<HashMap<u64, Pending>>,
     next_id: AtomicU64,
     alive: AtomicBool,
@@ -61,6 +148,10 @@ pub struct Conn {
     /// The keepalive task runs (started with the first watch).
     keepalive_on: AtomicBool,
     me: std::sync::Weak<Conn>,
+    /// The runtime the connection was made on: it finishes the writes of
+    /// requests dropped part-way, wherever they were dropped (a blocking
+    /// call interrupted by Ctrl-C is dropped outside any runtime).
+    rt: tokio::runtime::Handle,
     /// What the node said about itself in the handshake.
     pub info: ServerInfo,
 }
@@ -215,7 +306,11 @@ impl Conn {
         })
         .await??;
         let conn = Arc::new_cyclic(|me| Conn {
-            writer: tokio::sync::Mutex::new(wr),
+            writer: tokio::sync::Mutex::new(Writer {
+                half: wr,
+                left: OutQueue::new(),
+                unflushed: false,
+            }),
             pending: Mutex::new(HashMap::new()),
             next_id: AtomicU64::new(1),
             alive: AtomicBool::new(true),
@@ -232,6 +327,7 @@ impl Conn {
             keepalive_ms: AtomicU64::new(0),
             keepalive_on: AtomicBool::new(false),
             me: me.clone(),
+            rt: tokio::runtime::Handle::current(),
             info,
         });
         let decoder = FrameDecoder::new(
@@ -351,25 +447,55 @@ impl Conn {
 
     async fn send(&self, req: &Request, id: u64, flags: u8) -> Result<()> {
         let part = self.part_bytes.load(Ordering::Relaxed);
-        let Some(value) = req.value().filter(|v| part > 0 && v.len() > part) else {
+        if !req.value().is_some_and(|v| part > 0 && v.len() > part) {
             if self.coalesce.load(Ordering::Relaxed) && self.queue_for_flush(req, id, flags) {
                 return Ok(());
             }
             let mut q = OutQueue::new();
             req.encode(&mut q, id, flags);
             return self.write_queue(q).await;
+        }
+        self.send_parts(req, id, flags, part, 0).await
+    }
+
+    /// Sends `req`'s value in parts of `part` bytes from offset `at`, then
+    /// the request with the last part. The writer is taken per part:
+    /// other requests go out in between.
+    async fn send_parts(
+        &self,
+        req: &Request,
+        id: u64,
+        flags: u8,
+        part: usize,
+        at: usize,
+    ) -> Result<()> {
+        let value = req.value().cloned().unwrap_or_default();
+        let mut s = PartedSend {
+            conn: self,
+            req,
+            id,
+            flags,
+            part,
+            at,
+            done: false,
         };
-        // The writer is taken per part: other requests go out in between.
-        let mut at = 0;
-        while value.len() - at > part {
+        while value.len() - s.at > part {
             let mut q = OutQueue::new();
-            sluice_wire::encode_part(&mut q, req.opcode(), id, &value.slice(at..at + part));
-            self.write_queue(q).await?;
-            at += part;
+            sluice_wire::encode_part(&mut q, req.opcode(), id, &value.slice(s.at..s.at + part));
+            let mut w = self.writer.lock().await;
+            // Handed to the writer: it goes out whatever happens to us.
+            s.at += part;
+            if let Err(e) = self.write_locked(&mut w, q).await {
+                s.done = true;
+                return Err(e);
+            }
         }
         let mut q = OutQueue::new();
-        req.with_value(value.slice(at..)).encode(&mut q, id, flags);
-        self.write_queue(q).await
+        req.with_value(value.slice(s.at..))
+            .encode(&mut q, id, flags);
+        let mut w = self.writer.lock().await;
+        s.done = true;
+        self.write_locked(&mut w, q).await
     }
 
     /// Queues a request for the flush task (spawning it when none is
@@ -408,40 +534,60 @@ impl Conn {
 
     async fn write_queue(&self, q: OutQueue) -> Result<()> {
         let mut w = self.writer.lock().await;
-        if self.coalesce.load(Ordering::Relaxed) {
-            // Requests queued for a flush were sent before this one.
-            let earlier = std::mem::take(&mut *self.queued.lock());
-            if let Err(e) = self.write_out(&mut w, earlier).await {
-                drop(w);
-                self.fail_waiters();
-                return Err(e);
-            }
-        }
-        self.write_out(&mut w, q).await
+        self.write_locked(&mut w, q).await
     }
 
-    async fn write_out(&self, w: &mut WriteHalf, mut q: OutQueue) -> Result<()> {
-        if q.is_empty() {
+    /// `write_queue` with the writer taken: `q` is the writer's from the
+    /// start (it goes out even if this future is dropped).
+    async fn write_locked(&self, w: &mut Writer, q: OutQueue) -> Result<()> {
+        let coalescing = self.coalesce.load(Ordering::Relaxed);
+        if coalescing {
+            // Requests queued for a flush were sent before this one.
+            w.left.append(std::mem::take(&mut *self.queued.lock()));
+        }
+        let r = self.write_out(w, q).await;
+        if r.is_err() && coalescing {
+            self.fail_waiters();
+        }
+        r
+    }
+
+    /// Writes what a dropped writer left (`Writer::left`), then `q`. Safe
+    /// to drop at any await: what is left of a frame begun goes out
+    /// before any other (`FinishOnDrop`).
+    async fn write_out(&self, w: &mut Writer, q: OutQueue) -> Result<()> {
+        w.left.append(q);
+        if w.left.is_empty() && !w.unflushed {
             // Nothing to write (an empty flush): no TLS flush either.
             return Ok(());
         }
-        while !q.is_empty() {
+        let mut finish = FinishOnDrop {
+            conn: self,
+            armed: true,
+        };
+        let dead = |finish: &mut FinishOnDrop| {
+            finish.armed = false;
+            self.alive.store(false, Ordering::Release);
+            Err(self.dead_error())
+        };
+        while !w.left.is_empty() {
             let mut slots = [IoSlice::new(&[]); 16];
-            let n = q.io_slices(&mut slots);
+            let n = w.left.io_slices(&mut slots);
             self.writes.fetch_add(1, Ordering::Relaxed);
-            match w.write_vectored(&slots[..n]).await {
-                Ok(0) | Err(_) => {
-                    self.alive.store(false, Ordering::Release);
-                    return Err(self.dead_error());
+            match w.half.write_vectored(&slots[..n]).await {
+                Ok(0) | Err(_) => return dead(&mut finish),
+                Ok(k) => {
+                    w.left.advance(k);
+                    w.unflushed = true;
                 }
-                Ok(k) => q.advance(k),
             }
         }
         // TLS: push out the records written (a no-op on TCP).
-        if w.flush().await.is_err() {
-            self.alive.store(false, Ordering::Release);
-            return Err(self.dead_error());
+        if w.half.flush().await.is_err() {
+            return dead(&mut finish);
         }
+        w.unflushed = false;
+        finish.armed = false;
         Ok(())
     }
 
@@ -458,20 +604,25 @@ impl Conn {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let (tx, rx) = oneshot::channel();
         self.register(id, Pending::Once(tx))?;
-        if let Err(e) = self.send(req, id, 0).await {
-            self.pending.lock().remove(&id);
-            return Err(e);
-        }
+        // Dropped before its reply came (its caller gave up): nobody waits
+        // for the reply any more.
+        let mut waiting = Unregister {
+            conn: self,
+            id,
+            armed: true,
+        };
+        self.send(req, id, 0).await?;
         match tokio::time::timeout(timeout, rx).await {
-            Ok(Ok(r)) => r,
-            Ok(Err(_)) => Err(self.dead_error()),
-            Err(_) => {
-                self.pending.lock().remove(&id);
-                Err(SluiceError::Timeout {
-                    what: format!("a {} request (id {id})", req.name()),
-                    after_ms: timeout.as_millis() as u64,
-                })
+            Ok(Ok(r)) => {
+                // The reader took it out of `pending`.
+                waiting.armed = false;
+                r
             }
+            Ok(Err(_)) => Err(self.dead_error()),
+            Err(_) => Err(SluiceError::Timeout {
+                what: format!("a {} request (id {id})", req.name()),
+                after_ms: timeout.as_millis() as u64,
+            }),
         }
     }
 
@@ -623,7 +774,15 @@ async fn read_loop(
                                 dropped.fetch_add(1, Ordering::Relaxed);
                             }
                             Err(mpsc::error::TrySendError::Closed(_)) => {
+                                // Nobody reads it (a `watch` call dropped
+                                // before its first reply, or one that timed
+                                // out waiting for it): the node stops too.
                                 pending.remove(&id);
+                                let c = conn.clone();
+                                tokio::spawn(async move {
+                                    let unwatch = Request::Unwatch { watch_id: id };
+                                    let _ = c.send_forget(&unwatch).await;
+                                });
                             }
                         }
                     }

@@ -11,6 +11,16 @@
 //! `ClientConfig::tls` is set); replies may arrive in any order and are
 //! matched by request id.
 //!
+//! # Cancellation
+//!
+//! Every request's future may be dropped (`tokio::time::timeout`,
+//! `select!`) without harm to the client: the connection stays usable for
+//! the other requests. A request dropped before any of it was written is
+//! never sent; one dropped part-way through being written is still sent
+//! whole, by a task of the connection, so it may take effect (as one
+//! whose reply was lost may): a put you gave up on can still be stored,
+//! always with the value you gave it.
+//!
 //! # Quick start
 //!
 //! A node (`sluice serve`, or `sluice dev` for a local cluster), a pool,

@@ -1881,3 +1881,86 @@ async fn a_node_that_takes_no_watches_refuses_them_and_keeps_no_connection() {
     }
     s.stop().await;
 }
+
+/// A request whose future is dropped part-way through writing its frame
+/// (a `tokio::time::timeout` around a large put) is still sent whole: the
+/// node never reads the next request's bytes as the rest of it. (Before:
+/// the next puts on the connection hung until the node gave up on a "bad
+/// frame magic", and the cancelled put was stored with 10 MB of another
+/// put's bytes in its 16 MB value.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_put_dropped_while_it_is_written_is_sent_whole() {
+    let s = start(|_| {}).await;
+    for parts in [None, Some(64 << 10)] {
+        let c = Client::connect_with(ClientConfig {
+            addr: s.addr.to_string(),
+            value_part_bytes: parts,
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+        let key = format!("/vol/dropped-{}", parts.unwrap_or(0));
+        let big = Bytes::from(vec![b'x'; 16 << 20]);
+        let cut = tokio::time::timeout(Duration::from_micros(200), c.put(&key, big.clone())).await;
+        assert!(cut.is_err(), "the put was not cut short ({parts:?})");
+        for i in 0..4 {
+            let other = Bytes::from(vec![b'y'; 4 << 20]);
+            let r = tokio::time::timeout(Duration::from_secs(5), c.put("/vol/other", other)).await;
+            assert!(
+                matches!(r, Ok(Ok(_))),
+                "put {i} after the dropped one ({parts:?}): {r:?}"
+            );
+        }
+        // The dropped put went out whole (its last parts perhaps after the
+        // others), and was stored as it was.
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        let got = loop {
+            match c.get(&key).await {
+                Err(SluiceError::NotFound { .. }) if tokio::time::Instant::now() < deadline => {
+                    tokio::time::sleep(Duration::from_millis(10)).await
+                }
+                r => break r.unwrap().value,
+            }
+        };
+        assert_eq!(got.len(), big.len(), "{parts:?}");
+        assert!(
+            got == big,
+            "the dropped put's value was changed ({parts:?})"
+        );
+        assert_eq!(c.get("/vol/other").await.unwrap().value.len(), 4 << 20);
+    }
+}
+
+/// A `watch` call dropped after its request went out (here: polled once,
+/// then dropped) leaves no watch on the node. (Before:
+/// each one stayed there for the connection's life, the node pushing
+/// every notification under its prefix to a client that dropped them.)
+#[tokio::test]
+async fn a_watch_call_dropped_before_its_reply_leaves_no_watch_on_the_node() {
+    let s = start(|_| {}).await;
+    let c = s.client().await;
+    for _ in 0..20 {
+        // Polled once: the request goes out, the reply is not there yet.
+        let mut call = std::pin::pin!(c.watch("/vol/dropped-watch/"));
+        let first = std::future::poll_fn(|cx| {
+            std::task::Poll::Ready(std::future::Future::poll(call.as_mut(), cx).is_pending())
+        })
+        .await;
+        assert!(first, "the watch call was not cut short");
+    }
+    c.put("/vol/dropped-watch/a", Bytes::from_static(b"v"))
+        .await
+        .unwrap();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let watches = c.stats().await.unwrap()["watches"].as_u64().unwrap();
+        if watches == 0 {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{watches} watches are left on the node"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}

@@ -306,6 +306,39 @@ def test_ctrl_c_ends_a_blocking_call_that_waits_long(node):
     c.close()
 
 
+def test_ctrl_c_during_a_large_put_leaves_the_value_and_the_client_whole(tmp_path):
+    # Ctrl-C while a blocking put's frame is half written (the node paused,
+    # so the socket fills): the rest of the frame still goes out, before
+    # any other request. Before, the next put's bytes completed the cut
+    # put's value on the node, which stored the mix.
+    import signal
+
+    from conftest import Node
+
+    n = Node(tmp_path / "data")
+    try:
+        c = sluice.Client(n.addr, timeout=30)
+        k = key()
+        big = b"x" * (32 << 20)
+        os.kill(n.proc.pid, signal.SIGSTOP)
+        try:
+            timer = threading.Timer(0.5, lambda: os.kill(os.getpid(), signal.SIGINT))
+            timer.start()
+            with pytest.raises(KeyboardInterrupt):
+                c.put(k, big)
+            timer.join()
+        finally:
+            os.kill(n.proc.pid, signal.SIGCONT)
+        c.put(k + "/after", b"y" * (4 << 20))
+        got = c.get(k)
+        assert len(got.value) == len(big)
+        assert bytes(got.value) == big
+        assert len(c.get(k + "/after").value) == 4 << 20
+        c.close()
+    finally:
+        n.stop()
+
+
 def test_ctrl_c_ends_a_watch_wait_and_the_watch_goes_on(client):
     # A blocking next() on a watch with nothing coming: Ctrl-C ends it
     # within a slice, and the watch still delivers what comes after.

@@ -64,6 +64,17 @@ impl OutQueue {
         }
     }
 
+    /// Queues `other`'s bytes after these (by reference: no copy).
+    pub fn append(&mut self, mut other: OutQueue) {
+        other.seal();
+        if other.chunks.is_empty() {
+            return;
+        }
+        self.seal();
+        self.len += other.len;
+        self.chunks.append(&mut other.chunks);
+    }
+
     /// Total queued bytes.
     pub fn len(&mut self) -> usize {
         self.len + self.cur.len()
@@ -110,5 +121,28 @@ impl OutQueue {
         }
         self.len = 0;
         out.freeze()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn append_keeps_both_queues_in_order() {
+        let mut a = OutQueue::new();
+        a.buf().extend_from_slice(b"head");
+        a.push_value(&Bytes::from(vec![b'a'; 5000]));
+        a.advance(2);
+        let mut b = OutQueue::new();
+        b.buf().extend_from_slice(b"next");
+        b.push_value(&Bytes::from_static(b"small"));
+        a.append(b);
+        a.append(OutQueue::new());
+        assert_eq!(a.len(), 2 + 5000 + 4 + 5);
+        let mut want = b"ad".to_vec();
+        want.extend(vec![b'a'; 5000]);
+        want.extend_from_slice(b"nextsmall");
+        assert_eq!(a.to_bytes(), Bytes::from(want));
     }
 }
