@@ -4331,8 +4331,8 @@ async fn a_member_restarted_while_clients_fill_its_peers_still_gets_through() {
 /// A layout may name its nodes by host name (a Kubernetes StatefulSet's
 /// `sluice-0.sluice`, a Compose service): it was refused ("invalid socket
 /// address syntax"). A name is looked up at each connection a client or
-/// peer makes, and a node named so listens on every IPv4 interface at
-/// its port. Three nodes named `localhost:<port>`: leaders, a put read
+/// peer makes, and a node named so listens on every interface at its
+/// port, IPv4 and IPv6. Three nodes named `localhost:<port>`: leaders, a put read
 /// back on another node, the leader killed and a new one taking writes.
 #[tokio::test(flavor = "multi_thread")]
 async fn nodes_named_by_host_name_form_a_cluster_and_fail_over() {
@@ -4361,6 +4361,16 @@ async fn nodes_named_by_host_name_form_a_cluster_and_fail_over() {
     let named = |id: u32| format!("localhost:{}", ports[&id]);
     let client = Client::connect(&named(1)).await.unwrap();
     client.put("/vol/named", "1").await.unwrap();
+    // Where the name resolves to IPv6 (an IPv6-only cluster), the node is
+    // there too: it listens on `[::]`, IPv4 and IPv6 both.
+    if std::net::TcpListener::bind("[::1]:0").is_ok() {
+        let v6 = Client::connect(&format!("[::1]:{}", ports[&2])).await;
+        let got = match v6 {
+            Ok(v6) => v6.get("/vol/named").await.map(|o| o.value),
+            Err(e) => Err(e),
+        };
+        assert!(got.is_ok(), "node 2 over IPv6: {got:?}");
+    }
     let other = Client::connect(&named(2)).await.unwrap();
     assert_eq!(
         other.get_linearizable("/vol/named").await.unwrap().value[..],

@@ -93,6 +93,36 @@ fn peer_slots(cluster: Option<&sluice_cluster::ClusterNode>) -> usize {
     })
 }
 
+/// Listens at `addr`. At `[::]` (a layout naming the node by a host
+/// name, or `--listen [::]:<port>`) on IPv6 and IPv4 both, whatever
+/// `net.ipv6.bindv6only` says, as Go's and Redis's listeners do; on a host
+/// without IPv6 (a container with it disabled) at `0.0.0.0` instead.
+pub(crate) async fn bind_listener(addr: SocketAddr) -> std::io::Result<TcpListener> {
+    if addr.ip() != std::net::IpAddr::V6(std::net::Ipv6Addr::UNSPECIFIED) {
+        return TcpListener::bind(addr).await;
+    }
+    let dual = || -> std::io::Result<TcpListener> {
+        let sock = tokio::net::TcpSocket::new_v6()?;
+        socket2::SockRef::from(&sock).set_only_v6(false)?;
+        sock.set_reuseaddr(true)?;
+        sock.bind(addr)?;
+        sock.listen(1024)
+    };
+    match dual() {
+        Ok(l) => Ok(l),
+        Err(e)
+            if matches!(
+                e.raw_os_error(),
+                Some(libc::EAFNOSUPPORT | libc::EADDRNOTAVAIL)
+            ) =>
+        {
+            tracing::info!(error = %e, "no IPv6 here: listening on IPv4 only");
+            TcpListener::bind(SocketAddr::from(([0, 0, 0, 0], addr.port()))).await
+        }
+        Err(e) => Err(e),
+    }
+}
+
 /// The registry with the config's `udl_aliases`, each naming a UDL it has.
 fn with_aliases(mut registry: Registry, cfg: &ServerConfig) -> Result<Registry, String> {
     for (alias, udl) in &cfg.udl_aliases {
@@ -274,7 +304,7 @@ impl Server {
         cfg.limits.max_connections =
             crate::fds::cap_connections(cfg.limits.max_connections, reserve);
         let registry = with_aliases(registry, &cfg).map_err(ServerError::Config)?;
-        let listener = TcpListener::bind(cfg.listen)
+        let listener = bind_listener(cfg.listen)
             .await
             .map_err(|error| ServerError::Bind {
                 addr: cfg.listen,
@@ -584,6 +614,40 @@ fn spawn_dfg_reconciler(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Whether this host has IPv6 loopback (a container may not).
+    fn ipv6_here() -> bool {
+        std::net::TcpListener::bind("[::1]:0").is_ok()
+    }
+
+    /// `[::]` takes IPv4 and IPv6 clients both (a node named by a host name
+    /// listened on IPv4 only, so a name resolving to IPv6 found nothing).
+    #[tokio::test]
+    async fn a_listener_at_the_ipv6_wildcard_takes_both_families() {
+        let l = bind_listener("[::]:0".parse().unwrap()).await.unwrap();
+        let port = l.local_addr().unwrap().port();
+        let accept = async {
+            loop {
+                let _ = l.accept().await;
+            }
+        };
+        let connect = async {
+            let v4 = tokio::net::TcpStream::connect(("127.0.0.1", port)).await;
+            assert!(v4.is_ok(), "{v4:?}");
+            if ipv6_here() {
+                assert!(l.local_addr().unwrap().is_ipv6());
+                let v6 = tokio::net::TcpStream::connect(("::1", port)).await;
+                assert!(v6.is_ok(), "{v6:?}");
+            }
+        };
+        tokio::select! {
+            _ = accept => unreachable!(),
+            _ = connect => {}
+        }
+        // Any other address is bound as given.
+        let v4 = bind_listener("127.0.0.1:0".parse().unwrap()).await.unwrap();
+        assert!(v4.local_addr().unwrap().is_ipv4());
+    }
 
     #[test]
     fn a_store_that_did_not_open_says_what_to_do() {

@@ -56,12 +56,13 @@ impl NodeAddr {
     }
 
     /// What a node with this address listens on (without `--listen`):
-    /// the IP address itself; for a name, every IPv4 interface at its
-    /// port (the name is another machine's to give: a Kubernetes
-    /// Service, a Compose network).
+    /// the IP address itself; for a name, every interface at its port,
+    /// `[::]`, which a node binds for IPv6 and IPv4 both (the name is
+    /// another machine's to give: a Kubernetes Service, a Compose
+    /// network, an IPv6-only cluster's DNS).
     pub fn listen_addr(&self) -> SocketAddr {
         self.ip()
-            .unwrap_or_else(|| SocketAddr::from(([0, 0, 0, 0], self.port())))
+            .unwrap_or_else(|| SocketAddr::from((std::net::Ipv6Addr::UNSPECIFIED, self.port())))
     }
 }
 
@@ -410,7 +411,7 @@ mod tests {
         )
         .unwrap();
         assert_eq!(l.nodes[0].address.host_name(), Some("localhost"));
-        assert_eq!(l.nodes[0].address.listen_addr().to_string(), "0.0.0.0:7420");
+        assert_eq!(l.nodes[0].address.listen_addr().to_string(), "[::]:7420");
         let ip: NodeAddr = "10.0.0.7:7420".parse().unwrap();
         assert_eq!(
             (ip.host_name(), ip.listen_addr().to_string()),
