@@ -68,6 +68,9 @@ struct EntryStats {
     dropped: AtomicU64,
     emitted: AtomicU64,
     last_error: Mutex<Option<String>>,
+    /// The warnings of failed (or panicked) calls and of refused upcalls.
+    failures_logged: crate::throttle::LogThrottle,
+    refusals_logged: crate::throttle::LogThrottle,
 }
 
 /// One UDL's series on the node's metrics endpoint (no-ops when the node
@@ -793,7 +796,9 @@ impl DeliveryObserver for Engine {
                     self.stats.dropped.fetch_add(1, Ordering::Relaxed);
                     entry.stats.dropped.fetch_add(1, Ordering::Relaxed);
                     entry.metrics.dropped.increment(1);
-                    tracing::warn!(key = %d.object.key, vertex = %entry.vertex, udl = %entry.name, worker = w, "upcall queue full; upcall refused");
+                    if let Some(held) = entry.stats.refusals_logged.admit() {
+                        tracing::warn!(key = %d.object.key, vertex = %entry.vertex, udl = %entry.name, worker = w, not_logged = held, "upcall queue full; upcall refused (not_logged: refusals since the last line, each counted in `sluice dfg ls`)");
+                    }
                     first_err.get_or_insert(SluiceError::Unavailable {
                         reason: format!(
                             "upcall queue of worker {w} is full ({} queued) for vertex {} ({}); slow down or retry",
@@ -884,7 +889,9 @@ fn worker_loop(
                 *e.stats.last_error.lock() = Some(format!("{}: {err}", job.object.key));
                 stats.failures.fetch_add(1, Ordering::Relaxed);
                 e.stats.failures.fetch_add(1, Ordering::Release);
-                tracing::warn!(key = %job.object.key, vertex = %e.vertex, udl = %e.name, graph = %e.graph, error = %err, "UDL failed");
+                if let Some(held) = e.stats.failures_logged.admit() {
+                    tracing::warn!(key = %job.object.key, vertex = %e.vertex, udl = %e.name, graph = %e.graph, error = %err, not_logged = held, "UDL failed (not_logged: failures since the last line, each counted in `sluice dfg ls`)");
+                }
             }
             Err(panic) => {
                 let msg = panic
@@ -895,7 +902,9 @@ fn worker_loop(
                 *e.stats.last_error.lock() = Some(format!("{}: panic: {msg}", job.object.key));
                 stats.panics.fetch_add(1, Ordering::Relaxed);
                 e.stats.panics.fetch_add(1, Ordering::Release);
-                tracing::error!(key = %job.object.key, vertex = %e.vertex, udl = %e.name, panic = %msg, "UDL panicked; worker continues");
+                if let Some(held) = e.stats.failures_logged.admit() {
+                    tracing::error!(key = %job.object.key, vertex = %e.vertex, udl = %e.name, panic = %msg, not_logged = held, "UDL panicked; worker continues (not_logged: failures since the last line, each counted in `sluice dfg ls`)");
+                }
             }
         }
         stats.running.fetch_sub(1, Ordering::SeqCst);

@@ -13,8 +13,9 @@
 //! - the dispatcher never blocks a writer: queues are bounded and a full
 //!   queue fails a trigger put with `Unavailable` (nothing stored, retry) or,
 //!   for a stored put, drops the upcall and counts it;
-//! - a panicking or failing UDL is caught, counted and logged with the key;
-//!   it never kills a worker thread or the node;
+//! - a panicking or failing UDL is caught, counted and logged with the key
+//!   (a few times, then once per interval with a count: `throttle`); it
+//!   never kills a worker thread or the node;
 //! - replacing data flow graphs swaps an immutable dispatch table: new
 //!   deliveries see the new graphs, in-flight upcalls finish under the old;
 //! - no UDL lives here: the built-ins are in `sluice-udls`, so this crate
@@ -23,6 +24,7 @@
 pub mod dfg;
 pub mod engine;
 pub mod landing;
+pub mod throttle;
 pub mod trie;
 pub mod udl;
 

@@ -155,6 +155,31 @@ def test_errors_are_counted_and_a_crashed_worker_is_replaced(client, vertex):
     assert status(client, gid)["failures"] == 3
 
 
+def test_a_lambda_failing_on_every_object_does_not_flood_the_log(client, vertex, node):
+    # Every failure is counted, with the last error; the log has its first
+    # few (traceback included) and then one line per 10 s saying how many
+    # it left out. Before: a warning and a traceback (seven lines, 1.2 KB)
+    # per object.
+    src, dst, gid = vertex
+    client.dfg_apply(graph(gid, src, "Faulty", dst))
+    start = len(node.log())
+    t0 = time.monotonic()
+    n = 200
+    for i in range(n):
+        client.trigger_put(f"{src}/raise-{i}", b"x")
+    wait_for("every failure counted", lambda: status(client, gid)["failures"] >= n)
+    took = time.monotonic() - t0
+    st = status(client, gid)
+    assert st["failures"] == n and "cannot handle" in st["last_error"], st
+    log = node.log()[start:]
+    # The burst of 5, and one more for each 10 s the run took.
+    most = 5 + int(took / 10) + 1
+    failed = log.count("UDL failed")
+    tracebacks = log.count("Traceback (most recent call last)")
+    assert 1 <= failed <= most, (failed, took)
+    assert 1 <= tracebacks <= most, (tracebacks, took)
+
+
 def test_fifo_per_key_holds_with_several_workers(client, vertex):
     src, dst, gid = vertex
     client.dfg_apply(graph(gid, src, "Sequence", dst, workers=2, policy="stateful"))

@@ -38,6 +38,33 @@ DESC = 128  # bytes per ring descriptor
 H_REQ_HEAD, H_REQ_TAIL, H_RESP_HEAD, H_RESP_TAIL, H_OUT_FREE = 128, 192, 256, 320, 448
 H_WORKER_SLEEPS = 512  # times this worker blocked for a request (the node reads it)
 
+# Tracebacks of failed calls printed at once (and again after a quiet
+# spell), then one per TRACEBACK_EVERY seconds: a lambda raising on every
+# object wrote its traceback, several lines in the node's log, per object
+# (the node counts every failure, with the last error: `sluice dfg ls`).
+TRACEBACK_BURST, TRACEBACK_EVERY = 5.0, 10.0
+
+
+class Throttle:
+    """A token bucket: admit() is the number of tracebacks held back since
+    the last one printed, or None to hold this one back too."""
+
+    def __init__(self, burst=TRACEBACK_BURST, every=TRACEBACK_EVERY):
+        self.burst, self.every = burst, every
+        self.tokens, self.at, self.held = burst, time.monotonic(), 0
+
+    def admit(self, now=None):
+        now = time.monotonic() if now is None else now
+        self.tokens = min(self.burst, self.tokens + (now - self.at) / self.every)
+        self.at = now
+        if self.tokens >= 1.0:
+            self.tokens -= 1.0
+            held, self.held = self.held, 0
+            return held
+        self.held += 1
+        return None
+
+
 # Request kinds.
 R_UPCALL, R_CTX_REPLY, R_STOP = 1, 2, 3
 # Response kinds.
@@ -204,6 +231,7 @@ class Worker:
         # that call's), so any other time they are refused.
         self.runner = threading.get_ident()
         self.in_call = False
+        self.tracebacks = Throttle()
 
     def in_this_call(self, what):
         """Refuses `what` (an emit, a store call) outside the running call:
@@ -411,8 +439,11 @@ class Worker:
                 self.in_call = False
                 self.input = None
                 msg = f"{type(e).__name__}: {e}"
-                tb = traceback.format_exc(limit=8)
-                print(f"sluice python worker: {msg} (key {key})\n{tb}", file=sys.stderr, flush=True)
+                held = self.tracebacks.admit()
+                if held is not None:
+                    tb = traceback.format_exc(limit=8)
+                    more = f"; {held} failed calls since the last traceback printed" if held else ""
+                    print(f"sluice python worker: {msg} (key {key}{more})\n{tb}", file=sys.stderr, flush=True)
                 self.respond(P_FAIL, a=self.put_out(msg.encode()))
 
 
