@@ -1157,8 +1157,7 @@ impl Conn {
         (key, shard, timestamp_us, wait_ms): (String, Option<u32>, u64, u32),
     ) {
         let store = self.ctx.store.clone();
-        let ahead =
-            Duration::from_micros(timestamp_us.saturating_sub(sluice_store::Clock::wall_us()));
+        let ahead = Duration::from_micros(timestamp_us.saturating_sub(store.time_now_us()));
         let checked = cl.check_read(sid, None).and_then(|()| {
             if ahead > Duration::from_millis(u64::from(wait_ms)) {
                 Err(not_stable_yet(timestamp_us, ahead, wait_ms))
@@ -1457,9 +1456,7 @@ impl Conn {
                 if stable {
                     return reply_object(out, rid, store.get_by_time(&key, timestamp_us, shard));
                 }
-                let wait = Duration::from_micros(
-                    timestamp_us.saturating_sub(sluice_store::Clock::wall_us()),
-                );
+                let wait = Duration::from_micros(timestamp_us.saturating_sub(store.time_now_us()));
                 if wait > Duration::from_millis(u64::from(wait_ms)) {
                     return reply_err(out, &not_stable_yet(timestamp_us, wait, wait_ms));
                 }

@@ -1032,7 +1032,7 @@ impl Store {
     /// writes in flight are drained, which may wait for an fsync: async
     /// callers run this off their event loop for persistent pools.
     pub fn time_is_stable(&self, key: &str, timestamp_us: u64, shard: Option<u32>) -> Result<bool> {
-        if Clock::wall_us() <= timestamp_us {
+        if self.time_now_us() <= timestamp_us {
             return Ok(false);
         }
         let r = self.route(key, shard)?;
@@ -1052,6 +1052,15 @@ impl Store {
             }
         }
         Ok(true)
+    }
+
+    /// The node's present for time reads: the wall clock, or the latest
+    /// timestamp handed out (or seen from a leader) when that is ahead:
+    /// every later write gets a later timestamp. After the system clock is
+    /// stepped back, timestamps run ahead of the wall clock (`Clock`); a
+    /// read at one of them is in the past, not an hour in the future.
+    pub fn time_now_us(&self) -> u64 {
+        Clock::wall_us().max(self.clock.last_us())
     }
 
     /// Records that every write of `shard` with a timestamp up to

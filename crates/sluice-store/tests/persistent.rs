@@ -539,3 +539,31 @@ fn a_large_latest_value_is_freed_when_group_commit_replaces_it() {
         "the replaced latest value is freed"
     );
 }
+
+/// After the system clock is stepped back (an NTP step, a VM restored),
+/// a node's timestamps run ahead of the wall clock, strictly increasing
+/// (`Clock`); simulated here by a clock that has seen a timestamp an hour
+/// ahead. A read at the time of a version written since is a read of the
+/// past, stable at once. (Before: not stable until the wall clock had
+/// caught up, an hour later, so a node refused such reads with "not
+/// stable yet" for the hour.)
+#[test]
+fn time_reads_stay_stable_when_the_wall_clock_is_behind_the_nodes_timestamps() {
+    let _d_dir = dir();
+    let s = open(_d_dir.path());
+    let hour_ahead = sluice_types::wall_us() + 3_600_000_000;
+    s.clock().observe(hour_ahead);
+    let r1 = s.put("/p/k", b("one"), None, None).unwrap();
+    let r2 = s.put("/p/k", b("two"), None, None).unwrap();
+    assert!(r1.timestamp_us > hour_ahead && r2.timestamp_us > r1.timestamp_us);
+    assert!(s.time_now_us() >= r2.timestamp_us);
+    assert!(s.time_is_stable("/p/k", r1.timestamp_us, None).unwrap());
+    assert_eq!(
+        s.get_by_time("/p/k", r1.timestamp_us, None).unwrap().value,
+        b("one")
+    );
+    // Still not stable: a time no timestamp has reached yet.
+    assert!(!s
+        .time_is_stable("/p/k", s.time_now_us() + 1_000_000, None)
+        .unwrap());
+}
