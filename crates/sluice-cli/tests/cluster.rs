@@ -70,6 +70,19 @@ struct Cluster {
     marks: Option<std::path::PathBuf>,
 }
 
+/// How `child` (a node expected to refuse to start) exited; fails with
+/// `started` if it still runs after `WAIT`.
+async fn exit_of(mut child: Child, started: &str) -> std::process::ExitStatus {
+    let deadline = Instant::now() + WAIT;
+    loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            return s;
+        }
+        assert!(Instant::now() < deadline, "{started}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
 /// A free port on `ip` (bound then released; the node binds it right after).
 fn free_addr(ip: [u8; 4]) -> SocketAddr {
     let l = TcpListener::bind(SocketAddr::from((ip, 0))).unwrap();
@@ -1557,15 +1570,11 @@ async fn a_member_with_a_damaged_log_is_restored_from_its_peers() {
     data[z] = if data[z] == 0xff { 0x7f } else { data[z] + 1 };
     std::fs::write(&seg, &data).unwrap();
     c.spawn(victim);
-    let mut child = c.procs.remove(&victim).unwrap();
-    let deadline = Instant::now() + WAIT;
-    let status = loop {
-        if let Some(s) = child.try_wait().unwrap() {
-            break s;
-        }
-        assert!(Instant::now() < deadline, "the damaged member started");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    };
+    let status = exit_of(
+        c.procs.remove(&victim).unwrap(),
+        "the damaged member started",
+    )
+    .await;
     assert!(!status.success());
     let log = std::fs::read_to_string(c.dir.path().join(format!("node-{victim}.log"))).unwrap();
     assert!(
@@ -4326,6 +4335,61 @@ async fn a_member_restarted_while_clients_fill_its_peers_still_gets_through() {
         "{e}"
     );
     drop(fill);
+}
+
+/// Nodes join and leave a cluster one at a time: the metadata group takes
+/// every node of the layout as a voter, and a layout rolled out node by
+/// node runs next to the old one for a while. One node more keeps every
+/// old majority meeting every new one; two more do not (an election could
+/// then choose a leader in each). A node restarted with a layout naming
+/// two nodes its peers' layouts lack is refused, saying why; with one, it
+/// starts and the cluster goes on. (Before: it started.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_layout_two_nodes_ahead_of_the_running_ones_is_refused() {
+    let _serial = SERIAL.lock().await;
+    let mut c = Cluster::start_nodes(3, ALL_THREE);
+    c.ready().await;
+    let layout = std::fs::read_to_string(c.dir.path().join("layout.toml")).unwrap();
+    let node = |id: u32| {
+        let a = free_addr([127, 0, 0, id as u8]);
+        format!("[[nodes]]\nid = {id}\naddress = \"{a}\"\n")
+    };
+    let dir = c.dir.path().to_path_buf();
+    let ahead = |extra: String| {
+        let text = layout.replacen("[[subgroups", &format!("{extra}[[subgroups"), 1);
+        let path = dir.join("layout-next.toml");
+        std::fs::write(&path, text).unwrap();
+        let cfg = dir.join("node-1.toml");
+        let own = std::fs::read_to_string(&cfg).unwrap();
+        let old = dir.join("layout.toml").display().to_string();
+        std::fs::write(&cfg, own.replace(&old, &path.display().to_string())).unwrap();
+    };
+    ahead(format!("{}{}", node(4), node(5)));
+    c.stop(1);
+    c.spawn(1);
+    let status = exit_of(
+        c.procs.remove(&1).unwrap(),
+        "node 1 started two nodes ahead",
+    )
+    .await;
+    assert!(!status.success());
+    let log = std::fs::read_to_string(c.dir.path().join("node-1.log")).unwrap();
+    assert!(
+        log.contains("by more than one node (nodes [4, 5] only here, [] only there)")
+            && log.contains("add or remove one node at a time"),
+        "{log}"
+    );
+    // One node ahead: it starts, says so, and the cluster takes writes.
+    ahead(node(4));
+    c.spawn(1);
+    c.ready().await;
+    let client = c.client(1).await;
+    client.put("/vol/after", &b"1"[..]).await.unwrap();
+    let log = std::fs::read_to_string(c.dir.path().join("node-1.log")).unwrap();
+    assert!(
+        log.contains("layout names other nodes than this one's"),
+        "{log}"
+    );
 }
 
 /// A layout may name its nodes by host name (a Kubernetes StatefulSet's

@@ -349,3 +349,80 @@ impl ClusterNode {
             .map_err(|e| unavailable(format!("metadata catch-up: {e}")))
     }
 }
+
+/// How long a starting node waits for each other node's layout.
+const LAYOUT_ASK: Duration = Duration::from_secs(1);
+
+impl ClusterNode {
+    /// The metadata group takes every node of the layout as a voter, so a
+    /// layout that adds or removes nodes changes its configuration, and a
+    /// rollout restarts the nodes one by one: for a while some run the
+    /// old layout and some the new. One node more or less keeps every
+    /// majority of the old configuration meeting every majority of the
+    /// new (Raft's single-server change); two at once do not, and an
+    /// election then may choose a leader in each. So a starting node asks
+    /// the others it reaches (within a second) which nodes their layouts
+    /// name, and refuses to start with one that differs from any of them by
+    /// more than one node; one node apart, it says so and starts.
+    pub(super) async fn check_layout_step(&self) -> Result<(), SluiceError> {
+        let mine: BTreeSet<u32> = self.layout.nodes.iter().map(|n| n.id).collect();
+        let req = sluice_wire::Request::Cluster {
+            command: json!({"op": "info"}).to_string(),
+        };
+        let asks = self
+            .layout
+            .nodes
+            .iter()
+            .filter(|n| n.id != self.id)
+            .map(|n| {
+                let (req, addr) = (&req, n.address.to_string());
+                async move {
+                    let r = tokio::time::timeout(
+                        LAYOUT_ASK,
+                        self.peers.request(n.id, &addr, req, LAYOUT_ASK),
+                    )
+                    .await;
+                    match r {
+                        Ok(Ok(sluice_wire::Response::Json(j))) => Some((n.id, j)),
+                        _ => None,
+                    }
+                }
+            });
+        for (peer, j) in futures_util::future::join_all(asks)
+            .await
+            .into_iter()
+            .flatten()
+        {
+            let Some(nodes) = serde_json::from_str::<serde_json::Value>(&j)
+                .ok()
+                .and_then(|v| v["nodes"].as_array().cloned())
+            else {
+                continue;
+            };
+            let theirs: BTreeSet<u32> = nodes
+                .iter()
+                .filter_map(|n| n["id"].as_u64().map(|i| i as u32))
+                .collect();
+            let here: Vec<u32> = mine.difference(&theirs).copied().collect();
+            let there: Vec<u32> = theirs.difference(&mine).copied().collect();
+            match here.len() + there.len() {
+                0 => {}
+                1 => tracing::warn!(
+                    peer,
+                    only_here = ?here,
+                    only_there = ?there,
+                    "node {peer}'s layout names other nodes than this one's: roll the new layout out to every node before the next change"
+                ),
+                _ => {
+                    return Err(SluiceError::invalid_argument(
+                        "the cluster layout",
+                        format!(
+                            "it differs from the one node {peer} runs by more than one node (nodes {here:?} only here, {there:?} only there): add or remove one node at a time, rolling each layout out to every node before the next (the metadata group takes every node as a voter, and two changes at once can elect two leaders; README: Adding and removing nodes)"
+                        ),
+                    ))
+                }
+            }
+        }
+        Ok(())
+    }
+}

@@ -320,6 +320,7 @@ impl ClusterNode {
                 n.peer_connection_lost(peer);
             }
         });
+        node.check_layout_step().await?;
         let mut wanted: BTreeSet<u64> = BTreeSet::from([META_GROUP]);
         for (g, members) in node.meta.read().members.clone() {
             if members.contains(&id) {
