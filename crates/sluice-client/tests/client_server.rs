@@ -1882,6 +1882,32 @@ async fn a_node_that_takes_no_watches_refuses_them_and_keeps_no_connection() {
     s.stop().await;
 }
 
+/// A client of `s` sending values over `parts` bytes in parts.
+async fn parted_client(s: &TestServer, parts: Option<usize>) -> Client {
+    Client::connect_with(ClientConfig {
+        addr: s.addr.to_string(),
+        value_part_bytes: parts,
+        ..Default::default()
+    })
+    .await
+    .unwrap()
+}
+
+/// `key`'s value once it is there (a request cut while being written is
+/// finished by a task of the connection), or `None` after 10 s.
+async fn stored_within_10s(c: &Client, key: &str) -> Option<Bytes> {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        match c.get(key).await {
+            Err(SluiceError::NotFound { .. }) if tokio::time::Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(10)).await
+            }
+            Err(SluiceError::NotFound { .. }) => return None,
+            r => return Some(r.unwrap().value),
+        }
+    }
+}
+
 /// A request whose future is dropped part-way through writing its frame
 /// (a `tokio::time::timeout` around a large put) is still sent whole: the
 /// node never reads the next request's bytes as the rest of it. (Before:
@@ -1892,13 +1918,7 @@ async fn a_node_that_takes_no_watches_refuses_them_and_keeps_no_connection() {
 async fn a_put_dropped_while_it_is_written_is_sent_whole() {
     let s = start(|_| {}).await;
     for parts in [None, Some(64 << 10)] {
-        let c = Client::connect_with(ClientConfig {
-            addr: s.addr.to_string(),
-            value_part_bytes: parts,
-            ..Default::default()
-        })
-        .await
-        .unwrap();
+        let c = parted_client(&s, parts).await;
         let key = format!("/vol/dropped-{}", parts.unwrap_or(0));
         let big = Bytes::from(vec![b'x'; 16 << 20]);
         let cut = tokio::time::timeout(Duration::from_micros(200), c.put(&key, big.clone())).await;
@@ -1913,15 +1933,9 @@ async fn a_put_dropped_while_it_is_written_is_sent_whole() {
         }
         // The dropped put went out whole (its last parts perhaps after the
         // others), and was stored as it was.
-        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-        let got = loop {
-            match c.get(&key).await {
-                Err(SluiceError::NotFound { .. }) if tokio::time::Instant::now() < deadline => {
-                    tokio::time::sleep(Duration::from_millis(10)).await
-                }
-                r => break r.unwrap().value,
-            }
-        };
+        let got = stored_within_10s(&c, &key)
+            .await
+            .expect("the dropped put was stored");
         assert_eq!(got.len(), big.len(), "{parts:?}");
         assert!(
             got == big,
@@ -1962,5 +1976,63 @@ async fn a_watch_call_dropped_before_its_reply_leaves_no_watch_on_the_node() {
             "{watches} watches are left on the node"
         );
         tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// Many puts of large values on one connection at once, each under a
+/// timeout of its own (0 to 2 ms: some sent whole, some cut while being
+/// written, some before): every value the node holds is one of the values
+/// put to its key, byte for byte, and the client goes on working. Each
+/// value's bytes name its key and try, so a value completed with another
+/// request's bytes is caught.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn puts_cut_at_random_leave_only_whole_values() {
+    let s = start(|_| {}).await;
+    for parts in [None, Some(96 << 10)] {
+        let c = parted_client(&s, parts).await;
+        let value = |key: u8, try_: u8| {
+            let len = (256 << 10) + usize::from(try_) * 37_000;
+            Bytes::from(
+                (0..len)
+                    .map(|i| if i % 2 == 0 { key } else { try_ })
+                    .collect::<Vec<u8>>(),
+            )
+        };
+        let mut tasks = Vec::new();
+        for key in 0..8u8 {
+            let c = c.clone();
+            tasks.push(tokio::spawn(async move {
+                let mut seed = 0x9e37_79b9_u64.wrapping_mul(u64::from(key) + 1);
+                for try_ in 0..16u8 {
+                    seed = seed
+                        .wrapping_mul(6_364_136_223_846_793_005)
+                        .wrapping_add(1_442_695_040_888_963_407);
+                    let limit = Duration::from_micros((seed >> 33) % 2000);
+                    let k = format!("/vol/cut/{key}");
+                    let _ = tokio::time::timeout(limit, c.put(&k, value(key, try_))).await;
+                }
+            }));
+        }
+        for t in tasks {
+            t.await.unwrap();
+        }
+        // Every cut request has gone out by the time these puts, queued
+        // behind them, are answered.
+        for key in 0..8u8 {
+            c.put(&format!("/vol/cut/{key}/done"), &b"1"[..])
+                .await
+                .unwrap();
+        }
+        for key in 0..8u8 {
+            let Some(got) = stored_within_10s(&c, &format!("/vol/cut/{key}")).await else {
+                continue;
+            };
+            let try_ = got.get(1).copied().unwrap_or(0);
+            assert!(
+                got == value(key, try_),
+                "key {key} ({parts:?}) holds {} bytes that are no value put to it",
+                got.len()
+            );
+        }
     }
 }
