@@ -103,7 +103,10 @@ impl PersistentConfig {
 #[serde(default, deny_unknown_fields)]
 pub struct ServerConfig {
     pub node_id: u32,
-    /// Address to listen on.
+    /// Address to listen on: an IP address and a port, `:<port>` (every
+    /// interface, IPv6 and IPv4), or a host name and a port (looked up
+    /// once, at start: `localhost:7420` listens on loopback).
+    #[serde(deserialize_with = "listen_from_text")]
     pub listen: SocketAddr,
     /// Where the node keeps its state (the pool table today).
     pub data_dir: PathBuf,
@@ -131,6 +134,43 @@ pub struct ServerConfig {
     pub policy: PolicyConfig,
     /// Trace export to an OpenTelemetry collector (off unless set).
     pub otel: crate::otel::OtelConfig,
+}
+
+/// A listen address as an operator writes it: `10.0.0.7:7420`,
+/// `[::]:7420`, `:7420` (every interface, IPv6 and IPv4: `[::]`), or
+/// `localhost:7420` and other host names, looked up now (IPv4 first, as
+/// clients look names up). Taken as `SocketAddr` only, `localhost:7420`
+/// and `:7420` were "invalid socket address syntax".
+pub fn parse_listen(text: &str) -> Result<SocketAddr, String> {
+    use std::net::ToSocketAddrs;
+    if let Ok(a) = text.parse::<SocketAddr>() {
+        return Ok(a);
+    }
+    let bad = || {
+        format!(
+            "listen address {text:?}: expected an address and a port (127.0.0.1:7420, [::]:7420), :<port> for every interface, or a host name and a port (localhost:7420)"
+        )
+    };
+    let (host, port) = text.rsplit_once(':').ok_or_else(bad)?;
+    let port: u16 = port.parse().map_err(|_| bad())?;
+    if host.is_empty() {
+        return Ok(SocketAddr::from((std::net::Ipv6Addr::UNSPECIFIED, port)));
+    }
+    let found: Vec<SocketAddr> = (host, port)
+        .to_socket_addrs()
+        .map_err(|e| format!("listen address {text:?}: cannot look up {host:?}: {e}"))?
+        .collect();
+    found
+        .iter()
+        .find(|a| a.is_ipv4())
+        .or(found.first())
+        .copied()
+        .ok_or_else(|| format!("listen address {text:?}: {host:?} has no address"))
+}
+
+fn listen_from_text<'de, D: serde::Deserializer<'de>>(d: D) -> Result<SocketAddr, D::Error> {
+    let text = String::deserialize(d)?;
+    parse_listen(&text).map_err(serde::de::Error::custom)
 }
 
 /// `[policy]`: this node's side of the policies.
@@ -272,6 +312,31 @@ impl ServerConfig {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `--listen` and `listen` take what operators write: before, a name
+    /// or `:port` was "invalid socket address syntax".
+    #[test]
+    fn a_listen_address_may_be_a_name_or_a_bare_port() {
+        assert_eq!(
+            parse_listen("10.0.0.7:7420").unwrap().to_string(),
+            "10.0.0.7:7420"
+        );
+        assert_eq!(
+            parse_listen("[::1]:7420").unwrap().to_string(),
+            "[::1]:7420"
+        );
+        assert_eq!(parse_listen(":7420").unwrap().to_string(), "[::]:7420");
+        let local = parse_listen("localhost:7420").unwrap();
+        assert!(local.ip().is_loopback() && local.port() == 7420, "{local}");
+        for bad in ["nope", "localhost", "localhost:x", "host:99999"] {
+            let e = parse_listen(bad).unwrap_err();
+            assert!(e.contains("expected an address and a port"), "{bad}: {e}");
+        }
+        let e = parse_listen("no-such-host.invalid:7420").unwrap_err();
+        assert!(e.contains("cannot look up \"no-such-host.invalid\""), "{e}");
+        let cfg = ServerConfig::from_toml("listen = \"localhost:9000\"\n").unwrap();
+        assert!(cfg.listen.ip().is_loopback() && cfg.listen.port() == 9000);
+    }
 
     #[test]
     fn defaults_and_toml_overrides() {

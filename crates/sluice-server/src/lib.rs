@@ -29,8 +29,8 @@ mod stats;
 mod watch;
 
 pub use config::{
-    ComputeConfig, MetricsConfig, PersistentConfig, PolicyConfig, ServerConfig, Timeouts,
-    DEFAULT_PORT,
+    parse_listen, ComputeConfig, MetricsConfig, PersistentConfig, PolicyConfig, ServerConfig,
+    Timeouts, DEFAULT_PORT,
 };
 pub use server::{Server, ServerError};
 pub use sluice_cluster::ClusterNode;
