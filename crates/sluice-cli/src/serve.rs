@@ -35,7 +35,7 @@ pub struct ServeArgs {
     udl_aliases: Option<PathBuf>,
     /// Serve Prometheus metrics at http://ADDR/metrics (the config's
     /// `[metrics] listen`; off by default).
-    #[arg(long, value_name = "ADDR")]
+    #[arg(long, value_name = "ADDR", value_parser = sluice_server::parse_listen)]
     metrics: Option<SocketAddr>,
     /// Accept `sluice cluster cut/heal/disk-full` (dropping links to peers, a
     /// full disk): tests only.

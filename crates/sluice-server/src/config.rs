@@ -173,6 +173,12 @@ fn listen_from_text<'de, D: serde::Deserializer<'de>>(d: D) -> Result<SocketAddr
     parse_listen(&text).map_err(serde::de::Error::custom)
 }
 
+fn some_listen_from_text<'de, D: serde::Deserializer<'de>>(
+    d: D,
+) -> Result<Option<SocketAddr>, D::Error> {
+    listen_from_text(d).map(Some)
+}
+
 /// `[policy]`: this node's side of the policies.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -187,7 +193,9 @@ pub struct PolicyConfig {
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct MetricsConfig {
-    /// Where `/metrics` is served, e.g. "127.0.0.1:9420".
+    /// Where `/metrics` is served, e.g. "127.0.0.1:9420" (as `listen`:
+    /// ":9420" for every interface, or a host name and a port).
+    #[serde(deserialize_with = "some_listen_from_text")]
     pub listen: Option<SocketAddr>,
 }
 
@@ -336,6 +344,8 @@ mod tests {
         assert!(e.contains("cannot look up \"no-such-host.invalid\""), "{e}");
         let cfg = ServerConfig::from_toml("listen = \"localhost:9000\"\n").unwrap();
         assert!(cfg.listen.ip().is_loopback() && cfg.listen.port() == 9000);
+        let cfg = ServerConfig::from_toml("[metrics]\nlisten = \":9420\"\n").unwrap();
+        assert_eq!(cfg.metrics.listen.unwrap().to_string(), "[::]:9420");
     }
 
     #[test]
