@@ -9,8 +9,8 @@ pub struct ServeArgs {
     /// TOML config file (see examples/node.toml); flags override it.
     #[arg(long)]
     config: Option<PathBuf>,
-    /// Address to listen on: 127.0.0.1:7420, [::]:7420, :7420 (every
-    /// interface), localhost:7420 (a name, looked up at start); port 0
+    /// Address to listen on: `127.0.0.1:7420`, `[::]:7420`, `:7420` (every
+    /// interface), `localhost:7420` (a name, looked up at start); port 0
     /// picks a free port and prints it.
     #[arg(long, value_parser = sluice_server::parse_listen)]
     listen: Option<SocketAddr>,
