@@ -32,9 +32,12 @@ pub struct ClientConfig {
     pub connect_timeout: Duration,
     /// How long a request may wait for its reply.
     pub request_timeout: Duration,
-    /// In a cluster, how long one try at one member may take (connect and
-    /// handshake included) before the request moves on to another member:
-    /// a paused or cut-off leader costs one try, not the whole request.
+    /// In a cluster, how long one try at one member may go without
+    /// progress (connect and handshake included) before the request moves
+    /// on to another member: a paused or cut-off leader costs one try, not
+    /// the whole request. A large value keeps its try while its bytes are
+    /// still being taken by the node, however long that takes; the reply
+    /// then has about this long.
     pub attempt_timeout: Duration,
     /// Sent in the handshake; shows in server logs.
     pub client_name: String,
@@ -636,9 +639,9 @@ impl Client {
                     Err(e) => return (Err((e, false)), Step::Done),
                 };
                 let res = match self.node_pool(target) {
-                    Ok(p) => match tokio::time::timeout(per_try, p.call(req, per_try)).await {
-                        Ok(r) => r,
-                        Err(_) => Err(SluiceError::Timeout {
+                    Ok(p) => match p.call_while_moving(req, per_try).await {
+                        Some(r) => r,
+                        None => Err(SluiceError::Timeout {
                             what: format!("request to node {target}"),
                             after_ms: per_try.as_millis() as u64,
                         }),

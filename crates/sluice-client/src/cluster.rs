@@ -160,6 +160,52 @@ impl NodePool {
     pub(crate) async fn call(&self, req: &Request, timeout: Duration) -> Result<Response> {
         self.conn().await?.call(req, timeout).await
     }
+
+    /// `call` as one try of a request that may go elsewhere next: `None`
+    /// once `bound` passes with nothing moving: no connection within it,
+    /// no byte written to the connection or taken by the node for as long
+    /// while some are still on their way (`Conn::progress`), or no reply
+    /// within about a bound once the node has taken them all. A large value keeps its try while it is being written,
+    /// however long that takes: bounded as a whole,
+    /// a try cut such a value short (its frame still finished by the
+    /// connection) and the next sent it again, each try longer than the
+    /// last, and a value of a few seconds' bandwidth took the whole
+    /// request timeout. A paused or cut-off node still costs one `bound`:
+    /// its socket takes nothing once its buffers are full.
+    pub(crate) async fn call_while_moving(
+        &self,
+        req: &Request,
+        bound: Duration,
+    ) -> Option<Result<Response>> {
+        let conn = match tokio::time::timeout(bound, self.conn()).await {
+            Ok(Ok(c)) => c,
+            Ok(Err(e)) => return Some(Err(e)),
+            Err(_) => return None,
+        };
+        // The bound is kept here, from the last progress.
+        let call = conn.call(req, Duration::from_secs(24 * 3600));
+        tokio::pin!(call);
+        let mut seen = conn.progress();
+        let mut until = tokio::time::Instant::now() + bound;
+        loop {
+            tokio::select! {
+                r = &mut call => return Some(r),
+                _ = tokio::time::sleep_until(until) => {
+                    // Bytes still on their way, and moving since the last
+                    // look. (A small request is taken by the node's
+                    // kernel at once, even from a paused node: one bound,
+                    // as before.)
+                    let now = conn.progress();
+                    let moved = now.0 != seen.0 || now.1 < seen.1;
+                    if now.1 == 0 || !moved {
+                        return None;
+                    }
+                    seen = now;
+                    until = tokio::time::Instant::now() + bound;
+                }
+            }
+        }
+    }
 }
 
 #[derive(Deserialize)]
@@ -505,5 +551,118 @@ mod tests {
         // A leader hint at the member that was behind is not followed
         // back to it.
         assert_eq!(a.leader_target(Some(2)), a.next_member());
+    }
+}
+
+/// `NodePool::call_while_moving` through a proxy that passes the client's
+/// bytes on at a set rate (or not at all), to a real node.
+#[cfg(test)]
+mod moving {
+    use super::*;
+    use bytes::Bytes;
+    use std::sync::atomic::{AtomicU64, Ordering};
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    /// A node on a free port, and a proxy in front of it passing what the
+    /// client sends at `rate` bytes a second (0: nothing once the first
+    /// `free` bytes, the handshake, went through); replies pass freely.
+    async fn node_behind(rate: u64, free: u64) -> (std::net::SocketAddr, tempfile::TempDir) {
+        let dir = tempfile::tempdir().unwrap();
+        let node = sluice_server::Server::bind(sluice_server::ServerConfig {
+            listen: "127.0.0.1:0".parse().unwrap(),
+            data_dir: dir.path().into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+        let to = node.local_addr();
+        tokio::spawn(node.run(std::future::pending()));
+        // A small receive window, as over a slow link: what the proxy has
+        // not passed on stays in the client's socket, unacknowledged.
+        let sock = tokio::net::TcpSocket::new_v4().unwrap();
+        sock.set_recv_buffer_size(32 << 10).unwrap();
+        sock.bind("127.0.0.1:0".parse().unwrap()).unwrap();
+        let proxy = sock.listen(16).unwrap();
+        let at = proxy.local_addr().unwrap();
+        tokio::spawn(async move {
+            while let Ok((client, _)) = proxy.accept().await {
+                let server = tokio::net::TcpStream::connect(to).await.unwrap();
+                let (mut cr, mut cw) = client.into_split();
+                let (mut sr, mut sw) = server.into_split();
+                tokio::spawn(async move {
+                    let _ = tokio::io::copy(&mut sr, &mut cw).await;
+                });
+                tokio::spawn(async move {
+                    let passed = AtomicU64::new(0);
+                    let mut buf = vec![0u8; 16 << 10];
+                    loop {
+                        let n = match cr.read(&mut buf).await {
+                            Ok(0) | Err(_) => return,
+                            Ok(n) => n,
+                        };
+                        if passed.fetch_add(n as u64, Ordering::Relaxed) >= free {
+                            match rate {
+                                0 => std::future::pending::<()>().await,
+                                r => {
+                                    tokio::time::sleep(Duration::from_micros(
+                                        n as u64 * 1_000_000 / r,
+                                    ))
+                                    .await
+                                }
+                            }
+                        }
+                        if sw.write_all(&buf[..n]).await.is_err() {
+                            return;
+                        }
+                    }
+                });
+            }
+        });
+        (at, dir)
+    }
+
+    fn put(bytes: usize) -> Request {
+        Request::Put {
+            key: "/vol/moving".into(),
+            shard: None,
+            expected: None,
+            value: Bytes::from(vec![7u8; bytes]),
+            trace: None,
+            req_id: None,
+        }
+    }
+
+    /// 4 MB at 8 MB/s: half a second of writing, tries of 100 ms. The try
+    /// goes on while bytes move. (Bounded as a whole, as tries were, it
+    /// ended after 100 ms, the value a fifth sent.)
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_try_lasts_while_its_request_is_being_written() {
+        let (at, _dir) = node_behind(8 << 20, 64 << 10).await;
+        let pool = NodePool::new(NodeAddr::from(at), 1, &crate::ClientConfig::default());
+        let t0 = std::time::Instant::now();
+        let r = pool
+            .call_while_moving(&put(4 << 20), Duration::from_millis(100))
+            .await;
+        assert!(matches!(r, Some(Ok(Response::PutOk(_)))), "{r:?}");
+        assert!(
+            t0.elapsed() >= Duration::from_millis(300),
+            "{:?}",
+            t0.elapsed()
+        );
+    }
+
+    /// A node whose link takes nothing more (paused, cut off) still ends
+    /// the try after one bound without progress.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_try_whose_request_stops_moving_ends_after_its_bound() {
+        let (at, _dir) = node_behind(0, 64 << 10).await;
+        let pool = NodePool::new(NodeAddr::from(at), 1, &crate::ClientConfig::default());
+        let t0 = std::time::Instant::now();
+        let r = pool
+            .call_while_moving(&put(32 << 20), Duration::from_millis(200))
+            .await;
+        assert!(r.is_none(), "{r:?}");
+        let took = t0.elapsed();
+        assert!(took < Duration::from_secs(3), "{took:?}");
     }
 }

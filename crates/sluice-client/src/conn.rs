@@ -141,6 +141,8 @@ pub struct Conn {
     flush_due: AtomicBool,
     /// Writes to the socket so far (`Conn::writes`).
     writes: AtomicU64,
+    /// Bytes written to the socket so far (`Conn::written`).
+    written: AtomicU64,
     /// Reads from the socket so far: the keepalive's sign of life.
     reads: AtomicU64,
     /// `set_watch_keepalive`, in milliseconds (0: off).
@@ -323,6 +325,7 @@ impl Conn {
             queued: Mutex::new(OutQueue::new()),
             flush_due: AtomicBool::new(false),
             writes: AtomicU64::new(0),
+            written: AtomicU64::new(0),
             reads: AtomicU64::new(0),
             keepalive_ms: AtomicU64::new(0),
             keepalive_on: AtomicBool::new(false),
@@ -443,6 +446,21 @@ impl Conn {
     /// per write: how well they were coalesced).
     pub fn writes(&self) -> u64 {
         self.writes.load(Ordering::Relaxed)
+    }
+
+    /// How far the connection's writes have got: bytes handed to the
+    /// socket, and bytes the kernel still holds that the node has not
+    /// acknowledged (`SIOCOUTQ`; 0 where it cannot say). A long write is
+    /// moving while the first grows or the second shrinks
+    /// (`NodePool::call_while_moving`): a value that fits in the socket's
+    /// buffers is handed over at once and then drains at the link's pace.
+    pub(crate) fn progress(&self) -> (u64, u32) {
+        let mut outq: libc::c_int = 0;
+        // SAFETY: an ioctl on the socket this connection owns (open as long
+        // as `self`), writing one int.
+        let r = unsafe { libc::ioctl(self.fd, libc::TIOCOUTQ, &mut outq) };
+        let outq = if r == 0 { outq.max(0) as u32 } else { 0 };
+        (self.written.load(Ordering::Relaxed), outq)
     }
 
     async fn send(&self, req: &Request, id: u64, flags: u8) -> Result<()> {
@@ -579,6 +597,7 @@ impl Conn {
                 Ok(k) => {
                     w.left.advance(k);
                     w.unflushed = true;
+                    self.written.fetch_add(k as u64, Ordering::Relaxed);
                 }
             }
         }
