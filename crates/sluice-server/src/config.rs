@@ -184,7 +184,9 @@ fn some_listen_from_text<'de, D: serde::Deserializer<'de>>(
 #[serde(default, deny_unknown_fields)]
 pub struct PolicyConfig {
     /// A file every refusal is appended to, one JSON line each (they are
-    /// also logged at warn level under the `sluice::audit` target).
+    /// also logged at warn level under the `sluice::audit` target: a
+    /// principal's refusals of one operation five at once, then one per
+    /// 10 s with the number left out).
     pub audit_log: Option<PathBuf>,
 }
 

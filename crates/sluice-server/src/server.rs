@@ -441,7 +441,7 @@ impl Server {
             );
         }
         let mut conns = tokio::task::JoinSet::new();
-        let (mut accept_failures, mut last_accept_warning) = (0u64, None);
+        let accept_warnings = sluice_compute::throttle::LogThrottle::default();
         tokio::pin!(shutdown);
         loop {
             tokio::select! {
@@ -451,13 +451,10 @@ impl Server {
                         Ok(x) => x,
                         Err(e) => {
                             // EMFILE and friends: back off instead of
-                            // spinning, and say so every few seconds, not
-                            // twenty times a second.
-                            accept_failures += 1;
-                            if last_accept_warning.is_none_or(|t: std::time::Instant| t.elapsed() >= Duration::from_secs(5)) {
-                                tracing::warn!(error = %e, failures = accept_failures, "accept failed; connecting clients wait in the listen queue");
-                                last_accept_warning = Some(std::time::Instant::now());
-                                accept_failures = 0;
+                            // spinning, and say so a few times, then every
+                            // 10 s, not twenty times a second.
+                            if let Some(held) = accept_warnings.admit() {
+                                tracing::warn!(error = %e, not_logged = held, "accept failed; connecting clients wait in the listen queue");
                             }
                             tokio::time::sleep(Duration::from_millis(50)).await;
                             continue;
